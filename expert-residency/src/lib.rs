@@ -3,4 +3,9 @@
 //! Adaptive hot/cold residency of MoE experts: per-layer rowmaps, pick counters, EMA drains,
 //! the swap policy, seed maps fitted offline, and swap executors.
 //!
-//! (Will hold: the expert tier; nothing is implemented yet.)
+//! (Work in progress.)
+
+pub mod trace;
+
+#[cfg(feature = "cuda")]
+pub mod gpu;

@@ -1,0 +1,1 @@
+//! `tierkit kv ...` subcommands (owned by the kv-elastic work; placeholder until it lands).

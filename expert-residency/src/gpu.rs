@@ -1,0 +1,1 @@
+//! GPU swap executor (owned by the cuda-kernels work; placeholder until it lands).
