@@ -1,0 +1,182 @@
+//! Decaying (EMA) counters with a half-life in steps.
+
+use crate::error::{CoreError, Result};
+
+/// A table of exponentially decaying counters ("heat"), one `f64` per entry
+/// (expert, page, ...).
+///
+/// [`fold`](Self::fold) decays every value by `0.5^(elapsed_steps /
+/// half_life_steps)` and then adds the counts seen in those steps, so a count
+/// loses half its weight every `half_life_steps` steps. Both tiers use it:
+/// expert pick counts, KV page hits.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RawCounters")]
+pub struct DecayingCounters {
+    values: Vec<f64>,
+    half_life_steps: f64,
+}
+
+#[derive(serde::Deserialize)]
+struct RawCounters {
+    values: Vec<f64>,
+    half_life_steps: f64,
+}
+
+impl TryFrom<RawCounters> for DecayingCounters {
+    type Error = CoreError;
+    fn try_from(r: RawCounters) -> Result<Self> {
+        let mut c = DecayingCounters::new(r.values.len(), r.half_life_steps)?;
+        c.values = r.values;
+        Ok(c)
+    }
+}
+
+fn check_half_life(h: f64) -> Result<()> {
+    if h.is_finite() && h > 0.0 {
+        Ok(())
+    } else {
+        Err(CoreError::InvalidHalfLife)
+    }
+}
+
+impl DecayingCounters {
+    /// `len` counters at 0 with the given half-life (steps).
+    ///
+    /// # Errors
+    /// [`CoreError::ZeroCapacity`] if `len == 0`; [`CoreError::InvalidHalfLife`]
+    /// if `half_life_steps` is not finite or `<= 0`.
+    pub fn new(len: usize, half_life_steps: f64) -> Result<Self> {
+        if len == 0 {
+            return Err(CoreError::ZeroCapacity);
+        }
+        check_half_life(half_life_steps)?;
+        Ok(DecayingCounters {
+            values: vec![0.0; len],
+            half_life_steps,
+        })
+    }
+
+    /// Number of counters.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Always false (a table has at least one counter); for clippy's sake.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The half-life, in steps.
+    pub fn half_life_steps(&self) -> f64 {
+        self.half_life_steps
+    }
+
+    /// Changes the half-life (steps); values are kept.
+    ///
+    /// # Errors
+    /// [`CoreError::InvalidHalfLife`]; the old half-life is kept then.
+    pub fn set_half_life(&mut self, half_life_steps: f64) -> Result<()> {
+        check_half_life(half_life_steps)?;
+        self.half_life_steps = half_life_steps;
+        Ok(())
+    }
+
+    /// The factor `0.5^(elapsed_steps / half_life_steps)` that `fold` applies.
+    pub fn decay_factor(&self, elapsed_steps: u64) -> f64 {
+        (-(elapsed_steps as f64) / self.half_life_steps).exp2()
+    }
+
+    /// Decays every value by `0.5^(elapsed_steps / half_life)`, then adds
+    /// `deltas[i]` (counts seen in those steps). `elapsed_steps == 0` adds
+    /// without decay.
+    ///
+    /// # Errors
+    /// [`CoreError::LengthMismatch`] if `deltas.len() != len()`; nothing
+    /// changes then.
+    pub fn fold(&mut self, deltas: &[u64], elapsed_steps: u64) -> Result<()> {
+        if deltas.len() != self.values.len() {
+            return Err(CoreError::LengthMismatch {
+                expected: self.values.len(),
+                actual: deltas.len(),
+            });
+        }
+        let f = self.decay_factor(elapsed_steps);
+        for (v, &d) in self.values.iter_mut().zip(deltas) {
+            *v = *v * f + d as f64;
+        }
+        Ok(())
+    }
+
+    /// All values (decayed counts).
+    pub fn values(&self) -> &[f64] {
+        &self.values
+    }
+
+    /// Value `i`, or `None` if out of range.
+    pub fn get(&self, i: usize) -> Option<f64> {
+        self.values.get(i).copied()
+    }
+
+    /// Sets every value to 0 (half-life kept).
+    pub fn reset(&mut self) {
+        self.values.fill(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_every_half_life() {
+        let mut c = DecayingCounters::new(2, 4.0).unwrap();
+        c.fold(&[8, 0], 0).unwrap();
+        c.fold(&[0, 1], 4).unwrap();
+        assert_eq!(c.values(), &[4.0, 1.0]);
+        c.fold(&[0, 0], 8).unwrap();
+        assert_eq!(c.get(0), Some(1.0));
+        assert_eq!(c.get(2), None);
+        c.reset();
+        assert_eq!(c.values(), &[0.0, 0.0]);
+    }
+
+    #[test]
+    fn bad_input() {
+        assert_eq!(
+            DecayingCounters::new(1, 0.0).unwrap_err(),
+            CoreError::InvalidHalfLife
+        );
+        assert_eq!(
+            DecayingCounters::new(1, f64::NAN).unwrap_err(),
+            CoreError::InvalidHalfLife
+        );
+        assert_eq!(
+            DecayingCounters::new(0, 1.0).unwrap_err(),
+            CoreError::ZeroCapacity
+        );
+        let mut c = DecayingCounters::new(2, 1.0).unwrap();
+        c.fold(&[3, 3], 0).unwrap();
+        let before = c.clone();
+        assert_eq!(
+            c.fold(&[1], 1).unwrap_err(),
+            CoreError::LengthMismatch {
+                expected: 2,
+                actual: 1
+            }
+        );
+        assert_eq!(
+            c.set_half_life(-1.0).unwrap_err(),
+            CoreError::InvalidHalfLife
+        );
+        assert_eq!(c, before);
+    }
+
+    #[test]
+    fn serde_round_trip_validates() {
+        let c = DecayingCounters::new(2, 3.0).unwrap();
+        let s = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<DecayingCounters>(&s).unwrap(), c);
+        let bad = r#"{"values":[1.0],"half_life_steps":-2.0}"#;
+        assert!(serde_json::from_str::<DecayingCounters>(bad).is_err());
+    }
+}

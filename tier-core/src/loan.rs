@@ -1,0 +1,646 @@
+//! Revocable loans of pages from a lender to borrowers (requests).
+//!
+//! Lifecycle of a page: **free** -> [`Lender::lend`] -> **lent** ->
+//! ([`Lender::reclaim`] | [`Lender::give_back`]) -> **pending** behind the
+//! fence -> [`Lender::collect`] once readers left -> **free**. A finished
+//! borrower's pages go **lent** -> [`Lender::finish`] -> **queued** ->
+//! [`Lender::hand_back_step`] (at most `max_per_step` per call) -> **pending**
+//! -> **free**. `free + lent + queued + pending == capacity` always.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+
+use crate::error::{CoreError, Result};
+use crate::fence::{EpochFence, Retired};
+use crate::page::{PageHandle, Tier};
+use crate::pool::PagePool;
+use crate::sync::Arc;
+
+/// A borrower of pages, e.g. an engine's request id. Plain `u64`, `Pod`.
+#[repr(transparent)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    bytemuck::Pod,
+    bytemuck::Zeroable,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+pub struct BorrowerId(pub u64);
+
+/// One lent page: `borrower` holds physical page `handle` as its logical page
+/// `logical` (for KV: history page number, 0 = oldest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Loan {
+    /// Who holds (or held) the page.
+    pub borrower: BorrowerId,
+    /// The borrower's own logical page index.
+    pub logical: u32,
+    /// The physical page, generation-tagged.
+    pub handle: PageHandle,
+}
+
+/// Chooses which lent pages to take back under pressure. Pluggable; the
+/// first implementation is [`ProportionalOldestFirst`].
+pub trait ReclaimPolicy {
+    /// `holdings`: per borrower with at least one page, `(id, sorted logical
+    /// indices held)`, in ascending id order. Return exactly `min(n, total
+    /// held)` distinct `(borrower, logical)` pairs taken from `holdings`; the
+    /// lender rejects anything else with
+    /// [`CoreError::InvalidPolicyChoice`] and reclaims nothing.
+    fn choose(&mut self, holdings: &[(BorrowerId, &[u32])], n: u32) -> Vec<(BorrowerId, u32)>;
+}
+
+/// Takes `n` pages split in proportion to what each borrower holds (largest
+/// remainder method; ties go to the lower borrower id), and the oldest
+/// (lowest logical index) pages first within each borrower.
+///
+/// Source: the HiSparse-style elastic KV pool (pressure reclaims borrowed
+/// pages oldest-history-first in proportion to holdings), see
+/// `shared/DESIGN-NOTES.md`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProportionalOldestFirst;
+
+impl ProportionalOldestFirst {
+    /// How many pages each borrower gives up when `n` are taken from
+    /// `held` (pages per borrower, same order as `ids`, used for ties).
+    pub fn quotas(ids: &[BorrowerId], held: &[u64], n: u32) -> Vec<u64> {
+        let total: u64 = held.iter().sum();
+        let k = u64::from(n).min(total);
+        if k == 0 {
+            return vec![0; held.len()];
+        }
+        // k, h <= 2^32, so k * h fits u64.
+        let mut quota: Vec<u64> = held.iter().map(|&h| k * h / total).collect();
+        let rem: Vec<u64> = held.iter().map(|&h| k * h % total).collect();
+        let given: u64 = quota.iter().sum();
+        let mut order: Vec<usize> = (0..held.len()).collect();
+        order.sort_by(|&a, &b| rem[b].cmp(&rem[a]).then(ids[a].cmp(&ids[b])));
+        // The fractional parts sum to k - given, each < 1, so at least that
+        // many borrowers have a non-zero remainder and room for one more.
+        for &i in order.iter().take((k - given) as usize) {
+            quota[i] += 1;
+        }
+        quota
+    }
+}
+
+impl ReclaimPolicy for ProportionalOldestFirst {
+    fn choose(&mut self, holdings: &[(BorrowerId, &[u32])], n: u32) -> Vec<(BorrowerId, u32)> {
+        let ids: Vec<BorrowerId> = holdings.iter().map(|h| h.0).collect();
+        let held: Vec<u64> = holdings.iter().map(|h| h.1.len() as u64).collect();
+        let quota = Self::quotas(&ids, &held, n);
+        let mut out = Vec::with_capacity(quota.iter().sum::<u64>() as usize);
+        for (&(b, logicals), &q) in holdings.iter().zip(&quota) {
+            out.extend(logicals[..q as usize].iter().map(|&l| (b, l)));
+        }
+        out
+    }
+}
+
+#[derive(Debug, Default)]
+struct Borrower {
+    /// logical -> page, while the borrower is active.
+    loans: BTreeMap<u32, PageHandle>,
+    finished: bool,
+    /// Pages still in the hand-back queue (finished borrowers only).
+    queued: u32,
+}
+
+/// Lends free pages of one [`PagePool`] to borrowers and takes them back
+/// through an [`EpochFence`], so that no page is reused while a reader may
+/// still see it.
+///
+/// Single-owner (`&mut self`) bookkeeping; only the fence is shared with
+/// readers ([`shared_fence`](Self::shared_fence)). See the module docs for
+/// the page lifecycle. Determinism: with the same calls (and the same reader
+/// activity), results are identical; borrowers are visited in id order.
+pub struct Lender<P: ReclaimPolicy = ProportionalOldestFirst> {
+    pool: PagePool,
+    fence: Arc<EpochFence>,
+    retired: Retired<PageHandle>,
+    borrowers: BTreeMap<BorrowerId, Borrower>,
+    queue: VecDeque<Loan>,
+    lent: u32,
+    policy: P,
+    scratch: Vec<PageHandle>,
+}
+
+impl<P: ReclaimPolicy> std::fmt::Debug for Lender<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lender")
+            .field("tier", &self.pool.tier())
+            .field("capacity", &self.capacity())
+            .field("free", &self.free_count())
+            .field("lent", &self.lent)
+            .field("queued", &self.queue.len())
+            .field("pending", &self.pending_count())
+            .field("borrowers", &self.borrowers.len())
+            .finish()
+    }
+}
+
+impl Lender {
+    /// A lender of `capacity` pages in `tier` with the default
+    /// [`ProportionalOldestFirst`] policy and its own fence.
+    ///
+    /// # Errors
+    /// [`CoreError::ZeroCapacity`] if `capacity == 0`.
+    pub fn new(tier: Tier, capacity: u32) -> Result<Self> {
+        Self::with_policy(tier, capacity, ProportionalOldestFirst)
+    }
+}
+
+impl<P: ReclaimPolicy> Lender<P> {
+    /// A lender with a custom reclaim policy and its own fence.
+    ///
+    /// # Errors
+    /// [`CoreError::ZeroCapacity`] if `capacity == 0`.
+    pub fn with_policy(tier: Tier, capacity: u32, policy: P) -> Result<Lender<P>> {
+        Self::with_fence(tier, capacity, policy, Arc::new(EpochFence::new()))
+    }
+
+    /// A lender that uses an existing (shared) fence, e.g. one fence for every
+    /// pool a GPU step reads.
+    ///
+    /// # Errors
+    /// [`CoreError::ZeroCapacity`] if `capacity == 0`.
+    pub fn with_fence(
+        tier: Tier,
+        capacity: u32,
+        policy: P,
+        fence: Arc<EpochFence>,
+    ) -> Result<Lender<P>> {
+        Ok(Lender {
+            pool: PagePool::new(tier, capacity)?,
+            fence,
+            retired: Retired::new(),
+            borrowers: BTreeMap::new(),
+            queue: VecDeque::new(),
+            lent: 0,
+            policy,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The fence readers enter before reading any borrower's page map. To
+    /// hold a reader across `&mut self` calls, use
+    /// [`shared_fence`](Self::shared_fence).
+    pub fn fence(&self) -> &EpochFence {
+        &self.fence
+    }
+
+    /// A shared handle on the fence, for reader threads.
+    pub fn shared_fence(&self) -> Arc<EpochFence> {
+        self.fence.clone()
+    }
+
+    /// The tier of the pages.
+    pub fn tier(&self) -> Tier {
+        self.pool.tier()
+    }
+
+    /// Total pages.
+    pub fn capacity(&self) -> u32 {
+        self.pool.capacity()
+    }
+
+    /// Pages lendable now.
+    pub fn free_count(&self) -> u32 {
+        self.pool.free_count()
+    }
+
+    /// Pages held by active borrowers.
+    pub fn lent_count(&self) -> u32 {
+        self.lent
+    }
+
+    /// Pages of finished borrowers waiting in the hand-back queue.
+    pub fn queued_count(&self) -> u32 {
+        self.queue.len() as u32
+    }
+
+    /// Pages reclaimed or handed back, waiting for readers to leave
+    /// ([`collect`](Self::collect) frees them).
+    pub fn pending_count(&self) -> u32 {
+        self.retired.pending() as u32
+    }
+
+    /// Pages an active borrower holds (0 for unknown or finished borrowers).
+    pub fn held_by(&self, b: BorrowerId) -> u32 {
+        self.borrowers.get(&b).map_or(0, |s| s.loans.len() as u32)
+    }
+
+    /// Whether `b` is known (active, or finished with pages still queued).
+    pub fn is_known(&self, b: BorrowerId) -> bool {
+        self.borrowers.contains_key(&b)
+    }
+
+    /// The reclaim policy.
+    pub fn policy_mut(&mut self) -> &mut P {
+        &mut self.policy
+    }
+
+    /// Lends one free page to `b` for each logical index in `logical`, all or
+    /// nothing; registers `b` if new. Loans come back in the order of
+    /// `logical`. O(m log h) for m pages, h held.
+    ///
+    /// # Errors
+    /// - [`CoreError::BorrowerFinished`] if `b` has finished.
+    /// - [`CoreError::DuplicateLogical`] if an index repeats or `b` holds it.
+    /// - [`CoreError::PoolExhausted`] if fewer than `logical.len()` pages are
+    ///   free (call [`collect`](Self::collect) or
+    ///   [`reclaim`](Self::reclaim) first).
+    pub fn lend(&mut self, b: BorrowerId, logical: &[u32]) -> Result<Vec<Loan>> {
+        let existing = self.borrowers.get(&b);
+        if existing.is_some_and(|s| s.finished) {
+            return Err(CoreError::BorrowerFinished { borrower: b.0 });
+        }
+        let mut seen = HashSet::with_capacity(logical.len());
+        for &l in logical {
+            if !seen.insert(l) || existing.is_some_and(|s| s.loans.contains_key(&l)) {
+                return Err(CoreError::DuplicateLogical {
+                    borrower: b.0,
+                    logical: l,
+                });
+            }
+        }
+        let Ok(n) = u32::try_from(logical.len()) else {
+            return Err(CoreError::PoolExhausted {
+                requested: u32::MAX,
+                free: self.pool.free_count(),
+            });
+        };
+        let handles = self.pool.alloc_many(n)?;
+        let entry = self.borrowers.entry(b).or_default();
+        let mut out = Vec::with_capacity(handles.len());
+        for (&l, h) in logical.iter().zip(handles) {
+            entry.loans.insert(l, h);
+            out.push(Loan {
+                borrower: b,
+                logical: l,
+                handle: h,
+            });
+        }
+        self.lent += n;
+        Ok(out)
+    }
+
+    /// The borrower returns one page voluntarily (e.g. it dropped that part of
+    /// its history). The page goes behind the fence. Unmap it before the next
+    /// [`collect`](Self::collect).
+    ///
+    /// # Errors
+    /// [`CoreError::UnknownBorrower`], [`CoreError::BorrowerFinished`],
+    /// [`CoreError::NotLent`] (not held), [`CoreError::StaleHandle`] (held
+    /// under another page).
+    pub fn give_back(&mut self, loan: Loan) -> Result<()> {
+        let b = loan.borrower;
+        let s = self
+            .borrowers
+            .get_mut(&b)
+            .ok_or(CoreError::UnknownBorrower { borrower: b.0 })?;
+        if s.finished {
+            return Err(CoreError::BorrowerFinished { borrower: b.0 });
+        }
+        match s.loans.get(&loan.logical) {
+            None => {
+                return Err(CoreError::NotLent {
+                    borrower: b.0,
+                    logical: loan.logical,
+                })
+            }
+            Some(&h) if h != loan.handle => {
+                return Err(CoreError::StaleHandle {
+                    page: loan.handle.page.0,
+                    generation: loan.handle.generation,
+                })
+            }
+            Some(_) => {}
+        }
+        s.loans.remove(&loan.logical);
+        self.lent -= 1;
+        self.retired.retire(&self.fence, loan.handle);
+        Ok(())
+    }
+
+    /// Revokes up to `n` lent pages (exactly `min(n, lent)`) chosen by the
+    /// policy, from active borrowers. The returned loans are no longer the
+    /// borrowers': unmap them before the next [`collect`](Self::collect); the
+    /// pages become free only after every reader that could see them left.
+    /// O(h) in pages held.
+    ///
+    /// # Errors
+    /// [`CoreError::InvalidPolicyChoice`] if the policy's answer is invalid;
+    /// nothing is reclaimed then.
+    pub fn reclaim(&mut self, n: u32) -> Result<Vec<Loan>> {
+        if n == 0 || self.lent == 0 {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<(BorrowerId, Vec<u32>)> = self
+            .borrowers
+            .iter()
+            .filter(|(_, s)| !s.finished && !s.loans.is_empty())
+            .map(|(&b, s)| (b, s.loans.keys().copied().collect()))
+            .collect();
+        let holdings: Vec<(BorrowerId, &[u32])> =
+            keys.iter().map(|(b, l)| (*b, l.as_slice())).collect();
+        let picks = self.policy.choose(&holdings, n);
+        self.validate_picks(&picks, n.min(self.lent))?;
+        let mut out = Vec::with_capacity(picks.len());
+        for (b, l) in picks {
+            // Validated above: the borrower is active and holds `l`.
+            if let Some(h) = self.borrowers.get_mut(&b).and_then(|s| s.loans.remove(&l)) {
+                out.push(Loan {
+                    borrower: b,
+                    logical: l,
+                    handle: h,
+                });
+            }
+        }
+        self.lent -= out.len() as u32;
+        self.retired
+            .retire_many(&self.fence, out.iter().map(|loan| loan.handle));
+        Ok(out)
+    }
+
+    #[cold]
+    fn invalid(reason: &'static str) -> CoreError {
+        CoreError::InvalidPolicyChoice { reason }
+    }
+
+    fn validate_picks(&self, picks: &[(BorrowerId, u32)], want: u32) -> Result<()> {
+        if picks.len() != want as usize {
+            return Err(Self::invalid("wrong number of pages"));
+        }
+        let mut seen = HashSet::with_capacity(picks.len());
+        for &(b, l) in picks {
+            let held = self
+                .borrowers
+                .get(&b)
+                .is_some_and(|s| !s.finished && s.loans.contains_key(&l));
+            if !held {
+                return Err(Self::invalid("page not held by an active borrower"));
+            }
+            if !seen.insert((b, l)) {
+                return Err(Self::invalid("page chosen twice"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The borrower is done: its pages are queued for hand-back in logical
+    /// order (oldest first), released by [`hand_back_step`](Self::hand_back_step).
+    /// A borrower with no pages is forgotten at once; otherwise once its last
+    /// page leaves the queue (then its id may be reused).
+    ///
+    /// # Errors
+    /// [`CoreError::UnknownBorrower`], [`CoreError::BorrowerFinished`].
+    pub fn finish(&mut self, b: BorrowerId) -> Result<()> {
+        let s = self
+            .borrowers
+            .get_mut(&b)
+            .ok_or(CoreError::UnknownBorrower { borrower: b.0 })?;
+        if s.finished {
+            return Err(CoreError::BorrowerFinished { borrower: b.0 });
+        }
+        let loans = std::mem::take(&mut s.loans);
+        let n = loans.len() as u32;
+        if n == 0 {
+            self.borrowers.remove(&b);
+            return Ok(());
+        }
+        s.finished = true;
+        s.queued = n;
+        self.lent -= n;
+        self.queue
+            .extend(loans.into_iter().map(|(logical, handle)| Loan {
+                borrower: b,
+                logical,
+                handle,
+            }));
+        Ok(())
+    }
+
+    /// Moves at most `max_per_step` queued pages of finished borrowers behind
+    /// the fence (bounded work per engine step) and returns them, in finish
+    /// order. Unmap them (if still mapped) before the next collect.
+    pub fn hand_back_step(&mut self, max_per_step: u32) -> Vec<Loan> {
+        let k = (max_per_step as usize).min(self.queue.len());
+        let out: Vec<Loan> = self.queue.drain(..k).collect();
+        for loan in &out {
+            if let Some(s) = self.borrowers.get_mut(&loan.borrower) {
+                s.queued -= 1;
+                if s.queued == 0 {
+                    self.borrowers.remove(&loan.borrower);
+                }
+            }
+        }
+        self.retired
+            .retire_many(&self.fence, out.iter().map(|loan| loan.handle));
+        out
+    }
+
+    /// Frees every pending page that no reader inside the fence could still
+    /// see; returns how many became free. Call it once per step, after the
+    /// maps were updated.
+    pub fn collect(&mut self) -> u32 {
+        let mut done = std::mem::take(&mut self.scratch);
+        self.retired.collect_into(&self.fence, &mut done);
+        self.free_all(&mut done)
+    }
+
+    fn free_all(&mut self, done: &mut Vec<PageHandle>) -> u32 {
+        let n = done.len() as u32;
+        for h in done.drain(..) {
+            // Every retired handle came from this pool and is freed once.
+            let freed = self.pool.free(h);
+            debug_assert!(freed.is_ok(), "{freed:?}");
+        }
+        self.scratch = std::mem::take(done);
+        n
+    }
+
+    /// MUTATION for the loom tests only: frees every pending page without
+    /// looking at readers (the fence removed). Never use it.
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn collect_ignoring_readers(&mut self) -> u32 {
+        let mut done = self.retired.collect_ignoring_readers(&self.fence);
+        self.free_all(&mut done)
+    }
+
+    /// The loans `b` holds now, in logical order (empty if unknown or
+    /// finished).
+    pub fn loans_of(&self, b: BorrowerId) -> Vec<Loan> {
+        self.borrowers.get(&b).map_or_else(Vec::new, |s| {
+            s.loans
+                .iter()
+                .map(|(&logical, &handle)| Loan {
+                    borrower: b,
+                    logical,
+                    handle,
+                })
+                .collect()
+        })
+    }
+
+    /// Known borrower ids (active, or finished with pages queued), ascending.
+    pub fn borrowers(&self) -> impl Iterator<Item = BorrowerId> + '_ {
+        self.borrowers.keys().copied()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn check(l: &Lender) {
+        assert_eq!(
+            l.free_count() + l.lent_count() + l.queued_count() + l.pending_count(),
+            l.capacity()
+        );
+    }
+
+    #[test]
+    fn proportional_quotas() {
+        let ids = [BorrowerId(1), BorrowerId(2), BorrowerId(3)];
+        assert_eq!(
+            ProportionalOldestFirst::quotas(&ids, &[6, 3, 1], 5),
+            vec![3, 2, 0]
+        );
+        assert_eq!(
+            ProportionalOldestFirst::quotas(&ids, &[1, 1, 1], 2),
+            vec![1, 1, 0]
+        );
+        assert_eq!(
+            ProportionalOldestFirst::quotas(&ids, &[2, 2, 2], 100),
+            vec![2, 2, 2]
+        );
+        assert_eq!(
+            ProportionalOldestFirst::quotas(&ids, &[0, 0, 0], 3),
+            vec![0, 0, 0]
+        );
+    }
+
+    #[test]
+    fn lend_reclaim_collect_lifecycle() {
+        let mut l = Lender::new(Tier::DeviceHbm, 8).unwrap();
+        let a = BorrowerId(1);
+        let b = BorrowerId(2);
+        l.lend(a, &[0, 1, 2, 3]).unwrap();
+        l.lend(b, &[0, 1]).unwrap();
+        check(&l);
+        let fence = l.shared_fence();
+        let g = fence.enter();
+        let got = l.reclaim(3).unwrap();
+        // 3 of 6 split 4:2 -> 2 from a, 1 from b, oldest first.
+        let picked: Vec<_> = got.iter().map(|x| (x.borrower.0, x.logical)).collect();
+        assert_eq!(picked, vec![(1, 0), (1, 1), (2, 0)]);
+        assert_eq!(l.held_by(a), 2);
+        assert_eq!(l.collect(), 0, "a reader is inside");
+        assert_eq!(l.pending_count(), 3);
+        check(&l);
+        drop(g);
+        assert_eq!(l.collect(), 3);
+        assert_eq!(l.free_count(), 5);
+        check(&l);
+    }
+
+    #[test]
+    fn finish_hands_back_in_chunks() {
+        let mut l = Lender::new(Tier::HostPinned, 10).unwrap();
+        let a = BorrowerId(5);
+        l.lend(a, &[0, 1, 2, 3, 4]).unwrap();
+        l.finish(a).unwrap();
+        assert_eq!(
+            l.lend(a, &[9]).unwrap_err(),
+            CoreError::BorrowerFinished { borrower: 5 }
+        );
+        assert_eq!(l.queued_count(), 5);
+        assert_eq!(l.hand_back_step(2).len(), 2);
+        assert_eq!(l.hand_back_step(2).len(), 2);
+        check(&l);
+        assert_eq!(l.collect(), 4);
+        assert_eq!(l.hand_back_step(2).len(), 1);
+        assert!(!l.is_known(a), "forgotten once fully handed back");
+        assert_eq!(l.collect(), 1);
+        assert_eq!(l.free_count(), 10);
+    }
+
+    #[test]
+    fn bad_input_is_typed_and_changes_nothing() {
+        let mut l = Lender::new(Tier::DeviceHbm, 3).unwrap();
+        let a = BorrowerId(1);
+        let loans = l.lend(a, &[0, 1]).unwrap();
+        assert_eq!(
+            l.lend(a, &[2, 3]).unwrap_err(),
+            CoreError::PoolExhausted {
+                requested: 2,
+                free: 1
+            }
+        );
+        assert_eq!(
+            l.lend(a, &[1]).unwrap_err(),
+            CoreError::DuplicateLogical {
+                borrower: 1,
+                logical: 1
+            }
+        );
+        assert_eq!(
+            l.lend(BorrowerId(2), &[4, 4]).unwrap_err(),
+            CoreError::DuplicateLogical {
+                borrower: 2,
+                logical: 4
+            }
+        );
+        assert!(!l.is_known(BorrowerId(2)));
+        l.give_back(loans[0]).unwrap();
+        assert_eq!(
+            l.give_back(loans[0]).unwrap_err(),
+            CoreError::NotLent {
+                borrower: 1,
+                logical: 0
+            }
+        );
+        assert_eq!(
+            l.finish(BorrowerId(9)).unwrap_err(),
+            CoreError::UnknownBorrower { borrower: 9 }
+        );
+        assert_eq!(l.held_by(a), 1);
+        assert_eq!(l.free_count(), 1);
+        assert_eq!(
+            Lender::new(Tier::DeviceHbm, 0).unwrap_err(),
+            CoreError::ZeroCapacity
+        );
+    }
+
+    struct Greedy;
+    impl ReclaimPolicy for Greedy {
+        fn choose(&mut self, h: &[(BorrowerId, &[u32])], _n: u32) -> Vec<(BorrowerId, u32)> {
+            // Wrong on purpose: always one page, twice.
+            vec![(h[0].0, h[0].1[0]), (h[0].0, h[0].1[0])]
+        }
+    }
+
+    #[test]
+    fn invalid_policy_choice_reclaims_nothing() {
+        let mut l = Lender::with_policy(Tier::DeviceHbm, 4, Greedy).unwrap();
+        l.lend(BorrowerId(1), &[0, 1, 2]).unwrap();
+        assert!(matches!(
+            l.reclaim(2),
+            Err(CoreError::InvalidPolicyChoice { .. })
+        ));
+        assert!(matches!(
+            l.reclaim(1),
+            Err(CoreError::InvalidPolicyChoice { .. })
+        ));
+        assert_eq!(l.lent_count(), 3);
+        assert_eq!(l.pending_count(), 0);
+    }
+}

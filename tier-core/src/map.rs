@@ -1,0 +1,281 @@
+//! Logical-to-physical page map: a flat `i32` table, O(1) lookup.
+
+use crate::error::{CoreError, Result};
+use crate::page::PageId;
+
+/// Table value of a logical entry with no physical page (`-1`, as block tables
+/// in vLLM/FlashMLA use it).
+pub const NOT_RESIDENT: i32 = -1;
+
+/// Largest physical page id a [`PageMap`] can hold (`i32::MAX`), since the
+/// table is `i32`.
+pub const MAX_MAPPED_PAGE: u32 = i32::MAX as u32;
+
+/// A logical-to-physical page map (a block table / rowmap).
+///
+/// Backed by one flat `Vec<i32>`: entry `i` holds the physical [`PageId`] of
+/// logical page `i`, or [`NOT_RESIDENT`]. Lookup is one bounds check and one
+/// load, independent of how many entries are mapped. [`table`](Self::table)
+/// is a `bytemuck::Pod` view that can be copied to the GPU as-is.
+///
+/// Every change bumps a `u64` generation, so a move planned against one
+/// generation can be rejected with [`check_generation`](Self::check_generation)
+/// (or [`set_if_generation`](Self::set_if_generation)) if the map moved under
+/// it. The map does not check that a physical page appears only once; the
+/// [`PagePool`](crate::PagePool) or [`Lender`](crate::Lender) that hands out
+/// pages guarantees that.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PageMap {
+    table: Vec<i32>,
+    mapped: u32,
+    generation: u64,
+}
+
+impl PageMap {
+    /// Makes a map of `len` logical entries, all [`NOT_RESIDENT`], at
+    /// generation 0. `len == 0` is allowed (a request with no history yet);
+    /// grow it with [`resize`](Self::resize).
+    ///
+    /// # Errors
+    /// None today; `Result` keeps room for a size limit.
+    pub fn new(len: u32) -> Result<Self> {
+        Ok(PageMap {
+            table: vec![NOT_RESIDENT; len as usize],
+            mapped: 0,
+            generation: 0,
+        })
+    }
+
+    /// Number of logical entries.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.table.len() as u32
+    }
+
+    /// Whether the map has no logical entries.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// Number of entries mapped to a physical page.
+    #[inline]
+    pub fn mapped_count(&self) -> u32 {
+        self.mapped
+    }
+
+    /// The physical page of logical entry `logical`, or `None` if not
+    /// resident. O(1).
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfRange`] if `logical >= len()`.
+    #[inline]
+    pub fn get(&self, logical: u32) -> Result<Option<PageId>> {
+        match self.table.get(logical as usize) {
+            Some(&v) => Ok(decode(v)),
+            None => Err(self.out_of_range(u64::from(logical))),
+        }
+    }
+
+    /// Maps `logical` to `page`, returning the previous page (if any). Bumps
+    /// the generation.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfRange`] if `logical >= len()` or `page.0 >
+    /// MAX_MAPPED_PAGE` (it would not fit the `i32` table).
+    pub fn set(&mut self, logical: u32, page: PageId) -> Result<Option<PageId>> {
+        if page.0 > MAX_MAPPED_PAGE {
+            return Err(CoreError::OutOfRange {
+                index: u64::from(page.0),
+                len: u64::from(MAX_MAPPED_PAGE) + 1,
+            });
+        }
+        let slot = self.slot_mut(logical)?;
+        let prev = decode(*slot);
+        *slot = page.0 as i32;
+        if prev.is_none() {
+            self.mapped += 1;
+        }
+        self.generation += 1;
+        Ok(prev)
+    }
+
+    /// [`set`](Self::set), but only if the map is still at generation
+    /// `expected` (a planned move).
+    ///
+    /// # Errors
+    /// [`CoreError::StaleGeneration`] if the map moved; else as `set`.
+    pub fn set_if_generation(
+        &mut self,
+        expected: u64,
+        logical: u32,
+        page: PageId,
+    ) -> Result<Option<PageId>> {
+        self.check_generation(expected)?;
+        self.set(logical, page)
+    }
+
+    /// Unmaps `logical`, returning the page it had (if any). Bumps the
+    /// generation only if something was mapped.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfRange`] if `logical >= len()`.
+    pub fn clear(&mut self, logical: u32) -> Result<Option<PageId>> {
+        let slot = self.slot_mut(logical)?;
+        let prev = decode(*slot);
+        if prev.is_some() {
+            *slot = NOT_RESIDENT;
+            self.mapped -= 1;
+            self.generation += 1;
+        }
+        Ok(prev)
+    }
+
+    /// Changes the number of logical entries to `new_len`. Growing appends
+    /// [`NOT_RESIDENT`] entries; shrinking drops the tail, which must be
+    /// unmapped. Bumps the generation if the length changed.
+    ///
+    /// # Errors
+    /// [`CoreError::MappedTail`] if an entry at or beyond `new_len` is mapped.
+    pub fn resize(&mut self, new_len: u32) -> Result<()> {
+        let n = new_len as usize;
+        if n == self.table.len() {
+            return Ok(());
+        }
+        if n < self.table.len() {
+            if let Some(off) = self.table[n..].iter().position(|&v| v != NOT_RESIDENT) {
+                return Err(CoreError::MappedTail {
+                    logical: (n + off) as u32,
+                });
+            }
+        }
+        self.table.resize(n, NOT_RESIDENT);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// The map's generation: starts at 0, bumped by every change.
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Checks that the map is still at generation `expected`.
+    ///
+    /// # Errors
+    /// [`CoreError::StaleGeneration`] if it is not.
+    pub fn check_generation(&self, expected: u64) -> Result<()> {
+        if expected == self.generation {
+            Ok(())
+        } else {
+            Err(self.stale(expected))
+        }
+    }
+
+    /// The flat table, `i32 [len]`: physical page id, or [`NOT_RESIDENT`]
+    /// (`-1`). `Pod`, ready to copy to the GPU as-is (`bytemuck::cast_slice`
+    /// for bytes).
+    #[inline]
+    pub fn table(&self) -> &[i32] {
+        &self.table
+    }
+
+    /// Iterates `(logical, page)` over the mapped entries, in logical order.
+    pub fn iter_mapped(&self) -> impl Iterator<Item = (u32, PageId)> + '_ {
+        self.table
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &v)| decode(v).map(|p| (i as u32, p)))
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, logical: u32) -> Result<&mut i32> {
+        let len = self.table.len() as u64;
+        self.table
+            .get_mut(logical as usize)
+            .ok_or(CoreError::OutOfRange {
+                index: u64::from(logical),
+                len,
+            })
+    }
+
+    #[cold]
+    fn out_of_range(&self, index: u64) -> CoreError {
+        CoreError::OutOfRange {
+            index,
+            len: self.table.len() as u64,
+        }
+    }
+
+    #[cold]
+    fn stale(&self, expected: u64) -> CoreError {
+        CoreError::StaleGeneration {
+            expected,
+            actual: self.generation,
+        }
+    }
+}
+
+#[inline]
+fn decode(v: i32) -> Option<PageId> {
+    // Only NOT_RESIDENT is negative in a table this type wrote.
+    (v >= 0).then_some(PageId(v as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_get_clear_and_generation() {
+        let mut m = PageMap::new(4).unwrap();
+        assert_eq!(m.get(2).unwrap(), None);
+        assert_eq!(m.set(2, PageId(9)).unwrap(), None);
+        assert_eq!(m.set(2, PageId(5)).unwrap(), Some(PageId(9)));
+        assert_eq!(m.mapped_count(), 1);
+        assert_eq!(m.generation(), 2);
+        assert_eq!(m.table(), &[-1, -1, 5, -1]);
+        assert_eq!(m.clear(1).unwrap(), None);
+        assert_eq!(m.generation(), 2, "clearing nothing is not a change");
+        assert_eq!(m.clear(2).unwrap(), Some(PageId(5)));
+        assert_eq!(m.generation(), 3);
+        assert_eq!(m.mapped_count(), 0);
+    }
+
+    #[test]
+    fn bad_input_leaves_state_unchanged() {
+        let mut m = PageMap::new(2).unwrap();
+        m.set(0, PageId(1)).unwrap();
+        let before = m.clone();
+        assert_eq!(
+            m.get(2).unwrap_err(),
+            CoreError::OutOfRange { index: 2, len: 2 }
+        );
+        assert!(m.set(5, PageId(0)).is_err());
+        assert!(m.set(1, PageId(u32::MAX)).is_err());
+        assert!(m.clear(2).is_err());
+        assert_eq!(
+            m.resize(0).unwrap_err(),
+            CoreError::MappedTail { logical: 0 }
+        );
+        assert_eq!(
+            m.set_if_generation(0, 1, PageId(3)).unwrap_err(),
+            CoreError::StaleGeneration {
+                expected: 0,
+                actual: 1
+            }
+        );
+        assert_eq!(m, before);
+    }
+
+    #[test]
+    fn resize_grows_and_shrinks_unmapped_tail() {
+        let mut m = PageMap::new(0).unwrap();
+        assert!(m.is_empty());
+        m.resize(3).unwrap();
+        m.set(0, PageId(0)).unwrap();
+        m.resize(1).unwrap();
+        assert_eq!(m.table(), &[0]);
+        assert_eq!(m.iter_mapped().collect::<Vec<_>>(), vec![(0, PageId(0))]);
+    }
+}
