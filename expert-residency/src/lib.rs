@@ -1,11 +1,52 @@
 //! # expert-residency
 //!
-//! Adaptive hot/cold residency of MoE experts: per-layer rowmaps, pick counters, EMA drains,
-//! the swap policy, seed maps fitted offline, and swap executors.
+//! Adaptive hot/cold residency of MoE experts. A MoE model whose experts do not all fit in HBM
+//! keeps the busiest experts of each layer in HBM ("hot") and the rest in pinned host memory
+//! ("cold"); expert use is skewed and follows the traffic, so this crate decides, step by step,
+//! which experts are hot. The scoreboard is the **cold share**: the fraction of expert lookups
+//! served from host memory (0 is perfect).
 //!
-//! (Work in progress.)
+//! Pieces: [`Geometry`] and per-layer [`RowMap`]s ([`ResidencyMap`], saved as versioned JSON);
+//! [`PickCounters`] (one relaxed atomic add per pick, the GPU counting kernel's layout); the
+//! [`Controller`] (EMA drain, ratio policy with per-layer / per-step caps, generation-checked
+//! swaps, freeze, optional shift response); the
+//! [`SwapExecutor`] trait with an in-memory executor; (replay of routing traces comes next).
+//!
+//! ```
+//! use expert_residency::{Controller, ControllerConfig, Geometry, NullExecutor, PickCounters,
+//!     ResidencyMap};
+//! let g = Geometry::new(2, 8, 2, 1 << 20)?;             // 2 layers × 8 experts, 2 hot
+//! let mut ctl = Controller::new(ResidencyMap::first_k("toy", g)?, ControllerConfig {
+//!     drain_every: 4, ..ControllerConfig::default() })?;
+//! let counters = PickCounters::new(&g);
+//! let mut exec = NullExecutor::new();
+//! for _ in 0..16 {
+//!     for l in 0..2 { counters.record(l, 7)?; counters.record(l, 6)?; } // experts 6, 7 are busy
+//!     ctl.step(&counters, &mut exec)?;
+//! }
+//! assert!(ctl.map().is_hot(0, 7) && ctl.map().is_hot(1, 6));
+//! # Ok::<(), expert_residency::Error>(())
+//! ```
+
+mod config;
+mod controller;
+mod counters;
+mod error;
+pub mod executor;
+mod geometry;
+mod rowmap;
+pub mod telemetry;
 
 pub mod trace;
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
+
+pub use config::{ControllerConfig, ShiftResponse};
+pub use controller::{Controller, StepReport};
+pub use counters::{snapshot_deltas, PassKind, PauseGuard, PickCounters};
+pub use error::{Error, Result};
+pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
+pub use geometry::Geometry;
+pub use rowmap::{MapFile, ResidencyMap, RowMap, COLD, MAP_FORMAT, MAP_VERSION};
+pub use telemetry::{DrainTelemetry, SwapStats, T90};

@@ -1,0 +1,133 @@
+//! Controller configuration: drain cadence, EMA half-life, swap policy caps and the shift response.
+
+use crate::error::{Error, Result};
+
+/// How the controller counts, decays and swaps. [`Default`] gives the seed defaults of the issue:
+/// drain every 64 steps, EMA half-life 500 steps, ratio 1.5, 2 swaps per layer per drain, 8 swaps
+/// begun per step, no shift response.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ControllerConfig {
+    /// Steps between drains (≥ 1).
+    pub drain_every: u32,
+    /// EMA half-life of pick counts, in steps (finite, > 0).
+    pub half_life_steps: f64,
+    /// A cold expert replaces a hot one only if its EMA is at least `ratio` times the hot one's
+    /// (≥ 1, finite): hysteresis against churn.
+    pub ratio: f64,
+    /// Swaps planned per layer per drain (≥ 1).
+    pub max_swaps_per_layer: u32,
+    /// Swaps begun per step, all layers together (≥ 1): bounds the copy traffic per step.
+    pub max_swaps_per_step: u32,
+    /// Sliding window of the cold-share telemetry, in drains (≥ 1).
+    pub window_drains: u32,
+    /// Optional response to a traffic shift (tierkit's extension beyond the seed policy).
+    pub shift_response: Option<ShiftResponse>,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            drain_every: 64,
+            half_life_steps: 500.0,
+            ratio: 1.5,
+            max_swaps_per_layer: 2,
+            max_swaps_per_step: 8,
+            window_drains: 8,
+            shift_response: None,
+        }
+    }
+}
+
+/// Shift response: a cold-share jump detector that, for a while, shortens the EMA half-life and
+/// raises the per-layer swap cap so the hot set follows new traffic faster (per-step cap unchanged).
+///
+/// At each drain the interval's cold share `c` is compared with a baseline (an EMA of past drains'
+/// cold shares, half-life `baseline_half_life_drains`): a jump is `c ≥ jump_ratio × baseline` and
+/// `c ≥ baseline + jump_min`. A jump decays the EMA as if `forget_steps` more steps had passed (at
+/// the boosted half-life) and boosts for `boost_drains` drains (a new jump re-arms it); then the
+/// normal half-life and cap come back.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ShiftResponse {
+    /// Relative jump over the baseline that counts as a shift (> 1).
+    pub jump_ratio: f64,
+    /// Absolute jump over the baseline (cold-share points, 0..1) that counts as a shift.
+    pub jump_min: f64,
+    /// Half-life of the cold-share baseline, in drains (> 0).
+    pub baseline_half_life_drains: f64,
+    /// EMA half-life while boosted, in steps (> 0).
+    pub boost_half_life_steps: f64,
+    /// Swaps planned per layer per drain while boosted (≥ 1).
+    pub boost_swaps_per_layer: u32,
+    /// Drains the boost lasts after the last jump (≥ 1).
+    pub boost_drains: u32,
+    /// Extra steps of decay applied to the EMA when a jump is detected (0 keeps the history;
+    /// 200 at a 100-step half-life scales it by 1/4).
+    pub forget_steps: u64,
+}
+
+impl Default for ShiftResponse {
+    fn default() -> Self {
+        ShiftResponse {
+            jump_ratio: 1.3,
+            jump_min: 0.04,
+            baseline_half_life_drains: 4.0,
+            boost_half_life_steps: 100.0,
+            boost_swaps_per_layer: 8,
+            boost_drains: 12,
+            forget_steps: 200,
+        }
+    }
+}
+
+fn bad(msg: String) -> Error {
+    Error::InvalidConfig(msg)
+}
+
+fn positive(name: &str, v: f64) -> Result<()> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(bad(format!("{name} must be finite and > 0, got {v}")))
+    }
+}
+
+impl ControllerConfig {
+    /// Checks every field. Errors: [`Error::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.drain_every == 0 {
+            return Err(bad("drain_every must be ≥ 1".into()));
+        }
+        positive("half_life_steps", self.half_life_steps)?;
+        if !(self.ratio.is_finite() && self.ratio >= 1.0) {
+            return Err(bad(format!("ratio must be finite and ≥ 1, got {}", self.ratio)));
+        }
+        if self.max_swaps_per_layer == 0 || self.max_swaps_per_step == 0 {
+            return Err(bad("swap caps must be ≥ 1".into()));
+        }
+        if self.window_drains == 0 {
+            return Err(bad("window_drains must be ≥ 1".into()));
+        }
+        if let Some(s) = &self.shift_response {
+            if !(s.jump_ratio.is_finite() && s.jump_ratio > 1.0) {
+                return Err(bad(format!("jump_ratio must be > 1, got {}", s.jump_ratio)));
+            }
+            if !(s.jump_min.is_finite() && (0.0..1.0).contains(&s.jump_min)) {
+                return Err(bad(format!("jump_min must be in [0, 1), got {}", s.jump_min)));
+            }
+            positive("baseline_half_life_drains", s.baseline_half_life_drains)?;
+            positive("boost_half_life_steps", s.boost_half_life_steps)?;
+            if s.boost_swaps_per_layer == 0 || s.boost_drains == 0 {
+                return Err(bad("boost_swaps_per_layer and boost_drains must be ≥ 1".into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The defaults with the default [`ShiftResponse`] switched on.
+    pub fn with_shift_response() -> Self {
+        ControllerConfig {
+            shift_response: Some(ShiftResponse::default()),
+            ..Self::default()
+        }
+    }
+}

@@ -1,0 +1,558 @@
+//! The residency controller: drains pick counts into an EMA, plans swaps, drives an executor.
+
+use crate::config::ControllerConfig;
+use crate::counters::{snapshot_deltas, PickCounters};
+use crate::error::{Error, Result};
+use crate::executor::{PlannedSwap, SwapExecutor, SwapOutcome};
+use crate::rowmap::ResidencyMap;
+use crate::telemetry::{DrainTelemetry, SwapStats};
+use tier_core::DecayingCounters;
+
+/// What one [`Controller::step`] did.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepReport {
+    /// Step count after this call.
+    pub step: u64,
+    /// Swaps committed by the executor and applied to the rowmap at this boundary.
+    pub applied: u32,
+    /// Swaps rejected (stale generation) at this boundary.
+    pub rejected: u32,
+    /// Swaps that failed in the executor at this boundary.
+    pub failed: u32,
+    /// Swaps begun (handed to the executor) at this boundary (≤ `max_swaps_per_step`).
+    pub begun: u32,
+    /// The drain record, if this step drained.
+    pub drain: Option<DrainTelemetry>,
+}
+
+/// Shift-response state.
+#[derive(Clone, Debug, Default)]
+struct ShiftState {
+    baseline: Option<f64>,
+    boost_left: u32,
+    detections: u64,
+}
+
+/// Decides, step by step, which experts are hot.
+///
+/// Call [`Controller::step`] (or [`Controller::step_with`]) once per step boundary, after the
+/// step's picks were counted. Every `drain_every` steps the counter deltas (wrap-around safe) are
+/// folded into an EMA with a half-life in steps; then, per layer, the busiest cold experts are
+/// paired with the least busy hot ones and a swap is planned when the cold EMA is at least `ratio`
+/// times the hot one (at most `max_swaps_per_layer` per drain; a layer with a swap queued or in
+/// flight plans none). Each step at most `max_swaps_per_step` queued swaps are begun on the
+/// executor (one in flight per layer), and swaps the executor confirms are applied to the rowmap
+/// after a generation check. Policy after the seed (EMA drain + ratio hysteresis, as in
+/// EPLB-style rebalancers but moving only the few experts that matter).
+///
+/// Every method that fails leaves the controller unchanged.
+#[derive(Debug)]
+pub struct Controller {
+    cfg: ControllerConfig,
+    map: ResidencyMap,
+    ema: DecayingCounters,
+    prev: Vec<u32>,
+    snap: Vec<u32>,
+    deltas: Vec<u64>,
+    step: u64,
+    last_drain_step: u64,
+    drains: u64,
+    frozen: bool,
+    queue: Vec<PlannedSwap>,
+    /// Per layer: swaps queued or in flight.
+    busy: Vec<u32>,
+    /// Per layer: a swap is in flight.
+    in_flight: Vec<bool>,
+    stats: SwapStats,
+    /// Ring of per-layer (cold, total) of the last `window_drains` drains.
+    window: Vec<(u64, u64)>,
+    window_pos: usize,
+    shift: ShiftState,
+    cold_scratch: Vec<(f64, u32)>,
+    hot_scratch: Vec<(f64, u32)>,
+}
+
+impl Controller {
+    /// A controller starting from `map` (the boot map: first-K, or a seed map).
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a bad config.
+    pub fn new(map: ResidencyMap, cfg: ControllerConfig) -> Result<Self> {
+        cfg.validate()?;
+        let g = *map.geometry();
+        let cells = g.cells();
+        let layers = g.layers as usize;
+        Ok(Controller {
+            ema: DecayingCounters::new(cells, cfg.half_life_steps)?,
+            prev: vec![0; cells],
+            snap: vec![0; cells],
+            deltas: vec![0; cells],
+            step: 0,
+            last_drain_step: 0,
+            drains: 0,
+            frozen: false,
+            queue: Vec::new(),
+            busy: vec![0; layers],
+            in_flight: vec![false; layers],
+            stats: SwapStats::default(),
+            window: vec![(0, 0); layers * cfg.window_drains as usize],
+            window_pos: 0,
+            shift: ShiftState::default(),
+            cold_scratch: Vec::new(),
+            hot_scratch: Vec::new(),
+            cfg,
+            map,
+        })
+    }
+
+    /// The rowmap as confirmed by the executor.
+    pub fn map(&self) -> &ResidencyMap {
+        &self.map
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ControllerConfig {
+        &self.cfg
+    }
+
+    /// Steps seen so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Running swap counts.
+    pub fn stats(&self) -> SwapStats {
+        self.stats
+    }
+
+    /// The EMA of pick counts, `[layers × experts]` row-major f64 (picks, decayed).
+    pub fn ema_values(&self) -> &[f64] {
+        self.ema.values()
+    }
+
+    /// Swaps queued (planned, not yet begun).
+    pub fn queued(&self) -> &[PlannedSwap] {
+        &self.queue
+    }
+
+    /// Swaps in flight in the executor.
+    pub fn in_flight_count(&self) -> u32 {
+        self.in_flight.iter().filter(|&&b| b).count() as u32
+    }
+
+    /// Whether the next [`Controller::step`] drains (`drain_every` steps since the last drain):
+    /// an engine copying a device counter table copies it only then.
+    pub fn drain_due(&self) -> bool {
+        self.step + 1 - self.last_drain_step >= self.cfg.drain_every as u64
+    }
+
+    /// Shift-response detections so far.
+    pub fn shift_detections(&self) -> u64 {
+        self.shift.detections
+    }
+
+    /// Freezes the map: counting and draining go on, nothing is planned, begun or committed;
+    /// queued swaps are cancelled and in-flight ones are discarded at their commit (both counted
+    /// in [`SwapStats::cancelled`]).
+    pub fn freeze(&mut self) {
+        self.frozen = true;
+        self.cancel_queued();
+    }
+
+    /// Lifts [`Controller::freeze`].
+    pub fn unfreeze(&mut self) {
+        self.frozen = false;
+    }
+
+    /// Whether frozen.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// Drops every queued swap (counted as cancelled); returns how many.
+    pub fn cancel_queued(&mut self) -> u32 {
+        let n = self.queue.len() as u32;
+        for s in self.queue.drain(..) {
+            self.busy[s.layer as usize] -= 1;
+        }
+        self.stats.cancelled += n as u64;
+        n
+    }
+
+    /// Baseline reset: forget the EMA, the cold-share window and the shift detector, cancel queued
+    /// swaps, and take `snapshot` (`[layers × experts]` u32, the current counter table) as the new
+    /// reference, so that counts before now (warm-up, a past domain) never reach the EMA.
+    ///
+    /// Errors: [`Error::LengthMismatch`] (nothing changed).
+    pub fn reset_baseline(&mut self, snapshot: &[u32]) -> Result<()> {
+        if snapshot.len() != self.prev.len() {
+            return Err(Error::LengthMismatch {
+                expected: self.prev.len(),
+                found: snapshot.len(),
+            });
+        }
+        self.prev.copy_from_slice(snapshot);
+        self.ema.reset();
+        self.ema.set_half_life(self.cfg.half_life_steps)?;
+        self.window.iter_mut().for_each(|w| *w = (0, 0));
+        self.shift = ShiftState {
+            detections: self.shift.detections,
+            ..ShiftState::default()
+        };
+        self.last_drain_step = self.step;
+        self.cancel_queued();
+        Ok(())
+    }
+
+    /// Queues the swaps that turn the current hot sets into `target`'s (e.g. loading a new seed
+    /// map at run time, or restoring the boot map); they are begun under the usual per-step cap.
+    /// Cancels previously queued swaps. Returns how many were queued.
+    ///
+    /// Errors: [`Error::GeometryMismatch`]; [`Error::Executor`] if swaps are in flight (let them
+    /// commit first: `executor.flush()` then one `step`).
+    pub fn request_map(&mut self, target: &ResidencyMap) -> Result<u32> {
+        let plan = self.map.plan_transition(target)?;
+        if self.in_flight_count() > 0 {
+            return Err(Error::Executor(format!(
+                "{} swaps in flight; let them commit before requesting a map",
+                self.in_flight_count()
+            )));
+        }
+        self.cancel_queued();
+        for s in &plan {
+            self.busy[s.layer as usize] += 1;
+        }
+        self.stats.planned += plan.len() as u64;
+        let n = plan.len() as u32;
+        self.queue = plan;
+        Ok(n)
+    }
+
+    /// One step boundary with a host [`PickCounters`] table: commits what the executor has ready,
+    /// drains if due (snapshotting `counters`), and begins queued swaps.
+    ///
+    /// Errors: [`Error::GeometryMismatch`] if `counters` has another shape (nothing changed);
+    /// executor errors from `commit_ready`.
+    pub fn step(
+        &mut self,
+        counters: &PickCounters,
+        executor: &mut dyn SwapExecutor,
+    ) -> Result<StepReport> {
+        counters.check_geometry(self.map.geometry())?;
+        let drain = self.drain_due();
+        if drain {
+            let mut snap = std::mem::take(&mut self.snap);
+            counters.snapshot_into(&mut snap)?;
+            self.snap = snap;
+        }
+        self.step_inner(drain, executor)
+    }
+
+    /// One step boundary with a counter table copied from the device: `snapshot` (`[layers ×
+    /// experts]` u32, row-major) is read only if a drain is due; pass `None` to postpone the drain
+    /// to a later step (the elapsed steps are then folded together).
+    ///
+    /// Errors: [`Error::LengthMismatch`] for a wrong snapshot length (nothing changed).
+    pub fn step_with(
+        &mut self,
+        snapshot: Option<&[u32]>,
+        executor: &mut dyn SwapExecutor,
+    ) -> Result<StepReport> {
+        let drain = match snapshot {
+            Some(s) if self.drain_due() => {
+                if s.len() != self.snap.len() {
+                    return Err(Error::LengthMismatch {
+                        expected: self.snap.len(),
+                        found: s.len(),
+                    });
+                }
+                self.snap.copy_from_slice(s);
+                true
+            }
+            _ => false,
+        };
+        self.step_inner(drain, executor)
+    }
+
+    fn step_inner(&mut self, drain: bool, executor: &mut dyn SwapExecutor) -> Result<StepReport> {
+        let mut rep = StepReport::default();
+        self.commit(executor, &mut rep)?;
+        self.step += 1;
+        rep.step = self.step;
+        if drain {
+            rep.drain = Some(self.drain_snapshot());
+        }
+        self.begin(executor, &mut rep);
+        Ok(rep)
+    }
+
+    /// Drains `snapshot` now (whatever the cadence) and plans swaps; returns the drain record.
+    /// This is the "drain + decide" the benches time.
+    ///
+    /// Errors: [`Error::LengthMismatch`] (nothing changed).
+    pub fn drain_now(&mut self, snapshot: &[u32]) -> Result<DrainTelemetry> {
+        if snapshot.len() != self.snap.len() {
+            return Err(Error::LengthMismatch {
+                expected: self.snap.len(),
+                found: snapshot.len(),
+            });
+        }
+        self.snap.copy_from_slice(snapshot);
+        Ok(self.drain_snapshot())
+    }
+
+    fn commit(&mut self, executor: &mut dyn SwapExecutor, rep: &mut StepReport) -> Result<()> {
+        if executor.in_flight() == 0 {
+            return Ok(());
+        }
+        let map = &self.map;
+        let frozen = self.frozen;
+        let done = executor.commit_ready(&mut |s| !frozen && map.check_swap(s).is_ok())?;
+        for c in done {
+            let l = c.swap.layer as usize;
+            if l >= self.in_flight.len() || !self.in_flight[l] {
+                // Not ours (an executor bug); never applied.
+                self.stats.rejected += 1;
+                rep.rejected += 1;
+                continue;
+            }
+            self.in_flight[l] = false;
+            self.busy[l] -= 1;
+            match c.outcome {
+                SwapOutcome::Committed => match self.map.apply(&c.swap) {
+                    Ok(()) => {
+                        self.stats.applied += 1;
+                        rep.applied += 1;
+                    }
+                    Err(_) => {
+                        self.stats.rejected += 1;
+                        rep.rejected += 1;
+                    }
+                },
+                SwapOutcome::Discarded if frozen => self.stats.cancelled += 1,
+                SwapOutcome::Discarded => {
+                    self.stats.rejected += 1;
+                    rep.rejected += 1;
+                }
+                SwapOutcome::Failed => {
+                    self.stats.failed += 1;
+                    rep.failed += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self, executor: &mut dyn SwapExecutor, rep: &mut StepReport) {
+        if self.frozen || self.queue.is_empty() {
+            return;
+        }
+        let cap = self.cfg.max_swaps_per_step;
+        let mut keep = Vec::with_capacity(self.queue.len());
+        // Layers whose queued chain died this step (a stale or failed swap invalidates the rest of
+        // that layer's chain, which was planned with consecutive generations).
+        let mut dead: Vec<u32> = Vec::new();
+        for s in std::mem::take(&mut self.queue) {
+            let l = s.layer as usize;
+            if dead.contains(&s.layer) {
+                self.busy[l] -= 1;
+                self.stats.rejected += 1;
+                rep.rejected += 1;
+                continue;
+            }
+            if rep.begun >= cap || self.in_flight[l] || !executor.can_begin(s.layer) {
+                keep.push(s);
+                continue;
+            }
+            if self.map.check_swap(&s).is_err() {
+                self.busy[l] -= 1;
+                self.stats.rejected += 1;
+                rep.rejected += 1;
+                dead.push(s.layer);
+                continue;
+            }
+            match executor.begin(&s) {
+                Ok(()) => {
+                    self.in_flight[l] = true;
+                    rep.begun += 1;
+                }
+                Err(_) => {
+                    self.busy[l] -= 1;
+                    self.stats.failed += 1;
+                    rep.failed += 1;
+                    dead.push(s.layer);
+                }
+            }
+        }
+        self.queue = keep;
+    }
+
+    fn drain_snapshot(&mut self) -> DrainTelemetry {
+        let g = *self.map.geometry();
+        let experts = g.experts_per_layer as usize;
+        let layers = g.layers as usize;
+        snapshot_deltas(&self.snap, &self.prev, &mut self.deltas).expect("lengths fixed at new");
+        std::mem::swap(&mut self.prev, &mut self.snap);
+        let elapsed = self.step - self.last_drain_step;
+        self.last_drain_step = self.step;
+        self.drains += 1;
+
+        // Cold share of the interval, per layer, with the map as it is now.
+        let wbase = self.window_pos * layers;
+        let mut cold_all = 0u64;
+        let mut total_all = 0u64;
+        for l in 0..layers {
+            let table = self.map.layers()[l].table();
+            let d = &self.deltas[l * experts..(l + 1) * experts];
+            let mut cold = 0u64;
+            let mut total = 0u64;
+            for (&x, &slot) in d.iter().zip(table) {
+                total += x;
+                if slot < 0 {
+                    cold += x;
+                }
+            }
+            self.window[wbase + l] = (cold, total);
+            cold_all += cold;
+            total_all += total;
+        }
+        self.window_pos = (self.window_pos + 1) % self.cfg.window_drains as usize;
+        let share = |c: u64, t: u64| if t == 0 { 0.0 } else { c as f64 / t as f64 };
+        let cold_share = share(cold_all, total_all);
+
+        // Shift response: detect before folding so the boosted half-life applies to this fold.
+        let mut detected = false;
+        let mut forget = 0u64;
+        if let Some(sr) = &self.cfg.shift_response {
+            if total_all > 0 {
+                match self.shift.baseline {
+                    None => self.shift.baseline = Some(cold_share),
+                    Some(b) => {
+                        if cold_share >= b * sr.jump_ratio && cold_share >= b + sr.jump_min {
+                            detected = true;
+                            self.shift.detections += 1;
+                            self.shift.boost_left = sr.boost_drains;
+                            self.ema.set_half_life(sr.boost_half_life_steps).expect("validated");
+                            forget = sr.forget_steps;
+                        } else if self.shift.boost_left > 0 {
+                            self.shift.boost_left -= 1;
+                            if self.shift.boost_left == 0 {
+                                self.ema.set_half_life(self.cfg.half_life_steps).expect("validated");
+                            }
+                        }
+                        let a = 0.5f64.powf(1.0 / sr.baseline_half_life_drains);
+                        self.shift.baseline = Some(b * a + cold_share * (1.0 - a));
+                    }
+                }
+            }
+        }
+        self.ema.fold(&self.deltas, elapsed + forget).expect("lengths fixed at new");
+
+        let per_layer_cap = if self.shift.boost_left > 0 {
+            self.cfg
+                .shift_response
+                .as_ref()
+                .map_or(self.cfg.max_swaps_per_layer, |s| s.boost_swaps_per_layer)
+        } else {
+            self.cfg.max_swaps_per_layer
+        };
+        let mut planned = 0u32;
+        if !self.frozen {
+            for l in 0..layers {
+                if self.busy[l] == 0 {
+                    planned += self.plan_layer(l, per_layer_cap);
+                }
+            }
+        }
+
+        let mut per_layer = Vec::with_capacity(layers);
+        let mut wc = 0u64;
+        let mut wt = 0u64;
+        for l in 0..layers {
+            let (c, t) = (0..self.cfg.window_drains as usize)
+                .map(|k| self.window[k * layers + l])
+                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            per_layer.push(share(c, t));
+            wc += c;
+            wt += t;
+        }
+        DrainTelemetry {
+            step: self.step,
+            drain: self.drains,
+            elapsed_steps: elapsed,
+            picks: total_all,
+            cold_share,
+            cold_share_window: share(wc, wt),
+            cold_share_per_layer: per_layer,
+            planned,
+            queued: self.queue.len() as u32,
+            in_flight: self.in_flight_count(),
+            totals: self.stats,
+            frozen: self.frozen,
+            half_life_steps: self.ema.half_life_steps(),
+            max_swaps_per_layer: per_layer_cap,
+            shift_detected: detected,
+            boost_drains_left: self.shift.boost_left,
+        }
+    }
+
+    /// Plans up to `cap` swaps in layer `l`; returns how many.
+    fn plan_layer(&mut self, l: usize, cap: u32) -> u32 {
+        let g = self.map.geometry();
+        let experts = g.experts_per_layer as usize;
+        let row = &self.map.layers()[l];
+        let vals = &self.ema.values()[l * experts..(l + 1) * experts];
+        let cap = cap as usize;
+        let cold = &mut self.cold_scratch;
+        let hot = &mut self.hot_scratch;
+        cold.clear();
+        hot.clear();
+        // Busiest cold experts, descending by EMA (ties: lower id first).
+        for (e, (&v, &slot)) in vals.iter().zip(row.table()).enumerate() {
+            if slot >= 0 || v <= 0.0 {
+                continue;
+            }
+            if cold.len() == cap && v <= cold[cap - 1].0 {
+                continue;
+            }
+            let pos = cold.partition_point(|&(cv, _)| cv >= v);
+            if cold.len() == cap {
+                cold.pop();
+            }
+            cold.insert(pos, (v, e as u32));
+        }
+        if cold.is_empty() {
+            return 0;
+        }
+        // Least busy hot experts, ascending by EMA (ties: lower id first).
+        for &e in row.hot_experts() {
+            let v = vals[e as usize];
+            if hot.len() == cap && (v, e) >= hot[cap - 1] {
+                continue;
+            }
+            let pos = hot.partition_point(|&x| x < (v, e));
+            if hot.len() == cap {
+                hot.pop();
+            }
+            hot.insert(pos, (v, e));
+        }
+        let mut generation = row.generation();
+        let mut n = 0u32;
+        for (&(cv, ce), &(hv, he)) in cold.iter().zip(hot.iter()) {
+            if cv < self.cfg.ratio * hv {
+                break;
+            }
+            self.queue.push(PlannedSwap {
+                layer: l as u32,
+                incoming: ce,
+                outgoing: he,
+                slot: row.slot_of(he).expect("hot expert has a slot"),
+                generation,
+            });
+            generation += 1;
+            n += 1;
+        }
+        self.busy[l] += n;
+        self.stats.planned += n as u64;
+        n
+    }
+}

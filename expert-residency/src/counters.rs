@@ -1,0 +1,330 @@
+//! Pick counters: a `layers × experts` table of u32 counts, bumped once per routed pick.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::trace::StepPicks;
+
+/// What kind of forward pass produced a step's picks. Only [`PassKind::Prefill`] and
+/// [`PassKind::Decode`] are counted: warm-up, dummy profiling and speculative draft passes route
+/// identical or throw-away tokens and poison the counts (a fault seen in real engines' expert-load
+/// recorders, see `shared/DESIGN-NOTES.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum PassKind {
+    /// A prefill pass of real requests (counted).
+    Prefill,
+    /// A decode pass of real requests (counted).
+    Decode,
+    /// Engine warm-up / CUDA-graph capture (not counted).
+    Warmup,
+    /// Dummy profiling run, e.g. to size the KV cache (not counted).
+    Profile,
+    /// Speculative draft pass (not counted; the verify pass is a `Decode`).
+    Draft,
+}
+
+impl PassKind {
+    /// Whether picks of this kind of pass are counted.
+    pub fn is_counted(self) -> bool {
+        matches!(self, PassKind::Prefill | PassKind::Decode)
+    }
+}
+
+/// Per-`(layer, expert)` pick counts, `[layers][experts]` row-major u32 — the layout the GPU
+/// counting kernel writes (cell `layer * experts + expert`), so a device table copied to host is
+/// drained the same way ([`crate::Controller::step_with_snapshot`]).
+///
+/// Counting is one relaxed `fetch_add` per pick and is safe from several threads (`&self`).
+/// Counts wrap at 2^32; drains work on wrap-around-safe deltas (`new.wrapping_sub(old)`), so
+/// counting never stops or resets. Relaxed ordering suffices: a drain only needs every add to
+/// land eventually, not any order between cells.
+///
+/// Counting can be paused ([`PickCounters::pause`]) for passes that must not count.
+#[derive(Debug)]
+pub struct PickCounters {
+    layers: u32,
+    experts: u32,
+    cells: Box<[AtomicU32]>,
+    paused: AtomicBool,
+}
+
+/// While alive, [`PickCounters::record`] and friends count nothing (see [`PickCounters::pause`]).
+#[derive(Debug)]
+pub struct PauseGuard<'a> {
+    counters: &'a PickCounters,
+    was_paused: bool,
+}
+
+impl Drop for PauseGuard<'_> {
+    fn drop(&mut self) {
+        self.counters
+            .paused
+            .store(self.was_paused, Ordering::Relaxed);
+    }
+}
+
+impl PickCounters {
+    /// Zeroed counters for `geometry` (`layers × experts_per_layer` cells).
+    pub fn new(geometry: &Geometry) -> Self {
+        Self::with_shape(geometry.layers, geometry.experts_per_layer)
+    }
+
+    fn with_shape(layers: u32, experts: u32) -> Self {
+        let n = layers as usize * experts as usize;
+        PickCounters {
+            layers,
+            experts,
+            cells: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            paused: AtomicBool::new(false),
+        }
+    }
+
+    /// Layers of the table.
+    pub fn layers(&self) -> u32 {
+        self.layers
+    }
+
+    /// Experts per layer of the table.
+    pub fn experts_per_layer(&self) -> u32 {
+        self.experts
+    }
+
+    /// Cells of the table (`layers × experts`).
+    pub fn len(&self) -> usize {
+        self.cells.len()
+    }
+
+    /// Always false for a valid geometry (kept for the `len` convention).
+    pub fn is_empty(&self) -> bool {
+        self.cells.is_empty()
+    }
+
+    /// Errors with [`Error::GeometryMismatch`] unless the table has `geometry`'s shape.
+    pub fn check_geometry(&self, geometry: &Geometry) -> Result<()> {
+        if self.layers == geometry.layers && self.experts == geometry.experts_per_layer {
+            Ok(())
+        } else {
+            Err(Error::GeometryMismatch {
+                expected: format!(
+                    "{} layers × {} experts",
+                    geometry.layers, geometry.experts_per_layer
+                ),
+                found: format!("{} layers × {} experts", self.layers, self.experts),
+            })
+        }
+    }
+
+    /// Counts one pick of `expert` in `layer` (one relaxed atomic add), unless paused.
+    ///
+    /// Errors: [`Error::LayerOutOfRange`], [`Error::ExpertOutOfRange`] (nothing counted).
+    #[inline]
+    pub fn record(&self, layer: u32, expert: u32) -> Result<()> {
+        if layer >= self.layers {
+            return Err(Error::LayerOutOfRange {
+                layer,
+                layers: self.layers,
+            });
+        }
+        if expert >= self.experts {
+            return Err(Error::ExpertOutOfRange {
+                expert,
+                experts: self.experts,
+            });
+        }
+        if !self.paused.load(Ordering::Relaxed) {
+            let i = layer as usize * self.experts as usize + expert as usize;
+            self.cells[i].fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Counts every pick of one layer (`picks`: `[tokens × top_k]` expert ids). All ids are checked
+    /// first: on error nothing is counted.
+    pub fn record_layer(&self, layer: u32, picks: &[u32]) -> Result<()> {
+        if layer >= self.layers {
+            return Err(Error::LayerOutOfRange {
+                layer,
+                layers: self.layers,
+            });
+        }
+        self.check_ids(picks)?;
+        if self.paused.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let row = &self.cells[layer as usize * self.experts as usize..][..self.experts as usize];
+        for &e in picks {
+            row[e as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Counts a whole step (`step.layers` must have one row per layer). Everything is checked
+    /// first: on error nothing is counted.
+    ///
+    /// Errors: [`Error::LengthMismatch`] for a wrong number of layers, [`Error::ExpertOutOfRange`].
+    pub fn record_step(&self, step: &StepPicks) -> Result<()> {
+        if step.layers.len() != self.layers as usize {
+            return Err(Error::LengthMismatch {
+                expected: self.layers as usize,
+                found: step.layers.len(),
+            });
+        }
+        for picks in &step.layers {
+            self.check_ids(picks)?;
+        }
+        if self.paused.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        for (l, picks) in step.layers.iter().enumerate() {
+            let row = &self.cells[l * self.experts as usize..][..self.experts as usize];
+            for &e in picks {
+                row[e as usize].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts a step produced by a pass of `kind`; returns whether it was counted (false for
+    /// warm-up, profiling and draft passes, or while paused). Checks as [`PickCounters::record_step`].
+    pub fn record_pass(&self, kind: PassKind, step: &StepPicks) -> Result<bool> {
+        if !kind.is_counted() {
+            return Ok(false);
+        }
+        self.record_step(step)?;
+        Ok(!self.is_paused())
+    }
+
+    fn check_ids(&self, picks: &[u32]) -> Result<()> {
+        match picks.iter().find(|&&e| e >= self.experts) {
+            Some(&e) => Err(Error::ExpertOutOfRange {
+                expert: e,
+                experts: self.experts,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Pauses counting until the guard drops (warm-up, profiling, draft passes counted through
+    /// [`PickCounters::record`]).
+    pub fn pause(&self) -> PauseGuard<'_> {
+        let was_paused = self.paused.swap(true, Ordering::Relaxed);
+        PauseGuard {
+            counters: self,
+            was_paused,
+        }
+    }
+
+    /// Whether counting is paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
+    /// Copies the table into `out` (`[layers × experts]` u32, row-major). Counting may go on
+    /// meanwhile; each cell is read atomically.
+    ///
+    /// Errors: [`Error::LengthMismatch`] if `out` has the wrong length.
+    pub fn snapshot_into(&self, out: &mut [u32]) -> Result<()> {
+        if out.len() != self.cells.len() {
+            return Err(Error::LengthMismatch {
+                expected: self.cells.len(),
+                found: out.len(),
+            });
+        }
+        for (o, c) in out.iter_mut().zip(self.cells.iter()) {
+            *o = c.load(Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// A copy of the table (`[layers × experts]` u32, row-major).
+    pub fn snapshot(&self) -> Vec<u32> {
+        self.cells.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+    }
+
+    /// The raw cells, row-major `[layers][experts]`.
+    pub fn cells(&self) -> &[AtomicU32] {
+        &self.cells
+    }
+}
+
+/// Wrap-around-safe deltas `new - old` of two u32 snapshots, widened to u64 into `out`. Correct as
+/// long as fewer than 2^32 picks landed in one cell between the two snapshots.
+///
+/// Errors: [`Error::LengthMismatch`] unless the three slices have the same length.
+pub fn snapshot_deltas(new: &[u32], old: &[u32], out: &mut [u64]) -> Result<()> {
+    if new.len() != old.len() || out.len() != new.len() {
+        return Err(Error::LengthMismatch {
+            expected: new.len(),
+            found: if old.len() != new.len() {
+                old.len()
+            } else {
+                out.len()
+            },
+        });
+    }
+    for ((o, &n), &p) in out.iter_mut().zip(new).zip(old) {
+        *o = n.wrapping_sub(p) as u64;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> Geometry {
+        Geometry::new(2, 4, 1, 8).unwrap()
+    }
+
+    #[test]
+    fn counts_and_rejects() {
+        let c = PickCounters::new(&geo());
+        c.record(1, 3).unwrap();
+        c.record(1, 3).unwrap();
+        assert!(matches!(c.record(2, 0), Err(Error::LayerOutOfRange { .. })));
+        assert!(matches!(c.record(0, 4), Err(Error::ExpertOutOfRange { .. })));
+        let bad = StepPicks {
+            layers: vec![vec![0, 1], vec![2, 9]],
+        };
+        assert!(c.record_step(&bad).is_err());
+        assert_eq!(c.snapshot(), vec![0, 0, 0, 0, 0, 0, 0, 2]);
+        let ok = StepPicks {
+            layers: vec![vec![0, 1], vec![2, 2]],
+        };
+        c.record_step(&ok).unwrap();
+        assert_eq!(c.snapshot(), vec![1, 1, 0, 0, 0, 0, 2, 2]);
+        assert!(!c.record_pass(PassKind::Warmup, &ok).unwrap());
+        {
+            let _g = c.pause();
+            c.record(0, 0).unwrap();
+            assert!(!c.record_pass(PassKind::Decode, &ok).unwrap());
+        }
+        assert!(c.record_pass(PassKind::Decode, &ok).unwrap());
+        assert_eq!(c.snapshot(), vec![2, 2, 0, 0, 0, 0, 4, 2]);
+    }
+
+    #[test]
+    fn threads_count_everything() {
+        let c = PickCounters::new(&geo());
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let c = &c;
+                s.spawn(move || {
+                    for i in 0..1000u32 {
+                        c.record((i + t) % 2, i % 4).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(c.snapshot().iter().map(|&x| x as u64).sum::<u64>(), 4000);
+    }
+
+    #[test]
+    fn deltas_wrap() {
+        let mut out = [0u64; 2];
+        snapshot_deltas(&[5, 3], &[u32::MAX - 1, 1], &mut out).unwrap();
+        assert_eq!(out, [7, 2]);
+        assert!(snapshot_deltas(&[1], &[1, 2], &mut out).is_err());
+    }
+}

@@ -1,0 +1,94 @@
+//! The crate's error type.
+
+/// Everything that can go wrong in `expert-residency`. Every fallible call returns this and leaves
+/// the state it was called on unchanged.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A geometry field is invalid (zero layers, zero experts, `hot_per_layer` of zero or above
+    /// `experts_per_layer`, zero `expert_bytes`, ...).
+    #[error("invalid geometry: {0}")]
+    InvalidGeometry(String),
+    /// `hot_per_layer` is larger than `experts_per_layer`.
+    #[error("hot_per_layer {hot} exceeds experts_per_layer {experts}")]
+    HotExceedsExperts {
+        /// Hot experts asked for per layer.
+        hot: u32,
+        /// Experts per layer.
+        experts: u32,
+    },
+    /// An expert id is not below `experts_per_layer`.
+    #[error("expert id {expert} out of range (experts per layer: {experts})")]
+    ExpertOutOfRange {
+        /// The offending expert id.
+        expert: u32,
+        /// Experts per layer.
+        experts: u32,
+    },
+    /// A layer index is not below `layers`.
+    #[error("layer {layer} out of range (layers: {layers})")]
+    LayerOutOfRange {
+        /// The offending layer.
+        layer: u32,
+        /// Layers of the geometry.
+        layers: u32,
+    },
+    /// Top-k is zero or wider than the experts of a layer.
+    #[error("top-k {top_k} is invalid for {experts} experts per layer")]
+    TopKTooWide {
+        /// Top-k claimed by the trace or engine.
+        top_k: u32,
+        /// Experts per layer.
+        experts: u32,
+    },
+    /// A rowmap, trace or counter dump was built for another geometry than the one in use.
+    #[error("geometry mismatch: expected {expected}, found {found}")]
+    GeometryMismatch {
+        /// The geometry in use (or the field that differs), in words.
+        expected: String,
+        /// The geometry found, in words.
+        found: String,
+    },
+    /// A slice or table had the wrong length.
+    #[error("length mismatch: expected {expected}, found {found}")]
+    LengthMismatch {
+        /// Expected length.
+        expected: usize,
+        /// Found length.
+        found: usize,
+    },
+    /// A rowmap is not a valid hot set (duplicate expert, wrong count of hot experts, ...).
+    #[error("invalid rowmap: {0}")]
+    InvalidRowMap(String),
+    /// A trace holds no step, or no lookup at all.
+    #[error("empty trace: {0}")]
+    EmptyTrace(String),
+    /// A planned swap is stale: the layer's map moved since it was planned.
+    #[error("stale swap in layer {layer}: planned at generation {expected}, map is at {actual}")]
+    StaleSwap {
+        /// Layer of the swap.
+        layer: u32,
+        /// Generation the swap was planned at.
+        expected: u64,
+        /// Generation of the layer now.
+        actual: u64,
+    },
+    /// A swap does not fit the map (incoming already hot, outgoing not in the slot, ...).
+    #[error("invalid swap: {0}")]
+    InvalidSwap(String),
+    /// A configuration value is out of its range.
+    #[error("invalid config: {0}")]
+    InvalidConfig(String),
+    /// The executor refused or failed a move.
+    #[error("executor: {0}")]
+    Executor(String),
+    /// A saved file could not be parsed or has an unsupported version.
+    #[error("format: {0}")]
+    Format(String),
+    /// An error from `tier-core` (EMA counters).
+    #[error(transparent)]
+    Core(#[from] tier_core::CoreError),
+}
+
+/// Result alias with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

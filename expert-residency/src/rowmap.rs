@@ -1,0 +1,451 @@
+//! Rowmaps: which experts of each layer are hot (in an HBM slot) and which are cold (host).
+
+use crate::error::{Error, Result};
+use crate::executor::PlannedSwap;
+use crate::geometry::Geometry;
+
+/// Table value of a cold expert in [`RowMap::table`].
+pub const COLD: i32 = -1;
+
+/// Format tag written into saved maps.
+pub const MAP_FORMAT: &str = "tierkit.expert-residency.rowmap";
+/// Version of the saved map format.
+pub const MAP_VERSION: u32 = 1;
+
+/// One layer's rowmap: expert → hot slot (or cold), its inverse slot → expert, and a generation
+/// bumped on every change.
+///
+/// Invariant: exactly `hot` experts are hot, each in a distinct slot `0..hot`, and the two tables
+/// are inverse to each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowMap {
+    slot_of: Vec<i32>,
+    expert_in: Vec<u32>,
+    generation: u64,
+}
+
+impl RowMap {
+    /// A layer map whose hot slot `i` holds `hot[i]`.
+    ///
+    /// Errors: [`Error::ExpertOutOfRange`] for an id `>= experts`, [`Error::InvalidRowMap`] for a
+    /// duplicate id or an empty hot set, [`Error::HotExceedsExperts`] if `hot` is longer than
+    /// `experts`.
+    pub fn from_hot(experts: u32, hot: &[u32]) -> Result<Self> {
+        if hot.is_empty() {
+            return Err(Error::InvalidRowMap("empty hot set".into()));
+        }
+        if hot.len() > experts as usize {
+            return Err(Error::HotExceedsExperts {
+                hot: hot.len() as u32,
+                experts,
+            });
+        }
+        let mut slot_of = vec![COLD; experts as usize];
+        for (slot, &e) in hot.iter().enumerate() {
+            if e >= experts {
+                return Err(Error::ExpertOutOfRange {
+                    expert: e,
+                    experts,
+                });
+            }
+            if slot_of[e as usize] != COLD {
+                return Err(Error::InvalidRowMap(format!("expert {e} is hot twice")));
+            }
+            slot_of[e as usize] = slot as i32;
+        }
+        Ok(RowMap {
+            slot_of,
+            expert_in: hot.to_vec(),
+            generation: 0,
+        })
+    }
+
+    /// Experts of the layer.
+    pub fn experts(&self) -> u32 {
+        self.slot_of.len() as u32
+    }
+
+    /// Hot slots of the layer.
+    pub fn hot_count(&self) -> u32 {
+        self.expert_in.len() as u32
+    }
+
+    /// The hot slot of `expert`, or `None` if it is cold (or out of range).
+    #[inline]
+    pub fn slot_of(&self, expert: u32) -> Option<u32> {
+        match self.slot_of.get(expert as usize) {
+            Some(&s) if s >= 0 => Some(s as u32),
+            _ => None,
+        }
+    }
+
+    /// Whether `expert` is hot (false for out-of-range ids).
+    #[inline]
+    pub fn is_hot(&self, expert: u32) -> bool {
+        self.slot_of(expert).is_some()
+    }
+
+    /// The expert in hot slot `slot`, if `slot < hot_count()`.
+    pub fn expert_in_slot(&self, slot: u32) -> Option<u32> {
+        self.expert_in.get(slot as usize).copied()
+    }
+
+    /// Hot experts in slot order (`[hot]` u32 ids).
+    pub fn hot_experts(&self) -> &[u32] {
+        &self.expert_in
+    }
+
+    /// The expert → slot table, `[experts]` i32, [`COLD`] (-1) for cold experts: Pod, mirror it to
+    /// a device as-is.
+    pub fn table(&self) -> &[i32] {
+        &self.slot_of
+    }
+
+    /// Generation of the layer: starts at 0, +1 on every applied swap.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Checks that `swap` (already known to target this layer) applies now: generation current,
+    /// `outgoing` in `slot`, `incoming` cold.
+    pub fn check_swap(&self, swap: &PlannedSwap) -> Result<()> {
+        if swap.generation != self.generation {
+            return Err(Error::StaleSwap {
+                layer: swap.layer,
+                expected: swap.generation,
+                actual: self.generation,
+            });
+        }
+        let experts = self.experts();
+        for e in [swap.incoming, swap.outgoing] {
+            if e >= experts {
+                return Err(Error::ExpertOutOfRange { expert: e, experts });
+            }
+        }
+        if self.expert_in_slot(swap.slot) != Some(swap.outgoing) {
+            return Err(Error::InvalidSwap(format!(
+                "expert {} is not in slot {} of layer {}",
+                swap.outgoing, swap.slot, swap.layer
+            )));
+        }
+        if self.is_hot(swap.incoming) {
+            return Err(Error::InvalidSwap(format!(
+                "expert {} is already hot in layer {}",
+                swap.incoming, swap.layer
+            )));
+        }
+        Ok(())
+    }
+
+    /// Applies a checked swap (see [`RowMap::check_swap`]); on error nothing changes.
+    pub fn apply(&mut self, swap: &PlannedSwap) -> Result<()> {
+        self.check_swap(swap)?;
+        self.slot_of[swap.outgoing as usize] = COLD;
+        self.slot_of[swap.incoming as usize] = swap.slot as i32;
+        self.expert_in[swap.slot as usize] = swap.incoming;
+        self.generation += 1;
+        Ok(())
+    }
+}
+
+/// The rowmaps of every MoE layer of one model, with the model's name and geometry: what a seed
+/// map file holds and what the controller evolves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResidencyMap {
+    model: String,
+    geometry: Geometry,
+    layers: Vec<RowMap>,
+}
+
+/// The saved form of a [`ResidencyMap`] (versioned JSON).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MapFile {
+    /// Always [`MAP_FORMAT`].
+    pub format: String,
+    /// Format version, [`MAP_VERSION`].
+    pub version: u32,
+    /// Model name (free text, e.g. `"olmoe-1b-7b"`).
+    pub model: String,
+    /// The geometry the map was built for.
+    pub geometry: Geometry,
+    /// Hot experts per layer in slot order, `[layers][hot_per_layer]`.
+    pub hot: Vec<Vec<u32>>,
+}
+
+impl ResidencyMap {
+    /// The "static first-K" map: experts `0..hot_per_layer` hot in every layer (a uniform map: it
+    /// knows nothing of the traffic).
+    pub fn first_k(model: impl Into<String>, geometry: Geometry) -> Result<Self> {
+        geometry.validate()?;
+        let hot: Vec<u32> = (0..geometry.hot_per_layer).collect();
+        Self::from_hot_sets(model, geometry, vec![hot; geometry.layers as usize])
+    }
+
+    /// A map from hot sets, `hot[layer]` listing the hot experts in slot order.
+    ///
+    /// Errors: [`Error::LengthMismatch`] if `hot` does not have `layers` entries,
+    /// [`Error::InvalidRowMap`] if a layer does not have exactly `hot_per_layer` distinct experts,
+    /// [`Error::ExpertOutOfRange`] for a bad id; invalid geometry errors.
+    pub fn from_hot_sets(
+        model: impl Into<String>,
+        geometry: Geometry,
+        hot: Vec<Vec<u32>>,
+    ) -> Result<Self> {
+        geometry.validate()?;
+        if hot.len() != geometry.layers as usize {
+            return Err(Error::LengthMismatch {
+                expected: geometry.layers as usize,
+                found: hot.len(),
+            });
+        }
+        let mut layers = Vec::with_capacity(hot.len());
+        for (l, h) in hot.iter().enumerate() {
+            if h.len() != geometry.hot_per_layer as usize {
+                return Err(Error::InvalidRowMap(format!(
+                    "layer {l} has {} hot experts, geometry wants {}",
+                    h.len(),
+                    geometry.hot_per_layer
+                )));
+            }
+            layers.push(RowMap::from_hot(geometry.experts_per_layer, h)?);
+        }
+        Ok(ResidencyMap {
+            model: model.into(),
+            geometry,
+            layers,
+        })
+    }
+
+    /// The model name.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// All layers' rowmaps, `[layers]`.
+    pub fn layers(&self) -> &[RowMap] {
+        &self.layers
+    }
+
+    /// One layer's rowmap. Errors: [`Error::LayerOutOfRange`].
+    pub fn layer(&self, layer: u32) -> Result<&RowMap> {
+        self.geometry.check_layer(layer)?;
+        Ok(&self.layers[layer as usize])
+    }
+
+    /// Whether `expert` of `layer` is hot (false for out-of-range ids).
+    #[inline]
+    pub fn is_hot(&self, layer: u32, expert: u32) -> bool {
+        self.layers
+            .get(layer as usize)
+            .is_some_and(|m| m.is_hot(expert))
+    }
+
+    /// Hot sets per layer in slot order, `[layers][hot_per_layer]`.
+    pub fn hot_sets(&self) -> Vec<Vec<u32>> {
+        self.layers.iter().map(|m| m.hot_experts().to_vec()).collect()
+    }
+
+    /// Whether the two maps hold the same hot *sets* (slot order ignored).
+    pub fn same_hot_sets(&self, other: &ResidencyMap) -> bool {
+        self.geometry == other.geometry
+            && self.layers.iter().zip(&other.layers).all(|(a, b)| {
+                a.hot_experts().iter().all(|&e| b.is_hot(e))
+            })
+    }
+
+    /// Checks that `swap` applies now (layer in range, generation current, ids consistent).
+    pub fn check_swap(&self, swap: &PlannedSwap) -> Result<()> {
+        self.geometry.check_layer(swap.layer)?;
+        self.layers[swap.layer as usize].check_swap(swap)
+    }
+
+    /// Applies one swap; errors ([`Error::StaleSwap`], [`Error::InvalidSwap`], range errors) leave
+    /// the map unchanged.
+    pub fn apply(&mut self, swap: &PlannedSwap) -> Result<()> {
+        self.geometry.check_layer(swap.layer)?;
+        self.layers[swap.layer as usize].apply(swap)
+    }
+
+    /// The swaps that turn this map's hot sets into `target`'s (slot order of `target` is not
+    /// reproduced: an incoming expert takes the slot of the expert it replaces). Within a layer the
+    /// swaps are stamped with consecutive generations, so they must be applied in order.
+    ///
+    /// Errors: [`Error::GeometryMismatch`] if `target` has another geometry.
+    pub fn plan_transition(&self, target: &ResidencyMap) -> Result<Vec<PlannedSwap>> {
+        self.geometry.check_same(&target.geometry)?;
+        let mut out = Vec::new();
+        for (l, (cur, tgt)) in self.layers.iter().zip(&target.layers).enumerate() {
+            let leaving = cur.hot_experts().iter().filter(|&&e| !tgt.is_hot(e));
+            let arriving = tgt.hot_experts().iter().filter(|&&e| !cur.is_hot(e));
+            let mut generation = cur.generation();
+            for (&outgoing, &incoming) in leaving.zip(arriving) {
+                let slot = cur.slot_of(outgoing).expect("leaving expert is hot");
+                out.push(PlannedSwap {
+                    layer: l as u32,
+                    incoming,
+                    outgoing,
+                    slot,
+                    generation,
+                });
+                generation += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The saved form.
+    pub fn to_file(&self) -> MapFile {
+        MapFile {
+            format: MAP_FORMAT.into(),
+            version: MAP_VERSION,
+            model: self.model.clone(),
+            geometry: self.geometry,
+            hot: self.hot_sets(),
+        }
+    }
+
+    /// Versioned JSON (pretty, deterministic).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(&self.to_file()).expect("map file serializes")
+    }
+
+    /// Loads a map saved by [`ResidencyMap::to_json`] and checks it against the model's geometry.
+    ///
+    /// Errors: [`Error::Format`] for bad JSON, another format tag or an unsupported version,
+    /// [`Error::GeometryMismatch`] if the saved geometry differs from `expected`, rowmap errors for
+    /// invalid hot sets.
+    pub fn from_json(json: &str, expected: &Geometry) -> Result<Self> {
+        let file: MapFile =
+            serde_json::from_str(json).map_err(|e| Error::Format(e.to_string()))?;
+        Self::from_file(file, expected)
+    }
+
+    /// Builds a map from its saved form, checked against `expected` (see [`ResidencyMap::from_json`]).
+    pub fn from_file(file: MapFile, expected: &Geometry) -> Result<Self> {
+        if file.format != MAP_FORMAT {
+            return Err(Error::Format(format!(
+                "format tag {:?}, expected {MAP_FORMAT:?}",
+                file.format
+            )));
+        }
+        if file.version != MAP_VERSION {
+            return Err(Error::Format(format!(
+                "map version {} unsupported (this build reads {MAP_VERSION})",
+                file.version
+            )));
+        }
+        expected.validate()?;
+        expected.check_same(&file.geometry)?;
+        Self::from_hot_sets(file.model, file.geometry, file.hot)
+    }
+
+    /// Saves [`ResidencyMap::to_json`] to `path`. Errors: [`Error::Format`] with the I/O error.
+    pub fn save(&self, path: &std::path::Path) -> Result<()> {
+        std::fs::write(path, self.to_json())
+            .map_err(|e| Error::Format(format!("{}: {e}", path.display())))
+    }
+
+    /// Loads a map from `path` (see [`ResidencyMap::from_json`]).
+    pub fn load(path: &std::path::Path, expected: &Geometry) -> Result<Self> {
+        let s = std::fs::read_to_string(path)
+            .map_err(|e| Error::Format(format!("{}: {e}", path.display())))?;
+        Self::from_json(&s, expected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geo() -> Geometry {
+        Geometry::new(2, 8, 3, 16).unwrap()
+    }
+
+    #[test]
+    fn swap_and_generation() {
+        let mut m = ResidencyMap::first_k("t", geo()).unwrap();
+        let s = PlannedSwap {
+            layer: 1,
+            incoming: 6,
+            outgoing: 1,
+            slot: 1,
+            generation: 0,
+        };
+        m.apply(&s).unwrap();
+        assert!(m.is_hot(1, 6) && !m.is_hot(1, 1));
+        assert_eq!(m.layer(1).unwrap().generation(), 1);
+        assert_eq!(m.layer(1).unwrap().table()[6], 1);
+        // Same swap again: stale.
+        assert!(matches!(m.apply(&s), Err(Error::StaleSwap { .. })));
+        let before = m.clone();
+        let bad = PlannedSwap {
+            generation: 1,
+            incoming: 0,
+            ..s
+        };
+        assert!(matches!(m.apply(&bad), Err(Error::InvalidSwap(_))));
+        let bad = PlannedSwap {
+            generation: 1,
+            incoming: 9,
+            outgoing: 6,
+            ..s
+        };
+        assert!(matches!(m.apply(&bad), Err(Error::ExpertOutOfRange { .. })));
+        assert_eq!(m, before);
+    }
+
+    #[test]
+    fn json_round_trip_and_geometry_check() {
+        let g = geo();
+        let m = ResidencyMap::from_hot_sets("olmoe", g, vec![vec![7, 2, 5], vec![0, 1, 3]]).unwrap();
+        let j = m.to_json();
+        let back = ResidencyMap::from_json(&j, &g).unwrap();
+        assert_eq!(back.hot_sets(), m.hot_sets());
+        assert_eq!(back.model(), "olmoe");
+        let other = Geometry::new(2, 8, 4, 16).unwrap();
+        assert!(matches!(
+            ResidencyMap::from_json(&j, &other),
+            Err(Error::GeometryMismatch { .. })
+        ));
+        let j2 = j.replace("\"version\": 1", "\"version\": 9");
+        assert!(matches!(ResidencyMap::from_json(&j2, &g), Err(Error::Format(_))));
+        assert!(matches!(ResidencyMap::from_json("{", &g), Err(Error::Format(_))));
+    }
+
+    #[test]
+    fn bad_hot_sets() {
+        let g = geo();
+        assert!(matches!(
+            ResidencyMap::from_hot_sets("x", g, vec![vec![1, 1, 2], vec![0, 1, 2]]),
+            Err(Error::InvalidRowMap(_))
+        ));
+        assert!(matches!(
+            ResidencyMap::from_hot_sets("x", g, vec![vec![1, 2], vec![0, 1, 2]]),
+            Err(Error::InvalidRowMap(_))
+        ));
+        assert!(matches!(
+            ResidencyMap::from_hot_sets("x", g, vec![vec![1, 2, 8], vec![0, 1, 2]]),
+            Err(Error::ExpertOutOfRange { .. })
+        ));
+        assert!(matches!(
+            ResidencyMap::from_hot_sets("x", g, vec![vec![0, 1, 2]]),
+            Err(Error::LengthMismatch { .. })
+        ));
+    }
+
+    #[test]
+    fn transition_reaches_target() {
+        let g = geo();
+        let mut a = ResidencyMap::first_k("x", g).unwrap();
+        let b = ResidencyMap::from_hot_sets("x", g, vec![vec![7, 2, 5], vec![0, 6, 1]]).unwrap();
+        for s in a.plan_transition(&b).unwrap() {
+            a.apply(&s).unwrap();
+        }
+        assert!(a.same_hot_sets(&b));
+    }
+}
