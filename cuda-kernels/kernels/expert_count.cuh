@@ -1,0 +1,29 @@
+// tierkit: expert pick counting, fused path (paste or #include into your own router kernel).
+//
+// Table layout (the `expert-residency` PickCounters layout): u32 [layers][experts], row-major,
+// cumulative (wraps at 2^32; the host takes wrap-safe deltas between drains).
+// `err` is one u32 that counts rejected picks (layer >= layers, expert < 0 or expert >= experts):
+// a bad id is never written out of bounds, it is counted here and the host reads it at the drain.
+// Atomics are relaxed (plain atomicAdd): the counts are only read after a stream-ordered drain.
+// Warp-aggregated: lanes of a warp that pick the same (layer, expert) add once, so a hot expert
+// does not serialise a whole warp on one address.
+#pragma once
+
+__device__ __forceinline__ void tierkit_count_pick(unsigned int* table, unsigned int* err,
+                                                   unsigned int layer, unsigned int layers,
+                                                   long long expert, unsigned int experts) {
+    const bool ok = layer < layers && expert >= 0 && expert < (long long)experts;
+    const unsigned int key = ok ? layer * experts + (unsigned int)expert : 0xFFFFFFFFu;
+    const unsigned int active = __activemask();
+    const unsigned int peers = __match_any_sync(active, key);
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int leader = __ffs(peers) - 1u;
+    if (lane == leader) {
+        const unsigned int n = __popc(peers);
+        if (ok) {
+            atomicAdd(table + key, n);
+        } else {
+            atomicAdd(err, n);
+        }
+    }
+}

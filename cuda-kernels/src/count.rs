@@ -1,0 +1,476 @@
+//! Expert pick counting: the CPU reference, the standalone counting kernel and the GPU counter
+//! table with its asynchronous drain.
+//!
+//! Counts `topk_ids` (`[tokens, k]` for one layer or `[layers, tokens, k]` for a whole step,
+//! int32 or int64) into the `layers × experts` u32 table of `expert-residency` (row-major
+//! `[layer][expert]`, cumulative, wrapping at 2^32). Picks with an expert id outside
+//! `0..experts` are never written: they are counted in a rejected-picks word the host reads at
+//! the drain. The fused path is the `tierkit_count_pick` device function of
+//! [`crate::EXPERT_COUNT_CUH`], which writes the same table.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+
+use crate::device::{Gpu, COUNT_MODULE};
+use crate::error::{drv, CudaError, Result};
+use crate::mem::{copy_dtoh_async, DeviceBuffer, PinnedBuffer};
+
+/// Element type of `topk_ids`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IdsDtype {
+    /// `int32` ids.
+    I32,
+    /// `int64` ids (PyTorch's default `topk` index dtype).
+    I64,
+}
+
+impl IdsDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            IdsDtype::I32 => 4,
+            IdsDtype::I64 => 8,
+        }
+    }
+    /// Name as in PyTorch (`int32`, `int64`).
+    pub fn name(self) -> &'static str {
+        match self {
+            IdsDtype::I32 => "int32",
+            IdsDtype::I64 => "int64",
+        }
+    }
+}
+
+/// An integer type usable as a top-k id (`i32`, `i64`).
+pub trait TopkId: bytemuck::Pod + Copy {
+    /// The matching [`IdsDtype`].
+    const DTYPE: IdsDtype;
+    /// Widened value.
+    fn as_i64(self) -> i64;
+}
+impl TopkId for i32 {
+    const DTYPE: IdsDtype = IdsDtype::I32;
+    fn as_i64(self) -> i64 {
+        self as i64
+    }
+}
+impl TopkId for i64 {
+    const DTYPE: IdsDtype = IdsDtype::I64;
+    fn as_i64(self) -> i64 {
+        self
+    }
+}
+
+/// Shape of a `topk_ids` buffer: `[layers, tokens, k]` (`layers = 1` for one layer's `[tokens, k]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopkShape {
+    /// Layers in the buffer (1 for a single layer's `[tokens, k]`).
+    pub layers: u32,
+    /// Tokens per layer.
+    pub tokens: u32,
+    /// Picks per token (top-k).
+    pub k: u32,
+}
+
+impl TopkShape {
+    /// One layer's `[tokens, k]`.
+    pub fn layer(tokens: u32, k: u32) -> Self {
+        TopkShape {
+            layers: 1,
+            tokens,
+            k,
+        }
+    }
+    /// A whole step's `[layers, tokens, k]`.
+    pub fn step(layers: u32, tokens: u32, k: u32) -> Self {
+        TopkShape { layers, tokens, k }
+    }
+    /// Total picks (elements).
+    pub fn picks(&self) -> u64 {
+        self.layers as u64 * self.tokens as u64 * self.k as u64
+    }
+}
+
+/// A `topk_ids` buffer on the device given by raw pointer (e.g. a PyTorch tensor's
+/// `data_ptr()`), with its dtype, shape and allocation size in bytes (checked against the shape).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopkIdsView {
+    /// Device pointer of element `[0, 0, 0]` (contiguous, row-major).
+    pub ptr: u64,
+    /// Bytes the caller owns at `ptr`.
+    pub bytes: u64,
+    /// Element type.
+    pub dtype: IdsDtype,
+    /// Shape.
+    pub shape: TopkShape,
+}
+
+fn check_target(shape: TopkShape, layer0: u32, layers: u32) -> Result<()> {
+    if shape.layers == 0 || shape.tokens == 0 || shape.k == 0 {
+        return Err(CudaError::Shape {
+            what: "topk_ids (an extent is zero)",
+            expected: 1,
+            got: 0,
+        });
+    }
+    if layer0 as u64 + shape.layers as u64 > layers as u64 {
+        return Err(CudaError::OutOfRange {
+            what: "topk_ids layer range end (layer0 + layers)",
+            value: layer0 as u64 + shape.layers as u64,
+            limit: layers as u64 + 1,
+        });
+    }
+    if shape.tokens as u64 * shape.k as u64 > u32::MAX as u64 {
+        return Err(CudaError::OutOfRange {
+            what: "tokens * k",
+            value: shape.tokens as u64 * shape.k as u64,
+            limit: u32::MAX as u64,
+        });
+    }
+    Ok(())
+}
+
+/// CPU reference of the counting kernel: adds the picks of `ids` (shape `shape`, covering layers
+/// `layer0 .. layer0 + shape.layers`) into `table` (`[layers][experts]` u32, wrapping adds) and
+/// returns the number of rejected picks (id outside `0..experts`).
+///
+/// # Errors
+/// [`CudaError::Shape`] if `ids` or `table` have the wrong length, [`CudaError::OutOfRange`] if
+/// the layer range does not fit in `layers`. Nothing is written on error.
+pub fn count_picks_cpu<I: TopkId>(
+    ids: &[I],
+    shape: TopkShape,
+    layer0: u32,
+    layers: u32,
+    experts: u32,
+    table: &mut [u32],
+) -> Result<u32> {
+    check_target(shape, layer0, layers)?;
+    if ids.len() as u64 != shape.picks() {
+        return Err(CudaError::Shape {
+            what: "topk_ids",
+            expected: shape.picks(),
+            got: ids.len() as u64,
+        });
+    }
+    let want = layers as u64 * experts as u64;
+    if table.len() as u64 != want {
+        return Err(CudaError::Shape {
+            what: "count table (layers * experts)",
+            expected: want,
+            got: table.len() as u64,
+        });
+    }
+    let per_layer = shape.tokens as usize * shape.k as usize;
+    let mut rejected = 0u32;
+    for (i, id) in ids.iter().enumerate() {
+        let layer = layer0 as usize + i / per_layer;
+        let e = id.as_i64();
+        if e >= 0 && e < experts as i64 {
+            let c = &mut table[layer * experts as usize + e as usize];
+            *c = c.wrapping_add(1);
+        } else {
+            rejected = rejected.wrapping_add(1);
+        }
+    }
+    Ok(rejected)
+}
+
+/// A drained copy of the counter table, borrowed from the pinned snapshot buffer.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainSnapshot<'a> {
+    /// Cumulative counts, `[layers][experts]` row-major (wrapping u32).
+    pub counts: &'a [u32],
+    /// Cumulative rejected picks (out-of-range ids) since the counter was created (wrapping).
+    pub rejected: u32,
+}
+
+/// The GPU pick-counter table (`layers × experts` u32 + one rejected-picks word, one allocation)
+/// with the counting kernels and an asynchronous drain to pinned host memory on a side stream.
+///
+/// Source: the SGLang/EPLB expert-load recorders (a device table bumped per pick), redesigned
+/// after their faults: no batch-size cap (grid-stride loop), one launch per step, CUDA-graph-safe
+/// fixed addresses, bad ids counted instead of written.
+#[derive(Debug)]
+pub struct PickCounterGpu {
+    gpu: Arc<Gpu>,
+    layers: u32,
+    experts: u32,
+    table: DeviceBuffer<u32>,
+    snapshot: PinnedBuffer<u32>,
+    drain_stream: Arc<CudaStream>,
+    step_mark: CudaEvent,
+    drain_done: CudaEvent,
+    drain_pending: bool,
+    f_i32: CudaFunction,
+    f_i64: CudaFunction,
+}
+
+impl PickCounterGpu {
+    /// A zeroed counter for `layers × experts`.
+    ///
+    /// # Errors
+    /// [`CudaError::OutOfRange`] for a zero or overflowing geometry; CUDA/NVRTC errors.
+    pub fn new(gpu: &Arc<Gpu>, layers: u32, experts: u32) -> Result<Self> {
+        let cells = layers as u64 * experts as u64;
+        if cells == 0 || cells >= u32::MAX as u64 {
+            return Err(CudaError::OutOfRange {
+                what: "layers * experts",
+                value: cells,
+                limit: u32::MAX as u64,
+            });
+        }
+        let ctx = gpu.ctx();
+        let table = DeviceBuffer::<u32>::zeroed(ctx, cells as usize + 1)?;
+        let snapshot = PinnedBuffer::<u32>::zeroed(ctx, cells as usize + 1)?;
+        let drain_stream = gpu.new_stream()?;
+        let step_mark = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
+        let drain_done = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
+        Ok(PickCounterGpu {
+            f_i32: gpu.function(&COUNT_MODULE, "tierkit_count_i32")?,
+            f_i64: gpu.function(&COUNT_MODULE, "tierkit_count_i64")?,
+            gpu: gpu.clone(),
+            layers,
+            experts,
+            table,
+            snapshot,
+            drain_stream,
+            step_mark,
+            drain_done,
+            drain_pending: false,
+        })
+    }
+
+    /// Layers of the table.
+    pub fn layers(&self) -> u32 {
+        self.layers
+    }
+
+    /// Experts per layer.
+    pub fn experts(&self) -> u32 {
+        self.experts
+    }
+
+    /// Device pointer of the `[layers][experts]` u32 table (pass to the fused header function).
+    pub fn table_ptr(&self) -> u64 {
+        self.table.device_ptr()
+    }
+
+    /// Device pointer of the rejected-picks u32 (the `err` argument of the fused header function).
+    pub fn rejected_ptr(&self) -> u64 {
+        self.table.device_ptr() + 4 * (self.layers as u64 * self.experts as u64)
+    }
+
+    /// Counts a `topk_ids` buffer given by raw device pointer, in one launch on `stream`, into
+    /// layers `layer0 .. layer0 + ids.shape.layers`.
+    ///
+    /// # Errors
+    /// [`CudaError::Shape`] if `ids.bytes` does not match the shape and dtype,
+    /// [`CudaError::OutOfRange`] for a layer range outside the table; CUDA launch errors.
+    pub fn count_raw(&self, stream: &CudaStream, ids: &TopkIdsView, layer0: u32) -> Result<()> {
+        check_target(ids.shape, layer0, self.layers)?;
+        let need = ids.shape.picks() * ids.dtype.size() as u64;
+        if ids.bytes != need {
+            return Err(CudaError::Shape {
+                what: "topk_ids bytes (layers * tokens * k * dtype size)",
+                expected: need,
+                got: ids.bytes,
+            });
+        }
+        if ids.ptr == 0 || !ids.ptr.is_multiple_of(ids.dtype.size() as u64) {
+            return Err(CudaError::Dtype {
+                what: "topk_ids pointer (null or misaligned for dtype)",
+                expected: ids.dtype.name(),
+                got: "misaligned pointer",
+            });
+        }
+        let f = match ids.dtype {
+            IdsDtype::I32 => &self.f_i32,
+            IdsDtype::I64 => &self.f_i64,
+        };
+        let n: u64 = ids.shape.picks();
+        let per_layer: u32 = ids.shape.tokens * ids.shape.k;
+        let blocks = n.div_ceil(256).clamp(1, 1024) as u32;
+        let table = self.table_ptr();
+        let rejected = self.rejected_ptr();
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(f);
+        b.arg(&ids.ptr)
+            .arg(&n)
+            .arg(&per_layer)
+            .arg(&layer0)
+            .arg(&self.layers)
+            .arg(&self.experts)
+            .arg(&table)
+            .arg(&rejected);
+        // SAFETY: argument list matches `tierkit_count_{i32,i64}` (ptr, u64, u32 x4, ptr, ptr);
+        // `ids` holds `n` elements of the declared dtype (bytes checked above), the kernel
+        // writes only table[layer * experts + e] with layer < layers, e < experts, or the
+        // rejected word, all inside our allocation of layers * experts + 1 words.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_count)"))?;
+        Ok(())
+    }
+
+    /// Counts a typed device buffer of ids with shape `shape` (see [`PickCounterGpu::count_raw`]).
+    pub fn count<I: TopkId>(
+        &self,
+        stream: &CudaStream,
+        ids: &DeviceBuffer<I>,
+        shape: TopkShape,
+        layer0: u32,
+    ) -> Result<()> {
+        if ids.len() as u64 != shape.picks() {
+            return Err(CudaError::Shape {
+                what: "topk_ids",
+                expected: shape.picks(),
+                got: ids.len() as u64,
+            });
+        }
+        self.count_raw(
+            stream,
+            &TopkIdsView {
+                ptr: ids.device_ptr(),
+                bytes: ids.num_bytes() as u64,
+                dtype: I::DTYPE,
+                shape,
+            },
+            layer0,
+        )
+    }
+
+    /// Starts a drain: the side stream waits for the work queued so far on `stream` (the step
+    /// stream that counts), then copies the table and the rejected word to pinned host memory.
+    /// The step stream is never blocked.
+    ///
+    /// # Errors
+    /// [`CudaError::InFlight`] if the previous drain has not been collected
+    /// ([`PickCounterGpu::poll_drain`] / [`PickCounterGpu::wait_drain`]); CUDA errors.
+    pub fn drain_async(&mut self, stream: &CudaStream) -> Result<()> {
+        if self.drain_pending {
+            return Err(CudaError::InFlight("previous drain not collected"));
+        }
+        self.step_mark
+            .record(stream)
+            .map_err(drv("cuEventRecord"))?;
+        self.drain_stream
+            .wait(&self.step_mark)
+            .map_err(drv("cuStreamWaitEvent"))?;
+        let bytes = self.table.num_bytes();
+        // SAFETY: snapshot and table have the same length; the host does not read the snapshot
+        // until `drain_done` completes (`drain_pending` guards `poll_drain`/`wait_drain`), and both
+        // buffers live as long as `self` (Drop of the buffers synchronises).
+        unsafe {
+            copy_dtoh_async(
+                self.snapshot.as_mut_slice().as_mut_ptr() as *mut u8,
+                self.table.device_ptr(),
+                bytes,
+                &self.drain_stream,
+            )?
+        };
+        self.drain_done
+            .record(&self.drain_stream)
+            .map_err(drv("cuEventRecord"))?;
+        self.drain_pending = true;
+        Ok(())
+    }
+
+    fn snapshot_view(&self) -> DrainSnapshot<'_> {
+        let all = self.snapshot.as_slice();
+        let cells = all.len() - 1;
+        DrainSnapshot {
+            counts: &all[..cells],
+            rejected: all[cells],
+        }
+    }
+
+    /// The drained snapshot if the drain's copy has completed (non-blocking), else `None`.
+    ///
+    /// # Errors
+    /// [`CudaError::InFlight`] if no drain was started; CUDA errors from the copy.
+    pub fn poll_drain(&mut self) -> Result<Option<DrainSnapshot<'_>>> {
+        if !self.drain_pending {
+            return Err(CudaError::InFlight("no drain started"));
+        }
+        if !self
+            .drain_done
+            .try_is_complete()
+            .map_err(drv("cuEventQuery"))?
+        {
+            return Ok(None);
+        }
+        self.drain_pending = false;
+        Ok(Some(self.snapshot_view()))
+    }
+
+    /// Waits for the drain's copy and returns the snapshot.
+    pub fn wait_drain(&mut self) -> Result<DrainSnapshot<'_>> {
+        if !self.drain_pending {
+            return Err(CudaError::InFlight("no drain started"));
+        }
+        self.drain_done
+            .synchronize()
+            .map_err(drv("cuEventSynchronize"))?;
+        self.drain_pending = false;
+        Ok(self.snapshot_view())
+    }
+
+    /// The GPU this counter lives on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+}
+
+/// Flags for timing events (`CU_EVENT_DEFAULT`; `new_event(None)` disables timing).
+pub const TIMING_EVENT: Option<sys::CUevent_flags> = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_reference_counts_and_rejects() {
+        let shape = TopkShape::step(2, 2, 2);
+        let ids: Vec<i64> = vec![0, 1, 1, 3, 2, -1, 7, 2];
+        let mut table = vec![0u32; 2 * 4];
+        let rej = count_picks_cpu(&ids, shape, 0, 2, 4, &mut table).unwrap();
+        assert_eq!(rej, 2);
+        assert_eq!(table, vec![1, 2, 0, 1, 0, 0, 2, 0]);
+    }
+
+    #[test]
+    fn cpu_reference_layer_offset_and_errors_leave_table() {
+        let mut table = vec![0u32; 3 * 4];
+        let ids: Vec<i32> = vec![3, 3, 0];
+        assert_eq!(
+            count_picks_cpu(&ids, TopkShape::layer(3, 1), 2, 3, 4, &mut table).unwrap(),
+            0
+        );
+        assert_eq!(&table[8..], &[1, 0, 0, 2]);
+        let before = table.clone();
+        assert!(matches!(
+            count_picks_cpu(&ids, TopkShape::layer(3, 1), 3, 3, 4, &mut table),
+            Err(CudaError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            count_picks_cpu(&ids, TopkShape::layer(2, 1), 0, 3, 4, &mut table),
+            Err(CudaError::Shape { .. })
+        ));
+        assert!(matches!(
+            count_picks_cpu(&ids, TopkShape::layer(3, 1), 0, 3, 4, &mut table[..5]),
+            Err(CudaError::Shape { .. })
+        ));
+        assert_eq!(table, before);
+    }
+
+    #[test]
+    fn cpu_reference_wraps() {
+        let mut table = vec![u32::MAX; 1];
+        count_picks_cpu(&[0i32], TopkShape::layer(1, 1), 0, 1, 1, &mut table).unwrap();
+        assert_eq!(table, vec![0]);
+    }
+}

@@ -1,0 +1,193 @@
+//! Device detection, the [`Gpu`] handle (context + step stream + kernel registry) and the
+//! `SKIP: no CUDA device` helper used by every GPU test, bench and example.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use cudarc::nvrtc::CompileOptions;
+
+use crate::error::{drv, CudaError, Result};
+
+/// One `.cu` module of this crate: a name and the full source (headers already prepended).
+#[derive(Debug, Clone, Copy)]
+pub struct KernelSource {
+    /// Module name, used as the cache key and in error messages.
+    pub name: &'static str,
+    /// CUDA C++ source compiled by NVRTC.
+    pub code: &'static str,
+}
+
+/// The fused-path header (`expert_count.cuh`): `tierkit_count_pick(table, err, layer, layers,
+/// expert, experts)`, an inline `__device__` function an engine pastes into its router kernel.
+pub const EXPERT_COUNT_CUH: &str = include_str!("../kernels/expert_count.cuh");
+
+/// Counting kernels (+ the stand-in router used to measure the fused path).
+pub const COUNT_MODULE: KernelSource = KernelSource {
+    name: "count",
+    code: concat!(
+        include_str!("../kernels/expert_count.cuh"),
+        "\n",
+        include_str!("../kernels/count.cu")
+    ),
+};
+
+/// Expert-bank kernels: table flips, checksum reader, bandwidth reader.
+pub const BANK_MODULE: KernelSource = KernelSource {
+    name: "bank",
+    code: include_str!("../kernels/bank.cu"),
+};
+
+/// Whether the CUDA driver library and NVRTC can be loaded and at least one device exists.
+/// Never panics (unlike `CudaContext::new` where no libcuda exists).
+pub fn cuda_available() -> bool {
+    // SAFETY: both calls only try to dlopen the libraries and report success; no CUDA state.
+    let libs = unsafe {
+        cudarc::driver::sys::is_culib_present() && cudarc::nvrtc::sys::is_culib_present()
+    };
+    libs && matches!(CudaContext::device_count(), Ok(n) if n > 0)
+}
+
+/// A CUDA context on one device with its step stream and a per-context NVRTC kernel cache.
+///
+/// Kernels are compiled at first use for the device's compute capability
+/// (`--gpu-architecture=sm_XY`) and cached per `Gpu` (one primary context).
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    cc: (i32, i32),
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal`.
+    ///
+    /// # Errors
+    /// [`CudaError::NoDevice`] where no libcuda/libnvrtc or no such device exists;
+    /// [`CudaError::Driver`] for failing driver calls.
+    pub fn new(ordinal: usize) -> Result<Arc<Gpu>> {
+        if !cuda_available() {
+            return Err(CudaError::NoDevice(
+                "libcuda, libnvrtc or a device is missing".into(),
+            ));
+        }
+        let n = CudaContext::device_count().map_err(drv("cuDeviceGetCount"))?;
+        if ordinal as i64 >= n as i64 {
+            return Err(CudaError::OutOfRange {
+                what: "device ordinal",
+                value: ordinal as u64,
+                limit: n as u64,
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(drv("cuCtxCreate"))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(drv("cuDeviceGetAttribute"))?;
+        let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+        Ok(Arc::new(Gpu {
+            ctx,
+            stream,
+            cc,
+            modules: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Device 0 if a device exists, `Ok(None)` where none does.
+    pub fn try_default() -> Result<Option<Arc<Gpu>>> {
+        if !cuda_available() {
+            return Ok(None);
+        }
+        Gpu::new(0).map(Some)
+    }
+
+    /// The CUDA context.
+    pub fn ctx(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The step stream ("main stream"): the stream the engine's step kernels run on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A new non-blocking stream (copy or drain side stream).
+    pub fn new_stream(&self) -> Result<Arc<CudaStream>> {
+        self.ctx.new_stream().map_err(drv("cuStreamCreate"))
+    }
+
+    /// Compute capability `(major, minor)`.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.cc
+    }
+
+    /// The NVRTC architecture flag used for this device, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.cc.0, self.cc.1)
+    }
+
+    /// Device name.
+    pub fn name(&self) -> Result<String> {
+        self.ctx.name().map_err(drv("cuDeviceGetName"))
+    }
+
+    /// Loads (compiling on first use) module `src` and returns its function `name`.
+    ///
+    /// # Errors
+    /// [`CudaError::Compile`] if NVRTC rejects the source, [`CudaError::Driver`] on load failure.
+    pub fn function(&self, src: &KernelSource, name: &str) -> Result<CudaFunction> {
+        let module = self.module(src)?;
+        module
+            .load_function(name)
+            .map_err(drv("cuModuleGetFunction"))
+    }
+
+    /// Loads (compiling on first use) module `src`; cached per context.
+    pub fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>> {
+        let mut cache = self
+            .modules
+            .lock()
+            .map_err(|_| CudaError::InFlight("kernel registry lock poisoned"))?;
+        if let Some(m) = cache.get(src.name) {
+            return Ok(m.clone());
+        }
+        let opts = CompileOptions {
+            options: vec![
+                format!("--gpu-architecture={}", self.arch()),
+                "-std=c++17".into(),
+            ],
+            name: Some(format!("{}.cu", src.name)),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(src.code, opts).map_err(|e| {
+            CudaError::Compile {
+                module: src.name,
+                log: format!("{e:?}"),
+            }
+        })?;
+        let m = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
+        cache.insert(src.name, m.clone());
+        Ok(m)
+    }
+
+    /// Blocks until all work on the device has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    }
+}
+
+/// For tests, benches and examples: the default GPU, or `None` after printing
+/// `SKIP: no CUDA device` where no libcuda, libnvrtc or device exists.
+///
+/// # Panics
+/// Where a device exists but cannot be opened (a real failure must not pass as a skip).
+pub fn gpu_or_skip() -> Option<Arc<Gpu>> {
+    match Gpu::try_default() {
+        Ok(Some(g)) => Some(g),
+        Ok(None) => {
+            println!("SKIP: no CUDA device");
+            None
+        }
+        Err(e) => panic!("a CUDA device exists but could not be opened: {e}"),
+    }
+}

@@ -1,0 +1,126 @@
+//! The crate's error type: every failure is a typed value, CUDA failures carry the CUDA error name.
+
+use cudarc::driver::DriverError;
+
+/// Errors of `cuda-kernels`. Nothing in this crate panics on caller input; state is left as it
+/// was before the failing call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CudaError {
+    /// No usable CUDA device (no libcuda / libnvrtc, or zero devices).
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    /// A CUDA driver call failed; `name` is the CUDA error name, e.g. `CUDA_ERROR_INVALID_VALUE`.
+    #[error("CUDA call {call} failed: {name}")]
+    Driver {
+        /// The driver call (or our operation) that failed.
+        call: &'static str,
+        /// The CUDA error name (`CUresult` variant), e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+        name: String,
+    },
+    /// NVRTC failed to compile one of the crate's `.cu` modules.
+    #[error("NVRTC compile of module {module} failed: {log}")]
+    Compile {
+        /// Module name (the `.cu` file).
+        module: &'static str,
+        /// The compiler log or error.
+        log: String,
+    },
+    /// A buffer or table has the wrong shape (element counts).
+    #[error("shape mismatch for {what}: expected {expected}, got {got}")]
+    Shape {
+        /// Which argument.
+        what: &'static str,
+        /// Expected element count or extent.
+        expected: u64,
+        /// Given element count or extent.
+        got: u64,
+    },
+    /// A raw view declares a dtype the operation does not accept.
+    #[error("dtype mismatch for {what}: expected {expected}, got {got}")]
+    Dtype {
+        /// Which argument.
+        what: &'static str,
+        /// Accepted dtype(s).
+        expected: &'static str,
+        /// Given dtype.
+        got: &'static str,
+    },
+    /// An index argument is out of range.
+    #[error("{what} out of range: {value} (limit {limit})")]
+    OutOfRange {
+        /// Which index (layer, expert, slot, ...).
+        what: &'static str,
+        /// The given value.
+        value: u64,
+        /// The exclusive upper bound.
+        limit: u64,
+    },
+    /// A swap was planned against a generation of the layer that has moved on.
+    #[error(
+        "stale generation for layer {layer}: swap planned at {planned}, layer is at {current}"
+    )]
+    StaleGeneration {
+        /// Layer of the swap.
+        layer: u32,
+        /// Generation the swap was planned against.
+        planned: u64,
+        /// Current generation of the layer.
+        current: u64,
+    },
+    /// The residency state does not allow the request (e.g. incoming expert already hot,
+    /// outgoing expert not hot, a copy already in flight on the layer's spare slot).
+    #[error("invalid residency request for layer {layer}: {reason}")]
+    Residency {
+        /// Layer of the request.
+        layer: u32,
+        /// What was wrong.
+        reason: &'static str,
+    },
+    /// An asynchronous operation is still in flight (e.g. a drain whose copy has not completed).
+    #[error("operation still in flight: {0}")]
+    InFlight(&'static str),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = CudaError> = std::result::Result<T, E>;
+
+impl CudaError {
+    /// Wraps a cudarc driver error with the call that produced it.
+    pub fn driver(call: &'static str, e: DriverError) -> Self {
+        // `CUresult` derives Debug, which prints the variant name (CUDA_ERROR_...): no FFI needed.
+        CudaError::Driver {
+            call,
+            name: format!("{:?}", e.0),
+        }
+    }
+
+    /// The CUDA error name if this is a driver error.
+    pub fn cuda_name(&self) -> Option<&str> {
+        match self {
+            CudaError::Driver { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+}
+
+/// `map_err` helper: `.map_err(drv("cuMemAlloc"))`.
+pub(crate) fn drv(call: &'static str) -> impl FnOnce(DriverError) -> CudaError {
+    move |e| CudaError::driver(call, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::driver::sys::CUresult;
+
+    #[test]
+    fn driver_error_carries_cuda_name() {
+        let e = CudaError::driver(
+            "cuMemAlloc",
+            DriverError(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
+        );
+        assert_eq!(e.cuda_name(), Some("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert!(e.to_string().contains("cuMemAlloc"));
+        assert!(e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"));
+    }
+}
