@@ -1,5 +1,45 @@
-//! Routing traces: the steps a replay feeds through the controller, their readers and the
-//! calibrated synthetic generator.
+//! Routing traces: the steps a replay feeds through the controller, their readers and writers,
+//! and the calibrated synthetic generator.
+//!
+//! A [`Trace`] is a list of [`StepPicks`] (one forward pass each: the expert ids every routed token
+//! picked in every MoE layer) with its [`TraceShape`] and the steps at which the traffic is known
+//! to shift. It comes from one of four sources:
+//!
+//! | source | module | notes |
+//! | --- | --- | --- |
+//! | tierkit binary trace (`.tkt`) | [`binary`] | compact, little-endian, documented byte layout; for long traces |
+//! | Mixtral per-token decode JSONL | [`mixtral`] | `{"dataset","problem_id","layer","experts","gating_probs","token_idx"}` |
+//! | engine-logger JSONL | [`logger`] | `{"layer": l, "topk_ids": [...]}` per routed token, with step fields or boundary marker lines |
+//! | synthetic generator | [`synth`] | per-layer popularity fitted from the OLMoE counts, Mixtral-like step-to-step reuse, scheduled domain shifts |
+//!
+//! A whole [`Trace`] also round-trips through JSON with `serde` (format [`TraceFormat::Json`]).
+//! [`read_trace`] reads any of them (auto-detected by magic bytes, extension or first line) and
+//! applies the [`ReadOptions`] (geometry hints, warm-up steps to drop). Every reader reports bad input
+//! as a typed [`TraceError`]: a malformed line with its file and line number, an expert id not below
+//! the experts per layer, a top-k wider than the geometry, an empty trace, a truncated binary trace
+//! with its byte offset.
+//!
+//! ```
+//! use expert_residency::trace::{synth, binary, stats};
+//! let mut cfg = synth::SynthConfig::default_scenario();
+//! cfg.steps = 40;
+//! cfg.phases[1].start_step = 20;
+//! let trace = synth::generate(&cfg).unwrap();
+//! let mut bytes = Vec::new();
+//! binary::write_binary(&trace, &mut bytes).unwrap();
+//! let back = binary::read_binary_bytes(&bytes, "mem").unwrap();
+//! assert_eq!(back, trace);
+//! assert_eq!(stats::reuse_per_layer(&trace).len(), 16);
+//! ```
+
+pub mod binary;
+pub mod logger;
+pub mod mixtral;
+pub mod olmoe;
+pub mod stats;
+pub mod synth;
+
+use std::path::Path;
 
 /// One forward pass (one decode step): the experts picked in every MoE layer.
 ///
@@ -34,4 +74,628 @@ pub struct Trace {
     /// Step indices at which the traffic is known to shift (synthetic domain shifts); empty for
     /// real traces unless given.
     pub shifts: Vec<u64>,
+}
+
+/// Everything that can go wrong reading, writing or generating a trace.
+///
+/// `location` fields read `FILE:LINE` for text formats, `FILE@OFFSET` for binary ones and
+/// `step S layer L` for in-memory traces.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TraceError {
+    /// The file could not be opened, read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A text line is not valid JSON or lacks a required field.
+    #[error("{path}:{line}: malformed trace line: {reason}")]
+    Malformed {
+        /// The file.
+        path: String,
+        /// 1-based line number.
+        line: u64,
+        /// What is wrong, in words.
+        reason: String,
+    },
+    /// An expert id is not below the experts per layer.
+    #[error("{location}: expert id {expert} out of range (experts per layer: {experts})")]
+    ExpertOutOfRange {
+        /// Where (`FILE:LINE`, `FILE@OFFSET` or `step S layer L`).
+        location: String,
+        /// The offending id.
+        expert: u64,
+        /// Experts per layer.
+        experts: u32,
+    },
+    /// A layer index is not below the layers of the trace.
+    #[error("{location}: layer {layer} out of range (layers: {layers})")]
+    LayerOutOfRange {
+        /// Where.
+        location: String,
+        /// The offending layer.
+        layer: u64,
+        /// Layers of the trace.
+        layers: u32,
+    },
+    /// A routed token picks more experts than the geometry's top-k, or top-k is zero or wider
+    /// than the experts per layer.
+    #[error("{location}: top-k {found} is wider than the geometry allows ({allowed})")]
+    TopKTooWide {
+        /// Where.
+        location: String,
+        /// The top-k found.
+        found: u64,
+        /// The most the geometry allows.
+        allowed: u32,
+    },
+    /// The trace holds no step, or no expert lookup at all (after dropping warm-up steps).
+    #[error("empty trace: {0}")]
+    Empty(String),
+    /// A binary trace ends before the data its header announces.
+    #[error("{path}: truncated binary trace at byte offset {offset}: {what} needs {needed} bytes, {available} left")]
+    Truncated {
+        /// The file.
+        path: String,
+        /// Byte offset where the missing data starts.
+        offset: u64,
+        /// What was being read.
+        what: &'static str,
+        /// Bytes needed.
+        needed: u64,
+        /// Bytes left in the file.
+        available: u64,
+    },
+    /// A binary trace does not start with the tierkit magic bytes.
+    #[error("{path}: not a tierkit binary trace (bad magic bytes)")]
+    BadMagic {
+        /// The file.
+        path: String,
+    },
+    /// A binary trace of a version this build does not read.
+    #[error(
+        "{path}: unsupported binary trace version {version} (this build reads version {supported})"
+    )]
+    UnsupportedVersion {
+        /// The file.
+        path: String,
+        /// Version in the file.
+        version: u32,
+        /// Version this build reads and writes.
+        supported: u32,
+    },
+    /// A binary trace is inconsistent (bad header field, trailing bytes, ...).
+    #[error("{path}: corrupt binary trace at byte offset {offset}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: String,
+        /// Byte offset of the inconsistency.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Two traces, or a trace and a geometry hint, disagree on the shape.
+    #[error("shape mismatch: {0}")]
+    ShapeMismatch(String),
+    /// The trace format could not be recognised.
+    #[error("{path}: unknown trace format: {reason}")]
+    UnknownFormat {
+        /// The file.
+        path: String,
+        /// Why detection failed.
+        reason: String,
+    },
+    /// A synthetic scenario or profile is invalid (zero steps, shares that do not sum to one,
+    /// fewer experts with non-zero share than top-k, unknown domain, ...).
+    #[error("invalid synthetic scenario: {0}")]
+    InvalidScenario(String),
+}
+
+impl TraceError {
+    pub(crate) fn io(path: &str, source: std::io::Error) -> Self {
+        TraceError::Io {
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn malformed(path: &str, line: u64, reason: impl Into<String>) -> Self {
+        TraceError::Malformed {
+            path: path.to_string(),
+            line,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Parses the non-blank lines of a JSONL reader as `T`, yielding 1-based line numbers.
+pub(crate) fn jsonl_lines<'a, T, R>(
+    reader: R,
+    path: &'a str,
+) -> impl Iterator<Item = Result<(u64, T), TraceError>> + 'a
+where
+    T: serde::de::DeserializeOwned,
+    R: std::io::BufRead + 'a,
+{
+    reader.lines().enumerate().filter_map(move |(i, line)| {
+        let lineno = i as u64 + 1;
+        match line {
+            Err(e) => Some(Err(TraceError::io(path, e))),
+            Ok(l) if l.trim().is_empty() => None,
+            Ok(l) => Some(
+                serde_json::from_str(&l)
+                    .map(|v| (lineno, v))
+                    .map_err(|e| TraceError::malformed(path, lineno, e.to_string())),
+            ),
+        }
+    })
+}
+
+/// Checks the raw ids of one routed token at `path:line`: `-1` is skipped when `padding` allows
+/// it, other negatives are malformed, ids at or above `experts` (when known) are out of range.
+pub(crate) fn check_ids(
+    raw: &[i64],
+    experts: Option<u32>,
+    padding: bool,
+    path: &str,
+    line: u64,
+) -> Result<Vec<u32>, TraceError> {
+    let mut ids = Vec::with_capacity(raw.len());
+    for &e in raw {
+        if e == -1 && padding {
+            continue;
+        }
+        if e < 0 || e > u32::MAX as i64 {
+            return Err(TraceError::malformed(
+                path,
+                line,
+                format!("invalid expert id {e}"),
+            ));
+        }
+        if let Some(experts) = experts {
+            if e >= experts as i64 {
+                return Err(TraceError::ExpertOutOfRange {
+                    location: format!("{path}:{line}"),
+                    expert: e as u64,
+                    experts,
+                });
+            }
+        }
+        ids.push(e as u32);
+    }
+    Ok(ids)
+}
+
+/// Trace file formats [`read_trace`] understands.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TraceFormat {
+    /// Detect: binary magic bytes, then the `.json` extension, then the keys of the first JSONL line.
+    #[default]
+    Auto,
+    /// tierkit binary trace ([`binary`]).
+    Binary,
+    /// A whole [`Trace`] serialized as one JSON document.
+    Json,
+    /// Mixtral per-token decode JSONL ([`mixtral`]).
+    MixtralJsonl,
+    /// Engine-logger JSONL ([`logger`]).
+    LoggerJsonl,
+}
+
+/// What to do with a (token, layer) row that a per-token trace lacks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MissingRows {
+    /// Keep the token: the layers it has rows for count, the missing layers see no lookup from it.
+    #[default]
+    EmptyLayer,
+    /// Drop every token that lacks a row in any layer.
+    DropToken,
+}
+
+/// Options of [`read_trace`]. Geometry hints left `None` come from the file (binary header,
+/// logger header line, Mixtral defaults) or are inferred from the data.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReadOptions {
+    /// The format (default: auto-detect).
+    pub format: TraceFormat,
+    /// MoE layers; a record with a layer at or above this is an error.
+    pub layers: Option<u32>,
+    /// Experts per layer; an id at or above this is an error.
+    pub experts_per_layer: Option<u32>,
+    /// Top-k; a token picking more experts is an error.
+    pub top_k: Option<u32>,
+    /// Warm-up steps (forward passes) to drop from the start of each file.
+    pub skip_steps: u64,
+    /// What to do with missing (token, layer) rows in per-token formats.
+    pub missing_rows: MissingRows,
+}
+
+impl ReadOptions {
+    /// Checks a shape the file declares against the hints, filling nothing.
+    pub(crate) fn check_shape(&self, shape: &TraceShape, path: &str) -> Result<(), TraceError> {
+        let pairs = [
+            ("layers", self.layers, shape.layers),
+            (
+                "experts_per_layer",
+                self.experts_per_layer,
+                shape.experts_per_layer,
+            ),
+            ("top_k", self.top_k, shape.top_k),
+        ];
+        for (field, hint, found) in pairs {
+            if let Some(h) = hint {
+                if h != found {
+                    return Err(TraceError::ShapeMismatch(format!(
+                        "{path}: {field} is {found} in the file, {h} was asked for"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TraceShape {
+    /// Checks the shape itself: non-zero layers and experts, `1 <= top_k <= experts_per_layer`.
+    ///
+    /// # Errors
+    /// [`TraceError::ShapeMismatch`] for zero fields, [`TraceError::TopKTooWide`] for a top-k of
+    /// zero or above the experts per layer.
+    pub fn validate(&self) -> Result<(), TraceError> {
+        if self.layers == 0 || self.experts_per_layer == 0 {
+            return Err(TraceError::ShapeMismatch(format!(
+                "layers ({}) and experts_per_layer ({}) must be non-zero",
+                self.layers, self.experts_per_layer
+            )));
+        }
+        if self.top_k == 0 || self.top_k > self.experts_per_layer {
+            return Err(TraceError::TopKTooWide {
+                location: "trace shape".into(),
+                found: self.top_k.into(),
+                allowed: self.experts_per_layer,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Trace {
+    /// Total expert lookups (picks) over all steps and layers.
+    pub fn lookups(&self) -> u64 {
+        self.steps
+            .iter()
+            .flat_map(|s| s.layers.iter())
+            .map(|l| l.len() as u64)
+            .sum()
+    }
+
+    /// Checks the whole trace against its own shape: at least one step and one lookup, every step
+    /// with `shape.layers` layers, every id below `experts_per_layer`, shifts inside the trace and
+    /// increasing.
+    ///
+    /// # Errors
+    /// [`TraceError::Empty`], [`TraceError::LayerOutOfRange`] (a step with the wrong number of
+    /// layers), [`TraceError::ExpertOutOfRange`], [`TraceError::TopKTooWide`],
+    /// [`TraceError::ShapeMismatch`] (shifts).
+    pub fn validate(&self) -> Result<(), TraceError> {
+        self.shape.validate()?;
+        if self.steps.is_empty() {
+            return Err(TraceError::Empty(format!("{}: no step", self.name)));
+        }
+        for (s, step) in self.steps.iter().enumerate() {
+            if step.layers.len() != self.shape.layers as usize {
+                return Err(TraceError::LayerOutOfRange {
+                    location: format!("{}: step {s}", self.name),
+                    layer: step.layers.len() as u64,
+                    layers: self.shape.layers,
+                });
+            }
+            for (l, ids) in step.layers.iter().enumerate() {
+                if let Some(&bad) = ids.iter().find(|&&e| e >= self.shape.experts_per_layer) {
+                    return Err(TraceError::ExpertOutOfRange {
+                        location: format!("{}: step {s} layer {l}", self.name),
+                        expert: bad.into(),
+                        experts: self.shape.experts_per_layer,
+                    });
+                }
+            }
+        }
+        if self.lookups() == 0 {
+            return Err(TraceError::Empty(format!(
+                "{}: {} steps but no expert lookup",
+                self.name,
+                self.steps.len()
+            )));
+        }
+        let n = self.steps.len() as u64;
+        if self.shifts.iter().any(|&s| s >= n) || self.shifts.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(TraceError::ShapeMismatch(format!(
+                "{}: shifts {:?} must increase and lie below the step count {n}",
+                self.name, self.shifts
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drops the first `n` steps (warm-up); shifts move with the steps, shifts inside the dropped
+    /// part disappear.
+    pub fn skip_steps(&mut self, n: u64) {
+        let n_usize = (n as usize).min(self.steps.len());
+        self.steps.drain(..n_usize);
+        self.shifts = self
+            .shifts
+            .iter()
+            .filter(|&&s| s >= n && s > 0)
+            .map(|&s| s - n)
+            .filter(|&s| s > 0)
+            .collect();
+    }
+
+    /// Joins traces of the same shape end to end; every join becomes a shift (the traffic of
+    /// another file is another workload). The name is the parts' names joined with `+`.
+    ///
+    /// # Errors
+    /// [`TraceError::Empty`] for no part, [`TraceError::ShapeMismatch`] when shapes differ.
+    pub fn concat(parts: Vec<Trace>) -> Result<Trace, TraceError> {
+        let mut it = parts.into_iter();
+        let mut out = it
+            .next()
+            .ok_or_else(|| TraceError::Empty("no trace given".into()))?;
+        for t in it {
+            if t.shape != out.shape {
+                return Err(TraceError::ShapeMismatch(format!(
+                    "{} has shape {:?}, {} has {:?}",
+                    out.name, out.shape, t.name, t.shape
+                )));
+            }
+            let base = out.steps.len() as u64;
+            out.shifts.push(base);
+            out.shifts.extend(t.shifts.iter().map(|&s| s + base));
+            out.name = format!("{}+{}", out.name, t.name);
+            out.steps.extend(t.steps);
+        }
+        out.shifts.retain(|&s| s > 0);
+        out.shifts.dedup();
+        Ok(out)
+    }
+}
+
+/// Reads one trace file in the given (or detected) format, drops `opts.skip_steps` warm-up
+/// steps and validates the result.
+///
+/// # Errors
+/// Any [`TraceError`]; [`TraceError::Empty`] when nothing is left after the warm-up.
+pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
+    let p = path.display().to_string();
+    let format = match opts.format {
+        TraceFormat::Auto => detect_format(path)?,
+        f => f,
+    };
+    let mut trace = match format {
+        TraceFormat::Binary => {
+            let bytes = std::fs::read(path).map_err(|e| TraceError::io(&p, e))?;
+            let t = binary::read_binary_bytes(&bytes, &p)?;
+            opts.check_shape(&t.shape, &p)?;
+            t
+        }
+        TraceFormat::Json => {
+            let text = std::fs::read_to_string(path).map_err(|e| TraceError::io(&p, e))?;
+            let t: Trace = serde_json::from_str(&text).map_err(|e| TraceError::Malformed {
+                path: p.clone(),
+                line: e.line() as u64,
+                reason: e.to_string(),
+            })?;
+            opts.check_shape(&t.shape, &p)?;
+            t
+        }
+        TraceFormat::MixtralJsonl => mixtral::read_mixtral(path, opts)?,
+        TraceFormat::LoggerJsonl => logger::read_logger(path, opts)?,
+        TraceFormat::Auto => unreachable!("resolved above"),
+    };
+    trace.skip_steps(opts.skip_steps);
+    if trace.steps.is_empty() {
+        return Err(TraceError::Empty(format!(
+            "{p}: no step left after skipping {} warm-up steps",
+            opts.skip_steps
+        )));
+    }
+    trace.validate()?;
+    Ok(trace)
+}
+
+/// Reads several files (or every `*.jsonl`, `*.tkt` and `*.json` file of a directory, in name
+/// order) with [`read_trace`] and joins them with [`Trace::concat`]: each file boundary is a shift.
+///
+/// # Errors
+/// Any [`TraceError`] of a part; [`TraceError::Empty`] for an empty list or directory.
+pub fn read_traces(paths: &[std::path::PathBuf], opts: &ReadOptions) -> Result<Trace, TraceError> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            let p = path.display().to_string();
+            let mut found: Vec<_> = std::fs::read_dir(path)
+                .map_err(|e| TraceError::io(&p, e))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| {
+                    matches!(
+                        f.extension().and_then(|x| x.to_str()),
+                        Some("jsonl" | "tkt" | "json")
+                    )
+                })
+                .collect();
+            found.sort();
+            if found.is_empty() {
+                return Err(TraceError::Empty(format!(
+                    "{p}: no trace file in directory"
+                )));
+            }
+            files.extend(found);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    let parts = files
+        .iter()
+        .map(|f| read_trace(f, opts))
+        .collect::<Result<Vec<_>, _>>()?;
+    let t = Trace::concat(parts)?;
+    t.validate()?;
+    Ok(t)
+}
+
+/// Detects the format of a file: binary magic bytes first, then a `.json` extension, then the
+/// keys of the first non-blank line (`token_idx` + `experts`: Mixtral; `topk_ids` or
+/// `tierkit_trace`: engine logger).
+///
+/// # Errors
+/// [`TraceError::Io`], [`TraceError::UnknownFormat`].
+pub fn detect_format(path: &Path) -> Result<TraceFormat, TraceError> {
+    use std::io::Read;
+    let p = path.display().to_string();
+    let f = std::fs::File::open(path).map_err(|e| TraceError::io(&p, e))?;
+    // The first line of a JSONL trace is short; 1 MiB is plenty to hold it.
+    let mut head = Vec::new();
+    f.take(1 << 20)
+        .read_to_end(&mut head)
+        .map_err(|e| TraceError::io(&p, e))?;
+    if head.starts_with(&binary::MAGIC) {
+        return Ok(TraceFormat::Binary);
+    }
+    match path.extension().and_then(|x| x.to_str()) {
+        // The binary reader reports the bad magic bytes.
+        Some("tkt") => return Ok(TraceFormat::Binary),
+        Some("json") => return Ok(TraceFormat::Json),
+        _ => {}
+    }
+    let text = String::from_utf8_lossy(&head);
+    let Some(line) = text.lines().map(str::trim).find(|l| !l.is_empty()) else {
+        return Err(TraceError::Empty(format!("{p}: empty file")));
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| TraceError::UnknownFormat {
+            path: p.clone(),
+            reason: format!("first line is not a JSON object ({e})"),
+        })?;
+    let has = |k: &str| v.get(k).is_some();
+    if has("token_idx") && has("experts") {
+        Ok(TraceFormat::MixtralJsonl)
+    } else if has("topk_ids") || has("tierkit_trace") || has("forward_pass_end") {
+        Ok(TraceFormat::LoggerJsonl)
+    } else if has("steps") && has("shape") {
+        Ok(TraceFormat::Json)
+    } else {
+        Err(TraceError::UnknownFormat {
+            path: p,
+            reason: "first line has neither `token_idx`+`experts` (Mixtral) nor `topk_ids` (engine logger)"
+                .into(),
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_util {
+    use std::path::PathBuf;
+
+    /// A fresh file path in the temp dir, unique per test and process.
+    pub fn temp_path(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tierkit-trace-tests-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join(name)
+    }
+
+    /// `../shared` seen from the repo root, or `None` (with a printed message) when absent.
+    pub fn shared_dir(what: &str) -> Option<PathBuf> {
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+        if d.join("data/moe").is_dir() {
+            Some(d)
+        } else {
+            println!("SKIP {what}: ../shared/data/moe is absent");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny(steps: usize) -> Trace {
+        Trace {
+            name: "t".into(),
+            shape: TraceShape {
+                layers: 2,
+                experts_per_layer: 4,
+                top_k: 2,
+            },
+            steps: (0..steps)
+                .map(|i| StepPicks {
+                    layers: vec![vec![0, (i % 4) as u32], vec![1, 2]],
+                })
+                .collect(),
+            shifts: vec![],
+        }
+    }
+
+    #[test]
+    fn validate_catches_bad_ids_and_empty() {
+        let mut t = tiny(3);
+        t.validate().unwrap();
+        t.steps[1].layers[1][0] = 4;
+        assert!(matches!(
+            t.validate(),
+            Err(TraceError::ExpertOutOfRange { expert: 4, .. })
+        ));
+        let e = tiny(0).validate().unwrap_err();
+        assert!(matches!(e, TraceError::Empty(_)), "{e}");
+        let mut t = tiny(2);
+        for s in &mut t.steps {
+            for l in &mut s.layers {
+                l.clear();
+            }
+        }
+        assert!(matches!(t.validate(), Err(TraceError::Empty(_))));
+        let mut t = tiny(2);
+        t.shape.top_k = 5;
+        assert!(matches!(t.validate(), Err(TraceError::TopKTooWide { .. })));
+    }
+
+    #[test]
+    fn concat_and_skip_move_shifts() {
+        let mut a = tiny(3);
+        a.shifts = vec![1];
+        let b = tiny(4);
+        let mut c = Trace::concat(vec![a, b]).unwrap();
+        assert_eq!(c.steps.len(), 7);
+        assert_eq!(c.shifts, vec![1, 3]);
+        c.skip_steps(2);
+        assert_eq!(c.steps.len(), 5);
+        assert_eq!(c.shifts, vec![1]);
+        let mut other = tiny(1);
+        other.shape.experts_per_layer = 8;
+        assert!(matches!(
+            Trace::concat(vec![tiny(1), other]),
+            Err(TraceError::ShapeMismatch(_))
+        ));
+    }
+
+    #[test]
+    fn json_round_trip_and_detection() {
+        let t = tiny(3);
+        let p = test_util::temp_path("rt.json");
+        std::fs::write(&p, serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(detect_format(&p).unwrap(), TraceFormat::Json);
+        assert_eq!(read_trace(&p, &ReadOptions::default()).unwrap(), t);
+        let p2 = test_util::temp_path("empty.jsonl");
+        std::fs::write(&p2, "\n\n").unwrap();
+        assert!(matches!(
+            read_trace(&p2, &ReadOptions::default()),
+            Err(TraceError::Empty(_))
+        ));
+    }
 }
