@@ -529,19 +529,51 @@ impl ExpertBankGpu {
                 ready.push(l);
             }
         }
+        self.commit_layers(stream, &ready)
+    }
+
+    /// Step boundary, explicit form: commits the in-flight swaps of exactly `layers` (each must
+    /// have one in flight), whatever their copy state: the step stream first waits on the GPU for
+    /// each copy, so a flip never exposes a half-copied slot. Used by executors that must ask the
+    /// controller about each swap before flipping it.
+    ///
+    /// # Errors
+    /// [`CudaError::Residency`] if a listed layer has no swap in flight or is listed twice
+    /// (nothing changes); CUDA errors.
+    pub fn commit_layers(
+        &mut self,
+        stream: &CudaStream,
+        layers: &[u32],
+    ) -> Result<Vec<CommittedSwap>> {
+        let ready = layers;
+        let mut seen = vec![false; self.geo.layers as usize];
+        for &l in ready {
+            if l >= self.geo.layers || self.inflight[l as usize].is_none() {
+                return Err(CudaError::Residency {
+                    layer: l,
+                    reason: "no swap in flight to commit",
+                });
+            }
+            if std::mem::replace(&mut seen[l as usize], true) {
+                return Err(CudaError::Residency {
+                    layer: l,
+                    reason: "layer listed twice",
+                });
+            }
+        }
         if ready.is_empty() {
             return Ok(Vec::new());
         }
         // Order the flips after the copies on the GPU too (free for completed copies; in Wait mode
         // this is where the step stream waits). Memory written by the copy stream is visible to
         // the step stream's later kernels through this event dependency.
-        for &l in &ready {
+        for &l in ready {
             stream
                 .wait(&self.copy_done[l as usize])
                 .map_err(drv("cuStreamWaitEvent(copy done)"))?;
         }
         let mut pairs: Vec<(u32, u64)> = Vec::with_capacity(ready.len() * 2);
-        for &l in &ready {
+        for &l in ready {
             let f = self.inflight[l as usize].expect("ready layers are in flight");
             pairs.push((
                 self.cell(l, f.incoming) as u32,
@@ -554,7 +586,7 @@ impl ExpertBankGpu {
         }
         self.launch_updates(stream, &pairs)?;
         let mut out = Vec::with_capacity(ready.len());
-        for &l in &ready {
+        for &l in ready {
             let li = l as usize;
             let f = self.inflight[li]
                 .take()
