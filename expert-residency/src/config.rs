@@ -99,7 +99,10 @@ impl ControllerConfig {
         }
         positive("half_life_steps", self.half_life_steps)?;
         if !(self.ratio.is_finite() && self.ratio >= 1.0) {
-            return Err(bad(format!("ratio must be finite and ≥ 1, got {}", self.ratio)));
+            return Err(bad(format!(
+                "ratio must be finite and ≥ 1, got {}",
+                self.ratio
+            )));
         }
         if self.max_swaps_per_layer == 0 || self.max_swaps_per_step == 0 {
             return Err(bad("swap caps must be ≥ 1".into()));
@@ -112,12 +115,17 @@ impl ControllerConfig {
                 return Err(bad(format!("jump_ratio must be > 1, got {}", s.jump_ratio)));
             }
             if !(s.jump_min.is_finite() && (0.0..1.0).contains(&s.jump_min)) {
-                return Err(bad(format!("jump_min must be in [0, 1), got {}", s.jump_min)));
+                return Err(bad(format!(
+                    "jump_min must be in [0, 1), got {}",
+                    s.jump_min
+                )));
             }
             positive("baseline_half_life_drains", s.baseline_half_life_drains)?;
             positive("boost_half_life_steps", s.boost_half_life_steps)?;
             if s.boost_swaps_per_layer == 0 || s.boost_drains == 0 {
-                return Err(bad("boost_swaps_per_layer and boost_drains must be ≥ 1".into()));
+                return Err(bad(
+                    "boost_swaps_per_layer and boost_drains must be ≥ 1".into()
+                ));
             }
         }
         Ok(())

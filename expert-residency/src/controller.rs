@@ -431,12 +431,16 @@ impl Controller {
                             detected = true;
                             self.shift.detections += 1;
                             self.shift.boost_left = sr.boost_drains;
-                            self.ema.set_half_life(sr.boost_half_life_steps).expect("validated");
+                            self.ema
+                                .set_half_life(sr.boost_half_life_steps)
+                                .expect("validated");
                             forget = sr.forget_steps;
                         } else if self.shift.boost_left > 0 {
                             self.shift.boost_left -= 1;
                             if self.shift.boost_left == 0 {
-                                self.ema.set_half_life(self.cfg.half_life_steps).expect("validated");
+                                self.ema
+                                    .set_half_life(self.cfg.half_life_steps)
+                                    .expect("validated");
                             }
                         }
                         let a = 0.5f64.powf(1.0 / sr.baseline_half_life_drains);
@@ -445,7 +449,9 @@ impl Controller {
                 }
             }
         }
-        self.ema.fold(&self.deltas, elapsed + forget).expect("lengths fixed at new");
+        self.ema
+            .fold(&self.deltas, elapsed + forget)
+            .expect("lengths fixed at new");
 
         let per_layer_cap = if self.shift.boost_left > 0 {
             self.cfg
@@ -535,9 +541,10 @@ impl Controller {
             }
             hot.insert(pos, (v, e));
         }
-        let mut generation = row.generation();
         let mut n = 0u32;
-        for (&(cv, ce), &(hv, he)) in cold.iter().zip(hot.iter()) {
+        for (generation, (&(cv, ce), &(hv, he))) in
+            (row.generation()..).zip(cold.iter().zip(hot.iter()))
+        {
             if cv < self.cfg.ratio * hv {
                 break;
             }
@@ -548,7 +555,6 @@ impl Controller {
                 slot: row.slot_of(he).expect("hot expert has a slot"),
                 generation,
             });
-            generation += 1;
             n += 1;
         }
         self.busy[l] += n;

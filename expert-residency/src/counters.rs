@@ -239,7 +239,10 @@ impl PickCounters {
 
     /// A copy of the table (`[layers × experts]` u32, row-major).
     pub fn snapshot(&self) -> Vec<u32> {
-        self.cells.iter().map(|c| c.load(Ordering::Relaxed)).collect()
+        self.cells
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// The raw cells, row-major `[layers][experts]`.
@@ -283,7 +286,10 @@ mod tests {
         c.record(1, 3).unwrap();
         c.record(1, 3).unwrap();
         assert!(matches!(c.record(2, 0), Err(Error::LayerOutOfRange { .. })));
-        assert!(matches!(c.record(0, 4), Err(Error::ExpertOutOfRange { .. })));
+        assert!(matches!(
+            c.record(0, 4),
+            Err(Error::ExpertOutOfRange { .. })
+        ));
         let bad = StepPicks {
             layers: vec![vec![0, 1], vec![2, 9]],
         };

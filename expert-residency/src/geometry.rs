@@ -137,18 +137,36 @@ mod tests {
 
     #[test]
     fn rejects_bad_geometry() {
-        assert!(matches!(Geometry::new(0, 8, 2, 1), Err(Error::InvalidGeometry(_))));
-        assert!(matches!(Geometry::new(2, 0, 0, 1), Err(Error::InvalidGeometry(_))));
-        assert!(matches!(Geometry::new(2, 8, 0, 1), Err(Error::InvalidGeometry(_))));
+        assert!(matches!(
+            Geometry::new(0, 8, 2, 1),
+            Err(Error::InvalidGeometry(_))
+        ));
+        assert!(matches!(
+            Geometry::new(2, 0, 0, 1),
+            Err(Error::InvalidGeometry(_))
+        ));
+        assert!(matches!(
+            Geometry::new(2, 8, 0, 1),
+            Err(Error::InvalidGeometry(_))
+        ));
         assert_eq!(
             Geometry::new(2, 8, 9, 1),
             Err(Error::HotExceedsExperts { hot: 9, experts: 8 })
         );
-        assert!(matches!(Geometry::new(2, 8, 2, 0), Err(Error::InvalidGeometry(_))));
+        assert!(matches!(
+            Geometry::new(2, 8, 2, 0),
+            Err(Error::InvalidGeometry(_))
+        ));
         let g = Geometry::new(2, 8, 8, 4).unwrap();
         assert_eq!(g.cells(), 16);
         assert!(g.check_expert(7).is_ok());
-        assert_eq!(g.check_expert(8), Err(Error::ExpertOutOfRange { expert: 8, experts: 8 }));
+        assert_eq!(
+            g.check_expert(8),
+            Err(Error::ExpertOutOfRange {
+                expert: 8,
+                experts: 8
+            })
+        );
         assert!(g.check_top_k(8).is_ok());
         assert!(matches!(g.check_top_k(9), Err(Error::TopKTooWide { .. })));
         assert!(matches!(g.check_top_k(0), Err(Error::TopKTooWide { .. })));

@@ -9,8 +9,9 @@
 //! Pieces: [`Geometry`] and per-layer [`RowMap`]s ([`ResidencyMap`], saved as versioned JSON);
 //! [`PickCounters`] (one relaxed atomic add per pick, the GPU counting kernel's layout); the
 //! [`Controller`] (EMA drain, ratio policy with per-layer / per-step caps, generation-checked
-//! swaps, freeze, optional shift response); the
-//! [`SwapExecutor`] trait with an in-memory executor; (replay of routing traces comes next).
+//! swaps, freeze, optional shift response); the [`SwapExecutor`] trait with an in-memory
+//! executor ([`MemoryExecutor`]); seed maps fitted offline ([`seed`]); and [`replay()`] of
+//! routing traces through any policy ([`PolicySpec`]).
 //!
 //! ```
 //! use expert_residency::{Controller, ControllerConfig, Geometry, NullExecutor, PickCounters,
@@ -34,7 +35,10 @@ mod counters;
 mod error;
 pub mod executor;
 mod geometry;
+mod memory;
+pub mod replay;
 mod rowmap;
+pub mod seed;
 pub mod telemetry;
 
 pub mod trace;
@@ -48,5 +52,11 @@ pub use counters::{snapshot_deltas, PassKind, PauseGuard, PickCounters};
 pub use error::{Error, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 pub use geometry::Geometry;
+pub use memory::{checksum, MemoryExecutor, HOST};
+pub use replay::{
+    oracle_map, replay, replay_with, validate_trace, OracleWindow, PolicySpec, ReplayOptions,
+    ReplayReport, SteadyState,
+};
+pub use seed::{CounterDump, Coverage};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, COLD, MAP_FORMAT, MAP_VERSION};
 pub use telemetry::{DrainTelemetry, SwapStats, T90};

@@ -43,10 +43,7 @@ impl RowMap {
         let mut slot_of = vec![COLD; experts as usize];
         for (slot, &e) in hot.iter().enumerate() {
             if e >= experts {
-                return Err(Error::ExpertOutOfRange {
-                    expert: e,
-                    experts,
-                });
+                return Err(Error::ExpertOutOfRange { expert: e, experts });
             }
             if slot_of[e as usize] != COLD {
                 return Err(Error::InvalidRowMap(format!("expert {e} is hot twice")));
@@ -247,15 +244,20 @@ impl ResidencyMap {
 
     /// Hot sets per layer in slot order, `[layers][hot_per_layer]`.
     pub fn hot_sets(&self) -> Vec<Vec<u32>> {
-        self.layers.iter().map(|m| m.hot_experts().to_vec()).collect()
+        self.layers
+            .iter()
+            .map(|m| m.hot_experts().to_vec())
+            .collect()
     }
 
     /// Whether the two maps hold the same hot *sets* (slot order ignored).
     pub fn same_hot_sets(&self, other: &ResidencyMap) -> bool {
         self.geometry == other.geometry
-            && self.layers.iter().zip(&other.layers).all(|(a, b)| {
-                a.hot_experts().iter().all(|&e| b.is_hot(e))
-            })
+            && self
+                .layers
+                .iter()
+                .zip(&other.layers)
+                .all(|(a, b)| a.hot_experts().iter().all(|&e| b.is_hot(e)))
     }
 
     /// Checks that `swap` applies now (layer in range, generation current, ids consistent).
@@ -282,8 +284,9 @@ impl ResidencyMap {
         for (l, (cur, tgt)) in self.layers.iter().zip(&target.layers).enumerate() {
             let leaving = cur.hot_experts().iter().filter(|&&e| !tgt.is_hot(e));
             let arriving = tgt.hot_experts().iter().filter(|&&e| !cur.is_hot(e));
-            let mut generation = cur.generation();
-            for (&outgoing, &incoming) in leaving.zip(arriving) {
+            for (generation, (&outgoing, &incoming)) in
+                (cur.generation()..).zip(leaving.zip(arriving))
+            {
                 let slot = cur.slot_of(outgoing).expect("leaving expert is hot");
                 out.push(PlannedSwap {
                     layer: l as u32,
@@ -292,7 +295,6 @@ impl ResidencyMap {
                     slot,
                     generation,
                 });
-                generation += 1;
             }
         }
         Ok(out)
@@ -320,8 +322,7 @@ impl ResidencyMap {
     /// [`Error::GeometryMismatch`] if the saved geometry differs from `expected`, rowmap errors for
     /// invalid hot sets.
     pub fn from_json(json: &str, expected: &Geometry) -> Result<Self> {
-        let file: MapFile =
-            serde_json::from_str(json).map_err(|e| Error::Format(e.to_string()))?;
+        let file: MapFile = serde_json::from_str(json).map_err(|e| Error::Format(e.to_string()))?;
         Self::from_file(file, expected)
     }
 
@@ -402,7 +403,8 @@ mod tests {
     #[test]
     fn json_round_trip_and_geometry_check() {
         let g = geo();
-        let m = ResidencyMap::from_hot_sets("olmoe", g, vec![vec![7, 2, 5], vec![0, 1, 3]]).unwrap();
+        let m =
+            ResidencyMap::from_hot_sets("olmoe", g, vec![vec![7, 2, 5], vec![0, 1, 3]]).unwrap();
         let j = m.to_json();
         let back = ResidencyMap::from_json(&j, &g).unwrap();
         assert_eq!(back.hot_sets(), m.hot_sets());
@@ -413,8 +415,14 @@ mod tests {
             Err(Error::GeometryMismatch { .. })
         ));
         let j2 = j.replace("\"version\": 1", "\"version\": 9");
-        assert!(matches!(ResidencyMap::from_json(&j2, &g), Err(Error::Format(_))));
-        assert!(matches!(ResidencyMap::from_json("{", &g), Err(Error::Format(_))));
+        assert!(matches!(
+            ResidencyMap::from_json(&j2, &g),
+            Err(Error::Format(_))
+        ));
+        assert!(matches!(
+            ResidencyMap::from_json("{", &g),
+            Err(Error::Format(_))
+        ));
     }
 
     #[test]

@@ -1,0 +1,288 @@
+//! The in-memory swap executor: byte buffers standing in for HBM and pinned host memory, every
+//! move checked with checksums.
+
+use std::hash::{Hash, Hasher};
+
+use rand::{RngCore, SeedableRng};
+
+use crate::error::{Error, Result};
+use crate::executor::{PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
+use crate::geometry::Geometry;
+use crate::rowmap::ResidencyMap;
+
+/// Where an expert's weights are read from, in [`MemoryExecutor::table`].
+pub const HOST: i32 = -1;
+
+/// An executor over plain byte buffers, for tests and replays that must prove the moves lossless.
+///
+/// - host: `[layers][experts][bytes]`, every expert's weights (cold experts are read in place);
+///   filled with seeded random bytes and never written after.
+/// - HBM: `[layers][hot + 1][bytes]`: the hot slots plus one spare per layer.
+/// - table: `[layers][experts]` i32, the physical HBM slot an expert is read from, or [`HOST`].
+///
+/// `begin` copies the incoming expert host → the layer's spare slot; `commit_ready` checks the
+/// copy's checksum against the host copy's, flips the table (incoming → spare, outgoing → host)
+/// and makes the outgoing slot the new spare. `bytes` per expert is a stand-in size (the
+/// geometry's `expert_bytes` may be megabytes).
+#[derive(Debug)]
+pub struct MemoryExecutor {
+    geometry: Geometry,
+    bytes: usize,
+    host: Vec<u8>,
+    hbm: Vec<u8>,
+    table: Vec<i32>,
+    spare: Vec<u32>,
+    host_sums: Vec<u64>,
+    pending: Vec<PlannedSwap>,
+    verified: u64,
+}
+
+/// Checksum of a byte run (SipHash-1-3 with fixed keys, from `std`; stable within one build).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+impl MemoryExecutor {
+    /// An executor holding `map`'s hot experts in HBM slots `0..hot` (slot `hot` is the spare),
+    /// with `bytes` random bytes per expert drawn from `seed`.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for `bytes == 0`.
+    pub fn new(map: &ResidencyMap, bytes: usize, seed: u64) -> Result<Self> {
+        if bytes == 0 {
+            return Err(Error::InvalidConfig("bytes per expert must be ≥ 1".into()));
+        }
+        let g = *map.geometry();
+        let (layers, experts, hot) = (
+            g.layers as usize,
+            g.experts_per_layer as usize,
+            g.hot_per_layer as usize,
+        );
+        let mut host = vec![0u8; layers * experts * bytes];
+        rand_chacha::ChaCha8Rng::seed_from_u64(seed).fill_bytes(&mut host);
+        let host_sums = host.chunks_exact(bytes).map(checksum).collect();
+        let mut ex = MemoryExecutor {
+            geometry: g,
+            bytes,
+            hbm: vec![0u8; layers * (hot + 1) * bytes],
+            table: vec![HOST; layers * experts],
+            spare: vec![hot as u32; layers],
+            host,
+            host_sums,
+            pending: Vec::new(),
+            verified: 0,
+        };
+        for (l, row) in map.layers().iter().enumerate() {
+            for (slot, &e) in row.hot_experts().iter().enumerate() {
+                ex.copy_in(l, e as usize, slot);
+                ex.table[l * experts + e as usize] = slot as i32;
+            }
+        }
+        Ok(ex)
+    }
+
+    fn copy_in(&mut self, layer: usize, expert: usize, phys: usize) {
+        let (experts, slots) = (
+            self.geometry.experts_per_layer as usize,
+            self.geometry.hot_per_layer as usize + 1,
+        );
+        let src = (layer * experts + expert) * self.bytes;
+        let dst = (layer * slots + phys) * self.bytes;
+        self.hbm[dst..dst + self.bytes].copy_from_slice(&self.host[src..src + self.bytes]);
+    }
+
+    fn hbm_slot(&self, layer: usize, phys: usize) -> &[u8] {
+        let slots = self.geometry.hot_per_layer as usize + 1;
+        let at = (layer * slots + phys) * self.bytes;
+        &self.hbm[at..at + self.bytes]
+    }
+
+    /// The `(layer, expert) → HBM slot or HOST` table, `[layers × experts]` i32.
+    pub fn table(&self) -> &[i32] {
+        &self.table
+    }
+
+    /// The weights an engine would read for `expert` of `layer` now (HBM slot or host copy).
+    pub fn read(&self, layer: u32, expert: u32) -> Result<&[u8]> {
+        self.geometry.check_layer(layer)?;
+        self.geometry.check_expert(expert)?;
+        let (l, e) = (layer as usize, expert as usize);
+        let experts = self.geometry.experts_per_layer as usize;
+        Ok(match self.table[l * experts + e] {
+            HOST => &self.host[(l * experts + e) * self.bytes..][..self.bytes],
+            phys => self.hbm_slot(l, phys as usize),
+        })
+    }
+
+    /// Moves whose checksum was verified at commit.
+    pub fn verified_moves(&self) -> u64 {
+        self.verified
+    }
+
+    /// Digest of what an engine would read for every `(layer, expert)`, in id order: equal before
+    /// and after any sequence of committed swaps iff no byte was lost or misplaced.
+    pub fn read_digest(&self) -> u64 {
+        let mut h = std::hash::DefaultHasher::new();
+        for l in 0..self.geometry.layers {
+            for e in 0..self.geometry.experts_per_layer {
+                self.read(l, e).expect("ids in range").hash(&mut h);
+            }
+        }
+        h.finish()
+    }
+
+    /// Checks every invariant: the host bytes are untouched (checksums), every HBM-resident
+    /// expert's slot holds exactly its host bytes, each layer's slots are distinct and the spare
+    /// is unused, and the table's hot sets equal `map`'s.
+    ///
+    /// Errors: [`Error::Executor`] naming the first violation.
+    pub fn verify(&self, map: &ResidencyMap) -> Result<()> {
+        let g = self.geometry;
+        g.check_same(map.geometry())?;
+        let experts = g.experts_per_layer as usize;
+        for (i, chunk) in self.host.chunks_exact(self.bytes).enumerate() {
+            if checksum(chunk) != self.host_sums[i] {
+                return Err(Error::Executor(format!("host copy of cell {i} changed")));
+            }
+        }
+        for (l, row) in map.layers().iter().enumerate() {
+            let mut used = vec![false; g.hot_per_layer as usize + 1];
+            for e in 0..experts {
+                let t = self.table[l * experts + e];
+                if (t != HOST) != row.is_hot(e as u32) {
+                    return Err(Error::Executor(format!(
+                        "layer {l} expert {e}: table {t} disagrees with the rowmap"
+                    )));
+                }
+                if t != HOST {
+                    let p = t as usize;
+                    if p == self.spare[l] as usize || std::mem::replace(&mut used[p], true) {
+                        return Err(Error::Executor(format!("layer {l}: slot {p} used twice")));
+                    }
+                    if checksum(self.hbm_slot(l, p)) != self.host_sums[l * experts + e] {
+                        return Err(Error::Executor(format!(
+                            "layer {l} expert {e}: HBM slot {p} checksum differs from host"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SwapExecutor for MemoryExecutor {
+    fn can_begin(&self, layer: u32) -> bool {
+        !self.pending.iter().any(|s| s.layer == layer)
+    }
+
+    fn begin(&mut self, swap: &PlannedSwap) -> Result<()> {
+        let g = self.geometry;
+        g.check_layer(swap.layer)?;
+        g.check_expert(swap.incoming)?;
+        g.check_expert(swap.outgoing)?;
+        if !self.can_begin(swap.layer) {
+            return Err(Error::Executor(format!(
+                "layer {} already has a swap in flight",
+                swap.layer
+            )));
+        }
+        let experts = g.experts_per_layer as usize;
+        let (l, inc, out) = (
+            swap.layer as usize,
+            swap.incoming as usize,
+            swap.outgoing as usize,
+        );
+        if self.table[l * experts + inc] != HOST || self.table[l * experts + out] == HOST {
+            return Err(Error::Executor(format!(
+                "layer {l}: incoming {inc} must be on host and outgoing {out} in HBM"
+            )));
+        }
+        self.copy_in(l, inc, self.spare[l] as usize);
+        self.pending.push(*swap);
+        Ok(())
+    }
+
+    fn commit_ready(
+        &mut self,
+        accept: &mut dyn FnMut(&PlannedSwap) -> bool,
+    ) -> Result<Vec<SwapCompletion>> {
+        let experts = self.geometry.experts_per_layer as usize;
+        let mut out = Vec::with_capacity(self.pending.len());
+        for swap in std::mem::take(&mut self.pending) {
+            let l = swap.layer as usize;
+            let spare = self.spare[l] as usize;
+            let outcome = if !accept(&swap) {
+                SwapOutcome::Discarded
+            } else if checksum(self.hbm_slot(l, spare))
+                != self.host_sums[l * experts + swap.incoming as usize]
+            {
+                SwapOutcome::Failed
+            } else {
+                let old = self.table[l * experts + swap.outgoing as usize];
+                self.table[l * experts + swap.incoming as usize] = spare as i32;
+                self.table[l * experts + swap.outgoing as usize] = HOST;
+                // No reader can still see the old slot: commits happen at step boundaries.
+                self.spare[l] = old as u32;
+                self.verified += 1;
+                SwapOutcome::Committed
+            };
+            out.push(SwapCompletion { swap, outcome });
+        }
+        Ok(out)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swap_commit_and_discard() {
+        let g = Geometry::new(2, 6, 2, 1 << 20).unwrap();
+        let mut map = ResidencyMap::first_k("t", g).unwrap();
+        let mut ex = MemoryExecutor::new(&map, 32, 7).unwrap();
+        let d0 = ex.read_digest();
+        ex.verify(&map).unwrap();
+        let s = PlannedSwap {
+            layer: 1,
+            incoming: 4,
+            outgoing: 0,
+            slot: 0,
+            generation: 0,
+        };
+        ex.begin(&s).unwrap();
+        assert!(ex
+            .begin(&PlannedSwap {
+                incoming: 5,
+                outgoing: 1,
+                slot: 1,
+                ..s
+            })
+            .is_err());
+        let done = ex.commit_ready(&mut |_| true).unwrap();
+        assert_eq!(done[0].outcome, SwapOutcome::Committed);
+        map.apply(&s).unwrap();
+        ex.verify(&map).unwrap();
+        assert_eq!(ex.read_digest(), d0);
+        // Discarded: nothing flips.
+        let s2 = PlannedSwap {
+            incoming: 5,
+            outgoing: 1,
+            slot: 1,
+            generation: 1,
+            ..s
+        };
+        ex.begin(&s2).unwrap();
+        let done = ex.commit_ready(&mut |_| false).unwrap();
+        assert_eq!(done[0].outcome, SwapOutcome::Discarded);
+        ex.verify(&map).unwrap();
+        assert!(ex.begin(&PlannedSwap { incoming: 1, ..s2 }).is_err());
+        assert!(MemoryExecutor::new(&map, 0, 1).is_err());
+    }
+}

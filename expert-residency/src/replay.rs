@@ -1,0 +1,495 @@
+//! Replays of routing traces through a residency policy, with the cold-share scoreboard.
+
+use crate::config::ControllerConfig;
+use crate::controller::Controller;
+use crate::counters::PickCounters;
+use crate::error::{Error, Result};
+use crate::executor::{NullExecutor, SwapExecutor};
+use crate::geometry::Geometry;
+use crate::memory::MemoryExecutor;
+use crate::rowmap::ResidencyMap;
+use crate::seed::{fit, CounterDump};
+use crate::telemetry::{mean, t90, DrainTelemetry, SwapStats, T90};
+use crate::trace::Trace;
+
+/// Which steps an oracle map is fitted on.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum OracleWindow {
+    /// The whole trace.
+    Whole,
+    /// From the last shift in `trace.shifts` to the end ("the oracle for the new domain"); the
+    /// whole trace if there is no shift.
+    AfterLastShift,
+    /// Steps `start..end`.
+    Steps {
+        /// First step (inclusive).
+        start: u64,
+        /// Last step (exclusive).
+        end: u64,
+    },
+}
+
+/// The policy a replay runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicySpec {
+    /// A fixed map: the given one, or first-K (a uniform map) if `None`. Never swaps.
+    Static(Option<ResidencyMap>),
+    /// A seed map fitted offline ([`crate::seed::fit`]). Never swaps.
+    Seed(ResidencyMap),
+    /// The [`Controller`] with the given config minus any shift response, from the given boot
+    /// map (first-K if `None`).
+    Adaptive(Option<ResidencyMap>),
+    /// The [`Controller`] with a shift response: the config's, or [`crate::ShiftResponse`]'s
+    /// defaults if the config has none.
+    AdaptiveShiftResponse(Option<ResidencyMap>),
+    /// Per-layer LRU of `hot_per_layer` experts, from the boot map (first-K if `None`): every miss
+    /// is admitted at the end of its step, evicting the least recently used hot expert. Uncapped
+    /// (an idealised reference: real copies could not keep up; its swaps per step are reported).
+    Lru(Option<ResidencyMap>),
+    /// The best static map in hindsight: top-`hot_per_layer` per layer over a window of the trace.
+    Oracle(OracleWindow),
+}
+
+impl PolicySpec {
+    /// The policy's short name (`static`, `seed`, `adaptive`, `adaptive+shift-response`, `lru`,
+    /// `oracle`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            PolicySpec::Static(_) => "static",
+            PolicySpec::Seed(_) => "seed",
+            PolicySpec::Adaptive(_) => "adaptive",
+            PolicySpec::AdaptiveShiftResponse(_) => "adaptive+shift-response",
+            PolicySpec::Lru(_) => "lru",
+            PolicySpec::Oracle(_) => "oracle",
+        }
+    }
+}
+
+/// Replay knobs besides the policy.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReplayOptions {
+    /// Steps per bucket of [`ReplayReport::cold_share_windows`] (≥ 1).
+    pub window_steps: u32,
+    /// Tail fraction of a segment whose mean is its steady-state cold share (0 < f ≤ 1).
+    pub steady_fraction: f64,
+    /// Smoothing window of the T90 computation, in steps (≥ 1).
+    pub smooth_steps: u32,
+    /// Seconds per step, to report T90 in seconds.
+    pub step_time_s: Option<f64>,
+    /// Keep every drain's [`DrainTelemetry`] in the report.
+    pub telemetry: bool,
+    /// Run adaptive policies on a [`MemoryExecutor`] with this many stand-in bytes per expert and
+    /// verify every byte at the end (`None`: a [`NullExecutor`]).
+    pub verify_bytes: Option<usize>,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            window_steps: 64,
+            steady_fraction: 0.25,
+            smooth_steps: 64,
+            step_time_s: None,
+            telemetry: false,
+            verify_bytes: None,
+        }
+    }
+}
+
+/// Steady-state cold share: the mean per-step cold share over `from_step..to_step`, the last
+/// `steady_fraction` of the segment after the last shift (of the whole trace if none).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SteadyState {
+    /// First step of the tail (inclusive).
+    pub from_step: u64,
+    /// End of the tail (exclusive) = steps of the trace.
+    pub to_step: u64,
+    /// Mean cold share over the tail.
+    pub cold_share: f64,
+}
+
+/// The outcome of a replay; serde, deterministic (the same inputs give byte-identical JSON).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ReplayReport {
+    /// Trace name.
+    pub trace: String,
+    /// Policy name ([`PolicySpec::name`]).
+    pub policy: String,
+    /// Geometry replayed.
+    pub geometry: Geometry,
+    /// Controller config (for adaptive policies, as run).
+    pub config: Option<ControllerConfig>,
+    /// Steps replayed.
+    pub steps: u64,
+    /// Expert lookups (picks) replayed.
+    pub lookups: u64,
+    /// Steps per cold-share bucket.
+    pub window_steps: u32,
+    /// Cold share per bucket of `window_steps` steps (lookup-weighted).
+    pub cold_share_windows: Vec<f64>,
+    /// Cold share of all lookups.
+    pub cold_share_overall: f64,
+    /// Steady-state cold share.
+    pub steady_state: SteadyState,
+    /// T90 after each shift of `trace.shifts` that falls inside the trace.
+    pub shifts: Vec<T90>,
+    /// Swap counts (for LRU: `planned = applied` = admissions).
+    pub swaps: SwapStats,
+    /// Most swaps applied in one step.
+    pub max_swaps_per_step: u32,
+    /// Mean swaps applied per step.
+    pub mean_swaps_per_step: f64,
+    /// Shift-response detections (adaptive+shift-response only).
+    pub shift_detections: u64,
+    /// Moves verified byte-exact by the [`MemoryExecutor`], if one ran.
+    pub verified_moves: Option<u64>,
+    /// Per-drain telemetry, if asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub telemetry: Vec<DrainTelemetry>,
+}
+
+impl ReplayReport {
+    /// The per-drain telemetry as JSON lines (one line per drain, `\n`-terminated).
+    pub fn telemetry_json_lines(&self) -> String {
+        self.telemetry
+            .iter()
+            .map(|t| t.to_json_line() + "\n")
+            .collect()
+    }
+}
+
+/// Checks a trace against a geometry: same layers and experts, a valid top-k, at least one step
+/// and one lookup, one row per layer in every step, every id in range.
+///
+/// Errors: [`Error::GeometryMismatch`], [`Error::TopKTooWide`], [`Error::EmptyTrace`],
+/// [`Error::LengthMismatch`], [`Error::ExpertOutOfRange`].
+pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
+    geometry.validate()?;
+    let s = trace.shape;
+    if s.layers != geometry.layers || s.experts_per_layer != geometry.experts_per_layer {
+        return Err(Error::GeometryMismatch {
+            expected: format!(
+                "{} layers × {} experts",
+                geometry.layers, geometry.experts_per_layer
+            ),
+            found: format!(
+                "trace {:?}: {} layers × {} experts",
+                trace.name, s.layers, s.experts_per_layer
+            ),
+        });
+    }
+    geometry.check_top_k(s.top_k)?;
+    if trace.steps.is_empty() {
+        return Err(Error::EmptyTrace(format!(
+            "trace {:?} has no step",
+            trace.name
+        )));
+    }
+    let mut lookups = 0u64;
+    for step in &trace.steps {
+        if step.layers.len() != geometry.layers as usize {
+            return Err(Error::LengthMismatch {
+                expected: geometry.layers as usize,
+                found: step.layers.len(),
+            });
+        }
+        for picks in &step.layers {
+            for &e in picks {
+                geometry.check_expert(e)?;
+            }
+            lookups += picks.len() as u64;
+        }
+    }
+    if lookups == 0 {
+        return Err(Error::EmptyTrace(format!(
+            "trace {:?} has no lookup",
+            trace.name
+        )));
+    }
+    Ok(lookups)
+}
+
+/// The oracle map of `window` (top-`hot_per_layer` per layer over those steps, ties to the lower
+/// id). Errors: as [`validate_trace`], and [`Error::EmptyTrace`] for an empty window.
+pub fn oracle_map(
+    trace: &Trace,
+    geometry: &Geometry,
+    window: &OracleWindow,
+) -> Result<ResidencyMap> {
+    validate_trace(trace, geometry)?;
+    let n = trace.steps.len();
+    let range = match window {
+        OracleWindow::Whole => 0..n,
+        OracleWindow::AfterLastShift => {
+            let s = trace
+                .shifts
+                .iter()
+                .copied()
+                .filter(|&s| (s as usize) < n)
+                .max();
+            s.map_or(0, |s| s as usize)..n
+        }
+        OracleWindow::Steps { start, end } => (*start as usize).min(n)..(*end as usize).min(n),
+    };
+    let dump = CounterDump::from_trace(trace, range)?;
+    fit(format!("oracle:{}", trace.name), geometry, &dump)
+}
+
+/// [`replay_with`] with [`ReplayOptions::default`].
+pub fn replay(
+    trace: &Trace,
+    geometry: &Geometry,
+    policy: &PolicySpec,
+    cfg: &ControllerConfig,
+) -> Result<ReplayReport> {
+    replay_with(trace, geometry, policy, cfg, &ReplayOptions::default())
+}
+
+fn cold_lookups(map: &ResidencyMap, layers: &[Vec<u32>]) -> u64 {
+    map.layers()
+        .iter()
+        .zip(layers)
+        .map(|(row, picks)| {
+            let t = row.table();
+            picks.iter().filter(|&&e| t[e as usize] < 0).count() as u64
+        })
+        .sum()
+}
+
+/// Per-layer LRU state.
+struct Lru {
+    hot: Vec<Vec<u32>>,
+    is_hot: Vec<Vec<bool>>,
+    last_use: Vec<Vec<u64>>,
+    tick: u64,
+}
+
+impl Lru {
+    fn new(map: &ResidencyMap) -> Self {
+        let e = map.geometry().experts_per_layer as usize;
+        let hot = map.hot_sets();
+        let is_hot = hot
+            .iter()
+            .map(|h| {
+                let mut v = vec![false; e];
+                h.iter().for_each(|&x| v[x as usize] = true);
+                v
+            })
+            .collect();
+        Lru {
+            last_use: vec![vec![0; e]; hot.len()],
+            hot,
+            is_hot,
+            tick: 0,
+        }
+    }
+
+    fn cold(&self, layers: &[Vec<u32>]) -> u64 {
+        layers
+            .iter()
+            .zip(&self.is_hot)
+            .map(|(p, h)| p.iter().filter(|&&e| !h[e as usize]).count() as u64)
+            .sum()
+    }
+
+    /// Touches every pick of the step in order; admits misses. Returns admissions.
+    fn update(&mut self, layers: &[Vec<u32>]) -> u32 {
+        let mut swaps = 0;
+        for (l, picks) in layers.iter().enumerate() {
+            for &e in picks {
+                self.tick += 1;
+                let e = e as usize;
+                if !self.is_hot[l][e] {
+                    let lu = &self.last_use[l];
+                    let (slot, _) = self.hot[l]
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|&(_, &x)| (lu[x as usize], x))
+                        .expect("hot set is not empty");
+                    let out = self.hot[l][slot] as usize;
+                    self.is_hot[l][out] = false;
+                    self.is_hot[l][e] = true;
+                    self.hot[l][slot] = e as u32;
+                    swaps += 1;
+                }
+                self.last_use[l][e] = self.tick;
+            }
+        }
+        swaps
+    }
+}
+
+/// Replays `trace` through `policy` and scores it.
+///
+/// Per step: the step's lookups are served with the map in force at the step's start (a lookup of
+/// a cold expert counts as cold), then its picks are counted and the policy acts at the step
+/// boundary (adaptive: [`Controller::step`]; LRU: admissions). Deterministic.
+///
+/// Errors: trace errors of [`validate_trace`]; map errors if a given map has another geometry;
+/// [`Error::InvalidConfig`] for bad options or config.
+pub fn replay_with(
+    trace: &Trace,
+    geometry: &Geometry,
+    policy: &PolicySpec,
+    cfg: &ControllerConfig,
+    opts: &ReplayOptions,
+) -> Result<ReplayReport> {
+    let lookups = validate_trace(trace, geometry)?;
+    if opts.window_steps == 0
+        || opts.smooth_steps == 0
+        || !(opts.steady_fraction > 0.0 && opts.steady_fraction <= 1.0)
+    {
+        return Err(Error::InvalidConfig(
+            "window_steps, smooth_steps ≥ 1 and steady_fraction in (0, 1]".into(),
+        ));
+    }
+    let boot = |m: &Option<ResidencyMap>| -> Result<ResidencyMap> {
+        match m {
+            Some(m) => {
+                geometry.check_same(m.geometry())?;
+                Ok(m.clone())
+            }
+            None => ResidencyMap::first_k(trace.name.clone(), *geometry),
+        }
+    };
+    let n = trace.steps.len();
+    let mut cold_per_step = Vec::with_capacity(n);
+    let mut total_per_step = Vec::with_capacity(n);
+    let mut swaps_per_step = Vec::with_capacity(n);
+    let mut stats = SwapStats::default();
+    let mut telemetry = Vec::new();
+    let mut detections = 0;
+    let mut verified = None;
+    let mut config = None;
+
+    let mut fixed = |map: ResidencyMap| {
+        for s in &trace.steps {
+            cold_per_step.push(cold_lookups(&map, &s.layers));
+            swaps_per_step.push(0u32);
+        }
+    };
+    match policy {
+        PolicySpec::Static(m) => fixed(boot(m)?),
+        PolicySpec::Seed(m) => fixed(boot(&Some(m.clone()))?),
+        PolicySpec::Oracle(w) => fixed(oracle_map(trace, geometry, w)?),
+        PolicySpec::Lru(m) => {
+            let mut lru = Lru::new(&boot(m)?);
+            for s in &trace.steps {
+                cold_per_step.push(lru.cold(&s.layers));
+                let k = lru.update(&s.layers);
+                swaps_per_step.push(k);
+                stats.planned += k as u64;
+                stats.applied += k as u64;
+            }
+        }
+        PolicySpec::Adaptive(m) | PolicySpec::AdaptiveShiftResponse(m) => {
+            let mut c = cfg.clone();
+            c.shift_response = match policy {
+                PolicySpec::Adaptive(_) => None,
+                _ => Some(c.shift_response.unwrap_or_default()),
+            };
+            let map = boot(m)?;
+            let mut mem = match opts.verify_bytes {
+                Some(b) => Some(MemoryExecutor::new(&map, b, 0x5eed)?),
+                None => None,
+            };
+            let mut null = NullExecutor::new();
+            let mut ctl = Controller::new(map, c.clone())?;
+            let counters = PickCounters::new(geometry);
+            for s in &trace.steps {
+                cold_per_step.push(cold_lookups(ctl.map(), &s.layers));
+                counters.record_step(s)?;
+                let exec: &mut dyn SwapExecutor = match mem.as_mut() {
+                    Some(m) => m,
+                    None => &mut null,
+                };
+                let rep = ctl.step(&counters, exec)?;
+                swaps_per_step.push(rep.applied);
+                if opts.telemetry {
+                    telemetry.extend(rep.drain);
+                }
+            }
+            stats = ctl.stats();
+            detections = ctl.shift_detections();
+            if let Some(m) = mem.as_mut() {
+                // Let in-flight moves land, then check every byte against the final map.
+                m.flush()?;
+                ctl.step_with(None, m)?;
+                m.verify(ctl.map())?;
+                verified = Some(m.verified_moves());
+            }
+            config = Some(c);
+        }
+    }
+    for s in &trace.steps {
+        total_per_step.push(s.layers.iter().map(|p| p.len() as u64).sum::<u64>());
+    }
+    let per_step: Vec<f64> = cold_per_step
+        .iter()
+        .zip(&total_per_step)
+        .map(|(&c, &t)| if t == 0 { 0.0 } else { c as f64 / t as f64 })
+        .collect();
+    let w = opts.window_steps as usize;
+    let cold_share_windows = cold_per_step
+        .chunks(w)
+        .zip(total_per_step.chunks(w))
+        .map(|(c, t)| {
+            let (c, t): (u64, u64) = (c.iter().sum(), t.iter().sum());
+            if t == 0 {
+                0.0
+            } else {
+                c as f64 / t as f64
+            }
+        })
+        .collect();
+    let mut shifts_in: Vec<usize> = trace
+        .shifts
+        .iter()
+        .map(|&s| s as usize)
+        .filter(|&s| s < n)
+        .collect();
+    shifts_in.sort_unstable();
+    shifts_in.dedup();
+    let last = shifts_in.last().copied().unwrap_or(0);
+    let tail = (((n - last) as f64 * opts.steady_fraction).ceil() as usize).clamp(1, n - last);
+    let steady_state = SteadyState {
+        from_step: (n - tail) as u64,
+        to_step: n as u64,
+        cold_share: mean(&per_step[n - tail..]),
+    };
+    let shifts = shifts_in
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &s)| {
+            let end = shifts_in.get(i + 1).copied().unwrap_or(n);
+            t90(
+                &per_step,
+                s,
+                end,
+                opts.steady_fraction,
+                opts.smooth_steps as usize,
+                opts.step_time_s,
+            )
+        })
+        .collect();
+    let cold_all: u64 = cold_per_step.iter().sum();
+    Ok(ReplayReport {
+        trace: trace.name.clone(),
+        policy: policy.name().into(),
+        geometry: *geometry,
+        config,
+        steps: n as u64,
+        lookups,
+        window_steps: opts.window_steps,
+        cold_share_windows,
+        cold_share_overall: cold_all as f64 / lookups as f64,
+        steady_state,
+        shifts,
+        swaps: stats,
+        max_swaps_per_step: swaps_per_step.iter().copied().max().unwrap_or(0),
+        mean_swaps_per_step: swaps_per_step.iter().map(|&x| x as f64).sum::<f64>() / n as f64,
+        shift_detections: detections,
+        verified_moves: verified,
+        telemetry,
+    })
+}

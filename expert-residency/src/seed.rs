@@ -1,0 +1,276 @@
+//! Seed maps: boot maps fitted offline from counter dumps, merged dumps, held-out coverage.
+
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::rowmap::ResidencyMap;
+use crate::trace::Trace;
+
+/// Per-`(layer, expert)` pick counts saved from a run (or summed from a trace), `[layers ×
+/// experts]` row-major. Counts are f64 so that weighted merges stay dumps (integers up to 2^53
+/// are exact).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CounterDump {
+    /// Where the counts come from (domain, run id...).
+    pub name: String,
+    /// MoE layers.
+    pub layers: u32,
+    /// Experts per layer.
+    pub experts_per_layer: u32,
+    /// Counts, `[layers × experts_per_layer]` row-major.
+    pub counts: Vec<f64>,
+}
+
+impl CounterDump {
+    /// A dump from counts. Errors: [`Error::LengthMismatch`]; [`Error::InvalidConfig`] for a
+    /// negative or non-finite count; [`Error::InvalidGeometry`] for zero layers or experts.
+    pub fn new(
+        name: impl Into<String>,
+        layers: u32,
+        experts_per_layer: u32,
+        counts: Vec<f64>,
+    ) -> Result<Self> {
+        if layers == 0 || experts_per_layer == 0 {
+            return Err(Error::InvalidGeometry(
+                "dump with zero layers or experts".into(),
+            ));
+        }
+        let n = layers as usize * experts_per_layer as usize;
+        if counts.len() != n {
+            return Err(Error::LengthMismatch {
+                expected: n,
+                found: counts.len(),
+            });
+        }
+        if let Some(c) = counts.iter().find(|c| !(c.is_finite() && **c >= 0.0)) {
+            return Err(Error::InvalidConfig(format!("count {c} is not ≥ 0")));
+        }
+        Ok(CounterDump {
+            name: name.into(),
+            layers,
+            experts_per_layer,
+            counts,
+        })
+    }
+
+    /// A dump of a u32 counter snapshot ([`crate::PickCounters::snapshot`]).
+    pub fn from_snapshot(
+        name: impl Into<String>,
+        geometry: &Geometry,
+        snapshot: &[u32],
+    ) -> Result<Self> {
+        let counts = snapshot.iter().map(|&c| c as f64).collect();
+        Self::new(name, geometry.layers, geometry.experts_per_layer, counts)
+    }
+
+    /// The picks of `trace.steps[range]` summed per `(layer, expert)`.
+    ///
+    /// Errors: [`Error::EmptyTrace`] for an empty range, [`Error::LengthMismatch`] for a step
+    /// with the wrong number of layers, [`Error::ExpertOutOfRange`].
+    pub fn from_trace(trace: &Trace, range: std::ops::Range<usize>) -> Result<Self> {
+        let steps = trace
+            .steps
+            .get(range.clone())
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| Error::EmptyTrace(format!("no step in {range:?}")))?;
+        let (layers, experts) = (trace.shape.layers, trace.shape.experts_per_layer);
+        let mut counts = vec![0f64; layers as usize * experts as usize];
+        for s in steps {
+            if s.layers.len() != layers as usize {
+                return Err(Error::LengthMismatch {
+                    expected: layers as usize,
+                    found: s.layers.len(),
+                });
+            }
+            for (l, picks) in s.layers.iter().enumerate() {
+                for &e in picks {
+                    if e >= experts {
+                        return Err(Error::ExpertOutOfRange { expert: e, experts });
+                    }
+                    counts[l * experts as usize + e as usize] += 1.0;
+                }
+            }
+        }
+        Self::new(
+            format!("{}[{}..{}]", trace.name, range.start, range.end),
+            layers,
+            experts,
+            counts,
+        )
+    }
+
+    /// One layer's counts, `[experts]`.
+    pub fn layer(&self, layer: u32) -> Option<&[f64]> {
+        let e = self.experts_per_layer as usize;
+        self.counts
+            .get(layer as usize * e..(layer as usize + 1) * e)
+    }
+
+    fn check_geometry(&self, g: &Geometry) -> Result<()> {
+        if self.layers == g.layers && self.experts_per_layer == g.experts_per_layer {
+            Ok(())
+        } else {
+            Err(Error::GeometryMismatch {
+                expected: format!("{} layers × {} experts", g.layers, g.experts_per_layer),
+                found: format!(
+                    "dump {:?}: {} layers × {} experts",
+                    self.name, self.layers, self.experts_per_layer
+                ),
+            })
+        }
+    }
+}
+
+/// The top `k` expert ids of `counts`, busiest first; ties go to the lower id (deterministic).
+pub fn top_k(counts: &[f64], k: usize) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..counts.len() as u32).collect();
+    ids.sort_by(|&a, &b| {
+        counts[b as usize]
+            .total_cmp(&counts[a as usize])
+            .then(a.cmp(&b))
+    });
+    ids.truncate(k);
+    ids
+}
+
+/// Fits a boot map: the top `hot_per_layer` experts of each layer of `dump`, busiest in slot 0;
+/// ties go to the lower id.
+///
+/// Errors: [`Error::GeometryMismatch`] if the dump's shape differs from `geometry`.
+pub fn fit(
+    model: impl Into<String>,
+    geometry: &Geometry,
+    dump: &CounterDump,
+) -> Result<ResidencyMap> {
+    geometry.validate()?;
+    dump.check_geometry(geometry)?;
+    let hot = (0..geometry.layers)
+        .map(|l| {
+            top_k(
+                dump.layer(l).expect("shape checked"),
+                geometry.hot_per_layer as usize,
+            )
+        })
+        .collect();
+    ResidencyMap::from_hot_sets(model, *geometry, hot)
+}
+
+/// Merges dumps with weights: each dump is first normalised per layer to sum 1 (so a long run
+/// does not drown a short one), then `Σ weight × share`. The result is a dump of shares.
+///
+/// Errors: [`Error::EmptyTrace`] for no dump, [`Error::GeometryMismatch`] for dumps of different
+/// shapes, [`Error::InvalidConfig`] for a negative, non-finite or all-zero weight.
+pub fn merge(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
+    let (first, _) = dumps
+        .first()
+        .ok_or_else(|| Error::EmptyTrace("no dump to merge".into()))?;
+    let (layers, experts) = (first.layers, first.experts_per_layer);
+    if dumps.iter().any(|(_, w)| !(w.is_finite() && *w >= 0.0))
+        || dumps.iter().all(|(_, w)| *w == 0.0)
+    {
+        return Err(Error::InvalidConfig(
+            "merge weights must be ≥ 0, not all 0".into(),
+        ));
+    }
+    let mut out = vec![0f64; first.counts.len()];
+    for (d, w) in dumps {
+        if d.layers != layers || d.experts_per_layer != experts {
+            return Err(Error::GeometryMismatch {
+                expected: format!("{layers} layers × {experts} experts"),
+                found: format!("dump {:?}: {} × {}", d.name, d.layers, d.experts_per_layer),
+            });
+        }
+        for (o, row) in out
+            .chunks_exact_mut(experts as usize)
+            .zip(d.counts.chunks_exact(experts as usize))
+        {
+            let total: f64 = row.iter().sum();
+            if total > 0.0 {
+                o.iter_mut().zip(row).for_each(|(o, c)| *o += w * c / total);
+            }
+        }
+    }
+    let name = dumps
+        .iter()
+        .map(|(d, w)| format!("{w}×{}", d.name))
+        .collect::<Vec<_>>()
+        .join("+");
+    CounterDump::new(name, layers, experts, out)
+}
+
+/// Share of a dump's picks a map serves from HBM (1 − cold share), per layer and overall.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Coverage {
+    /// Hot share per layer, `[layers]` (0 for a layer with no picks).
+    pub per_layer: Vec<f64>,
+    /// Hot share of all picks (0 if none).
+    pub overall: f64,
+}
+
+impl Coverage {
+    /// `1 − overall`: the cold share the map would give on that traffic.
+    pub fn cold_share(&self) -> f64 {
+        1.0 - self.overall
+    }
+}
+
+/// The coverage `map` would give on `dump` (held-out check: fit on one dump, measure on another).
+///
+/// Errors: [`Error::GeometryMismatch`].
+pub fn coverage(map: &ResidencyMap, dump: &CounterDump) -> Result<Coverage> {
+    dump.check_geometry(map.geometry())?;
+    let e = dump.experts_per_layer as usize;
+    let (mut hot_all, mut total_all) = (0.0, 0.0);
+    let per_layer = map
+        .layers()
+        .iter()
+        .zip(dump.counts.chunks_exact(e))
+        .map(|(row, counts)| {
+            let total: f64 = counts.iter().sum();
+            let hot: f64 = row.hot_experts().iter().map(|&x| counts[x as usize]).sum();
+            hot_all += hot;
+            total_all += total;
+            if total > 0.0 {
+                hot / total
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    Ok(Coverage {
+        per_layer,
+        overall: if total_all > 0.0 {
+            hot_all / total_all
+        } else {
+            0.0
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_merge_cover() {
+        let g = Geometry::new(2, 4, 2, 1).unwrap();
+        let a = CounterDump::new("a", 2, 4, vec![5., 1., 5., 0., 0., 0., 3., 9.]).unwrap();
+        let m = fit("m", &g, &a).unwrap();
+        assert_eq!(m.hot_sets(), vec![vec![0, 2], vec![3, 2]]);
+        let c = coverage(&m, &a).unwrap();
+        assert!((c.per_layer[0] - 10.0 / 11.0).abs() < 1e-12);
+        assert!((c.overall - 22.0 / 23.0).abs() < 1e-12);
+        let b = CounterDump::new("b", 2, 4, vec![0., 10., 0., 10., 1., 1., 0., 0.]).unwrap();
+        assert_eq!(coverage(&m, &b).unwrap().per_layer[0], 0.0);
+        let mg = merge(&[(&a, 1.0), (&b, 3.0)]).unwrap();
+        // layer 0: a shares [5,1,5,0]/11, b shares [0,.5,0,.5] ×3
+        assert_eq!(top_k(mg.layer(0).unwrap(), 2), vec![1, 3]);
+        assert!(merge(&[]).is_err());
+        assert!(merge(&[(&a, -1.0)]).is_err());
+        let other = Geometry::new(3, 4, 2, 1).unwrap();
+        assert!(matches!(
+            fit("m", &other, &a),
+            Err(Error::GeometryMismatch { .. })
+        ));
+        assert!(CounterDump::new("x", 2, 4, vec![0.; 7]).is_err());
+    }
+}
