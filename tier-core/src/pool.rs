@@ -12,7 +12,7 @@ use crate::page::{PageHandle, PageId, Tier};
 /// belongs to the caller, indexed by [`PageId`].
 ///
 /// Memory: 9 bytes per page plus the struct.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PagePool {
     tier: Tier,
     /// Free page ids, popped from the back (LIFO keeps recently freed pages
