@@ -1,0 +1,141 @@
+//! The crate's error type.
+
+/// Everything that can go wrong in `kv-elastic`. Every fallible call leaves the pool unchanged
+/// when it returns one of these (see each method for the rare documented exception).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KvError {
+    /// A [`crate::Geometry`] field is zero or out of range.
+    #[error("invalid geometry: {0}")]
+    InvalidGeometry(&'static str),
+    /// The device arena cannot hold even one request's fixed rows (hot cache + tail + scratch).
+    #[error("arena of {arena_pages} pages is too small for one request's fixed rows ({needed_pages} pages)")]
+    ArenaTooSmall {
+        /// Pages in the arena.
+        arena_pages: u32,
+        /// Pages one request's hot cache + tail + scratch need.
+        needed_pages: u32,
+    },
+    /// No session with this id exists.
+    #[error("unknown session {0}")]
+    UnknownSession(u64),
+    /// The session has finished; it cannot be appended to, resolved or finished again.
+    #[error("session {0} has already finished")]
+    SessionFinished(u64),
+    /// A session with this id already exists (or existed).
+    #[error("session {0} already exists")]
+    SessionExists(u64),
+    /// Session ids must be below 2^63 (the top bit tags the pool's own fixed-row loans).
+    #[error("session id {0} is reserved (ids must be < 2^63)")]
+    ReservedSessionId(u64),
+    /// A session must be admitted with at least one committed token.
+    #[error("zero-length history")]
+    EmptyHistory,
+    /// A byte buffer is not a whole number of tokens (`layers × row_bytes` bytes each).
+    #[error("buffer of {actual} bytes is not a whole number of {token_bytes}-byte tokens")]
+    RaggedRows {
+        /// Bytes per token (`layers × row_bytes`).
+        token_bytes: usize,
+        /// Bytes given.
+        actual: usize,
+    },
+    /// A slice has the wrong length.
+    #[error("{what}: expected length {expected}, got {actual}")]
+    LengthMismatch {
+        /// Which argument.
+        what: &'static str,
+        /// Expected length.
+        expected: usize,
+        /// Actual length.
+        actual: usize,
+    },
+    /// `query_start_loc` is not a non-decreasing `[reqs + 1]` array starting at 0 and ending at `rows`.
+    #[error("invalid query_start_loc: {0}")]
+    BadQueryStartLoc(&'static str),
+    /// A selected position is `< -1` or `>= seq_len` of its request.
+    #[error("row {row}: position {position} out of range for seq_len {seq_len}")]
+    PositionOutOfRange {
+        /// Query row.
+        row: usize,
+        /// The offending position.
+        position: i32,
+        /// The request's `seq_len` this step.
+        seq_len: i32,
+    },
+    /// A request's `seq_len` is `< 1` or exceeds its committed + scratch length.
+    #[error("session {session}: seq_len {seq_len} outside 1..={available}")]
+    SeqLenOutOfRange {
+        /// Session.
+        session: u64,
+        /// The given `seq_len`.
+        seq_len: i32,
+        /// Committed + scratch tokens.
+        available: u32,
+    },
+    /// The same session appears twice in one batch.
+    #[error("session {0} appears twice in one batch")]
+    DuplicateSession(u64),
+    /// One request's distinct non-resident positions in a step exceed its hot cache.
+    #[error("session {session}: {needed} distinct positions need the hot cache this step, it has {hot_rows} rows")]
+    HotCacheOverflow {
+        /// Session.
+        session: u64,
+        /// Distinct positions that need a hot row.
+        needed: usize,
+        /// Hot-cache rows per request.
+        hot_rows: u32,
+    },
+    /// More draft rows than the request's scratch holds, or accepting more than were written.
+    #[error("session {session}: scratch holds {scratch_rows} rows, asked for {requested}")]
+    ScratchOverflow {
+        /// Session.
+        session: u64,
+        /// Scratch capacity (rows).
+        scratch_rows: u32,
+        /// Rows asked for.
+        requested: u32,
+    },
+    /// Too many prefetch candidates for one request.
+    #[error("{given} prefetch candidates, at most {max}")]
+    TooManyCandidates {
+        /// Given.
+        given: usize,
+        /// Maximum ([`crate::MAX_CANDIDATES`]).
+        max: usize,
+    },
+    /// A layer index `>= layers`.
+    #[error("layer {layer} out of range ({layers} layers)")]
+    LayerOutOfRange {
+        /// Given layer.
+        layer: u32,
+        /// Layers in the geometry.
+        layers: u32,
+    },
+    /// A plan's destination rows were reassigned since it was made (a later resolve or prefetch).
+    #[error("stale plan: hot row {row} no longer holds position {position} of session {session}")]
+    StalePlan {
+        /// Session.
+        session: u64,
+        /// Position.
+        position: u32,
+        /// Arena row.
+        row: u32,
+    },
+    /// Not enough HBM for the request's fixed rows even after reclaiming every borrowed page.
+    #[error("no room: need {needed} pages, at most {available} can be freed")]
+    NoRoom {
+        /// Pages needed.
+        needed: u32,
+        /// Free + reclaimable + pending pages.
+        available: u32,
+    },
+    /// A trace file could not be read or parsed.
+    #[error("trace: {0}")]
+    Trace(String),
+    /// An error from `tier-core` (pool, map, loans).
+    #[error(transparent)]
+    Core(#[from] tier_core::CoreError),
+}
+
+/// `Result` with [`KvError`].
+pub type Result<T, E = KvError> = std::result::Result<T, E>;

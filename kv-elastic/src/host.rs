@@ -1,0 +1,186 @@
+//! The host store: every session's committed history, append-only, in host memory.
+
+use hashbrown::{HashMap, HashSet};
+
+use crate::error::{KvError, Result};
+
+/// Session (request) id as the engine names it; must be `< 2^63`.
+pub type SessionId = u64;
+
+/// Every session's committed KV history in host memory (the GPU back-end pins it), append-only.
+///
+/// Layout per session: `[tokens][layers][row_bytes]` bytes, token-major, so one token's rows for
+/// all layers are contiguous (one write-back per token). Finished sessions drop their bytes but
+/// stay known, so late calls get [`KvError::SessionFinished`] instead of `UnknownSession`.
+#[derive(Debug, Clone)]
+pub struct HostStore {
+    row_bytes: usize,
+    layers: usize,
+    live: HashMap<SessionId, Vec<u8>>,
+    finished: HashSet<SessionId>,
+}
+
+impl HostStore {
+    /// An empty store for rows of `row_bytes` bytes and `layers` layers.
+    pub fn new(row_bytes: u32, layers: u32) -> Self {
+        Self {
+            row_bytes: row_bytes as usize,
+            layers: layers as usize,
+            live: HashMap::new(),
+            finished: HashSet::new(),
+        }
+    }
+
+    /// Bytes per token (`layers × row_bytes`).
+    pub fn token_bytes(&self) -> usize {
+        self.row_bytes * self.layers
+    }
+
+    /// Checks that a session id may be created (`ReservedSessionId`, `SessionExists`).
+    pub fn check_new(&self, session: SessionId) -> Result<()> {
+        if session >= 1 << 63 {
+            return Err(KvError::ReservedSessionId(session));
+        }
+        if self.live.contains_key(&session) || self.finished.contains(&session) {
+            return Err(KvError::SessionExists(session));
+        }
+        Ok(())
+    }
+
+    /// Checks that `bytes` is a whole, non-zero number of tokens; returns the token count.
+    pub fn check_tokens(&self, bytes: &[u8], allow_empty: bool) -> Result<u32> {
+        let tb = self.token_bytes();
+        if !bytes.len().is_multiple_of(tb) {
+            return Err(KvError::RaggedRows {
+                token_bytes: tb,
+                actual: bytes.len(),
+            });
+        }
+        if bytes.is_empty() && !allow_empty {
+            return Err(KvError::EmptyHistory);
+        }
+        Ok((bytes.len() / tb) as u32)
+    }
+
+    /// Creates a session with its first committed tokens (`[tokens][layers][row_bytes]`).
+    /// Errors: `ReservedSessionId`, `SessionExists`, `RaggedRows`, `EmptyHistory`.
+    pub fn create(&mut self, session: SessionId, history: &[u8]) -> Result<u32> {
+        self.check_new(session)?;
+        let n = self.check_tokens(history, false)?;
+        self.live.insert(session, history.to_vec());
+        Ok(n)
+    }
+
+    /// Checks a session is live (`UnknownSession`, `SessionFinished`).
+    pub fn check_live(&self, session: SessionId) -> Result<()> {
+        if self.live.contains_key(&session) {
+            Ok(())
+        } else if self.finished.contains(&session) {
+            Err(KvError::SessionFinished(session))
+        } else {
+            Err(KvError::UnknownSession(session))
+        }
+    }
+
+    /// Appends committed tokens; returns the new length in tokens.
+    /// Errors: `UnknownSession`, `SessionFinished`, `RaggedRows`.
+    pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
+        self.check_live(session)?;
+        self.check_tokens(tokens, true)?;
+        let v = self.live.get_mut(&session).expect("checked live");
+        v.extend_from_slice(tokens);
+        Ok((v.len() / self.token_bytes()) as u32)
+    }
+
+    /// Committed length of a live session, in tokens.
+    pub fn len(&self, session: SessionId) -> Result<u32> {
+        self.check_live(session)?;
+        Ok((self.live[&session].len() / self.token_bytes()) as u32)
+    }
+
+    /// Whether no session is live.
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// Live sessions.
+    pub fn live_count(&self) -> usize {
+        self.live.len()
+    }
+
+    /// One row (`row_bytes` bytes) of a live session. Errors: `UnknownSession`,
+    /// `SessionFinished`, `LayerOutOfRange`, `PositionOutOfRange`.
+    pub fn row(&self, session: SessionId, position: u32, layer: u32) -> Result<&[u8]> {
+        self.check_live(session)?;
+        if layer as usize >= self.layers {
+            return Err(KvError::LayerOutOfRange {
+                layer,
+                layers: self.layers as u32,
+            });
+        }
+        let v = &self.live[&session];
+        let off = (position as usize * self.layers + layer as usize) * self.row_bytes;
+        v.get(off..off + self.row_bytes)
+            .ok_or(KvError::PositionOutOfRange {
+                row: 0,
+                position: position as i32,
+                seq_len: (v.len() / self.token_bytes()) as i32,
+            })
+    }
+
+    /// All layers of one token (`layers × row_bytes` bytes).
+    pub fn token(&self, session: SessionId, position: u32) -> Result<&[u8]> {
+        self.check_live(session)?;
+        let v = &self.live[&session];
+        let tb = self.token_bytes();
+        let off = position as usize * tb;
+        v.get(off..off + tb).ok_or(KvError::PositionOutOfRange {
+            row: 0,
+            position: position as i32,
+            seq_len: (v.len() / tb) as i32,
+        })
+    }
+
+    /// Marks a session finished and drops its bytes. Errors: `UnknownSession`, `SessionFinished`.
+    pub fn finish(&mut self, session: SessionId) -> Result<()> {
+        self.check_live(session)?;
+        self.live.remove(&session);
+        self.finished.insert(session);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_only_with_typed_errors() {
+        let mut h = HostStore::new(4, 2);
+        assert_eq!(h.create(1, &[]), Err(KvError::EmptyHistory));
+        assert_eq!(
+            h.create(1, &[0; 7]),
+            Err(KvError::RaggedRows {
+                token_bytes: 8,
+                actual: 7
+            })
+        );
+        assert_eq!(
+            h.create(1 << 63, &[0; 8]),
+            Err(KvError::ReservedSessionId(1 << 63))
+        );
+        assert_eq!(h.create(1, &[1; 16]), Ok(2));
+        assert_eq!(h.create(1, &[1; 8]), Err(KvError::SessionExists(1)));
+        assert_eq!(h.append(1, &[2; 8]), Ok(3));
+        assert_eq!(h.row(1, 2, 1), Ok(&[2u8; 4][..]));
+        assert!(matches!(
+            h.row(1, 3, 0),
+            Err(KvError::PositionOutOfRange { .. })
+        ));
+        assert_eq!(h.append(2, &[0; 8]), Err(KvError::UnknownSession(2)));
+        h.finish(1).unwrap();
+        assert_eq!(h.append(1, &[0; 8]), Err(KvError::SessionFinished(1)));
+        assert_eq!(h.finish(1), Err(KvError::SessionFinished(1)));
+        assert_eq!(h.create(1, &[1; 8]), Err(KvError::SessionExists(1)));
+    }
+}

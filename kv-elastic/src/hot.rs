@@ -1,0 +1,156 @@
+//! The per-request hot cache: a fixed number of device rows holding recently picked history
+//! positions, replaced by CLOCK (second chance). Rows used by the current step are pinned.
+
+/// Sentinel for "no slot" / "no position" in the flat tables.
+const NONE: i32 = -1;
+
+/// One request's hot cache: `hot_rows` slots, CLOCK replacement (HiSparse keeps a per-request hot
+/// buffer of 2 × top-k with LRU; CLOCK is the usual O(1) approximation).
+///
+/// Both directions are flat `i32` tables (O(1), Pod, mirrorable to the GPU as-is): `slot → position`
+/// (`hot_rows` entries) and `position → slot` (one entry per committed position, like SGLang's
+/// `req_to_token`). A slot touched by the current call carries that call's stamp and is never chosen
+/// as a victim in the same call, so a step's hits are never overwritten by its own misses. The newest
+/// tokens are pinned in the request's tail (see [`crate::ElasticPool`]), not here.
+#[derive(Debug, Clone)]
+pub struct HotCache {
+    slot_pos: Vec<i32>,
+    pos_slot: Vec<i32>,
+    referenced: Vec<bool>,
+    stamp: Vec<u64>,
+    hand: usize,
+}
+
+impl HotCache {
+    /// An empty cache of `hot_rows` slots for a history of `history` positions.
+    pub fn new(hot_rows: u32, history: u32) -> Self {
+        Self {
+            slot_pos: vec![NONE; hot_rows as usize],
+            pos_slot: vec![NONE; history as usize],
+            referenced: vec![false; hot_rows as usize],
+            stamp: vec![0; hot_rows as usize],
+            hand: 0,
+        }
+    }
+
+    /// Slots.
+    pub fn rows(&self) -> u32 {
+        self.slot_pos.len() as u32
+    }
+
+    /// Grows the position table to `history` positions (history is append-only).
+    pub fn grow(&mut self, history: u32) {
+        if history as usize > self.pos_slot.len() {
+            self.pos_slot.resize(history as usize, NONE);
+        }
+    }
+
+    /// The slot holding `position`, if any (O(1)).
+    #[inline]
+    pub fn lookup(&self, position: u32) -> Option<u32> {
+        match self.pos_slot.get(position as usize) {
+            Some(&s) if s >= 0 => Some(s as u32),
+            _ => None,
+        }
+    }
+
+    /// The position held by `slot`, if any.
+    pub fn position_of(&self, slot: u32) -> Option<u32> {
+        match self.slot_pos.get(slot as usize) {
+            Some(&p) if p >= 0 => Some(p as u32),
+            _ => None,
+        }
+    }
+
+    /// Marks a hit: sets the reference bit and pins the slot for call `call` (calls start at 1).
+    #[inline]
+    pub fn touch(&mut self, slot: u32, call: u64) {
+        self.referenced[slot as usize] = true;
+        self.stamp[slot as usize] = call;
+    }
+
+    /// Slots not pinned by `call`.
+    pub fn evictable(&self, call: u64) -> usize {
+        self.stamp.iter().filter(|&&s| s != call).count()
+    }
+
+    /// Picks a victim slot not pinned by `call` (CLOCK sweep: at most two turns), or `None` if
+    /// every slot is pinned.
+    pub fn victim(&mut self, call: u64) -> Option<u32> {
+        let n = self.slot_pos.len();
+        for _ in 0..2 * n + 1 {
+            let s = self.hand;
+            self.hand = (self.hand + 1) % n;
+            if self.stamp[s] == call {
+                continue;
+            }
+            if self.slot_pos[s] == NONE {
+                return Some(s as u32);
+            }
+            if self.referenced[s] {
+                self.referenced[s] = false;
+                continue;
+            }
+            return Some(s as u32);
+        }
+        None
+    }
+
+    /// Puts `position` into `slot` (evicting what was there) and pins it for `call`.
+    /// `position` must be inside the position table (see [`HotCache::grow`]).
+    pub fn install(&mut self, slot: u32, position: u32, call: u64) {
+        let old = self.slot_pos[slot as usize];
+        if old >= 0 {
+            self.pos_slot[old as usize] = NONE;
+        }
+        self.slot_pos[slot as usize] = position as i32;
+        self.pos_slot[position as usize] = slot as i32;
+        self.referenced[slot as usize] = false;
+        self.stamp[slot as usize] = call;
+    }
+
+    /// Positions currently cached.
+    pub fn occupied(&self) -> usize {
+        self.slot_pos.iter().filter(|&&p| p >= 0).count()
+    }
+
+    /// The `slot → position` table (`-1` = empty).
+    pub fn slot_table(&self) -> &[i32] {
+        &self.slot_pos
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_evicts_slots_pinned_by_the_call() {
+        let mut h = HotCache::new(3, 10);
+        for (i, p) in [4u32, 5, 6].into_iter().enumerate() {
+            let v = h.victim(1).unwrap();
+            h.install(v, p, 1);
+            assert_eq!(h.lookup(p), Some(v), "{i}");
+        }
+        assert_eq!(h.victim(1), None);
+        // Call 2 hits 5: the victim must be 4's or 6's slot.
+        let s5 = h.lookup(5).unwrap();
+        h.touch(s5, 2);
+        let v = h.victim(2).unwrap();
+        assert_ne!(v, s5);
+        h.install(v, 7, 2);
+        assert_eq!(h.lookup(7), Some(v));
+        assert_eq!(h.occupied(), 3);
+        assert_eq!(h.evictable(2), 1);
+    }
+
+    #[test]
+    fn second_chance_spares_referenced_slots() {
+        let mut h = HotCache::new(2, 10);
+        h.install(0, 1, 1);
+        h.install(1, 2, 1);
+        h.touch(0, 2); // position 1 referenced in call 2
+                       // Call 3: slot 0 has its reference bit, slot 1 does not -> slot 1 goes first.
+        assert_eq!(h.victim(3), Some(1));
+    }
+}

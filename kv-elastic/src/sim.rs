@@ -1,0 +1,1 @@
+//! Serving simulation (in progress).

@@ -1,0 +1,593 @@
+//! The exactness property: for any selection, the bytes at the resolved rows equal the bytes a fully
+//! resident cache holds at those positions — over random sessions, selections, admissions, appends,
+//! speculative drafts, reclaims (also in the middle of a step, with readers in flight), finishes and
+//! hand-backs; bad input gets typed errors with the pool unchanged; no page leaks.
+//!
+//! Case count: `PROPTEST_CASES` (default 10,000; tiny geometries keep that cheap in debug builds).
+
+use std::collections::BTreeMap;
+
+use kv_elastic::{
+    pattern_row, Admission, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput,
+    ResolveOutput, Resolver,
+};
+use proptest::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Coverage counters (checked by `the_property_reaches_every_path`).
+static PAGE_HITS: AtomicU64 = AtomicU64::new(0);
+static HOT_HITS: AtomicU64 = AtomicU64::new(0);
+static MISSES: AtomicU64 = AtomicU64::new(0);
+static SCRATCH_HITS: AtomicU64 = AtomicU64::new(0);
+static TAIL_HITS: AtomicU64 = AtomicU64::new(0);
+static DIRECT: AtomicU64 = AtomicU64::new(0);
+/// Pages reclaimed while a step's readers were in flight and still pending when checked.
+static RECLAIMED_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
+static PENDING_AT_CHECK: AtomicU64 = AtomicU64::new(0);
+static WAITING_ADMISSIONS: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit {
+        len: u16,
+    },
+    Append {
+        who: u8,
+        n: u8,
+    },
+    Draft {
+        who: u8,
+        n: u8,
+    },
+    Accept {
+        who: u8,
+        n: u8,
+    },
+    Finish {
+        who: u8,
+    },
+    Reclaim {
+        n: u8,
+    },
+    Between {
+        chunk: u8,
+    },
+    Resolve {
+        reqs: u8,
+        rows: u8,
+        k: u8,
+        seed: u64,
+        mid: Vec<MidOp>,
+    },
+    Prefetch {
+        who: u8,
+        seed: u64,
+        n: u8,
+    },
+    Bad {
+        kind: u8,
+        seed: u64,
+    },
+}
+
+/// Operations allowed while a step's readers are in flight (the engine's scheduler runs them
+/// between launching a step and its completion).
+#[derive(Clone, Debug)]
+enum MidOp {
+    Reclaim { n: u8 },
+    Admit { len: u16 },
+    Finish { who: u8 },
+    Between { chunk: u8 },
+}
+
+fn mid_op() -> impl Strategy<Value = MidOp> {
+    prop_oneof![
+        (1u8..8).prop_map(|n| MidOp::Reclaim { n }),
+        (1u16..40).prop_map(|len| MidOp::Admit { len }),
+        any::<u8>().prop_map(|who| MidOp::Finish { who }),
+        (1u8..8).prop_map(|chunk| MidOp::Between { chunk }),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1u16..48).prop_map(|len| Op::Admit { len }),
+        3 => (any::<u8>(), 0u8..6).prop_map(|(who, n)| Op::Append { who, n }),
+        2 => (any::<u8>(), 1u8..3).prop_map(|(who, n)| Op::Draft { who, n }),
+        1 => (any::<u8>(), 0u8..3).prop_map(|(who, n)| Op::Accept { who, n }),
+        1 => any::<u8>().prop_map(|who| Op::Finish { who }),
+        2 => (1u8..10).prop_map(|n| Op::Reclaim { n }),
+        2 => (1u8..10).prop_map(|chunk| Op::Between { chunk }),
+        6 => (1u8..4, 1u8..3, 1u8..7, any::<u64>(), prop::collection::vec(mid_op(), 0..4))
+            .prop_map(|(reqs, rows, k, seed, mid)| Op::Resolve { reqs, rows, k, seed, mid }),
+        1 => (any::<u8>(), any::<u64>(), 1u8..12).prop_map(|(who, seed, n)| Op::Prefetch { who, seed, n }),
+        1 => (0u8..9, any::<u64>()).prop_map(|(kind, seed)| Op::Bad { kind, seed }),
+    ]
+}
+
+fn geometry() -> impl Strategy<Value = Geometry> {
+    (
+        prop::sample::select(vec![16u32, 24, 32, 64]),
+        1u32..3,
+        2u32..5,
+        2u32..9,
+        1u32..5,
+        0u32..3,
+        0u32..12,
+    )
+        .prop_map(
+            |(row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows, extra)| {
+                let mut g = Geometry {
+                    row_bytes,
+                    layers,
+                    page_rows,
+                    arena_pages: 0,
+                    hot_rows,
+                    tail_rows,
+                    scratch_rows,
+                };
+                g.arena_pages = g.fixed_pages() * 2 + extra;
+                g
+            },
+        )
+}
+
+/// splitmix64, for deriving picks from a seed.
+fn mix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// One session of the reference: committed tokens and drafts (each token `layers × row_bytes`).
+type RefSession = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+/// The fully resident reference: every session's committed tokens and drafts, as bytes.
+struct Model {
+    g: Geometry,
+    sessions: BTreeMap<u64, RefSession>,
+    next_id: u64,
+    version: u64,
+}
+
+impl Model {
+    fn token(&mut self, session: u64, position: u32) -> Vec<u8> {
+        self.version += 1;
+        let rb = self.g.row_bytes as usize;
+        let mut t = vec![0u8; self.g.token_bytes()];
+        for l in 0..self.g.layers as usize {
+            // Distinct per write (`version`), so a draft, its replacement and a stale row differ.
+            pattern_row(
+                session ^ (self.version << 40),
+                position,
+                l as u32,
+                &mut t[l * rb..(l + 1) * rb],
+            );
+        }
+        t
+    }
+
+    fn pick(&self, who: u8) -> Option<u64> {
+        let ids: Vec<u64> = self.sessions.keys().copied().collect();
+        (!ids.is_empty()).then(|| ids[who as usize % ids.len()])
+    }
+
+    fn admit(&mut self, pool: &mut ElasticPool, len: u16) -> Result<(), TestCaseError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let toks: Vec<Vec<u8>> = (0..len as u32).map(|p| self.token(id, p)).collect();
+        match pool.admit(id, &toks.concat()) {
+            Ok(Admission::Admitted { .. }) => {
+                self.sessions.insert(id, (toks, Vec::new()));
+            }
+            Ok(Admission::Waiting { .. }) | Err(KvError::NoRoom { .. }) => {
+                WAITING_ADMISSIONS.fetch_add(1, Relaxed);
+                prop_assert!(pool.committed_len(id).is_err());
+            }
+            Err(e) => return Err(TestCaseError::fail(format!("admit: {e}"))),
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, pool: &mut ElasticPool, who: u8) -> Result<(), TestCaseError> {
+        if let Some(s) = self.pick(who) {
+            pool.finish(s)
+                .map_err(|e| TestCaseError::fail(format!("finish: {e}")))?;
+            self.sessions.remove(&s);
+            prop_assert_eq!(pool.finish(s), Err(KvError::SessionFinished(s)));
+        }
+        Ok(())
+    }
+
+    fn expected(&self, s: u64, p: u32) -> &[u8] {
+        let (c, d) = &self.sessions[&s];
+        if (p as usize) < c.len() {
+            &c[p as usize]
+        } else {
+            &d[p as usize - c.len()]
+        }
+    }
+}
+
+/// A digest of everything an erroring call must leave unchanged.
+fn digest(pool: &ElasticPool) -> String {
+    let l = pool.lender();
+    let per: Vec<String> = pool
+        .sessions()
+        .map(|s| {
+            format!(
+                "{s}:{}+{}:{}",
+                pool.committed_len(s).unwrap(),
+                pool.scratch_len(s).unwrap(),
+                pool.borrowed_pages(s).unwrap()
+            )
+        })
+        .collect();
+    format!(
+        "{} {} {} {} {:?} {per:?} {}",
+        l.free_count(),
+        l.lent_count(),
+        l.pending_count(),
+        l.queued_count(),
+        pool.counters(),
+        (0..pool.geometry().layers)
+            .map(|x| pool
+                .plane(x)
+                .unwrap()
+                .iter()
+                .map(|&b| b as u64)
+                .sum::<u64>())
+            .sum::<u64>()
+    )
+}
+
+fn check_books(pool: &ElasticPool) -> Result<(), TestCaseError> {
+    pool.check_invariants().map_err(TestCaseError::fail)
+}
+
+fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut pool = ElasticPool::new(g, PoolConfig { elastic }).unwrap();
+    let mut m = Model {
+        g,
+        sessions: BTreeMap::new(),
+        next_id: 1,
+        version: 0,
+    };
+    for op in ops {
+        match op {
+            Op::Admit { len } => m.admit(&mut pool, len)?,
+            Op::Append { who, n } => {
+                if let Some(s) = m.pick(who) {
+                    let base = m.sessions[&s].0.len() as u32;
+                    let toks: Vec<Vec<u8>> = (0..n as u32).map(|i| m.token(s, base + i)).collect();
+                    pool.append(s, &toks.concat())
+                        .map_err(|e| TestCaseError::fail(format!("append: {e}")))?;
+                    let e = m.sessions.get_mut(&s).unwrap();
+                    e.0.extend(toks);
+                    e.1.clear();
+                }
+            }
+            Op::Draft { who, n } => {
+                if let Some(s) = m.pick(who) {
+                    let base = (m.sessions[&s].0.len() + m.sessions[&s].1.len()) as u32;
+                    let toks: Vec<Vec<u8>> = (0..n as u32).map(|i| m.token(s, base + i)).collect();
+                    match pool.write_scratch(s, &toks.concat()) {
+                        Ok(()) => m.sessions.get_mut(&s).unwrap().1.extend(toks),
+                        Err(KvError::ScratchOverflow { .. }) => {}
+                        Err(e) => return Err(TestCaseError::fail(format!("draft: {e}"))),
+                    }
+                }
+            }
+            Op::Accept { who, n } => {
+                if let Some(s) = m.pick(who) {
+                    match pool.accept(s, n as u32) {
+                        Ok(_) => {
+                            let e = m.sessions.get_mut(&s).unwrap();
+                            let acc: Vec<Vec<u8>> = e.1.drain(..n as usize).collect();
+                            e.0.extend(acc);
+                            e.1.clear();
+                        }
+                        Err(KvError::ScratchOverflow { .. }) => {
+                            prop_assert!(m.sessions[&s].1.len() < n as usize)
+                        }
+                        Err(e) => return Err(TestCaseError::fail(format!("accept: {e}"))),
+                    }
+                }
+            }
+            Op::Finish { who } => m.finish(&mut pool, who)?,
+            Op::Reclaim { n } => {
+                pool.reclaim(n as u32)
+                    .map_err(|e| TestCaseError::fail(format!("reclaim: {e}")))?;
+            }
+            Op::Between { chunk } => {
+                pool.between_steps(chunk as u32)
+                    .map_err(|e| TestCaseError::fail(format!("between: {e}")))?;
+            }
+            Op::Prefetch { who, seed, n } => {
+                if let Some(s) = m.pick(who) {
+                    let mut x = seed;
+                    let len = m.sessions[&s].0.len() as u64;
+                    let cands: Vec<i32> = (0..n)
+                        .map(|_| (mix(&mut x) % (len + 1)) as i32 - 1)
+                        .collect();
+                    let plan = pool
+                        .prefetch(s, &cands, 0)
+                        .map_err(|e| TestCaseError::fail(format!("prefetch: {e}")))?;
+                    for l in 1..g.layers {
+                        pool.replay(&plan, l)
+                            .map_err(|e| TestCaseError::fail(format!("replay: {e}")))?;
+                    }
+                }
+            }
+            Op::Resolve {
+                reqs,
+                rows,
+                k,
+                seed,
+                mid,
+            } => {
+                let ids: Vec<u64> = m.sessions.keys().copied().collect();
+                if ids.is_empty() {
+                    continue;
+                }
+                let mut x = seed;
+                let start = (mix(&mut x) % ids.len() as u64) as usize;
+                let batch: Vec<u64> = (0..(reqs as usize).min(ids.len()))
+                    .map(|i| ids[(start + i) % ids.len()])
+                    .collect();
+                let k = k as usize;
+                let mut qsl = vec![0i32];
+                let mut seq_lens = Vec::new();
+                let mut topk = Vec::new();
+                for &s in &batch {
+                    let (c, d) = &m.sessions[&s];
+                    let nrows = 1 + (mix(&mut x) % rows as u64) as usize;
+                    let seq = c.len() + (mix(&mut x) % (d.len() as u64 + 1)) as usize;
+                    seq_lens.push(seq as i32);
+                    qsl.push(qsl.last().unwrap() + nrows as i32);
+                    for _ in 0..nrows * k {
+                        topk.push((mix(&mut x) % (seq as u64 + 1)) as i32 - 1);
+                    }
+                }
+                let layer = (mix(&mut x) % g.layers as u64) as u32;
+                let n_rows = topk.len() / k;
+                let mut idx = vec![i32::MIN; topk.len()];
+                let mut valid = vec![i32::MIN; n_rows];
+                let input = ResolveInput {
+                    sessions: &batch,
+                    query_start_loc: &qsl,
+                    seq_lens: &seq_lens,
+                    topk: &topk,
+                    k,
+                    layer,
+                };
+                let before = digest(&pool);
+                let res = pool.resolve(
+                    &input,
+                    &mut ResolveOutput {
+                        indices: &mut idx,
+                        valid_count: &mut valid,
+                    },
+                );
+                prop_assert!(
+                    idx.iter()
+                        .all(|&i| i >= -1 && (i as i64) < g.arena_rows() as i64),
+                    "every index defined"
+                );
+                let done = match res {
+                    Err(KvError::HotCacheOverflow { .. }) => {
+                        prop_assert_eq!(before, digest(&pool));
+                        prop_assert!(idx.iter().all(|&i| i == -1) && valid.iter().all(|&v| v == 0));
+                        continue;
+                    }
+                    Err(e) => return Err(TestCaseError::fail(format!("resolve: {e}"))),
+                    Ok(d) => d,
+                };
+                PAGE_HITS.fetch_add(done.stats.page_hits, Relaxed);
+                HOT_HITS.fetch_add(done.stats.hot_hits, Relaxed);
+                MISSES.fetch_add(done.stats.misses, Relaxed);
+                SCRATCH_HITS.fetch_add(done.stats.scratch_hits, Relaxed);
+                TAIL_HITS.fetch_add(done.stats.tail_hits, Relaxed);
+                DIRECT.fetch_add(done.stats.direct_requests, Relaxed);
+                for l in (0..g.layers).filter(|&l| l != layer) {
+                    pool.replay(&done.plan, l)
+                        .map_err(|e| TestCaseError::fail(format!("replay: {e}")))?;
+                }
+                // Expected bytes, captured before mid-step operations change the model.
+                let mut expect = Vec::new();
+                for (ri, &s) in batch.iter().enumerate() {
+                    for row in qsl[ri] as usize..qsl[ri + 1] as usize {
+                        let want = topk[row * k..(row + 1) * k]
+                            .iter()
+                            .filter(|&&p| p >= 0)
+                            .count();
+                        prop_assert_eq!(valid[row] as usize, want);
+                        for j in row * k..(row + 1) * k {
+                            if topk[j] < 0 {
+                                prop_assert_eq!(idx[j], -1);
+                            } else {
+                                expect.push((j, m.expected(s, topk[j] as u32).to_vec()));
+                            }
+                        }
+                    }
+                }
+                // Readers in flight: reclaim, admit, finish, hand back while the indices are read.
+                for mo in mid {
+                    match mo {
+                        MidOp::Reclaim { n } => {
+                            let got = pool
+                                .reclaim(n as u32)
+                                .map_err(|e| TestCaseError::fail(format!("reclaim: {e}")))?;
+                            RECLAIMED_IN_FLIGHT.fetch_add(got as u64, Relaxed);
+                        }
+                        MidOp::Admit { len } => m.admit(&mut pool, len)?,
+                        MidOp::Finish { who } => m.finish(&mut pool, who)?,
+                        MidOp::Between { chunk } => {
+                            pool.between_steps(chunk as u32)
+                                .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                        }
+                    }
+                    check_books(&pool)?;
+                }
+                PENDING_AT_CHECK.fetch_add(pool.lender().pending_count() as u64, Relaxed);
+                let rb = g.row_bytes as usize;
+                for (j, want) in &expect {
+                    for l in 0..g.layers as usize {
+                        let got = pool.arena_row(l as u32, idx[*j]).expect("index in range");
+                        prop_assert_eq!(got, &want[l * rb..(l + 1) * rb], "pick {} layer {}", j, l);
+                    }
+                }
+                drop(done.ticket);
+            }
+            Op::Bad { kind, seed } => bad_input(&mut pool, &m, kind, seed)?,
+        }
+        check_books(&pool)?;
+    }
+    // Finish everything: every page comes back (no leak).
+    let ids: Vec<u64> = m.sessions.keys().copied().collect();
+    for s in ids {
+        pool.finish(s).unwrap();
+    }
+    for _ in 0..10_000 {
+        if pool.lender().queued_count() == 0 && pool.lender().pending_count() == 0 {
+            break;
+        }
+        pool.between_steps(7).unwrap();
+    }
+    prop_assert_eq!(pool.lender().free_count(), g.arena_pages);
+    Ok(())
+}
+
+/// Bad input of every kind: a typed error and an unchanged pool.
+fn bad_input(pool: &mut ElasticPool, m: &Model, kind: u8, seed: u64) -> Result<(), TestCaseError> {
+    let before = digest(pool);
+    let mut x = seed;
+    let s = m.pick(seed as u8);
+    let len = s.map(|s| m.sessions[&s].0.len() as i32).unwrap_or(1);
+    let sid = s.unwrap_or(9_999);
+    let err = match kind {
+        // Position >= seq_len; the outputs are still fully written.
+        0 => {
+            let (r, out) = resolve_one(pool, sid, len, &[len], &[0, 1]);
+            prop_assert_eq!(out, (vec![-1], vec![0]));
+            r
+        }
+        // Position < -1.
+        1 => resolve_one(pool, sid, len, &[-2 - (mix(&mut x) % 5) as i32], &[0, 1]).0,
+        // Rows not matching query_start_loc.
+        2 => resolve_one(pool, sid, len, &[0, 0], &[0, 1]).0,
+        // Unknown session.
+        3 => resolve_one(pool, 1 << 40, 1, &[0], &[0, 1]).0,
+        4 => pool.append(1 << 40, &vec![0; m.g.token_bytes()]).err(),
+        5 => pool.admit(m.next_id + 1000, &[]).err(),
+        6 => pool.append(sid, &vec![0; m.g.token_bytes() + 1]).err(),
+        // seq_len beyond committed + scratch.
+        7 => resolve_one(pool, sid, len + 100, &[0], &[0, 1]).0,
+        _ => pool.finish(1 << 40).err(),
+    };
+    prop_assert!(err.is_some(), "bad input kind {} accepted", kind);
+    prop_assert_eq!(
+        before,
+        digest(pool),
+        "bad input kind {} changed the pool",
+        kind
+    );
+    Ok(())
+}
+
+/// Resolves one request with `k = 1`; returns the error (if any) and the outputs.
+fn resolve_one(
+    pool: &mut ElasticPool,
+    session: u64,
+    seq_len: i32,
+    topk: &[i32],
+    qsl: &[i32],
+) -> (Option<KvError>, (Vec<i32>, Vec<i32>)) {
+    let (mut i, mut v) = (vec![7; topk.len()], vec![7; topk.len()]);
+    let input = ResolveInput {
+        sessions: &[session],
+        query_start_loc: qsl,
+        seq_lens: &[seq_len],
+        topk,
+        k: 1,
+        layer: 0,
+    };
+    let r = pool.resolve(
+        &input,
+        &mut ResolveOutput {
+            indices: &mut i,
+            valid_count: &mut v,
+        },
+    );
+    (r.err(), (i, v))
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), max_shrink_iters: 2_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn resolved_rows_hold_the_fully_resident_bytes(
+        g in geometry(),
+        elastic in prop::bool::weighted(0.8),
+        ops in prop::collection::vec(op(), 1..40),
+    ) {
+        run(g, elastic, ops)?;
+    }
+}
+
+/// The property above is only as good as the paths it reaches: run a fixed-seed batch of cases and
+/// require that every resolution path and reclaim-with-readers-in-flight actually occurred.
+#[test]
+fn the_property_reaches_every_path() {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 400,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
+    );
+    runner
+        .run(
+            &(
+                geometry(),
+                prop::bool::weighted(0.8),
+                prop::collection::vec(op(), 1..40),
+            ),
+            |(g, e, ops)| run(g, e, ops),
+        )
+        .unwrap();
+    let c = [
+        ("page hits", PAGE_HITS.load(Relaxed)),
+        ("hot hits", HOT_HITS.load(Relaxed)),
+        ("misses", MISSES.load(Relaxed)),
+        ("scratch hits", SCRATCH_HITS.load(Relaxed)),
+        ("tail hits", TAIL_HITS.load(Relaxed)),
+        ("direct-path requests", DIRECT.load(Relaxed)),
+        (
+            "pages reclaimed with readers in flight",
+            RECLAIMED_IN_FLIGHT.load(Relaxed),
+        ),
+        (
+            "pages pending at the readers' check",
+            PENDING_AT_CHECK.load(Relaxed),
+        ),
+        (
+            "admissions waiting or refused",
+            WAITING_ADMISSIONS.load(Relaxed),
+        ),
+    ];
+    eprintln!("{c:?}");
+    for (what, n) in c {
+        assert!(n > 0, "the property never reached: {what}");
+    }
+}
