@@ -562,3 +562,224 @@ impl Controller {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::{NullExecutor, SwapCompletion};
+    use crate::geometry::Geometry;
+    use crate::trace::StepPicks;
+
+    fn geo() -> Geometry {
+        Geometry::new(2, 8, 2, 1 << 10).unwrap()
+    }
+
+    fn cfg() -> ControllerConfig {
+        ControllerConfig {
+            drain_every: 4,
+            ..ControllerConfig::default()
+        }
+    }
+
+    /// Counts `reps` picks of each of `experts` in every layer.
+    fn busy(c: &PickCounters, experts: &[u32], reps: usize) {
+        let step = StepPicks {
+            layers: vec![experts.repeat(reps); 2],
+        };
+        c.record_step(&step).unwrap();
+    }
+
+    /// Refuses the first `fail_begins` begins, then fails the next `fail_commits` commits.
+    struct Flaky {
+        inner: NullExecutor,
+        fail_begins: u32,
+        fail_commits: u32,
+    }
+
+    impl SwapExecutor for Flaky {
+        fn begin(&mut self, s: &PlannedSwap) -> Result<()> {
+            if self.fail_begins > 0 {
+                self.fail_begins -= 1;
+                return Err(Error::Executor("refused".into()));
+            }
+            self.inner.begin(s)
+        }
+        fn commit_ready(
+            &mut self,
+            accept: &mut dyn FnMut(&PlannedSwap) -> bool,
+        ) -> Result<Vec<SwapCompletion>> {
+            let mut v = self.inner.commit_ready(accept)?;
+            for c in &mut v {
+                if self.fail_commits > 0 && c.outcome == SwapOutcome::Committed {
+                    self.fail_commits -= 1;
+                    c.outcome = SwapOutcome::Failed;
+                }
+            }
+            Ok(v)
+        }
+        fn in_flight(&self) -> usize {
+            self.inner.in_flight()
+        }
+    }
+
+    #[test]
+    fn follows_traffic_within_caps() {
+        let g = geo();
+        let mut ctl = Controller::new(
+            ResidencyMap::first_k("t", g).unwrap(),
+            ControllerConfig {
+                max_swaps_per_step: 1,
+                max_swaps_per_layer: 1,
+                ..cfg()
+            },
+        )
+        .unwrap();
+        let c = PickCounters::new(&g);
+        let mut ex = NullExecutor::new();
+        let mut drains = 0;
+        for _ in 0..40 {
+            busy(&c, &[5, 6], 3);
+            let r = ctl.step(&c, &mut ex).unwrap();
+            assert!(r.begun <= 1 && r.applied <= 1);
+            if let Some(d) = r.drain {
+                drains += 1;
+                assert!(d.planned <= 2, "one per layer per drain");
+            }
+        }
+        assert_eq!(drains, 10);
+        for l in 0..2 {
+            assert!(ctl.map().is_hot(l, 5) && ctl.map().is_hot(l, 6));
+        }
+        assert_eq!(ctl.stats().applied, 4);
+        assert_eq!(ctl.stats().rejected, 0);
+    }
+
+    #[test]
+    fn ratio_hysteresis_holds_back_close_calls() {
+        let g = geo();
+        let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
+        let c = PickCounters::new(&g);
+        let mut ex = NullExecutor::new();
+        for _ in 0..40 {
+            // Cold expert 7 is 1.4× the hot ones: below the 1.5 ratio.
+            let step = StepPicks {
+                layers: vec![vec![0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 7, 7, 7, 7, 7, 7, 7]; 2],
+            };
+            c.record_step(&step).unwrap();
+            ctl.step(&c, &mut ex).unwrap();
+        }
+        assert_eq!(ctl.stats().planned, 0);
+    }
+
+    #[test]
+    fn freeze_counts_but_never_swaps() {
+        let g = geo();
+        let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
+        let boot = ctl.map().clone();
+        let c = PickCounters::new(&g);
+        let mut ex = NullExecutor::new();
+        ctl.freeze();
+        for _ in 0..16 {
+            busy(&c, &[7], 4);
+            let r = ctl.step(&c, &mut ex).unwrap();
+            if let Some(d) = r.drain {
+                assert!(d.frozen);
+                assert_eq!(d.planned, 0);
+                assert!(d.cold_share > 0.99);
+            }
+        }
+        assert_eq!(ctl.map(), &boot);
+        assert!(ctl.ema_values()[7] > 0.0);
+        ctl.unfreeze();
+        for _ in 0..8 {
+            busy(&c, &[7], 4);
+            ctl.step(&c, &mut ex).unwrap();
+        }
+        assert!(ctl.map().is_hot(0, 7));
+    }
+
+    #[test]
+    fn failed_and_stale_swaps_are_counted_never_applied() {
+        let g = geo();
+        let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
+        let target = ResidencyMap::from_hot_sets("t", g, vec![vec![6, 7], vec![0, 1]]).unwrap();
+        assert_eq!(ctl.request_map(&target).unwrap(), 2);
+        // Layer 0's chain: swap 1 refused at begin, so swap 2 (planned at generation 1) is stale.
+        let mut ex = Flaky {
+            inner: NullExecutor::new(),
+            fail_begins: 1,
+            fail_commits: 0,
+        };
+        let c = PickCounters::new(&g);
+        let r = ctl.step(&c, &mut ex).unwrap();
+        assert_eq!((r.failed, r.rejected, r.begun), (1, 1, 0));
+        assert_eq!(ctl.map().layer(0).unwrap().generation(), 0);
+        // Copy failure at commit: nothing applied, the chain's next swap is stale at begin.
+        ctl.request_map(&target).unwrap();
+        ex.fail_commits = 1;
+        ctl.step(&c, &mut ex).unwrap();
+        let r = ctl.step(&c, &mut ex).unwrap();
+        assert_eq!((r.failed, r.rejected, r.applied), (1, 1, 0));
+        assert_eq!(ctl.map().layer(0).unwrap().generation(), 0);
+        let s = ctl.stats();
+        assert_eq!((s.planned, s.applied, s.failed, s.rejected), (4, 0, 2, 2));
+        // A clean run reaches the target.
+        ctl.request_map(&target).unwrap();
+        for _ in 0..4 {
+            ctl.step(&c, &mut ex).unwrap();
+        }
+        assert!(ctl.map().same_hot_sets(&target));
+    }
+
+    #[test]
+    fn baseline_reset_forgets_and_errors_change_nothing() {
+        let g = geo();
+        let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
+        let c = PickCounters::new(&g);
+        let mut ex = NullExecutor::new();
+        {
+            let _warmup = c.pause();
+            busy(&c, &[7], 100);
+        }
+        busy(&c, &[6], 100);
+        ctl.reset_baseline(&c.snapshot()).unwrap();
+        for _ in 0..4 {
+            ctl.step(&c, &mut ex).unwrap();
+        }
+        assert!(ctl.ema_values().iter().all(|&v| v == 0.0));
+        let wrong = PickCounters::new(&Geometry::new(3, 8, 2, 1).unwrap());
+        let before = ctl.steps();
+        assert!(matches!(
+            ctl.step(&wrong, &mut ex),
+            Err(Error::GeometryMismatch { .. })
+        ));
+        assert!(ctl.reset_baseline(&[0; 3]).is_err());
+        assert!(ctl.drain_now(&[0; 3]).is_err());
+        assert_eq!(ctl.steps(), before);
+        assert!(Controller::new(
+            ResidencyMap::first_k("t", g).unwrap(),
+            ControllerConfig {
+                ratio: 0.5,
+                ..cfg()
+            }
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn wrapped_counters_drain_correctly() {
+        let g = geo();
+        let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
+        let mut ex = NullExecutor::new();
+        let mut snap = vec![u32::MAX - 2; g.cells()];
+        ctl.reset_baseline(&snap).unwrap();
+        snap[7] = 5; // wrapped: 8 picks of expert 7 in layer 0
+        for _ in 0..3 {
+            ctl.step_with(None, &mut ex).unwrap();
+        }
+        let r = ctl.step_with(Some(&snap), &mut ex).unwrap();
+        let d = r.drain.expect("due");
+        assert_eq!(d.picks, 8);
+        assert_eq!(ctl.ema_values()[7], 8.0);
+    }
+}

@@ -120,7 +120,10 @@ fn adaptive_tracks_the_shift_and_beats_the_old_seed() {
     }
     let o = oracle.steady_state.cold_share;
     // Adaptive's steady state after the shift is within 1.05× of the oracle for the new domain.
-    assert!(adaptive.steady_state.cold_share <= 1.05 * o, "adaptive vs oracle");
+    assert!(
+        adaptive.steady_state.cold_share <= 1.05 * o,
+        "adaptive vs oracle"
+    );
     // The seed fitted on the old domain is worse than adaptive after the shift.
     assert!(seeded.steady_state.cold_share > 1.2 * adaptive.steady_state.cold_share);
     // T90 is defined and reported in steps and seconds.
@@ -138,7 +141,10 @@ fn adaptive_tracks_the_shift_and_beats_the_old_seed() {
         assert!(r.swaps.applied > 0);
     }
     // Static policies never swap.
-    assert_eq!(seeded.swaps.applied + uniform.swaps.applied + oracle.swaps.applied, 0);
+    assert_eq!(
+        seeded.swaps.applied + uniform.swaps.applied + oracle.swaps.applied,
+        0
+    );
 }
 
 #[test]
@@ -184,10 +190,18 @@ fn bad_traces_are_typed_errors() {
     ));
     let mut t = shift_trace(10, 5, 1);
     t.steps.clear();
-    assert!(matches!(replay(&t, &g, &p, &cfg), Err(Error::EmptyTrace(_))));
+    assert!(matches!(
+        replay(&t, &g, &p, &cfg),
+        Err(Error::EmptyTrace(_))
+    ));
     let mut t = shift_trace(10, 5, 1);
-    t.steps.iter_mut().for_each(|s| s.layers.iter_mut().for_each(|l| l.clear()));
-    assert!(matches!(replay(&t, &g, &p, &cfg), Err(Error::EmptyTrace(_))));
+    t.steps
+        .iter_mut()
+        .for_each(|s| s.layers.iter_mut().for_each(|l| l.clear()));
+    assert!(matches!(
+        replay(&t, &g, &p, &cfg),
+        Err(Error::EmptyTrace(_))
+    ));
     let t = shift_trace(10, 5, 1);
     let other = Geometry::new(LAYERS, EXPERTS + 1, HOT, 1).unwrap();
     assert!(matches!(
