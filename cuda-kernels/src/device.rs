@@ -151,20 +151,33 @@ impl Gpu {
         if let Some(m) = cache.get(src.name) {
             return Ok(m.clone());
         }
-        let opts = CompileOptions {
-            options: vec![
-                format!("--gpu-architecture={}", self.arch()),
-                "-std=c++17".into(),
-            ],
-            name: Some(format!("{}.cu", src.name)),
-            ..Default::default()
+        // Real architecture first (sm_XY); if this NVRTC cannot hand back PTX for it, fall back
+        // to the virtual one (compute_XY, JIT-compiled by the driver at load).
+        let compile = |arch: String| {
+            let opts = CompileOptions {
+                options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
+                name: Some(format!("{}.cu", src.name)),
+                ..Default::default()
+            };
+            cudarc::nvrtc::compile_ptx_with_opts(src.code, opts)
         };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(src.code, opts).map_err(|e| {
-            CudaError::Compile {
-                module: src.name,
-                log: format!("{e:?}"),
+        let ptx = match compile(self.arch()) {
+            Ok(p) => p,
+            Err(cudarc::nvrtc::CompileError::GetPtxError(_)) => {
+                compile(format!("compute_{}{}", self.cc.0, self.cc.1)).map_err(|e| {
+                    CudaError::Compile {
+                        module: src.name,
+                        log: format!("{e:?}"),
+                    }
+                })?
             }
-        })?;
+            Err(e) => {
+                return Err(CudaError::Compile {
+                    module: src.name,
+                    log: format!("{e:?}"),
+                })
+            }
+        };
         let m = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
         cache.insert(src.name, m.clone());
         Ok(m)

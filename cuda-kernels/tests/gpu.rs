@@ -5,6 +5,16 @@ use cuda_kernels::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// Under compute-sanitizer (`TIERKIT_SANITIZE=1`) the long loops shrink ~30x: the sanitizer
+/// instruments every load, and the point there is memory safety, not volume.
+fn scaled(n: usize) -> usize {
+    if std::env::var_os("TIERKIT_SANITIZE").is_some() {
+        (n / 30).max(20)
+    } else {
+        n
+    }
+}
+
 fn random_ids(rng: &mut ChaCha8Rng, n: usize, experts: i64, bad_every: usize) -> Vec<i64> {
     (0..n)
         .map(|i| {
@@ -253,7 +263,8 @@ fn ten_thousand_random_swaps_then_restore_keep_every_slot_exact() {
         .collect();
     let errors = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 2).unwrap();
     let (mut committed, mut step, mut deferred_seen) = (0usize, 0usize, 0usize);
-    while committed < 10_000 {
+    let target = scaled(10_000);
+    while committed < target {
         bank.launch_checksum_reader(&s, &pick_sets[step % pick_sets.len()], &errors)
             .unwrap();
         step += 1;
@@ -330,7 +341,8 @@ fn readers_concurrent_with_swaps_never_see_torn_or_stale_experts() {
     let errors = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 2).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let mut committed = 0;
-    for step in 0..1500 {
+    let steps = scaled(1500);
+    for step in 0..steps {
         bank.launch_checksum_reader(&s, &picks, &errors).unwrap();
         let l = rng.random_range(0..geo.layers);
         if !bank.in_flight(l) {
@@ -345,9 +357,9 @@ fn readers_concurrent_with_swaps_never_see_torn_or_stale_experts() {
     s.synchronize().unwrap();
     let e = errors.download().unwrap();
     assert_eq!(e[0], 0, "torn or stale read of flat expert {}", e[1]);
-    assert!(committed > 100, "only {committed} swaps committed");
+    assert!(committed > steps / 15, "only {committed} swaps committed");
     assert_eq!(bank.verify_consistency().unwrap(), 0);
-    println!("{committed} swaps under 1500 concurrent reader steps, no torn or stale read");
+    println!("{committed} swaps under {steps} concurrent reader steps, no torn or stale read");
 }
 
 #[test]

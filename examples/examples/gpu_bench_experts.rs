@@ -1,0 +1,331 @@
+//! GPU timings of the expert tier on a real device (CUDA events, warm-up, medians):
+//! H2D ceiling, swap copy rate, added step time per applied swap, counting cost per step, and
+//! the fused counting header's cost. Prints a table with ratios against the ceilings.
+//!
+//! Run: `cargo run --release -p tierkit-examples --features cuda --example gpu_bench_experts`
+//! (prints `SKIP: no CUDA device` and exits 0 where no device exists).
+
+#[cfg(feature = "cuda")]
+mod bench {
+    use std::sync::Arc;
+
+    use cuda_kernels::cudarc_driver::{CudaStream, LaunchConfig, PushKernelArg};
+    use cuda_kernels::*;
+
+    /// The published H2D ceiling of the test machine (shared/limits/h200-pcie.md).
+    const H2D_CEILING_GBS: f64 = 55.6;
+    /// One 17.93 MiB expert row (the GB300 recipe's expert size).
+    const EXPERT_BYTES: u64 = 18_800_640;
+
+    fn ev(gpu: &Gpu) -> cuda_kernels::cudarc_driver::CudaEvent {
+        gpu.ctx().new_event(TIMING_EVENT).expect("event")
+    }
+
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    }
+
+    fn time_ms(gpu: &Gpu, s: &CudaStream, mut f: impl FnMut()) -> f64 {
+        let (a, b) = (ev(gpu), ev(gpu));
+        a.record(s).unwrap();
+        f();
+        b.record(s).unwrap();
+        a.elapsed_ms(&b).unwrap() as f64
+    }
+
+    struct Row(String, String, String);
+
+    fn h2d_ceiling(gpu: &Arc<Gpu>) -> f64 {
+        let n = 1usize << 30;
+        let host = PinnedBuffer::<u8>::zeroed(gpu.ctx(), n).unwrap();
+        let dev = DeviceBuffer::<u8>::zeroed(gpu.ctx(), n).unwrap();
+        let s = gpu.stream().clone();
+        let mut t = Vec::new();
+        for i in 0..6 {
+            let ms = time_ms(gpu, &s, || {
+                // SAFETY: both buffers hold n bytes and live past the synchronising elapsed_ms.
+                unsafe { copy_htod_async(dev.device_ptr(), host.host_ptr(), n, &s).unwrap() }
+            });
+            if i > 0 {
+                t.push(ms);
+            }
+        }
+        n as f64 / (median(t) * 1e-3) / 1e9
+    }
+
+    fn swap_copy(gpu: &Arc<Gpu>, rows: &mut Vec<Row>, ceiling: f64) {
+        let geo = BankGeometry {
+            layers: 1,
+            experts: 4,
+            hot_per_layer: 2,
+            expert_bytes: EXPERT_BYTES,
+        };
+        let mut bank = ExpertBankGpu::new(gpu, geo).unwrap();
+        bank.load_map(&[vec![0, 1]]).unwrap();
+        let s = gpu.stream().clone();
+        let cs = bank.copy_stream().clone();
+        let mut t = Vec::new();
+        for i in 0..21 {
+            let hot = bank.hot_experts(0);
+            let inc = (0..4).find(|e| !hot.contains(e)).unwrap();
+            let (a, b) = (ev(gpu), ev(gpu));
+            a.record(&cs).unwrap();
+            bank.begin_swap(0, inc, hot[0], bank.generation(0)).unwrap();
+            b.record(&cs).unwrap();
+            bank.commit_ready(&s, CommitMode::Wait).unwrap();
+            s.synchronize().unwrap();
+            if i > 0 {
+                t.push(a.elapsed_ms(&b).unwrap() as f64 * 1e3);
+            }
+        }
+        let us = median(t);
+        let gbs = EXPERT_BYTES as f64 / (us * 1e-6) / 1e9;
+        rows.push(Row(
+            "swap copy, one 17.93 MiB expert, host -> spare slot (copy stream)".into(),
+            format!("{us:.0} us ({gbs:.1} GB/s)"),
+            format!(
+                "{:.1}% of 55.6 GB/s, {:.1}% of measured {ceiling:.1}; goal <= 380 us",
+                100.0 * gbs / H2D_CEILING_GBS,
+                100.0 * gbs / ceiling
+            ),
+        ));
+    }
+
+    fn added_step_time(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
+        // 40 layers x 8 experts x 17.93 MiB, 6 hot: each step reads experts 0 and 1 of every layer
+        // from HBM (never swapped), while swaps rotate experts 2..7 through the spare slots.
+        let (layers, experts) = (40u32, 8u32);
+        let geo = BankGeometry {
+            layers,
+            experts,
+            hot_per_layer: 6,
+            expert_bytes: EXPERT_BYTES,
+        };
+        let mut bank = ExpertBankGpu::new(gpu, geo).unwrap();
+        bank.load_map(&(0..layers).map(|_| (0..6).collect()).collect::<Vec<_>>())
+            .unwrap();
+        let s = gpu.stream().clone();
+        let picks: Vec<DeviceBuffer<u32>> = (0..layers)
+            .map(|l| DeviceBuffer::from_host(gpu.ctx(), &[l * experts, l * experts + 1]).unwrap())
+            .collect();
+        let sink = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 1).unwrap();
+        let mut next_layer = 0u32;
+        let mut run = |bank: &mut ExpertBankGpu, steps: usize, swaps: bool| -> (f64, usize) {
+            let (a, b) = (ev(gpu), ev(gpu));
+            let mut applied = 0;
+            a.record(&s).unwrap();
+            for _ in 0..steps {
+                for p in &picks {
+                    bank.launch_touch_reader(&s, p, 64, &sink).unwrap();
+                }
+                if swaps {
+                    // step boundary: flip what is ready, begin one new swap
+                    applied += bank.commit_ready(&s, CommitMode::Deferred).unwrap().len();
+                    let l = next_layer % layers;
+                    if !bank.in_flight(l) {
+                        let hot = bank.hot_experts(l);
+                        let inc = (2..experts).find(|&e| !bank.is_hot(l, e)).unwrap();
+                        let out = *hot.iter().find(|&&e| e >= 2).unwrap();
+                        bank.begin_swap(l, inc, out, bank.generation(l)).unwrap();
+                        next_layer += 1;
+                    }
+                }
+                s.synchronize().unwrap(); // an engine reads the step's logits
+            }
+            b.record(&s).unwrap();
+            (
+                a.elapsed_ms(&b).unwrap() as f64 * 1e3 / steps as f64,
+                applied,
+            )
+        };
+        run(&mut bank, 20, false);
+        run(&mut bank, 20, true);
+        let (mut base, mut with, mut per_step) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..5 {
+            base.push(run(&mut bank, 200, false).0);
+            let (us, applied) = run(&mut bank, 200, true);
+            with.push(us);
+            per_step.push(applied as f64 / 200.0);
+        }
+        bank.copy_stream().synchronize().unwrap();
+        let (b, w, p) = (median(base.clone()), median(with.clone()), median(per_step));
+        let added = (w - b) / p.max(1e-9);
+        rows.push(Row(
+            "step time, 40 layers reading 2 HBM experts each, no swaps".into(),
+            format!("{b:.1} us/step"),
+            format!(
+                "spread {:.1}..{:.1}",
+                base.iter().cloned().fold(f64::MAX, f64::min),
+                base.iter().cloned().fold(0.0, f64::max)
+            ),
+        ));
+        rows.push(Row(
+            format!("same, swaps running ({p:.2} applied per step)"),
+            format!("{w:.1} us/step"),
+            format!(
+                "spread {:.1}..{:.1}",
+                with.iter().cloned().fold(f64::MAX, f64::min),
+                with.iter().cloned().fold(0.0, f64::max)
+            ),
+        ));
+        rows.push(Row(
+            "added step time per applied swap".into(),
+            format!("{added:.1} us"),
+            "goal <= 50 us (GB300 recipe: 1300-2400 us)".into(),
+        ));
+        assert_eq!(bank.verify_consistency().unwrap(), 0);
+    }
+
+    fn counting(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
+        let (layers, tokens, k, experts) = (40u32, 256u32, 6u32, 64u32);
+        let shape = TopkShape::step(layers, tokens, k);
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let ids: Vec<i32> = (0..shape.picks())
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % experts as u64) as i32
+            })
+            .collect();
+        let ids64: Vec<i64> = ids.iter().map(|&v| v as i64).collect();
+        let d32 = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
+        let d64 = DeviceBuffer::from_host(gpu.ctx(), &ids64).unwrap();
+        let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
+        let s = gpu.stream().clone();
+        for (name, i64_) in [("int32", false), ("int64", true)] {
+            let mut t = Vec::new();
+            for rep in 0..6 {
+                let n = 2000;
+                let ms = time_ms(gpu, &s, || {
+                    for _ in 0..n {
+                        if i64_ {
+                            counter.count(&s, &d64, shape, 0).unwrap();
+                        } else {
+                            counter.count(&s, &d32, shape, 0).unwrap();
+                        }
+                    }
+                });
+                if rep > 0 {
+                    t.push(ms * 1e3 / n as f64);
+                }
+            }
+            rows.push(Row(
+                format!("count one step's picks, [40, 256, 6] {name}, one launch (back-to-back)"),
+                format!("{:.2} us/step", median(t)),
+                "goal <= 4 us (ceiling file: 3.6 us launch-bound)".into(),
+            ));
+        }
+    }
+
+    fn fused(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
+        let (layers, tokens, experts, k) = (40u32, 256u32, 64u32, 6u32);
+        let f = gpu
+            .function(&COUNT_MODULE, "tierkit_standin_router")
+            .unwrap();
+        let mut x = 99u64;
+        let logits: Vec<f32> = (0..tokens * experts)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 40) as f32 / (1u64 << 24) as f32
+            })
+            .collect();
+        let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
+        let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
+        let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
+        let s = gpu.stream().clone();
+        let step = |count: u32| {
+            for layer in 0..layers {
+                let (lp, ip, tp, ep) = (
+                    dl.device_ptr(),
+                    ids.device_ptr(),
+                    counter.table_ptr(),
+                    counter.rejected_ptr(),
+                );
+                let cfg = LaunchConfig {
+                    grid_dim: (tokens.div_ceil(128), 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = s.launch_builder(&f);
+                b.arg(&lp)
+                    .arg(&tokens)
+                    .arg(&experts)
+                    .arg(&k)
+                    .arg(&ip)
+                    .arg(&count)
+                    .arg(&tp)
+                    .arg(&ep)
+                    .arg(&layer)
+                    .arg(&layers);
+                // SAFETY: argument list matches tierkit_standin_router; buffers sized above.
+                unsafe { b.launch(cfg) }.unwrap();
+            }
+        };
+        let (mut without, mut with) = (Vec::new(), Vec::new());
+        for rep in 0..8 {
+            let n = 300;
+            let a = time_ms(gpu, &s, || (0..n).for_each(|_| step(0)));
+            let b = time_ms(gpu, &s, || (0..n).for_each(|_| step(1)));
+            if rep > 0 {
+                without.push(a * 1e3 / n as f64);
+                with.push(b * 1e3 / n as f64);
+            }
+        }
+        let diffs: Vec<f64> = with.iter().zip(&without).map(|(w, o)| w - o).collect();
+        let (o, w, d) = (median(without), median(with), median(diffs));
+        rows.push(Row(
+            "stand-in router, 40 layers x 256 tokens x top-6, without counting".into(),
+            format!("{o:.2} us/step"),
+            String::new(),
+        ));
+        rows.push(Row(
+            "same, fused header counting every pick".into(),
+            format!("{w:.2} us/step"),
+            String::new(),
+        ));
+        rows.push(Row(
+            "fused counting, added per 40-layer step".into(),
+            format!("{d:.2} us"),
+            "goal <= 2 us (GB300 recipe: 2-6 us)".into(),
+        ));
+    }
+
+    pub fn main() {
+        let Some(gpu) = gpu_or_skip() else { return };
+        println!(
+            "device: {} ({}), cuda-kernels NVRTC arch {}",
+            gpu.name().unwrap(),
+            gpu.ctx().ordinal(),
+            gpu.arch()
+        );
+        let mut rows = Vec::new();
+        let ceiling = h2d_ceiling(&gpu);
+        rows.push(Row(
+            "H2D ceiling, 1 GiB pinned (mapped) -> HBM".into(),
+            format!("{ceiling:.1} GB/s"),
+            format!(
+                "{:.1}% of the recorded 55.6 GB/s",
+                100.0 * ceiling / H2D_CEILING_GBS
+            ),
+        ));
+        swap_copy(&gpu, &mut rows, ceiling);
+        counting(&gpu, &mut rows);
+        fused(&gpu, &mut rows);
+        added_step_time(&gpu, &mut rows);
+        println!("\n| measurement | figure | against |\n| --- | --- | --- |");
+        for Row(a, b, c) in rows {
+            println!("| {a} | {b} | {c} |");
+        }
+    }
+}
+
+fn main() {
+    #[cfg(feature = "cuda")]
+    bench::main();
+    #[cfg(not(feature = "cuda"))]
+    println!("SKIP: no CUDA device (built without the `cuda` feature; pass --features cuda)");
+}
