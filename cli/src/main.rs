@@ -1,4 +1,53 @@
-//! `tierkit`: the command line of the tierkit workspace (replay, fit, synthesize, simulate, plot).
+//! `tierkit`: the command line of the tierkit workspace, a thin binary over the crates (no policy
+//! code here): replay routing traces through residency policies, fit seed maps, synthesize
+//! calibrated traces, inspect traces; tables on stdout, `--json` reports, PNG plots.
+//!
+//! ```text
+//! tierkit experts replay                  # built-in OLMoE github → book scenario, all policies
+//! tierkit experts replay --trace ../shared/data/moe/mixtral-decode --hot 4
+//! tierkit experts synth --out trace.tkt
+//! tierkit experts fit-seed --trace trace.tkt --hot 16 --out seed.json
+//! tierkit experts inspect --trace trace.tkt
+//! ```
+
+use clap::{Parser, Subcommand};
+
+mod experts;
+mod kv;
+mod plot;
+mod progress;
+mod table;
+
+/// tierkit: memory tiering for LLM inference (MoE expert residency, elastic sparse-attention KV).
+#[derive(Debug, Parser)]
+#[command(name = "tierkit", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// MoE expert residency: replay traces through policies, fit seed maps, synthesize traces.
+    Experts {
+        #[command(subcommand)]
+        command: experts::ExpertsCommand,
+    },
+    // `tierkit kv ...` is wired here once `kv.rs` exports `KvArgs` and `run`.
+}
+
 fn main() {
-    println!("tierkit: no commands yet");
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Experts { command } => experts::run(command),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        let mut src = e.source();
+        while let Some(s) = src {
+            eprintln!("  caused by: {s}");
+            src = s.source();
+        }
+        std::process::exit(1);
+    }
 }

@@ -223,6 +223,40 @@ pub fn read_logger_from<R: BufRead>(
     })
 }
 
+/// Writes a trace in the engine-logger shape: a header line, then one
+/// `{"step": s, "layer": l, "topk_ids": [...]}` line per routed token per layer (each layer's
+/// picks split into tokens of `top_k` ids). [`read_logger`] reads it back to the same trace.
+///
+/// # Errors
+/// [`TraceError::Io`] (path shown as `"<writer>"`).
+pub fn write_logger<W: std::io::Write>(trace: &Trace, mut out: W) -> Result<W, TraceError> {
+    let io = |e| TraceError::io("<writer>", e);
+    let header = serde_json::json!({
+        "tierkit_trace": 1,
+        "layers": trace.shape.layers,
+        "experts_per_layer": trace.shape.experts_per_layer,
+        "top_k": trace.shape.top_k,
+        "name": trace.name,
+    });
+    writeln!(out, "{header}").map_err(io)?;
+    let k = trace.shape.top_k.max(1) as usize;
+    for (s, step) in trace.steps.iter().enumerate() {
+        for (l, ids) in step.layers.iter().enumerate() {
+            for tok in ids.chunks(k) {
+                let list: Vec<String> = tok.iter().map(u32::to_string).collect();
+                writeln!(
+                    out,
+                    "{{\"step\": {s}, \"layer\": {l}, \"topk_ids\": [{}]}}",
+                    list.join(", ")
+                )
+                .map_err(io)?;
+            }
+        }
+    }
+    out.flush().map_err(io)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +280,22 @@ mod tests {
         assert_eq!(t.steps.len(), 2);
         assert_eq!(t.steps[0].layers, vec![vec![1, 2, 3], vec![4, 5]]);
         assert_eq!(t.steps[1].layers, vec![vec![15, 0], vec![]]);
+    }
+
+    #[test]
+    fn writer_round_trips_through_the_reader() {
+        let mut cfg = crate::trace::synth::SynthConfig::default_scenario();
+        cfg.steps = 6;
+        cfg.tokens_per_step = 3;
+        cfg.phases.truncate(1);
+        let t = crate::trace::synth::generate(&cfg).unwrap();
+        let bytes = write_logger(&t, Vec::new()).unwrap();
+        let back = read(
+            std::str::from_utf8(&bytes).unwrap(),
+            &ReadOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(back, t);
     }
 
     #[test]

@@ -1,0 +1,982 @@
+//! `tierkit experts ...`: replay, fit-seed, synth, inspect. Argument parsing, I/O and formatting
+//! only; every policy, map and trace operation is a call into `expert-residency`.
+
+use crate::{plot, progress, table};
+use clap::{Args, Subcommand, ValueEnum};
+use expert_residency::trace::{
+    self, binary, logger, stats, synth, MissingRows, ReadOptions, Trace, TraceFormat,
+};
+use expert_residency::{
+    replay_with, seed, ControllerConfig, CounterDump, Geometry, OracleWindow, PolicySpec,
+    ReplayOptions, ReplayReport, ResidencyMap,
+};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Default bytes of one expert: OLMoE-1B-7B, 3 matrices of 2048 × 1024 in bf16 (12 MiB).
+const OLMOE_EXPERT_BYTES: u64 = 3 * 2048 * 1024 * 2;
+
+/// `tierkit experts` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum ExpertsCommand {
+    /// Replay a routing trace step by step through residency policies and compare cold shares.
+    ///
+    /// Without --trace, replays the built-in scenario: OLMoE-1B-7B shape, expert popularity
+    /// fitted from the real OLMoE routing counts (numbers in code), Mixtral-like step-to-step
+    /// reuse, github → book shift at a third of the run.
+    Replay(Box<ReplayArgs>),
+    /// Fit a seed map (top-K per layer) from a counter dump, a trace or routing counts; write
+    /// the rowmap JSON.
+    FitSeed(FitSeedArgs),
+    /// Generate a synthetic routing trace calibrated to real data and write it to a file.
+    Synth(SynthArgs),
+    /// Describe a trace: shape, steps, lookups, per-layer step-to-step reuse and skew.
+    Inspect(InspectArgs),
+}
+
+/// Runs an `experts` subcommand.
+pub fn run(cmd: ExpertsCommand) -> CliResult {
+    match cmd {
+        ExpertsCommand::Replay(a) => replay_cmd(*a),
+        ExpertsCommand::FitSeed(a) => fit_seed_cmd(a),
+        ExpertsCommand::Synth(a) => synth_cmd(a),
+        ExpertsCommand::Inspect(a) => inspect_cmd(a),
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Auto,
+    Binary,
+    Json,
+    MixtralJsonl,
+    LoggerJsonl,
+}
+
+impl From<FormatArg> for TraceFormat {
+    fn from(f: FormatArg) -> Self {
+        match f {
+            FormatArg::Auto => TraceFormat::Auto,
+            FormatArg::Binary => TraceFormat::Binary,
+            FormatArg::Json => TraceFormat::Json,
+            FormatArg::MixtralJsonl => TraceFormat::MixtralJsonl,
+            FormatArg::LoggerJsonl => TraceFormat::LoggerJsonl,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum MissingArg {
+    /// Keep the token; missing layers see no lookup from it.
+    EmptyLayer,
+    /// Drop tokens lacking a row in any layer.
+    DropToken,
+}
+
+/// Trace files to read.
+#[derive(Debug, Args)]
+pub struct TraceFiles {
+    /// Trace file or directory (every *.jsonl, *.tkt, *.json in it, by name); repeat to join
+    /// several, each join counting as a shift.
+    #[arg(long, value_name = "FILE|DIR")]
+    trace: Vec<PathBuf>,
+    /// Trace format.
+    #[arg(long, value_enum, default_value_t = FormatArg::Auto)]
+    format: FormatArg,
+    /// Warm-up forward passes to drop from the start of each file.
+    #[arg(long, default_value_t = 0)]
+    skip_steps: u64,
+    /// MoE layers (default: from the file, Mixtral 32, or inferred).
+    #[arg(long)]
+    layers: Option<u32>,
+    /// Experts per layer (default: from the file, Mixtral 8, or inferred).
+    #[arg(long)]
+    experts: Option<u32>,
+    /// Top-k (default: from the file, Mixtral 2, or inferred).
+    #[arg(long)]
+    top_k: Option<u32>,
+    /// Missing (token, layer) rows in per-token traces.
+    #[arg(long, value_enum, default_value_t = MissingArg::EmptyLayer)]
+    missing_rows: MissingArg,
+}
+
+impl TraceFiles {
+    fn options(&self) -> ReadOptions {
+        ReadOptions {
+            format: self.format.into(),
+            layers: self.layers,
+            experts_per_layer: self.experts,
+            top_k: self.top_k,
+            skip_steps: self.skip_steps,
+            missing_rows: match self.missing_rows {
+                MissingArg::EmptyLayer => MissingRows::EmptyLayer,
+                MissingArg::DropToken => MissingRows::DropToken,
+            },
+        }
+    }
+}
+
+/// The synthetic scenario (used when no --trace is given, and by `synth`).
+#[derive(Debug, Args, Clone)]
+pub struct ScenarioArgs {
+    /// Domain before the shift (OLMoE: arxiv, book, c4, github, tulu, wikipedia).
+    #[arg(long, default_value = "github")]
+    from: String,
+    /// Domain after the shift.
+    #[arg(long, default_value = "book")]
+    to: String,
+    /// Steps (decode forward passes) to generate.
+    #[arg(long, default_value_t = 9_000)]
+    steps: u64,
+    /// Step of the domain shift (default: a third of --steps; ≥ --steps for none).
+    #[arg(long)]
+    shift_at: Option<u64>,
+    /// Routed tokens per step (decode batch).
+    #[arg(long, default_value_t = 32)]
+    tokens: u32,
+    /// RNG seed (the same seed gives byte-identical traces and reports).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Previous-step reuse probability per token and layer (real Mixtral decode: 0.37).
+    #[arg(long, default_value_t = synth::MIXTRAL_DECODE_REUSE)]
+    reuse: f64,
+}
+
+impl ScenarioArgs {
+    fn config(&self) -> CliResult<synth::SynthConfig> {
+        let shift = self.shift_at.unwrap_or(self.steps / 3);
+        let mut cfg = synth::SynthConfig::olmoe_shift(
+            &self.from,
+            &self.to,
+            self.steps,
+            shift,
+            self.tokens,
+            self.seed,
+        )?;
+        cfg.reuse = self.reuse;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Trace files, or the synthetic scenario when no file is given.
+#[derive(Debug, Args)]
+pub struct TraceInput {
+    #[command(flatten)]
+    files: TraceFiles,
+    #[command(flatten)]
+    scenario: ScenarioArgs,
+}
+
+/// Where a replayed trace came from (part of the JSON report).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Source {
+    Synthetic {
+        scenario: String,
+        from: String,
+        to: String,
+        steps: u64,
+        shift_at: Vec<u64>,
+        tokens_per_step: u32,
+        seed: u64,
+        reuse: f64,
+    },
+    Files {
+        paths: Vec<String>,
+        options: ReadOptions,
+    },
+}
+
+fn load(input: &TraceInput, quiet: bool) -> CliResult<(Trace, Source)> {
+    if input.files.trace.is_empty() {
+        let cfg = input.scenario.config()?;
+        let pb = progress::bar(cfg.steps, &format!("generating {}", cfg.name), quiet);
+        let synth = synth::Synth::new(cfg.clone())?;
+        let mut steps = Vec::with_capacity(cfg.steps as usize);
+        for s in synth {
+            steps.push(s);
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let trace = Trace {
+            name: cfg.name.clone(),
+            shape: cfg.shape,
+            steps,
+            shifts: cfg.shifts(),
+        };
+        let source = Source::Synthetic {
+            scenario: cfg.name.clone(),
+            from: input.scenario.from.clone(),
+            to: input.scenario.to.clone(),
+            steps: cfg.steps,
+            shift_at: cfg.shifts(),
+            tokens_per_step: cfg.tokens_per_step,
+            seed: cfg.seed,
+            reuse: cfg.reuse,
+        };
+        Ok((trace, source))
+    } else {
+        let pb = progress::spinner("reading trace", quiet);
+        let opts = input.files.options();
+        let t = trace::read_traces(&input.files.trace, &opts)?;
+        pb.finish_and_clear();
+        let paths = input
+            .files
+            .trace
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        Ok((
+            t,
+            Source::Files {
+                paths,
+                options: opts,
+            },
+        ))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PolicyArg {
+    /// A uniform first-K map, never swapped.
+    Static,
+    /// A seed map fitted offline (--seed-map, else on the steps before the first shift).
+    Seed,
+    /// The adaptive controller (EMA drain, ratio policy, swap caps).
+    Adaptive,
+    /// The adaptive controller with the shift response on.
+    #[value(name = "adaptive+shift-response", alias = "shift-response")]
+    AdaptiveShiftResponse,
+    /// Per-layer LRU admitting every miss (uncapped reference).
+    Lru,
+    /// The best static map in hindsight (whole trace; also after the last shift if any).
+    Oracle,
+    /// All of the above.
+    All,
+}
+
+/// `tierkit experts replay` arguments.
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    input: TraceInput,
+    /// Hot (HBM) experts per layer (default: a quarter of the experts per layer).
+    #[arg(long)]
+    hot: Option<u32>,
+    /// Policies to replay, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [PolicyArg::All])]
+    policy: Vec<PolicyArg>,
+    /// Seed map JSON (from `fit-seed`); default: fitted on the steps before the first shift
+    /// (the first tenth of the trace if it has no shift).
+    #[arg(long)]
+    seed_map: Option<PathBuf>,
+    /// Controller config JSON (`ControllerConfig`); default: the crate's defaults.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override: steps between drains.
+    #[arg(long)]
+    drain_every: Option<u32>,
+    /// Override: EMA half-life in steps.
+    #[arg(long)]
+    half_life_steps: Option<f64>,
+    /// Steps per cold-share window (table, plot and `cold_share_windows`).
+    #[arg(long, default_value_t = 64)]
+    window_steps: u32,
+    /// Seconds per step, to report T90 in seconds too.
+    #[arg(long)]
+    step_time_s: Option<f64>,
+    /// Bytes of one expert (geometry; OLMoE-1B-7B bf16 by default).
+    #[arg(long, default_value_t = OLMOE_EXPERT_BYTES)]
+    expert_bytes: u64,
+    /// Run adaptive policies on the in-memory executor with this many stand-in bytes per
+    /// expert and verify every byte at the end.
+    #[arg(long)]
+    verify_bytes: Option<usize>,
+    /// Print the full report as JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Draw cold share over steps per policy to this PNG.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
+}
+
+/// One replayed policy.
+#[derive(Debug, Serialize)]
+struct Run {
+    label: String,
+    report: ReplayReport,
+}
+
+/// One row of the comparison table.
+#[derive(Debug, Serialize)]
+struct SummaryRow {
+    label: String,
+    cold_share: f64,
+    steady_state_cold_share: f64,
+    /// Steady state over the reference oracle's (the oracle after the last shift if any).
+    vs_oracle: Option<f64>,
+    /// T90 in steps after each shift (`None`: never within 10%).
+    t90_steps: Vec<Option<u64>>,
+    mean_swaps_per_step: f64,
+    max_swaps_per_step: u32,
+    swaps_applied: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct TraceInfo {
+    name: String,
+    shape: trace::TraceShape,
+    steps: u64,
+    lookups: u64,
+    shifts: Vec<u64>,
+    source: Source,
+}
+
+#[derive(Debug, Serialize)]
+struct ReplayOutput {
+    command: &'static str,
+    trace: TraceInfo,
+    geometry: Geometry,
+    controller: ControllerConfig,
+    seed_map: String,
+    summary: Vec<SummaryRow>,
+    runs: Vec<Run>,
+}
+
+fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
+    let mut cfg = match &a.config {
+        Some(p) => {
+            let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+        None => ControllerConfig::default(),
+    };
+    if let Some(d) = a.drain_every {
+        cfg.drain_every = d;
+    }
+    if let Some(h) = a.half_life_steps {
+        cfg.half_life_steps = h;
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn default_hot(experts: u32) -> u32 {
+    (experts / 4).max(1)
+}
+
+fn seed_map(a: &ReplayArgs, trace: &Trace, g: &Geometry) -> CliResult<(ResidencyMap, String)> {
+    if let Some(p) = &a.seed_map {
+        return Ok((
+            ResidencyMap::load(p, g)?,
+            format!("loaded from {}", p.display()),
+        ));
+    }
+    let n = trace.steps.len();
+    let end = match trace.shifts.first() {
+        Some(&s) => s as usize,
+        None => (n / 10).max(1),
+    };
+    let dump = CounterDump::from_trace(trace, 0..end)?;
+    let map = seed::fit(format!("seed:{}", trace.name), g, &dump)?;
+    let why = if trace.shifts.is_empty() {
+        "the first tenth"
+    } else {
+        "before the first shift"
+    };
+    Ok((map, format!("fitted on steps 0..{end} ({why})")))
+}
+
+fn policy_specs(a: &ReplayArgs, trace: &Trace, seed: &ResidencyMap) -> Vec<(String, PolicySpec)> {
+    let mut want: Vec<PolicyArg> = Vec::new();
+    for p in &a.policy {
+        let add: &[PolicyArg] = match p {
+            PolicyArg::All => &[
+                PolicyArg::Static,
+                PolicyArg::Seed,
+                PolicyArg::Adaptive,
+                PolicyArg::AdaptiveShiftResponse,
+                PolicyArg::Lru,
+                PolicyArg::Oracle,
+            ],
+            other => std::slice::from_ref(other),
+        };
+        for &x in add {
+            if !want.contains(&x) {
+                want.push(x);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for p in want {
+        match p {
+            PolicyArg::Static => out.push(("static".into(), PolicySpec::Static(None))),
+            PolicyArg::Seed => out.push(("seed".into(), PolicySpec::Seed(seed.clone()))),
+            PolicyArg::Adaptive => out.push(("adaptive".into(), PolicySpec::Adaptive(None))),
+            PolicyArg::AdaptiveShiftResponse => out.push((
+                "adaptive+shift-response".into(),
+                PolicySpec::AdaptiveShiftResponse(None),
+            )),
+            PolicyArg::Lru => out.push(("lru".into(), PolicySpec::Lru(None))),
+            PolicyArg::Oracle => {
+                out.push(("oracle".into(), PolicySpec::Oracle(OracleWindow::Whole)));
+                if !trace.shifts.is_empty() {
+                    out.push((
+                        "oracle-after-shift".into(),
+                        PolicySpec::Oracle(OracleWindow::AfterLastShift),
+                    ));
+                }
+            }
+            PolicyArg::All => unreachable!("expanded above"),
+        }
+    }
+    out
+}
+
+/// Replays every policy, on up to `available_parallelism` threads; results in input order.
+fn run_policies(
+    trace: &Trace,
+    g: &Geometry,
+    cfg: &ControllerConfig,
+    opts: &ReplayOptions,
+    specs: &[(String, PolicySpec)],
+    quiet: bool,
+) -> CliResult<Vec<Run>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
+    let next = AtomicUsize::new(0);
+    let results: Vec<Mutex<Option<expert_residency::Result<ReplayReport>>>> =
+        specs.iter().map(|_| Mutex::new(None)).collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(specs.len())
+        .max(1);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                // Relaxed: the counter only hands out distinct indices; results go through mutexes.
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((label, spec)) = specs.get(i) else {
+                    break;
+                };
+                pb.set_message(format!("replaying {label}"));
+                let r = replay_with(trace, g, spec, cfg, opts);
+                *results[i].lock().expect("no panic holds it") = Some(r);
+                pb.inc(1);
+            });
+        }
+    });
+    pb.finish_and_clear();
+    specs
+        .iter()
+        .zip(results)
+        .map(|((label, _), r)| {
+            let report = r
+                .into_inner()
+                .expect("no panic holds it")
+                .expect("every index was run")
+                .map_err(|e| format!("policy {label}: {e}"))?;
+            Ok(Run {
+                label: label.clone(),
+                report,
+            })
+        })
+        .collect()
+}
+
+fn summarize(runs: &[Run]) -> Vec<SummaryRow> {
+    let reference = runs
+        .iter()
+        .find(|r| r.label == "oracle-after-shift")
+        .or_else(|| runs.iter().find(|r| r.label == "oracle"))
+        .map(|r| r.report.steady_state.cold_share);
+    runs.iter()
+        .map(|r| {
+            let rep = &r.report;
+            SummaryRow {
+                label: r.label.clone(),
+                cold_share: rep.cold_share_overall,
+                steady_state_cold_share: rep.steady_state.cold_share,
+                vs_oracle: reference
+                    .filter(|&o| o > 0.0)
+                    .map(|o| rep.steady_state.cold_share / o),
+                t90_steps: rep.shifts.iter().map(|t| t.steps).collect(),
+                mean_swaps_per_step: rep.mean_swaps_per_step,
+                max_swaps_per_step: rep.max_swaps_per_step,
+                swaps_applied: rep.swaps.applied,
+            }
+        })
+        .collect()
+}
+
+fn summary_table(rows: &[SummaryRow]) -> String {
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let t90 = if r.t90_steps.is_empty() {
+                "-".to_string()
+            } else {
+                r.t90_steps
+                    .iter()
+                    .map(|t| t.map_or("never".to_string(), |s| s.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            vec![
+                r.label.clone(),
+                format!("{:.4}", r.cold_share),
+                format!("{:.4}", r.steady_state_cold_share),
+                r.vs_oracle.map_or("-".into(), |v| format!("{v:.3}×")),
+                t90,
+                format!("{:.3}", r.mean_swaps_per_step),
+                r.max_swaps_per_step.to_string(),
+                r.swaps_applied.to_string(),
+            ]
+        })
+        .collect();
+    table::render(
+        &[
+            "policy",
+            "cold share",
+            "steady-state cold share",
+            "vs oracle",
+            "T90 after shift (steps)",
+            "swaps/step",
+            "max swaps/step",
+            "swaps",
+        ],
+        &body,
+    )
+}
+
+fn plot_runs(path: &Path, out: &ReplayOutput) -> CliResult {
+    let w = out.runs.first().map_or(1, |r| r.report.window_steps.max(1)) as f64;
+    let series = out
+        .runs
+        .iter()
+        .map(|r| {
+            let pts = r
+                .report
+                .cold_share_windows
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| ((i as f64 + 0.5) * w, c))
+                .collect();
+            (r.label.clone(), pts)
+        })
+        .collect();
+    let spec = plot::ChartSpec {
+        title: format!(
+            "{}: cold share per {}-step window, {} of {} experts hot per layer",
+            out.trace.name, w as u64, out.geometry.hot_per_layer, out.geometry.experts_per_layer
+        ),
+        x_label: "step".into(),
+        y_label: "cold share (lookups served from host)".into(),
+        series,
+        markers: out
+            .trace
+            .shifts
+            .iter()
+            .map(|&s| (s as f64, format!(" shift @ {s}")))
+            .collect(),
+        size: (1400, 800),
+        y_range: None,
+    };
+    plot::draw(path, &spec)
+}
+
+fn replay_cmd(a: ReplayArgs) -> CliResult {
+    let quiet = a.json;
+    let cfg = controller_config(&a)?;
+    let (trace, source) = load(&a.input, quiet)?;
+    let hot = a
+        .hot
+        .unwrap_or_else(|| default_hot(trace.shape.experts_per_layer));
+    let g = Geometry::new(
+        trace.shape.layers,
+        trace.shape.experts_per_layer,
+        hot,
+        a.expert_bytes,
+    )?;
+    let (seed, seed_note) = seed_map(&a, &trace, &g)?;
+    let specs = policy_specs(&a, &trace, &seed);
+    let opts = ReplayOptions {
+        window_steps: a.window_steps,
+        step_time_s: a.step_time_s,
+        verify_bytes: a.verify_bytes,
+        ..ReplayOptions::default()
+    };
+    let runs = run_policies(&trace, &g, &cfg, &opts, &specs, quiet)?;
+    let out = ReplayOutput {
+        command: "tierkit experts replay",
+        trace: TraceInfo {
+            name: trace.name.clone(),
+            shape: trace.shape,
+            steps: trace.steps.len() as u64,
+            lookups: trace.lookups(),
+            shifts: trace.shifts.clone(),
+            source,
+        },
+        geometry: g,
+        controller: cfg,
+        seed_map: seed_note,
+        summary: summarize(&runs),
+        runs,
+    };
+    if let Some(p) = &a.plot {
+        plot_runs(p, &out)?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let t = &out.trace;
+    println!(
+        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
+        t.name,
+        t.steps,
+        t.shape.layers,
+        t.shape.experts_per_layer,
+        t.shape.top_k,
+        t.lookups,
+        t.shifts
+    );
+    println!(
+        "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, ratio {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
+        g.hot_per_layer,
+        g.experts_per_layer,
+        out.controller.drain_every,
+        out.controller.half_life_steps,
+        out.controller.ratio,
+        out.controller.max_swaps_per_layer,
+        out.controller.max_swaps_per_step,
+        out.seed_map
+    );
+    println!();
+    println!("{}", summary_table(&out.summary));
+    println!(
+        "\ncold share = fraction of expert lookups served from host; steady state = mean over the last {}% of the segment after the last shift; vs oracle = steady state / {}'s; T90 = steps until the excess cold share after a shift has decayed by 90%.",
+        (opts.steady_fraction * 100.0).round(),
+        if out.trace.shifts.is_empty() {
+            "oracle"
+        } else {
+            "oracle-after-shift"
+        }
+    );
+    if let Some(p) = &a.plot {
+        println!("plot: {}", p.display());
+    }
+    Ok(())
+}
+
+/// `tierkit experts fit-seed` arguments.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["dump", "trace", "routing_counts"])))]
+pub struct FitSeedArgs {
+    /// Counter dump JSON (`CounterDump`: name, layers, experts_per_layer, counts row-major).
+    #[arg(long)]
+    dump: Option<PathBuf>,
+    #[command(flatten)]
+    files: TraceFiles,
+    /// Steps of the trace to count, `START..END` (default: all).
+    #[arg(long, value_name = "START..END")]
+    range: Option<String>,
+    /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`); unmeasured layers
+    /// are derived from the measured ones as the synthetic generator does.
+    #[arg(long)]
+    routing_counts: Option<PathBuf>,
+    /// Model in --routing-counts (`olmoe`: 16 × 64; `mistral`: 32 × 8; others need --layers,
+    /// --experts).
+    #[arg(long, default_value = "olmoe")]
+    model: String,
+    /// Domain in --routing-counts.
+    #[arg(long, default_value = "github")]
+    domain: String,
+    /// Hot experts per layer (default: a quarter of the experts per layer).
+    #[arg(long)]
+    hot: Option<u32>,
+    /// Bytes of one expert (recorded in the map's geometry).
+    #[arg(long, default_value_t = OLMOE_EXPERT_BYTES)]
+    expert_bytes: u64,
+    /// Write the rowmap JSON here (default: stdout).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// With --out: print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("range {s:?} is not START..END"))?;
+    let a: usize = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad range start in {s:?}"))?;
+    let b: usize = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad range end in {s:?}"))?;
+    if a >= b {
+        return Err(format!("empty range {s:?}").into());
+    }
+    Ok(a..b)
+}
+
+fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
+    let dump = if let Some(p) = &a.dump {
+        let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let d: CounterDump =
+            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?;
+        CounterDump::new(d.name, d.layers, d.experts_per_layer, d.counts)?
+    } else if let Some(p) = &a.routing_counts {
+        let (dl, de) = match a.model.as_str() {
+            "olmoe" | "olmoe-sft" | "olmoe-dpo" => (16, 64),
+            "mistral" => (32, 8),
+            _ => (0, 0),
+        };
+        let layers = a.files.layers.unwrap_or(dl);
+        let experts = a.files.experts.unwrap_or(de);
+        if layers == 0 || experts == 0 {
+            return Err(format!("model {:?}: give --layers and --experts", a.model).into());
+        }
+        let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?;
+        let prof =
+            synth::DomainProfile::from_routing_counts(&json, &a.model, &a.domain, experts, layers)?;
+        CounterDump::new(
+            format!("{}/{}", a.model, a.domain),
+            layers,
+            experts,
+            prof.shares.concat(),
+        )?
+    } else {
+        let t = trace::read_traces(&a.files.trace, &a.files.options())?;
+        let range = match &a.range {
+            Some(r) => parse_range(r)?,
+            None => 0..t.steps.len(),
+        };
+        CounterDump::from_trace(&t, range)?
+    };
+    let hot = a.hot.unwrap_or_else(|| default_hot(dump.experts_per_layer));
+    let g = Geometry::new(dump.layers, dump.experts_per_layer, hot, a.expert_bytes)?;
+    let map = seed::fit(dump.name.clone(), &g, &dump)?;
+    let cov = seed::coverage(&map, &dump)?;
+    match &a.out {
+        None => println!("{}", map.to_json()),
+        Some(p) => {
+            map.save(p)?;
+            if a.json {
+                #[derive(Serialize)]
+                struct Out<'a> {
+                    map: String,
+                    dump: &'a str,
+                    geometry: Geometry,
+                    coverage: seed::Coverage,
+                }
+                let o = Out {
+                    map: p.display().to_string(),
+                    dump: &dump.name,
+                    geometry: g,
+                    coverage: cov,
+                };
+                println!("{}", serde_json::to_string_pretty(&o)?);
+            } else {
+                println!(
+                    "seed map for {} ({} layers, {} of {} hot per layer) written to {}; it serves {:.2}% of the dump's picks from HBM (cold share {:.4})",
+                    dump.name,
+                    g.layers,
+                    hot,
+                    g.experts_per_layer,
+                    p.display(),
+                    cov.overall * 100.0,
+                    cov.cold_share()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum OutFormat {
+    /// From the extension: .json → json, .jsonl → logger-jsonl, anything else → binary.
+    Auto,
+    Binary,
+    Json,
+    LoggerJsonl,
+}
+
+/// `tierkit experts synth` arguments.
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    #[command(flatten)]
+    scenario: ScenarioArgs,
+    /// Output file.
+    #[arg(long)]
+    out: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutFormat::Auto)]
+    format: OutFormat,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct TraceSummary {
+    name: String,
+    shape: trace::TraceShape,
+    steps: u64,
+    lookups: u64,
+    shifts: Vec<u64>,
+    /// Mean over layers of the previous-step reuse probability.
+    mean_reuse: f64,
+    reuse_per_layer: Vec<f64>,
+    /// Per segment (split at shifts): mean over layers of the share of picks taken by the
+    /// busiest quarter of the experts.
+    top_quarter_share_per_segment: Vec<f64>,
+}
+
+fn summarize_trace(t: &Trace) -> TraceSummary {
+    let reuse = stats::reuse_per_layer(t);
+    let finite: Vec<f64> = reuse.iter().copied().filter(|v| v.is_finite()).collect();
+    let mean_reuse = if finite.is_empty() {
+        f64::NAN
+    } else {
+        finite.iter().sum::<f64>() / finite.len() as f64
+    };
+    let mut bounds = vec![0usize];
+    bounds.extend(t.shifts.iter().map(|&s| s as usize));
+    bounds.push(t.steps.len());
+    let q = (t.shape.experts_per_layer as usize / 4).max(1);
+    let top = bounds
+        .windows(2)
+        .map(|w| {
+            let shares = stats::pick_shares(t, w[0]..w[1]);
+            shares.iter().map(|s| stats::top_n_share(s, q)).sum::<f64>() / shares.len() as f64
+        })
+        .collect();
+    TraceSummary {
+        name: t.name.clone(),
+        shape: t.shape,
+        steps: t.steps.len() as u64,
+        lookups: t.lookups(),
+        shifts: t.shifts.clone(),
+        mean_reuse,
+        reuse_per_layer: reuse,
+        top_quarter_share_per_segment: top,
+    }
+}
+
+fn print_summary(s: &TraceSummary) {
+    println!(
+        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
+        s.name,
+        s.steps,
+        s.shape.layers,
+        s.shape.experts_per_layer,
+        s.shape.top_k,
+        s.lookups,
+        s.shifts
+    );
+    println!(
+        "previous-step reuse: mean {:.3} (random top-{} of {}: {:.3})",
+        s.mean_reuse,
+        s.shape.top_k,
+        s.shape.experts_per_layer,
+        s.shape.top_k as f64 / s.shape.experts_per_layer as f64
+    );
+    let rows: Vec<Vec<String>> = s
+        .reuse_per_layer
+        .iter()
+        .enumerate()
+        .map(|(l, r)| vec![l.to_string(), format!("{r:.3}")])
+        .collect();
+    println!("{}", table::render(&["layer", "reuse"], &rows));
+    for (i, v) in s.top_quarter_share_per_segment.iter().enumerate() {
+        println!(
+            "segment {i}: busiest quarter of the experts takes {:.1}% of picks",
+            v * 100.0
+        );
+    }
+}
+
+fn synth_cmd(a: SynthArgs) -> CliResult {
+    let cfg = a.scenario.config()?;
+    let pb = progress::bar(cfg.steps, &format!("generating {}", cfg.name), a.json);
+    let synth = synth::Synth::new(cfg.clone())?;
+    let mut steps = Vec::with_capacity(cfg.steps as usize);
+    for s in synth {
+        steps.push(s);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let t = Trace {
+        name: cfg.name.clone(),
+        shape: cfg.shape,
+        steps,
+        shifts: cfg.shifts(),
+    };
+    let fmt = match a.format {
+        OutFormat::Auto => match a.out.extension().and_then(|x| x.to_str()) {
+            Some("json") => OutFormat::Json,
+            Some("jsonl") => OutFormat::LoggerJsonl,
+            _ => OutFormat::Binary,
+        },
+        f => f,
+    };
+    let p = a.out.display().to_string();
+    let file = || -> CliResult<std::io::BufWriter<std::fs::File>> {
+        Ok(std::io::BufWriter::new(
+            std::fs::File::create(&a.out).map_err(|e| format!("{p}: {e}"))?,
+        ))
+    };
+    match fmt {
+        OutFormat::Binary => binary::write_binary_file(&t, &a.out)?,
+        OutFormat::Json => {
+            let mut w = file()?;
+            serde_json::to_writer(&mut w, &t)?;
+            std::io::Write::flush(&mut w)?;
+        }
+        OutFormat::LoggerJsonl => {
+            logger::write_logger(&t, file()?)?;
+        }
+        OutFormat::Auto => unreachable!("resolved above"),
+    }
+    let s = summarize_trace(&t);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print_summary(&s);
+        println!("written to {p} ({fmt:?})");
+    }
+    Ok(())
+}
+
+/// `tierkit experts inspect` arguments.
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    input: TraceInput,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn inspect_cmd(a: InspectArgs) -> CliResult {
+    let (t, _) = load(&a.input, a.json)?;
+    let s = summarize_trace(&t);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        print_summary(&s);
+    }
+    Ok(())
+}

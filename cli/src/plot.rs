@@ -1,0 +1,181 @@
+//! PNG line charts (plotters, bitmap backend) shared by the `experts` and `kv` commands.
+//!
+//! Text is drawn with an embedded font (Hack, MIT + Bitstream Vera licence, shipped by the
+//! `epaint_default_fonts` crate), so charts render on machines without system fonts.
+
+use plotters::prelude::*;
+use std::path::Path;
+use std::sync::Once;
+
+/// Font family name the embedded font is registered under.
+const FONT: &str = "sans-serif";
+
+/// One named series of `(x, y)` points.
+pub type Series = (String, Vec<(f64, f64)>);
+
+/// A line chart: several series, optional labelled vertical markers (e.g. domain shifts).
+#[derive(Clone, Debug)]
+pub struct ChartSpec {
+    /// Title on top.
+    pub title: String,
+    /// X axis label.
+    pub x_label: String,
+    /// Y axis label.
+    pub y_label: String,
+    /// The series, drawn in order with distinct colours.
+    pub series: Vec<Series>,
+    /// Vertical markers `(x, label)`.
+    pub markers: Vec<(f64, String)>,
+    /// Image size in pixels.
+    pub size: (u32, u32),
+    /// Y range; `None` fits the data (from 0).
+    pub y_range: Option<(f64, f64)>,
+}
+
+fn register_font() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The embedded TTF is valid; a failure would only lose text, never the chart.
+        let _ = plotters::style::register_font(
+            FONT,
+            FontStyle::Normal,
+            epaint_default_fonts::HACK_REGULAR,
+        );
+    });
+}
+
+/// Draws `series` as a PNG line chart at `path` (1200×700 px, y from 0). Used by `tierkit kv`.
+///
+/// # Errors
+/// Drawing or encoding errors from plotters (bad path, unwritable file), as a boxed error.
+#[allow(dead_code)] // the `kv` commands' entry point; `experts` uses `draw`.
+pub fn line_chart(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<(), Box<dyn std::error::Error>> {
+    draw(
+        path,
+        &ChartSpec {
+            title: title.into(),
+            x_label: x_label.into(),
+            y_label: y_label.into(),
+            series: series.to_vec(),
+            markers: Vec::new(),
+            size: (1200, 700),
+            y_range: None,
+        },
+    )
+}
+
+/// Draws a [`ChartSpec`] as a PNG at `path`.
+///
+/// # Errors
+/// As [`line_chart`]; also an error for a spec without any point.
+pub fn draw(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Error>> {
+    register_font();
+    let points = spec.series.iter().flat_map(|s| s.1.iter());
+    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+    for &(x, y) in points {
+        if x.is_finite() && y.is_finite() {
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y1 = y1.max(y);
+        }
+    }
+    if !x0.is_finite() {
+        return Err(format!("{}: nothing to plot", path.display()).into());
+    }
+    if x1 <= x0 {
+        x1 = x0 + 1.0;
+    }
+    let (ylo, yhi) = spec
+        .y_range
+        .unwrap_or((0.0, if y1 > 0.0 { y1 * 1.08 } else { 1.0 }));
+    let root = BitMapBackend::new(path, spec.size).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&spec.title, (FONT, 26))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x0..x1, ylo..yhi)?;
+    chart
+        .configure_mesh()
+        .x_desc(&spec.x_label)
+        .y_desc(&spec.y_label)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.2}"))
+        .label_style((FONT, 16))
+        .axis_desc_style((FONT, 18))
+        .draw()?;
+    for (x, label) in &spec.markers {
+        let grey = RGBColor(120, 120, 120);
+        chart.draw_series(LineSeries::new(
+            vec![(*x, ylo), (*x, yhi)],
+            grey.stroke_width(1),
+        ))?;
+        chart.draw_series(std::iter::once(Text::new(
+            label.clone(),
+            (*x, yhi - (yhi - ylo) * 0.04),
+            (FONT, 16).into_font().color(&grey),
+        )))?;
+    }
+    for (i, (name, pts)) in spec.series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
+            .label(name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FONT, 16))
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_a_png_with_text() {
+        let dir = std::env::temp_dir().join(format!("tierkit-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("chart.png");
+        let s: Vec<Series> = vec![
+            (
+                "a".into(),
+                (0..50)
+                    .map(|i| (i as f64, (i as f64).sin().abs()))
+                    .collect(),
+            ),
+            ("b".into(), (0..50).map(|i| (i as f64, 0.5)).collect()),
+        ];
+        line_chart(&p, "title", "step", "cold share", &s).unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert!(draw(
+            &p,
+            &ChartSpec {
+                title: String::new(),
+                x_label: String::new(),
+                y_label: String::new(),
+                series: vec![],
+                markers: vec![],
+                size: (100, 100),
+                y_range: None,
+            }
+        )
+        .is_err());
+    }
+}
