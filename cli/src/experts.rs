@@ -190,23 +190,27 @@ enum Source {
     },
 }
 
+/// Generates a synthetic trace with a progress bar.
+fn generate(cfg: &synth::SynthConfig, quiet: bool) -> CliResult<Trace> {
+    let pb = progress::bar(cfg.steps, &format!("generating {}", cfg.name), quiet);
+    let mut steps = Vec::with_capacity(cfg.steps as usize);
+    for s in synth::Synth::new(cfg.clone())? {
+        steps.push(s);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    Ok(Trace {
+        name: cfg.name.clone(),
+        shape: cfg.shape,
+        steps,
+        shifts: cfg.shifts(),
+    })
+}
+
 fn load(input: &TraceInput, quiet: bool) -> CliResult<(Trace, Source)> {
     if input.files.trace.is_empty() {
         let cfg = input.scenario.config()?;
-        let pb = progress::bar(cfg.steps, &format!("generating {}", cfg.name), quiet);
-        let synth = synth::Synth::new(cfg.clone())?;
-        let mut steps = Vec::with_capacity(cfg.steps as usize);
-        for s in synth {
-            steps.push(s);
-            pb.inc(1);
-        }
-        pb.finish_and_clear();
-        let trace = Trace {
-            name: cfg.name.clone(),
-            shape: cfg.shape,
-            steps,
-            shifts: cfg.shifts(),
-        };
+        let trace = generate(&cfg, quiet)?;
         let source = Source::Synthetic {
             scenario: cfg.name.clone(),
             from: input.scenario.from.clone(),
@@ -910,20 +914,7 @@ fn print_summary(s: &TraceSummary) {
 
 fn synth_cmd(a: SynthArgs) -> CliResult {
     let cfg = a.scenario.config()?;
-    let pb = progress::bar(cfg.steps, &format!("generating {}", cfg.name), a.json);
-    let synth = synth::Synth::new(cfg.clone())?;
-    let mut steps = Vec::with_capacity(cfg.steps as usize);
-    for s in synth {
-        steps.push(s);
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    let t = Trace {
-        name: cfg.name.clone(),
-        shape: cfg.shape,
-        steps,
-        shifts: cfg.shifts(),
-    };
+    let t = generate(&cfg, a.json)?;
     let fmt = match a.format {
         OutFormat::Auto => match a.out.extension().and_then(|x| x.to_str()) {
             Some("json") => OutFormat::Json,
