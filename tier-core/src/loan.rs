@@ -7,7 +7,7 @@
 //! [`Lender::hand_back_step`] (at most `max_per_step` per call) -> **pending**
 //! -> **free**. `free + lent + queued + pending == capacity` always.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::error::{CoreError, Result};
 use crate::fence::{EpochFence, Retired};
@@ -248,11 +248,14 @@ impl<P: ReclaimPolicy> Lender<P> {
 
     /// Lends one free page to `b` for each logical index in `logical`, all or
     /// nothing; registers `b` if new. Loans come back in the order of
-    /// `logical`. O(m log h) for m pages, h held.
+    /// `logical`. O(m log m) for m pages (appending past the pages already
+    /// held is the fast case).
     ///
     /// # Errors
     /// - [`CoreError::BorrowerFinished`] if `b` has finished.
-    /// - [`CoreError::DuplicateLogical`] if an index repeats or `b` holds it.
+    /// - [`CoreError::DuplicateLogical`] if an index repeats or `b` holds it
+    ///   (reported: the smallest index repeated in `logical`, else the
+    ///   smallest one already held).
     /// - [`CoreError::PoolExhausted`] if fewer than `logical.len()` pages are
     ///   free (call [`collect`](Self::collect) or
     ///   [`reclaim`](Self::reclaim) first).
@@ -261,13 +264,19 @@ impl<P: ReclaimPolicy> Lender<P> {
         if existing.is_some_and(|s| s.finished) {
             return Err(CoreError::BorrowerFinished { borrower: b.0 });
         }
-        let mut seen = HashSet::with_capacity(logical.len());
-        for &l in logical {
-            if !seen.insert(l) || existing.is_some_and(|s| s.loans.contains_key(&l)) {
-                return Err(CoreError::DuplicateLogical {
-                    borrower: b.0,
-                    logical: l,
-                });
+        // Duplicate check without hashing: sort a copy (O(m log m)), look at
+        // neighbours, then probe the held set only where it overlaps.
+        let mut sorted = logical.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Self::duplicate(b, w[0]));
+        }
+        if let (Some(s), Some(&lo)) = (existing, sorted.first()) {
+            let overlaps = s.loans.last_key_value().is_some_and(|(&max, _)| lo <= max);
+            if overlaps {
+                if let Some(&l) = sorted.iter().find(|l| s.loans.contains_key(l)) {
+                    return Err(Self::duplicate(b, l));
+                }
             }
         }
         let Ok(n) = u32::try_from(logical.len()) else {
@@ -277,18 +286,37 @@ impl<P: ReclaimPolicy> Lender<P> {
             });
         };
         let handles = self.pool.alloc_many(n)?;
-        let entry = self.borrowers.entry(b).or_default();
-        let mut out = Vec::with_capacity(handles.len());
-        for (&l, h) in logical.iter().zip(handles) {
-            entry.loans.insert(l, h);
-            out.push(Loan {
+        let out: Vec<Loan> = logical
+            .iter()
+            .zip(handles)
+            .map(|(&l, handle)| Loan {
                 borrower: b,
                 logical: l,
-                handle: h,
-            });
+                handle,
+            })
+            .collect();
+        let entry = self.borrowers.entry(b).or_default();
+        if entry.loans.len() <= 8 * out.len() {
+            // Bulk: build a map of the new pages (sorted build, O(m)) and
+            // merge it in one linear pass.
+            let mut add: BTreeMap<u32, PageHandle> =
+                out.iter().map(|x| (x.logical, x.handle)).collect();
+            entry.loans.append(&mut add);
+        } else {
+            entry
+                .loans
+                .extend(out.iter().map(|x| (x.logical, x.handle)));
         }
         self.lent += n;
         Ok(out)
+    }
+
+    #[cold]
+    fn duplicate(b: BorrowerId, logical: u32) -> CoreError {
+        CoreError::DuplicateLogical {
+            borrower: b.0,
+            logical,
+        }
     }
 
     /// The borrower returns one page voluntarily (e.g. it dropped that part of
@@ -330,10 +358,11 @@ impl<P: ReclaimPolicy> Lender<P> {
     }
 
     /// Revokes up to `n` lent pages (exactly `min(n, lent)`) chosen by the
-    /// policy, from active borrowers. The returned loans are no longer the
-    /// borrowers': unmap them before the next [`collect`](Self::collect); the
-    /// pages become free only after every reader that could see them left.
-    /// O(h) in pages held.
+    /// policy, from active borrowers. The returned loans, in (borrower,
+    /// logical) order, are no longer the borrowers': unmap them before the
+    /// next [`collect`](Self::collect); the pages become free only after
+    /// every reader that could see them left. O(h + k log k) for h pages
+    /// held and k taken.
     ///
     /// # Errors
     /// [`CoreError::InvalidPolicyChoice`] if the policy's answer is invalid;
@@ -351,16 +380,58 @@ impl<P: ReclaimPolicy> Lender<P> {
         let holdings: Vec<(BorrowerId, &[u32])> =
             keys.iter().map(|(b, l)| (*b, l.as_slice())).collect();
         let picks = self.policy.choose(&holdings, n);
-        self.validate_picks(&picks, n.min(self.lent))?;
+        if picks.len() != n.min(self.lent) as usize {
+            return Err(Self::invalid("wrong number of pages"));
+        }
+        // Group by borrower and sort, then check every group before touching
+        // anything (all or nothing).
+        let mut groups: BTreeMap<BorrowerId, Vec<u32>> = BTreeMap::new();
+        for &(b, l) in &picks {
+            groups.entry(b).or_default().push(l);
+        }
+        let mut plans = Vec::with_capacity(groups.len());
+        for (b, mut ls) in groups {
+            ls.sort_unstable();
+            if ls.windows(2).any(|w| w[0] == w[1]) {
+                return Err(Self::invalid("page chosen twice"));
+            }
+            let Some(s) = self.borrowers.get(&b).filter(|s| !s.finished) else {
+                return Err(Self::invalid("page not held by an active borrower"));
+            };
+            // Oldest-first policies take a prefix: check it in one ordered
+            // pass and cut it off with one split.
+            let prefix = s.loans.keys().take(ls.len()).eq(ls.iter());
+            if !prefix && !ls.iter().all(|l| s.loans.contains_key(l)) {
+                return Err(Self::invalid("page not held by an active borrower"));
+            }
+            plans.push((b, ls, prefix));
+        }
         let mut out = Vec::with_capacity(picks.len());
-        for (b, l) in picks {
-            // Validated above: the borrower is active and holds `l`.
-            if let Some(h) = self.borrowers.get_mut(&b).and_then(|s| s.loans.remove(&l)) {
-                out.push(Loan {
+        for (b, ls, prefix) in plans {
+            let Some(s) = self.borrowers.get_mut(&b) else {
+                continue; // checked above
+            };
+            if prefix {
+                let rest = match s.loans.keys().nth(ls.len()) {
+                    Some(&cut) => s.loans.split_off(&cut),
+                    None => BTreeMap::new(),
+                };
+                let taken = std::mem::replace(&mut s.loans, rest);
+                out.extend(taken.into_iter().map(|(logical, handle)| Loan {
                     borrower: b,
-                    logical: l,
-                    handle: h,
-                });
+                    logical,
+                    handle,
+                }));
+            } else {
+                for l in ls {
+                    if let Some(handle) = s.loans.remove(&l) {
+                        out.push(Loan {
+                            borrower: b,
+                            logical: l,
+                            handle,
+                        });
+                    }
+                }
             }
         }
         self.lent -= out.len() as u32;
@@ -372,26 +443,6 @@ impl<P: ReclaimPolicy> Lender<P> {
     #[cold]
     fn invalid(reason: &'static str) -> CoreError {
         CoreError::InvalidPolicyChoice { reason }
-    }
-
-    fn validate_picks(&self, picks: &[(BorrowerId, u32)], want: u32) -> Result<()> {
-        if picks.len() != want as usize {
-            return Err(Self::invalid("wrong number of pages"));
-        }
-        let mut seen = HashSet::with_capacity(picks.len());
-        for &(b, l) in picks {
-            let held = self
-                .borrowers
-                .get(&b)
-                .is_some_and(|s| !s.finished && s.loans.contains_key(&l));
-            if !held {
-                return Err(Self::invalid("page not held by an active borrower"));
-            }
-            if !seen.insert((b, l)) {
-                return Err(Self::invalid("page chosen twice"));
-            }
-        }
-        Ok(())
     }
 
     /// The borrower is done: its pages are queued for hand-back in logical
@@ -500,7 +551,7 @@ impl<P: ReclaimPolicy> Lender<P> {
 mod tests {
     use super::*;
 
-    fn check(l: &Lender) {
+    fn check<P: ReclaimPolicy>(l: &Lender<P>) {
         assert_eq!(
             l.free_count() + l.lent_count() + l.queued_count() + l.pending_count(),
             l.capacity()
@@ -626,6 +677,37 @@ mod tests {
             // Wrong on purpose: always one page, twice.
             vec![(h[0].0, h[0].1[0]), (h[0].0, h[0].1[0])]
         }
+    }
+
+    /// Takes the newest pages (not a prefix): exercises the general path.
+    struct NewestFirst;
+    impl ReclaimPolicy for NewestFirst {
+        fn choose(&mut self, h: &[(BorrowerId, &[u32])], n: u32) -> Vec<(BorrowerId, u32)> {
+            let mut all: Vec<(BorrowerId, u32)> = h
+                .iter()
+                .flat_map(|(b, ls)| ls.iter().map(move |&l| (*b, l)))
+                .collect();
+            all.sort_by_key(|&(b, l)| (std::cmp::Reverse(l), b));
+            all.truncate(n as usize);
+            all
+        }
+    }
+
+    #[test]
+    fn custom_policy_takes_non_prefix_pages() {
+        let mut l = Lender::with_policy(Tier::DeviceHbm, 8, NewestFirst).unwrap();
+        l.lend(BorrowerId(1), &[0, 1, 2, 3]).unwrap();
+        l.lend(BorrowerId(2), &[0, 5]).unwrap();
+        let got: Vec<_> = l
+            .reclaim(3)
+            .unwrap()
+            .iter()
+            .map(|x| (x.borrower.0, x.logical))
+            .collect();
+        assert_eq!(got, vec![(1, 2), (1, 3), (2, 5)]);
+        assert_eq!(l.loans_of(BorrowerId(1)).len(), 2);
+        assert_eq!(l.pending_count(), 3);
+        check(&l);
     }
 
     #[test]

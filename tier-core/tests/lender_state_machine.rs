@@ -6,8 +6,8 @@
 //! inside, and pending pages sealed with a tag at the first collect after
 //! their release (a page tagged `t` is free once every reader has epoch
 //! `> t`). Readers are asynchronous [`FlagSignal`]s on the real side.
-//! Reclaim picks are predicted with floating-point shares (an independent
-//! rendering of largest-remainder). After every step:
+//! Reclaim picks are predicted with exact shares (largest remainder, ties to
+//! the lower id, oldest pages first). After every step:
 //! `free + lent + queued + pending == capacity`, counts match the model, no
 //! physical page is held twice, and errors change nothing.
 
@@ -68,8 +68,8 @@ enum Op {
     LeaveReader(usize),
 }
 
-/// Reference reclaim: floor of the f64 share, then one more page for the
-/// largest fractional parts (ties: lower id), oldest pages first.
+/// Reference reclaim: whole part of each exact share, then one more page for
+/// the largest fractional parts (ties: lower id), oldest pages first.
 fn reference_picks(m: &Model, n: u32) -> Vec<(u64, u32)> {
     let active: Vec<(u64, Vec<u32>)> = m
         .borrowers
@@ -82,19 +82,16 @@ fn reference_picks(m: &Model, n: u32) -> Vec<(u64, u32)> {
     if k == 0 {
         return Vec::new();
     }
-    let share: Vec<f64> = active
-        .iter()
-        .map(|a| k as f64 * a.1.len() as f64 / total as f64)
-        .collect();
-    let mut q: Vec<usize> = share.iter().map(|s| s.floor() as usize).collect();
+    // Exact share k*h/total as (whole, numerator of the fraction over total).
+    let mut q: Vec<usize> = Vec::new();
+    let mut frac: Vec<usize> = Vec::new();
+    for a in &active {
+        let num = k * a.1.len();
+        q.push(num / total);
+        frac.push(num - (num / total) * total);
+    }
     let mut order: Vec<usize> = (0..active.len()).collect();
-    order.sort_by(|&a, &b| {
-        let fa = share[a] - share[a].floor();
-        let fb = share[b] - share[b].floor();
-        fb.partial_cmp(&fa)
-            .unwrap()
-            .then(active[a].0.cmp(&active[b].0))
-    });
+    order.sort_by(|&a, &b| frac[b].cmp(&frac[a]).then(active[a].0.cmp(&active[b].0)));
     let missing = k - q.iter().sum::<usize>();
     for &i in order.iter().take(missing) {
         q[i] += 1;
@@ -150,14 +147,22 @@ fn step(s: &mut Model, op: &Op) -> Result<Out, CoreError> {
             if cur.is_some_and(|x| x.finished) {
                 return Err(CoreError::BorrowerFinished { borrower: *b });
             }
-            let mut seen = BTreeSet::new();
-            for &l in ls {
-                if !seen.insert(l) || cur.is_some_and(|x| x.held.contains(&l)) {
-                    return Err(CoreError::DuplicateLogical {
-                        borrower: *b,
-                        logical: l,
-                    });
-                }
+            // The smallest index repeated in the request, else the smallest
+            // one already held.
+            let repeated = ls
+                .iter()
+                .filter(|&&l| ls.iter().filter(|&&m| m == l).count() > 1)
+                .min();
+            let held = ls
+                .iter()
+                .filter(|&&l| cur.is_some_and(|x| x.held.contains(&l)))
+                .min();
+            let bad = repeated.or(held);
+            if let Some(&l) = bad {
+                return Err(CoreError::DuplicateLogical {
+                    borrower: *b,
+                    logical: l,
+                });
             }
             let n = ls.len() as u32;
             if n > s.free {
