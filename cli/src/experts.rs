@@ -521,7 +521,14 @@ fn summary_table(rows: &[SummaryRow]) -> String {
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let t90 = if r.t90_steps.is_empty() {
+            // T90 describes adaptation: a map that never moves has none (its JSON keeps the
+            // raw figure).
+            let fixed = r.swaps_applied == 0
+                && matches!(
+                    r.label.as_str(),
+                    "static" | "seed" | "oracle" | "oracle-after-shift"
+                );
+            let t90 = if r.t90_steps.is_empty() || fixed {
                 "-".to_string()
             } else {
                 r.t90_steps
