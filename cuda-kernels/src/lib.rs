@@ -31,6 +31,7 @@ pub mod bank;
 pub mod count;
 pub mod device;
 pub mod error;
+pub mod kv;
 pub mod mem;
 
 pub use bank::{

@@ -1,0 +1,586 @@
+// tierkit: kv-elastic fused resolve / dedup / fetch kernels, plan replay, candidate prefetch,
+// write-back, and the stand-ins used by the decode-step benchmark.
+//
+// Semantics are those of kv-elastic's CPU reference (ElasticPool::resolve / replay / prefetch):
+// tail -> scratch -> borrowed page -> hot cache -> miss; misses deduplicated per request in order of
+// first appearance over the request's rows; CLOCK (second chance) victims that skip slots pinned by
+// the current call; every output element written on every call.
+//
+// Layouts (all row-major):
+//   arena  [layers][arena_rows][row_bytes]                         (device, one allocation)
+//   host   [max_slots][max_history][layers][row_bytes]             (mapped pinned host memory)
+//   per slot b: fixed_pages[b][fixed_pages], page_tab[b][max_pages], pos_slot[b][max_history],
+//               slot_pos/referenced/stamp[b][hot_rows], hand[b], first[b][max_history]
+
+#define KV_NONE (-1)
+#define KV_UNCLAIMED 0x7fffffff
+
+// Error counters (err[i], u32, cumulative until the host clears them).
+#define KV_ERR_BAD_REQUEST 0   // request slot out of range / not live, or seq_len out of range
+#define KV_ERR_BAD_POSITION 1  // pick < -1 or >= seq_len (written as -1)
+#define KV_ERR_OVERFLOW 2      // more distinct misses than evictable hot rows (written as -1)
+#define KV_ERR_BAD_QSL 3       // query_start_loc malformed (every row written as -1)
+#define KV_ERR_STALE_PLAN 4    // replay check: destination row no longer holds the position
+
+struct KvDims {
+    unsigned int row_bytes, layers, page_rows, hot_rows;
+    unsigned int tail_rows, scratch_rows, fixed_pages, max_slots;
+    unsigned int max_history, max_pages, arena_rows, pad0;
+};
+
+struct KvSlotDesc {
+    unsigned int live, committed, scratch_len, full;
+    unsigned int tail_start, pad0, pad1, pad2;
+};
+
+struct KvTables {
+    const KvSlotDesc* desc;
+    const int* fixed_pages;
+    const int* page_tab;
+    int* pos_slot;
+    int* slot_pos;
+    unsigned int* referenced;
+    unsigned long long* stamp;
+    unsigned int* hand;
+    int* first;
+    unsigned long long* call;  // [0] = current call, [1] = finished blocks of the running resolve
+    unsigned char* arena;
+    unsigned char* host;
+    unsigned int* err;
+};
+
+struct KvCopy {
+    unsigned int slot, position, dst_row, pad;
+};
+
+#define KV_STATS 8  // picks, tail, scratch, page, hot, misses, direct, invalid
+
+__device__ __forceinline__ unsigned long long kv_plane(const KvDims& d, unsigned int layer) {
+    return (unsigned long long)layer * d.arena_rows * d.row_bytes;
+}
+
+__device__ __forceinline__ unsigned long long kv_host_off(const KvDims& d, unsigned int slot, unsigned int pos,
+                                                         unsigned int layer) {
+    return (((unsigned long long)slot * d.max_history + pos) * d.layers + layer) * d.row_bytes;
+}
+
+__device__ __forceinline__ int kv_fixed_row(const KvDims& d, const KvTables& t, unsigned int slot,
+                                            unsigned int local) {
+    return t.fixed_pages[(unsigned long long)slot * d.fixed_pages + local / d.page_rows] * (int)d.page_rows +
+           (int)(local % d.page_rows);
+}
+
+// Resident row (scratch, tail, page) of a valid position, -1 if it must come from the hot cache.
+// kind: 1 scratch, 2 tail, 3 page.
+__device__ __forceinline__ int kv_resident(const KvDims& d, const KvTables& t, unsigned int slot,
+                                           const KvSlotDesc& s, unsigned int p, int* kind) {
+    if (p >= s.committed) {
+        *kind = 1;
+        return kv_fixed_row(d, t, slot, d.hot_rows + d.tail_rows + (p - s.committed));
+    }
+    if (p >= s.tail_start) {
+        *kind = 2;
+        return kv_fixed_row(d, t, slot, d.hot_rows + p % d.tail_rows);
+    }
+    const unsigned int j = p / d.page_rows;
+    if (j < d.max_pages) {
+        const int pg = t.page_tab[(unsigned long long)slot * d.max_pages + j];
+        if (pg >= 0) {
+            *kind = 3;
+            return pg * (int)d.page_rows + (int)(p % d.page_rows);
+        }
+    }
+    *kind = 0;
+    return -1;
+}
+
+// One warp copies `bytes` bytes; 16-byte loads when sizes and addresses allow, two in flight per lane.
+__device__ __forceinline__ void kv_warp_copy(unsigned char* dst, const unsigned char* src, unsigned int bytes,
+                                             unsigned int lane) {
+    if (((bytes | (unsigned int)(size_t)dst | (unsigned int)(size_t)src) & 15u) == 0u) {
+        const uint4* s = (const uint4*)src;
+        uint4* o = (uint4*)dst;
+        const unsigned int n = bytes >> 4;
+        for (unsigned int i = lane; i < n; i += 64u) {
+            const uint4 a = s[i];
+            const bool hb = i + 32u < n;
+            uint4 b;
+            if (hb) b = s[i + 32u];
+            o[i] = a;
+            if (hb) o[i + 32u] = b;
+        }
+    } else if (((bytes | (unsigned int)(size_t)dst | (unsigned int)(size_t)src) & 3u) == 0u) {
+        const unsigned int* s = (const unsigned int*)src;
+        unsigned int* o = (unsigned int*)dst;
+        for (unsigned int i = lane; i < (bytes >> 2); i += 32u) o[i] = s[i];
+    } else {
+        for (unsigned int i = lane; i < bytes; i += 32u) dst[i] = src[i];
+    }
+}
+
+// Exclusive block-wide prefix sum of a 0/1 predicate (blockDim.x a multiple of 32, <= 1024).
+__device__ __forceinline__ unsigned int kv_block_scan(bool pred, unsigned int* total, unsigned int* warp_sums) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const unsigned int ballot = __ballot_sync(0xffffffffu, pred);
+    const unsigned int in_warp = __popc(ballot & ((1u << lane) - 1u));
+    __syncthreads();  // warp_sums may still be read by the previous call
+    if (lane == 0) warp_sums[warp] = __popc(ballot);
+    __syncthreads();
+    unsigned int before = 0, sum = 0;
+    for (unsigned int w = 0; w < nw; ++w) {
+        const unsigned int v = warp_sums[w];
+        if (w < warp) before += v;
+        sum += v;
+    }
+    *total = sum;
+    return before + in_warp;
+}
+
+// Victim selection by warp 0 (CLOCK, exactly the sequence of the CPU reference's victim() calls):
+// scan index i visits slot (hand + i) % n; lap 1 takes an unpinned slot that is empty or unreferenced,
+// lap 2 takes an unpinned referenced slot (its bit was cleared on lap 1). Victim slots go to
+// plan[i].dst_row (still slot numbers). Returns (in shared) taken count and the last scan index.
+__device__ void kv_pick_victims(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                KvCopy* plan, unsigned int want, unsigned int* sh_taken, int* sh_last) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int n = d.hot_rows;
+    const unsigned long long base = (unsigned long long)slot * n;
+    const unsigned int hand = t.hand[slot];
+    unsigned int taken = 0;
+    int last = -1;
+    for (unsigned int i0 = 0; i0 < 2u * n && taken < want; i0 += 32u) {
+        const unsigned int i = i0 + lane;
+        bool take = false;
+        unsigned int s = 0;
+        if (i < 2u * n) {
+            s = (hand + i) % n;
+            const bool pin = t.stamp[base + s] == call;
+            const bool empty = t.slot_pos[base + s] < 0;
+            const bool ref = t.referenced[base + s] != 0u;
+            take = !pin && (i < n ? (empty || !ref) : (!empty && ref));
+        }
+        const unsigned int ballot = __ballot_sync(0xffffffffu, take);
+        const unsigned int rank = __popc(ballot & ((1u << lane) - 1u));
+        const unsigned int cnt = __popc(ballot), need = want - taken;
+        if (take && rank < need) plan[taken + rank].dst_row = s;
+        if (cnt >= need) {
+            const unsigned int at = __ballot_sync(0xffffffffu, take && rank == need - 1u);
+            last = (int)(i0 + (unsigned int)(__ffs(at) - 1));
+            taken = want;
+        } else if (cnt > 0u) {
+            last = (int)(i0 + 31u - (unsigned int)__clz(ballot));
+            taken += cnt;
+        }
+    }
+    if (lane == 0) {
+        *sh_taken = taken;
+        *sh_last = last;
+    }
+}
+
+// After installs: clear reference bits of lap-1 slots the hand passed (unless pinned) and move the hand
+// as the CPU reference does (a failing victim() call sweeps 2n + 1 slots, i.e. one net step).
+__device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                unsigned int want, unsigned int taken, int last) {
+    const unsigned int n = d.hot_rows;
+    const unsigned long long base = (unsigned long long)slot * n;
+    const unsigned int hand = t.hand[slot];
+    const unsigned int visited = last < 0 ? 0u : min((unsigned int)last + 1u, n);
+    for (unsigned int i = threadIdx.x; i < visited; i += blockDim.x) {
+        const unsigned int s = (hand + i) % n;
+        if (t.stamp[base + s] != call) t.referenced[base + s] = 0u;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && want > 0) {
+        unsigned long long adv = last < 0 ? 0ull : (unsigned long long)last + 1ull;
+        if (taken < want) adv += 2ull * n + 1ull;
+        t.hand[slot] = (unsigned int)((hand + adv) % n);
+    }
+}
+
+// Installs plan[0..taken) (dst_row holds the victim slot) and rewrites dst_row to the arena row.
+__device__ void kv_install(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                           KvCopy* plan, unsigned int taken) {
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    for (unsigned int i = threadIdx.x; i < taken; i += blockDim.x) {
+        const unsigned int s = plan[i].dst_row, p = plan[i].position;
+        const int old = t.slot_pos[hb + s];
+        if (old >= 0) t.pos_slot[pb + old] = KV_NONE;
+        t.slot_pos[hb + s] = (int)p;
+        t.pos_slot[pb + p] = (int)s;
+        t.referenced[hb + s] = 0u;
+        t.stamp[hb + s] = call;
+        plan[i].dst_row = (unsigned int)kv_fixed_row(d, t, slot, s);
+        plan[i].slot = slot;
+        plan[i].pad = 0u;
+    }
+}
+
+// Gathers plan rows from mapped host memory into layers [l0, l0 + nl): one warp per row.
+__device__ void kv_fetch(const KvDims& d, const KvTables& t, const KvCopy* plan, unsigned int n, unsigned int l0,
+                         unsigned int nl) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (unsigned int w = warp; w < n * nl; w += nw) {
+        const unsigned int i = w % n, l = l0 + w / n;
+        const KvCopy c = plan[i];
+        kv_warp_copy(t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes,
+                     t.host + kv_host_off(d, c.slot, c.position, l), d.row_bytes, lane);
+    }
+}
+
+// Claims: the smallest flat index of each missing position (first appearance), touches hits.
+// Returns via the caller's loop; `f` is the flat index of the pick in the request.
+__device__ __forceinline__ void kv_claim(const KvDims& d, const KvTables& t, unsigned int slot,
+                                         const KvSlotDesc& s, int p, int limit, int f, unsigned long long call,
+                                         unsigned int* bad) {
+    if (p < 0 || p >= limit) {
+        if (p != -1) *bad += 1u;
+        return;
+    }
+    int kind;
+    if (kv_resident(d, t, slot, s, (unsigned int)p, &kind) >= 0) return;
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    const int hs = t.pos_slot[pb + p];
+    if (hs >= 0) {
+        t.referenced[hb + hs] = 1u;
+        t.stamp[hb + hs] = call;
+    } else {
+        atomicMin(&t.first[pb + p], f);
+    }
+}
+
+// Owner test for the ordered compaction: a valid missing pick holding its position's claim. The
+// owner releases the claim (later duplicates then see KV_UNCLAIMED, which never equals their index).
+__device__ __forceinline__ bool kv_owner(const KvDims& d, const KvTables& t, unsigned int slot, const KvSlotDesc& s,
+                                         int p, int limit, int f) {
+    if (p < 0 || p >= limit) return false;
+    int kind;
+    if (kv_resident(d, t, slot, s, (unsigned int)p, &kind) >= 0) return false;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    if (t.pos_slot[pb + p] >= 0) return false;
+    if (t.first[pb + p] != f) return false;
+    t.first[pb + p] = KV_UNCLAIMED;
+    return true;
+}
+
+__device__ __forceinline__ bool kv_qsl_ok(const int* qsl, unsigned int reqs, unsigned int rows) {
+    bool bad = false;
+    for (unsigned int i = threadIdx.x; i < reqs; i += blockDim.x) bad |= qsl[i + 1] < qsl[i];
+    if (threadIdx.x == 0) bad |= qsl[0] < 0 || (unsigned int)qsl[reqs] > rows;
+    return !__syncthreads_or(bad);
+}
+
+__device__ void kv_fill_rows(int* indices, int* valid_count, unsigned int r0, unsigned int r1, unsigned int k) {
+    for (unsigned long long i = (unsigned long long)r0 * k + threadIdx.x; i < (unsigned long long)r1 * k;
+         i += blockDim.x)
+        indices[i] = -1;
+    for (unsigned int r = r0 + threadIdx.x; r < r1; r += blockDim.x) valid_count[r] = 0;
+}
+
+// The fused resolve. Grid: reqs + 1 blocks (block `reqs` writes rows no request owns). Outputs:
+// indices int32 [rows, k], valid_count int32 [rows], plan [reqs][hot_rows] with plan_count [reqs],
+// stats [reqs][KV_STATS]. fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA).
+extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
+    KvDims d, KvTables t, const int* __restrict__ topk, const int* __restrict__ qsl, const int* __restrict__ seq_lens,
+    const int* __restrict__ req_slot, unsigned int reqs, unsigned int rows, unsigned int k, unsigned int layer,
+    unsigned int fetch, int* __restrict__ indices, int* __restrict__ valid_count, KvCopy* __restrict__ plan_all,
+    unsigned int* __restrict__ plan_count, unsigned int* __restrict__ stats) {
+    __shared__ unsigned long long sh_call;
+    __shared__ unsigned int warp_sums[32];
+    __shared__ unsigned int sh_taken, sh_count[KV_STATS];
+    __shared__ int sh_last;
+    if (threadIdx.x == 0) sh_call = t.call[0] + 1ull;
+    if (threadIdx.x < KV_STATS) sh_count[threadIdx.x] = 0u;
+    __syncthreads();
+    const unsigned long long call = sh_call;
+    const unsigned int r = blockIdx.x;
+
+    if (!kv_qsl_ok(qsl, reqs, rows)) {
+        for (unsigned int row = blockIdx.x; row < rows; row += gridDim.x) kv_fill_rows(indices, valid_count, row, row + 1, k);
+        if (r < reqs && threadIdx.x == 0) plan_count[r] = 0u;
+        if (r < reqs && threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
+        if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&t.err[KV_ERR_BAD_QSL], 1u);
+    } else if (r == reqs) {
+        kv_fill_rows(indices, valid_count, 0, (unsigned int)qsl[0], k);
+        kv_fill_rows(indices, valid_count, (unsigned int)qsl[reqs], rows, k);
+    } else {
+        const unsigned int row0 = (unsigned int)qsl[r], row1 = (unsigned int)qsl[r + 1];
+        const int sl = req_slot[r];
+        const int limit = seq_lens[r];
+        bool ok = sl >= 0 && (unsigned int)sl < d.max_slots;
+        KvSlotDesc s = {};
+        if (ok) {
+            s = t.desc[sl];
+            ok = s.live != 0u && limit >= 1 && (unsigned int)limit <= s.committed + s.scratch_len;
+        }
+        if (!ok) {
+            kv_fill_rows(indices, valid_count, row0, row1, k);
+            if (threadIdx.x == 0) {
+                plan_count[r] = 0u;
+                atomicAdd(&t.err[KV_ERR_BAD_REQUEST], 1u);
+            }
+            if (threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
+        } else {
+            const unsigned int slot = (unsigned int)sl;
+            KvCopy* plan = plan_all + (unsigned long long)r * d.hot_rows;
+            unsigned int bad = 0;
+            // 1. touch hits, claim misses
+            for (unsigned int row = row0; row < row1; ++row)
+                for (unsigned int j = threadIdx.x; j < k; j += blockDim.x)
+                    kv_claim(d, t, slot, s, topk[(unsigned long long)row * k + j], limit, (int)((row - row0) * k + j),
+                             call, &bad);
+            __syncthreads();
+            // 2. ordered compaction of first appearances
+            unsigned int misses = 0;
+            for (unsigned int row = row0; row < row1; ++row)
+                for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
+                    const unsigned int j = j0 + threadIdx.x;
+                    const int f = (int)((row - row0) * k + j);
+                    const int p = j < k ? topk[(unsigned long long)row * k + j] : -1;
+                    const bool own = j < k && kv_owner(d, t, slot, s, p, limit, f);
+                    unsigned int total;
+                    const unsigned int at = misses + kv_block_scan(own, &total, warp_sums);
+                    if (own && at < d.hot_rows) plan[at].position = (unsigned int)p;
+                    misses += total;
+                }
+            const unsigned int want = min(misses, d.hot_rows);
+            __syncthreads();
+            // 3. victims (warp 0), 4. installs, 5. sweep bookkeeping
+            if (threadIdx.x < 32u) kv_pick_victims(d, t, slot, call, plan, want, &sh_taken, &sh_last);
+            __syncthreads();
+            const unsigned int taken = sh_taken;
+            kv_install(d, t, slot, call, plan, taken);
+            __syncthreads();
+            kv_finish_sweep(d, t, slot, call, want, taken, sh_last);
+            if (threadIdx.x == 0) {
+                plan_count[r] = taken;
+                if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
+            }
+            __syncthreads();
+            // 6. fetch from mapped host memory
+            if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
+            // 7. outputs, every element written
+            unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0;
+            for (unsigned int row = row0; row < row1; ++row) {
+                unsigned int valid = 0;
+                for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
+                    const unsigned int j = j0 + threadIdx.x;
+                    int out = -1;
+                    if (j < k) {
+                        const int p = topk[(unsigned long long)row * k + j];
+                        if (p >= 0 && p < limit) {
+                            int kind;
+                            out = kv_resident(d, t, slot, s, (unsigned int)p, &kind);
+                            if (out < 0) {
+                                const int hs = t.pos_slot[(unsigned long long)slot * d.max_history + p];
+                                if (hs >= 0) {
+                                    out = kv_fixed_row(d, t, slot, (unsigned int)hs);
+                                    c_hot++;
+                                }
+                            } else {
+                                c_scr += kind == 1;
+                                c_tail += kind == 2;
+                                c_page += kind == 3;
+                            }
+                        }
+                        indices[(unsigned long long)row * k + j] = out;
+                    }
+                    valid += (unsigned int)__syncthreads_count(out >= 0);
+                }
+                if (threadIdx.x == 0) valid_count[row] = (int)valid;
+            }
+            atomicAdd(&sh_count[1], c_tail);
+            atomicAdd(&sh_count[2], c_scr);
+            atomicAdd(&sh_count[3], c_page);
+            atomicAdd(&sh_count[4], c_hot);
+            atomicAdd(&sh_count[7], bad);
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                const unsigned int picks = sh_count[1] + sh_count[2] + sh_count[3] + sh_count[4];
+                unsigned int* st = stats + r * KV_STATS;
+                st[0] = picks;
+                st[1] = sh_count[1];
+                st[2] = sh_count[2];
+                st[3] = sh_count[3];
+                st[4] = sh_count[4];
+                st[5] = taken;
+                st[6] = (s.full != 0u && misses == 0u) ? 1u : 0u;
+                st[7] = sh_count[7];
+                if (sh_count[7]) atomicAdd(&t.err[KV_ERR_BAD_POSITION], sh_count[7]);
+            }
+        }
+    }
+    // The last block to finish advances the call counter (all blocks have read it by then).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        const unsigned long long done = atomicAdd(&t.call[1], 1ull);
+        if (done == (unsigned long long)gridDim.x - 1ull) {
+            t.call[0] = call;
+            t.call[1] = 0ull;
+            __threadfence();
+        }
+    }
+}
+
+// Plan replay into layers [l0, l0 + nl): block b copies plan[b * stride .. + count[b]].
+// check = 1: copy nothing, count entries whose destination no longer holds the position.
+extern "C" __global__ void tierkit_kv_replay(KvDims d, KvTables t, const KvCopy* __restrict__ plan,
+                                             const unsigned int* __restrict__ count, unsigned int stride,
+                                             unsigned int l0, unsigned int nl, unsigned int check) {
+    const KvCopy* p = plan + (unsigned long long)blockIdx.x * stride;
+    const unsigned int n = min(count[blockIdx.x], stride);
+    if (check) {
+        unsigned int stale = 0;
+        for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) {
+            const KvCopy c = p[i];
+            bool ok = c.slot < d.max_slots && c.position < d.max_history;
+            if (ok) {
+                const int hs = t.pos_slot[(unsigned long long)c.slot * d.max_history + c.position];
+                ok = hs >= 0 && kv_fixed_row(d, t, c.slot, (unsigned int)hs) == (int)c.dst_row;
+            }
+            stale += !ok;
+        }
+        if (stale) atomicAdd(&t.err[KV_ERR_STALE_PLAN], stale);
+        return;
+    }
+    kv_fetch(d, t, p, n, l0, nl);
+}
+
+// Candidate-pool prefetch (side stream). Block b: request slot slots[b], candidates
+// cand[b * stride .. + cand_count[b]]; pins with the current call (no increment), hits first, then
+// misses in first-appearance order while victims last; copies into layers [l0, l0 + nl).
+extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
+    KvDims d, KvTables t, const int* __restrict__ slots, const int* __restrict__ cand,
+    const unsigned int* __restrict__ cand_count, unsigned int stride, unsigned int l0, unsigned int nl,
+    KvCopy* __restrict__ plan_all, unsigned int* __restrict__ plan_count) {
+    __shared__ unsigned int warp_sums[32];
+    __shared__ unsigned int sh_taken;
+    __shared__ int sh_last;
+    const unsigned long long call = t.call[0];
+    const int sl = slots[blockIdx.x];
+    KvCopy* plan = plan_all + (unsigned long long)blockIdx.x * d.hot_rows;
+    if (sl < 0 || (unsigned int)sl >= d.max_slots || t.desc[sl].live == 0u) {
+        if (threadIdx.x == 0) {
+            plan_count[blockIdx.x] = 0u;
+            atomicAdd(&t.err[KV_ERR_BAD_REQUEST], 1u);
+        }
+        return;
+    }
+    const unsigned int slot = (unsigned int)sl;
+    const KvSlotDesc s = t.desc[slot];
+    const int* c = cand + (unsigned long long)blockIdx.x * stride;
+    const unsigned int n = min(cand_count[blockIdx.x], stride);
+    const int limit = (int)s.committed;
+    unsigned int bad = 0;
+    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) kv_claim(d, t, slot, s, c[i], limit, (int)i, call, &bad);
+    __syncthreads();
+    unsigned int misses = 0;
+    for (unsigned int i0 = 0; i0 < n; i0 += blockDim.x) {
+        const unsigned int i = i0 + threadIdx.x;
+        const int p = i < n ? c[i] : -1;
+        const bool own = i < n && kv_owner(d, t, slot, s, p, limit, (int)i);
+        unsigned int total;
+        const unsigned int at = misses + kv_block_scan(own, &total, warp_sums);
+        if (own && at < d.hot_rows) plan[at].position = (unsigned int)p;
+        misses += total;
+    }
+    const unsigned int want = min(misses, d.hot_rows);
+    __syncthreads();
+    if (threadIdx.x < 32u) kv_pick_victims(d, t, slot, call, plan, want, &sh_taken, &sh_last);
+    __syncthreads();
+    const unsigned int taken = sh_taken;
+    kv_install(d, t, slot, call, plan, taken);
+    __syncthreads();
+    // The CPU reference stops at the first miss without a victim: one failing sweep.
+    kv_finish_sweep(d, t, slot, call, want, taken, sh_last);
+    if (threadIdx.x == 0) {
+        plan_count[blockIdx.x] = taken;
+        if (bad) atomicAdd(&t.err[KV_ERR_BAD_POSITION], bad);
+    }
+    __syncthreads();
+    kv_fetch(d, t, plan, taken, l0, nl);
+}
+
+// Write-back of new rows to the host store (mapped pinned memory), layers [l0, l0 + nl):
+// items[i] = (slot, position, src arena row). One warp per (item, layer); ordered on the stream.
+extern "C" __global__ void tierkit_kv_write_back(KvDims d, KvTables t, const KvCopy* __restrict__ items,
+                                                 unsigned int n, unsigned int l0, unsigned int nl) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned long long w = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= (unsigned long long)n * nl) return;
+    const unsigned int i = (unsigned int)(w % n), l = l0 + (unsigned int)(w / n);
+    const KvCopy c = items[i];
+    if (c.slot >= d.max_slots || c.position >= d.max_history || c.dst_row >= d.arena_rows) {
+        if (lane == 0) atomicAdd(&t.err[KV_ERR_BAD_REQUEST], 1u);
+        return;
+    }
+    kv_warp_copy(t.host + kv_host_off(d, c.slot, c.position, l),
+                 t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes, d.row_bytes, lane);
+}
+
+// Baseline of a fully resident cache: positions -> rows through a block table
+// (row = block_table[slot][p / page_rows] * page_rows + p % page_rows), -1 for invalid picks.
+extern "C" __global__ void tierkit_kv_resident_indices(const int* __restrict__ topk, const int* __restrict__ qsl,
+                                                       const int* __restrict__ seq_lens,
+                                                       const int* __restrict__ block_table, unsigned int max_blocks,
+                                                       unsigned int page_rows, unsigned int reqs, unsigned int k,
+                                                       int* __restrict__ indices, int* __restrict__ valid_count) {
+    const unsigned int r = blockIdx.x;
+    if (r >= reqs) return;
+    const int limit = seq_lens[r];
+    for (int row = qsl[r]; row < qsl[r + 1]; ++row) {
+        unsigned int valid = 0;
+        for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
+            const unsigned int j = j0 + threadIdx.x;
+            int out = -1;
+            if (j < k) {
+                const int p = topk[(unsigned long long)row * k + j];
+                if (p >= 0 && p < limit && (unsigned int)p / page_rows < max_blocks)
+                    out = block_table[(unsigned long long)r * max_blocks + p / page_rows] * (int)page_rows +
+                          (int)((unsigned int)p % page_rows);
+                indices[(unsigned long long)row * k + j] = out;
+            }
+            valid += (unsigned int)__syncthreads_count(out >= 0);
+        }
+        if (threadIdx.x == 0) valid_count[row] = (int)valid;
+    }
+}
+
+// Sparse-attention stand-in for the decode-step benchmark: block per query row, warp per pick; the
+// score of a pick is the dot of its row's bytes with q (f32 [row_bytes]); out[row] = mean score.
+extern "C" __global__ void tierkit_kv_attend(const unsigned char* __restrict__ plane, unsigned int row_bytes,
+                                             const int* __restrict__ indices, const int* __restrict__ valid_count,
+                                             unsigned int k, const float* __restrict__ q, float* __restrict__ out) {
+    extern __shared__ float qs[];
+    __shared__ float partial[32];
+    const unsigned int row = blockIdx.x, lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (unsigned int i = threadIdx.x; i < row_bytes; i += blockDim.x) qs[i] = q[i];
+    __syncthreads();
+    float acc = 0.f;
+    const unsigned int words = row_bytes >> 4;
+    for (unsigned int j = warp; j < k; j += nw) {
+        const int idx = indices[(unsigned long long)row * k + j];
+        if (idx < 0) continue;
+        const uint4* src = (const uint4*)(plane + (unsigned long long)idx * row_bytes);
+        for (unsigned int w = lane; w < words; w += 32u) {
+            const uint4 v = src[w];
+            const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+#pragma unroll
+                for (int b = 0; b < 4; ++b) acc += (float)((u[e] >> (8 * b)) & 0xffu) * qs[w * 16u + e * 4u + b];
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if (lane == 0) partial[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (unsigned int w = 0; w < nw; ++w) s += partial[w];
+        const int v = valid_count[row];
+        out[row] = v > 0 ? s / (float)v : 0.f;
+    }
+}
