@@ -1,51 +1,104 @@
 // tierkit: standalone pick-counting kernels (the `.cuh` header is prepended by the host).
 //
 // ids: [ids_layers, tokens, k] (int32 or int64) for layers layer0 .. layer0 + ids_layers,
-// flat index i = (l * tokens + t) * k + j, picks_per_layer = tokens * k.
+// flat index i = (l * tokens + t) * k + j, picks_per_layer = tokens * k. The host guarantees
+// n <= 2^31 (u32 index math); 16-byte aligned `ids` take the vector loads, others a scalar path.
+// Each thread counts 4 consecutive picks (one 16-byte load for int32, two for int64).
 
-extern "C" __global__ void tierkit_count_i32(const int* __restrict__ ids, unsigned long long n,
-                                             unsigned int picks_per_layer, unsigned int layer0,
-                                             unsigned int layers, unsigned int experts,
-                                             unsigned int* table, unsigned int* err) {
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const unsigned int layer = layer0 + (unsigned int)(i / picks_per_layer);
-        tierkit_count_pick(table, err, layer, layers, (long long)ids[i], experts);
+template <typename T>
+__device__ __forceinline__ void tierkit_count4(const T (&v)[4], unsigned int i, unsigned int n,
+                                               unsigned int picks_per_layer, unsigned int layer0,
+                                               unsigned int layers, unsigned int experts,
+                                               unsigned int* table, unsigned int* err) {
+    unsigned int l = i / picks_per_layer;
+    unsigned int r = i - l * picks_per_layer;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (i + j < n) tierkit_count_pick(table, err, layer0 + l, layers, (long long)v[j], experts);
+        if (++r == picks_per_layer) { r = 0; ++l; }
     }
 }
 
-extern "C" __global__ void tierkit_count_i64(const long long* __restrict__ ids, unsigned long long n,
+extern "C" __global__ void tierkit_count_i32(const int* __restrict__ ids, unsigned int n,
                                              unsigned int picks_per_layer, unsigned int layer0,
                                              unsigned int layers, unsigned int experts,
                                              unsigned int* table, unsigned int* err) {
-    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const unsigned int layer = layer0 + (unsigned int)(i / picks_per_layer);
-        tierkit_count_pick(table, err, layer, layers, ids[i], experts);
+    const unsigned int stride = gridDim.x * blockDim.x * 4u;
+    const bool aligned = ((unsigned long long)ids & 15ull) == 0ull;
+    for (unsigned int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4u; i < n; i += stride) {
+        int v[4];
+        if (aligned && i + 4u <= n) {
+            const int4 q = *reinterpret_cast<const int4*>(ids + i);
+            v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = (i + j < n) ? ids[i + j] : 0;
+        }
+        tierkit_count4(v, i, n, picks_per_layer, layer0, layers, experts, table, err);
     }
 }
 
-// Stand-in router (bench and tests of the fused path): per token, top-k of `experts` logits by
-// repeated arg-max (ties: lowest id). logits f32 [tokens, experts]; out ids int32 [tokens, k].
-// With count != 0 the picks are also counted through the fused header function.
+extern "C" __global__ void tierkit_count_i64(const long long* __restrict__ ids, unsigned int n,
+                                             unsigned int picks_per_layer, unsigned int layer0,
+                                             unsigned int layers, unsigned int experts,
+                                             unsigned int* table, unsigned int* err) {
+    const unsigned int stride = gridDim.x * blockDim.x * 4u;
+    const bool aligned = ((unsigned long long)ids & 15ull) == 0ull;
+    for (unsigned int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4u; i < n; i += stride) {
+        long long v[4];
+        if (aligned && i + 4u <= n) {
+            const longlong2 a = *reinterpret_cast<const longlong2*>(ids + i);
+            const longlong2 b = *reinterpret_cast<const longlong2*>(ids + i + 2);
+            v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = (i + j < n) ? ids[i + j] : 0;
+        }
+        tierkit_count4(v, i, n, picks_per_layer, layer0, layers, experts, table, err);
+    }
+}
+
+// Stand-in router (bench and tests of the fused path), one warp per token: top-k of `experts`
+// (<= 256) f32 logits by k warp arg-max rounds (ties: lowest id; NaN never picked).
+// logits f32 [tokens, experts]; ids int32 [tokens, k], k <= 32. Launch >= tokens * 32 threads.
+// With count != 0, lanes 0..k-1 count their pick through the fused header function.
 extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logits, unsigned int tokens,
                                                   unsigned int experts, unsigned int k, int* ids,
                                                   unsigned int count, unsigned int* table, unsigned int* err,
                                                   unsigned int layer, unsigned int layers) {
-    const unsigned int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= tokens) return;
-    const float* row = logits + (unsigned long long)t * experts;
-    unsigned long long taken[4] = {0ull, 0ull, 0ull, 0ull};  // up to 256 experts
-    for (unsigned int j = 0; j < k; ++j) {
-        float best = -3.402823466e38f;
-        unsigned int arg = 0xFFFFFFFFu;
-        for (unsigned int e = 0; e < experts && e < 256u; ++e) {
-            if ((taken[e >> 6] >> (e & 63u)) & 1ull) continue;
-            const float v = row[e];
-            if (arg == 0xFFFFFFFFu || v > best) { best = v; arg = e; }
+    const unsigned int token = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const unsigned int lane = threadIdx.x & 31u;
+    if (token >= tokens) return;  // whole warps exit together
+    const float* row = logits + (unsigned long long)token * experts;
+    const float NEG = __int_as_float(0xff800000);  // -inf
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const unsigned int e = lane + 32u * j;
+        v[j] = e < experts ? row[e] : NEG;
+    }
+    int mine = 0x7fffffff;
+    for (unsigned int r = 0; r < k && r < 32u; ++r) {
+        float best = NEG;
+        int arg = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (v[j] > best) { best = v[j]; arg = (int)(lane + 32u * j); }
         }
-        if (arg != 0xFFFFFFFFu) taken[arg >> 6] |= 1ull << (arg & 63u);
-        ids[(unsigned long long)t * k + j] = (int)arg;
-        if (count) tierkit_count_pick(table, err, layer, layers, (long long)(int)arg, experts);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
+            const int oa = __shfl_xor_sync(0xFFFFFFFFu, arg, o);
+            if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
+        }
+        if (lane == r) mine = arg;
+        if (arg != 0x7fffffff && (unsigned int)(arg & 31) == lane) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) if (j == (arg >> 5)) v[j] = NEG;
+        }
+    }
+    if (lane < k) {
+        ids[(unsigned long long)token * k + lane] = mine;
+        if (count) tierkit_count_pick(table, err, layer, layers, (long long)mine, experts);
     }
 }

@@ -289,9 +289,17 @@ impl PickCounterGpu {
             IdsDtype::I32 => &self.f_i32,
             IdsDtype::I64 => &self.f_i64,
         };
-        let n: u64 = ids.shape.picks();
+        if ids.shape.picks() > 1 << 31 {
+            return Err(CudaError::OutOfRange {
+                what: "picks per launch (layers * tokens * k)",
+                value: ids.shape.picks(),
+                limit: (1 << 31) + 1,
+            });
+        }
+        let n = ids.shape.picks() as u32;
         let per_layer: u32 = ids.shape.tokens * ids.shape.k;
-        let blocks = n.div_ceil(256).clamp(1, 1024) as u32;
+        // 4 picks per thread
+        let blocks = n.div_ceil(1024).clamp(1, 1024);
         let table = self.table_ptr();
         let rejected = self.rejected_ptr();
         let cfg = LaunchConfig {
@@ -308,7 +316,7 @@ impl PickCounterGpu {
             .arg(&self.experts)
             .arg(&table)
             .arg(&rejected);
-        // SAFETY: argument list matches `tierkit_count_{i32,i64}` (ptr, u64, u32 x4, ptr, ptr);
+        // SAFETY: argument list matches `tierkit_count_{i32,i64}` (ptr, u32 x5, ptr, ptr);
         // `ids` holds `n` elements of the declared dtype (bytes checked above), the kernel
         // writes only table[layer * experts + e] with layer < layers, e < experts, or the
         // rejected word, all inside our allocation of layers * experts + 1 words.

@@ -80,6 +80,27 @@ fn count_step_matches_cpu_reference_i32_and_i64() {
     counter
         .count(&s, &d, TopkShape::layer(tokens, k), 17)
         .unwrap();
+    // an odd-sized [255, 3] int32 layer at a 4-byte (not 16-byte) offset: scalar path + tail
+    let ids = random_ids(&mut rng, 255 * 3, experts as i64, 11);
+    cpu_rej += count_picks_cpu(
+        &ids,
+        TopkShape::layer(255, 3),
+        39,
+        layers,
+        experts,
+        &mut cpu,
+    )
+    .unwrap();
+    let mut padded: Vec<i32> = vec![0];
+    padded.extend(ids.iter().map(|&x| x as i32));
+    let d = DeviceBuffer::from_host(gpu.ctx(), &padded).unwrap();
+    let view = TopkIdsView {
+        ptr: d.device_ptr() + 4,
+        bytes: 255 * 3 * 4,
+        dtype: IdsDtype::I32,
+        shape: TopkShape::layer(255, 3),
+    };
+    counter.count_raw(&s, &view, 39).unwrap();
     counter.drain_async(&s).unwrap();
     assert!(matches!(
         counter.drain_async(&s),
@@ -174,8 +195,8 @@ fn fused_header_counts_like_the_cpu_reference() {
             1u32,
         );
         let cfg = LaunchConfig {
-            grid_dim: (tokens.div_ceil(128), 1, 1),
-            block_dim: (128, 1, 1),
+            grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = s.launch_builder(&f);

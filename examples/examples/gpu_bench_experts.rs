@@ -246,8 +246,8 @@ mod bench {
                     counter.rejected_ptr(),
                 );
                 let cfg = LaunchConfig {
-                    grid_dim: (tokens.div_ceil(128), 1, 1),
-                    block_dim: (128, 1, 1),
+                    grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
+                    block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 let mut b = s.launch_builder(&f);
