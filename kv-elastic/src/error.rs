@@ -135,6 +135,11 @@ pub enum KvError {
     /// An error from `tier-core` (pool, map, loans).
     #[error(transparent)]
     Core(#[from] tier_core::CoreError),
+    /// A CUDA error of the GPU back-end (carries the CUDA error name, e.g.
+    /// `CUDA_ERROR_OUT_OF_MEMORY`), or a device capacity limit.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Cuda(#[from] cuda_kernels::CudaError),
 }
 
 /// `Result` with [`KvError`].

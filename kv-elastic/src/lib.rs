@@ -29,6 +29,8 @@
 //! ```
 
 mod error;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 mod host;
 mod hot;
 mod layout;
@@ -43,7 +45,8 @@ pub use host::{HostStore, SessionId};
 pub use hot::HotCache;
 pub use layout::{pattern_row, pattern_tokens, Geometry};
 pub use pool::{
-    Admission, ElasticPool, ElasticReclaim, PoolConfig, PoolCounters, StepMaintenance, FIXED_TAG,
+    Admission, ElasticPool, ElasticReclaim, Placement, PoolConfig, PoolCounters, StepMaintenance,
+    FIXED_TAG,
 };
 pub use resolve::{
     ReadTicket, ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver,

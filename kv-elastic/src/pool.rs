@@ -99,6 +99,22 @@ pub struct StepMaintenance {
     pub grown: u32,
 }
 
+/// A live session's placement (see [`ElasticPool::placement`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Placement<'a> {
+    /// Physical page of each fixed page (hot cache, tail, scratch rows in that order).
+    pub fixed_pages: &'a [u32],
+    /// Borrowed history pages: physical page of logical page `j` (positions
+    /// `j × page_rows..(j + 1) × page_rows`), `-1` when not resident.
+    pub page_table: &'a [i32],
+    /// Committed positions.
+    pub committed: u32,
+    /// Draft tokens in scratch.
+    pub scratch_len: u32,
+    /// Whole history resident (tail + borrowed pages).
+    pub full: bool,
+}
+
 #[derive(Debug)]
 struct Request {
     committed: u32,
@@ -247,6 +263,21 @@ impl ElasticPool {
     /// Whether a live session holds its whole history (tail + borrowed pages): the direct path.
     pub fn holds_all(&self, session: SessionId) -> Result<bool> {
         self.request(session).map(|r| self.fully_held(r))
+    }
+
+    /// Where a live session's rows are, for a device mirror (the GPU back-end publishes this between
+    /// steps): its fixed pages (hot-cache rows, then tail, then scratch, `page_rows` per page), its
+    /// borrowed-page table (`-1` = not resident), committed and draft lengths, and whether the whole
+    /// history is resident (direct path). Errors: `UnknownSession`, `SessionFinished`.
+    pub fn placement(&self, session: SessionId) -> Result<Placement<'_>> {
+        let r = self.request(session)?;
+        Ok(Placement {
+            fixed_pages: &r.fixed_pages,
+            page_table: r.pages.table(),
+            committed: r.committed,
+            scratch_len: r.scratch_len,
+            full: self.fully_held(r),
+        })
     }
 
     /// Elastic pages lent to live sessions.
@@ -621,7 +652,7 @@ impl ElasticPool {
         Ok(())
     }
 
-    fn validate_batch(&self, input: &ResolveInput<'_>) -> Result<Vec<Vec<u32>>> {
+    pub(crate) fn validate_batch(&self, input: &ResolveInput<'_>) -> Result<Vec<Vec<u32>>> {
         let g = &self.geometry;
         let reqs = input.sessions.len();
         if input.layer >= g.layers {
@@ -937,6 +968,11 @@ impl Resolver for ElasticPool {
         let tail_start = r.committed.saturating_sub(g.tail_rows);
         let mut copies = Vec::new();
         let r = self.requests.get_mut(&session).expect("live");
+        // As in resolve: pin every hit first, then place the distinct misses (first appearance
+        // order) while victims last, so a prefetch never evicts one of its own candidates. The
+        // GPU back-end makes the same decisions.
+        let mut misses = Vec::new();
+        let mut seen = HashSet::new();
         for &p in candidates {
             if p < 0 {
                 continue;
@@ -952,8 +988,11 @@ impl Resolver for ElasticPool {
             }
             if let Some(slot) = r.hot.lookup(p) {
                 r.hot.touch(slot, call);
-                continue;
+            } else if seen.insert(p) {
+                misses.push(p);
             }
+        }
+        for p in misses {
             let Some(slot) = r.hot.victim(call) else {
                 break;
             };
