@@ -259,3 +259,55 @@ fn overflow_reader_is_fenced() {
         }
     });
 }
+
+/// Two rounds of remap + retire + reuse against a reader that enters twice
+/// (its slot is released and claimed again): page 0 -> page 1 -> page 0.
+fn two_rounds(ignore_readers: bool) {
+    model_bounded(2, move || {
+        let fence = Arc::new(EpochFence::with_reader_slots(1));
+        let world = Arc::new(World::new(2));
+        let reader = {
+            let (fence, world) = (fence.clone(), world.clone());
+            thread::spawn(move || {
+                for _ in 0..2 {
+                    let _g = fence.enter();
+                    world.read();
+                }
+            })
+        };
+        let mut retired = Retired::new();
+        for (old, new) in [(0usize, 1usize), (1, 0)] {
+            // Fill the unpublished page, then publish it in place of `old`.
+            // SAFETY: `new` is unmapped and was released by the fence (or
+            // never mapped), so no reader can touch it; loom checks that.
+            world.pages[new].with_mut(|x| unsafe { *x = OWNER_A });
+            // Release: the reader that acquires `new` sees its content.
+            world.map.store(new as u32, Ordering::Release);
+            retired.retire(&fence, old);
+            loop {
+                let freed = if ignore_readers {
+                    retired.collect_ignoring_readers(&fence)
+                } else {
+                    retired.collect(&fence)
+                };
+                if let Some(&p) = freed.first() {
+                    world.reuse(p);
+                    break;
+                }
+                thread::yield_now();
+            }
+        }
+        reader.join().unwrap();
+    });
+}
+
+#[test]
+fn two_rounds_with_slot_reuse() {
+    two_rounds(false);
+}
+
+#[test]
+#[should_panic(expected = "fence violation caught")]
+fn mutant_two_rounds_without_fence() {
+    expect_fence_violation(|| two_rounds(true));
+}
