@@ -1,9 +1,102 @@
-//! Criterion benches for `expert-residency` (placeholder: the real benches land with the crate).
-use criterion::{criterion_group, criterion_main, Criterion};
+//! Criterion benches for `expert-residency`: drain + decide at a large geometry (40 layers × 384
+//! experts, 96 hot per layer; goal ≤ 100 µs) and one counted pick, uncontended (goal ≤ 5 ns).
+//!
+//! `cargo bench -p tierkit-benches --bench expert_residency`; figures in
+//! `benches/figures-expert-residency.md`.
+use std::hint::black_box;
 
-fn noop(c: &mut Criterion) {
-    c.bench_function("expert_residency_noop", |b| b.iter(|| 1 + 1));
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use expert_residency::{Controller, ControllerConfig, Geometry, PickCounters, ResidencyMap};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// `n` cumulative counter snapshots: each adds a drain's worth (64 steps × 64 tokens × top-8
+/// picks per layer) of Zipf-like traffic whose ranking rotates slowly, so the policy keeps
+/// finding swaps to plan.
+fn snapshots(g: &Geometry, n: usize) -> Vec<Vec<u32>> {
+    let e = g.experts_per_layer as usize;
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut cur = vec![0u32; g.cells()];
+    (0..n)
+        .map(|k| {
+            for l in 0..g.layers as usize {
+                for x in 0..e {
+                    let rank = (x + k * 3 + l) % e;
+                    let mean = 32_768.0 / (rank + 1) as f64;
+                    let d = (mean * rng.random_range(0.8..1.2)) as u32;
+                    cur[l * e + x] = cur[l * e + x].wrapping_add(d);
+                }
+            }
+            cur.clone()
+        })
+        .collect()
 }
 
-criterion_group!(benches, noop);
+fn drain_decide(c: &mut Criterion) {
+    let g = Geometry::new(40, 384, 96, 1 << 20).unwrap();
+    let snaps = snapshots(&g, 64);
+    let mut ctl = Controller::new(
+        ResidencyMap::first_k("bench", g).unwrap(),
+        ControllerConfig::default(),
+    )
+    .unwrap();
+    // Warm the EMA over one cycle of snapshots and check that drains do plan swaps.
+    let mut planned = 0u64;
+    for s in &snaps {
+        planned += ctl.drain_now(s).unwrap().planned as u64;
+        ctl.cancel_queued();
+    }
+    eprintln!(
+        "drain_decide_40x384: {:.1} swaps planned per drain (of at most 80)",
+        planned as f64 / snaps.len() as f64
+    );
+    assert!(planned > 0, "the bench must exercise planning");
+    let mut i = 0;
+    c.bench_function("drain_decide_40x384", |b| {
+        b.iter(|| {
+            i = (i + 1) % snaps.len();
+            let t = ctl.drain_now(black_box(&snaps[i])).unwrap();
+            // Drop the plan so every drain plans in every layer again (worst case).
+            ctl.cancel_queued();
+            black_box(t.cold_share)
+        })
+    });
+    // The same drain with planning off (frozen): the split between counting work and policy.
+    ctl.freeze();
+    c.bench_function("drain_only_frozen_40x384", |b| {
+        b.iter(|| {
+            i = (i + 1) % snaps.len();
+            black_box(ctl.drain_now(black_box(&snaps[i])).unwrap().cold_share)
+        })
+    });
+}
+
+fn pick(c: &mut Criterion) {
+    let g = Geometry::new(40, 384, 96, 1 << 20).unwrap();
+    let counters = PickCounters::new(&g);
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let picks: Vec<(u32, u32)> = (0..4096)
+        .map(|_| (rng.random_range(0..40), rng.random_range(0..384)))
+        .collect();
+    let mut i = 0;
+    c.bench_function("pick_record_1", |b| {
+        b.iter(|| {
+            i = (i + 1) & 4095;
+            let (l, e) = picks[i];
+            counters.record(black_box(l), black_box(e)).unwrap();
+        })
+    });
+    let mut group = c.benchmark_group("pick_record_batch");
+    group.throughput(Throughput::Elements(picks.len() as u64));
+    group.bench_function("4096_picks", |b| {
+        b.iter(|| {
+            for &(l, e) in &picks {
+                counters.record(black_box(l), black_box(e)).unwrap();
+            }
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, drain_decide, pick);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! The residency controller: drains pick counts into an EMA, plans swaps, drives an executor.
 
 use crate::config::ControllerConfig;
-use crate::counters::{snapshot_deltas, PickCounters};
+use crate::counters::PickCounters;
 use crate::error::{Error, Result};
 use crate::executor::{PlannedSwap, SwapExecutor, SwapOutcome};
 use crate::rowmap::ResidencyMap;
@@ -279,7 +279,9 @@ impl Controller {
         self.step += 1;
         rep.step = self.step;
         if drain {
-            rep.drain = Some(self.drain_snapshot());
+            let snap = std::mem::take(&mut self.snap);
+            rep.drain = Some(self.drain_from(&snap));
+            self.snap = snap;
         }
         self.begin(executor, &mut rep);
         Ok(rep)
@@ -296,8 +298,7 @@ impl Controller {
                 found: snapshot.len(),
             });
         }
-        self.snap.copy_from_slice(snapshot);
-        Ok(self.drain_snapshot())
+        Ok(self.drain_from(snapshot))
     }
 
     fn commit(&mut self, executor: &mut dyn SwapExecutor, rep: &mut StepReport) -> Result<()> {
@@ -386,30 +387,37 @@ impl Controller {
         self.queue = keep;
     }
 
-    fn drain_snapshot(&mut self) -> DrainTelemetry {
+    /// Drains `snap` (length checked by the callers).
+    fn drain_from(&mut self, snap: &[u32]) -> DrainTelemetry {
         let g = *self.map.geometry();
         let experts = g.experts_per_layer as usize;
         let layers = g.layers as usize;
-        snapshot_deltas(&self.snap, &self.prev, &mut self.deltas).expect("lengths fixed at new");
-        std::mem::swap(&mut self.prev, &mut self.snap);
         let elapsed = self.step - self.last_drain_step;
         self.last_drain_step = self.step;
         self.drains += 1;
 
-        // Cold share of the interval, per layer, with the map as it is now.
+        // One fused pass per layer: wrap-around-safe deltas (u32 → u64), the new reference
+        // snapshot, and the interval's cold share with the map as it is now.
         let wbase = self.window_pos * layers;
         let mut cold_all = 0u64;
         let mut total_all = 0u64;
         for l in 0..layers {
+            let r = l * experts..(l + 1) * experts;
             let table = self.map.layers()[l].table();
-            let d = &self.deltas[l * experts..(l + 1) * experts];
             let mut cold = 0u64;
             let mut total = 0u64;
-            for (&x, &slot) in d.iter().zip(table) {
+            for (((d, p), &s), &slot) in self.deltas[r.clone()]
+                .iter_mut()
+                .zip(&mut self.prev[r.clone()])
+                .zip(&snap[r])
+                .zip(table)
+            {
+                let x = s.wrapping_sub(*p) as u64;
+                *p = s;
+                *d = x;
                 total += x;
-                if slot < 0 {
-                    cold += x;
-                }
+                // slot < 0 (cold) → all-ones mask.
+                cold += x & ((slot >> 31) as i64 as u64);
             }
             self.window[wbase + l] = (cold, total);
             cold_all += cold;
@@ -512,40 +520,66 @@ impl Controller {
         let hot = &mut self.hot_scratch;
         cold.clear();
         hot.clear();
-        // Busiest cold experts, descending by EMA (ties: lower id first).
+        let ratio = self.cfg.ratio;
+        // Only a cold expert at least `ratio` × the least busy hot one can swap in: find that
+        // bound first (one short pass), so that in steady state the scans below insert nothing.
+        let hot_min = row
+            .hot_experts()
+            .iter()
+            .map(|&e| vals[e as usize])
+            .fold(f64::INFINITY, f64::min);
+        let needed = ratio * hot_min;
+        // Busiest cold experts with EMA ≥ `needed` (and > 0), descending by EMA (ties: lower id
+        // first, as ids are scanned in order). `floor`: the smallest EMA that can still enter the
+        // full list. Insertion sort into at most `cap` entries.
+        let mut floor = 0.0;
         for (e, (&v, &slot)) in vals.iter().zip(row.table()).enumerate() {
-            if slot >= 0 || v <= 0.0 {
+            if slot >= 0 || v <= floor || v < needed {
                 continue;
             }
-            if cold.len() == cap && v <= cold[cap - 1].0 {
-                continue;
+            let mut i = if cold.len() < cap {
+                cold.push((v, e as u32));
+                cold.len() - 1
+            } else {
+                cold[cap - 1] = (v, e as u32);
+                cap - 1
+            };
+            while i > 0 && cold[i - 1].0 < cold[i].0 {
+                cold.swap(i - 1, i);
+                i -= 1;
             }
-            let pos = cold.partition_point(|&(cv, _)| cv >= v);
             if cold.len() == cap {
-                cold.pop();
+                floor = cold[cap - 1].0;
             }
-            cold.insert(pos, (v, e as u32));
         }
-        if cold.is_empty() {
+        let Some(&(cold_max, _)) = cold.first() else {
             return 0;
-        }
-        // Least busy hot experts, ascending by EMA (ties: lower id first).
+        };
+        // Least busy hot experts that the busiest cold one beats, ascending by (EMA, id).
         for &e in row.hot_experts() {
-            let v = vals[e as usize];
-            if hot.len() == cap && (v, e) >= hot[cap - 1] {
+            let x = (vals[e as usize], e);
+            if x.0 * ratio > cold_max {
                 continue;
             }
-            let pos = hot.partition_point(|&x| x < (v, e));
-            if hot.len() == cap {
-                hot.pop();
+            let mut i = if hot.len() < cap {
+                hot.push(x);
+                hot.len() - 1
+            } else if x < hot[cap - 1] {
+                hot[cap - 1] = x;
+                cap - 1
+            } else {
+                continue;
+            };
+            while i > 0 && hot[i] < hot[i - 1] {
+                hot.swap(i - 1, i);
+                i -= 1;
             }
-            hot.insert(pos, (v, e));
         }
         let mut n = 0u32;
         for (generation, (&(cv, ce), &(hv, he))) in
             (row.generation()..).zip(cold.iter().zip(hot.iter()))
         {
-            if cv < self.cfg.ratio * hv {
+            if cv < ratio * hv {
                 break;
             }
             self.queue.push(PlannedSwap {
