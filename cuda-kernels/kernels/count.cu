@@ -61,7 +61,7 @@ extern "C" __global__ void tierkit_count_i64(const long long* __restrict__ ids, 
 // Stand-in router (bench and tests of the fused path), one warp per token: top-k of `experts`
 // (<= 256) f32 logits by k warp arg-max rounds (ties: lowest id; NaN never picked).
 // logits f32 [tokens, experts]; ids int32 [tokens, k], k <= 32. Launch >= tokens * 32 threads.
-// With count != 0, lanes 0..k-1 count their pick through the fused header function.
+// With count != 0, lane 0 counts each pick through the fused header function as it is chosen.
 extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logits, unsigned int tokens,
                                                   unsigned int experts, unsigned int k, int* ids,
                                                   unsigned int count, unsigned int* table, unsigned int* err,
@@ -92,13 +92,13 @@ extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logi
             if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
         }
         if (lane == r) mine = arg;
+        // Fused path: count the pick as soon as it is known, so the atomic's latency hides
+        // behind the remaining rounds instead of sitting at the kernel's tail.
+        if (count && lane == 0) tierkit_count_pick(table, err, layer, layers, (long long)arg, experts);
         if (arg != 0x7fffffff && (unsigned int)(arg & 31) == lane) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) if (j == (arg >> 5)) v[j] = NEG;
         }
     }
-    if (lane < k) {
-        ids[(unsigned long long)token * k + lane] = mine;
-        if (count) tierkit_count_pick(table, err, layer, layers, (long long)mine, experts);
-    }
+    if (lane < k) ids[(unsigned long long)token * k + lane] = mine;
 }

@@ -5,6 +5,8 @@
 // `err` is one u32 that counts rejected picks (layer >= layers, expert < 0 or expert >= experts):
 // a bad id is never written out of bounds, it is counted here and the host reads it at the drain.
 // Atomics are relaxed (plain atomicAdd): the counts are only read after a stream-ordered drain.
+// Call it as soon as a pick is known (not at the kernel's tail): the add is fire-and-forget, so
+// its latency then hides behind the rest of the router.
 // Warp-aggregated: lanes of a warp that pick the same (layer, expert) add once, so a hot expert
 // does not serialise a whole warp on one address.
 #pragma once

@@ -374,6 +374,7 @@ impl ExpertBankGpu {
                 in_slot[(l * self.geo.slots_per_layer() + s) as usize] = e;
             }
         }
+        // `upload` synchronizes the context, so the slot copies above have landed too.
         self.table.upload(&table)?;
         self.table_host = table;
         self.slot_of = slot_of;

@@ -56,6 +56,9 @@ impl<T: Pod> DeviceBuffer<T> {
         };
         // SAFETY: `ptr` is our fresh allocation of at least `bytes` bytes.
         unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(drv("cuMemsetD8"))?;
+        // The "sync" memset runs on the legacy stream and may still be in flight on return; our
+        // streams are non-blocking (no implicit ordering with it), so wait for it here.
+        ctx.synchronize().map_err(drv("cuCtxSynchronize"))?;
         Ok(buf)
     }
 
@@ -98,7 +101,9 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(self.ptr + (i * std::mem::size_of::<T>()) as u64)
     }
 
-    /// Synchronous upload of `data` (same length) into the buffer.
+    /// Synchronous upload of `data` (same length) into the buffer: returns once the bytes are
+    /// in place (it synchronizes the context, since a pageable `cuMemcpyHtoD` may return before
+    /// its DMA lands and is not ordered with non-blocking streams).
     pub fn upload(&mut self, data: &[T]) -> Result<()> {
         if data.len() != self.len {
             return Err(CudaError::Shape {
@@ -109,14 +114,16 @@ impl<T: Pod> DeviceBuffer<T> {
         }
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: lengths match, `self.ptr` is a live allocation of `len` elements of `T`.
-        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(drv("cuMemcpyHtoD"))
+        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(drv("cuMemcpyHtoD"))?;
+        self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
     }
 
-    /// Synchronous download of the whole buffer (waits for the copy; order it after the kernels
-    /// that write the buffer, e.g. by synchronizing their stream first).
+    /// Synchronous download of the whole buffer: first waits for all work on the device (the
+    /// legacy-stream copy is not ordered with non-blocking streams), then copies.
     pub fn download(&self) -> Result<Vec<T>> {
         let mut out = vec![T::zeroed(); self.len];
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))?;
         // SAFETY: `out` has exactly `len` elements; `self.ptr` holds `len` elements of `T`.
         unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }.map_err(drv("cuMemcpyDtoH"))?;
         Ok(out)
