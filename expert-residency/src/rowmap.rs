@@ -456,4 +456,103 @@ mod tests {
         }
         assert!(a.same_hot_sets(&b));
     }
+
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeSet;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// Swap slot `slot % hot` of `layer` with the `pick`-th cold expert; `stale` uses an
+            /// old generation, `wrong` names an expert that is not in the slot.
+            Swap {
+                layer: u32,
+                slot: u32,
+                pick: u32,
+                stale: bool,
+                wrong: bool,
+            },
+            /// Move to a random target map through `plan_transition`.
+            Transition(Vec<u32>),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                4 => (0..3u32, 0..4u32, 0..16u32, prop::bool::weighted(0.2), prop::bool::weighted(0.1))
+                    .prop_map(|(layer, slot, pick, stale, wrong)| Op::Swap { layer, slot, pick, stale, wrong }),
+                1 => prop::collection::vec(0..1000u32, 3).prop_map(Op::Transition),
+            ]
+        }
+
+        fn check(m: &ResidencyMap, model: &[BTreeSet<u32>]) {
+            for (row, set) in m.layers().iter().zip(model) {
+                let hot: BTreeSet<u32> = row.hot_experts().iter().copied().collect();
+                assert_eq!(&hot, set);
+                assert_eq!(row.hot_experts().len(), 4);
+                for e in 0..row.experts() {
+                    match row.slot_of(e) {
+                        Some(s) => assert_eq!(row.expert_in_slot(s), Some(e)),
+                        None => assert!(!set.contains(&e)),
+                    }
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+            #[test]
+            fn rowmap_matches_model(ops in prop::collection::vec(op(), 1..60)) {
+                let g = Geometry::new(3, 10, 4, 1).unwrap();
+                let mut m = ResidencyMap::first_k("p", g).unwrap();
+                let mut model: Vec<BTreeSet<u32>> = vec![(0..4).collect(); 3];
+                for op in ops {
+                    match op {
+                        Op::Swap { layer, slot, pick, stale, wrong } => {
+                            let row = m.layer(layer).unwrap();
+                            let slot = slot % 4;
+                            let cold: Vec<u32> = (0..10).filter(|&e| !row.is_hot(e)).collect();
+                            let incoming = cold[pick as usize % cold.len()];
+                            let mut outgoing = row.expert_in_slot(slot).unwrap();
+                            if wrong {
+                                outgoing = row.expert_in_slot((slot + 1) % 4).unwrap();
+                            }
+                            let gen0 = row.generation();
+                            let swap = PlannedSwap {
+                                layer, incoming, outgoing, slot,
+                                generation: if stale { gen0.wrapping_sub(1) } else { gen0 },
+                            };
+                            let before = m.clone();
+                            let r = m.apply(&swap);
+                            if stale || wrong {
+                                prop_assert!(r.is_err());
+                                prop_assert_eq!(&m, &before);
+                            } else {
+                                prop_assert!(r.is_ok());
+                                prop_assert_eq!(m.layer(layer).unwrap().generation(), gen0 + 1);
+                                model[layer as usize].remove(&outgoing);
+                                model[layer as usize].insert(incoming);
+                            }
+                        }
+                        Op::Transition(seeds) => {
+                            let hot: Vec<Vec<u32>> = seeds.iter().map(|&s| {
+                                let mut v: Vec<u32> = (0..10).collect();
+                                v.rotate_left((s % 10) as usize);
+                                if s % 3 == 0 { v.reverse(); }
+                                v.truncate(4);
+                                v
+                            }).collect();
+                            let target = ResidencyMap::from_hot_sets("p", g, hot.clone()).unwrap();
+                            for s in m.plan_transition(&target).unwrap() {
+                                m.apply(&s).unwrap();
+                            }
+                            prop_assert!(m.same_hot_sets(&target));
+                            model = hot.into_iter().map(|h| h.into_iter().collect()).collect();
+                        }
+                    }
+                    check(&m, &model);
+                }
+            }
+        }
+    }
 }

@@ -222,3 +222,20 @@ fn bad_traces_are_typed_errors() {
         Err(Error::HotExceedsExperts { .. })
     ));
 }
+
+#[test]
+fn shift_response_stays_quiet_without_a_shift() {
+    let trace = shift_trace(4000, 4000, 3);
+    assert_eq!(trace.shifts, vec![4000]); // outside the trace: no shift inside
+    let g = geometry();
+    let cfg = ControllerConfig::default();
+    let plain = replay(&trace, &g, &PolicySpec::Adaptive(None), &cfg).unwrap();
+    let boosted = replay(&trace, &g, &PolicySpec::AdaptiveShiftResponse(None), &cfg).unwrap();
+    assert!(plain.shifts.is_empty());
+    // Adaptation from the uniform boot map lowers the cold share: no jump to detect.
+    assert_eq!(boosted.shift_detections, 0);
+    assert_eq!(
+        boosted.steady_state.cold_share,
+        plain.steady_state.cold_share
+    );
+}
