@@ -1,6 +1,6 @@
 //! Decaying (EMA) counters with a half-life in steps.
 
-use crate::error::{CoreError, Result};
+use crate::error::{try_filled, CoreError, Result};
 
 /// A table of exponentially decaying counters ("heat"), one `f64` per entry
 /// (expert, page, ...).
@@ -44,14 +44,15 @@ impl DecayingCounters {
     ///
     /// # Errors
     /// [`CoreError::ZeroCapacity`] if `len == 0`; [`CoreError::InvalidHalfLife`]
-    /// if `half_life_steps` is not finite or `<= 0`.
+    /// if `half_life_steps` is not finite or `<= 0`;
+    /// [`CoreError::AllocationFailed`] if `len * 8` bytes cannot be allocated.
     pub fn new(len: usize, half_life_steps: f64) -> Result<Self> {
         if len == 0 {
             return Err(CoreError::ZeroCapacity);
         }
         check_half_life(half_life_steps)?;
         Ok(DecayingCounters {
-            values: vec![0.0; len],
+            values: try_filled(len, 0.0)?,
             half_life_steps,
         })
     }

@@ -68,20 +68,25 @@ pub trait ReclaimPolicy {
 pub struct ProportionalOldestFirst;
 
 impl ProportionalOldestFirst {
-    /// How many pages each borrower gives up when `n` are taken from
-    /// `held` (pages per borrower, same order as `ids`, used for ties).
-    pub fn quotas(ids: &[BorrowerId], held: &[u64], n: u32) -> Vec<u64> {
-        let total: u64 = held.iter().sum();
-        let k = u64::from(n).min(total);
+    /// How many pages each borrower gives up when `n` pages are taken from
+    /// `held` = `(borrower, pages held)`: `min(n, total)` split by largest
+    /// remainder, ties to the lower id. Same order as `held`.
+    pub fn quotas(held: &[(BorrowerId, u64)], n: u32) -> Vec<u64> {
+        let total: u128 = held.iter().map(|h| u128::from(h.1)).sum();
+        let k = u128::from(n).min(total);
         if k == 0 {
             return vec![0; held.len()];
         }
-        // k, h <= 2^32, so k * h fits u64.
-        let mut quota: Vec<u64> = held.iter().map(|&h| k * h / total).collect();
-        let rem: Vec<u64> = held.iter().map(|&h| k * h % total).collect();
-        let given: u64 = quota.iter().sum();
+        let mut quota: Vec<u64> = Vec::with_capacity(held.len());
+        let mut rem: Vec<u128> = Vec::with_capacity(held.len());
+        for &(_, h) in held {
+            let x = k * u128::from(h);
+            quota.push((x / total) as u64); // <= h
+            rem.push(x % total);
+        }
+        let given: u128 = quota.iter().map(|&q| u128::from(q)).sum();
         let mut order: Vec<usize> = (0..held.len()).collect();
-        order.sort_by(|&a, &b| rem[b].cmp(&rem[a]).then(ids[a].cmp(&ids[b])));
+        order.sort_by(|&a, &b| rem[b].cmp(&rem[a]).then(held[a].0.cmp(&held[b].0)));
         // The fractional parts sum to k - given, each < 1, so at least that
         // many borrowers have a non-zero remainder and room for one more.
         for &i in order.iter().take((k - given) as usize) {
@@ -93,9 +98,9 @@ impl ProportionalOldestFirst {
 
 impl ReclaimPolicy for ProportionalOldestFirst {
     fn choose(&mut self, holdings: &[(BorrowerId, &[u32])], n: u32) -> Vec<(BorrowerId, u32)> {
-        let ids: Vec<BorrowerId> = holdings.iter().map(|h| h.0).collect();
-        let held: Vec<u64> = holdings.iter().map(|h| h.1.len() as u64).collect();
-        let quota = Self::quotas(&ids, &held, n);
+        let held: Vec<(BorrowerId, u64)> =
+            holdings.iter().map(|h| (h.0, h.1.len() as u64)).collect();
+        let quota = Self::quotas(&held, n);
         let mut out = Vec::with_capacity(quota.iter().sum::<u64>() as usize);
         for (&(b, logicals), &q) in holdings.iter().zip(&quota) {
             out.extend(logicals[..q as usize].iter().map(|&l| (b, l)));
@@ -561,23 +566,18 @@ mod tests {
 
     #[test]
     fn proportional_quotas() {
-        let ids = [BorrowerId(1), BorrowerId(2), BorrowerId(3)];
-        assert_eq!(
-            ProportionalOldestFirst::quotas(&ids, &[6, 3, 1], 5),
-            vec![3, 2, 0]
-        );
-        assert_eq!(
-            ProportionalOldestFirst::quotas(&ids, &[1, 1, 1], 2),
-            vec![1, 1, 0]
-        );
-        assert_eq!(
-            ProportionalOldestFirst::quotas(&ids, &[2, 2, 2], 100),
-            vec![2, 2, 2]
-        );
-        assert_eq!(
-            ProportionalOldestFirst::quotas(&ids, &[0, 0, 0], 3),
-            vec![0, 0, 0]
-        );
+        let q = |h: [u64; 3], n| {
+            let ids = [BorrowerId(3), BorrowerId(1), BorrowerId(2)];
+            let held: Vec<_> = ids.into_iter().zip(h).collect();
+            ProportionalOldestFirst::quotas(&held, n)
+        };
+        assert_eq!(q([6, 3, 1], 5), vec![3, 2, 0]);
+        // Equal remainders: the lower ids (1, then 2) get the extra pages.
+        assert_eq!(q([1, 1, 1], 2), vec![0, 1, 1]);
+        assert_eq!(q([2, 2, 2], 100), vec![2, 2, 2]);
+        assert_eq!(q([0, 0, 0], 3), vec![0, 0, 0]);
+        let big = q([u64::MAX, u64::MAX, 0], u32::MAX);
+        assert_eq!(big.iter().sum::<u64>(), u64::from(u32::MAX));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Logical-to-physical page map: a flat `i32` table, O(1) lookup.
 
-use crate::error::{CoreError, Result};
+use crate::error::{try_filled, CoreError, Result};
 use crate::page::PageId;
 
 /// Table value of a logical entry with no physical page (`-1`, as block tables
@@ -37,10 +37,11 @@ impl PageMap {
     /// grow it with [`resize`](Self::resize).
     ///
     /// # Errors
-    /// None today; `Result` keeps room for a size limit.
+    /// [`CoreError::AllocationFailed`] if the `4 * len`-byte table cannot be
+    /// allocated.
     pub fn new(len: u32) -> Result<Self> {
         Ok(PageMap {
-            table: vec![NOT_RESIDENT; len as usize],
+            table: try_filled(len as usize, NOT_RESIDENT)?,
             mapped: 0,
             generation: 0,
         })
@@ -136,7 +137,8 @@ impl PageMap {
     /// unmapped. Bumps the generation if the length changed.
     ///
     /// # Errors
-    /// [`CoreError::MappedTail`] if an entry at or beyond `new_len` is mapped.
+    /// [`CoreError::MappedTail`] if an entry at or beyond `new_len` is mapped;
+    /// [`CoreError::AllocationFailed`] if the grown table cannot be allocated.
     pub fn resize(&mut self, new_len: u32) -> Result<()> {
         let n = new_len as usize;
         if n == self.table.len() {
@@ -148,6 +150,11 @@ impl PageMap {
                     logical: (n + off) as u32,
                 });
             }
+        }
+        if n > self.table.len() && self.table.try_reserve_exact(n - self.table.len()).is_err() {
+            return Err(CoreError::AllocationFailed {
+                bytes: (n as u64) * 4,
+            });
         }
         self.table.resize(n, NOT_RESIDENT);
         self.generation += 1;

@@ -1,6 +1,6 @@
 //! Fixed-capacity page pool with O(1) alloc/free and generation-tagged handles.
 
-use crate::error::{CoreError, Result};
+use crate::error::{try_filled, CoreError, Result};
 use crate::page::{PageHandle, PageId, Tier};
 
 /// A fixed-capacity pool of physical pages (or slots) in one [`Tier`].
@@ -28,17 +28,24 @@ impl PagePool {
     /// Makes a pool of `capacity` pages (ids `0..capacity`), all free.
     ///
     /// # Errors
-    /// [`CoreError::ZeroCapacity`] if `capacity == 0`.
+    /// [`CoreError::ZeroCapacity`] if `capacity == 0`;
+    /// [`CoreError::AllocationFailed`] if the 9-bytes-per-page bookkeeping
+    /// cannot be allocated.
     pub fn new(tier: Tier, capacity: u32) -> Result<Self> {
         if capacity == 0 {
             return Err(CoreError::ZeroCapacity);
         }
+        let n = capacity as usize;
+        let mut free = try_filled(n, 0u32)?;
+        // Reversed so the first allocations hand out 0, 1, 2, ...
+        for (slot, p) in free.iter_mut().zip((0..capacity).rev()) {
+            *slot = p;
+        }
         Ok(PagePool {
             tier,
-            // Reversed so the first allocations hand out 0, 1, 2, ...
-            free: (0..capacity).rev().collect(),
-            generation: vec![0; capacity as usize],
-            live: vec![false; capacity as usize],
+            free,
+            generation: try_filled(n, 0)?,
+            live: try_filled(n, false)?,
         })
     }
 
