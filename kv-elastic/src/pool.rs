@@ -761,6 +761,46 @@ impl ElasticPool {
         Ok(hot_needed)
     }
 
+    /// A resolve's checks, shared by every back-end: output shapes and [`Self::validate_batch`]'s
+    /// errors; on an input error the outputs are filled with `-1` / `0` when their lengths are right.
+    /// Returns the distinct non-resident positions per request.
+    pub(crate) fn validate_resolve(
+        &self,
+        input: &ResolveInput<'_>,
+        out: &mut ResolveOutput<'_>,
+    ) -> Result<Vec<Vec<u32>>> {
+        let rows = input.topk.len().checked_div(input.k).unwrap_or(0);
+        let shapes_ok = input.k > 0
+            && input.topk.len().is_multiple_of(input.k)
+            && out.indices.len() == input.topk.len()
+            && out.valid_count.len() == rows;
+        match self.validate_batch(input) {
+            Ok(h) if shapes_ok => Ok(h),
+            Ok(_) => {
+                Err(if out.indices.len() != input.topk.len() {
+                    KvError::LengthMismatch {
+                        what: "indices",
+                        expected: input.topk.len(),
+                        actual: out.indices.len(),
+                    }
+                } else {
+                    KvError::LengthMismatch {
+                        what: "valid_count",
+                        expected: rows,
+                        actual: out.valid_count.len(),
+                    }
+                })
+            }
+            Err(e) => {
+                if out.valid_count.len() == rows && out.indices.len() == input.topk.len() {
+                    out.indices.fill(-1);
+                    out.valid_count.fill(0);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Physical row of a valid position (tail → scratch → page → hot); `None` if not resident.
     #[inline]
     fn locate(
@@ -813,36 +853,7 @@ impl Resolver for ElasticPool {
         input: &ResolveInput<'_>,
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved> {
-        let rows = input.topk.len().checked_div(input.k).unwrap_or(0);
-        let shapes_ok = input.k > 0
-            && input.topk.len().is_multiple_of(input.k)
-            && out.indices.len() == input.topk.len()
-            && out.valid_count.len() == rows;
-        let hot_needed = match self.validate_batch(input) {
-            Ok(h) if shapes_ok => h,
-            Ok(_) => {
-                return Err(if out.indices.len() != input.topk.len() {
-                    KvError::LengthMismatch {
-                        what: "indices",
-                        expected: input.topk.len(),
-                        actual: out.indices.len(),
-                    }
-                } else {
-                    KvError::LengthMismatch {
-                        what: "valid_count",
-                        expected: rows,
-                        actual: out.valid_count.len(),
-                    }
-                })
-            }
-            Err(e) => {
-                if out.valid_count.len() == rows && out.indices.len() == input.topk.len() {
-                    out.indices.fill(-1);
-                    out.valid_count.fill(0);
-                }
-                return Err(e);
-            }
-        };
+        let hot_needed = self.validate_resolve(input, out)?;
         self.call += 1;
         let call = self.call;
         let mut stats = ResolveStats::default();

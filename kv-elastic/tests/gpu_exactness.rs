@@ -1,0 +1,466 @@
+//! The GPU back-end against the CPU reference: the same randomized sessions and operations
+//! (admissions, appends, speculative drafts and accepts, finishes, reclaims, growth between steps,
+//! resolves with several query rows per request, duplicates and `-1` padding, replays, prefetches,
+//! bad input) applied to an [`ElasticPool`] and a [`GpuElasticPool`] give identical results: indices,
+//! valid counts, plans, stats and errors; and the bytes the GPU arena holds at every returned row equal
+//! the fully resident reference (the committed or draft token at that position). Both copy back-ends.
+//!
+//! Prints `SKIP: no CUDA device` and passes where no device exists. Cases: `KV_GPU_CASES` (default 40).
+#![cfg(feature = "cuda")]
+
+use std::collections::BTreeMap;
+
+use cuda_kernels::kv::CopyBackend;
+use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
+use kv_elastic::{
+    pattern_tokens, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput,
+    ResolvePlan, Resolver,
+};
+
+fn mix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn below(x: &mut u64, n: u64) -> u64 {
+    mix(x) % n.max(1)
+}
+
+/// Committed tokens and drafts of one session (each token `layers × row_bytes` bytes).
+type Tokens = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+/// Fully resident reference: committed tokens and drafts of each live session.
+#[derive(Default)]
+struct Model {
+    sessions: BTreeMap<u64, Tokens>,
+}
+
+fn tokens(g: &Geometry, bytes: &[u8]) -> Vec<Vec<u8>> {
+    bytes.chunks(g.token_bytes()).map(|c| c.to_vec()).collect()
+}
+
+struct Case {
+    g: Geometry,
+    cpu: ElasticPool,
+    gpu: GpuElasticPool,
+    model: Model,
+    next_id: u64,
+    last_plan: Option<(ResolvePlan, u32)>,
+    resolves: u64,
+    misses: u64,
+}
+
+const MAX_HISTORY: u32 = 96;
+
+impl Case {
+    fn check_bytes(
+        &self,
+        layer: u32,
+        sessions: &[u64],
+        qsl: &[i32],
+        topk: &[i32],
+        k: usize,
+        idx: &[i32],
+    ) {
+        let plane = self.gpu.device().download_plane(layer).unwrap();
+        let rb = self.g.row_bytes as usize;
+        for (ri, s) in sessions.iter().enumerate() {
+            let (committed, drafts) = &self.model.sessions[s];
+            for row in qsl[ri] as usize..qsl[ri + 1] as usize {
+                for j in row * k..(row + 1) * k {
+                    let p = topk[j];
+                    if p < 0 {
+                        assert_eq!(idx[j], -1);
+                        continue;
+                    }
+                    let tok = if (p as usize) < committed.len() {
+                        &committed[p as usize]
+                    } else {
+                        &drafts[p as usize - committed.len()]
+                    };
+                    let want = &tok[layer as usize * rb..(layer as usize + 1) * rb];
+                    let at = idx[j] as usize * rb;
+                    assert_eq!(
+                        &plane[at..at + rb],
+                        want,
+                        "session {s} position {p} layer {layer} row {}",
+                        idx[j]
+                    );
+                }
+            }
+        }
+    }
+
+    fn step(&mut self, rng: &mut u64) {
+        let g = self.g;
+        let live: Vec<u64> = self.model.sessions.keys().copied().collect();
+        let pick = |rng: &mut u64| live[below(rng, live.len() as u64) as usize];
+        match below(rng, 12) {
+            0 | 1 => {
+                let id = self.next_id;
+                self.next_id += 1;
+                let len = 1 + below(rng, 60) as u32;
+                let h = pattern_tokens(&g, id, 0, len);
+                let a = self.cpu.admit(id, &h);
+                let b = self.gpu.admit(id, &h);
+                match (&a, &b) {
+                    (Ok(x), Ok(y)) => assert_eq!(x, y),
+                    (Err(KvError::NoRoom { .. }), Err(KvError::NoRoom { .. })) => {}
+                    (Err(x), Err(y)) => assert_eq!(x, y),
+                    // The GPU pool's extra capacity limit (request slots).
+                    (Ok(_), Err(KvError::Cuda(_))) => {
+                        self.cpu.finish(id).unwrap();
+                        return;
+                    }
+                    _ => panic!("admit differs: {a:?} vs {b:?}"),
+                }
+                if matches!(a, Ok(kv_elastic::Admission::Admitted { .. })) {
+                    self.model.sessions.insert(id, (tokens(&g, &h), Vec::new()));
+                }
+            }
+            2 if !live.is_empty() => {
+                let s = pick(rng);
+                let n = below(rng, 5) as u32;
+                let committed = self.model.sessions[&s].0.len() as u32;
+                if committed + n + g.scratch_rows > MAX_HISTORY {
+                    return;
+                }
+                let t = pattern_tokens(&g, s, committed, n);
+                assert_eq!(self.cpu.append(s, &t), self.gpu.append(s, &t));
+                let m = self.model.sessions.get_mut(&s).unwrap();
+                m.0.extend(tokens(&g, &t));
+                m.1.clear();
+            }
+            3 if !live.is_empty() && g.scratch_rows > 0 => {
+                let s = pick(rng);
+                let n = 1 + below(rng, 2) as u32;
+                let m = &self.model.sessions[&s];
+                let start = (m.0.len() + m.1.len()) as u32;
+                let t = pattern_tokens(&g, s ^ (1 << 40), start, n);
+                let a = self.cpu.write_scratch(s, &t);
+                assert_eq!(a, self.gpu.write_scratch(s, &t));
+                if a.is_ok() {
+                    self.model
+                        .sessions
+                        .get_mut(&s)
+                        .unwrap()
+                        .1
+                        .extend(tokens(&g, &t));
+                }
+            }
+            4 if !live.is_empty() => {
+                let s = pick(rng);
+                let n = below(rng, 3) as u32;
+                let a = self.cpu.accept(s, n);
+                assert_eq!(a, self.gpu.accept(s, n));
+                if a.is_ok() {
+                    let m = self.model.sessions.get_mut(&s).unwrap();
+                    let acc: Vec<Vec<u8>> = m.1.drain(..).take(n as usize).collect();
+                    m.0.extend(acc);
+                }
+            }
+            5 if !live.is_empty() => {
+                let s = pick(rng);
+                assert_eq!(self.cpu.finish(s), self.gpu.finish(s));
+                self.model.sessions.remove(&s);
+            }
+            6 => {
+                let n = 1 + below(rng, 6) as u32;
+                assert_eq!(self.cpu.reclaim(n), self.gpu.reclaim(n));
+            }
+            7 => {
+                let c = 1 + below(rng, 6) as u32;
+                assert_eq!(self.cpu.between_steps(c), self.gpu.between_steps(c));
+            }
+            8 if !live.is_empty() => {
+                let s = pick(rng);
+                let committed = self.model.sessions[&s].0.len() as i64;
+                let n = below(rng, 3 * g.hot_rows as u64) as usize;
+                let cand: Vec<i32> = (0..n)
+                    .map(|_| below(rng, committed as u64 + 1) as i32 - 1)
+                    .collect();
+                let layer = below(rng, g.layers as u64) as u32;
+                let a = self.cpu.prefetch(s, &cand, layer);
+                let b = self.gpu.prefetch(s, &cand, layer);
+                assert_eq!(a, b, "prefetch plan");
+            }
+            9 => {
+                if let Some((plan, layer)) = self.last_plan.take() {
+                    let other = (layer + 1) % g.layers;
+                    let a = self.cpu.replay(&plan, other);
+                    let b = self.gpu.replay(&plan, other);
+                    assert_eq!(a, b, "replay");
+                    if a.is_ok() {
+                        let pc = self.cpu.plane(other).unwrap().to_vec();
+                        let pg = self.gpu.device().download_plane(other).unwrap();
+                        let rb = g.row_bytes as usize;
+                        for c in &plan.copies {
+                            let at = c.dst_row as usize * rb;
+                            assert_eq!(pc[at..at + rb], pg[at..at + rb], "replayed row");
+                        }
+                    }
+                }
+            }
+            10 if !live.is_empty() => {
+                // Bad input: unknown session, out-of-range position, bad layer.
+                let s = pick(rng);
+                let committed = self.model.sessions[&s].0.len() as i32;
+                let kind = below(rng, 3);
+                let sessions = if kind == 0 { vec![1 << 50] } else { vec![s] };
+                let topk = if kind == 1 {
+                    vec![0, committed + 7]
+                } else {
+                    vec![0, -1]
+                };
+                let layer = if kind == 2 { g.layers } else { 0 };
+                let input = ResolveInput {
+                    sessions: &sessions,
+                    query_start_loc: &[0, 1],
+                    seq_lens: &[committed],
+                    topk: &topk,
+                    k: 2,
+                    layer,
+                };
+                let (mut i1, mut v1) = ([5i32; 2], [5i32; 1]);
+                let (mut i2, mut v2) = ([7i32; 2], [7i32; 1]);
+                let a = self.cpu.resolve(
+                    &input,
+                    &mut ResolveOutput {
+                        indices: &mut i1,
+                        valid_count: &mut v1,
+                    },
+                );
+                let b = self.gpu.resolve(
+                    &input,
+                    &mut ResolveOutput {
+                        indices: &mut i2,
+                        valid_count: &mut v2,
+                    },
+                );
+                assert_eq!(a.as_ref().err(), b.as_ref().err());
+                assert!(a.is_err());
+                assert_eq!((i1, v1), (i2, v2));
+            }
+            _ if !live.is_empty() => self.resolve(rng, &live),
+            _ => {}
+        }
+        self.cpu.check_invariants().unwrap();
+    }
+
+    fn resolve(&mut self, rng: &mut u64, live: &[u64]) {
+        let g = self.g;
+        let reqs = 1 + below(rng, live.len().min(4) as u64) as usize;
+        let mut sessions: Vec<u64> = Vec::new();
+        while sessions.len() < reqs {
+            let s = live[below(rng, live.len() as u64) as usize];
+            if !sessions.contains(&s) {
+                sessions.push(s);
+            }
+        }
+        let k = 1 + below(rng, 12) as usize;
+        let mut qsl = vec![0i32];
+        let mut seq_lens = Vec::new();
+        let mut topk = Vec::new();
+        for &s in &sessions {
+            let (c, d) = &self.model.sessions[&s];
+            let visible = c.len() + below(rng, d.len() as u64 + 1) as usize;
+            seq_lens.push(visible as i32);
+            let rows = 1 + below(rng, 3) as i32;
+            // Keep distinct non-resident picks within the hot cache often enough; the rest exercise
+            // HotCacheOverflow (same error on both sides).
+            let span = if below(rng, 4) == 0 {
+                visible as u64
+            } else {
+                (g.hot_rows as u64).min(visible as u64)
+            };
+            let base = visible as u64 - span;
+            for _ in 0..rows * k as i32 {
+                let p = if below(rng, 8) == 0 {
+                    -1
+                } else {
+                    (base + below(rng, span)) as i32
+                };
+                topk.push(p);
+            }
+            qsl.push(qsl.last().unwrap() + rows);
+        }
+        let layer = below(rng, g.layers as u64) as u32;
+        let input = ResolveInput {
+            sessions: &sessions,
+            query_start_loc: &qsl,
+            seq_lens: &seq_lens,
+            topk: &topk,
+            k,
+            layer,
+        };
+        let n = topk.len();
+        let rows = n / k;
+        let (mut i1, mut v1) = (vec![-7i32; n], vec![-7i32; rows]);
+        let (mut i2, mut v2) = (vec![-9i32; n], vec![-9i32; rows]);
+        let a = self.cpu.resolve(
+            &input,
+            &mut ResolveOutput {
+                indices: &mut i1,
+                valid_count: &mut v1,
+            },
+        );
+        let b = self.gpu.resolve(
+            &input,
+            &mut ResolveOutput {
+                indices: &mut i2,
+                valid_count: &mut v2,
+            },
+        );
+        assert_eq!(i1, i2, "indices");
+        assert_eq!(v1, v2, "valid_count");
+        match (a, b) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(a.plan, b.plan, "plan");
+                assert_eq!(a.stats, b.stats, "stats");
+                self.resolves += 1;
+                self.misses += a.stats.misses;
+                self.check_bytes(layer, &sessions, &qsl, &topk, k, &i2);
+                if !a.plan.copies.is_empty() && g.layers > 1 {
+                    self.last_plan = Some((a.plan, layer));
+                }
+            }
+            (Err(x), Err(y)) => assert_eq!(x, y),
+            (a, b) => panic!("resolve differs: {:?} vs {:?}", a.err(), b.err()),
+        }
+    }
+}
+
+#[test]
+fn gpu_resolver_equals_cpu_reference() {
+    let Some(gpu) = cuda_kernels::gpu_or_skip() else {
+        return;
+    };
+    let cases: u64 = std::env::var("KV_GPU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let (mut resolves, mut misses) = (0, 0);
+    for case in 0..cases {
+        let mut rng = case * 7919 + 1;
+        let rbs = [16u32, 24, 32, 656];
+        let mut g = Geometry {
+            row_bytes: rbs[below(&mut rng, 4) as usize],
+            layers: 1 + below(&mut rng, 2) as u32,
+            page_rows: 2 + below(&mut rng, 4) as u32,
+            arena_pages: 0,
+            hot_rows: 4 + below(&mut rng, 12) as u32,
+            tail_rows: 1 + below(&mut rng, 4) as u32,
+            scratch_rows: below(&mut rng, 3) as u32,
+        };
+        g.arena_pages = g.fixed_pages() * 3 + below(&mut rng, 24) as u32;
+        let config = PoolConfig {
+            elastic: below(&mut rng, 4) != 0,
+        };
+        let backend = if case % 2 == 0 {
+            CopyBackend::Gather
+        } else {
+            CopyBackend::Dma
+        };
+        let gcfg = GpuPoolConfig {
+            max_sessions: 8,
+            max_history: MAX_HISTORY,
+            backend,
+        };
+        let mut c = Case {
+            g,
+            cpu: ElasticPool::new(g, config).unwrap(),
+            gpu: GpuElasticPool::new(&gpu, g, config, gcfg).unwrap(),
+            model: Model::default(),
+            next_id: 1,
+            last_plan: None,
+            resolves: 0,
+            misses: 0,
+        };
+        for _ in 0..120 {
+            c.step(&mut rng);
+        }
+        resolves += c.resolves;
+        misses += c.misses;
+    }
+    println!("{cases} cases: {resolves} successful resolves, {misses} misses fetched");
+    assert!(resolves > cases * 5, "too few resolves exercised");
+    assert!(misses > 0, "no miss path exercised");
+}
+
+#[test]
+fn gpu_pool_large_geometry_matches_cpu() {
+    // Realistic row size and top-k: 656-byte rows, k = 256, hot cache 512, 4 requests x 2 rows.
+    let Some(gpu) = cuda_kernels::gpu_or_skip() else {
+        return;
+    };
+    let g = Geometry {
+        row_bytes: 656,
+        layers: 2,
+        page_rows: 64,
+        arena_pages: 40,
+        hot_rows: 512,
+        tail_rows: 64,
+        scratch_rows: 4,
+    };
+    let gcfg = GpuPoolConfig {
+        max_sessions: 4,
+        max_history: 4096,
+        backend: CopyBackend::Gather,
+    };
+    let mut cpu = ElasticPool::new(g, PoolConfig::default()).unwrap();
+    let mut gp = GpuElasticPool::new(&gpu, g, PoolConfig::default(), gcfg).unwrap();
+    let sessions = [11u64, 12, 13, 14];
+    for &s in &sessions {
+        let h = pattern_tokens(&g, s, 0, 3000);
+        assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
+    }
+    let mut rng = 5u64;
+    for step in 0..12 {
+        let k = 256;
+        let mut topk = Vec::new();
+        for _ in 0..sessions.len() * 2 * k {
+            topk.push(if below(&mut rng, 50) == 0 {
+                -1
+            } else {
+                below(&mut rng, 3000) as i32
+            });
+        }
+        let input = ResolveInput {
+            sessions: &sessions,
+            query_start_loc: &[0, 2, 4, 6, 8],
+            seq_lens: &[3000; 4],
+            topk: &topk,
+            k,
+            layer: step % 2,
+        };
+        let (mut i1, mut v1) = (vec![0; topk.len()], vec![0; 8]);
+        let (mut i2, mut v2) = (vec![0; topk.len()], vec![0; 8]);
+        let a = cpu.resolve(
+            &input,
+            &mut ResolveOutput {
+                indices: &mut i1,
+                valid_count: &mut v1,
+            },
+        );
+        let b = gp.resolve(
+            &input,
+            &mut ResolveOutput {
+                indices: &mut i2,
+                valid_count: &mut v2,
+            },
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!((i1, v1), (i2.clone(), v2));
+        assert_eq!(a.plan, b.plan);
+        assert_eq!(a.stats, b.stats);
+        let plane = gp.device().download_plane(step % 2).unwrap();
+        let cplane = cpu.plane(step % 2).unwrap();
+        for &r in i2.iter().filter(|&&r| r >= 0) {
+            let at = r as usize * 656;
+            assert_eq!(plane[at..at + 656], cplane[at..at + 656]);
+        }
+    }
+}
