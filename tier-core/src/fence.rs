@@ -91,6 +91,22 @@ impl CompletionSignal for FlagSignal {
 ///
 /// Cost: `enter` + leave is one load, one CAS, one `SeqCst` fence and one
 /// store when a slot is free (see `benches/`).
+///
+/// ```
+/// use tier_core::{EpochFence, FlagSignal, Retired};
+///
+/// let fence = EpochFence::new();
+/// let mut retired = Retired::new();
+/// let gpu_step = FlagSignal::new(); // stands in for a CUDA event
+/// fence.enter_signal(Box::new(gpu_step.clone())); // the step reads the table
+/// let cpu = fence.enter();                        // so does a CPU thread
+/// retired.retire(&fence, 7u32);                   // page 7 was unmapped
+/// assert!(retired.collect(&fence).is_empty());    // both may still read it
+/// drop(cpu);
+/// assert!(retired.collect(&fence).is_empty());    // the GPU step still may
+/// gpu_step.complete();
+/// assert_eq!(retired.collect(&fence), vec![7]);   // safe to reuse
+/// ```
 pub struct EpochFence {
     epoch: CachePadded<AtomicU64>,
     slots: Box<[CachePadded<AtomicU64>]>,
