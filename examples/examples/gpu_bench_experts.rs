@@ -266,7 +266,7 @@ mod bench {
             }
         };
         let (mut without, mut with) = (Vec::new(), Vec::new());
-        for rep in 0..8 {
+        for rep in 0..16 {
             let n = 300;
             let a = time_ms(gpu, &s, || (0..n).for_each(|_| step(0)));
             let b = time_ms(gpu, &s, || (0..n).for_each(|_| step(1)));
