@@ -236,7 +236,7 @@ fn mutant_signal_ignored_gpu_sees_reuse() {
 /// Two CPU readers, one slot: the second takes the locked overflow path.
 #[test]
 fn overflow_reader_is_fenced() {
-    model_bounded(2, || {
+    model_bounded(3, || {
         let fence = Arc::new(EpochFence::with_reader_slots(1));
         let world = Arc::new(World::new(1));
         let readers: Vec<_> = (0..2)
@@ -263,7 +263,7 @@ fn overflow_reader_is_fenced() {
 /// Two rounds of remap + retire + reuse against a reader that enters twice
 /// (its slot is released and claimed again): page 0 -> page 1 -> page 0.
 fn two_rounds(ignore_readers: bool) {
-    model_bounded(2, move || {
+    model_bounded(3, move || {
         let fence = Arc::new(EpochFence::with_reader_slots(1));
         let world = Arc::new(World::new(2));
         let reader = {
