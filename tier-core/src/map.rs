@@ -23,12 +23,49 @@ pub const MAX_MAPPED_PAGE: u32 = i32::MAX as u32;
 /// (or [`set_if_generation`](Self::set_if_generation)) if the map moved under
 /// it. The map does not check that a physical page appears only once; the
 /// [`PagePool`](crate::PagePool) or [`Lender`](crate::Lender) that hands out
-/// pages guarantees that.
+/// pages guarantees that. Serde: `{table, mapped, generation}`; on load the
+/// table is validated (no value below `-1`) and `mapped` recomputed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RawPageMap")]
 pub struct PageMap {
     table: Vec<i32>,
     mapped: u32,
     generation: u64,
+}
+
+/// The serialized form, validated on the way in (no value below `-1`, the
+/// mapped count recomputed).
+#[derive(serde::Deserialize)]
+struct RawPageMap {
+    table: Vec<i32>,
+    generation: u64,
+}
+
+impl TryFrom<RawPageMap> for PageMap {
+    type Error = CoreError;
+    fn try_from(r: RawPageMap) -> Result<Self> {
+        if u32::try_from(r.table.len()).is_err() {
+            return Err(CoreError::OutOfRange {
+                index: r.table.len() as u64,
+                len: u64::from(u32::MAX),
+            });
+        }
+        let mut mapped = 0u32;
+        for (i, &v) in r.table.iter().enumerate() {
+            if v < NOT_RESIDENT {
+                return Err(CoreError::OutOfRange {
+                    index: i as u64,
+                    len: r.table.len() as u64,
+                });
+            }
+            mapped += u32::from(v >= 0);
+        }
+        Ok(PageMap {
+            table: r.table,
+            mapped,
+            generation: r.generation,
+        })
+    }
 }
 
 impl PageMap {
@@ -273,6 +310,23 @@ mod tests {
             }
         );
         assert_eq!(m, before);
+    }
+
+    #[test]
+    fn serde_round_trip_validates() {
+        let mut m = PageMap::new(3).unwrap();
+        m.set(1, PageId(4)).unwrap();
+        let s = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<PageMap>(&s).unwrap(), m);
+        let forged = r#"{"table":[-1,7,-5],"mapped":0,"generation":9}"#;
+        assert!(serde_json::from_str::<PageMap>(forged).is_err());
+        let lying = r#"{"table":[-1,7,2],"mapped":0,"generation":9}"#;
+        assert_eq!(
+            serde_json::from_str::<PageMap>(lying)
+                .unwrap()
+                .mapped_count(),
+            2
+        );
     }
 
     #[test]
