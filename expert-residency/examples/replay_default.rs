@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         reports[0].steady_state.to_step
     );
     println!(
-        "{:<24} {:>8} {:>8} {:>9} {:>10} {:>8} {:>10} {:>8} {:>9}",
+        "{:<24} {:>8} {:>8} {:>9} {:>10} {:>8} {:>10} {:>8} {:>9} {:>6}",
         "policy",
         "steady",
         "×oracle",
@@ -58,12 +58,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "T90 s",
         "applied",
         "max/step",
-        "mean/step"
+        "mean/step",
+        "detect"
     );
     for r in &reports {
         let t = &r.shifts[0];
         println!(
-            "{:<24} {:>8.4} {:>8.3} {:>9.4} {:>10} {:>8} {:>10} {:>8} {:>9.4}",
+            "{:<24} {:>8.4} {:>8.3} {:>9.4} {:>10} {:>8} {:>10} {:>8} {:>9.4} {:>6}",
             r.policy,
             r.steady_state.cold_share,
             r.steady_state.cold_share / oracle,
@@ -72,7 +73,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.seconds.map_or("-".into(), |x| format!("{x:.1}")),
             r.swaps.applied,
             r.max_swaps_per_step,
-            r.mean_swaps_per_step
+            r.mean_swaps_per_step,
+            r.shift_detections
         );
     }
     if let Some(path) = json_out {

@@ -117,6 +117,18 @@ pub trait SwapExecutor {
     }
 }
 
+/// Errors with [`crate::Error::Executor`] if `pending` (an executor's begun, uncommitted swaps)
+/// already holds a swap of `layer`: the one-in-flight-per-layer rule executors enforce in `begin`.
+pub fn check_layer_idle(pending: &[PlannedSwap], layer: u32) -> Result<()> {
+    if pending.iter().any(|s| s.layer == layer) {
+        Err(crate::Error::Executor(format!(
+            "layer {layer} already has a swap in flight"
+        )))
+    } else {
+        Ok(())
+    }
+}
+
 /// An executor that moves nothing and confirms every accepted swap at the next step boundary:
 /// for replays that only measure the policy (cold share), not the byte moves.
 #[derive(Clone, Debug, Default)]
@@ -133,16 +145,11 @@ impl NullExecutor {
 
 impl SwapExecutor for NullExecutor {
     fn can_begin(&self, layer: u32) -> bool {
-        !self.pending.iter().any(|s| s.layer == layer)
+        check_layer_idle(&self.pending, layer).is_ok()
     }
 
     fn begin(&mut self, swap: &PlannedSwap) -> Result<()> {
-        if !self.can_begin(swap.layer) {
-            return Err(crate::Error::Executor(format!(
-                "layer {} already has a swap in flight",
-                swap.layer
-            )));
-        }
+        check_layer_idle(&self.pending, swap.layer)?;
         self.pending.push(*swap);
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use rand::{RngCore, SeedableRng};
 
 use crate::error::{Error, Result};
-use crate::executor::{PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
+use crate::executor::{check_layer_idle, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 use crate::geometry::Geometry;
 use crate::rowmap::ResidencyMap;
 
@@ -174,7 +174,7 @@ impl MemoryExecutor {
 
 impl SwapExecutor for MemoryExecutor {
     fn can_begin(&self, layer: u32) -> bool {
-        !self.pending.iter().any(|s| s.layer == layer)
+        check_layer_idle(&self.pending, layer).is_ok()
     }
 
     fn begin(&mut self, swap: &PlannedSwap) -> Result<()> {
@@ -182,12 +182,7 @@ impl SwapExecutor for MemoryExecutor {
         g.check_layer(swap.layer)?;
         g.check_expert(swap.incoming)?;
         g.check_expert(swap.outgoing)?;
-        if !self.can_begin(swap.layer) {
-            return Err(Error::Executor(format!(
-                "layer {} already has a swap in flight",
-                swap.layer
-            )));
-        }
+        check_layer_idle(&self.pending, swap.layer)?;
         let experts = g.experts_per_layer as usize;
         let (l, inc, out) = (
             swap.layer as usize,
