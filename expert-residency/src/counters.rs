@@ -33,7 +33,7 @@ impl PassKind {
 
 /// Per-`(layer, expert)` pick counts, `[layers][experts]` row-major u32 — the layout the GPU
 /// counting kernel writes (cell `layer * experts + expert`), so a device table copied to host is
-/// drained the same way ([`crate::Controller::step_with_snapshot`]).
+/// drained the same way ([`crate::Controller::step_with`]).
 ///
 /// Counting is one relaxed `fetch_add` per pick and is safe from several threads (`&self`).
 /// Counts wrap at 2^32; drains work on wrap-around-safe deltas (`new.wrapping_sub(old)`), so
