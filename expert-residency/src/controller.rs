@@ -816,4 +816,90 @@ mod tests {
         assert_eq!(d.picks, 8);
         assert_eq!(ctl.ema_values()[7], 8.0);
     }
+
+    mod machine {
+        use super::*;
+        use crate::memory::MemoryExecutor;
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// A step whose picks favour experts `hot_bias..hot_bias+2` (per layer), then `step`.
+            Step {
+                bias: u32,
+                tokens: u8,
+            },
+            Freeze,
+            Unfreeze,
+            Reset,
+            Request(u32),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                12 => (0..8u32, 1..6u8).prop_map(|(bias, tokens)| Op::Step { bias, tokens }),
+                1 => Just(Op::Freeze),
+                2 => Just(Op::Unfreeze),
+                1 => Just(Op::Reset),
+                1 => (0..8u32).prop_map(Op::Request),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+            /// Whatever the sequence: every planned swap is accounted for exactly once (applied,
+            /// rejected, failed, cancelled, queued or in flight), at most `max_swaps_per_step`
+            /// begin per step, at most one swap is in flight per layer, and the executor's bytes
+            /// and table agree with the controller's rowmap after every step.
+            #[test]
+            fn controller_invariants(ops in prop::collection::vec(op(), 1..120)) {
+                let g = Geometry::new(3, 8, 2, 1).unwrap();
+                let cfg = ControllerConfig {
+                    drain_every: 3,
+                    half_life_steps: 10.0,
+                    max_swaps_per_step: 2,
+                    max_swaps_per_layer: 2,
+                    shift_response: Some(crate::ShiftResponse::default()),
+                    ..ControllerConfig::default()
+                };
+                let mut ctl = Controller::new(ResidencyMap::first_k("m", g).unwrap(), cfg).unwrap();
+                let mut ex = MemoryExecutor::new(ctl.map(), 8, 1).unwrap();
+                let c = PickCounters::new(&g);
+                for op in ops {
+                    match op {
+                        Op::Step { bias, tokens } => {
+                            let picks: Vec<u32> = (0..tokens as u32)
+                                .flat_map(|t| [(bias + t % 2) % 8, (bias + 1 + t) % 8])
+                                .collect();
+                            c.record_step(&StepPicks { layers: vec![picks; 3] }).unwrap();
+                            let r = ctl.step(&c, &mut ex).unwrap();
+                            prop_assert!(r.begun <= 2);
+                            prop_assert!(ex.in_flight() <= 3);
+                            ex.verify(ctl.map()).unwrap();
+                        }
+                        Op::Freeze => ctl.freeze(),
+                        Op::Unfreeze => ctl.unfreeze(),
+                        Op::Reset => ctl.reset_baseline(&c.snapshot()).unwrap(),
+                        Op::Request(k) => {
+                            let hot = (0..3).map(|l| vec![(k + l) % 8, (k + l + 3) % 8]).collect();
+                            let target = ResidencyMap::from_hot_sets("m", g, hot).unwrap();
+                            // Refused while swaps are in flight; nothing changes then.
+                            let before = ctl.stats();
+                            if ctl.request_map(&target).is_err() {
+                                prop_assert!(ctl.in_flight_count() > 0);
+                                prop_assert_eq!(ctl.stats(), before);
+                            }
+                        }
+                    }
+                    let s = ctl.stats();
+                    prop_assert_eq!(
+                        s.planned,
+                        s.applied + s.rejected + s.failed + s.cancelled
+                            + ctl.queued().len() as u64 + ctl.in_flight_count() as u64
+                    );
+                    prop_assert_eq!(ctl.in_flight_count() as usize, ex.in_flight());
+                }
+            }
+        }
+    }
 }
