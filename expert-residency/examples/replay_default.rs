@@ -3,9 +3,11 @@
 //! calibrated to the OLMoE routing counts) through every policy and prints the scoreboard.
 //!
 //! ```text
-//! cargo run --release -p expert-residency --example replay_default [-- --json report.json]
+//! cargo run --release -p expert-residency --example replay_default [-- --json report.json] \
+//!     [--telemetry drains.jsonl]
 //! ```
-//! T90 seconds assume a 20 ms decode step. `--json` writes every report (deterministic bytes).
+//! T90 seconds assume a 20 ms decode step. `--json` writes every report (deterministic bytes);
+//! `--telemetry` writes the per-drain JSON lines of the adaptive + shift-response run.
 
 use expert_residency::trace::synth::{generate, SynthConfig};
 use expert_residency::{
@@ -14,7 +16,9 @@ use expert_residency::{
 };
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let json_out = std::env::args().skip_while(|a| a != "--json").nth(1);
+    let arg = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
+    let json_out = arg("--json");
+    let telemetry_out = arg("--telemetry");
     let scenario = SynthConfig::default_scenario();
     let trace = generate(&scenario)?;
     let s = trace.shape;
@@ -24,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let seed_map = seed::fit("olmoe-1b-7b", &g, &old)?;
     let opts = ReplayOptions {
         step_time_s: Some(0.020),
+        telemetry: telemetry_out.is_some(),
         ..ReplayOptions::default()
     };
     let cfg = ControllerConfig::default();
@@ -76,6 +81,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.mean_swaps_per_step,
             r.shift_detections
         );
+    }
+    if let Some(path) = telemetry_out {
+        let last = reports.last().expect("six policies");
+        std::fs::write(&path, last.telemetry_json_lines())?;
+        println!("wrote {path} ({} drains)", last.telemetry.len());
     }
     if let Some(path) = json_out {
         std::fs::write(&path, serde_json::to_string_pretty(&reports)?)?;
