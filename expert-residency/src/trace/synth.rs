@@ -11,8 +11,9 @@
 //!   plain `w = p` the top experts would be under-picked by up to 6 points). `k·p_e` is capped at 0.99.
 //! - **Step-to-step reuse**: every expert a token picked at the previous step is kept with
 //!   probability `c`, the rest of its set is drawn fresh. `c` is calibrated per domain and layer
-//!   (two short deterministic Monte-Carlo passes) so the measured previous-step reuse
-//!   ([`super::stats::reuse_per_layer`]) equals the target [`SynthConfig::reuse`]; the default
+//!   (three short deterministic Monte-Carlo passes on common random numbers) so the measured
+//!   previous-step reuse ([`super::stats::reuse_per_layer`]) equals the target
+//!   [`SynthConfig::reuse`]; the default
 //!   [`MIXTRAL_DECODE_REUSE`] = 0.37 is the mean of the real Mixtral decode traces (0.34–0.40 per
 //!   layer). Where independent draws already reuse more than the target, `c = 0`.
 //! - **Domain shifts**: [`Phase`]s switch every token to another domain's profile at a given step
@@ -365,7 +366,8 @@ fn chain_reuse(sampler: &WeightedIndex<f64>, k: usize, keep: f64, seed: u64) -> 
 }
 
 /// Keep probability giving `target` reuse: measures the reuse of independent draws `q`, sets
-/// `c = (target − q)/(1 − q)`, measures again and corrects once with the effective `q`.
+/// `c = (target − q)/(1 − q)`, measures again, corrects with the effective `q`, then takes one
+/// secant step.
 fn calibrate_keep(sampler: &WeightedIndex<f64>, k: usize, target: f64, seed: u64) -> f64 {
     let q = chain_reuse(sampler, k, 0.0, seed);
     if target <= q || q >= 1.0 {
@@ -375,9 +377,15 @@ fn calibrate_keep(sampler: &WeightedIndex<f64>, k: usize, target: f64, seed: u64
     if c1 >= 1.0 {
         return 1.0;
     }
-    let r1 = chain_reuse(sampler, k, c1, seed ^ 0x9e37_79b9);
+    let r1 = chain_reuse(sampler, k, c1, seed);
     let q_eff = ((r1 - c1) / (1.0 - c1)).clamp(0.0, 0.999);
-    ((target - q_eff) / (1.0 - q_eff)).clamp(0.0, 1.0)
+    let c2 = ((target - q_eff) / (1.0 - q_eff)).clamp(0.0, 1.0);
+    // One secant step on (c1, r1), (c2, r2) removes what the linear model leaves.
+    let r2 = chain_reuse(sampler, k, c2, seed);
+    if (r2 - r1).abs() < 1e-6 {
+        return c2;
+    }
+    (c2 + (target - r2) * (c2 - c1) / (r2 - r1)).clamp(0.0, 1.0)
 }
 
 /// Streaming generator: an iterator of [`StepPicks`] for a [`SynthConfig`].
