@@ -241,3 +241,40 @@ fn real_mixtral_traces_replay_all_policies() {
     assert_eq!(v["trace"]["steps"], 585);
     assert_eq!(v["summary"].as_array().unwrap().len(), 7);
 }
+
+#[test]
+fn fit_seed_from_real_routing_counts() {
+    let counts = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/data/moe/olmoe/routing-counts.json");
+    if !counts.is_file() {
+        println!(
+            "SKIP fit-seed from routing counts: {} is absent",
+            counts.display()
+        );
+        return;
+    }
+    let map = temp("olmoe-github-seed.json");
+    let out = ok_stdout(&[
+        "experts",
+        "fit-seed",
+        "--routing-counts",
+        counts.to_str().unwrap(),
+        "--model",
+        "olmoe",
+        "--domain",
+        "github",
+        "--hot",
+        "16",
+        "--out",
+        map.to_str().unwrap(),
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["geometry"]["layers"], 16);
+    // The busiest quarter of github's experts takes well over a quarter of the picks.
+    let hot = v["coverage"]["overall"].as_f64().unwrap();
+    assert!(hot > 0.5 && hot < 0.8, "{hot}");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&map).unwrap()).unwrap();
+    assert_eq!(saved["hot"].as_array().unwrap().len(), 16);
+}
