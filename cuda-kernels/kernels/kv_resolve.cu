@@ -325,7 +325,9 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
         } else {
             const unsigned int slot = (unsigned int)sl;
             KvCopy* plan = plan_all + (unsigned long long)r * d.hot_rows;
-            unsigned int bad = 0;
+            unsigned int bad = 0, misses = 0, taken = 0;
+            // Direct path: the whole history is resident (tail + borrowed pages), nothing to place.
+            if (s.full == 0u) {
             // 1. touch hits, claim misses
             for (unsigned int row = row0; row < row1; ++row)
                 for (unsigned int j = threadIdx.x; j < k; j += blockDim.x)
@@ -333,7 +335,6 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
                              call, &bad);
             __syncthreads();
             // 2. ordered compaction of first appearances
-            unsigned int misses = 0;
             for (unsigned int row = row0; row < row1; ++row)
                 for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
                     const unsigned int j = j0 + threadIdx.x;
@@ -350,17 +351,25 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             // 3. victims (warp 0), 4. installs, 5. sweep bookkeeping
             if (threadIdx.x < 32u) kv_pick_victims(d, t, slot, call, plan, want, &sh_taken, &sh_last);
             __syncthreads();
-            const unsigned int taken = sh_taken;
+            taken = sh_taken;
             kv_install(d, t, slot, call, plan, taken);
             __syncthreads();
             kv_finish_sweep(d, t, slot, call, want, taken, sh_last);
+            __syncthreads();
+            // 6. fetch from mapped host memory
+            if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
+            } else {
+                // Direct path: only the invalid picks need counting (the output pass skips them).
+                for (unsigned int row = row0; row < row1; ++row)
+                    for (unsigned int j = threadIdx.x; j < k; j += blockDim.x) {
+                        const int p = topk[(unsigned long long)row * k + j];
+                        bad += (p < -1 || p >= limit) ? 1u : 0u;
+                    }
+            }
             if (threadIdx.x == 0) {
                 plan_count[r] = taken;
                 if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
             }
-            __syncthreads();
-            // 6. fetch from mapped host memory
-            if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
             // 7. outputs, every element written
             unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0;
             for (unsigned int row = row0; row < row1; ++row) {

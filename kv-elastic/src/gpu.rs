@@ -174,6 +174,52 @@ impl GpuElasticPool {
         Ok(a)
     }
 
+    /// Admits several sessions with one publish at the end (one arena upload instead of one per
+    /// session). Stops at the first error or `Waiting` admission; what was admitted before stays
+    /// admitted and published. Returns the outcome of each attempted admission.
+    pub fn admit_batch(&mut self, sessions: &[(SessionId, &[u8])]) -> Result<Vec<Admission>> {
+        let mut out = Vec::with_capacity(sessions.len());
+        let mut first_err = None;
+        for &(session, history) in sessions {
+            let n = match self.cpu.host().check_tokens(history, false) {
+                Ok(n) => n,
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            };
+            if n > self.gcfg.max_history {
+                first_err = Some(self.capacity("history length (max_history)", n as u64));
+                break;
+            }
+            if self.cpu.active_sessions() >= self.gcfg.max_sessions as usize {
+                first_err = Some(KvError::Cuda(CudaError::OutOfRange {
+                    what: "live sessions (max_sessions)",
+                    value: self.cpu.active_sessions() as u64 + 1,
+                    limit: self.gcfg.max_sessions as u64 + 1,
+                }));
+                break;
+            }
+            match self.cpu.admit(session, history) {
+                Ok(a) => {
+                    out.push(a);
+                    if matches!(a, Admission::Waiting { .. }) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    first_err = Some(e);
+                    break;
+                }
+            }
+        }
+        self.publish()?;
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
     /// [`ElasticPool::append`], then publishes. Extra error: history beyond `max_history`.
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         let n = self.cpu.host().check_tokens(tokens, true)?;

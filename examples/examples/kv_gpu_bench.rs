@@ -1,0 +1,847 @@
+//! kv_gpu_bench: the kv-elastic GPU resolver on a real device (release build, CUDA events, medians).
+//!
+//! ```text
+//! cargo run --release -p tierkit-examples --features cuda --example kv_gpu_bench [-- --reps N]
+//! ```
+//!
+//! Batch 64, top-k 2048, 656-byte rows (DeepSeek fp8 MLA), 4 layers. Prints one table with the
+//! ratios to the measured ceilings of `shared/limits/h200-pcie.md` (zero-copy gather of 656 B rows:
+//! 46.4 GB/s; pinned H2D: 55.6 GB/s):
+//! 1. direct path: 64 × 2048 picks, whole history resident (borrowed pages) — resolve time, and
+//!    the block-table conversion a fully resident engine runs instead;
+//! 2. miss fetch at 0 / 10 / 30% misses (fresh positions replace that share of each request's set
+//!    every step), gather back-end (inside the fused kernel) and DMA back-end (`cuMemcpyBatchAsync`
+//!    of the plan), plus a plain warp-per-row gather of 32,768 rows (the ceiling's shape);
+//! 3. decode-step microbenchmark (resolve + plan replay + gather-and-dot attention over 4 layers)
+//!    against the fully resident step (block-table conversion + the same attention);
+//! 4. candidate prefetch: a 4,096-position pool announced at the group's first layer, prefetched
+//!    on a side stream into the group's 4 layers while layer 0's attention runs; demand misses of
+//!    layers 1–3 (their own demand misses are replayed into the other layers, as an engine must).
+//!
+//! Without a device it prints `SKIP: no CUDA device`; without the `cuda` feature, how to build it.
+
+#[cfg(not(feature = "cuda"))]
+fn main() {
+    println!(
+        "SKIP: built without the `cuda` feature (cargo run --release -p tierkit-examples \
+         --features cuda --example kv_gpu_bench)"
+    );
+}
+
+#[cfg(feature = "cuda")]
+fn main() {
+    if let Err(e) = bench::run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod bench {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    use cuda_kernels::cudarc_driver::sys::CUevent_flags;
+    use cuda_kernels::cudarc_driver::{CudaEvent, CudaStream};
+    use cuda_kernels::kv::{CopyBackend, KvCopy, KvResolveArgs, KV_STATS};
+    use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
+    use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
+    use kv_elastic::{pattern_tokens, Geometry, PoolConfig};
+
+    type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+    const REQS: usize = 64;
+    const K: usize = 2048;
+    const ROW: u32 = 656;
+    const LAYERS: u32 = 4;
+    const GATHER_CEIL: f64 = 46.4; // GB/s, shared/limits/h200-pcie.md
+    const H2D_CEIL: f64 = 55.6; // GB/s
+
+    fn cu(call: &'static str) -> impl Fn(cuda_kernels::cudarc_driver::DriverError) -> CudaError {
+        move |e| CudaError::driver(call, e)
+    }
+
+    fn median(v: &mut [f64]) -> f64 {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    }
+
+    struct Ev {
+        a: CudaEvent,
+        b: CudaEvent,
+    }
+    impl Ev {
+        fn new(gpu: &Gpu) -> Res<Self> {
+            let f = Some(CUevent_flags::CU_EVENT_DEFAULT);
+            Ok(Ev {
+                a: gpu.ctx().new_event(f).map_err(cu("cuEventCreate"))?,
+                b: gpu.ctx().new_event(f).map_err(cu("cuEventCreate"))?,
+            })
+        }
+        fn start(&self, s: &CudaStream) -> Res<()> {
+            self.a.record(s).map_err(cu("cuEventRecord"))?;
+            Ok(())
+        }
+        /// Records the end and returns the elapsed microseconds (waits for the end event).
+        fn stop_us(&self, s: &CudaStream) -> Res<f64> {
+            self.b.record(s).map_err(cu("cuEventRecord"))?;
+            Ok(self
+                .a
+                .elapsed_ms(&self.b)
+                .map_err(cu("cuEventElapsedTime"))? as f64
+                * 1e3)
+        }
+    }
+
+    /// Per-request selection with controlled churn: each step replaces `rate` of the set with fresh
+    /// positions (a running counter over `[0, limit)`, skipping positions in the set).
+    struct Churn {
+        sets: Vec<Vec<i32>>,
+        next: Vec<u32>,
+        limit: u32,
+        rng: u64,
+    }
+
+    fn mix(x: &mut u64) -> u64 {
+        *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    impl Churn {
+        fn new(limit: u32, seed: u64) -> Self {
+            let mut c = Churn {
+                sets: vec![Vec::new(); REQS],
+                next: (0..REQS as u32).map(|r| (r * 7919) % limit).collect(),
+                limit,
+                rng: seed,
+            };
+            for r in 0..REQS {
+                let set: Vec<i32> = (0..K).map(|_| c.fresh(r, &HashSet::new())).collect();
+                c.sets[r] = set;
+            }
+            c
+        }
+        fn fresh(&mut self, r: usize, avoid: &HashSet<i32>) -> i32 {
+            loop {
+                let p = self.next[r] as i32;
+                self.next[r] = (self.next[r] + 1) % self.limit;
+                if !avoid.contains(&p) {
+                    return p;
+                }
+            }
+        }
+        /// Next step's picks, `[REQS][K]` flattened.
+        fn step(&mut self, rate: f64) -> Vec<i32> {
+            let n = (rate * K as f64).round() as usize;
+            let mut out = Vec::with_capacity(REQS * K);
+            for r in 0..REQS {
+                let mut set = std::mem::take(&mut self.sets[r]);
+                let mut present: HashSet<i32> = set.iter().copied().collect();
+                for _ in 0..n {
+                    let i = (mix(&mut self.rng) % K as u64) as usize;
+                    let p = self.fresh(r, &present);
+                    present.remove(&set[i]);
+                    present.insert(p);
+                    set[i] = p;
+                }
+                // Shuffle-free: order within a row does not matter to the kernels.
+                out.extend_from_slice(&set);
+                self.sets[r] = set;
+            }
+            out
+        }
+        /// `n` fresh positions per request (not in the current set), `[REQS][n]` flattened.
+        fn fresh_pool(&mut self, n: usize) -> Vec<i32> {
+            let mut out = Vec::with_capacity(REQS * n);
+            for r in 0..REQS {
+                let present: HashSet<i32> = self.sets[r].iter().copied().collect();
+                for _ in 0..n {
+                    out.push(self.fresh(r, &present));
+                }
+            }
+            out
+        }
+    }
+
+    struct Setup {
+        pool: GpuElasticPool,
+        slots: DeviceBuffer<i32>,
+        qsl: DeviceBuffer<i32>,
+        seq: DeviceBuffer<i32>,
+        history: u32,
+        block_table: DeviceBuffer<i32>,
+        max_blocks: u32,
+    }
+
+    fn setup(gpu: &Arc<Gpu>, hot_rows: u32, history: u32, elastic: bool) -> Res<Setup> {
+        let mut g = Geometry {
+            row_bytes: ROW,
+            layers: LAYERS,
+            page_rows: 64,
+            arena_pages: 0,
+            hot_rows,
+            tail_rows: 64,
+            scratch_rows: 0,
+        };
+        let hist_pages = if elastic { history / 64 } else { 0 };
+        g.arena_pages = REQS as u32 * (g.fixed_pages() + hist_pages) + 4;
+        let gcfg = GpuPoolConfig {
+            max_sessions: REQS as u32,
+            max_history: history,
+            backend: CopyBackend::Gather,
+        };
+        let mut pool = GpuElasticPool::new(gpu, g, PoolConfig { elastic }, gcfg)?;
+        let t0 = std::time::Instant::now();
+        let hists: Vec<Vec<u8>> = (0..REQS as u64)
+            .map(|s| pattern_tokens(&g, s + 1, 0, history))
+            .collect();
+        let batch: Vec<(u64, &[u8])> = hists
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (i as u64 + 1, h.as_slice()))
+            .collect();
+        pool.admit_batch(&batch)?;
+        drop(batch);
+        drop(hists);
+        eprintln!(
+            "setup: hot {hot_rows}, history {history}, elastic {elastic}: {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        let ctx = gpu.ctx();
+        let slots: Vec<i32> = (1..=REQS as u64)
+            .map(|s| pool.slot_of(s).map(|b| b as i32))
+            .collect::<Result<_, _>>()?;
+        let qsl: Vec<i32> = (0..=REQS as i32).collect();
+        let max_blocks = history / 64;
+        let mut bt = vec![-1i32; REQS * max_blocks as usize];
+        for s in 1..=REQS as u64 {
+            let pl = pool.cpu().placement(s)?;
+            for (j, &p) in pl.page_table.iter().enumerate() {
+                bt[(s as usize - 1) * max_blocks as usize + j] = p;
+            }
+        }
+        Ok(Setup {
+            slots: DeviceBuffer::from_host(ctx, &slots)?,
+            qsl: DeviceBuffer::from_host(ctx, &qsl)?,
+            seq: DeviceBuffer::from_host(ctx, &vec![history as i32; REQS])?,
+            block_table: DeviceBuffer::from_host(ctx, &bt)?,
+            max_blocks,
+            history,
+            pool,
+        })
+    }
+
+    /// Output buffers of one resolve.
+    struct Out {
+        idx: DeviceBuffer<i32>,
+        valid: DeviceBuffer<i32>,
+        plan: DeviceBuffer<KvCopy>,
+        count: DeviceBuffer<u32>,
+        stats: DeviceBuffer<u32>,
+    }
+    impl Out {
+        fn new(gpu: &Gpu, hot: u32) -> Res<Self> {
+            let ctx = gpu.ctx();
+            Ok(Out {
+                idx: DeviceBuffer::zeroed(ctx, REQS * K)?,
+                valid: DeviceBuffer::zeroed(ctx, REQS)?,
+                plan: DeviceBuffer::zeroed(ctx, REQS * hot as usize)?,
+                count: DeviceBuffer::zeroed(ctx, REQS)?,
+                stats: DeviceBuffer::zeroed(ctx, REQS * KV_STATS)?,
+            })
+        }
+        fn args(&self, s: &Setup, topk: u64, layer: u32) -> KvResolveArgs {
+            KvResolveArgs {
+                topk,
+                query_start_loc: s.qsl.device_ptr(),
+                seq_lens: s.seq.device_ptr(),
+                req_slot: s.slots.device_ptr(),
+                reqs: REQS as u32,
+                rows: REQS as u32,
+                k: K as u32,
+                layer,
+                indices: self.idx.device_ptr(),
+                valid_count: self.valid.device_ptr(),
+                plan: self.plan.device_ptr(),
+                plan_count: self.count.device_ptr(),
+                stats: self.stats.device_ptr(),
+            }
+        }
+        fn misses(&self) -> Res<u64> {
+            Ok(self.count.download()?.iter().map(|&c| c as u64).sum())
+        }
+    }
+
+    fn upload_steps(gpu: &Gpu, steps: &[Vec<i32>]) -> Res<DeviceBuffer<i32>> {
+        let flat: Vec<i32> = steps.iter().flatten().copied().collect();
+        Ok(DeviceBuffer::from_host(gpu.ctx(), &flat)?)
+    }
+
+    fn at(buf: &DeviceBuffer<i32>, step: usize) -> u64 {
+        buf.device_ptr() + (step * REQS * K * 4) as u64
+    }
+
+    struct Table(Vec<[String; 4]>);
+    impl Table {
+        fn row(&mut self, what: &str, time: String, figure: String, note: String) {
+            self.0.push([what.into(), time, figure, note]);
+        }
+        fn print(&self) {
+            let w: Vec<usize> = (0..4)
+                .map(|c| {
+                    self.0
+                        .iter()
+                        .map(|r| r[c].chars().count())
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            for (i, r) in self.0.iter().enumerate() {
+                let cells: Vec<String> =
+                    (0..4).map(|c| format!("{:<w$}", r[c], w = w[c])).collect();
+                println!("| {} |", cells.join(" | "));
+                if i == 0 {
+                    let dashes: Vec<String> = w.iter().map(|&n| "-".repeat(n)).collect();
+                    println!("| {} |", dashes.join(" | "));
+                }
+            }
+        }
+    }
+
+    pub fn run() -> Res<()> {
+        let Some(gpu) = cuda_kernels::gpu_or_skip() else {
+            return Ok(());
+        };
+        let reps: usize = std::env::args()
+            .skip_while(|a| a != "--reps")
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20);
+        let warm = 3;
+        let s = gpu.stream().clone();
+        let ev = Ev::new(&gpu)?;
+        println!(
+            "device: {} ({}), batch {REQS}, top-k {K}, rows {ROW} B, layers {LAYERS}, {reps} timed reps (median)",
+            gpu.name()?,
+            gpu.arch()
+        );
+        let mut t = Table(vec![[
+            "measurement".into(),
+            "median".into(),
+            "figure".into(),
+            "vs ceiling / target".into(),
+        ]]);
+
+        // ---------- 1. direct path + 3. low-load decode step (whole history resident) ----------
+        let full = setup(&gpu, 2048, 4096, true)?;
+        let tail_start = full.history - 64;
+        let mut rng = 42u64;
+        let sets: Vec<Vec<i32>> = (0..4)
+            .map(|_| {
+                let mut v = Vec::with_capacity(REQS * K);
+                for _ in 0..REQS {
+                    let mut seen = HashSet::new();
+                    while seen.len() < K {
+                        seen.insert((mix(&mut rng) % tail_start as u64) as i32);
+                    }
+                    v.extend(seen);
+                }
+                v
+            })
+            .collect();
+        let picks = upload_steps(&gpu, &sets)?;
+        let out = Out::new(&gpu, 2048)?;
+        let dev = full.pool.device();
+        gpu.synchronize()?;
+        let mut tv = Vec::new();
+        let mut tb = Vec::new();
+        for i in 0..warm + 5 * reps {
+            let a = out.args(&full, at(&picks, i % 4), 0);
+            ev.start(&s)?;
+            // SAFETY: buffers of `out`/`full`/`picks` are live and shaped for REQS x K.
+            unsafe { dev.resolve_async(&s, &a, CopyBackend::Gather)? };
+            let us = ev.stop_us(&s)?;
+            ev.start(&s)?;
+            // SAFETY: as above; block table [REQS][max_blocks].
+            unsafe {
+                dev.resident_indices_async(
+                    &s,
+                    at(&picks, i % 4),
+                    full.qsl.device_ptr(),
+                    full.seq.device_ptr(),
+                    full.block_table.device_ptr(),
+                    full.max_blocks,
+                    64,
+                    REQS as u32,
+                    K as u32,
+                    out.idx.device_ptr(),
+                    out.valid.device_ptr(),
+                )?
+            };
+            let ub = ev.stop_us(&s)?;
+            if i >= warm {
+                tv.push(us);
+                tb.push(ub);
+            }
+        }
+        assert_eq!(out.misses()?, 0, "direct path must not fetch");
+        let st = out.stats.download()?;
+        let direct: u32 = st.chunks(KV_STATS).map(|c| c[6]).sum();
+        let direct_us = median(&mut tv);
+        t.row(
+            "resolve, direct path (64 x 2048, all resident)",
+            format!("{direct_us:.1} us"),
+            format!("{direct} / {REQS} requests direct"),
+            format!(
+                "target <= 20 us: {}",
+                if direct_us <= 20.0 { "met" } else { "MISSED" }
+            ),
+        );
+        t.row(
+            "block-table conversion (fully resident engine)",
+            format!("{:.1} us", median(&mut tb)),
+            String::new(),
+            "baseline".into(),
+        );
+
+        // Decode step: resident vs elastic at low load.
+        let q: Vec<f32> = (0..ROW).map(|i| ((i * 37) % 101) as f32 / 101.0).collect();
+        let qd = DeviceBuffer::from_host(gpu.ctx(), &q)?;
+        let att = DeviceBuffer::<f32>::zeroed(gpu.ctx(), REQS)?;
+        let attend_all = |dev: &cuda_kernels::kv::KvResolveGpu, o: &Out| -> Res<()> {
+            for l in 0..LAYERS {
+                // SAFETY: indices/valid of `o` hold rows inside the arena or -1; q/att sized.
+                unsafe {
+                    dev.attend_async(
+                        &s,
+                        l,
+                        o.idx.device_ptr(),
+                        o.valid.device_ptr(),
+                        REQS as u32,
+                        K as u32,
+                        qd.device_ptr(),
+                        att.device_ptr(),
+                    )?
+                };
+            }
+            Ok(())
+        };
+        let (mut tr, mut te) = (Vec::new(), Vec::new());
+        for i in 0..warm + 3 * reps {
+            let a = out.args(&full, at(&picks, i % 4), 0);
+            ev.start(&s)?;
+            // SAFETY: as above.
+            unsafe {
+                dev.resident_indices_async(
+                    &s,
+                    at(&picks, i % 4),
+                    full.qsl.device_ptr(),
+                    full.seq.device_ptr(),
+                    full.block_table.device_ptr(),
+                    full.max_blocks,
+                    64,
+                    REQS as u32,
+                    K as u32,
+                    out.idx.device_ptr(),
+                    out.valid.device_ptr(),
+                )?
+            };
+            attend_all(dev, &out)?;
+            let ur = ev.stop_us(&s)?;
+            ev.start(&s)?;
+            // SAFETY: as above.
+            unsafe { dev.resolve_async(&s, &a, CopyBackend::Gather)? };
+            attend_all(dev, &out)?;
+            let ue = ev.stop_us(&s)?;
+            if i >= warm {
+                tr.push(ur);
+                te.push(ue);
+            }
+        }
+        let resident_step = median(&mut tr);
+        let low_step = median(&mut te);
+        t.row(
+            "decode step, fully resident (convert + 4 x attend)",
+            format!("{resident_step:.1} us"),
+            String::new(),
+            "baseline".into(),
+        );
+        t.row(
+            "decode step, elastic low load (resolve + 4 x attend)",
+            format!("{low_step:.1} us"),
+            format!(
+                "{:+.2}% vs resident",
+                (low_step / resident_step - 1.0) * 100.0
+            ),
+            format!(
+                "target within 2%: {}",
+                if low_step <= resident_step * 1.02 {
+                    "met"
+                } else {
+                    "MISSED"
+                }
+            ),
+        );
+        drop(out);
+        drop(picks);
+        drop(full);
+
+        // ---------- 2. miss fetch, 3. high-load step, 4. prefetch (fixed hot cache) ----------
+        let hot = setup(&gpu, 8192, 16384, false)?;
+        let dev = hot.pool.device();
+        let out = Out::new(&gpu, 8192)?;
+        let mut churn = Churn::new(hot.history - 64, 7);
+        // Plain gather of 32,768 random rows (the ceiling's shape): 64 segments x 512 rows.
+        {
+            let mut copies = Vec::with_capacity(32768);
+            let mut rng = 9u64;
+            for r in 0..REQS as u32 {
+                for i in 0..512u32 {
+                    copies.push(KvCopy {
+                        slot: r,
+                        position: (mix(&mut rng) % (hot.history as u64 - 64)) as u32,
+                        // rows of a scratch region: the plan buffer's own hot rows are not touched
+                        dst_row: r * 512 + i,
+                        pad: 0,
+                    });
+                }
+            }
+            let pb = DeviceBuffer::from_host(gpu.ctx(), &copies)?;
+            let cb = DeviceBuffer::from_host(gpu.ctx(), &vec![512u32; REQS])?;
+            gpu.synchronize()?;
+            let mut tt = Vec::new();
+            for i in 0..warm + reps {
+                ev.start(&s)?;
+                // SAFETY: 64 segments of 512 entries; destination rows inside the arena (layer 3's
+                // plane, rows 0..32768: hot rows not yet filled and tail rows no pick reads).
+                unsafe { dev.replay_async(&s, pb.device_ptr(), cb.device_ptr(), 64, 512, 3, 1)? };
+                let us = ev.stop_us(&s)?;
+                if i >= warm {
+                    tt.push(us);
+                }
+            }
+            let us = median(&mut tt);
+            let gbs = 32768.0 * ROW as f64 / (us * 1e3);
+            t.row(
+                "plain gather, 32,768 random rows (replay kernel)",
+                format!("{us:.1} us"),
+                format!("{gbs:.1} GB/s"),
+                format!("{:.0}% of 46.4 GB/s", gbs / GATHER_CEIL * 100.0),
+            );
+        }
+        // Warm the hot cache with the initial set (all misses once).
+        let init = upload_steps(&gpu, &[churn.step(0.0)])?;
+        gpu.synchronize()?;
+        // SAFETY: live buffers shaped for REQS x K.
+        unsafe { dev.resolve_async(&s, &out.args(&hot, at(&init, 0), 0), CopyBackend::Gather)? };
+        s.synchronize().map_err(cu("cuStreamSynchronize"))?;
+
+        let mut zero_us = 0.0;
+        for (rate, label) in [(0.0, "0%"), (0.10, "10%"), (0.30, "30%")] {
+            let steps: Vec<Vec<i32>> = (0..warm + reps).map(|_| churn.step(rate)).collect();
+            let p = upload_steps(&gpu, &steps)?;
+            gpu.synchronize()?;
+            let (mut tt, mut bytes) = (Vec::new(), Vec::new());
+            for i in 0..warm + reps {
+                ev.start(&s)?;
+                // SAFETY: as above.
+                unsafe {
+                    dev.resolve_async(&s, &out.args(&hot, at(&p, i), 0), CopyBackend::Gather)?
+                };
+                let us = ev.stop_us(&s)?;
+                let m = out.misses()?;
+                if i >= warm {
+                    tt.push(us);
+                    bytes.push(m as f64 * ROW as f64);
+                }
+            }
+            let us = median(&mut tt);
+            let b = median(&mut bytes);
+            if rate == 0.0 {
+                zero_us = us;
+                t.row(
+                    "resolve, 0% misses (hot-cache hits, bookkeeping only)",
+                    format!("{us:.1} us"),
+                    String::new(),
+                    String::new(),
+                );
+                continue;
+            }
+            let gbs = b / (us * 1e3);
+            let net = b / ((us - zero_us).max(1e-3) * 1e3);
+            t.row(
+                &format!("resolve + gather fetch, {label} misses"),
+                format!("{us:.1} us"),
+                format!(
+                    "{:.0} rows/step, {gbs:.1} GB/s (net of 0%: {net:.1})",
+                    b / ROW as f64
+                ),
+                format!(
+                    "{:.0}% of 46.4 GB/s gather ceiling (target >= 85%: {})",
+                    gbs / GATHER_CEIL * 100.0,
+                    if gbs >= 0.85 * GATHER_CEIL {
+                        "met"
+                    } else {
+                        "MISSED"
+                    }
+                ),
+            );
+            // DMA back-end on fresh steps of the same rate: place on the device (fetch = 0), then one
+            // cuMemcpyBatchAsync of the plan.
+            let steps: Vec<Vec<i32>> = (0..warm + reps).map(|_| churn.step(rate)).collect();
+            let p = upload_steps(&gpu, &steps)?;
+            gpu.synchronize()?;
+            let (mut tr, mut td, mut bd) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..warm + reps {
+                ev.start(&s)?;
+                // SAFETY: as above.
+                unsafe { dev.resolve_async(&s, &out.args(&hot, at(&p, i), 0), CopyBackend::Dma)? };
+                let ur = ev.stop_us(&s)?;
+                let counts = out.count.download()?;
+                let plan = out.plan.download()?;
+                let mut copies = Vec::new();
+                for (r, &c) in counts.iter().enumerate() {
+                    copies.extend_from_slice(&plan[r * 8192..r * 8192 + c as usize]);
+                }
+                ev.start(&s)?;
+                dev.dma_copy_async(&s, &copies, 0, 1)?;
+                let ud = ev.stop_us(&s)?;
+                if i >= warm {
+                    tr.push(ur);
+                    td.push(ud);
+                    bd.push(copies.len() as f64 * ROW as f64);
+                }
+            }
+            let (ur, ud, b) = (median(&mut tr), median(&mut td), median(&mut bd));
+            let gbs = b / (ud * 1e3);
+            t.row(
+                &format!("DMA back-end, {label} misses: place + batch copy"),
+                format!("{ur:.1} + {ud:.1} us"),
+                format!(
+                    "{gbs:.1} GB/s copy only ({:.0} descriptors)",
+                    b / ROW as f64
+                ),
+                format!(
+                    "{:.0}% of 55.6 GB/s H2D, {:.0}% of 46.4 GB/s gather",
+                    gbs / H2D_CEIL * 100.0,
+                    gbs / GATHER_CEIL * 100.0
+                ),
+            );
+        }
+
+        // High-load decode step: resolve (layer 0) + replay the plan into layers 1..3 + attention.
+        for (rate, label) in [(0.10, "10%"), (0.30, "30%")] {
+            let steps: Vec<Vec<i32>> = (0..warm + reps).map(|_| churn.step(rate)).collect();
+            let p = upload_steps(&gpu, &steps)?;
+            gpu.synchronize()?;
+            let mut tt = Vec::new();
+            for i in 0..warm + reps {
+                ev.start(&s)?;
+                // SAFETY: as above; the plan is the resolve's own output (fresh).
+                unsafe {
+                    dev.resolve_async(&s, &out.args(&hot, at(&p, i), 0), CopyBackend::Gather)?;
+                    dev.replay_async(
+                        &s,
+                        out.plan.device_ptr(),
+                        out.count.device_ptr(),
+                        REQS as u32,
+                        8192,
+                        1,
+                        LAYERS - 1,
+                    )?;
+                }
+                attend_all(dev, &out)?;
+                let us = ev.stop_us(&s)?;
+                if i >= warm {
+                    tt.push(us);
+                }
+            }
+            let us = median(&mut tt);
+            t.row(
+                &format!("decode step, elastic {label} misses (+ replay x3)"),
+                format!("{us:.1} us"),
+                format!("+{:.1} us vs resident", us - resident_step),
+                format!(
+                    "{:.1}% of the resident step",
+                    (us / resident_step - 1.0) * 100.0
+                ),
+            );
+        }
+
+        // Prefetch: pool of 4,096 candidates (current set + 2,048 fresh) announced at layer 0;
+        // layers 1..3 pick 2,048 of the pool (half from the fresh part).
+        let side = gpu.new_stream()?;
+        let pool_n = 4096usize;
+        let ctx = gpu.ctx();
+        let cand_count = DeviceBuffer::from_host(ctx, &vec![pool_n as u32; REQS])?;
+        let pf_plan = DeviceBuffer::<KvCopy>::zeroed(ctx, REQS * 8192)?;
+        let pf_count = DeviceBuffer::<u32>::zeroed(ctx, REQS)?;
+        let later: Vec<Out> = (0..LAYERS - 1)
+            .map(|_| Out::new(&gpu, 8192))
+            .collect::<Res<_>>()?;
+        for prefetch in [false, true] {
+            let (mut tt, mut demand, mut pf_rows) = (Vec::new(), Vec::new(), Vec::new());
+            for i in 0..warm + reps {
+                let p0 = churn.step(0.3);
+                let fresh = churn.fresh_pool(pool_n - K);
+                let mut cand = Vec::with_capacity(REQS * pool_n);
+                let mut lp: Vec<Vec<i32>> = (0..3).map(|_| Vec::with_capacity(REQS * K)).collect();
+                for r in 0..REQS {
+                    let c0 = &p0[r * K..(r + 1) * K];
+                    let f = &fresh[r * (pool_n - K)..(r + 1) * (pool_n - K)];
+                    cand.extend_from_slice(c0);
+                    cand.extend_from_slice(f);
+                    for (l, v) in lp.iter_mut().enumerate() {
+                        let o = (l * 331 + i * 17) % K;
+                        v.extend((0..K / 2).map(|j| c0[(o + j) % K]));
+                        v.extend((0..K / 2).map(|j| f[(o + j) % (pool_n - K)]));
+                    }
+                }
+                let p0d = DeviceBuffer::from_host(ctx, &p0)?;
+                let cd = DeviceBuffer::from_host(ctx, &cand)?;
+                let lpd: Vec<DeviceBuffer<i32>> = lp
+                    .iter()
+                    .map(|v| DeviceBuffer::from_host(ctx, v))
+                    .collect::<Result<_, _>>()?;
+                gpu.synchronize()?;
+                ev.start(&s)?;
+                // SAFETY: live buffers of the documented shapes; the side stream's prefetch is
+                // ordered after layer 0's resolve and before layers 1..3 by events.
+                unsafe {
+                    dev.resolve_async(
+                        &s,
+                        &out.args(&hot, p0d.device_ptr(), 0),
+                        CopyBackend::Gather,
+                    )?;
+                    dev.replay_async(
+                        &s,
+                        out.plan.device_ptr(),
+                        out.count.device_ptr(),
+                        REQS as u32,
+                        8192,
+                        1,
+                        LAYERS - 1,
+                    )?;
+                    if prefetch {
+                        let e0 = s.record_event(None).map_err(cu("cuEventRecord"))?;
+                        side.wait(&e0).map_err(cu("cuStreamWaitEvent"))?;
+                        dev.prefetch_async(
+                            &side,
+                            hot.slots.device_ptr(),
+                            cd.device_ptr(),
+                            cand_count.device_ptr(),
+                            REQS as u32,
+                            pool_n as u32,
+                            0,
+                            LAYERS,
+                            pf_plan.device_ptr(),
+                            pf_count.device_ptr(),
+                        )?;
+                    }
+                    dev.attend_async(
+                        &s,
+                        0,
+                        out.idx.device_ptr(),
+                        out.valid.device_ptr(),
+                        REQS as u32,
+                        K as u32,
+                        qd.device_ptr(),
+                        att.device_ptr(),
+                    )?;
+                    if prefetch {
+                        let e1 = side.record_event(None).map_err(cu("cuEventRecord"))?;
+                        s.wait(&e1).map_err(cu("cuStreamWaitEvent"))?;
+                    }
+                    for l in 1..LAYERS {
+                        let o = &later[l as usize - 1];
+                        dev.resolve_async(
+                            &s,
+                            &o.args(&hot, lpd[l as usize - 1].device_ptr(), l),
+                            CopyBackend::Gather,
+                        )?;
+                        // Demand misses fill only layer l: replay them into the group's other layers.
+                        dev.replay_async(
+                            &s,
+                            o.plan.device_ptr(),
+                            o.count.device_ptr(),
+                            REQS as u32,
+                            8192,
+                            0,
+                            l,
+                        )?;
+                        if l + 1 < LAYERS {
+                            dev.replay_async(
+                                &s,
+                                o.plan.device_ptr(),
+                                o.count.device_ptr(),
+                                REQS as u32,
+                                8192,
+                                l + 1,
+                                LAYERS - 1 - l,
+                            )?;
+                        }
+                        dev.attend_async(
+                            &s,
+                            l,
+                            o.idx.device_ptr(),
+                            o.valid.device_ptr(),
+                            REQS as u32,
+                            K as u32,
+                            qd.device_ptr(),
+                            att.device_ptr(),
+                        )?;
+                    }
+                }
+                let us = ev.stop_us(&s)?;
+                let mut d = 0;
+                for o in &later {
+                    d += o.misses()?;
+                }
+                let pr: u64 = pf_count.download()?.iter().map(|&c| c as u64).sum();
+                if i >= warm {
+                    tt.push(us);
+                    demand.push(d);
+                    pf_rows.push(pr);
+                }
+            }
+            let us = median(&mut tt);
+            let total: u64 = demand.iter().sum();
+            t.row(
+                &format!(
+                    "group step, 4 layers, {}",
+                    if prefetch {
+                        "pool prefetched on side stream"
+                    } else {
+                        "no prefetch"
+                    }
+                ),
+                format!("{us:.1} us"),
+                format!(
+                    "demand misses in layers 1-3: {total} over {reps} steps{}",
+                    if prefetch {
+                        format!(
+                            ", prefetched {:.0} rows/step",
+                            pf_rows.iter().sum::<u64>() as f64 / reps as f64
+                        )
+                    } else {
+                        String::new()
+                    }
+                ),
+                if prefetch {
+                    format!("target 0: {}", if total == 0 { "met" } else { "MISSED" })
+                } else {
+                    String::new()
+                },
+            );
+        }
+        let e = hot.pool.device().errors()?;
+        println!();
+        t.print();
+        println!();
+        println!("device error counters: {e:?}");
+        Ok(())
+    }
+}
