@@ -29,3 +29,16 @@ __device__ __forceinline__ void tierkit_count_pick(unsigned int* table, unsigned
         }
     }
 }
+
+// Striped variant (what `PickCounterGpu::fused_table_ptr` / `fused_stripes` hand out): `scratch`
+// is u32 [stripes][layers][experts]; block b adds into stripe b % stripes. A router touches only
+// a few cache lines of one layer's row, so thousands of adds from all blocks would queue on those
+// lines in L2; striping spreads them over `stripes` times more lines. The drain folds the stripes
+// into the canonical [layers][experts] table (sum), so the host sees the same counts.
+__device__ __forceinline__ void tierkit_count_pick_striped(unsigned int* scratch, unsigned int stripes,
+                                                           unsigned int* err, unsigned int layer,
+                                                           unsigned int layers, long long expert,
+                                                           unsigned int experts) {
+    const unsigned int s = stripes > 1u ? blockIdx.x % stripes : 0u;
+    tierkit_count_pick(scratch + (unsigned long long)s * layers * experts, err, layer, layers, expert, experts);
+}

@@ -175,7 +175,7 @@ fn failed_cuda_call_is_a_typed_error_with_the_cuda_name() {
 fn fused_header_counts_like_the_cpu_reference() {
     let Some(gpu) = gpu_or_skip() else { return };
     use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
-    let (layers, tokens, experts, k) = (3u32, 300u32, 64u32, 6u32);
+    let (layers, tokens, experts, k) = (3u32, 3000u32, 64u32, 6u32);
     let mut rng = ChaCha8Rng::seed_from_u64(5);
     let counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
     let f = gpu
@@ -187,13 +187,13 @@ fn fused_header_counts_like_the_cpu_reference() {
         let logits: Vec<f32> = (0..tokens * experts).map(|_| rng.random::<f32>()).collect();
         let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
-        let (lp, ip, tp, ep, one) = (
-            dl.device_ptr(),
-            ids.device_ptr(),
-            counter.table_ptr(),
-            counter.rejected_ptr(),
-            1u32,
-        );
+        // layer 0 counts through the plain table (stripes = 1), the others through the stripes
+        let (tp, stripes) = if layer == 0 {
+            (counter.table_ptr(), 1u32)
+        } else {
+            (counter.fused_table_ptr(), counter.fused_stripes())
+        };
+        let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
         let cfg = LaunchConfig {
             grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
             block_dim: (256, 1, 1),
@@ -205,7 +205,7 @@ fn fused_header_counts_like_the_cpu_reference() {
             .arg(&experts)
             .arg(&k)
             .arg(&ip)
-            .arg(&one)
+            .arg(&stripes)
             .arg(&tp)
             .arg(&ep)
             .arg(&layer)

@@ -273,14 +273,16 @@ mod bench {
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
         let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
         let s = gpu.stream().clone();
-        let step = |count: u32| {
+        // stripes 0: no counting; 1: fused adds into the plain [layers][experts] table;
+        // counter.fused_stripes(): fused adds into the striped scratch table.
+        let step = |stripes: u32| {
             for layer in 0..layers {
-                let (lp, ip, tp, ep) = (
-                    dl.device_ptr(),
-                    ids.device_ptr(),
-                    counter.table_ptr(),
-                    counter.rejected_ptr(),
-                );
+                let tp = if stripes > 1 {
+                    counter.fused_table_ptr()
+                } else {
+                    counter.table_ptr()
+                };
+                let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
                 let cfg = LaunchConfig {
                     grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
                     block_dim: (256, 1, 1),
@@ -292,7 +294,7 @@ mod bench {
                     .arg(&experts)
                     .arg(&k)
                     .arg(&ip)
-                    .arg(&count)
+                    .arg(&stripes)
                     .arg(&tp)
                     .arg(&ep)
                     .arg(&layer)
@@ -301,66 +303,58 @@ mod bench {
                 unsafe { b.launch(cfg) }.unwrap();
             }
         };
-        let (mut without, mut with) = (Vec::new(), Vec::new());
-        for rep in 0..16 {
-            let n = 300;
-            let a = time_ms(gpu, &s, || (0..n).for_each(|_| step(0)));
-            let b = time_ms(gpu, &s, || (0..n).for_each(|_| step(1)));
-            if rep > 0 {
-                without.push(a * 1e3 / n as f64);
-                with.push(b * 1e3 / n as f64);
-            }
-        }
-        let diffs: Vec<f64> = with.iter().zip(&without).map(|(w, o)| w - o).collect();
-        let (o, w, d) = (median(without), median(with), median(diffs));
-        rows.push(Row(
-            "stand-in router, 40 layers x 256 tokens x top-6, without counting, stream launches (host-bound)".into(),
-            format!("{o:.2} us/step"),
-            String::new(),
-        ));
-        rows.push(Row(
-            "same, fused header counting every pick".into(),
-            format!("{w:.2} us/step"),
-            String::new(),
-        ));
-        rows.push(Row(
-            "fused counting, added per 40-layer step, stream launches".into(),
-            format!("{d:.2} us"),
-            "goal <= 2 us (GB300 recipe: 2-6 us)".into(),
-        ));
-        // The same, captured in CUDA graphs (10 steps = 400 launches per graph): GPU time.
+        let striped = counter.fused_stripes();
+        let variants = [
+            (0u32, "without counting"),
+            (1, "fused, plain table"),
+            (striped, "fused, striped table"),
+        ];
+        // Stream launches (what a host without graphs pays) and CUDA graphs of 10 steps (GPU time).
         let steps_per_graph = 10;
-        let g0 = capture(&s, || (0..steps_per_graph).for_each(|_| step(0)));
-        let g1 = capture(&s, || (0..steps_per_graph).for_each(|_| step(1)));
-        g0.upload().unwrap();
-        g1.upload().unwrap();
-        let (mut without, mut with) = (Vec::new(), Vec::new());
+        let graphs: Vec<_> = variants
+            .iter()
+            .map(|&(v, _)| {
+                let g = capture(&s, || (0..steps_per_graph).for_each(|_| step(v)));
+                g.upload().unwrap();
+                g
+            })
+            .collect();
+        let mut stream_t = vec![Vec::new(); variants.len()];
+        let mut graph_t = vec![Vec::new(); variants.len()];
         for rep in 0..16 {
-            let n = 30;
-            let a = time_ms(gpu, &s, || (0..n).for_each(|_| g0.launch().unwrap()));
-            let b = time_ms(gpu, &s, || (0..n).for_each(|_| g1.launch().unwrap()));
-            if rep > 0 {
-                without.push(a * 1e3 / (n * steps_per_graph) as f64);
-                with.push(b * 1e3 / (n * steps_per_graph) as f64);
+            for (i, &(v, _)) in variants.iter().enumerate() {
+                let n = 100;
+                let a = time_ms(gpu, &s, || (0..n).for_each(|_| step(v)));
+                let m = 30;
+                let b = time_ms(gpu, &s, || (0..m).for_each(|_| graphs[i].launch().unwrap()));
+                if rep > 0 {
+                    stream_t[i].push(a * 1e3 / n as f64);
+                    graph_t[i].push(b * 1e3 / (m * steps_per_graph) as f64);
+                }
             }
         }
-        let diffs: Vec<f64> = with.iter().zip(&without).map(|(w, o)| w - o).collect();
-        let (o, w, d) = (median(without), median(with), median(diffs));
-        rows.push(Row(
-            "stand-in router, 40 layers, captured in a CUDA graph, without counting".into(),
-            format!("{o:.2} us/step"),
-            String::new(),
-        ));
-        rows.push(Row(
-            "same graph, fused header counting every pick".into(),
-            format!("{w:.2} us/step"),
-            String::new(),
-        ));
-        rows.push(Row(
-            "fused counting, added per 40-layer step, CUDA graph (GPU time)".into(),
-            format!("{d:.2} us"),
-            "goal <= 2 us (GB300 recipe: 2-6 us)".into(),
-        ));
+        for (mode, t) in [("stream launches", &stream_t), ("CUDA graph", &graph_t)] {
+            let base = median(t[0].clone());
+            rows.push(Row(
+                format!(
+                    "stand-in router, 40 layers x 256 tokens x top-6, {mode}, without counting"
+                ),
+                format!("{base:.2} us/step"),
+                String::new(),
+            ));
+            for (i, &(v, name)) in variants.iter().enumerate().skip(1) {
+                let diffs: Vec<f64> = t[i].iter().zip(&t[0]).map(|(w, o)| w - o).collect();
+                rows.push(Row(
+                    format!("same, {name} (stripes {v}): added per 40-layer step"),
+                    format!(
+                        "{:.2} us ({:.2} us/step)",
+                        median(diffs),
+                        median(t[i].clone())
+                    ),
+                    "goal <= 2 us (GB300 recipe: 2-6 us)".into(),
+                ));
+            }
+        }
     }
 
     pub fn main() {
