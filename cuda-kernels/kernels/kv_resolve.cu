@@ -181,7 +181,7 @@ __device__ void kv_pick_victims(const KvDims& d, const KvTables& t, unsigned int
 // After installs: clear reference bits of lap-1 slots the hand passed (unless pinned) and move the hand
 // as the CPU reference does (a failing victim() call sweeps 2n + 1 slots, i.e. one net step).
 __device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
-                                unsigned int want, unsigned int taken, int last) {
+                                unsigned int misses, unsigned int taken, int last) {
     const unsigned int n = d.hot_rows;
     const unsigned long long base = (unsigned long long)slot * n;
     const unsigned int hand = t.hand[slot];
@@ -191,9 +191,11 @@ __device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int
         if (t.stamp[base + s] != call) t.referenced[base + s] = 0u;
     }
     __syncthreads();
-    if (threadIdx.x == 0 && want > 0) {
+    if (threadIdx.x == 0 && misses > 0) {
         unsigned long long adv = last < 0 ? 0ull : (unsigned long long)last + 1ull;
-        if (taken < want) adv += 2ull * n + 1ull;
+        // One failing victim() call after the last placed miss (also when the misses exceed the
+        // hot rows: placement stops at the first miss without a victim).
+        if (taken < misses) adv += 2ull * n + 1ull;
         t.hand[slot] = (unsigned int)((hand + adv) % n);
     }
 }
@@ -354,7 +356,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             taken = sh_taken;
             kv_install(d, t, slot, call, plan, taken);
             __syncthreads();
-            kv_finish_sweep(d, t, slot, call, want, taken, sh_last);
+            kv_finish_sweep(d, t, slot, call, misses, taken, sh_last);
             __syncthreads();
             // 6. fetch from mapped host memory
             if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
@@ -504,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
     kv_install(d, t, slot, call, plan, taken);
     __syncthreads();
     // The CPU reference stops at the first miss without a victim: one failing sweep.
-    kv_finish_sweep(d, t, slot, call, want, taken, sh_last);
+    kv_finish_sweep(d, t, slot, call, misses, taken, sh_last);
     if (threadIdx.x == 0) {
         plan_count[blockIdx.x] = taken;
         if (bad) atomicAdd(&t.err[KV_ERR_BAD_POSITION], bad);

@@ -863,6 +863,20 @@ impl KvResolveGpu {
         l0: u32,
         nl: u32,
     ) -> Result<()> {
+        self.dma_copy_async_with(stream, copies, l0, nl, true)
+    }
+
+    /// [`KvResolveGpu::dma_copy_async`] with the copy hint chosen: `prefer_overlap = true` sets
+    /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE` (the default of `dma_copy_async`), `false` leaves
+    /// the driver's default.
+    pub fn dma_copy_async_with(
+        &self,
+        stream: &CudaStream,
+        copies: &[KvCopy],
+        l0: u32,
+        nl: u32,
+        prefer_overlap: bool,
+    ) -> Result<()> {
         self.check_layers(l0, nl)?;
         let d = self.dims;
         if copies.is_empty() {
@@ -896,7 +910,11 @@ impl KvResolveGpu {
         attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
         attr.srcLocHint.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
         attr.dstLocHint.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-        attr.flags = sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32;
+        attr.flags = if prefer_overlap {
+            sys::CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE as u32
+        } else {
+            sys::CUmemcpyFlags::CU_MEMCPY_FLAG_DEFAULT as u32
+        };
         let mut idx = [0usize];
         self.bind()?;
         // SAFETY: `dsts`/`srcs`/`sizes` hold `n` entries each; every source lies inside the pinned
