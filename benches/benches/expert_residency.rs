@@ -86,6 +86,17 @@ fn pick(c: &mut Criterion) {
             counters.record(black_box(l), black_box(e)).unwrap();
         })
     });
+    // Baseline: a bare relaxed fetch_add on the same cells, no checks (the floor `record` pays).
+    let cells = counters.cells();
+    let mut j = 0;
+    c.bench_function("atomic_fetch_add_baseline", |b| {
+        b.iter(|| {
+            j = (j + 1) & 4095;
+            let (l, e) = picks[j];
+            cells[black_box(l) as usize * 384 + black_box(e) as usize]
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        })
+    });
     let mut group = c.benchmark_group("pick_record_batch");
     group.throughput(Throughput::Elements(picks.len() as u64));
     group.bench_function("4096_picks", |b| {
