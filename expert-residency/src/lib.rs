@@ -57,6 +57,6 @@ pub use replay::{
     oracle_map, replay, replay_with, validate_trace, OracleWindow, PolicySpec, ReplayOptions,
     ReplayReport, SteadyState,
 };
-pub use seed::{CounterDump, Coverage};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, COLD, MAP_FORMAT, MAP_VERSION};
+pub use seed::{CounterDump, Coverage};
 pub use telemetry::{DrainTelemetry, SwapStats, T90};
