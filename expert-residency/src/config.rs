@@ -5,7 +5,9 @@ use crate::error::{Error, Result};
 /// How the controller counts, decays and swaps. [`Default`] gives the seed defaults of the issue:
 /// drain every 64 steps, EMA half-life 500 steps, ratio 1.5, 2 swaps per layer per drain, 8 swaps
 /// begun per step, no shift response.
+/// Missing fields take their defaults when deserialized.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ControllerConfig {
     /// Steps between drains (≥ 1).
     pub drain_every: u32,
@@ -46,7 +48,9 @@ impl Default for ControllerConfig {
 /// `c ≥ baseline + jump_min`. A jump decays the EMA as if `forget_steps` more steps had passed (at
 /// the boosted half-life) and boosts for `boost_drains` drains (a new jump re-arms it); then the
 /// normal half-life and cap come back.
+/// Missing fields take their defaults when deserialized.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ShiftResponse {
     /// Relative jump over the baseline that counts as a shift (> 1).
     pub jump_ratio: f64,
@@ -136,6 +140,46 @@ impl ControllerConfig {
         ControllerConfig {
             shift_response: Some(ShiftResponse::default()),
             ..Self::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_json_takes_defaults_and_validation_names_fields() {
+        let c: ControllerConfig =
+            serde_json::from_str(r#"{"drain_every": 32, "shift_response": {"jump_ratio": 2.0}}"#)
+                .unwrap();
+        assert_eq!(c.drain_every, 32);
+        assert_eq!(c.half_life_steps, 500.0);
+        let sr = c.shift_response.clone().unwrap();
+        assert_eq!((sr.jump_ratio, sr.boost_drains), (2.0, 12));
+        c.validate().unwrap();
+        for bad in [
+            ControllerConfig {
+                drain_every: 0,
+                ..ControllerConfig::default()
+            },
+            ControllerConfig {
+                half_life_steps: f64::NAN,
+                ..ControllerConfig::default()
+            },
+            ControllerConfig {
+                max_swaps_per_step: 0,
+                ..ControllerConfig::default()
+            },
+            ControllerConfig {
+                shift_response: Some(ShiftResponse {
+                    jump_ratio: 1.0,
+                    ..ShiftResponse::default()
+                }),
+                ..ControllerConfig::default()
+            },
+        ] {
+            assert!(matches!(bad.validate(), Err(Error::InvalidConfig(_))));
         }
     }
 }
