@@ -14,7 +14,7 @@ __device__ __forceinline__ void tierkit_count4(const T (&v)[4], unsigned int i, 
     unsigned int r = i - l * picks_per_layer;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        if (i + j < n) tierkit_count_pick(table, err, layer0 + l, layers, (long long)v[j], experts);
+        if (i + j < n) tierkit_count_pick_aggregated(table, err, layer0 + l, layers, (long long)v[j], experts);
         if (++r == picks_per_layer) { r = 0; ++l; }
     }
 }
@@ -61,11 +61,13 @@ extern "C" __global__ void tierkit_count_i64(const long long* __restrict__ ids, 
 // Stand-in router (bench and tests of the fused path), one warp per token: top-k of `experts`
 // (<= 256) f32 logits by k warp arg-max rounds (ties: lowest id; NaN never picked).
 // logits f32 [tokens, experts]; ids int32 [tokens, k], k <= 32. Launch >= tokens * 32 threads.
-// With stripes != 0, lane 0 counts each pick through the fused header function as it is chosen
-// (`table` striped [stripes][layers][experts]; stripes = 1 is the plain table).
+// mode (how the fused header is called; the bench compares them):
+//   0 no counting; 1 tierkit_count_pick from lanes 0..k-1 after the top-k (the recommended call);
+//   2 tierkit_count_pick_aggregated from lanes 0..k-1 after the top-k;
+//   3 tierkit_count_pick from lane 0 inside each arg-max round (on the critical path).
 extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logits, unsigned int tokens,
                                                   unsigned int experts, unsigned int k, int* ids,
-                                                  unsigned int stripes, unsigned int* table, unsigned int* err,
+                                                  unsigned int mode, unsigned int* table, unsigned int* err,
                                                   unsigned int layer, unsigned int layers) {
     const unsigned int token = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const unsigned int lane = threadIdx.x & 31u;
@@ -93,27 +95,15 @@ extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logi
             if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
         }
         if (lane == r) mine = arg;
-        // Fused path: count the pick as soon as it is known, so the atomic's latency hides
-        // behind the remaining rounds instead of sitting at the kernel's tail.
-        if (stripes && lane == 0) tierkit_count_pick_striped(table, stripes, err, layer, layers, (long long)arg, experts);
+        if (mode == 3u && lane == 0) tierkit_count_pick(table, err, layer, layers, (long long)arg, experts);
         if (arg != 0x7fffffff && (unsigned int)(arg & 31) == lane) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) if (j == (arg >> 5)) v[j] = NEG;
         }
     }
-    if (lane < k) ids[(unsigned long long)token * k + lane] = mine;
-}
-
-// Drain fold: out[c] = table[c] + sum_s scratch[s * cells + c] for c < cells, out[cells] =
-// table[cells] (the rejected-picks word). L2 loads (__ldcg): counters may still be rising on
-// the step stream; each cell is read whole, and the next drain sees later adds.
-extern "C" __global__ void tierkit_fold_stripes(const unsigned int* table, const unsigned int* scratch,
-                                                unsigned int stripes, unsigned int cells, unsigned int* out) {
-    for (unsigned int c = blockIdx.x * blockDim.x + threadIdx.x; c <= cells; c += gridDim.x * blockDim.x) {
-        unsigned int v = __ldcg(table + c);
-        if (c < cells) {
-            for (unsigned int s = 0; s < stripes; ++s) v += __ldcg(scratch + (unsigned long long)s * cells + c);
-        }
-        out[c] = v;
+    if (lane < k) {
+        ids[(unsigned long long)token * k + lane] = mine;
+        if (mode == 1u) tierkit_count_pick(table, err, layer, layers, (long long)mine, experts);
+        if (mode == 2u) tierkit_count_pick_aggregated(table, err, layer, layers, (long long)mine, experts);
     }
 }

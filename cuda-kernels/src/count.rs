@@ -198,9 +198,6 @@ pub struct PickCounterGpu {
     layers: u32,
     experts: u32,
     table: DeviceBuffer<u32>,
-    stripes: u32,
-    scratch: DeviceBuffer<u32>,
-    fold_out: DeviceBuffer<u32>,
     snapshot: PinnedBuffer<u32>,
     drain_stream: Arc<CudaStream>,
     step_mark: CudaEvent,
@@ -208,32 +205,16 @@ pub struct PickCounterGpu {
     drain_pending: bool,
     f_i32: CudaFunction,
     f_i64: CudaFunction,
-    f_fold: CudaFunction,
 }
 
-/// Stripes of the fused-path scratch table by default (see [`PickCounterGpu::fused_table_ptr`]).
-pub const DEFAULT_FUSED_STRIPES: u32 = 32;
-
 impl PickCounterGpu {
-    /// A zeroed counter for `layers × experts`, with [`DEFAULT_FUSED_STRIPES`] fused stripes.
+    /// A zeroed counter for `layers × experts`.
     ///
     /// # Errors
     /// [`CudaError::OutOfRange`] for a zero or overflowing geometry; CUDA/NVRTC errors.
     pub fn new(gpu: &Arc<Gpu>, layers: u32, experts: u32) -> Result<Self> {
-        Self::with_stripes(gpu, layers, experts, DEFAULT_FUSED_STRIPES)
-    }
-
-    /// A zeroed counter whose fused-path scratch table has `stripes` stripes (1..=1024).
-    pub fn with_stripes(gpu: &Arc<Gpu>, layers: u32, experts: u32, stripes: u32) -> Result<Self> {
-        if !(1..=1024).contains(&stripes) {
-            return Err(CudaError::OutOfRange {
-                what: "fused stripes",
-                value: stripes as u64,
-                limit: 1025,
-            });
-        }
         let cells = layers as u64 * experts as u64;
-        if cells == 0 || cells * stripes as u64 >= u32::MAX as u64 {
+        if cells == 0 || cells >= u32::MAX as u64 {
             return Err(CudaError::OutOfRange {
                 what: "layers * experts",
                 value: cells,
@@ -242,8 +223,6 @@ impl PickCounterGpu {
         }
         let ctx = gpu.ctx();
         let table = DeviceBuffer::<u32>::zeroed(ctx, cells as usize + 1)?;
-        let scratch = DeviceBuffer::<u32>::zeroed(ctx, (cells * stripes as u64) as usize)?;
-        let fold_out = DeviceBuffer::<u32>::zeroed(ctx, cells as usize + 1)?;
         let snapshot = PinnedBuffer::<u32>::zeroed(ctx, cells as usize + 1)?;
         let drain_stream = gpu.new_stream()?;
         let step_mark = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
@@ -251,14 +230,10 @@ impl PickCounterGpu {
         Ok(PickCounterGpu {
             f_i32: gpu.function(&COUNT_MODULE, "tierkit_count_i32")?,
             f_i64: gpu.function(&COUNT_MODULE, "tierkit_count_i64")?,
-            f_fold: gpu.function(&COUNT_MODULE, "tierkit_fold_stripes")?,
             gpu: gpu.clone(),
             layers,
             experts,
             table,
-            stripes,
-            scratch,
-            fold_out,
             snapshot,
             drain_stream,
             step_mark,
@@ -280,18 +255,6 @@ impl PickCounterGpu {
     /// Device pointer of the `[layers][experts]` u32 table (pass to the fused header function).
     pub fn table_ptr(&self) -> u64 {
         self.table.device_ptr()
-    }
-
-    /// Device pointer of the fused path's striped scratch table, u32 `[stripes][layers][experts]`:
-    /// the `scratch` argument of `tierkit_count_pick_striped` (with [`PickCounterGpu::fused_stripes`]).
-    /// Drains fold it into the canonical table, so standalone and fused counts add up.
-    pub fn fused_table_ptr(&self) -> u64 {
-        self.scratch.device_ptr()
-    }
-
-    /// Stripes of the fused scratch table (block `b` of a router adds into stripe `b % stripes`).
-    pub fn fused_stripes(&self) -> u32 {
-        self.stripes
     }
 
     /// Device pointer of the rejected-picks u32 (the `err` argument of the fused header function).
@@ -389,8 +352,7 @@ impl PickCounterGpu {
     }
 
     /// Starts a drain: the side stream waits for the work queued so far on `stream` (the step
-    /// stream that counts), folds the fused stripes into the table (one small kernel), then copies
-    /// the counts and the rejected word to pinned host memory.
+    /// stream that counts), then copies the table and the rejected word to pinned host memory.
     /// The step stream is never blocked.
     ///
     /// # Errors
@@ -406,32 +368,14 @@ impl PickCounterGpu {
         self.drain_stream
             .wait(&self.step_mark)
             .map_err(drv("cuStreamWaitEvent"))?;
-        // Fold table + stripes into `fold_out` on the drain stream.
-        let cells = self.layers * self.experts;
-        let cfg = LaunchConfig {
-            grid_dim: ((cells + 1).div_ceil(256).min(1024), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (t, sc, out) = (
-            self.table.device_ptr(),
-            self.scratch.device_ptr(),
-            self.fold_out.device_ptr(),
-        );
-        let mut b = self.drain_stream.launch_builder(&self.f_fold);
-        b.arg(&t).arg(&sc).arg(&self.stripes).arg(&cells).arg(&out);
-        // SAFETY: `tierkit_fold_stripes(u32*, u32*, u32, u32, u32*)`: reads table[0..=cells] and
-        // scratch[0..stripes*cells], writes out[0..=cells]; all three are our allocations of
-        // exactly those sizes.
-        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_fold_stripes)"))?;
-        let bytes = self.fold_out.num_bytes();
-        // SAFETY: snapshot and fold_out have the same length; the host does not read the snapshot
+        let bytes = self.table.num_bytes();
+        // SAFETY: snapshot and table have the same length; the host does not read the snapshot
         // until `drain_done` completes (`drain_pending` guards `poll_drain`/`wait_drain`), and both
         // buffers live as long as `self` (Drop of the buffers synchronises).
         unsafe {
             copy_dtoh_async(
                 self.snapshot.as_mut_slice().as_mut_ptr() as *mut u8,
-                self.fold_out.device_ptr(),
+                self.table.device_ptr(),
                 bytes,
                 &self.drain_stream,
             )?

@@ -40,7 +40,7 @@ pub use bank::{
 };
 pub use count::{
     count_picks_cpu, DrainSnapshot, IdsDtype, PickCounterGpu, TopkId, TopkIdsView, TopkShape,
-    DEFAULT_FUSED_STRIPES, TIMING_EVENT,
+    TIMING_EVENT,
 };
 pub use device::{
     cuda_available, gpu_or_skip, Gpu, KernelSource, BANK_MODULE, COUNT_MODULE, EXPERT_COUNT_CUH,

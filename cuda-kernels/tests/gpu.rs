@@ -187,12 +187,8 @@ fn fused_header_counts_like_the_cpu_reference() {
         let logits: Vec<f32> = (0..tokens * experts).map(|_| rng.random::<f32>()).collect();
         let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
-        // layer 0 counts through the plain table (stripes = 1), the others through the stripes
-        let (tp, stripes) = if layer == 0 {
-            (counter.table_ptr(), 1u32)
-        } else {
-            (counter.fused_table_ptr(), counter.fused_stripes())
-        };
+        // each layer calls the header another way: 1 lean after top-k, 2 aggregated, 3 in-loop
+        let (tp, mode) = (counter.table_ptr(), layer + 1);
         let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
         let cfg = LaunchConfig {
             grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
@@ -205,7 +201,7 @@ fn fused_header_counts_like_the_cpu_reference() {
             .arg(&experts)
             .arg(&k)
             .arg(&ip)
-            .arg(&stripes)
+            .arg(&mode)
             .arg(&tp)
             .arg(&ep)
             .arg(&layer)

@@ -273,15 +273,11 @@ mod bench {
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
         let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
         let s = gpu.stream().clone();
-        // stripes 0: no counting; 1: fused adds into the plain [layers][experts] table;
-        // counter.fused_stripes(): fused adds into the striped scratch table.
-        let step = |stripes: u32| {
+        // mode 0: no counting; 1: tierkit_count_pick from lanes 0..k-1 after the top-k;
+        // 2: the warp-aggregated variant there; 3: tierkit_count_pick inside each arg-max round.
+        let step = |mode: u32| {
             for layer in 0..layers {
-                let tp = if stripes > 1 {
-                    counter.fused_table_ptr()
-                } else {
-                    counter.table_ptr()
-                };
+                let tp = counter.table_ptr();
                 let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
                 let cfg = LaunchConfig {
                     grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
@@ -294,7 +290,7 @@ mod bench {
                     .arg(&experts)
                     .arg(&k)
                     .arg(&ip)
-                    .arg(&stripes)
+                    .arg(&mode)
                     .arg(&tp)
                     .arg(&ep)
                     .arg(&layer)
@@ -303,11 +299,14 @@ mod bench {
                 unsafe { b.launch(cfg) }.unwrap();
             }
         };
-        let striped = counter.fused_stripes();
         let variants = [
             (0u32, "without counting"),
-            (1, "fused, plain table"),
-            (striped, "fused, striped table"),
+            (1, "fused tierkit_count_pick after the top-k, lanes 0..k-1"),
+            (2, "fused tierkit_count_pick_aggregated after the top-k"),
+            (
+                3,
+                "fused tierkit_count_pick inside each arg-max round (critical path)",
+            ),
         ];
         // Stream launches (what a host without graphs pays) and CUDA graphs of 10 steps (GPU time).
         let steps_per_graph = 10;
@@ -345,7 +344,7 @@ mod bench {
             for (i, &(v, name)) in variants.iter().enumerate().skip(1) {
                 let diffs: Vec<f64> = t[i].iter().zip(&t[0]).map(|(w, o)| w - o).collect();
                 rows.push(Row(
-                    format!("same, {name} (stripes {v}): added per 40-layer step"),
+                    format!("same, {name} (mode {v}): added per 40-layer step"),
                     format!(
                         "{:.2} us ({:.2} us/step)",
                         median(diffs),
