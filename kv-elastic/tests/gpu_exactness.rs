@@ -68,6 +68,7 @@ impl Case {
         idx: &[i32],
     ) {
         let plane = self.gpu.device().download_plane(layer).unwrap();
+        let cpu_plane = self.cpu.plane(layer).unwrap();
         let rb = self.g.row_bytes as usize;
         for (ri, s) in sessions.iter().enumerate() {
             let (committed, drafts) = &self.model.sessions[s];
@@ -87,12 +88,28 @@ impl Case {
                     let at = idx[j] as usize * rb;
                     assert_eq!(
                         &plane[at..at + rb],
+                        &cpu_plane[at..at + rb],
+                        "GPU vs CPU arena: session {s} position {p} layer {layer} row {}",
+                        idx[j]
+                    );
+                    assert_eq!(
+                        &plane[at..at + rb],
                         want,
                         "session {s} position {p} layer {layer} row {}",
                         idx[j]
                     );
                 }
             }
+        }
+    }
+
+    /// Replays a plan made in `layer` into every other layer on both pools (what an engine does
+    /// for a layer group sharing indices; without it a hot row holds only the fetching layer).
+    fn replay_others(&mut self, plan: &ResolvePlan, layer: u32) {
+        for l in (0..self.g.layers).filter(|&l| l != layer) {
+            let a = self.cpu.replay(plan, l);
+            assert_eq!(a, self.gpu.replay(plan, l), "replay into layer {l}");
+            a.unwrap();
         }
     }
 
@@ -183,6 +200,9 @@ impl Case {
                 let a = self.cpu.prefetch(s, &cand, layer);
                 let b = self.gpu.prefetch(s, &cand, layer);
                 assert_eq!(a, b, "prefetch plan");
+                if let Ok(plan) = a {
+                    self.replay_others(&plan, layer);
+                }
             }
             9 => {
                 if let Some((plan, layer)) = self.last_plan.take() {
@@ -320,6 +340,10 @@ impl Case {
                 self.resolves += 1;
                 self.misses += a.stats.misses;
                 self.check_bytes(layer, &sessions, &qsl, &topk, k, &i2);
+                self.replay_others(&a.plan, layer);
+                for l in 0..g.layers {
+                    self.check_bytes(l, &sessions, &qsl, &topk, k, &i2);
+                }
                 if !a.plan.copies.is_empty() && g.layers > 1 {
                     self.last_plan = Some((a.plan, layer));
                 }
