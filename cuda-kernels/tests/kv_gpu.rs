@@ -386,3 +386,72 @@ fn prefetched_candidates_are_hits_and_write_back_reaches_the_host_store() {
     }
     assert!(kv.errors().unwrap().is_clean());
 }
+
+#[test]
+fn resolve_captured_in_a_cuda_graph_equals_direct_launches() {
+    use cuda_kernels::cudarc_driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let Some(gpu) = gpu_or_skip() else { return };
+    // Two identical states: one driven by graph replays (fixed buffers, new picks uploaded into the
+    // same topk buffer between replays), one by direct launches. With 48 picks per call into a
+    // 64-row hot cache, evictions depend on the pins of each call: the call counter must advance on
+    // every replay for the two to agree.
+    let kg = setup(&gpu);
+    let kd = setup(&gpu);
+    let k = 48u32;
+    let picks = |i: usize| -> Vec<i32> {
+        (0..k as usize)
+            .map(|j| 160 + ((i * 389 + j * 13) % 824) as i32)
+            .collect()
+    };
+    let mut cg = call(&gpu, &picks(0), &[0, 1], &[1000], &[0], k);
+    let s = gpu.stream().clone();
+    gpu.synchronize().unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .unwrap();
+    let a = KvResolveArgs {
+        topk: cg.topk.device_ptr(),
+        query_start_loc: cg.qsl.device_ptr(),
+        seq_lens: cg.seq.device_ptr(),
+        req_slot: cg.slots.device_ptr(),
+        reqs: 1,
+        rows: 1,
+        k,
+        layer: 0,
+        indices: cg.idx.device_ptr(),
+        valid_count: cg.valid.device_ptr(),
+        plan: cg.plan.device_ptr(),
+        plan_count: cg.count.device_ptr(),
+        stats: cg.stats.device_ptr(),
+    };
+    // SAFETY: buffers of `cg` live for the whole test; the graph only reads/writes them.
+    unsafe { kg.resolve_async(&s, &a, CopyBackend::Gather) }.unwrap();
+    let graph = s
+        .end_capture(CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("captured graph");
+    for i in 0..4 {
+        cg.topk.upload(&picks(i)).unwrap();
+        gpu.synchronize().unwrap();
+        graph.launch().unwrap();
+        s.synchronize().unwrap();
+        let cd = call(&gpu, &picks(i), &[0, 1], &[1000], &[0], k);
+        run(&kd, &cd, 1, 0, CopyBackend::Gather);
+        assert_eq!(
+            cg.idx.download().unwrap(),
+            cd.idx.download().unwrap(),
+            "call {i}"
+        );
+        assert_eq!(cg.count.download().unwrap(), cd.count.download().unwrap());
+        let n = cd.count.download().unwrap()[0] as usize;
+        assert_eq!(
+            cg.plan.download().unwrap()[..n],
+            cd.plan.download().unwrap()[..n]
+        );
+        let plane = kg.download_plane(0).unwrap();
+        for (j, &p) in picks(i).iter().enumerate() {
+            let want: Vec<u8> = (0..ROW as usize).map(|b| byte(0, p as u32, 0, b)).collect();
+            assert_eq!(row_bytes(&plane, cg.idx.download().unwrap()[j]), &want[..]);
+        }
+    }
+    assert!(kg.errors().unwrap().is_clean() && kd.errors().unwrap().is_clean());
+}

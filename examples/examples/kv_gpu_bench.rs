@@ -400,6 +400,34 @@ mod bench {
                 if direct_us <= 20.0 { "met" } else { "MISSED" }
             ),
         );
+        // The same resolve captured once in a CUDA graph and replayed (fixed buffers).
+        {
+            use cuda_kernels::cudarc_driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+            let a = out.args(&full, at(&picks, 0), 0);
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .map_err(cu("cuStreamBeginCapture"))?;
+            // SAFETY: as above; the buffers outlive the graph.
+            unsafe { dev.resolve_async(&s, &a, CopyBackend::Gather)? };
+            let graph = s
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(cu("cuStreamEndCapture"))?
+                .ok_or("empty graph")?;
+            let mut tg = Vec::new();
+            for i in 0..warm + 5 * reps {
+                ev.start(&s)?;
+                graph.launch().map_err(cu("cuGraphLaunch"))?;
+                let us = ev.stop_us(&s)?;
+                if i >= warm {
+                    tg.push(us);
+                }
+            }
+            t.row(
+                "resolve, direct path, CUDA graph replay",
+                format!("{:.1} us", median(&mut tg)),
+                String::new(),
+                "target <= 20 us".into(),
+            );
+        }
         t.row(
             "block-table conversion (fully resident engine)",
             format!("{:.1} us", median(&mut tb)),
