@@ -64,7 +64,9 @@ extern "C" __global__ void tierkit_count_i64(const long long* __restrict__ ids, 
 // mode (how the fused header is called; the bench compares them):
 //   0 no counting; 1 tierkit_count_pick from lanes 0..k-1 after the top-k (the recommended call);
 //   2 tierkit_count_pick_aggregated from lanes 0..k-1 after the top-k;
-//   3 tierkit_count_pick from lane 0 inside each arg-max round (on the critical path).
+//   3 tierkit_count_pick from lane 0 inside each arg-max round, as each pick is known;
+//   4 (bench) as 3 into a table striped by block (32 stripes); 5 (bench diagnostic) as 3 but
+//   adding to distinct addresses. Modes 4-5 need `table` to hold 32 * layers * experts >= 4096 words.
 extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logits, unsigned int tokens,
                                                   unsigned int experts, unsigned int k, int* ids,
                                                   unsigned int mode, unsigned int* table, unsigned int* err,
@@ -96,6 +98,11 @@ extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logi
         }
         if (lane == r) mine = arg;
         if (mode == 3u && lane == 0) tierkit_count_pick(table, err, layer, layers, (long long)arg, experts);
+        if (mode == 4u && lane == 0)  // bench variant: table striped by block, 32 stripes
+            tierkit_count_pick(table + (unsigned long long)(blockIdx.x & 31u) * layers * experts, err, layer,
+                               layers, (long long)arg, experts);
+        if (mode == 5u && lane == 0)  // bench diagnostic: adds to distinct addresses (no same-line queueing)
+            atomicAdd(table + ((token * k + r) & 4095u), 1u);
         if (arg != 0x7fffffff && (unsigned int)(arg & 31) == lane) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) if (j == (arg >> 5)) v[j] = NEG;

@@ -8,17 +8,17 @@
 // counts are only read after a stream-ordered drain.
 #pragma once
 
-// The fused-path call: one bounds check and one relaxed add. Router kernels are latency-bound
-// (a handful of warps per SM), so call it off the per-pick critical path: e.g. once per
-// (token, pick) from lanes 0..k-1 after the top-k is known, all lanes in parallel.
+// The fused-path call: one bounds check and one relaxed add, branch-free. Router kernels are
+// latency-bound (a handful of warps per SM): call it as soon as each pick is known (inside the
+// top-k loop) so the add's completion overlaps the rest of the router instead of holding the
+// kernel's tail (measured on the H200: see benches/figures-cuda-experts.md).
 __device__ __forceinline__ void tierkit_count_pick(unsigned int* table, unsigned int* err,
                                                    unsigned int layer, unsigned int layers,
                                                    long long expert, unsigned int experts) {
-    if (layer < layers && (unsigned long long)expert < (unsigned long long)experts) {
-        atomicAdd(table + (unsigned long long)layer * experts + (unsigned int)expert, 1u);
-    } else {
-        atomicAdd(err, 1u);
-    }
+    const bool ok = layer < layers && (unsigned long long)expert < (unsigned long long)experts;
+    // branch-free: one select, one add
+    unsigned int* p = ok ? table + ((unsigned long long)layer * experts + (unsigned int)expert) : err;
+    atomicAdd(p, 1u);
 }
 
 // Warp-aggregated variant: lanes of a warp that pick the same (layer, expert) add once, so a hot

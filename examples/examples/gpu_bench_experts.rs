@@ -272,12 +272,18 @@ mod bench {
         let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
         let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
+        let scratch =
+            DeviceBuffer::<u32>::zeroed(gpu.ctx(), (32 * layers * experts) as usize).unwrap();
         let s = gpu.stream().clone();
         // mode 0: no counting; 1: tierkit_count_pick from lanes 0..k-1 after the top-k;
         // 2: the warp-aggregated variant there; 3: tierkit_count_pick inside each arg-max round.
         let step = |mode: u32| {
             for layer in 0..layers {
-                let tp = counter.table_ptr();
+                let tp = if mode >= 4 {
+                    scratch.device_ptr()
+                } else {
+                    counter.table_ptr()
+                };
                 let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
                 let cfg = LaunchConfig {
                     grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
@@ -305,8 +311,10 @@ mod bench {
             (2, "fused tierkit_count_pick_aggregated after the top-k"),
             (
                 3,
-                "fused tierkit_count_pick inside each arg-max round (critical path)",
+                "fused tierkit_count_pick inside each arg-max round, as each pick is known",
             ),
+            (4, "as mode 3, table striped by block (32 stripes)"),
+            (5, "diagnostic: as mode 3, adds to distinct addresses"),
         ];
         // Stream launches (what a host without graphs pays) and CUDA graphs of 10 steps (GPU time).
         let steps_per_graph = 10;
