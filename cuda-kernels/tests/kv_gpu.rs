@@ -455,3 +455,20 @@ fn resolve_captured_in_a_cuda_graph_equals_direct_launches() {
     }
     assert!(kg.errors().unwrap().is_clean() && kd.errors().unwrap().is_clean());
 }
+
+#[test]
+fn cuda_failures_are_typed_with_the_cuda_name() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    // An arena of 2^31 - 1 rows of 656 bytes (1.4 TB) cannot be allocated.
+    let d = KvDims {
+        max_slots: 1,
+        max_history: 16,
+        max_pages: 1,
+        arena_rows: i32::MAX as u32,
+        ..dims()
+    };
+    match KvResolveGpu::new(&gpu, d) {
+        Err(e) => assert_eq!(e.cuda_name(), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{e}"),
+        Ok(_) => panic!("a 1.4 TB arena was allocated"),
+    }
+}

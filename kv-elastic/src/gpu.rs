@@ -4,9 +4,12 @@
 //! Split of work: the [`ElasticPool`] inside stays the control plane (admissions, loans, reclaim,
 //! hand-back, appends, drafts: everything between steps). After each control operation the pool
 //! publishes each live session's placement ([`ElasticPool::placement`]) into the device tables of a
-//! request slot, copies new committed history into the mapped pinned host store, and uploads the
-//! arena rows the control plane wrote (tail, scratch, borrowed pages; never the hot rows, which the
-//! device owns). Every step's work — resolve, deduplicated miss fetch, hot-cache replacement,
+//! request slot, copies new committed history into the mapped pinned host store, and re-uploads
+//! every arena row outside the live sessions' hot caches (tail, scratch, borrowed pages; the hot
+//! rows belong to the device). That upload is O(arena) per control operation, synchronous: simple
+//! and exact, fine for admission bursts (see [`GpuElasticPool::admit_batch`]), too slow to run every
+//! step; uploading only the rows an operation wrote is the next step. New KV rows produced on the
+//! device go to the pinned host store with [`KvResolveGpu::write_back_async`]. Every step's work — resolve, deduplicated miss fetch, hot-cache replacement,
 //! replay, prefetch — runs on the device. The device's replacement decisions equal the CPU
 //! reference's (same CLOCK sweep, same pins), so a GPU pool and a CPU pool fed the same operations
 //! return identical indices, valid counts, plans and stats, and the bytes at every returned row equal
