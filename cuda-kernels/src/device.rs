@@ -19,7 +19,10 @@ pub struct KernelSource {
 }
 
 /// The fused-path header (`expert_count.cuh`): `tierkit_count_pick(table, err, layer, layers,
-/// expert, experts)`, an inline `__device__` function an engine pastes into its router kernel.
+/// expert, experts)`, an inline `__device__` function an engine pastes into its router kernel
+/// (call it as each pick is chosen), and `tierkit_count_pick_aggregated` (warp-aggregated, for
+/// warps whose lanes often count the same expert). Same table and rejected word as
+/// [`crate::PickCounterGpu`] (`table_ptr`, `rejected_ptr`).
 pub const EXPERT_COUNT_CUH: &str = include_str!("../kernels/expert_count.cuh");
 
 /// Counting kernels (+ the stand-in router used to measure the fused path).

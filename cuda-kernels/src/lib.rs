@@ -12,7 +12,9 @@
 //! - [`mem`]: device buffers and mapped pinned host buffers (raw `u64` device pointers).
 //!
 //! Every kernel has a CPU reference with the same semantics; GPU tests print
-//! `SKIP: no CUDA device` and return where no device exists.
+//! `SKIP: no CUDA device` and return where no device exists. Buffers hand out raw `u64` device
+//! pointers and track no stream use: callers order work with streams and events (the bank's swap
+//! protocol does this itself). H200 figures: `benches/figures-cuda-experts.md`.
 //!
 //! ```
 //! use cuda_kernels::{count_picks_cpu, TopkShape};
