@@ -35,6 +35,7 @@ pub mod device;
 pub mod error;
 pub mod kv;
 pub mod mem;
+pub mod signal;
 
 pub use bank::{
     check_expert_pattern, write_expert_pattern, BankGeometry, CommitMode, CommittedSwap,
@@ -49,6 +50,7 @@ pub use device::{
 };
 pub use error::{CudaError, Result};
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
+pub use signal::EventSignal;
 
 /// Re-export of the cudarc driver API the public types use (streams, events, functions).
 pub use cudarc::driver as cudarc_driver;

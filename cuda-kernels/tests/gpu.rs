@@ -474,3 +474,44 @@ fn flip_is_deferred_until_the_copy_completes() {
     assert!(bank.is_hot(0, 3));
     assert_eq!(bank.verify_consistency().unwrap(), 0);
 }
+
+#[test]
+fn event_signal_holds_a_tier_core_fence_until_the_gpu_reader_finishes() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    use tier_core::{CompletionSignal, EpochFence, Retired};
+    // a 64 MiB expert read in place from mapped host memory: > 1 ms of GPU work
+    let geo = BankGeometry {
+        layers: 1,
+        experts: 2,
+        hot_per_layer: 1,
+        expert_bytes: 64 << 20,
+    };
+    let bank = pattern_bank(&gpu, geo);
+    let s = gpu.stream().clone();
+    let picks = DeviceBuffer::from_host(gpu.ctx(), &[1u32]).unwrap(); // expert 1 is cold
+    let errors = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 2).unwrap();
+    bank.launch_checksum_reader(&s, &picks, &errors).unwrap();
+    let sig = EventSignal::record(&gpu, &s).unwrap();
+    let fence = EpochFence::new();
+    fence.enter_signal(Box::new(sig.clone()));
+    // the page the reader uses is retired while the kernel may still run
+    let mut retired: Retired<u32> = Retired::new();
+    retired.retire(&fence, 7);
+    let early = sig.is_complete();
+    let early_freed = retired.collect(&fence);
+    if !early {
+        assert!(
+            early_freed.is_empty(),
+            "reclaimed while the GPU reader was running"
+        );
+    }
+    s.synchronize().unwrap();
+    assert!(sig.is_complete() && sig.try_complete().unwrap());
+    let mut freed = early_freed;
+    freed.extend(retired.collect(&fence));
+    assert_eq!(freed, vec![7]);
+    assert_eq!(errors.download().unwrap()[0], 0);
+    println!(
+        "signal complete right after the launch: {early} (expected false); reclaimed after sync"
+    );
+}
