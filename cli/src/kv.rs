@@ -1,1 +1,328 @@
-//! `tierkit kv ...` subcommands (owned by the kv-elastic work; placeholder until it lands).
+//! `tierkit kv ...`: the elastic sparse-attention KV pool's commands (a thin layer over
+//! `kv_elastic::sim` and `kv_elastic::selection`; no policy here).
+//!
+//! ```text
+//! tierkit kv simulate                                   # built-in synthetic scenario, load 1
+//! tierkit kv simulate --trace ../shared/data/kv/mooncake/conversation_trace.jsonl \
+//!     --loads 0.25,0.5,1,2,4,8 --plot docs/kv
+//! tierkit kv calibrate                                  # hot-cache miss rates of the selection model
+//! ```
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use kv_elastic::selection::{measure_hot_cache_miss_rate, SelectionParams};
+use kv_elastic::sim::{simulate_placement, Placement, SimConfig, SimReport};
+use kv_elastic::trace::ArrivalTrace;
+
+use crate::{plot, progress, table};
+
+/// `tierkit kv`: elastic sparse-attention KV pool (HiSparse-style host history, hot cache, borrowed HBM pages).
+#[derive(Debug, Args)]
+pub struct KvArgs {
+    #[command(subcommand)]
+    command: KvCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum KvCommand {
+    /// Serve an arrival trace with three placements (fully resident, fixed hot cache, elastic) and
+    /// compare sessions admitted, decode batch, misses and bytes fetched per step.
+    Simulate(SimulateArgs),
+    /// Measure the selection model's miss rates against a bare hot cache of k / 2k / 4k rows.
+    Calibrate(CalibrateArgs),
+}
+
+#[derive(Debug, Args)]
+struct SimulateArgs {
+    /// Arrival trace (JSONL with `timestamp` ms, `input_length`, `output_length`, e.g. Mooncake's
+    /// `conversation_trace.jsonl`). Without it: a built-in synthetic scenario (no file needed).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Use only the first N requests of the trace.
+    #[arg(long)]
+    requests: Option<usize>,
+    /// HBM given to KV, GiB.
+    #[arg(long, default_value_t = 24.0)]
+    budget_gib: f64,
+    /// KV bytes per token over all layers (default: DeepSeek-V3.2 fp8 MLA, 656 B × 61 layers).
+    #[arg(long, default_value_t = 656 * 61)]
+    kv_bytes_per_token: u64,
+    /// Top-k picks per query.
+    #[arg(long, default_value_t = 2048)]
+    top_k: u32,
+    /// Hot-cache rows per request (default 2 × top-k).
+    #[arg(long)]
+    hot_rows: Option<u32>,
+    /// Tail rows per request (newest positions, always resident).
+    #[arg(long, default_value_t = 64)]
+    tail_rows: u32,
+    /// Rows per elastic page.
+    #[arg(long, default_value_t = 64)]
+    page_rows: u32,
+    /// Largest decode batch.
+    #[arg(long, default_value_t = 256)]
+    max_batch: u32,
+    /// Pages handed back / lent per step between steps.
+    #[arg(long, default_value_t = 1024)]
+    chunk_pages: u32,
+    /// Decode steps per placement and load.
+    #[arg(long, default_value_t = 2000)]
+    steps: u64,
+    /// Arrival speed-ups to run (comma separated; 2 = arrivals twice as fast as in the trace).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    loads: Vec<f64>,
+    /// Decode step time: fixed part, µs.
+    #[arg(long, default_value_t = 25_000.0)]
+    step_base_us: f64,
+    /// Decode step time: per request in the batch, µs.
+    #[arg(long, default_value_t = 100.0)]
+    step_per_request_us: f64,
+    /// Seed of the selection streams and of the synthetic scenario.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Write `<PREFIX>-sessions.png` and `<PREFIX>-misses.png` (needs two loads or more).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write the full reports as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Debug, Args)]
+struct CalibrateArgs {
+    /// Top-k picks per query.
+    #[arg(long, default_value_t = 2048)]
+    top_k: u32,
+    /// History length, tokens.
+    #[arg(long, default_value_t = 32_768)]
+    history: u32,
+    /// Steps measured (after a warm-up of a third as many).
+    #[arg(long, default_value_t = 300)]
+    steps: u32,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Runs `tierkit kv ...`.
+///
+/// # Errors
+/// Trace reading errors, pool errors (invalid geometry), plot/JSON write errors.
+pub fn run(args: KvArgs) -> Result<(), Box<dyn std::error::Error>> {
+    match args.command {
+        KvCommand::Simulate(a) => simulate(a),
+        KvCommand::Calibrate(a) => calibrate(a),
+    }
+}
+
+fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let p = SelectionParams::calibrated(a.top_k);
+    let sizes = [a.top_k, 2 * a.top_k, 4 * a.top_k];
+    let got = measure_hot_cache_miss_rate(
+        p,
+        a.history,
+        &sizes,
+        a.steps + a.steps / 3,
+        a.steps / 3,
+        a.seed,
+    );
+    let published = ["30%", "13.4%", "6.7%"];
+    let rows: Vec<Vec<String>> = sizes
+        .iter()
+        .zip(&got)
+        .zip(published)
+        .map(|((s, g), p)| vec![format!("{s}"), format!("{:.1}%", g * 100.0), p.to_string()])
+        .collect();
+    println!(
+        "selection model: churn {}, Zipf s {}, uniform mix {}; top-k {}, history {}",
+        p.churn, p.zipf_s, p.uniform_mix, a.top_k, a.history
+    );
+    println!(
+        "{}",
+        table::render(
+            &[
+                "hot rows",
+                "miss rate (measured)",
+                "HiSparse (published, k = 2048)"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let mut trace = match &a.trace {
+        Some(p) => ArrivalTrace::from_path(p)?,
+        None => ArrivalTrace::synthetic(2000, 3.0, a.seed),
+    };
+    if let Some(n) = a.requests {
+        trace.truncate(n);
+    }
+    let base = SimConfig {
+        hbm_budget_bytes: (a.budget_gib * (1u64 << 30) as f64) as u64,
+        kv_bytes_per_token: a.kv_bytes_per_token,
+        hot_rows: a.hot_rows.unwrap_or(2 * a.top_k),
+        tail_rows: a.tail_rows,
+        page_rows: a.page_rows,
+        max_batch: a.max_batch,
+        chunk_pages: a.chunk_pages,
+        time: kv_elastic::sim::TimeModel {
+            step_base_us: a.step_base_us,
+            step_per_request_us: a.step_per_request_us,
+        },
+        max_steps: a.steps,
+        load: 1.0,
+        selection: SelectionParams::calibrated(a.top_k),
+        seed: a.seed,
+    };
+    println!(
+        "trace {} ({} requests); HBM budget {:.1} GiB = {} tokens of {} B; top-k {}, hot {} + tail {} rows, pages of {} rows",
+        trace.name,
+        trace.requests.len(),
+        a.budget_gib,
+        base.budget_rows(),
+        base.kv_bytes_per_token,
+        a.top_k,
+        base.hot_rows,
+        base.tail_rows,
+        base.page_rows
+    );
+    let bar = progress::bar(
+        (a.loads.len() * Placement::ALL.len()) as u64,
+        "simulating",
+        a.quiet,
+    );
+    let mut reports = Vec::new();
+    for &load in &a.loads {
+        let cfg = SimConfig { load, ..base };
+        let mut placements = Vec::new();
+        for p in Placement::ALL {
+            bar.set_message(format!("load {load}, {}", p.name()));
+            placements.push(simulate_placement(&trace, &cfg, p)?);
+            bar.inc(1);
+        }
+        reports.push(SimReport {
+            trace: trace.name.clone(),
+            config: cfg,
+            placements,
+        });
+    }
+    bar.finish_and_clear();
+    print_reports(&reports);
+    if let Some(path) = &a.json {
+        std::fs::write(path, serde_json::to_string_pretty(&reports)?)?;
+        println!("wrote {}", path.display());
+    }
+    if let Some(prefix) = &a.plot {
+        if reports.len() < 2 {
+            println!("plot skipped: it needs two loads or more (--loads a,b,...)");
+        } else {
+            write_plots(prefix, &reports)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_reports(reports: &[SimReport]) {
+    let header = [
+        "load",
+        "placement",
+        "peak sessions",
+        "median batch",
+        "misses / step",
+        "miss % of picks",
+        "MB fetched / step",
+        "MB page fill / step",
+        "zero-miss steps",
+        "pages reclaimed",
+        "pages handed back",
+        "finished",
+        "sim s",
+    ];
+    let mut rows = Vec::new();
+    for rep in reports {
+        for r in &rep.placements {
+            rows.push(vec![
+                format!("{}", rep.config.load),
+                r.placement.name().to_string(),
+                r.peak_sessions.to_string(),
+                r.median_batch.to_string(),
+                format!("{:.0}", r.misses_per_step),
+                format!(
+                    "{:.2}",
+                    100.0 * r.misses_per_step / r.picks_per_step.max(1.0)
+                ),
+                format!("{:.1}", r.fetched_bytes_per_step / 1e6),
+                format!("{:.1}", r.fill_bytes_per_step / 1e6),
+                format!("{:.0}%", 100.0 * r.zero_miss_steps),
+                r.pages_reclaimed.to_string(),
+                r.pages_handed_back.to_string(),
+                r.completed.to_string(),
+                format!("{:.0}", r.sim_seconds),
+            ]);
+        }
+    }
+    println!("{}", table::render(&header, &rows));
+    for rep in reports {
+        let [full, fixed, el] = [&rep.placements[0], &rep.placements[1], &rep.placements[2]];
+        println!(
+            "load {}: elastic admits {:.2}× the fully resident peak ({} vs {}); misses/step elastic {:.0} vs fixed {:.0} ({})",
+            rep.config.load,
+            el.peak_sessions as f64 / full.peak_sessions.max(1) as f64,
+            el.peak_sessions,
+            full.peak_sessions,
+            el.misses_per_step,
+            fixed.misses_per_step,
+            if el.misses_per_step <= fixed.misses_per_step { "elastic ≤ fixed" } else { "ELASTIC > FIXED" }
+        );
+    }
+}
+
+fn write_plots(
+    prefix: &std::path::Path,
+    reports: &[SimReport],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let series = |f: &dyn Fn(&kv_elastic::sim::PlacementReport) -> f64| -> Vec<plot::Series> {
+        Placement::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                (
+                    p.name().to_string(),
+                    reports
+                        .iter()
+                        .map(|r| (r.config.load, f(&r.placements[i])))
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    let name = |suffix: &str| {
+        let mut s = prefix.as_os_str().to_owned();
+        s.push(suffix);
+        PathBuf::from(s)
+    };
+    let sessions = name("-sessions.png");
+    plot::line_chart(
+        &sessions,
+        "Peak concurrent sessions vs load (same HBM budget)",
+        "arrival speed-up (× trace rate)",
+        "sessions admitted (peak)",
+        &series(&|r| r.peak_sessions as f64),
+    )?;
+    let misses = name("-misses.png");
+    plot::line_chart(
+        &misses,
+        "Demand misses per decode step vs load",
+        "arrival speed-up (× trace rate)",
+        "positions fetched from host per step",
+        &series(&|r| r.misses_per_step),
+    )?;
+    println!("wrote {} and {}", sessions.display(), misses.display());
+    Ok(())
+}

@@ -723,7 +723,11 @@ impl ElasticPool {
             let tail_start = r.committed.saturating_sub(g.tail_rows);
             let full = self.fully_held(r);
             let mut need = Vec::new();
-            let mut need_set = HashSet::new();
+            let mut need_set = if full {
+                HashSet::new()
+            } else {
+                HashSet::with_capacity(2 * input.k)
+            };
             for row in qsl[ri] as usize..qsl[ri + 1] as usize {
                 for &p in &input.topk[row * input.k..(row + 1) * input.k] {
                     if p < -1 || p >= seq_len {
@@ -776,21 +780,19 @@ impl ElasticPool {
             && out.valid_count.len() == rows;
         match self.validate_batch(input) {
             Ok(h) if shapes_ok => Ok(h),
-            Ok(_) => {
-                Err(if out.indices.len() != input.topk.len() {
-                    KvError::LengthMismatch {
-                        what: "indices",
-                        expected: input.topk.len(),
-                        actual: out.indices.len(),
-                    }
-                } else {
-                    KvError::LengthMismatch {
-                        what: "valid_count",
-                        expected: rows,
-                        actual: out.valid_count.len(),
-                    }
-                })
-            }
+            Ok(_) => Err(if out.indices.len() != input.topk.len() {
+                KvError::LengthMismatch {
+                    what: "indices",
+                    expected: input.topk.len(),
+                    actual: out.indices.len(),
+                }
+            } else {
+                KvError::LengthMismatch {
+                    what: "valid_count",
+                    expected: rows,
+                    actual: out.valid_count.len(),
+                }
+            }),
             Err(e) => {
                 if out.valid_count.len() == rows && out.indices.len() == input.topk.len() {
                     out.indices.fill(-1);

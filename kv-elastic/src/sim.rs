@@ -1,1 +1,518 @@
-//! Serving simulation (in progress).
+//! Serving simulation: one arrival trace, three placements of the KV history, the same decode
+//! schedule model.
+//!
+//! - **Fully resident**: a request is admitted only if its whole KV (input + output tokens ×
+//!   `kv_bytes_per_token`) fits in the HBM budget; reserved as pages of a `tier-core` [`PagePool`].
+//!   Every pick is resident by construction, so it never misses.
+//! - **Fixed hot cache (HiSparse)**: an [`ElasticPool`] with `elastic: false`. A request is admitted
+//!   when its fixed rows (hot cache + tail) fit; history lives on the host, picks resolve through the
+//!   exact resolver (tail → hot cache → miss).
+//! - **Elastic (ours)**: the same admission, plus free HBM lent as borrowed history pages (newest
+//!   first), reclaimed oldest-first in proportion to holdings when an admission needs room, and
+//!   handed back in bounded chunks between steps.
+//!
+//! What is exact and what is modelled: admission, page loans, reclaims, hand-backs, hot-cache
+//! contents, every resolve and every miss count come from the real pool and its resolver (the same
+//! code the exactness proptest checks), run with 1-byte rows and one layer so the arena stays small;
+//! bytes moved are then `misses × kv_bytes_per_token`. Modelled: the top-k picks (the calibrated
+//! [`SelectionGen`], one stream per request standing for every layer), and time: a decode step takes
+//! `step_base_us + step_per_request_us × batch`, prefill runs elsewhere (disaggregated serving, as
+//! in Mooncake: a decode node receives each request's KV at admission). Miss traffic is reported,
+//! not fed back into step time, so all three placements see the same clock model and the fixed and
+//! elastic placements the same schedule (same admissions, same batches): their misses compare at
+//! equal concurrency.
+
+use std::collections::VecDeque;
+
+use tier_core::{PageHandle, PagePool, Tier};
+
+use crate::error::{KvError, Result};
+use crate::layout::Geometry;
+use crate::pool::{Admission, ElasticPool, PoolConfig};
+use crate::resolve::{ResolveInput, ResolveOutput, Resolver};
+use crate::selection::{SelectionGen, SelectionParams};
+use crate::trace::ArrivalTrace;
+
+/// Where history lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Placement {
+    /// Whole KV in HBM (conventional serving).
+    FullyResident,
+    /// Host history + fixed per-request hot cache (HiSparse).
+    FixedHotCache,
+    /// Host history + hot cache + borrowed elastic pages (Adaptive HiSparse, this crate).
+    Elastic,
+}
+
+impl Placement {
+    /// All three, in report order.
+    pub const ALL: [Placement; 3] = [
+        Placement::FullyResident,
+        Placement::FixedHotCache,
+        Placement::Elastic,
+    ];
+
+    /// Short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::FullyResident => "fully resident",
+            Placement::FixedHotCache => "fixed hot cache",
+            Placement::Elastic => "elastic",
+        }
+    }
+}
+
+/// Decode step time model (µs).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TimeModel {
+    /// Fixed cost of one decode step (weights read, launch), µs.
+    pub step_base_us: f64,
+    /// Added cost per request in the batch, µs.
+    pub step_per_request_us: f64,
+}
+
+/// Simulation parameters. [`SimConfig::default`] is the documented scenario of `docs/kv.md`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SimConfig {
+    /// HBM given to KV, bytes.
+    pub hbm_budget_bytes: u64,
+    /// KV bytes of one token over all layers (DeepSeek-V3.2 fp8 MLA: 656 B × 61 layers = 40,016).
+    pub kv_bytes_per_token: u64,
+    /// Hot-cache rows per request (e.g. 2 × top-k).
+    pub hot_rows: u32,
+    /// Tail rows per request (newest positions, always resident).
+    pub tail_rows: u32,
+    /// Rows per elastic page.
+    pub page_rows: u32,
+    /// Most requests decoded together (engine's max batch).
+    pub max_batch: u32,
+    /// Most pages handed back / lent per step between steps.
+    pub chunk_pages: u32,
+    /// Step time model.
+    pub time: TimeModel,
+    /// Decode steps simulated (per placement).
+    pub max_steps: u64,
+    /// Arrival speed-up (> 1 = arrivals come faster than in the trace).
+    pub load: f64,
+    /// The selection model.
+    pub selection: SelectionParams,
+    /// Seed of the selection streams.
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            hbm_budget_bytes: 24 << 30,
+            kv_bytes_per_token: 656 * 61,
+            hot_rows: 4096,
+            tail_rows: 64,
+            page_rows: 64,
+            max_batch: 256,
+            chunk_pages: 1024,
+            time: TimeModel {
+                step_base_us: 25_000.0,
+                step_per_request_us: 100.0,
+            },
+            max_steps: 3000,
+            load: 1.0,
+            selection: SelectionParams::calibrated(2048),
+            seed: 1,
+        }
+    }
+}
+
+impl SimConfig {
+    /// HBM budget in token rows (`hbm_budget_bytes / kv_bytes_per_token`).
+    pub fn budget_rows(&self) -> u64 {
+        self.hbm_budget_bytes / self.kv_bytes_per_token.max(1)
+    }
+
+    /// Pages in the budget.
+    pub fn budget_pages(&self) -> u32 {
+        (self.budget_rows() / self.page_rows.max(1) as u64).min(u32::MAX as u64) as u32
+    }
+
+    /// The pool geometry the hot-cache placements run with (1-byte rows, one layer).
+    pub fn geometry(&self) -> Geometry {
+        Geometry {
+            row_bytes: 1,
+            layers: 1,
+            page_rows: self.page_rows,
+            arena_pages: self.budget_pages(),
+            hot_rows: self.hot_rows,
+            tail_rows: self.tail_rows,
+            scratch_rows: 0,
+        }
+    }
+}
+
+/// One placement's results.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PlacementReport {
+    /// The placement.
+    pub placement: Placement,
+    /// Decode steps run.
+    pub steps: u64,
+    /// Simulated seconds.
+    pub sim_seconds: f64,
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Requests finished.
+    pub completed: u64,
+    /// Requests that can never fit (larger than the whole budget), skipped.
+    pub rejected: u64,
+    /// Most sessions admitted at once.
+    pub peak_sessions: u32,
+    /// Median decode batch over steps.
+    pub median_batch: u32,
+    /// Mean decode batch over steps.
+    pub mean_batch: f64,
+    /// Valid picks per step (mean).
+    pub picks_per_step: f64,
+    /// Demand misses per step (mean; distinct positions fetched from host).
+    pub misses_per_step: f64,
+    /// Bytes fetched from host per step by demand misses (`misses × kv_bytes_per_token`).
+    pub fetched_bytes_per_step: f64,
+    /// Bytes copied host → HBM per step to fill borrowed pages (bulk, off the critical path).
+    pub fill_bytes_per_step: f64,
+    /// Steps with no miss at all (fraction).
+    pub zero_miss_steps: f64,
+    /// Elastic pages reclaimed.
+    pub pages_reclaimed: u64,
+    /// Elastic pages of finished sessions handed back.
+    pub pages_handed_back: u64,
+    /// Requests still waiting at the end.
+    pub queued_at_end: u64,
+}
+
+/// All placements on one run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SimReport {
+    /// Trace name.
+    pub trace: String,
+    /// The configuration.
+    pub config: SimConfig,
+    /// One report per placement, in [`Placement::ALL`] order.
+    pub placements: Vec<PlacementReport>,
+}
+
+struct Running {
+    id: u64,
+    input: u32,
+    output: u32,
+    generated: u32,
+    gen: Option<SelectionGen>,
+    pages: Vec<PageHandle>,
+}
+
+enum Store {
+    Resident(PagePool),
+    Pool(Box<ElasticPool>),
+}
+
+/// Simulates every placement on the same trace and configuration.
+pub fn simulate(trace: &ArrivalTrace, cfg: &SimConfig) -> Result<SimReport> {
+    let placements = Placement::ALL
+        .iter()
+        .map(|&p| simulate_placement(trace, cfg, p))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(SimReport {
+        trace: trace.name.clone(),
+        config: *cfg,
+        placements,
+    })
+}
+
+/// Simulates one placement (see the module doc). Errors: `InvalidGeometry` / `ArenaTooSmall` when
+/// the budget cannot hold one request's fixed rows, pool errors (none expected).
+pub fn simulate_placement(
+    trace: &ArrivalTrace,
+    cfg: &SimConfig,
+    placement: Placement,
+) -> Result<PlacementReport> {
+    let mut trace = trace.clone();
+    trace.speed_up(cfg.load);
+    let g = cfg.geometry();
+    let mut store = match placement {
+        Placement::FullyResident => Store::Resident(PagePool::new(Tier::DeviceHbm, g.arena_pages)?),
+        Placement::FixedHotCache => Store::Pool(Box::new(ElasticPool::new(
+            g,
+            PoolConfig { elastic: false },
+        )?)),
+        Placement::Elastic => {
+            Store::Pool(Box::new(ElasticPool::new(g, PoolConfig { elastic: true })?))
+        }
+    };
+    let reqs = &trace.requests;
+    let mut next = 0usize;
+    let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut running: Vec<Running> = Vec::new();
+    let mut now_us = 0.0f64;
+    let mut batches = Vec::new();
+    let mut r = PlacementReport {
+        placement,
+        steps: 0,
+        sim_seconds: 0.0,
+        admitted: 0,
+        completed: 0,
+        rejected: 0,
+        peak_sessions: 0,
+        median_batch: 0,
+        mean_batch: 0.0,
+        picks_per_step: 0.0,
+        misses_per_step: 0.0,
+        fetched_bytes_per_step: 0.0,
+        fill_bytes_per_step: 0.0,
+        zero_miss_steps: 0.0,
+        pages_reclaimed: 0,
+        pages_handed_back: 0,
+        queued_at_end: 0,
+    };
+    let (mut picks, mut misses, mut zero_miss) = (0u64, 0u64, 0u64);
+    let (mut sessions, mut qsl, mut seq_lens, mut topk, mut one) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut indices, mut valid) = (Vec::new(), Vec::new());
+    let k = cfg.selection.top_k as usize;
+    let history_buf = vec![
+        0u8;
+        reqs.iter()
+            .map(|q| q.input_length as usize)
+            .max()
+            .unwrap_or(0)
+    ];
+    while r.steps < cfg.max_steps {
+        while next < reqs.len() && reqs[next].arrival_ms as f64 * 1000.0 <= now_us {
+            queue.push_back(next);
+            next += 1;
+        }
+        // Admissions, first come first served (head-of-line waits).
+        while let Some(&i) = queue.front() {
+            if running.len() as u32 >= cfg.max_batch {
+                break;
+            }
+            let q = reqs[i];
+            let id = i as u64 + 1;
+            let total = q.input_length as u64 + q.output_length.max(1) as u64;
+            let mut pages = Vec::new();
+            let fits = match &mut store {
+                Store::Resident(pool) => {
+                    let need = total.div_ceil(cfg.page_rows as u64);
+                    if need > pool.capacity() as u64 {
+                        r.rejected += 1;
+                        queue.pop_front();
+                        continue;
+                    }
+                    match pool.alloc_many(need as u32) {
+                        Ok(h) => {
+                            pages = h;
+                            true
+                        }
+                        Err(_) => false,
+                    }
+                }
+                Store::Pool(pool) => {
+                    match pool.admit(id, &history_buf[..q.input_length as usize]) {
+                        Ok(Admission::Admitted { .. }) => true,
+                        Ok(Admission::Waiting { .. }) | Err(KvError::NoRoom { .. }) => false,
+                        Err(e) => return Err(e),
+                    }
+                }
+            };
+            if !fits {
+                break;
+            }
+            queue.pop_front();
+            r.admitted += 1;
+            let gen = matches!(store, Store::Pool(_)).then(|| {
+                SelectionGen::new(
+                    cfg.selection,
+                    cfg.seed ^ id.wrapping_mul(0x9E37_79B9),
+                    total as u32,
+                )
+            });
+            running.push(Running {
+                id,
+                input: q.input_length,
+                output: q.output_length.max(1),
+                generated: 0,
+                gen,
+                pages,
+            });
+        }
+        if running.is_empty() {
+            if next >= reqs.len() && queue.is_empty() {
+                break;
+            }
+            if next < reqs.len() {
+                now_us = now_us.max(reqs[next].arrival_ms as f64 * 1000.0);
+            }
+            continue;
+        }
+        r.peak_sessions = r.peak_sessions.max(running.len() as u32);
+        batches.push(running.len() as u32);
+        // One decode step: every running request picks top-k over its history.
+        let mut step_misses = 0;
+        if let Store::Pool(pool) = &mut store {
+            sessions.clear();
+            qsl.clear();
+            seq_lens.clear();
+            topk.clear();
+            qsl.push(0);
+            for run in running.iter_mut() {
+                let h = run.input + run.generated;
+                run.gen
+                    .as_mut()
+                    .expect("pool placements draw picks")
+                    .step(h, &mut one);
+                topk.extend_from_slice(&one);
+                sessions.push(run.id);
+                seq_lens.push(h as i32);
+                qsl.push(sessions.len() as i32);
+            }
+            indices.resize(topk.len(), 0);
+            valid.resize(sessions.len(), 0);
+            let input = ResolveInput {
+                sessions: &sessions,
+                query_start_loc: &qsl,
+                seq_lens: &seq_lens,
+                topk: &topk,
+                k,
+                layer: 0,
+            };
+            let done = pool.resolve(
+                &input,
+                &mut ResolveOutput {
+                    indices: &mut indices,
+                    valid_count: &mut valid,
+                },
+            )?;
+            picks += done.stats.picks;
+            step_misses = done.stats.misses;
+            drop(done.ticket); // the step's kernel has run
+        } else {
+            picks += running
+                .iter()
+                .map(|x| (x.input + x.generated).min(k as u32) as u64)
+                .sum::<u64>();
+        }
+        misses += step_misses;
+        zero_miss += (step_misses == 0) as u64;
+        // Each request commits one token; finished ones leave.
+        let mut i = 0;
+        while i < running.len() {
+            let run = &mut running[i];
+            run.generated += 1;
+            let done = run.generated >= run.output;
+            match &mut store {
+                Store::Pool(pool) => {
+                    if done {
+                        pool.finish(run.id)?;
+                    } else {
+                        pool.append(run.id, &[0u8])?;
+                    }
+                }
+                Store::Resident(pool) => {
+                    if done {
+                        for h in run.pages.drain(..) {
+                            pool.free(h)?;
+                        }
+                    }
+                }
+            }
+            if done {
+                r.completed += 1;
+                running.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        if let Store::Pool(pool) = &mut store {
+            pool.between_steps(cfg.chunk_pages)?;
+        }
+        now_us += cfg.time.step_base_us
+            + cfg.time.step_per_request_us * batches.last().copied().unwrap_or(0) as f64;
+        r.steps += 1;
+    }
+    r.sim_seconds = now_us / 1e6;
+    r.queued_at_end = queue.len() as u64;
+    let steps = r.steps.max(1) as f64;
+    batches.sort_unstable();
+    r.median_batch = batches.get(batches.len() / 2).copied().unwrap_or(0);
+    r.mean_batch = batches.iter().map(|&b| b as f64).sum::<f64>() / steps;
+    r.picks_per_step = picks as f64 / steps;
+    r.misses_per_step = misses as f64 / steps;
+    r.fetched_bytes_per_step = r.misses_per_step * cfg.kv_bytes_per_token as f64;
+    r.zero_miss_steps = zero_miss as f64 / steps;
+    if let Store::Pool(pool) = &store {
+        let c = pool.counters();
+        r.fill_bytes_per_step = c.page_fill_tokens as f64 * cfg.kv_bytes_per_token as f64 / steps;
+        r.pages_reclaimed = c.pages_reclaimed;
+        r.pages_handed_back = c.pages_handed_back;
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::TraceRequest;
+
+    fn small() -> SimConfig {
+        SimConfig {
+            hbm_budget_bytes: 64 * 16 * 100,
+            kv_bytes_per_token: 100,
+            hot_rows: 32,
+            tail_rows: 8,
+            page_rows: 8,
+            max_batch: 64,
+            chunk_pages: 16,
+            max_steps: 400,
+            selection: SelectionParams::calibrated(16),
+            ..SimConfig::default()
+        }
+    }
+
+    fn trace(n: usize, gap_ms: u64, input: u32) -> ArrivalTrace {
+        ArrivalTrace {
+            name: "t".into(),
+            requests: (0..n)
+                .map(|i| TraceRequest {
+                    arrival_ms: i as u64 * gap_ms,
+                    input_length: input,
+                    output_length: 20,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn low_load_elastic_fetches_nothing() {
+        // One short request at a time: every history fits in borrowed pages.
+        let rep = simulate(&trace(5, 10_000, 200), &small()).unwrap();
+        let e = &rep.placements[2];
+        assert_eq!(e.placement, Placement::Elastic);
+        assert_eq!(e.completed, 5);
+        assert_eq!(e.misses_per_step, 0.0);
+        assert!(
+            rep.placements[1].misses_per_step > 0.0,
+            "the fixed hot cache misses on 200-token histories"
+        );
+    }
+
+    #[test]
+    fn high_load_elastic_admits_more_than_fully_resident_and_misses_less_than_fixed() {
+        let rep = simulate(&trace(60, 1, 400), &small()).unwrap();
+        let [full, fixed, el] = [&rep.placements[0], &rep.placements[1], &rep.placements[2]];
+        assert!(
+            el.peak_sessions as f64 >= 1.75 * full.peak_sessions as f64,
+            "{el:?} vs {full:?}"
+        );
+        assert_eq!(el.peak_sessions, fixed.peak_sessions);
+        assert!(
+            el.misses_per_step <= fixed.misses_per_step,
+            "{el:?} vs {fixed:?}"
+        );
+        assert_eq!(full.misses_per_step, 0.0);
+    }
+}
