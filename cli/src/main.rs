@@ -8,6 +8,7 @@
 //! tierkit experts synth --out trace.tkt
 //! tierkit experts fit-seed --trace trace.tkt --hot 16 --out seed.json
 //! tierkit experts inspect --trace trace.tkt
+//! tierkit kv simulate                    # elastic KV pool vs fixed placements
 //! ```
 
 use clap::{Parser, Subcommand};
@@ -33,13 +34,16 @@ enum Command {
         #[command(subcommand)]
         command: experts::ExpertsCommand,
     },
-    // `tierkit kv ...` is wired here once `kv.rs` exports `KvArgs` and `run`.
+    /// Elastic sparse-attention KV pool: simulate placements on arrival traces, calibrate the
+    /// selection model.
+    Kv(kv::KvArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Experts { command } => experts::run(command),
+        Command::Kv(args) => kv::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");

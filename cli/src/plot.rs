@@ -48,7 +48,6 @@ fn register_font() {
 ///
 /// # Errors
 /// Drawing or encoding errors from plotters (bad path, unwritable file), as a boxed error.
-#[allow(dead_code)] // the `kv` commands' entry point; `experts` uses `draw`.
 pub fn line_chart(
     path: &Path,
     title: &str,
