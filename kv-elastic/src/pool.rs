@@ -391,8 +391,8 @@ impl ElasticPool {
     }
 
     /// Admits a session with its committed history (`[tokens][layers][row_bytes]` bytes, at least
-    /// one token): takes its fixed pages (hot cache + tail + scratch), reclaiming borrowed pages of
-    /// others if the pool runs short, writes the tail, and — in elastic mode — borrows free pages for
+    /// one token): takes its fixed pages (hot cache + tail + scratch) — if the pool runs short, first
+    /// from finished sessions' queued pages, then by reclaiming borrowed pages of others — writes the tail, and — in elastic mode — borrows free pages for
     /// as much of its history as fits, newest first, copying that history in.
     ///
     /// Errors (nothing changes): `ReservedSessionId`, `SessionExists`, `RaggedRows`, `EmptyHistory`,
@@ -415,7 +415,9 @@ impl ElasticPool {
                     available,
                 });
             }
-            self.lender.hand_back_step(f);
+            // Pages of finished sessions go first (no one reads them any more).
+            let handed = self.lender.hand_back_step(f).len();
+            self.counters.pages_handed_back += handed as u64;
             self.lender.collect();
             let short = f.saturating_sub(self.lender.free_count() + self.lender.pending_count());
             if short > 0 {
