@@ -2,7 +2,7 @@
 //! experts, 96 hot per layer; goal ≤ 100 µs) and one counted pick, uncontended (goal ≤ 5 ns).
 //!
 //! `cargo bench -p tierkit-benches --bench expert_residency`; figures in
-//! `benches/figures-expert-residency.md`.
+//! `benches/README.md`.
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

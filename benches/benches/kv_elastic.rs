@@ -1,6 +1,6 @@
 //! Criterion benches for `kv-elastic`: the exact CPU resolver on 64 requests × 2048 picks (fixed
 //! hot cache with misses, and the direct path of fully held histories), and reclaiming 10,000
-//! borrowed pages. Figures: `benches/figures-kv-elastic.md`.
+//! borrowed pages. Figures: `benches/README.md`.
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};

@@ -2,7 +2,7 @@
 //! pages, reader-fence enter + leave, EMA fold.
 //!
 //! Run: `cargo bench -p tierkit-benches --bench tier_core -- --warm-up-time 1 --measurement-time 3`
-//! Recorded figures: `benches/figures-tier-core.md` (merged into benches/README.md).
+//! Recorded figures: `benches/README.md`.
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};

@@ -105,8 +105,8 @@ pub fn draw(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
         .configure_mesh()
         .x_desc(&spec.x_label)
         .y_desc(&spec.y_label)
-        .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| format!("{y:.2}"))
+        .x_label_formatter(&|x| tick_label(*x))
+        .y_label_formatter(&|y| tick_label(*y))
         .label_style((FONT, 16))
         .axis_desc_style((FONT, 18))
         .draw()?;
@@ -142,9 +142,30 @@ pub fn draw(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
     Ok(())
 }
 
+/// A tick label with as few decimals as the value needs (`3`, `0.25`, `0.5`), at most three.
+fn tick_label(v: f64) -> String {
+    let s = format!("{v:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".to_string()
+    } else {
+        s.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tick_labels_keep_the_decimals_they_need() {
+        assert_eq!(tick_label(0.25), "0.25");
+        assert_eq!(tick_label(0.5), "0.5");
+        assert_eq!(tick_label(3.0), "3");
+        assert_eq!(tick_label(8000.0), "8000");
+        assert_eq!(tick_label(-0.0001), "0");
+        assert_eq!(tick_label(0.7692), "0.769");
+    }
 
     #[test]
     fn draws_a_png_with_text() {

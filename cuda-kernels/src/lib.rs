@@ -14,7 +14,7 @@
 //! Every kernel has a CPU reference with the same semantics; GPU tests print
 //! `SKIP: no CUDA device` and return where no device exists. Buffers hand out raw `u64` device
 //! pointers and track no stream use: callers order work with streams and events (the bank's swap
-//! protocol does this itself). H200 figures: `benches/figures-cuda-experts.md`.
+//! protocol does this itself). H200 figures: `benches/README.md`.
 //!
 //! ```
 //! use cuda_kernels::{count_picks_cpu, TopkShape};
