@@ -11,6 +11,11 @@ use crate::page::{PageHandle, PageId, Tier};
 /// does the bookkeeping: the memory itself (device arena, pinned buffer)
 /// belongs to the caller, indexed by [`PageId`].
 ///
+/// A [`free`](Self::free) that fails tells a double free (the handle is the
+/// one whose free was the page's last event) from a stale handle (anything
+/// else: freed and reused, or a generation the pool never issued, e.g. a
+/// forged handle on a page that was never allocated).
+///
 /// Memory: 9 bytes per page plus the struct.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PagePool {
@@ -20,8 +25,21 @@ pub struct PagePool {
     free: Vec<u32>,
     /// Current generation of each page.
     generation: Vec<u32>,
-    /// Whether each page is allocated.
-    live: Vec<bool>,
+    /// Where each page is in its life.
+    state: Vec<PageState>,
+}
+
+/// The life of one page. `Fresh` and `Freed` are both free; only a `Freed`
+/// page has a last issued handle (generation `current - 1`, wrapping), so
+/// only there can a failed free be a double free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PageState {
+    /// Never allocated: no handle to this page was ever issued.
+    Fresh,
+    /// Allocated under the page's current generation.
+    Live,
+    /// Freed at least once, free now.
+    Freed,
 }
 
 impl PagePool {
@@ -45,7 +63,7 @@ impl PagePool {
             tier,
             free,
             generation: try_filled(n, 0)?,
-            live: try_filled(n, false)?,
+            state: try_filled(n, PageState::Fresh)?,
         })
     }
 
@@ -56,7 +74,7 @@ impl PagePool {
 
     /// Total pages in the pool.
     pub fn capacity(&self) -> u32 {
-        self.live.len() as u32
+        self.state.len() as u32
     }
 
     /// Pages free now.
@@ -76,7 +94,7 @@ impl PagePool {
     pub fn alloc(&mut self) -> Result<PageHandle> {
         match self.free.pop() {
             Some(p) => {
-                self.live[p as usize] = true;
+                self.state[p as usize] = PageState::Live;
                 Ok(PageHandle {
                     page: PageId(p),
                     generation: self.generation[p as usize],
@@ -99,7 +117,7 @@ impl PagePool {
         let mut out = Vec::with_capacity(n as usize);
         // Same order as n single allocs (pop from the back).
         for &p in self.free[start..].iter().rev() {
-            self.live[p as usize] = true;
+            self.state[p as usize] = PageState::Live;
             out.push(PageHandle {
                 page: PageId(p),
                 generation: self.generation[p as usize],
@@ -114,13 +132,15 @@ impl PagePool {
     ///
     /// # Errors
     /// - [`CoreError::OutOfRange`] if the page id is not below the capacity.
-    /// - [`CoreError::DoubleFree`] if this very handle was already freed.
-    /// - [`CoreError::StaleHandle`] if the page was freed and reused (or the
-    ///   generation was never issued).
+    /// - [`CoreError::DoubleFree`] if this very handle was already freed (its
+    ///   free was the page's last event).
+    /// - [`CoreError::StaleHandle`] if the page was freed and reused, or the
+    ///   handle's generation was never issued (a never-allocated page has no
+    ///   handle to free twice, whatever generation a forged handle carries).
     pub fn free(&mut self, h: PageHandle) -> Result<()> {
         self.check(h)?;
         let i = h.page.index();
-        self.live[i] = false;
+        self.state[i] = PageState::Freed;
         self.generation[i] = self.generation[i].wrapping_add(1);
         self.free.push(h.page.0);
         Ok(())
@@ -129,14 +149,16 @@ impl PagePool {
     /// Whether `h` refers to a page that is allocated under `h`'s generation.
     pub fn is_live(&self, h: PageHandle) -> bool {
         let i = h.page.index();
-        i < self.live.len() && self.live[i] && self.generation[i] == h.generation
+        i < self.state.len()
+            && self.state[i] == PageState::Live
+            && self.generation[i] == h.generation
     }
 
     /// The handle of page `page` if it is allocated now, else `None` (also
     /// for an id out of range).
     pub fn live_handle(&self, page: PageId) -> Option<PageHandle> {
         let i = page.index();
-        (i < self.live.len() && self.live[i]).then(|| PageHandle {
+        (i < self.state.len() && self.state[i] == PageState::Live).then(|| PageHandle {
             page,
             generation: self.generation[i],
         })
@@ -148,13 +170,13 @@ impl PagePool {
     /// As [`free`](Self::free).
     pub fn check(&self, h: PageHandle) -> Result<()> {
         let i = h.page.index();
-        if i >= self.live.len() {
+        if i >= self.state.len() {
             return Err(CoreError::OutOfRange {
                 index: u64::from(h.page.0),
-                len: self.live.len() as u64,
+                len: self.state.len() as u64,
             });
         }
-        if self.live[i] && self.generation[i] == h.generation {
+        if self.state[i] == PageState::Live && self.generation[i] == h.generation {
             return Ok(());
         }
         Err(self.bad_handle(h))
@@ -163,7 +185,9 @@ impl PagePool {
     #[cold]
     fn bad_handle(&self, h: PageHandle) -> CoreError {
         let i = h.page.index();
-        if !self.live[i] && self.generation[i] == h.generation.wrapping_add(1) {
+        // Only a freed page has a last issued handle; its generation is one
+        // below the page's (wrapping, as the bump on free wraps).
+        if self.state[i] == PageState::Freed && self.generation[i] == h.generation.wrapping_add(1) {
             CoreError::DoubleFree { page: h.page.0 }
         } else {
             CoreError::StaleHandle {
@@ -228,6 +252,61 @@ mod tests {
             p.free(bad).unwrap_err(),
             CoreError::OutOfRange { index: 7, len: 2 }
         );
+    }
+
+    #[test]
+    fn forged_handle_on_a_fresh_page_is_stale_not_a_double_free() {
+        // A never-allocated page has generation 0, and u32::MAX + 1 wraps to
+        // 0: this used to be reported as a double free.
+        let mut p = PagePool::new(Tier::DeviceHbm, 2).unwrap();
+        let before = p.clone();
+        for generation in [u32::MAX, 0, 1] {
+            assert_eq!(
+                p.free(PageHandle::from_raw(PageId(1), generation))
+                    .unwrap_err(),
+                CoreError::StaleHandle {
+                    page: 1,
+                    generation
+                }
+            );
+        }
+        assert_eq!(p, before);
+        // Once the page was allocated and freed, its last handle is a double
+        // free and every other generation is stale.
+        let a = p.alloc().unwrap();
+        assert_eq!(a.page(), PageId(0));
+        p.free(a).unwrap();
+        assert_eq!(p.free(a).unwrap_err(), CoreError::DoubleFree { page: 0 });
+        assert_eq!(
+            p.free(PageHandle::from_raw(PageId(0), u32::MAX))
+                .unwrap_err(),
+            CoreError::StaleHandle {
+                page: 0,
+                generation: u32::MAX
+            }
+        );
+    }
+
+    #[test]
+    fn double_free_is_recognised_across_the_generation_wrap() {
+        let mut p = PagePool::new(Tier::DeviceHbm, 1).unwrap();
+        // Stand-in for 2^32 - 1 earlier frees of page 0.
+        p.generation[0] = u32::MAX;
+        p.state[0] = PageState::Freed;
+        let h = p.alloc().unwrap();
+        assert_eq!(h.generation(), u32::MAX);
+        p.free(h).unwrap();
+        assert_eq!(p.free(h).unwrap_err(), CoreError::DoubleFree { page: 0 });
+        let h2 = p.alloc().unwrap();
+        assert_eq!(h2.generation(), 0);
+        assert_eq!(
+            p.free(h).unwrap_err(),
+            CoreError::StaleHandle {
+                page: 0,
+                generation: u32::MAX
+            }
+        );
+        p.free(h2).unwrap();
     }
 
     #[test]

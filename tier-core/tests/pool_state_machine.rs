@@ -27,7 +27,8 @@ enum Op {
     AllocMany(u32),
     /// Free the i-th issued handle (modulo count); live, freed or stale.
     Free(usize),
-    /// Free a made-up handle (maybe out of range, maybe a wrong generation).
+    /// Free a made-up handle (maybe out of range, maybe a wrong generation,
+    /// maybe `u32::MAX`, which wraps to a fresh page's generation 0).
     FreeRaw(u32, u32),
 }
 
@@ -54,7 +55,8 @@ impl ReferenceStateMachine for PoolRef {
             3 => Just(Op::Alloc),
             1 => (0..cap + 2).prop_map(Op::AllocMany),
             3 => any::<usize>().prop_map(Op::Free),
-            1 => (0..cap + 2, 0u32..3).prop_map(|(p, g)| Op::FreeRaw(p, g)),
+            1 => (0..cap + 2, prop_oneof![0u32..3, Just(u32::MAX)])
+                .prop_map(|(p, g)| Op::FreeRaw(p, g)),
         ]
         .boxed()
     }
@@ -205,7 +207,21 @@ impl StateMachineTest for PoolTest {
                         assert_eq!(again.page(), h.page());
                         sut.issued[i] = again;
                     }
-                    Err(_) => assert_eq!(sut.pool, before),
+                    Err(e) => {
+                        assert_eq!(sut.pool, before);
+                        if page < s.capacity {
+                            // A double free only if this is the very handle
+                            // whose free was the page's last event.
+                            let p = page as usize;
+                            let want = match sut.last_freed_by[p] {
+                                Some(i) if sut.owner[p].is_none() && sut.issued[i] == h => {
+                                    CoreError::DoubleFree { page }
+                                }
+                                _ => CoreError::StaleHandle { page, generation },
+                            };
+                            assert_eq!(e, want);
+                        }
+                    }
                 }
             }
         }
