@@ -51,6 +51,17 @@ pub enum CoreError {
         /// Generation of the map now.
         actual: u64,
     },
+    /// A [`PageMap`](crate::PageMap) is at generation `generation` and may
+    /// not count another change: generations stop at
+    /// [`MAX_GENERATION`](crate::MAX_GENERATION) rather than wrap (a wrapped
+    /// generation would let a plan made long ago pass the staleness check
+    /// again). Also returned when a loaded map claims a generation above
+    /// `MAX_GENERATION`. Nothing was changed.
+    #[error("map generation {generation} is exhausted (generations stop at {max})", max = crate::MAX_GENERATION)]
+    GenerationExhausted {
+        /// The map's generation (or the one a loaded map claimed).
+        generation: u64,
+    },
     /// The borrower id is not known to the lender (never lent to, or fully
     /// handed back and forgotten).
     #[error("unknown borrower {borrower}")]

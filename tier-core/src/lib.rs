@@ -57,6 +57,6 @@ pub use fence::{
     CompletionSignal, EpochFence, FlagSignal, ReaderGuard, Retired, DEFAULT_READER_SLOTS,
 };
 pub use loan::{BorrowerId, Lender, Loan, ProportionalOldestFirst, ReclaimPolicy};
-pub use map::{PageMap, MAX_MAPPED_PAGE, NOT_RESIDENT};
+pub use map::{PageMap, MAX_GENERATION, MAX_MAPPED_PAGE, NOT_RESIDENT};
 pub use page::{PageHandle, PageId, Tier};
 pub use pool::PagePool;

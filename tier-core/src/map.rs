@@ -11,6 +11,13 @@ pub const NOT_RESIDENT: i32 = -1;
 /// table is `i32`.
 pub const MAX_MAPPED_PAGE: u32 = i32::MAX as u32;
 
+/// Largest generation a [`PageMap`] can reach (`u64::MAX - 1`). A change to a
+/// map at this generation is refused with [`CoreError::GenerationExhausted`]
+/// instead of wrapping to 0, where a move planned at an old generation could
+/// pass the staleness check again. Unreachable by counting (2^64 changes), but
+/// a map loaded through serde can start anywhere up to it.
+pub const MAX_GENERATION: u64 = u64::MAX - 1;
+
 /// A logical-to-physical page map (a block table / rowmap).
 ///
 /// Backed by one flat `Vec<i32>`: entry `i` holds the physical [`PageId`] of
@@ -24,7 +31,8 @@ pub const MAX_MAPPED_PAGE: u32 = i32::MAX as u32;
 /// it. The map does not check that a physical page appears only once; the
 /// [`PagePool`](crate::PagePool) or [`Lender`](crate::Lender) that hands out
 /// pages guarantees that. Serde: `{table, mapped, generation}`; on load the
-/// table is validated (no value below `-1`) and `mapped` recomputed.
+/// table is validated (no value below `-1`, at most `u32::MAX` entries), the
+/// generation must be at most [`MAX_GENERATION`], and `mapped` is recomputed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "RawPageMap")]
 pub struct PageMap {
@@ -34,7 +42,7 @@ pub struct PageMap {
 }
 
 /// The serialized form, validated on the way in (no value below `-1`, the
-/// mapped count recomputed).
+/// generation at most `MAX_GENERATION`, the mapped count recomputed).
 #[derive(serde::Deserialize)]
 struct RawPageMap {
     table: Vec<i32>,
@@ -48,6 +56,11 @@ impl TryFrom<RawPageMap> for PageMap {
             return Err(CoreError::OutOfRange {
                 index: r.table.len() as u64,
                 len: u64::from(u32::MAX),
+            });
+        }
+        if r.generation > MAX_GENERATION {
+            return Err(CoreError::GenerationExhausted {
+                generation: r.generation,
             });
         }
         let mut mapped = 0u32;
@@ -120,7 +133,9 @@ impl PageMap {
     ///
     /// # Errors
     /// [`CoreError::OutOfRange`] if `logical >= len()` or `page.0 >
-    /// MAX_MAPPED_PAGE` (it would not fit the `i32` table).
+    /// MAX_MAPPED_PAGE` (it would not fit the `i32` table);
+    /// [`CoreError::GenerationExhausted`] if the map is at
+    /// [`MAX_GENERATION`].
     pub fn set(&mut self, logical: u32, page: PageId) -> Result<Option<PageId>> {
         if page.0 > MAX_MAPPED_PAGE {
             return Err(CoreError::OutOfRange {
@@ -128,13 +143,15 @@ impl PageMap {
                 len: u64::from(MAX_MAPPED_PAGE) + 1,
             });
         }
+        let next = self.next_generation();
         let slot = self.slot_mut(logical)?;
+        let next = next?;
         let prev = decode(*slot);
         *slot = page.0 as i32;
         if prev.is_none() {
             self.mapped += 1;
         }
-        self.generation += 1;
+        self.generation = next;
         Ok(prev)
     }
 
@@ -157,14 +174,18 @@ impl PageMap {
     /// generation only if something was mapped.
     ///
     /// # Errors
-    /// [`CoreError::OutOfRange`] if `logical >= len()`.
+    /// [`CoreError::OutOfRange`] if `logical >= len()`;
+    /// [`CoreError::GenerationExhausted`] if something was mapped and the map
+    /// is at [`MAX_GENERATION`].
     pub fn clear(&mut self, logical: u32) -> Result<Option<PageId>> {
+        let next = self.next_generation();
         let slot = self.slot_mut(logical)?;
         let prev = decode(*slot);
         if prev.is_some() {
+            let next = next?;
             *slot = NOT_RESIDENT;
             self.mapped -= 1;
-            self.generation += 1;
+            self.generation = next;
         }
         Ok(prev)
     }
@@ -175,6 +196,8 @@ impl PageMap {
     ///
     /// # Errors
     /// [`CoreError::MappedTail`] if an entry at or beyond `new_len` is mapped;
+    /// [`CoreError::GenerationExhausted`] if the length would change and the
+    /// map is at [`MAX_GENERATION`];
     /// [`CoreError::AllocationFailed`] if the grown table cannot be allocated.
     pub fn resize(&mut self, new_len: u32) -> Result<()> {
         let n = new_len as usize;
@@ -188,17 +211,19 @@ impl PageMap {
                 });
             }
         }
+        let next = self.next_generation()?;
         if n > self.table.len() && self.table.try_reserve_exact(n - self.table.len()).is_err() {
             return Err(CoreError::AllocationFailed {
                 bytes: (n as u64) * 4,
             });
         }
         self.table.resize(n, NOT_RESIDENT);
-        self.generation += 1;
+        self.generation = next;
         Ok(())
     }
 
-    /// The map's generation: starts at 0, bumped by every change.
+    /// The map's generation: starts at 0, bumped by every change, never above
+    /// [`MAX_GENERATION`].
     #[inline]
     pub fn generation(&self) -> u64 {
         self.generation
@@ -241,6 +266,19 @@ impl PageMap {
                 index: u64::from(logical),
                 len,
             })
+    }
+
+    /// The generation after one more change, or
+    /// [`CoreError::GenerationExhausted`] at [`MAX_GENERATION`].
+    #[inline]
+    fn next_generation(&self) -> Result<u64> {
+        if self.generation < MAX_GENERATION {
+            Ok(self.generation + 1)
+        } else {
+            Err(CoreError::GenerationExhausted {
+                generation: self.generation,
+            })
+        }
     }
 
     #[cold]
@@ -326,6 +364,62 @@ mod tests {
                 .unwrap()
                 .mapped_count(),
             2
+        );
+    }
+
+    #[test]
+    fn generation_stops_at_max_instead_of_wrapping() {
+        // Used to panic (debug) or wrap to 0 (release) on the first change.
+        let loaded = format!(r#"{{"table":[-1,3],"generation":{}}}"#, MAX_GENERATION - 1);
+        let mut m: PageMap = serde_json::from_str(&loaded).unwrap();
+        m.set(0, PageId(1)).unwrap();
+        assert_eq!(m.generation(), MAX_GENERATION);
+        let full = m.clone();
+        let exhausted = CoreError::GenerationExhausted {
+            generation: MAX_GENERATION,
+        };
+        assert_eq!(m.set(0, PageId(2)).unwrap_err(), exhausted);
+        assert_eq!(
+            m.set_if_generation(MAX_GENERATION, 0, PageId(2))
+                .unwrap_err(),
+            exhausted
+        );
+        assert_eq!(m.clear(1).unwrap_err(), exhausted);
+        assert_eq!(m.resize(5).unwrap_err(), exhausted);
+        assert_eq!(m.resize(3).unwrap_err(), exhausted);
+        assert_eq!(m, full, "a refused change leaves the map as it was");
+        // What is not a change still works, and so do the range checks.
+        m.resize(2).unwrap();
+        assert_eq!(m.clear(0).unwrap_err(), exhausted);
+        assert_eq!(m.get(1).unwrap(), Some(PageId(3)));
+        assert!(matches!(
+            m.set(9, PageId(0)),
+            Err(CoreError::OutOfRange { .. })
+        ));
+        // A map at MAX_GENERATION still round-trips.
+        let s = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<PageMap>(&s).unwrap(), m);
+    }
+
+    #[test]
+    fn load_rejects_a_generation_above_max() {
+        let forged = r#"{"table":[-1],"generation":18446744073709551615}"#;
+        let err = serde_json::from_str::<PageMap>(forged).unwrap_err();
+        assert!(err.to_string().contains("exhausted"), "{err}");
+        let ok = format!(r#"{{"table":[-1],"generation":{MAX_GENERATION}}}"#);
+        assert_eq!(
+            serde_json::from_str::<PageMap>(&ok).unwrap().generation(),
+            MAX_GENERATION
+        );
+        assert_eq!(
+            PageMap::try_from(RawPageMap {
+                table: vec![-1],
+                generation: u64::MAX
+            })
+            .unwrap_err(),
+            CoreError::GenerationExhausted {
+                generation: u64::MAX
+            }
         );
     }
 

@@ -2,7 +2,9 @@
 //!
 //! Every call's result is predicted by the model (value, previous page, or
 //! the exact error); errors must leave the map unchanged, and the flat table
-//! must always equal the model rendered as `i32` with `-1` holes.
+//! must always equal the model rendered as `i32` with `-1` holes. Half the
+//! cases start from a map loaded (serde) two changes short of
+//! `MAX_GENERATION`, so the refusal to bump past it is exercised too.
 
 mod common;
 
@@ -10,7 +12,7 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use proptest_state_machine::{prop_state_machine, ReferenceStateMachine, StateMachineTest};
-use tier_core::{CoreError, PageId, PageMap, MAX_MAPPED_PAGE, NOT_RESIDENT};
+use tier_core::{CoreError, PageId, PageMap, MAX_GENERATION, MAX_MAPPED_PAGE, NOT_RESIDENT};
 
 #[derive(Clone, Debug, Default)]
 struct Model {
@@ -31,6 +33,15 @@ enum Op {
     Resize(u32),
 }
 
+/// The generation after one more change, as the map must compute it.
+fn bump(generation: u64) -> Result<u64, CoreError> {
+    if generation < MAX_GENERATION {
+        Ok(generation + 1)
+    } else {
+        Err(CoreError::GenerationExhausted { generation })
+    }
+}
+
 fn oob(index: u32, len: u32) -> CoreError {
     CoreError::OutOfRange {
         index: index.into(),
@@ -45,9 +56,10 @@ impl ReferenceStateMachine for MapRef {
     type Transition = Op;
 
     fn init_state() -> BoxedStrategy<Model> {
-        (0u32..6)
-            .prop_map(|len| Model {
+        (0u32..6, prop_oneof![Just(0), Just(MAX_GENERATION - 2)])
+            .prop_map(|(len, generation)| Model {
                 len,
+                generation,
                 ..Model::default()
             })
             .boxed()
@@ -78,7 +90,7 @@ impl ReferenceStateMachine for MapRef {
             if i >= s.len {
                 return Err(oob(i, s.len));
             }
-            s.generation += 1;
+            s.generation = bump(s.generation)?;
             Ok(s.entries.insert(i, p))
         };
         s.expect = Some(match *op {
@@ -97,22 +109,24 @@ impl ReferenceStateMachine for MapRef {
                 }
             }
             Op::Clear(i) if i >= s.len => Err(oob(i, s.len)),
-            Op::Clear(i) => {
-                let prev = s.entries.remove(&i);
-                if prev.is_some() {
-                    s.generation += 1;
-                }
-                Ok(prev)
-            }
+            Op::Clear(i) => match s.entries.get(&i) {
+                None => Ok(None),
+                Some(_) => bump(s.generation).map(|g| {
+                    s.generation = g;
+                    s.entries.remove(&i)
+                }),
+            },
             Op::Resize(n) => {
                 if let Some((&first, _)) = s.entries.range(n..).next() {
                     Err(CoreError::MappedTail { logical: first })
-                } else {
-                    if n != s.len {
-                        s.generation += 1;
-                    }
-                    s.len = n;
+                } else if n == s.len {
                     Ok(None)
+                } else {
+                    bump(s.generation).map(|g| {
+                        s.generation = g;
+                        s.len = n;
+                        None
+                    })
                 }
             }
         });
@@ -127,7 +141,13 @@ impl StateMachineTest for MapTest {
     type Reference = MapRef;
 
     fn init_test(s: &Model) -> PageMap {
-        PageMap::new(s.len).unwrap()
+        if s.generation == 0 {
+            PageMap::new(s.len).unwrap()
+        } else {
+            let table = vec![NOT_RESIDENT; s.len as usize];
+            let json = serde_json::json!({ "table": table, "generation": s.generation });
+            serde_json::from_value(json).unwrap()
+        }
     }
 
     fn apply(mut map: PageMap, s: &Model, op: Op) -> PageMap {
