@@ -9,6 +9,10 @@ use crate::error::{try_filled, CoreError, Result};
 /// half_life_steps)` and then adds the counts seen in those steps, so a count
 /// loses half its weight every `half_life_steps` steps. Both tiers use it:
 /// expert pick counts, KV page hits.
+///
+/// Serde: `{values, half_life_steps}`; on load the table must be non-empty,
+/// the half-life finite and `> 0`, and every value finite and `>= 0`
+/// ([`CoreError::InvalidCounterValue`] otherwise), as `fold` keeps them.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "RawCounters")]
 pub struct DecayingCounters {
@@ -25,9 +29,18 @@ struct RawCounters {
 impl TryFrom<RawCounters> for DecayingCounters {
     type Error = CoreError;
     fn try_from(r: RawCounters) -> Result<Self> {
-        let mut c = DecayingCounters::new(r.values.len(), r.half_life_steps)?;
-        c.values = r.values;
-        Ok(c)
+        if r.values.is_empty() {
+            return Err(CoreError::ZeroCapacity);
+        }
+        check_half_life(r.half_life_steps)?;
+        // NaN is not finite either.
+        if let Some(i) = r.values.iter().position(|&v| !(v.is_finite() && v >= 0.0)) {
+            return Err(CoreError::InvalidCounterValue { index: i as u64 });
+        }
+        Ok(DecayingCounters {
+            values: r.values,
+            half_life_steps: r.half_life_steps,
+        })
     }
 }
 
@@ -179,5 +192,41 @@ mod tests {
         assert_eq!(serde_json::from_str::<DecayingCounters>(&s).unwrap(), c);
         let bad = r#"{"values":[1.0],"half_life_steps":-2.0}"#;
         assert!(serde_json::from_str::<DecayingCounters>(bad).is_err());
+    }
+
+    #[test]
+    fn load_rejects_negative_and_non_finite_values() {
+        let load = |values: Vec<f64>, half_life_steps: f64| {
+            DecayingCounters::try_from(RawCounters {
+                values,
+                half_life_steps,
+            })
+        };
+        for (values, index) in [
+            (vec![-5.0, 1e308], 0),
+            (vec![1.0, f64::NAN], 1),
+            (vec![0.0, 2.0, f64::INFINITY], 2),
+            (vec![f64::NEG_INFINITY], 0),
+            (vec![3.0, -f64::MIN_POSITIVE], 1),
+        ] {
+            assert_eq!(
+                load(values, 1.0).unwrap_err(),
+                CoreError::InvalidCounterValue { index }
+            );
+        }
+        assert_eq!(load(vec![], 1.0).unwrap_err(), CoreError::ZeroCapacity);
+        assert_eq!(
+            load(vec![1.0], f64::INFINITY).unwrap_err(),
+            CoreError::InvalidHalfLife
+        );
+        // JSON has no NaN, so the breaker's case is a negative count.
+        let negative = r#"{"values":[-5.0, 1e308],"half_life_steps":1.0}"#;
+        let err = serde_json::from_str::<DecayingCounters>(negative).unwrap_err();
+        assert!(err.to_string().contains("counter 0"), "{err}");
+        // Finite, non-negative values (the largest included) load as they are
+        // and stay finite through a fold.
+        let mut c = load(vec![0.0, f64::MAX], 2.0).unwrap();
+        c.fold(&[u64::MAX, u64::MAX], 0).unwrap();
+        assert!(c.values().iter().all(|v| v.is_finite()));
     }
 }

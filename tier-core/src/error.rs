@@ -79,6 +79,14 @@ pub enum CoreError {
     /// An EMA half-life (steps) was `<= 0` or not finite.
     #[error("half-life must be finite and > 0 steps")]
     InvalidHalfLife,
+    /// A loaded [`DecayingCounters`](crate::DecayingCounters) table holds a
+    /// negative or non-finite value (NaN, ±inf) at `index`; decayed counts are
+    /// finite and `>= 0`.
+    #[error("counter {index} is negative or not finite")]
+    InvalidCounterValue {
+        /// Index of the first bad value.
+        index: u64,
+    },
     /// A slice had `actual` elements where `expected` were needed.
     #[error("length mismatch: expected {expected}, got {actual}")]
     LengthMismatch {
