@@ -35,7 +35,7 @@ fn setup(elastic: bool) -> (ElasticPool, Vec<Vec<i32>>) {
         pool.admit(s, &history).unwrap();
     }
     let mut gens: Vec<SelectionGen> = (0..REQS as u64)
-        .map(|s| SelectionGen::new(SelectionParams::calibrated(K as u32), s, HISTORY))
+        .map(|s| SelectionGen::new(SelectionParams::calibrated(K as u32), s, HISTORY).unwrap())
         .collect();
     let mut one = Vec::new();
     let steps = (0..STEPS)

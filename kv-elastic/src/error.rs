@@ -129,6 +129,17 @@ pub enum KvError {
         /// Free + reclaimable + pending pages.
         available: u32,
     },
+    /// The host could not allocate a buffer the geometry asks for (the arena planes).
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// A simulation or selection-model parameter is out of range (the message names it and its bounds).
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
     /// A trace file could not be read or parsed.
     #[error("trace: {0}")]
     Trace(String),

@@ -22,7 +22,9 @@ pub struct HotCache {
 }
 
 impl HotCache {
-    /// An empty cache of `hot_rows` slots for a history of `history` positions.
+    /// An empty cache of `hot_rows` slots for a history of `history` positions. It allocates
+    /// `13 × hot_rows + 4 × history` bytes (the pool's callers bound both: [`crate::Geometry`]
+    /// and the committed history).
     pub fn new(hot_rows: u32, history: u32) -> Self {
         Self {
             slot_pos: vec![NONE; hot_rows as usize],
@@ -75,9 +77,12 @@ impl HotCache {
     }
 
     /// Picks a victim slot not pinned by `call` (CLOCK sweep: at most two turns), or `None` if
-    /// every slot is pinned.
+    /// every slot is pinned or the cache has no slot at all.
     pub fn victim(&mut self, call: u64) -> Option<u32> {
         let n = self.slot_pos.len();
+        if n == 0 {
+            return None;
+        }
         for _ in 0..2 * n + 1 {
             let s = self.hand;
             self.hand = (self.hand + 1) % n;
@@ -142,6 +147,13 @@ mod tests {
         assert_eq!(h.lookup(7), Some(v));
         assert_eq!(h.occupied(), 3);
         assert_eq!(h.evictable(2), 1);
+    }
+
+    #[test]
+    fn an_empty_cache_has_no_victim() {
+        let mut h = HotCache::new(0, 10);
+        assert_eq!(h.victim(1), None);
+        assert_eq!(h.rows(), 0);
     }
 
     #[test]

@@ -3,6 +3,18 @@
 
 use crate::error::{KvError, Result};
 
+/// Most layers (arena planes) a [`Geometry`] may have (DeepSeek-V3 has 61).
+pub const MAX_LAYERS: u32 = 4096;
+
+/// Most bytes of one token over all layers (`layers × row_bytes`), 16 MiB (DeepSeek-V3.2 fp8 MLA:
+/// 40,016 B).
+pub const MAX_TOKEN_BYTES: u64 = 1 << 24;
+
+/// Most bytes of the whole arena over all layers (`layers × arena_rows × row_bytes`), 1 TiB. The
+/// CPU pool keeps the arena in host memory (the GPU back-end mirrors it), so this also bounds that
+/// allocation; a smaller arena that the host still cannot allocate gives `KvError::OutOfMemory`.
+pub const MAX_ARENA_BYTES: u64 = 1 << 40;
+
 /// The shape of one pool: row size, layers, page size and how the arena is carved.
 ///
 /// The device arena is `arena_pages × page_rows` rows of `row_bytes` bytes, one plane per layer
@@ -30,12 +42,28 @@ pub struct Geometry {
 
 impl Geometry {
     /// Checks every field; `KvError::InvalidGeometry` / `ArenaTooSmall` otherwise.
+    ///
+    /// Bounds: every count > 0 except `scratch_rows`; `layers <=` [`MAX_LAYERS`]; one token
+    /// (`layers × row_bytes`) at most [`MAX_TOKEN_BYTES`]; arena rows (`arena_pages × page_rows`)
+    /// fit in `int32` row indices; the whole arena (`layers × arena_rows × row_bytes` bytes) at most
+    /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32` and its pages in the
+    /// arena.
     pub fn validate(&self) -> Result<()> {
         if self.row_bytes == 0 {
             return Err(KvError::InvalidGeometry("row_bytes must be > 0"));
         }
         if self.layers == 0 {
             return Err(KvError::InvalidGeometry("layers must be > 0"));
+        }
+        if self.layers > MAX_LAYERS {
+            return Err(KvError::InvalidGeometry(
+                "layers must be <= MAX_LAYERS (4096)",
+            ));
+        }
+        if self.layers as u64 * self.row_bytes as u64 > MAX_TOKEN_BYTES {
+            return Err(KvError::InvalidGeometry(
+                "layers × row_bytes must be <= MAX_TOKEN_BYTES (16 MiB per token)",
+            ));
         }
         if self.page_rows == 0 {
             return Err(KvError::InvalidGeometry("page_rows must be > 0"));
@@ -53,6 +81,22 @@ impl Geometry {
                 "arena rows must fit in int32 row indices",
             ));
         }
+        // arena_rows < 2^31 and layers × row_bytes <= 2^24: the product fits in u64.
+        if self.arena_rows() * self.layers as u64 * self.row_bytes as u64 > MAX_ARENA_BYTES {
+            return Err(KvError::InvalidGeometry(
+                "layers × arena rows × row_bytes must be <= MAX_ARENA_BYTES (1 TiB)",
+            ));
+        }
+        if self
+            .hot_rows
+            .checked_add(self.tail_rows)
+            .and_then(|r| r.checked_add(self.scratch_rows))
+            .is_none()
+        {
+            return Err(KvError::InvalidGeometry(
+                "hot_rows + tail_rows + scratch_rows must fit in u32",
+            ));
+        }
         if self.fixed_pages() > self.arena_pages {
             return Err(KvError::ArenaTooSmall {
                 arena_pages: self.arena_pages,
@@ -62,14 +106,20 @@ impl Geometry {
         Ok(())
     }
 
-    /// Fixed rows per request: `hot_rows + tail_rows + scratch_rows`.
+    /// Fixed rows per request: `hot_rows + tail_rows + scratch_rows` (saturating at `u32::MAX`;
+    /// [`Geometry::validate`] rejects a sum that does not fit).
     pub fn fixed_rows(&self) -> u32 {
-        self.hot_rows + self.tail_rows + self.scratch_rows
+        self.hot_rows
+            .saturating_add(self.tail_rows)
+            .saturating_add(self.scratch_rows)
     }
 
-    /// Pages one request's fixed rows take (rounded up).
+    /// Pages one request's fixed rows take (rounded up; `u32::MAX` when `page_rows` is 0).
     pub fn fixed_pages(&self) -> u32 {
-        self.fixed_rows().div_ceil(self.page_rows)
+        match self.page_rows {
+            0 => u32::MAX,
+            pr => self.fixed_rows().div_ceil(pr),
+        }
     }
 
     /// Rows in the arena (`arena_pages × page_rows`).
@@ -77,12 +127,14 @@ impl Geometry {
         self.arena_pages as u64 * self.page_rows as u64
     }
 
-    /// Bytes of one token across all layers (`layers × row_bytes`).
+    /// Bytes of one token across all layers (`layers × row_bytes`; at most [`MAX_TOKEN_BYTES`] for
+    /// a validated geometry).
     pub fn token_bytes(&self) -> usize {
         self.layers as usize * self.row_bytes as usize
     }
 
-    /// Bytes of one arena plane (one layer).
+    /// Bytes of one arena plane (one layer): `arena_rows × row_bytes` (at most
+    /// [`MAX_ARENA_BYTES`] for a validated geometry).
     pub fn plane_bytes(&self) -> usize {
         self.arena_rows() as usize * self.row_bytes as usize
     }
@@ -167,6 +219,69 @@ mod tests {
             .validate(),
             Err(KvError::InvalidGeometry(_))
         ));
+    }
+
+    #[test]
+    fn huge_fields_are_typed_errors_not_panics() {
+        let bad = |g: Geometry| matches!(g.validate(), Err(KvError::InvalidGeometry(_)));
+        // hot + tail + scratch would wrap to 0 fixed rows (the breaker's `--tail-rows 4294967232`).
+        assert!(bad(Geometry {
+            hot_rows: 64,
+            tail_rows: 4_294_967_232,
+            ..g()
+        }));
+        assert!(bad(Geometry {
+            scratch_rows: u32::MAX,
+            ..g()
+        }));
+        assert_eq!(
+            Geometry {
+                scratch_rows: u32::MAX,
+                ..g()
+            }
+            .fixed_rows(),
+            u32::MAX
+        );
+        // A 2 TB plane, u32::MAX layers, 4 GiB tokens.
+        assert!(bad(Geometry {
+            row_bytes: 1000,
+            page_rows: 1 << 20,
+            arena_pages: 2000,
+            ..g()
+        }));
+        assert!(bad(Geometry {
+            layers: u32::MAX,
+            ..g()
+        }));
+        assert!(bad(Geometry {
+            row_bytes: u32::MAX,
+            layers: 1,
+            ..g()
+        }));
+        assert!(bad(Geometry {
+            page_rows: 0,
+            ..g()
+        }));
+        assert_eq!(
+            Geometry {
+                page_rows: 0,
+                ..g()
+            }
+            .fixed_pages(),
+            u32::MAX
+        );
+        // At the bounds: still valid.
+        Geometry {
+            row_bytes: 656,
+            layers: 61,
+            page_rows: 64,
+            arena_pages: 10_000,
+            hot_rows: 4096,
+            tail_rows: 64,
+            scratch_rows: 0,
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

@@ -156,6 +156,23 @@ impl std::fmt::Debug for ElasticPool {
     }
 }
 
+/// A zeroed `n`-byte buffer, or `None` when the allocator refuses (instead of aborting, as
+/// `vec![0u8; n]` would). Zeroing is lazy (`alloc_zeroed`), as with `vec!`.
+fn try_zeroed(n: usize) -> Option<Vec<u8>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[u8; n]` (so capacity
+    // `n` matches the allocation), and all `n` bytes are initialised (zeroed).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
 #[inline]
 fn elastic_id(s: SessionId) -> BorrowerId {
     BorrowerId(s)
@@ -167,8 +184,10 @@ fn fixed_id(s: SessionId) -> BorrowerId {
 }
 
 impl ElasticPool {
-    /// A pool for `geometry` (validated: `InvalidGeometry`, `ArenaTooSmall`). The arena starts
-    /// zeroed; every page is free.
+    /// A pool for `geometry` (validated: `InvalidGeometry`, `ArenaTooSmall`; see
+    /// [`Geometry::validate`] for the bounds). The arena starts zeroed; every page is free. It takes
+    /// `layers × plane_bytes` bytes of host memory (zeroed lazily by the allocator); when the host
+    /// cannot allocate them: `OutOfMemory`.
     pub fn new(geometry: Geometry, config: PoolConfig) -> Result<Self> {
         geometry.validate()?;
         let lender = Lender::with_policy(
@@ -176,14 +195,27 @@ impl ElasticPool {
             geometry.arena_pages,
             ElasticReclaim::default(),
         )?;
+        let mut planes = Vec::new();
+        planes
+            .try_reserve_exact(geometry.layers as usize)
+            .map_err(|_| KvError::OutOfMemory {
+                what: "arena plane table",
+                bytes: geometry.layers as u64 * std::mem::size_of::<Vec<u8>>() as u64,
+            })?;
+        for _ in 0..geometry.layers {
+            planes.push(
+                try_zeroed(geometry.plane_bytes()).ok_or(KvError::OutOfMemory {
+                    what: "arena plane",
+                    bytes: geometry.plane_bytes() as u64,
+                })?,
+            );
+        }
         Ok(Self {
             geometry,
             config,
             lender,
             host: HostStore::new(geometry.row_bytes, geometry.layers),
-            planes: (0..geometry.layers)
-                .map(|_| vec![0u8; geometry.plane_bytes()])
-                .collect(),
+            planes,
             requests: BTreeMap::new(),
             call: 1,
             grow_cursor: 0,

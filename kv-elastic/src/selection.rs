@@ -17,7 +17,15 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::error::{KvError, Result};
 use crate::hot::HotCache;
+
+/// Largest `top_k` the model accepts (1 Mi picks per query; DeepSeek-V3.2 and GLM-5.1 use 2,048).
+pub const MAX_TOP_K: u32 = 1 << 20;
+
+/// Longest history a generator (and [`measure_hot_cache_miss_rate`]) accepts: 16 Mi positions. A
+/// generator keeps a bitmap of `max_history / 8` bytes; a measurement's hot cache `4 × history`.
+pub const MAX_HISTORY: u32 = 1 << 24;
 
 /// Parameters of the selection model.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -33,6 +41,36 @@ pub struct SelectionParams {
 }
 
 impl SelectionParams {
+    /// Checks the ranges: `1 <= top_k <=` [`MAX_TOP_K`], `churn` and `uniform_mix` finite in
+    /// `0..=1`, `zipf_s` finite, `> 0` and `≠ 1`. Errors: `KvError::InvalidConfig` naming the field.
+    pub fn validate(&self) -> Result<()> {
+        if self.top_k == 0 || self.top_k > MAX_TOP_K {
+            return Err(KvError::InvalidConfig(format!(
+                "top_k {} must be in 1..={MAX_TOP_K}",
+                self.top_k
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.churn) {
+            return Err(KvError::InvalidConfig(format!(
+                "churn {} must be in 0..=1",
+                self.churn
+            )));
+        }
+        if !(self.zipf_s.is_finite() && self.zipf_s > 0.0 && self.zipf_s != 1.0) {
+            return Err(KvError::InvalidConfig(format!(
+                "zipf_s {} must be finite, > 0 and != 1",
+                self.zipf_s
+            )));
+        }
+        if !(0.0..=1.0).contains(&self.uniform_mix) {
+            return Err(KvError::InvalidConfig(format!(
+                "uniform_mix {} must be in 0..=1",
+                self.uniform_mix
+            )));
+        }
+        Ok(())
+    }
+
     /// The calibrated model for `top_k`, fitted at top-k = 2048 over a 32,768-token history: a bare
     /// CLOCK hot cache of k / 2k / 4k rows misses 29.8% / 13.5% / 6.9% of picks (targets 30% / 13.4% /
     /// 6.7%; 300 steps, seed 1); consecutive steps share about 70% of their picks.
@@ -98,14 +136,23 @@ fn next_prime(n: u64) -> u64 {
 }
 
 impl SelectionGen {
-    /// A generator for a request whose history will never exceed `max_history` positions.
-    pub fn new(params: SelectionParams, seed: u64, max_history: u32) -> Self {
+    /// A generator for a request whose history will never exceed `max_history` positions
+    /// (`<=` [`MAX_HISTORY`]; it keeps a bitmap of about `max_history / 8` bytes). Errors:
+    /// `KvError::InvalidConfig` for parameters outside [`SelectionParams::validate`]'s ranges or a
+    /// longer `max_history`.
+    pub fn new(params: SelectionParams, seed: u64, max_history: u32) -> Result<Self> {
+        params.validate()?;
+        if max_history > MAX_HISTORY {
+            return Err(KvError::InvalidConfig(format!(
+                "max_history {max_history} must be <= {MAX_HISTORY}"
+            )));
+        }
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let prime = next_prime(max_history as u64 + 1);
         let mul = rng.random_range(1..prime);
         let add = rng.random_range(0..prime);
         let zipf_top = ((prime + 1) as f64).powf(1.0 - params.zipf_s) - 1.0;
-        Self {
+        Ok(Self {
             params,
             rng,
             prime,
@@ -118,7 +165,7 @@ impl SelectionGen {
             history: 0,
             u_dense: (0, 0.0),
             inv_mul: pow_mod(mul, prime - 2, prime),
-        }
+        })
     }
 
     /// The parameters.
@@ -229,7 +276,7 @@ impl SelectionGen {
     /// history longer than the `max_history` given to [`SelectionGen::new`] is capped to it.
     pub fn step(&mut self, history: u32, out: &mut Vec<i32>) {
         // Histories beyond the announced maximum are treated as the maximum (positions stay < prime).
-        let history = history.min((self.prime - 1) as u32);
+        let history = history.min(u32::try_from(self.prime - 1).unwrap_or(u32::MAX));
         out.clear();
         let k = self.params.top_k as usize;
         if history as usize <= k {
@@ -257,6 +304,10 @@ impl SelectionGen {
 /// Runs one generator for `steps` steps over a fixed history against a bare [`HotCache`] of each
 /// size in `hot_rows` (no tail, no borrowed pages) and returns the miss rate per size (misses / picks,
 /// after `warmup` steps). This is how the calibration is checked.
+///
+/// Bounds (else `KvError::InvalidConfig`, nothing run): `params` as in
+/// [`SelectionParams::validate`]; `1 <= history <=` [`MAX_HISTORY`] positions; every hot-cache size
+/// in `top_k..=MAX_HISTORY` rows (a step's distinct picks must fit); `warmup < steps`.
 pub fn measure_hot_cache_miss_rate(
     params: SelectionParams,
     history: u32,
@@ -264,11 +315,31 @@ pub fn measure_hot_cache_miss_rate(
     steps: u32,
     warmup: u32,
     seed: u64,
-) -> Vec<f64> {
+) -> Result<Vec<f64>> {
+    params.validate()?;
+    if history == 0 || history > MAX_HISTORY {
+        return Err(KvError::InvalidConfig(format!(
+            "history {history} must be in 1..={MAX_HISTORY}"
+        )));
+    }
+    if let Some(&rows) = hot_rows
+        .iter()
+        .find(|&&r| r < params.top_k || r > MAX_HISTORY)
+    {
+        return Err(KvError::InvalidConfig(format!(
+            "hot cache of {rows} rows: must be in top_k ({})..={MAX_HISTORY}",
+            params.top_k
+        )));
+    }
+    if warmup >= steps {
+        return Err(KvError::InvalidConfig(format!(
+            "warm-up {warmup} must be below steps {steps} (nothing would be measured)"
+        )));
+    }
     hot_rows
         .iter()
         .map(|&rows| {
-            let mut gen = SelectionGen::new(params, seed, history);
+            let mut gen = SelectionGen::new(params, seed, history)?;
             let mut cache = HotCache::new(rows, history);
             let mut picks = Vec::new();
             let (mut misses, mut total) = (0u64, 0u64);
@@ -283,7 +354,10 @@ pub fn measure_hot_cache_miss_rate(
                     }
                 }
                 for &p in &miss_list {
-                    let v = cache.victim(call).expect("k <= hot_rows");
+                    // At most top_k <= rows distinct picks are pinned per step: a victim exists.
+                    let v = cache.victim(call).ok_or_else(|| {
+                        KvError::InvalidConfig(format!("hot cache of {rows} rows overflowed"))
+                    })?;
                     cache.install(v, p, call);
                 }
                 if step >= warmup {
@@ -291,7 +365,7 @@ pub fn measure_hot_cache_miss_rate(
                     total += picks.iter().filter(|&&p| p >= 0).count() as u64;
                 }
             }
-            misses as f64 / total.max(1) as f64
+            Ok(misses as f64 / total.max(1) as f64)
         })
         .collect()
 }
@@ -303,7 +377,7 @@ mod tests {
 
     #[test]
     fn picks_are_distinct_and_in_range() {
-        let mut g = SelectionGen::new(SelectionParams::calibrated(64), 7, 1000);
+        let mut g = SelectionGen::new(SelectionParams::calibrated(64), 7, 1000).unwrap();
         let mut out = Vec::new();
         for h in [10u32, 64, 65, 500, 1000] {
             g.step(h, &mut out);
@@ -324,7 +398,7 @@ mod tests {
             zipf_s: 0.75,
             uniform_mix: 0.0,
         };
-        let mut g = SelectionGen::new(p, 1, 10_000);
+        let mut g = SelectionGen::new(p, 1, 10_000).unwrap();
         let (mut a, mut b) = (Vec::new(), Vec::new());
         g.step(10_000, &mut a);
         g.step(10_000, &mut b);
@@ -343,9 +417,65 @@ mod tests {
             32,
             16,
             1,
-        );
+        )
+        .unwrap();
         for (got, want) in r.iter().zip([0.30, 0.134, 0.067]) {
             assert!((got - want).abs() < 0.035, "miss rates {r:?}");
         }
+    }
+
+    #[test]
+    fn out_of_range_inputs_are_typed_errors() {
+        let p = SelectionParams::calibrated(64);
+        let bad = |r: Result<Vec<f64>>| matches!(r, Err(KvError::InvalidConfig(_)));
+        // Hot cache smaller than top-k (used to panic `k <= hot_rows`) or empty (remainder by zero).
+        assert!(bad(measure_hot_cache_miss_rate(p, 1000, &[8], 4, 1, 1)));
+        assert!(bad(measure_hot_cache_miss_rate(p, 1000, &[0], 4, 1, 1)));
+        assert!(bad(measure_hot_cache_miss_rate(p, 0, &[64], 4, 1, 1)));
+        assert!(bad(measure_hot_cache_miss_rate(
+            p,
+            u32::MAX,
+            &[64],
+            4,
+            1,
+            1
+        )));
+        assert!(bad(measure_hot_cache_miss_rate(p, 1000, &[64], 4, 4, 1)));
+        for q in [
+            SelectionParams::calibrated(0),
+            SelectionParams::calibrated(u32::MAX),
+            SelectionParams {
+                churn: f64::NAN,
+                ..p
+            },
+            SelectionParams { churn: 1.5, ..p },
+            SelectionParams { zipf_s: 1.0, ..p },
+            SelectionParams { zipf_s: -2.0, ..p },
+            SelectionParams {
+                uniform_mix: f64::INFINITY,
+                ..p
+            },
+        ] {
+            assert!(
+                bad(measure_hot_cache_miss_rate(q, 1000, &[64], 4, 1, 1)),
+                "{q:?}"
+            );
+            assert!(SelectionGen::new(q, 1, 1000).is_err(), "{q:?}");
+        }
+        assert!(SelectionGen::new(p, 1, u32::MAX).is_err());
+        let r = measure_hot_cache_miss_rate(p, 1000, &[64, 128], 4, 1, 1).unwrap();
+        assert_eq!(r.len(), 2);
+    }
+
+    #[test]
+    fn the_largest_history_keeps_picks_spread() {
+        // Item 10: `(prime - 1) as u32` truncated a >= 2^32 prime to 14; with the bound the longest
+        // history is MAX_HISTORY and picks must reach beyond a tiny prefix.
+        let mut g = SelectionGen::new(SelectionParams::calibrated(64), 3, MAX_HISTORY).unwrap();
+        let mut out = Vec::new();
+        g.step(MAX_HISTORY, &mut out);
+        let max = out.iter().copied().max().unwrap();
+        assert!(max > 1 << 20, "picks stay in a prefix: max {max}");
+        assert!(out.iter().all(|&p| p >= 0 && (p as u32) < MAX_HISTORY));
     }
 }

@@ -31,7 +31,7 @@ use crate::layout::Geometry;
 use crate::pool::{Admission, ElasticPool, PoolConfig};
 use crate::resolve::{ResolveInput, ResolveOutput, Resolver};
 use crate::selection::{SelectionGen, SelectionParams};
-use crate::trace::ArrivalTrace;
+use crate::trace::{ArrivalTrace, MAX_REQUEST_TOKENS};
 
 /// Where history lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -123,6 +123,54 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// Checks the configuration before a run (`KvError::InvalidConfig` naming the field, or the
+    /// geometry's `InvalidGeometry` / `ArenaTooSmall`). Bounds: `hbm_budget_bytes`,
+    /// `kv_bytes_per_token` (bytes), `max_batch` (requests) and `chunk_pages` (pages) `>= 1`;
+    /// `time.step_base_us` finite and `> 0` µs, `time.step_per_request_us` finite and `>= 0` µs;
+    /// `load` finite and `> 0`; `selection` as in [`SelectionParams::validate`] with
+    /// `top_k <= hot_rows` (a step's distinct misses must fit in the hot cache); and
+    /// [`SimConfig::geometry`] valid (`page_rows`, `hot_rows`, `tail_rows >= 1`, arena rows below
+    /// 2^31, one request's fixed rows fit in the budget).
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(KvError::InvalidConfig(m));
+        if self.hbm_budget_bytes == 0 {
+            return bad("hbm_budget_bytes must be > 0".into());
+        }
+        if self.kv_bytes_per_token == 0 {
+            return bad("kv_bytes_per_token must be > 0".into());
+        }
+        if self.max_batch == 0 {
+            return bad("max_batch must be >= 1 (no request could ever run)".into());
+        }
+        if self.chunk_pages == 0 {
+            return bad("chunk_pages must be >= 1".into());
+        }
+        let t = self.time;
+        if !(t.step_base_us.is_finite() && t.step_base_us > 0.0) {
+            return bad(format!(
+                "step_base_us {} must be finite and > 0 µs",
+                t.step_base_us
+            ));
+        }
+        if !(t.step_per_request_us.is_finite() && t.step_per_request_us >= 0.0) {
+            return bad(format!(
+                "step_per_request_us {} must be finite and >= 0 µs",
+                t.step_per_request_us
+            ));
+        }
+        if !(self.load.is_finite() && self.load > 0.0) {
+            return bad(format!("load {} must be finite and > 0", self.load));
+        }
+        self.selection.validate()?;
+        if self.selection.top_k > self.hot_rows {
+            return bad(format!(
+                "top_k {} must be <= hot_rows {} (a step's misses must fit in the hot cache)",
+                self.selection.top_k, self.hot_rows
+            ));
+        }
+        self.geometry().validate()
+    }
+
     /// HBM budget in token rows (`hbm_budget_bytes / kv_bytes_per_token`).
     pub fn budget_rows(&self) -> u64 {
         self.hbm_budget_bytes / self.kv_bytes_per_token.max(1)
@@ -211,7 +259,8 @@ enum Store {
     Pool(Box<ElasticPool>),
 }
 
-/// Simulates every placement on the same trace and configuration.
+/// Simulates every placement on the same trace and configuration (errors as
+/// [`simulate_placement`]).
 pub fn simulate(trace: &ArrivalTrace, cfg: &SimConfig) -> Result<SimReport> {
     let placements = Placement::ALL
         .iter()
@@ -224,13 +273,28 @@ pub fn simulate(trace: &ArrivalTrace, cfg: &SimConfig) -> Result<SimReport> {
     })
 }
 
-/// Simulates one placement (see the module doc). Errors: `InvalidGeometry` / `ArenaTooSmall` when
-/// the budget cannot hold one request's fixed rows, pool errors (none expected).
+/// Simulates one placement (see the module doc). Errors (checked before anything runs):
+/// [`SimConfig::validate`]'s (`InvalidConfig`, `InvalidGeometry`, `ArenaTooSmall` when the budget
+/// cannot hold one request's fixed rows); `KvError::Trace` for a request of more than
+/// [`crate::trace::MAX_REQUEST_TOKENS`] tokens; `InvalidConfig` if a request could not be admitted
+/// into an idle pool (never expected, but it ends the run instead of spinning); pool errors (none
+/// expected).
 pub fn simulate_placement(
     trace: &ArrivalTrace,
     cfg: &SimConfig,
     placement: Placement,
 ) -> Result<PlacementReport> {
+    cfg.validate()?;
+    if let Some((i, q)) =
+        trace.requests.iter().enumerate().find(|(_, q)| {
+            q.input_length as u64 + q.output_length as u64 > MAX_REQUEST_TOKENS as u64
+        })
+    {
+        return Err(KvError::Trace(format!(
+            "request {i}: {} + {} tokens, at most {MAX_REQUEST_TOKENS}",
+            q.input_length, q.output_length
+        )));
+    }
     let mut trace = trace.clone();
     trace.speed_up(cfg.load);
     let g = cfg.geometry();
@@ -324,13 +388,15 @@ pub fn simulate_placement(
             }
             queue.pop_front();
             r.admitted += 1;
-            let gen = matches!(store, Store::Pool(_)).then(|| {
-                SelectionGen::new(
+            let gen = match store {
+                // total <= MAX_REQUEST_TOKENS (checked above).
+                Store::Pool(_) => Some(SelectionGen::new(
                     cfg.selection,
                     cfg.seed ^ id.wrapping_mul(0x9E37_79B9),
                     total as u32,
-                )
-            });
+                )?),
+                Store::Resident(_) => None,
+            };
             running.push(Running {
                 id,
                 input: q.input_length,
@@ -343,6 +409,13 @@ pub fn simulate_placement(
         if running.is_empty() {
             if next >= reqs.len() && queue.is_empty() {
                 break;
+            }
+            if let Some(&i) = queue.front() {
+                // Nothing runs, so nothing will ever free room for the head of the queue.
+                return Err(KvError::InvalidConfig(format!(
+                    "request {i} cannot be admitted into an idle pool ({})",
+                    placement.name()
+                )));
             }
             if next < reqs.len() {
                 now_us = now_us.max(reqs[next].arrival_ms as f64 * 1000.0);
@@ -484,6 +557,104 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn bad_configs_are_typed_errors_before_anything_runs() {
+        let t = trace(3, 10, 50);
+        let inval = |c: SimConfig| {
+            for p in Placement::ALL {
+                let r = simulate_placement(&t, &c, p);
+                assert!(
+                    matches!(r, Err(KvError::InvalidConfig(_))),
+                    "{p:?} {c:?}: {r:?}"
+                );
+            }
+        };
+        // Item 1: max_batch 0 used to spin forever.
+        inval(SimConfig {
+            max_batch: 0,
+            ..small()
+        });
+        inval(SimConfig {
+            chunk_pages: 0,
+            ..small()
+        });
+        // Item 13: NaN / negative / zero floats.
+        for load in [f64::NAN, -1.0, 0.0, f64::INFINITY] {
+            inval(SimConfig { load, ..small() });
+        }
+        for step_base_us in [f64::NAN, 0.0, -5.0] {
+            inval(SimConfig {
+                time: TimeModel {
+                    step_base_us,
+                    step_per_request_us: 1.0,
+                },
+                ..small()
+            });
+        }
+        inval(SimConfig {
+            time: TimeModel {
+                step_base_us: 1.0,
+                step_per_request_us: f64::NAN,
+            },
+            ..small()
+        });
+        inval(SimConfig {
+            hbm_budget_bytes: 0,
+            ..small()
+        });
+        inval(SimConfig {
+            kv_bytes_per_token: 0,
+            ..small()
+        });
+        // `--top-k` huge: rejected before a selection vector is built.
+        inval(SimConfig {
+            selection: SelectionParams::calibrated(2_147_483_680),
+            ..small()
+        });
+        inval(SimConfig {
+            selection: SelectionParams::calibrated(64),
+            ..small()
+        });
+        // Item 2: page_rows 0 used to divide by zero in the fully resident placement.
+        for p in Placement::ALL {
+            let r = simulate_placement(
+                &t,
+                &SimConfig {
+                    page_rows: 0,
+                    ..small()
+                },
+                p,
+            );
+            assert!(
+                matches!(r, Err(KvError::InvalidGeometry(_))),
+                "{p:?}: {r:?}"
+            );
+        }
+        // Item 3: hot + tail wrapping to 0 fixed rows; and a 16 GB hot cache.
+        for (hot_rows, tail_rows) in [(64, 4_294_967_232), (u32::MAX, 1)] {
+            let c = SimConfig {
+                hot_rows,
+                tail_rows,
+                ..small()
+            };
+            for p in Placement::ALL {
+                let r = simulate_placement(&t, &c, p);
+                assert!(
+                    matches!(
+                        r,
+                        Err(KvError::InvalidGeometry(_)) | Err(KvError::ArenaTooSmall { .. })
+                    ),
+                    "{p:?}: {r:?}"
+                );
+            }
+        }
+        // A request longer than the documented bound (public trace fields bypass the reader).
+        let mut long = t.clone();
+        long.requests[1].input_length = u32::MAX;
+        let r = simulate_placement(&long, &small(), Placement::Elastic);
+        assert!(matches!(r, Err(KvError::Trace(_))), "{r:?}");
     }
 
     #[test]

@@ -9,6 +9,10 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::error::{KvError, Result};
 
+/// Most tokens (input + output) of one trace request: 16 Mi, the selection model's
+/// [`crate::selection::MAX_HISTORY`] (Mooncake's longest conversation is about 128 Ki tokens).
+pub const MAX_REQUEST_TOKENS: u32 = crate::selection::MAX_HISTORY;
+
 /// One request of an arrival trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TraceRequest {
@@ -32,9 +36,11 @@ pub struct ArrivalTrace {
 
 impl ArrivalTrace {
     /// Reads JSONL with one object per line carrying `timestamp` (ms; or `arrival_ms`),
-    /// `input_length` and `output_length` (other fields, e.g. Mooncake's `hash_ids`, are ignored).
-    /// Requests with a zero input length are skipped (they have no history to place).
-    /// Errors: `KvError::Trace` with the line number.
+    /// `input_length` and `output_length` (tokens; other fields, e.g. Mooncake's `hash_ids`, are
+    /// ignored). Requests with a zero input length are skipped (they have no history to place).
+    /// Errors: `KvError::Trace` with the line number for an unreadable or malformed line or a request
+    /// of more than [`MAX_REQUEST_TOKENS`] tokens (input + output); `KvError::Trace` when no request
+    /// with history remains (an empty trace).
     pub fn from_reader(name: &str, reader: impl BufRead) -> Result<Self> {
         let mut requests = Vec::new();
         for (i, line) in reader.lines().enumerate() {
@@ -44,9 +50,21 @@ impl ArrivalTrace {
             }
             let r: TraceRequest = serde_json::from_str(&line)
                 .map_err(|e| KvError::Trace(format!("line {}: {e}", i + 1)))?;
+            let total = r.input_length as u64 + r.output_length as u64;
+            if total > MAX_REQUEST_TOKENS as u64 {
+                return Err(KvError::Trace(format!(
+                    "line {}: request of {total} tokens (input + output), at most {MAX_REQUEST_TOKENS}",
+                    i + 1
+                )));
+            }
             if r.input_length > 0 {
                 requests.push(r);
             }
+        }
+        if requests.is_empty() {
+            return Err(KvError::Trace(
+                "no request with input_length > 0 (empty trace)".into(),
+            ));
         }
         requests.sort_by_key(|r| r.arrival_ms);
         Ok(Self {
@@ -55,15 +73,21 @@ impl ArrivalTrace {
         })
     }
 
-    /// Reads a JSONL file (see [`ArrivalTrace::from_reader`]).
+    /// Reads a JSONL file (see [`ArrivalTrace::from_reader`]); every error names the file.
     pub fn from_path(path: &Path) -> Result<Self> {
-        let f = std::fs::File::open(path)
-            .map_err(|e| KvError::Trace(format!("{}: {e}", path.display())))?;
+        let named = |m: String| KvError::Trace(format!("{}: {m}", path.display()));
+        if path.is_dir() {
+            return Err(named("is a directory, expected a JSONL file".into()));
+        }
+        let f = std::fs::File::open(path).map_err(|e| named(e.to_string()))?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Self::from_reader(&name, std::io::BufReader::new(f))
+        Self::from_reader(&name, std::io::BufReader::new(f)).map_err(|e| match e {
+            KvError::Trace(m) => named(m),
+            e => e,
+        })
     }
 
     /// The built-in scenario (no file needed): `n` requests, Poisson arrivals at `rate_per_s`,
@@ -97,7 +121,8 @@ impl ArrivalTrace {
         self.requests.truncate(n);
     }
 
-    /// Divides every arrival time by `factor` (> 1 = more load).
+    /// Divides every arrival time by `factor` (> 1 = more load; finite and > 0, as
+    /// [`crate::sim::SimConfig::validate`] checks: a NaN factor would put every arrival at 0).
     pub fn speed_up(&mut self, factor: f64) {
         for r in &mut self.requests {
             r.arrival_ms = (r.arrival_ms as f64 / factor) as u64;
@@ -124,6 +149,40 @@ mod tests {
         );
         let bad = ArrivalTrace::from_reader("t", "{\"timestamp\": 1}\n".as_bytes());
         assert!(matches!(bad, Err(KvError::Trace(m)) if m.starts_with("line 1")));
+    }
+
+    #[test]
+    fn empty_huge_and_directory_traces_are_typed_errors() {
+        for text in [
+            "",
+            "\n\n",
+            "{\"timestamp\": 2, \"input_length\": 0, \"output_length\": 4}\n",
+        ] {
+            let r = ArrivalTrace::from_reader("t", text.as_bytes());
+            assert!(
+                matches!(r, Err(KvError::Trace(m)) if m.contains("empty trace")),
+                "{text:?}"
+            );
+        }
+        let huge = "{\"timestamp\": 1, \"input_length\": 4294967295, \"output_length\": 1}\n";
+        let r = ArrivalTrace::from_reader("t", huge.as_bytes());
+        assert!(
+            matches!(r, Err(KvError::Trace(m)) if m.starts_with("line 1") && m.contains("at most"))
+        );
+        let dir = std::env::temp_dir();
+        let r = ArrivalTrace::from_path(&dir);
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.contains(&dir.display().to_string()) && m.contains("directory")),
+            "{r:?}"
+        );
+        let file = dir.join(format!("kv-trace-empty-{}.jsonl", std::process::id()));
+        std::fs::write(&file, "{\"timestamp\": 1}\n").unwrap();
+        let r = ArrivalTrace::from_path(&file);
+        std::fs::remove_file(&file).unwrap();
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.contains(&file.display().to_string()) && m.contains("line 1")),
+            "{r:?}"
+        );
     }
 
     #[test]

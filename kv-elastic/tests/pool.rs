@@ -279,3 +279,50 @@ fn bad_input_is_typed_and_changes_nothing() {
     );
     pool.check_invariants().unwrap();
 }
+
+#[test]
+fn huge_geometries_are_typed_errors_not_aborts() {
+    // Out of the documented bounds: rejected before any allocation (a 2 TB plane used to abort).
+    for g in [
+        Geometry {
+            row_bytes: 1000,
+            page_rows: 1 << 20,
+            arena_pages: 2000,
+            ..geometry(8)
+        },
+        Geometry {
+            layers: u32::MAX,
+            ..geometry(8)
+        },
+        Geometry {
+            hot_rows: 64,
+            tail_rows: 4_294_967_232,
+            ..geometry(8)
+        },
+    ] {
+        let r = ElasticPool::new(g, PoolConfig::default());
+        assert!(
+            matches!(r, Err(KvError::InvalidGeometry(_))),
+            "{g:?}: {r:?}"
+        );
+    }
+    // Inside the bounds (just under 1 TiB of arena) but more than the host may give: either the
+    // allocator grants it lazily or the pool answers `OutOfMemory`; it never aborts.
+    let g = Geometry {
+        row_bytes: 512,
+        layers: 1,
+        page_rows: 1 << 16,
+        arena_pages: 32_767,
+        hot_rows: 8,
+        tail_rows: 4,
+        scratch_rows: 0,
+    };
+    g.validate().unwrap();
+    match ElasticPool::new(g, PoolConfig::default()) {
+        Ok(pool) => assert_eq!(pool.plane(0).unwrap().len(), g.plane_bytes()),
+        Err(e) => assert!(
+            matches!(e, KvError::OutOfMemory { what: "arena plane", bytes } if bytes == g.plane_bytes() as u64),
+            "{e:?}"
+        ),
+    }
+}
