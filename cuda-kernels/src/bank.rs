@@ -290,22 +290,36 @@ impl ExpertBankGpu {
         Ok(())
     }
 
+    /// Flat cell `layer * experts + expert`. Callers pass checked `(layer, expert)` (see
+    /// [`Self::check`]): the cell is then below `layers × experts`, which
+    /// [`BankGeometry::validate`] bounds to `u32`, so the `u32` arithmetic cannot overflow.
     fn cell(&self, layer: u32, expert: u32) -> usize {
         (layer * self.geo.experts + expert) as usize
     }
 
+    /// Byte offset of a checked `(layer, expert)` in the host buffer (below `host_bytes`, which
+    /// `validate` bounds to `isize::MAX`).
     fn host_offset(&self, layer: u32, expert: u32) -> usize {
         self.cell(layer, expert) * self.geo.expert_bytes as usize
     }
 
-    /// Device address of HBM slot `slot` of `layer` (`slot <= hot_per_layer`).
+    /// Device address of HBM slot `slot` of `layer` (`slot <= hot_per_layer`; the last slot is
+    /// the spare), or 0 (null) if `layer >= layers` or `slot > hot_per_layer`.
     pub fn slot_ptr(&self, layer: u32, slot: u32) -> u64 {
+        if layer >= self.geo.layers || slot >= self.geo.slots_per_layer() {
+            return 0;
+        }
+        // In range: the index is below layers × slots_per_layer, which validate bounds to u32.
         let i = (layer * self.geo.slots_per_layer() + slot) as u64;
         self.hbm.device_ptr() + i * self.geo.expert_bytes
     }
 
-    /// Mapped device address of the pinned host copy of `(layer, expert)`.
+    /// Mapped device address of the pinned host copy of `(layer, expert)`, or 0 (null) if
+    /// `layer >= layers` or `expert >= experts`.
     pub fn host_device_ptr(&self, layer: u32, expert: u32) -> u64 {
+        if self.check(layer, expert).is_err() {
+            return 0;
+        }
         self.host.device_ptr() + self.host_offset(layer, expert) as u64
     }
 
@@ -453,8 +467,12 @@ impl ExpertBankGpu {
             && self.slot_of[self.cell(layer, expert)] != NONE
     }
 
-    /// The layer's hot experts, by slot (the spare slot is skipped).
+    /// The layer's hot experts, by slot (the spare slot is skipped); empty if
+    /// `layer >= layers`.
     pub fn hot_experts(&self, layer: u32) -> Vec<u32> {
+        if layer >= self.geo.layers {
+            return Vec::new();
+        }
         let s = self.geo.slots_per_layer();
         (0..s)
             .map(|i| self.expert_in_slot[(layer * s + i) as usize])

@@ -440,6 +440,27 @@ fn swap_faults_are_typed_errors_and_change_nothing() {
         bank.host_expert_mut(0, 0).is_err(),
         "weights are read-only once served"
     );
+    // Out-of-range queries answer null / empty instead of panicking on a u32 overflow or an
+    // index out of bounds.
+    assert_eq!(bank.slot_ptr(2, 0), 0);
+    assert_eq!(bank.slot_ptr(0, 4), 0);
+    assert_eq!(bank.slot_ptr(u32::MAX, u32::MAX), 0);
+    assert_ne!(bank.slot_ptr(1, 3), 0, "the spare slot is a slot");
+    assert_eq!(bank.host_device_ptr(0, 8), 0);
+    assert_eq!(bank.host_device_ptr(u32::MAX, 0), 0);
+    assert!(bank.hot_experts(2).is_empty() && bank.hot_experts(u32::MAX).is_empty());
+    assert_eq!(bank.hot_experts(1), vec![0, 1, 2]);
+    // A geometry whose products overflow is a typed error before any allocation.
+    let huge = BankGeometry {
+        layers: 65536,
+        experts: 65536,
+        hot_per_layer: 65535,
+        expert_bytes: 1 << 48,
+    };
+    assert!(matches!(
+        ExpertBankGpu::new(&gpu, huge),
+        Err(CudaError::OutOfRange { .. })
+    ));
 }
 
 #[test]
