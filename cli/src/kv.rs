@@ -121,15 +121,22 @@ pub fn run(args: KvArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
     let p = SelectionParams::calibrated(a.top_k);
-    let sizes = [a.top_k, 2 * a.top_k, 4 * a.top_k];
-    let got = measure_hot_cache_miss_rate(
-        p,
-        a.history,
-        &sizes,
-        a.steps + a.steps / 3,
-        a.steps / 3,
-        a.seed,
-    );
+    p.validate()?;
+    let (Some(k2), Some(k4)) = (a.top_k.checked_mul(2), a.top_k.checked_mul(4)) else {
+        return Err(format!("--top-k {}: 4 × top-k must fit in u32", a.top_k).into());
+    };
+    let sizes = [a.top_k, k2, k4];
+    if a.steps == 0 {
+        return Err("--steps must be >= 1".into());
+    }
+    let total = a.steps.checked_add(a.steps / 3).ok_or_else(|| {
+        format!(
+            "--steps {}: steps + warm-up (a third) must fit in u32 (at most {})",
+            a.steps,
+            u32::MAX / 4 * 3
+        )
+    })?;
+    let got = measure_hot_cache_miss_rate(p, a.history, &sizes, total, a.steps / 3, a.seed)?;
     let published = ["30%", "13.4%", "6.7%"];
     let rows: Vec<Vec<String>> = sizes
         .iter()
@@ -155,7 +162,59 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Checks a float flag: finite and `> 0` (or `>= 0` when `zero_ok`), naming the flag.
+fn positive(flag: &str, v: f64, zero_ok: bool) -> Result<(), String> {
+    if v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) {
+        Ok(())
+    } else {
+        let want = if zero_ok { ">= 0" } else { "> 0" };
+        Err(format!("{flag} {v}: must be finite and {want}"))
+    }
+}
+
+/// Fails early (before minutes of simulation) when an output file cannot be written: its
+/// directory must exist and the path must not be a directory.
+fn check_output(flag: &str, path: &std::path::Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err(format!("{flag} {}: is a directory", path.display()));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(format!(
+            "{flag} {}: directory {} does not exist",
+            path.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
 fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    positive("--budget-gib", a.budget_gib, false)?;
+    positive("--step-base-us", a.step_base_us, false)?;
+    positive("--step-per-request-us", a.step_per_request_us, true)?;
+    for &load in &a.loads {
+        positive("--loads", load, false)?;
+    }
+    if let Some(p) = &a.json {
+        check_output("--json", p)?;
+    }
+    if let Some(p) = &a.plot {
+        check_output("--plot", p)?;
+    }
+    SelectionParams::calibrated(a.top_k).validate()?;
+    let hot_rows = match a.hot_rows {
+        Some(h) => h,
+        None => a.top_k.checked_mul(2).ok_or_else(|| {
+            format!(
+                "--top-k {}: the default --hot-rows (2 × top-k) overflows u32",
+                a.top_k
+            )
+        })?,
+    };
     let mut trace = match &a.trace {
         Some(p) => ArrivalTrace::from_path(p)?,
         None => ArrivalTrace::synthetic(2000, 3.0, a.seed),
@@ -164,9 +223,10 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         trace.truncate(n);
     }
     let base = SimConfig {
+        // Finite and > 0 (checked above); `as` saturates a huge budget, which the geometry rejects.
         hbm_budget_bytes: (a.budget_gib * (1u64 << 30) as f64) as u64,
         kv_bytes_per_token: a.kv_bytes_per_token,
-        hot_rows: a.hot_rows.unwrap_or(2 * a.top_k),
+        hot_rows,
         tail_rows: a.tail_rows,
         page_rows: a.page_rows,
         max_batch: a.max_batch,
@@ -180,6 +240,9 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         selection: SelectionParams::calibrated(a.top_k),
         seed: a.seed,
     };
+    for &load in &a.loads {
+        SimConfig { load, ..base }.validate()?;
+    }
     println!(
         "trace {} ({} requests); HBM budget {:.1} GiB = {} tokens of {} B; top-k {}, hot {} + tail {} rows, pages of {} rows",
         trace.name,
@@ -215,7 +278,8 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     bar.finish_and_clear();
     print_reports(&reports);
     if let Some(path) = &a.json {
-        std::fs::write(path, serde_json::to_string_pretty(&reports)?)?;
+        std::fs::write(path, serde_json::to_string_pretty(&reports)?)
+            .map_err(|e| format!("--json {}: {e}", path.display()))?;
         println!("wrote {}", path.display());
     }
     if let Some(prefix) = &a.plot {
@@ -307,19 +371,24 @@ fn write_plots(
         s.push(suffix);
         PathBuf::from(s)
     };
+    // Open each file first so an I/O error reads as one (plotters' bitmap errors print as Rust
+    // debug text), then name the file in any drawing error.
+    let chart = |path: &PathBuf, title: &str, y: &str, s: &[plot::Series]| -> Result<(), String> {
+        std::fs::File::create(path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
+        plot::line_chart(path, title, "arrival speed-up (× trace rate)", y, s)
+            .map_err(|e| format!("--plot {}: {e}", path.display()))
+    };
     let sessions = name("-sessions.png");
-    plot::line_chart(
+    chart(
         &sessions,
         "Peak concurrent sessions vs load (same HBM budget)",
-        "arrival speed-up (× trace rate)",
         "sessions admitted (peak)",
         &series(&|r| r.peak_sessions as f64),
     )?;
     let misses = name("-misses.png");
-    plot::line_chart(
+    chart(
         &misses,
         "Demand misses per decode step vs load",
-        "arrival speed-up (× trace rate)",
         "positions fetched from host per step",
         &series(&|r| r.misses_per_step),
     )?;

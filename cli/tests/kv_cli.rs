@@ -1,0 +1,259 @@
+//! Runs `tierkit kv ...` on tiny inputs: bad input gives one clear error line and a non-zero exit
+//! (never a panic, hang or abort); a tiny valid run writes its JSON and plots.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs tierkit, killing it after 60 s (a regression of the `--max-batch 0` hang must fail, not hang).
+fn tierkit(args: &[&str]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tierkit"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tierkit runs");
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().expect("kill");
+            panic!("tierkit {args:?} still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tierkit-kv-cli-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+/// Asserts a clean failure: exit code 1, no panic, and `want` in the error text.
+fn fails_with(args: &[&str], want: &str) {
+    let out = tierkit(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "tierkit {args:?}: {err}");
+    assert!(
+        !err.contains("panicked"),
+        "tierkit {args:?} panicked: {err}"
+    );
+    assert!(err.starts_with("error: "), "tierkit {args:?}: {err}");
+    assert!(
+        err.contains(want),
+        "tierkit {args:?}: want {want:?} in {err:?}"
+    );
+}
+
+const QUIET: &str = "--quiet";
+
+#[test]
+fn simulate_rejects_bad_numbers_with_typed_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        // Item 1: used to hang forever.
+        (&["--max-batch", "0"], "max_batch must be >= 1"),
+        // Item 2: used to divide by zero.
+        (&["--page-rows", "0"], "page_rows must be > 0"),
+        // Item 3: hot + tail wrapped to 0 (index out of bounds); a 16 GB hot cache.
+        (
+            &[
+                "--top-k",
+                "32",
+                "--hot-rows",
+                "64",
+                "--tail-rows",
+                "4294967232",
+            ],
+            "must fit in u32",
+        ),
+        (
+            &["--hot-rows", "4294967295", "--tail-rows", "1"],
+            "must fit in u32",
+        ),
+        // `--top-k` huge: used to abort building the selection vector.
+        (
+            &["--top-k", "2147483680"],
+            "top_k 2147483680 must be in 1..=",
+        ),
+        (&["--top-k", "0"], "top_k 0 must be in 1..="),
+        (&["--top-k", "64", "--hot-rows", "8"], "must be <= hot_rows"),
+        // Item 13: NaN, negative and zero floats.
+        (&["--loads", "NaN,-1,0"], "--loads NaN"),
+        (&["--loads=1,-1"], "--loads -1"),
+        (&["--loads", "0"], "--loads 0"),
+        (&["--budget-gib", "NaN"], "--budget-gib NaN"),
+        (&["--budget-gib=-2"], "--budget-gib -2"),
+        (&["--step-base-us", "NaN"], "--step-base-us NaN"),
+        (&["--step-base-us", "0"], "--step-base-us 0"),
+        (
+            &["--step-per-request-us", "inf"],
+            "--step-per-request-us inf",
+        ),
+        (
+            &["--kv-bytes-per-token", "0"],
+            "kv_bytes_per_token must be > 0",
+        ),
+        (&["--chunk-pages", "0"], "chunk_pages must be >= 1"),
+    ];
+    for (extra, want) in cases {
+        let mut args = vec!["kv", "simulate", QUIET];
+        args.extend_from_slice(extra);
+        fails_with(&args, want);
+    }
+}
+
+#[test]
+fn calibrate_rejects_overflowing_arguments() {
+    // Item 8: steps + steps / 3 wrapped and printed a 0.0% miss rate with exit 0.
+    fails_with(
+        &[
+            "kv",
+            "calibrate",
+            "--steps",
+            "3221225472",
+            "--top-k",
+            "64",
+            "--history",
+            "1000",
+        ],
+        "--steps 3221225472",
+    );
+    fails_with(
+        &["kv", "calibrate", "--top-k", "4294967295"],
+        "top_k 4294967295",
+    );
+    fails_with(
+        &["kv", "calibrate", "--top-k", "1073741824"],
+        "top_k 1073741824",
+    );
+    fails_with(
+        &["kv", "calibrate", "--history", "4294967295"],
+        "history 4294967295",
+    );
+    fails_with(&["kv", "calibrate", "--history", "0"], "history 0");
+    fails_with(&["kv", "calibrate", "--steps", "0"], "--steps must be >= 1");
+}
+
+#[test]
+fn trace_and_output_errors_name_the_file() {
+    let empty = temp("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let e = empty.to_str().unwrap();
+    fails_with(
+        &["kv", "simulate", QUIET, "--trace", e],
+        &format!("{e}: no request"),
+    );
+    let dir = temp("a-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    fails_with(
+        &["kv", "simulate", QUIET, "--trace", d],
+        &format!("{d}: is a directory"),
+    );
+    let bad = temp("bad.jsonl");
+    std::fs::write(&bad, "{\"timestamp\": 1}\n").unwrap();
+    let b = bad.to_str().unwrap();
+    fails_with(
+        &["kv", "simulate", QUIET, "--trace", b],
+        &format!("{b}: line 1"),
+    );
+    let missing = temp("missing.jsonl");
+    let m = missing.to_str().unwrap();
+    fails_with(&["kv", "simulate", QUIET, "--trace", m], m);
+    // Outputs are checked before the simulation runs, without Rust debug text.
+    for flag in ["--json", "--plot"] {
+        let out = temp("no-such-dir/out");
+        let o = out.to_str().unwrap();
+        fails_with(
+            &["kv", "simulate", QUIET, "--loads", "1,2", flag, o],
+            &format!("{flag} {o}: directory"),
+        );
+        fails_with(
+            &["kv", "simulate", QUIET, flag, d],
+            &format!("{flag} {d}: is a directory"),
+        );
+    }
+}
+
+#[test]
+fn tiny_valid_run_writes_json_and_plots() {
+    let trace = temp("tiny.jsonl");
+    let lines: String = (0..6)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": 5}}\n",
+                i * 20,
+                40 + 30 * i
+            )
+        })
+        .collect();
+    std::fs::write(&trace, lines).unwrap();
+    let json = temp("tiny.json");
+    let plot = temp("tiny");
+    let args = [
+        "kv",
+        "simulate",
+        QUIET,
+        "--trace",
+        trace.to_str().unwrap(),
+        "--budget-gib",
+        "0.0001",
+        "--kv-bytes-per-token",
+        "100",
+        "--top-k",
+        "8",
+        "--hot-rows",
+        "16",
+        "--tail-rows",
+        "4",
+        "--page-rows",
+        "4",
+        "--steps",
+        "40",
+        "--loads",
+        "1,2",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ];
+    let out = tierkit(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reports: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let reports = reports.as_array().unwrap();
+    assert_eq!(reports.len(), 2);
+    for rep in reports {
+        let placements = rep["placements"].as_array().unwrap();
+        assert_eq!(placements.len(), 3);
+        assert_eq!(placements[0]["completed"], 6, "{rep}");
+        assert_eq!(placements[0]["misses_per_step"], 0.0);
+    }
+    for suffix in ["-sessions.png", "-misses.png"] {
+        let mut p = plot.as_os_str().to_owned();
+        p.push(suffix);
+        let bytes = std::fs::read(PathBuf::from(p)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+    }
+    let cal = tierkit(&[
+        "kv",
+        "calibrate",
+        "--top-k",
+        "16",
+        "--history",
+        "2000",
+        "--steps",
+        "9",
+    ]);
+    assert!(
+        cal.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cal.stderr)
+    );
+    assert!(String::from_utf8_lossy(&cal.stdout).contains("| 64 "));
+}
