@@ -220,6 +220,9 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => ArrivalTrace::synthetic(2000, 3.0, a.seed),
     };
     if let Some(n) = a.requests {
+        if n == 0 {
+            return Err("--requests must be >= 1".into());
+        }
         trace.truncate(n);
     }
     let base = SimConfig {

@@ -95,6 +95,19 @@ fn simulate_rejects_bad_numbers_with_typed_errors() {
             "kv_bytes_per_token must be > 0",
         ),
         (&["--chunk-pages", "0"], "chunk_pages must be >= 1"),
+        (&["--requests", "0"], "--requests must be >= 1"),
+        // A 2^31-row hot cache in a valid arena (28 GB of CLOCK state per request).
+        (
+            &[
+                "--hot-rows",
+                "2000000000",
+                "--budget-gib",
+                "1.9",
+                "--kv-bytes-per-token",
+                "1",
+            ],
+            "hot_rows must be <= MAX_HOT_ROWS",
+        ),
     ];
     for (extra, want) in cases {
         let mut args = vec!["kv", "simulate", QUIET];

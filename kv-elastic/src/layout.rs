@@ -15,6 +15,10 @@ pub const MAX_TOKEN_BYTES: u64 = 1 << 24;
 /// allocation; a smaller arena that the host still cannot allocate gives `KvError::OutOfMemory`.
 pub const MAX_ARENA_BYTES: u64 = 1 << 40;
 
+/// Most hot-cache rows per request, 16 Mi (HiSparse uses 2 × top-k = 4,096). Each admitted request
+/// keeps 13 bytes of host-side CLOCK state per hot row ([`crate::HotCache`]).
+pub const MAX_HOT_ROWS: u32 = 1 << 24;
+
 /// The shape of one pool: row size, layers, page size and how the arena is carved.
 ///
 /// The device arena is `arena_pages × page_rows` rows of `row_bytes` bytes, one plane per layer
@@ -46,8 +50,8 @@ impl Geometry {
     /// Bounds: every count > 0 except `scratch_rows`; `layers <=` [`MAX_LAYERS`]; one token
     /// (`layers × row_bytes`) at most [`MAX_TOKEN_BYTES`]; arena rows (`arena_pages × page_rows`)
     /// fit in `int32` row indices; the whole arena (`layers × arena_rows × row_bytes` bytes) at most
-    /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32` and its pages in the
-    /// arena.
+    /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32`, `hot_rows <=`
+    /// [`MAX_HOT_ROWS`], and one request's fixed pages fit in the arena.
     pub fn validate(&self) -> Result<()> {
         if self.row_bytes == 0 {
             return Err(KvError::InvalidGeometry("row_bytes must be > 0"));
@@ -95,6 +99,11 @@ impl Geometry {
         {
             return Err(KvError::InvalidGeometry(
                 "hot_rows + tail_rows + scratch_rows must fit in u32",
+            ));
+        }
+        if self.hot_rows > MAX_HOT_ROWS {
+            return Err(KvError::InvalidGeometry(
+                "hot_rows must be <= MAX_HOT_ROWS (16 Mi rows per request)",
             ));
         }
         if self.fixed_pages() > self.arena_pages {
@@ -270,6 +279,16 @@ mod tests {
             .fixed_pages(),
             u32::MAX
         );
+        // A 2^31-row hot cache (28 GB of CLOCK state per request) in a valid 2 GiB arena.
+        assert!(bad(Geometry {
+            row_bytes: 1,
+            layers: 1,
+            page_rows: 1 << 16,
+            arena_pages: 32_767,
+            hot_rows: (1 << 31) - (1 << 17),
+            tail_rows: 1,
+            scratch_rows: 0,
+        }));
         // At the bounds: still valid.
         Geometry {
             row_bytes: 656,

@@ -44,7 +44,8 @@ pub use error::{KvError, Result};
 pub use host::{HostStore, SessionId};
 pub use hot::HotCache;
 pub use layout::{
-    pattern_row, pattern_tokens, Geometry, MAX_ARENA_BYTES, MAX_LAYERS, MAX_TOKEN_BYTES,
+    pattern_row, pattern_tokens, Geometry, MAX_ARENA_BYTES, MAX_HOT_ROWS, MAX_LAYERS,
+    MAX_TOKEN_BYTES,
 };
 pub use pool::{
     Admission, ElasticPool, ElasticReclaim, Placement, PoolConfig, PoolCounters, StepMaintenance,

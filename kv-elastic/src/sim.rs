@@ -275,7 +275,7 @@ pub fn simulate(trace: &ArrivalTrace, cfg: &SimConfig) -> Result<SimReport> {
 
 /// Simulates one placement (see the module doc). Errors (checked before anything runs):
 /// [`SimConfig::validate`]'s (`InvalidConfig`, `InvalidGeometry`, `ArenaTooSmall` when the budget
-/// cannot hold one request's fixed rows); `KvError::Trace` for a request of more than
+/// cannot hold one request's fixed rows); `KvError::Trace` for an empty trace or a request of more than
 /// [`crate::trace::MAX_REQUEST_TOKENS`] tokens; `InvalidConfig` if a request could not be admitted
 /// into an idle pool (never expected, but it ends the run instead of spinning); pool errors (none
 /// expected).
@@ -285,6 +285,12 @@ pub fn simulate_placement(
     placement: Placement,
 ) -> Result<PlacementReport> {
     cfg.validate()?;
+    if trace.requests.is_empty() {
+        return Err(KvError::Trace(format!(
+            "{}: no requests (empty trace)",
+            trace.name
+        )));
+    }
     if let Some((i, q)) =
         trace.requests.iter().enumerate().find(|(_, q)| {
             q.input_length as u64 + q.output_length as u64 > MAX_REQUEST_TOKENS as u64
@@ -655,6 +661,8 @@ mod tests {
         long.requests[1].input_length = u32::MAX;
         let r = simulate_placement(&long, &small(), Placement::Elastic);
         assert!(matches!(r, Err(KvError::Trace(_))), "{r:?}");
+        let r = simulate(&trace(0, 1, 10), &small());
+        assert!(matches!(r, Err(KvError::Trace(m)) if m.contains("empty trace")));
     }
 
     #[test]
