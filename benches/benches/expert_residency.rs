@@ -73,7 +73,7 @@ fn drain_decide(c: &mut Criterion) {
 
 fn pick(c: &mut Criterion) {
     let g = Geometry::new(40, 384, 96, 1 << 20).unwrap();
-    let counters = PickCounters::new(&g);
+    let counters = PickCounters::new(&g).unwrap();
     let mut rng = ChaCha8Rng::seed_from_u64(2);
     let picks: Vec<(u32, u32)> = (0..4096)
         .map(|_| (rng.random_range(0..40), rng.random_range(0..384)))

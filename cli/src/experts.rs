@@ -130,7 +130,8 @@ pub struct ScenarioArgs {
     /// Steps (decode forward passes) to generate.
     #[arg(long, default_value_t = 9_000)]
     steps: u64,
-    /// Step of the domain shift (default: a third of --steps; ≥ --steps for none).
+    /// Step of the domain shift (default: a third of --steps, at least step 1; ≥ --steps for
+    /// none).
     #[arg(long)]
     shift_at: Option<u64>,
     /// Routed tokens per step (decode batch).
@@ -146,7 +147,9 @@ pub struct ScenarioArgs {
 
 impl ScenarioArgs {
     fn config(&self) -> CliResult<synth::SynthConfig> {
-        let shift = self.shift_at.unwrap_or(self.steps / 3);
+        // A third of the run, but never step 0 (a shift at 0 is no shift: `--steps 1` or 2 must
+        // still run, on the first domain).
+        let shift = self.shift_at.unwrap_or((self.steps / 3).max(1));
         let mut cfg = synth::SynthConfig::olmoe_shift(
             &self.from,
             &self.to,
@@ -190,10 +193,15 @@ enum Source {
     },
 }
 
-/// Generates a synthetic trace with a progress bar.
+/// Generates a synthetic trace with a progress bar (bounded by
+/// [`synth::SynthConfig::validate_in_memory`]).
 fn generate(cfg: &synth::SynthConfig, quiet: bool) -> CliResult<Trace> {
+    cfg.validate_in_memory()?;
+    let mut steps = Vec::new();
+    steps
+        .try_reserve_exact(cfg.steps as usize)
+        .map_err(|e| format!("cannot hold {} steps in memory: {e}", cfg.steps))?;
     let pb = progress::bar(cfg.steps, &format!("generating {}", cfg.name), quiet);
-    let mut steps = Vec::with_capacity(cfg.steps as usize);
     for s in synth::Synth::new(cfg.clone())? {
         steps.push(s);
         pb.inc(1);
@@ -374,10 +382,17 @@ fn default_hot(experts: u32) -> u32 {
 
 fn seed_map(a: &ReplayArgs, trace: &Trace, g: &Geometry) -> CliResult<(ResidencyMap, String)> {
     if let Some(p) = &a.seed_map {
-        return Ok((
-            ResidencyMap::load(p, g)?,
-            format!("loaded from {}", p.display()),
-        ));
+        let map = ResidencyMap::load(p, g).map_err(|e| {
+            // `load` names the file in I/O errors only; name it for parse and shape errors too.
+            let m = e.to_string();
+            let shown = p.display().to_string();
+            if m.contains(&shown) {
+                m
+            } else {
+                format!("seed map {shown}: {m}")
+            }
+        })?;
+        return Ok((map, format!("loaded from {}", p.display())));
     }
     let n = trace.steps.len();
     let end = match trace.shifts.first() {
@@ -603,6 +618,14 @@ fn plot_runs(path: &Path, out: &ReplayOutput) -> CliResult {
 fn replay_cmd(a: ReplayArgs) -> CliResult {
     let quiet = a.json;
     let cfg = controller_config(&a)?;
+    let opts = ReplayOptions {
+        window_steps: a.window_steps,
+        step_time_s: a.step_time_s,
+        verify_bytes: a.verify_bytes,
+        ..ReplayOptions::default()
+    };
+    // Reject bad knobs before reading or generating the trace.
+    opts.validate()?;
     let (trace, source) = load(&a.input, quiet)?;
     let hot = a
         .hot
@@ -615,12 +638,6 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     )?;
     let (seed, seed_note) = seed_map(&a, &trace, &g)?;
     let specs = policy_specs(&a, &trace, &seed);
-    let opts = ReplayOptions {
-        window_steps: a.window_steps,
-        step_time_s: a.step_time_s,
-        verify_bytes: a.verify_bytes,
-        ..ReplayOptions::default()
-    };
     let runs = run_policies(&trace, &g, &cfg, &opts, &specs, quiet)?;
     let out = ReplayOutput {
         command: "tierkit experts replay",
@@ -742,9 +759,8 @@ fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
 fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
     let dump = if let Some(p) = &a.dump {
         let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let d: CounterDump =
-            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?;
-        CounterDump::new(d.name, d.layers, d.experts_per_layer, d.counts)?
+        // Deserializing checks the dump (shape, lengths, counts).
+        serde_json::from_str::<CounterDump>(&s).map_err(|e| format!("{}: {e}", p.display()))?
     } else if let Some(p) = &a.routing_counts {
         let (dl, de) = match a.model.as_str() {
             "olmoe" | "olmoe-sft" | "olmoe-dpo" => (16, 64),
@@ -855,8 +871,8 @@ struct TraceSummary {
     top_quarter_share_per_segment: Vec<f64>,
 }
 
-fn summarize_trace(t: &Trace) -> TraceSummary {
-    let reuse = stats::reuse_per_layer(t);
+fn summarize_trace(t: &Trace) -> CliResult<TraceSummary> {
+    let reuse = stats::reuse_per_layer(t)?;
     let finite: Vec<f64> = reuse.iter().copied().filter(|v| v.is_finite()).collect();
     let mean_reuse = if finite.is_empty() {
         f64::NAN
@@ -870,11 +886,11 @@ fn summarize_trace(t: &Trace) -> TraceSummary {
     let top = bounds
         .windows(2)
         .map(|w| {
-            let shares = stats::pick_shares(t, w[0]..w[1]);
-            shares.iter().map(|s| stats::top_n_share(s, q)).sum::<f64>() / shares.len() as f64
+            let shares = stats::pick_shares(t, w[0]..w[1])?;
+            Ok(shares.iter().map(|s| stats::top_n_share(s, q)).sum::<f64>() / shares.len() as f64)
         })
-        .collect();
-    TraceSummary {
+        .collect::<Result<_, trace::TraceError>>()?;
+    Ok(TraceSummary {
         name: t.name.clone(),
         shape: t.shape,
         steps: t.steps.len() as u64,
@@ -883,7 +899,7 @@ fn summarize_trace(t: &Trace) -> TraceSummary {
         mean_reuse,
         reuse_per_layer: reuse,
         top_quarter_share_per_segment: top,
-    }
+    })
 }
 
 fn print_summary(s: &TraceSummary) {
@@ -921,6 +937,11 @@ fn print_summary(s: &TraceSummary) {
 
 fn synth_cmd(a: SynthArgs) -> CliResult {
     let cfg = a.scenario.config()?;
+    cfg.validate_in_memory()?;
+    // Create the output before generating: a bad path fails at once, not after the whole run.
+    let p = a.out.display().to_string();
+    let mut w =
+        std::io::BufWriter::new(std::fs::File::create(&a.out).map_err(|e| format!("{p}: {e}"))?);
     let t = generate(&cfg, a.json)?;
     let fmt = match a.format {
         OutFormat::Auto => match a.out.extension().and_then(|x| x.to_str()) {
@@ -930,25 +951,26 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
         },
         f => f,
     };
-    let p = a.out.display().to_string();
-    let file = || -> CliResult<std::io::BufWriter<std::fs::File>> {
-        Ok(std::io::BufWriter::new(
-            std::fs::File::create(&a.out).map_err(|e| format!("{p}: {e}"))?,
-        ))
+    let named = |e: trace::TraceError| -> Box<dyn std::error::Error> {
+        match e {
+            trace::TraceError::Io { source, .. } => format!("{p}: {source}").into(),
+            other => other.into(),
+        }
     };
     match fmt {
-        OutFormat::Binary => binary::write_binary_file(&t, &a.out)?,
+        OutFormat::Binary => {
+            binary::write_binary(&t, &mut w).map_err(named)?;
+        }
         OutFormat::Json => {
-            let mut w = file()?;
-            serde_json::to_writer(&mut w, &t)?;
-            std::io::Write::flush(&mut w)?;
+            serde_json::to_writer(&mut w, &t).map_err(|e| format!("{p}: {e}"))?;
+            std::io::Write::flush(&mut w).map_err(|e| format!("{p}: {e}"))?;
         }
         OutFormat::LoggerJsonl => {
-            logger::write_logger(&t, file()?)?;
+            logger::write_logger(&t, &mut w).map_err(named)?;
         }
         OutFormat::Auto => unreachable!("resolved above"),
     }
-    let s = summarize_trace(&t);
+    let s = summarize_trace(&t)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {
@@ -970,7 +992,7 @@ pub struct InspectArgs {
 
 fn inspect_cmd(a: InspectArgs) -> CliResult {
     let (t, _) = load(&a.input, a.json)?;
-    let s = summarize_trace(&t);
+    let s = summarize_trace(&t)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
     } else {

@@ -72,9 +72,22 @@ pub fn line_chart(
 /// Draws a [`ChartSpec`] as a PNG at `path`.
 ///
 /// # Errors
-/// As [`line_chart`]; also an error for a spec without any point.
+/// As [`line_chart`]; also an error for a spec without any point. Every message names the file
+/// and reads as text (the output file is created first, so a bad path reports the OS error).
 pub fn draw(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Error>> {
     register_font();
+    // plotters reports file errors in Rust debug form (`ImageError(IoError(Os { .. }))`) and
+    // only after drawing: open the file first for a plain message.
+    let finite = |&(x, y): &(f64, f64)| x.is_finite() && y.is_finite();
+    if !spec.series.iter().any(|s| s.1.iter().any(finite)) {
+        return Err(format!("{}: nothing to plot", path.display()).into());
+    }
+    std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    draw_png(path, spec)
+        .map_err(|e| format!("{}: cannot draw the chart: {e}", path.display()).into())
+}
+
+fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Error>> {
     let points = spec.series.iter().flat_map(|s| s.1.iter());
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     for &(x, y) in points {
@@ -184,6 +197,14 @@ mod tests {
         line_chart(&p, "title", "step", "cold share", &s).unwrap();
         let bytes = std::fs::read(&p).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
+        let missing = dir.join("no-such-dir").join("chart.png");
+        let e = line_chart(&missing, "t", "x", "y", &s)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&missing.display().to_string()) && !e.contains("Os {"),
+            "{e}"
+        );
         assert!(draw(
             &p,
             &ChartSpec {

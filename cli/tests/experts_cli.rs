@@ -278,3 +278,181 @@ fn fit_seed_from_real_routing_counts() {
         serde_json::from_str(&std::fs::read_to_string(&map).unwrap()).unwrap();
     assert_eq!(saved["hot"].as_array().unwrap().len(), 16);
 }
+
+/// Runs `tierkit args`, expects a failure whose stderr contains `want`, and no panic.
+fn fails_with(args: &[&str], want: &str) {
+    let out = tierkit(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    assert!(
+        err.contains(want),
+        "{args:?}: stderr {err:?} lacks {want:?}"
+    );
+}
+
+#[test]
+fn hostile_sizes_and_values_are_typed_errors() {
+    let tkt = temp("hostile.tkt");
+    let out = tkt.to_str().unwrap();
+    // Step and token counts that used to overflow or abort on allocation.
+    fails_with(
+        &[
+            "experts",
+            "synth",
+            "--out",
+            out,
+            "--steps",
+            "18446744073709551615",
+        ],
+        "exceed the limit",
+    );
+    fails_with(
+        &["experts", "replay", "--steps", "1000000000"],
+        "in-memory limit",
+    );
+    fails_with(
+        &["experts", "inspect", "--tokens", "4294967295"],
+        "tokens per step exceed",
+    );
+    // Unchecked floats and stand-in sizes, refused before any trace is generated.
+    for v in ["NaN", "-1", "0", "inf"] {
+        let arg = format!("--step-time-s={v}");
+        fails_with(
+            &["experts", "replay", &arg],
+            "step_time_s must be finite and > 0",
+        );
+    }
+    for v in ["18446744073709551615", "1152921504606846976", "10000000000"] {
+        fails_with(
+            &[
+                "experts",
+                "replay",
+                "--policy",
+                "adaptive",
+                "--verify-bytes",
+                v,
+            ],
+            "verify_bytes",
+        );
+    }
+    // Config files: a huge window and an unknown (misspelt) field.
+    let cfg = temp("win.json");
+    std::fs::write(&cfg, r#"{"window_drains": 100000000}"#).unwrap();
+    fails_with(
+        &["experts", "replay", "--config", cfg.to_str().unwrap()],
+        "window_drains must be in 1..=1024",
+    );
+    std::fs::write(&cfg, r#"{"drain_evry": 8}"#).unwrap();
+    fails_with(
+        &["experts", "replay", "--config", cfg.to_str().unwrap()],
+        "unknown field `drain_evry`",
+    );
+    // Mixtral records with a huge layer or expert count from the options.
+    let m = temp("m.jsonl");
+    std::fs::write(
+        &m,
+        r#"{"problem_id": 0, "layer": 0, "experts": [1, 2], "token_idx": 0}"#,
+    )
+    .unwrap();
+    for (flag, v) in [("--layers", "1000000000"), ("--experts", "4000000000")] {
+        fails_with(
+            &[
+                "experts",
+                "inspect",
+                "--trace",
+                m.to_str().unwrap(),
+                flag,
+                v,
+            ],
+            "exceed the limit",
+        );
+    }
+    // A logger line listing one expert twice in a token.
+    std::fs::write(&m, "{\"layer\": 0, \"topk_ids\": [3, 3]}\n").unwrap();
+    fails_with(
+        &["experts", "inspect", "--trace", m.to_str().unwrap()],
+        &format!("{}:1: expert 3 appears twice", m.display()),
+    );
+    // fit-seed from routing counts at a huge shape.
+    let rc = temp("rc.json");
+    std::fs::write(
+        &rc,
+        r#"{"m": {"d": {"layers": [0], "topk_counts": [{"0": 1, "1": 2}]}}}"#,
+    )
+    .unwrap();
+    let rcs = rc.to_str().unwrap();
+    fails_with(
+        &[
+            "experts",
+            "fit-seed",
+            "--routing-counts",
+            rcs,
+            "--model",
+            "m",
+            "--domain",
+            "d",
+            "--layers",
+            "100000",
+            "--experts",
+            "100000",
+        ],
+        "exceed the limit",
+    );
+    // A counter dump whose counts are short.
+    let dump = temp("dump.json");
+    std::fs::write(
+        &dump,
+        r#"{"name": "s", "layers": 2, "experts_per_layer": 4, "counts": [1, 2]}"#,
+    )
+    .unwrap();
+    fails_with(
+        &["experts", "fit-seed", "--dump", dump.to_str().unwrap()],
+        &format!("{}: length mismatch", dump.display()),
+    );
+}
+
+#[test]
+fn short_synth_runs_files_and_messages() {
+    // `--steps 1` and `--steps 2` used to fail on the default shift at step 0.
+    for steps in ["1", "2"] {
+        let p = temp(&format!("short{steps}.tkt"));
+        let s = ok_stdout(&[
+            "experts",
+            "synth",
+            "--out",
+            p.to_str().unwrap(),
+            "--steps",
+            steps,
+            "--tokens",
+            "2",
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["steps"].as_u64().unwrap().to_string(), steps);
+    }
+    // A bad --out fails naming the path (the file is opened before generating).
+    fails_with(
+        &[
+            "experts",
+            "synth",
+            "--out",
+            "/nonexistent/dir/x.tkt",
+            "--steps",
+            "10",
+        ],
+        "/nonexistent/dir/x.tkt: No such file or directory",
+    );
+    // A seed map that does not parse names its file.
+    let seed = temp("seed-bad.json");
+    std::fs::write(&seed, "not json").unwrap();
+    let mut args = vec!["experts", "replay", "--seed-map", seed.to_str().unwrap()];
+    args.extend_from_slice(TINY);
+    fails_with(&args, &format!("seed map {}: format:", seed.display()));
+    // Plot errors read as text and name the file.
+    let mut args = vec!["experts", "replay", "--plot", "/nonexistent/dir/x.png"];
+    args.extend_from_slice(TINY);
+    fails_with(&args, "/nonexistent/dir/x.png: No such file or directory");
+    let out = tierkit(&args);
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("Os {"));
+}

@@ -5,9 +5,10 @@ use crate::error::{Error, Result};
 /// How the controller counts, decays and swaps. [`Default`] gives the seed defaults of the issue:
 /// drain every 64 steps, EMA half-life 500 steps, ratio 1.5, 2 swaps per layer per drain, 8 swaps
 /// begun per step, no shift response.
-/// Missing fields take their defaults when deserialized.
+/// Missing fields take their defaults when deserialized; an unknown field is an error (a typo
+/// must not silently fall back to a default).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ControllerConfig {
     /// Steps between drains (≥ 1).
     pub drain_every: u32,
@@ -20,7 +21,7 @@ pub struct ControllerConfig {
     pub max_swaps_per_layer: u32,
     /// Swaps begun per step, all layers together (≥ 1): bounds the copy traffic per step.
     pub max_swaps_per_step: u32,
-    /// Sliding window of the cold-share telemetry, in drains (≥ 1).
+    /// Sliding window of the cold-share telemetry, in drains (`1..=`[`MAX_WINDOW_DRAINS`]).
     pub window_drains: u32,
     /// Optional response to a traffic shift (tierkit's extension beyond the seed policy).
     pub shift_response: Option<ShiftResponse>,
@@ -48,9 +49,9 @@ impl Default for ControllerConfig {
 /// `c ≥ baseline + jump_min`. A jump decays the EMA as if `forget_steps` more steps had passed (at
 /// the boosted half-life) and boosts for `boost_drains` drains (a new jump re-arms it); then the
 /// normal half-life and cap come back.
-/// Missing fields take their defaults when deserialized.
+/// Missing fields take their defaults when deserialized; an unknown field is an error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ShiftResponse {
     /// Relative jump over the baseline that counts as a shift (> 1).
     pub jump_ratio: f64,
@@ -83,6 +84,10 @@ impl Default for ShiftResponse {
     }
 }
 
+/// Largest [`ControllerConfig::window_drains`] (1,024 drains: 65,536 steps at the default
+/// cadence). The controller keeps `layers × window_drains` window cells.
+pub const MAX_WINDOW_DRAINS: u32 = 1024;
+
 fn bad(msg: String) -> Error {
     Error::InvalidConfig(msg)
 }
@@ -111,8 +116,11 @@ impl ControllerConfig {
         if self.max_swaps_per_layer == 0 || self.max_swaps_per_step == 0 {
             return Err(bad("swap caps must be ≥ 1".into()));
         }
-        if self.window_drains == 0 {
-            return Err(bad("window_drains must be ≥ 1".into()));
+        if self.window_drains == 0 || self.window_drains > MAX_WINDOW_DRAINS {
+            return Err(bad(format!(
+                "window_drains must be in 1..={MAX_WINDOW_DRAINS}, got {}",
+                self.window_drains
+            )));
         }
         if let Some(s) = &self.shift_response {
             if !(s.jump_ratio.is_finite() && s.jump_ratio > 1.0) {
@@ -181,5 +189,27 @@ mod tests {
         ] {
             assert!(matches!(bad.validate(), Err(Error::InvalidConfig(_))));
         }
+    }
+
+    #[test]
+    fn window_is_bounded_and_unknown_fields_are_rejected() {
+        let c: ControllerConfig = serde_json::from_str(r#"{"window_drains": 100000000}"#).unwrap();
+        let e = c.validate().unwrap_err();
+        assert!(e.to_string().contains("window_drains"), "{e}");
+        let at_bound = ControllerConfig {
+            window_drains: MAX_WINDOW_DRAINS,
+            ..ControllerConfig::default()
+        };
+        at_bound.validate().unwrap();
+        let e = serde_json::from_str::<ControllerConfig>(r#"{"drain_evry": 32}"#).unwrap_err();
+        assert!(e.to_string().contains("drain_evry"), "{e}");
+        let e = serde_json::from_str::<ControllerConfig>(
+            r#"{"shift_response": {"jump_ratio": 2.0, "jump": 1}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("jump"), "{e}");
+        // Missing fields still default.
+        let c: ControllerConfig = serde_json::from_str("{}").unwrap();
+        assert_eq!(c, ControllerConfig::default());
     }
 }

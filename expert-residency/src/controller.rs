@@ -458,7 +458,7 @@ impl Controller {
             }
         }
         self.ema
-            .fold(&self.deltas, elapsed + forget)
+            .fold(&self.deltas, elapsed.saturating_add(forget))
             .expect("lengths fixed at new");
 
         let per_layer_cap = if self.shift.boost_left > 0 {
@@ -668,7 +668,7 @@ mod tests {
             },
         )
         .unwrap();
-        let c = PickCounters::new(&g);
+        let c = PickCounters::new(&g).unwrap();
         let mut ex = NullExecutor::new();
         let mut drains = 0;
         for _ in 0..40 {
@@ -692,7 +692,7 @@ mod tests {
     fn ratio_hysteresis_holds_back_close_calls() {
         let g = geo();
         let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
-        let c = PickCounters::new(&g);
+        let c = PickCounters::new(&g).unwrap();
         let mut ex = NullExecutor::new();
         for _ in 0..40 {
             // Cold expert 7 is 1.4× the hot ones: below the 1.5 ratio.
@@ -710,7 +710,7 @@ mod tests {
         let g = geo();
         let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
         let boot = ctl.map().clone();
-        let c = PickCounters::new(&g);
+        let c = PickCounters::new(&g).unwrap();
         let mut ex = NullExecutor::new();
         ctl.freeze();
         for _ in 0..16 {
@@ -744,7 +744,7 @@ mod tests {
             fail_begins: 1,
             fail_commits: 0,
         };
-        let c = PickCounters::new(&g);
+        let c = PickCounters::new(&g).unwrap();
         let r = ctl.step(&c, &mut ex).unwrap();
         assert_eq!((r.failed, r.rejected, r.begun), (1, 1, 0));
         assert_eq!(ctl.map().layer(0).unwrap().generation(), 0);
@@ -769,7 +769,7 @@ mod tests {
     fn baseline_reset_forgets_and_errors_change_nothing() {
         let g = geo();
         let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
-        let c = PickCounters::new(&g);
+        let c = PickCounters::new(&g).unwrap();
         let mut ex = NullExecutor::new();
         {
             let _warmup = c.pause();
@@ -781,7 +781,7 @@ mod tests {
             ctl.step(&c, &mut ex).unwrap();
         }
         assert!(ctl.ema_values().iter().all(|&v| v == 0.0));
-        let wrong = PickCounters::new(&Geometry::new(3, 8, 2, 1).unwrap());
+        let wrong = PickCounters::new(&Geometry::new(3, 8, 2, 1).unwrap()).unwrap();
         let before = ctl.steps();
         assert!(matches!(
             ctl.step(&wrong, &mut ex),
@@ -815,6 +815,34 @@ mod tests {
         let d = r.drain.expect("due");
         assert_eq!(d.picks, 8);
         assert_eq!(ctl.ema_values()[7], 8.0);
+    }
+
+    #[test]
+    fn huge_forget_steps_saturate() {
+        let g = geo();
+        let sr = crate::ShiftResponse {
+            forget_steps: u64::MAX,
+            jump_ratio: 1.01,
+            jump_min: 0.0,
+            ..crate::ShiftResponse::default()
+        };
+        let mut ctl = Controller::new(
+            ResidencyMap::first_k("t", g).unwrap(),
+            ControllerConfig {
+                shift_response: Some(sr),
+                ..cfg()
+            },
+        )
+        .unwrap();
+        let c = PickCounters::new(&g).unwrap();
+        let mut ex = NullExecutor::new();
+        // Hot traffic first (cold share 0), then cold traffic: a jump, with u64::MAX forget steps.
+        for i in 0..16 {
+            busy(&c, if i < 8 { &[0, 1] } else { &[6, 7] }, 2);
+            ctl.step(&c, &mut ex).unwrap();
+        }
+        assert!(ctl.shift_detections() >= 1);
+        assert!(ctl.ema_values().iter().all(|v| v.is_finite()));
     }
 
     mod machine {
@@ -864,7 +892,7 @@ mod tests {
                 };
                 let mut ctl = Controller::new(ResidencyMap::first_k("m", g).unwrap(), cfg).unwrap();
                 let mut ex = MemoryExecutor::new(ctl.map(), 8, 1).unwrap();
-                let c = PickCounters::new(&g);
+                let c = PickCounters::new(&g).unwrap();
                 for op in ops {
                     match op {
                         Op::Step { bias, tokens } => {

@@ -65,19 +65,26 @@ impl Drop for PauseGuard<'_> {
 }
 
 impl PickCounters {
-    /// Zeroed counters for `geometry` (`layers × experts_per_layer` cells).
-    pub fn new(geometry: &Geometry) -> Self {
-        Self::with_shape(geometry.layers, geometry.experts_per_layer)
-    }
-
-    fn with_shape(layers: u32, experts: u32) -> Self {
-        let n = layers as usize * experts as usize;
-        PickCounters {
+    /// Zeroed counters for `geometry` (`layers × experts_per_layer` cells, at most
+    /// [`crate::MAX_CELLS`]).
+    ///
+    /// Errors: the errors of [`Geometry::validate`] (a geometry built by hand may be invalid or
+    /// too large); [`Error::InvalidGeometry`] if the table cannot be allocated.
+    pub fn new(geometry: &Geometry) -> Result<Self> {
+        geometry.validate()?;
+        let (layers, experts) = (geometry.layers, geometry.experts_per_layer);
+        let n = geometry.cells();
+        let mut cells = Vec::new();
+        cells.try_reserve_exact(n).map_err(|e| {
+            Error::InvalidGeometry(format!("cannot allocate {n} pick counters: {e}"))
+        })?;
+        cells.extend((0..n).map(|_| AtomicU32::new(0)));
+        Ok(PickCounters {
             layers,
             experts,
-            cells: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            cells: cells.into_boxed_slice(),
             paused: AtomicBool::new(false),
-        }
+        })
     }
 
     /// Layers of the table.
@@ -141,6 +148,10 @@ impl PickCounters {
 
     /// Counts every pick of one layer (`picks`: `[tokens × top_k]` expert ids). All ids are checked
     /// first: on error nothing is counted.
+    ///
+    /// The table does not know token boundaries, so a repeated id is counted each time (two
+    /// tokens may pick the same expert); the trace readers reject a token that picks one expert
+    /// twice.
     pub fn record_layer(&self, layer: u32, picks: &[u32]) -> Result<()> {
         if layer >= self.layers {
             return Err(Error::LayerOutOfRange {
@@ -282,7 +293,7 @@ mod tests {
 
     #[test]
     fn counts_and_rejects() {
-        let c = PickCounters::new(&geo());
+        let c = PickCounters::new(&geo()).unwrap();
         c.record(1, 3).unwrap();
         c.record(1, 3).unwrap();
         assert!(matches!(c.record(2, 0), Err(Error::LayerOutOfRange { .. })));
@@ -312,7 +323,7 @@ mod tests {
 
     #[test]
     fn threads_count_everything() {
-        let c = PickCounters::new(&geo());
+        let c = PickCounters::new(&geo()).unwrap();
         std::thread::scope(|s| {
             for t in 0..4u32 {
                 let c = &c;
@@ -324,6 +335,22 @@ mod tests {
             }
         });
         assert_eq!(c.snapshot().iter().map(|&x| x as u64).sum::<u64>(), 4000);
+    }
+
+    #[test]
+    fn unvalidated_geometry_is_an_error_not_an_abort() {
+        let huge = Geometry {
+            layers: u32::MAX,
+            experts_per_layer: u32::MAX,
+            hot_per_layer: 1,
+            expert_bytes: 1,
+        };
+        assert!(matches!(
+            PickCounters::new(&huge),
+            Err(Error::InvalidGeometry(_))
+        ));
+        let zero = Geometry { layers: 0, ..geo() };
+        assert!(PickCounters::new(&zero).is_err());
     }
 
     #[test]

@@ -2,11 +2,44 @@
 
 use crate::error::{Error, Result};
 
+/// Most MoE layers a [`Geometry`] or trace shape may have (4,096; real models have ≤ 100).
+pub const MAX_LAYERS: u32 = 4096;
+/// Most experts per layer a [`Geometry`] or trace shape may have (2^20 = 1,048,576; real models
+/// have ≤ 512).
+pub const MAX_EXPERTS_PER_LAYER: u32 = 1 << 20;
+/// Most `(layer, expert)` cells, `layers × experts_per_layer`, a [`Geometry`] or trace shape may
+/// have (2^24 = 16,777,216; DeepSeek-V3 has 58 × 256 = 14,848). Every per-cell table of the crate
+/// (counters, EMA, rowmaps) is then at most 2^24 entries.
+pub const MAX_CELLS: u64 = 1 << 24;
+
+/// Checks `layers` and `experts` against [`MAX_LAYERS`], [`MAX_EXPERTS_PER_LAYER`] and
+/// [`MAX_CELLS`]; the error names what is too large.
+pub(crate) fn check_bank_size(layers: u32, experts: u32) -> std::result::Result<(), String> {
+    if layers > MAX_LAYERS {
+        return Err(format!("{layers} layers exceed the limit of {MAX_LAYERS}"));
+    }
+    if experts > MAX_EXPERTS_PER_LAYER {
+        return Err(format!(
+            "{experts} experts per layer exceed the limit of {MAX_EXPERTS_PER_LAYER}"
+        ));
+    }
+    let cells = layers as u64 * experts as u64;
+    if cells > MAX_CELLS {
+        return Err(format!(
+            "{layers} layers × {experts} experts = {cells} cells exceed the limit of {MAX_CELLS}"
+        ));
+    }
+    Ok(())
+}
+
 /// The expert bank of a MoE model and the size of its hot set.
 ///
 /// Every MoE layer has `experts_per_layer` experts of `expert_bytes` bytes each; exactly
 /// `hot_per_layer` of them live in HBM ("hot"), the rest in pinned host memory ("cold").
-/// Build it with [`Geometry::new`], which validates it.
+/// Build it with [`Geometry::new`], which validates it. Bounds (generous; real models are far
+/// below): `layers ≤` [`MAX_LAYERS`], `experts_per_layer ≤` [`MAX_EXPERTS_PER_LAYER`],
+/// `layers × experts_per_layer ≤` [`MAX_CELLS`], and the whole bank,
+/// `layers × experts_per_layer × expert_bytes`, must fit in a `u64` of bytes.
 ///
 /// Example: OLMoE-1B-7B has 16 layers of 64 experts (top-8); a 25% HBM budget is
 /// `Geometry::new(16, 64, 16, bytes)`.
@@ -26,7 +59,8 @@ impl Geometry {
     /// A validated geometry.
     ///
     /// Errors: [`Error::InvalidGeometry`] for zero layers, zero experts, zero hot experts or zero
-    /// bytes, [`Error::HotExceedsExperts`] if `hot_per_layer > experts_per_layer`.
+    /// bytes, for a bank above the bounds of [`Geometry`] (layers, experts, cells) or whose bytes
+    /// overflow a `u64`; [`Error::HotExceedsExperts`] if `hot_per_layer > experts_per_layer`.
     pub fn new(
         layers: u32,
         experts_per_layer: u32,
@@ -63,7 +97,31 @@ impl Geometry {
         if self.expert_bytes == 0 {
             return Err(Error::InvalidGeometry("zero expert bytes".into()));
         }
+        check_bank_size(self.layers, self.experts_per_layer).map_err(Error::InvalidGeometry)?;
+        if self.bank_bytes().is_none() {
+            return Err(Error::InvalidGeometry(format!(
+                "{} cells × {} bytes per expert overflow a u64",
+                self.cells(),
+                self.expert_bytes
+            )));
+        }
         Ok(())
+    }
+
+    /// Bytes of the whole expert bank, `layers × experts_per_layer × expert_bytes` (what pinned
+    /// host memory holds), or `None` if it overflows a `u64` (never for a validated geometry).
+    pub fn bank_bytes(&self) -> Option<u64> {
+        (self.layers as u64)
+            .checked_mul(self.experts_per_layer as u64)?
+            .checked_mul(self.expert_bytes)
+    }
+
+    /// Bytes of the hot set, `layers × hot_per_layer × expert_bytes` (what HBM holds), or `None`
+    /// if it overflows a `u64` (never for a validated geometry).
+    pub fn hot_bytes(&self) -> Option<u64> {
+        (self.layers as u64)
+            .checked_mul(self.hot_per_layer as u64)?
+            .checked_mul(self.expert_bytes)
     }
 
     /// Number of `(layer, expert)` cells: `layers × experts_per_layer`.
@@ -171,5 +229,26 @@ mod tests {
         assert!(matches!(g.check_top_k(9), Err(Error::TopKTooWide { .. })));
         assert!(matches!(g.check_top_k(0), Err(Error::TopKTooWide { .. })));
         assert!(g.check_layer(2).is_err());
+    }
+
+    #[test]
+    fn huge_geometries_are_rejected_not_allocated() {
+        for (l, e, h, b) in [
+            (u32::MAX, u32::MAX, 1, 1),
+            (MAX_LAYERS + 1, 8, 1, 1),
+            (2, MAX_EXPERTS_PER_LAYER + 1, 1, 1),
+            (4096, 4097, 1, 1),
+            (16, 64, 16, u64::MAX),
+            (65536, 65536, 65535, 1 << 48),
+        ] {
+            let e = Geometry::new(l, e, h, b).unwrap_err();
+            assert!(matches!(e, Error::InvalidGeometry(_)), "{e}");
+        }
+        let at_bound = Geometry::new(16, MAX_EXPERTS_PER_LAYER, 4, 1 << 20).unwrap();
+        assert_eq!(at_bound.cells() as u64, MAX_CELLS);
+        assert_eq!(at_bound.bank_bytes(), Some(MAX_CELLS << 20));
+        assert_eq!(at_bound.hot_bytes(), Some(64 << 20));
+        let e = Geometry::new(4096, 4097, 1, 1).unwrap_err().to_string();
+        assert!(e.contains("exceed the limit"), "{e}");
     }
 }

@@ -19,7 +19,7 @@
 //! let g = Geometry::new(2, 8, 2, 1 << 20)?;             // 2 layers × 8 experts, 2 hot
 //! let mut ctl = Controller::new(ResidencyMap::first_k("toy", g)?, ControllerConfig {
 //!     drain_every: 4, ..ControllerConfig::default() })?;
-//! let counters = PickCounters::new(&g);
+//! let counters = PickCounters::new(&g)?;
 //! let mut exec = NullExecutor::new();
 //! for _ in 0..16 {
 //!     for l in 0..2 { counters.record(l, 7)?; counters.record(l, 6)?; } // experts 6, 7 are busy
@@ -46,12 +46,12 @@ pub mod trace;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 
-pub use config::{ControllerConfig, ShiftResponse};
+pub use config::{ControllerConfig, ShiftResponse, MAX_WINDOW_DRAINS};
 pub use controller::{Controller, StepReport};
 pub use counters::{snapshot_deltas, PassKind, PauseGuard, PickCounters};
 pub use error::{Error, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
-pub use geometry::Geometry;
+pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor, HOST};
 pub use replay::{
     oracle_map, replay, replay_with, validate_trace, OracleWindow, PolicySpec, ReplayOptions,

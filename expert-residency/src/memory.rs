@@ -45,27 +45,62 @@ pub fn checksum(bytes: &[u8]) -> u64 {
 }
 
 impl MemoryExecutor {
+    /// Most bytes (host plus HBM buffers) one executor allocates: 1 GiB.
+    pub const MAX_BYTES: usize = 1 << 30;
+
     /// An executor holding `map`'s hot experts in HBM slots `0..hot` (slot `hot` is the spare),
     /// with `bytes` random bytes per expert drawn from `seed`.
     ///
-    /// Errors: [`Error::InvalidConfig`] for `bytes == 0`.
+    /// It allocates `layers × (experts + hot + 1) × bytes` bytes, at most
+    /// [`MemoryExecutor::MAX_BYTES`] (1 GiB): it stands in for the real bank in tests and replays.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for `bytes == 0`, for buffers above
+    /// [`MemoryExecutor::MAX_BYTES`] (or overflowing `usize`), or if they cannot be allocated;
+    /// geometry errors of [`Geometry::validate`].
     pub fn new(map: &ResidencyMap, bytes: usize, seed: u64) -> Result<Self> {
         if bytes == 0 {
             return Err(Error::InvalidConfig("bytes per expert must be ≥ 1".into()));
         }
         let g = *map.geometry();
+        g.validate()?;
         let (layers, experts, hot) = (
             g.layers as usize,
             g.experts_per_layer as usize,
             g.hot_per_layer as usize,
         );
-        let mut host = vec![0u8; layers * experts * bytes];
+        let too_big = || {
+            Error::InvalidConfig(format!(
+                "{bytes} stand-in bytes per expert for {layers} layers × {experts} experts exceed \
+                 the in-memory executor's limit of {} bytes",
+                Self::MAX_BYTES
+            ))
+        };
+        let host_len = (layers * experts).checked_mul(bytes).ok_or_else(too_big)?;
+        let hbm_len = (layers * (hot + 1))
+            .checked_mul(bytes)
+            .ok_or_else(too_big)?;
+        if host_len
+            .checked_add(hbm_len)
+            .is_none_or(|t| t > Self::MAX_BYTES)
+        {
+            return Err(too_big());
+        }
+        let zeroed = |n: usize| -> Result<Vec<u8>> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|e| {
+                Error::InvalidConfig(format!("cannot allocate {n} executor bytes: {e}"))
+            })?;
+            v.resize(n, 0);
+            Ok(v)
+        };
+        let mut host = zeroed(host_len)?;
+        let hbm = zeroed(hbm_len)?;
         rand_chacha::ChaCha8Rng::seed_from_u64(seed).fill_bytes(&mut host);
         let host_sums = host.chunks_exact(bytes).map(checksum).collect();
         let mut ex = MemoryExecutor {
             geometry: g,
             bytes,
-            hbm: vec![0u8; layers * (hot + 1) * bytes],
+            hbm,
             table: vec![HOST; layers * experts],
             spare: vec![hot as u32; layers],
             host,
@@ -279,5 +314,23 @@ mod tests {
         ex.verify(&map).unwrap();
         assert!(ex.begin(&PlannedSwap { incoming: 1, ..s2 }).is_err());
         assert!(MemoryExecutor::new(&map, 0, 1).is_err());
+    }
+
+    #[test]
+    fn huge_stand_in_sizes_are_config_errors() {
+        let g = Geometry::new(2, 6, 2, 1 << 20).unwrap();
+        let map = ResidencyMap::first_k("t", g).unwrap();
+        // usize::MAX overflows, 2^60 wraps the product to 0 unchecked, 10^10 is 10 TB.
+        for b in [
+            usize::MAX,
+            1 << 60,
+            10_000_000_000,
+            MemoryExecutor::MAX_BYTES,
+        ] {
+            let e = MemoryExecutor::new(&map, b, 1).unwrap_err();
+            assert!(matches!(e, Error::InvalidConfig(_)), "{b}: {e}");
+        }
+        // 18 cells of 1 MiB fit.
+        assert!(MemoryExecutor::new(&map, 1 << 20, 1).is_ok());
     }
 }

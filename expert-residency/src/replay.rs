@@ -74,13 +74,49 @@ pub struct ReplayOptions {
     pub steady_fraction: f64,
     /// Smoothing window of the T90 computation, in steps (≥ 1).
     pub smooth_steps: u32,
-    /// Seconds per step, to report T90 in seconds.
+    /// Seconds per step, to report T90 in seconds (finite, > 0).
     pub step_time_s: Option<f64>,
     /// Keep every drain's [`DrainTelemetry`] in the report.
     pub telemetry: bool,
     /// Run adaptive policies on a [`MemoryExecutor`] with this many stand-in bytes per expert and
-    /// verify every byte at the end (`None`: a [`NullExecutor`]).
+    /// verify every byte at the end (`None`: a [`NullExecutor`]); ≥ 1, and the executor's buffers
+    /// stay within [`MemoryExecutor::MAX_BYTES`].
     pub verify_bytes: Option<usize>,
+}
+
+impl ReplayOptions {
+    /// Checks the knobs: `window_steps ≥ 1`, `smooth_steps ≥ 1`, `steady_fraction` in `(0, 1]`,
+    /// `step_time_s` finite and > 0 when given, `verify_bytes` in
+    /// `1..=`[`MemoryExecutor::MAX_BYTES`] when given (the executor checks the whole size
+    /// against the geometry).
+    ///
+    /// Errors: [`Error::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if self.window_steps == 0 || self.smooth_steps == 0 {
+            return bad("window_steps and smooth_steps must be ≥ 1".into());
+        }
+        if !(self.steady_fraction > 0.0 && self.steady_fraction <= 1.0) {
+            return bad(format!(
+                "steady_fraction must be in (0, 1], got {}",
+                self.steady_fraction
+            ));
+        }
+        if let Some(t) = self.step_time_s {
+            if !(t.is_finite() && t > 0.0) {
+                return bad(format!("step_time_s must be finite and > 0, got {t}"));
+            }
+        }
+        if let Some(b) = self.verify_bytes {
+            if b == 0 || b > MemoryExecutor::MAX_BYTES {
+                return bad(format!(
+                    "verify_bytes must be in 1..={}, got {b}",
+                    MemoryExecutor::MAX_BYTES
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for ReplayOptions {
@@ -326,7 +362,8 @@ impl Lru {
 /// boundary (adaptive: [`Controller::step`]; LRU: admissions). Deterministic.
 ///
 /// Errors: trace errors of [`validate_trace`]; map errors if a given map has another geometry;
-/// [`Error::InvalidConfig`] for bad options or config.
+/// [`Error::InvalidConfig`] for bad options ([`ReplayOptions::validate`]), a bad config or a
+/// [`MemoryExecutor`] too large for `verify_bytes`.
 pub fn replay_with(
     trace: &Trace,
     geometry: &Geometry,
@@ -335,14 +372,7 @@ pub fn replay_with(
     opts: &ReplayOptions,
 ) -> Result<ReplayReport> {
     let lookups = validate_trace(trace, geometry)?;
-    if opts.window_steps == 0
-        || opts.smooth_steps == 0
-        || !(opts.steady_fraction > 0.0 && opts.steady_fraction <= 1.0)
-    {
-        return Err(Error::InvalidConfig(
-            "window_steps, smooth_steps ≥ 1 and steady_fraction in (0, 1]".into(),
-        ));
-    }
+    opts.validate()?;
     let boot = |m: &Option<ResidencyMap>| -> Result<ResidencyMap> {
         match m {
             Some(m) => {
@@ -395,7 +425,7 @@ pub fn replay_with(
             };
             let mut null = NullExecutor::new();
             let mut ctl = Controller::new(map, c.clone())?;
-            let counters = PickCounters::new(geometry);
+            let counters = PickCounters::new(geometry)?;
             for s in &trace.steps {
                 cold_per_step.push(cold_lookups(ctl.map(), &s.layers));
                 counters.record_step(s)?;

@@ -8,7 +8,12 @@ use crate::trace::Trace;
 /// Per-`(layer, expert)` pick counts saved from a run (or summed from a trace), `[layers ×
 /// experts]` row-major. Counts are f64 so that weighted merges stay dumps (integers up to 2^53
 /// are exact).
+///
+/// Deserializing checks the dump as [`CounterDump::new`] does (a short `counts`, a negative count
+/// or a huge shape is a serde error). The fields are public: a dump edited by hand is checked
+/// again by every function that reads it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RawCounterDump")]
 pub struct CounterDump {
     /// Where the counts come from (domain, run id...).
     pub name: String,
@@ -20,36 +25,65 @@ pub struct CounterDump {
     pub counts: Vec<f64>,
 }
 
+/// The serialized form of a [`CounterDump`], checked on the way in.
+#[derive(serde::Deserialize)]
+struct RawCounterDump {
+    name: String,
+    layers: u32,
+    experts_per_layer: u32,
+    counts: Vec<f64>,
+}
+
+impl TryFrom<RawCounterDump> for CounterDump {
+    type Error = Error;
+    fn try_from(r: RawCounterDump) -> Result<Self> {
+        CounterDump::new(r.name, r.layers, r.experts_per_layer, r.counts)
+    }
+}
+
 impl CounterDump {
-    /// A dump from counts. Errors: [`Error::LengthMismatch`]; [`Error::InvalidConfig`] for a
-    /// negative or non-finite count; [`Error::InvalidGeometry`] for zero layers or experts.
+    /// A dump from counts.
+    ///
+    /// Errors: [`Error::InvalidGeometry`] for zero layers or experts, or a shape above the bounds
+    /// of [`Geometry`] ([`crate::MAX_LAYERS`], [`crate::MAX_EXPERTS_PER_LAYER`],
+    /// [`crate::MAX_CELLS`]); [`Error::LengthMismatch`] unless `counts` has `layers ×
+    /// experts_per_layer` entries; [`Error::InvalidConfig`] for a negative or non-finite count.
     pub fn new(
         name: impl Into<String>,
         layers: u32,
         experts_per_layer: u32,
         counts: Vec<f64>,
     ) -> Result<Self> {
-        if layers == 0 || experts_per_layer == 0 {
-            return Err(Error::InvalidGeometry(
-                "dump with zero layers or experts".into(),
-            ));
-        }
-        let n = layers as usize * experts_per_layer as usize;
-        if counts.len() != n {
-            return Err(Error::LengthMismatch {
-                expected: n,
-                found: counts.len(),
-            });
-        }
-        if let Some(c) = counts.iter().find(|c| !(c.is_finite() && **c >= 0.0)) {
-            return Err(Error::InvalidConfig(format!("count {c} is not ≥ 0")));
-        }
-        Ok(CounterDump {
+        let d = CounterDump {
             name: name.into(),
             layers,
             experts_per_layer,
             counts,
-        })
+        };
+        d.validate()?;
+        Ok(d)
+    }
+
+    /// Checks the dump (see [`CounterDump::new`] for the errors).
+    pub fn validate(&self) -> Result<()> {
+        if self.layers == 0 || self.experts_per_layer == 0 {
+            return Err(Error::InvalidGeometry(
+                "dump with zero layers or experts".into(),
+            ));
+        }
+        crate::geometry::check_bank_size(self.layers, self.experts_per_layer)
+            .map_err(|m| Error::InvalidGeometry(format!("dump {:?}: {m}", self.name)))?;
+        let n = self.layers as usize * self.experts_per_layer as usize;
+        if self.counts.len() != n {
+            return Err(Error::LengthMismatch {
+                expected: n,
+                found: self.counts.len(),
+            });
+        }
+        if let Some(c) = self.counts.iter().find(|c| !(c.is_finite() && **c >= 0.0)) {
+            return Err(Error::InvalidConfig(format!("count {c} is not ≥ 0")));
+        }
+        Ok(())
     }
 
     /// A dump of a u32 counter snapshot ([`crate::PickCounters::snapshot`]).
@@ -64,8 +98,9 @@ impl CounterDump {
 
     /// The picks of `trace.steps[range]` summed per `(layer, expert)`.
     ///
-    /// Errors: [`Error::EmptyTrace`] for an empty range, [`Error::LengthMismatch`] for a step
-    /// with the wrong number of layers, [`Error::ExpertOutOfRange`].
+    /// Errors: [`Error::EmptyTrace`] for an empty range, [`Error::InvalidGeometry`] for a trace
+    /// shape with zero or too many cells, [`Error::LengthMismatch`] for a step with the wrong
+    /// number of layers, [`Error::ExpertOutOfRange`].
     pub fn from_trace(trace: &Trace, range: std::ops::Range<usize>) -> Result<Self> {
         let steps = trace
             .steps
@@ -73,6 +108,13 @@ impl CounterDump {
             .filter(|s| !s.is_empty())
             .ok_or_else(|| Error::EmptyTrace(format!("no step in {range:?}")))?;
         let (layers, experts) = (trace.shape.layers, trace.shape.experts_per_layer);
+        if layers == 0 || experts == 0 {
+            return Err(Error::InvalidGeometry(
+                "trace with zero layers or experts".into(),
+            ));
+        }
+        crate::geometry::check_bank_size(layers, experts)
+            .map_err(|m| Error::InvalidGeometry(format!("trace {:?}: {m}", trace.name)))?;
         let mut counts = vec![0f64; layers as usize * experts as usize];
         for s in steps {
             if s.layers.len() != layers as usize {
@@ -105,7 +147,9 @@ impl CounterDump {
             .get(layer as usize * e..(layer as usize + 1) * e)
     }
 
+    /// Checks the dump itself ([`CounterDump::validate`]) and that it has `g`'s shape.
     fn check_geometry(&self, g: &Geometry) -> Result<()> {
+        self.validate()?;
         if self.layers == g.layers && self.experts_per_layer == g.experts_per_layer {
             Ok(())
         } else {
@@ -135,7 +179,8 @@ pub fn top_k(counts: &[f64], k: usize) -> Vec<u32> {
 /// Fits a boot map: the top `hot_per_layer` experts of each layer of `dump`, busiest in slot 0;
 /// ties go to the lower id.
 ///
-/// Errors: [`Error::GeometryMismatch`] if the dump's shape differs from `geometry`.
+/// Errors: [`Error::GeometryMismatch`] if the dump's shape differs from `geometry`; the errors
+/// of [`CounterDump::validate`] for a dump edited into an invalid state; geometry errors.
 pub fn fit(
     model: impl Into<String>,
     geometry: &Geometry,
@@ -143,22 +188,37 @@ pub fn fit(
 ) -> Result<ResidencyMap> {
     geometry.validate()?;
     dump.check_geometry(geometry)?;
-    let hot = (0..geometry.layers)
-        .map(|l| {
-            top_k(
-                dump.layer(l).expect("shape checked"),
-                geometry.hot_per_layer as usize,
-            )
-        })
+    let e = geometry.experts_per_layer as usize;
+    let hot = dump
+        .counts
+        .chunks_exact(e)
+        .map(|row| top_k(row, geometry.hot_per_layer as usize))
         .collect();
     ResidencyMap::from_hot_sets(model, *geometry, hot)
+}
+
+/// `Σ row` and the scale it was summed at: 1, or `1 / max(row)` when the plain sum overflows to
+/// infinity (counts near `f64::MAX`). Ratios of sums taken at one scale are unaffected.
+fn scaled_total(row: &[f64], scale: f64) -> f64 {
+    row.iter().map(|c| c * scale).sum()
+}
+
+/// The scale at which every partial sum of `counts` stays finite: 1 unless the plain total
+/// overflows, then `1 / max(counts)`.
+fn sum_scale(counts: &[f64]) -> f64 {
+    if counts.iter().sum::<f64>().is_finite() {
+        1.0
+    } else {
+        1.0 / counts.iter().copied().fold(0.0, f64::max)
+    }
 }
 
 /// Merges dumps with weights: each dump is first normalised per layer to sum 1 (so a long run
 /// does not drown a short one), then `Σ weight × share`. The result is a dump of shares.
 ///
 /// Errors: [`Error::EmptyTrace`] for no dump, [`Error::GeometryMismatch`] for dumps of different
-/// shapes, [`Error::InvalidConfig`] for a negative, non-finite or all-zero weight.
+/// shapes, [`Error::InvalidConfig`] for a negative, non-finite or all-zero weight; the errors of
+/// [`CounterDump::validate`].
 pub fn merge(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
     let (first, _) = dumps
         .first()
@@ -179,13 +239,17 @@ pub fn merge(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
                 found: format!("dump {:?}: {} × {}", d.name, d.layers, d.experts_per_layer),
             });
         }
+        d.validate()?;
         for (o, row) in out
             .chunks_exact_mut(experts as usize)
             .zip(d.counts.chunks_exact(experts as usize))
         {
-            let total: f64 = row.iter().sum();
+            let scale = sum_scale(row);
+            let total = scaled_total(row, scale);
             if total > 0.0 {
-                o.iter_mut().zip(row).for_each(|(o, c)| *o += w * c / total);
+                o.iter_mut()
+                    .zip(row)
+                    .for_each(|(o, c)| *o += w * (c * scale) / total);
             }
         }
     }
@@ -214,19 +278,26 @@ impl Coverage {
 }
 
 /// The coverage `map` would give on `dump` (held-out check: fit on one dump, measure on another).
+/// Counts near `f64::MAX` are summed at a common scale, so the shares stay exact ratios.
 ///
-/// Errors: [`Error::GeometryMismatch`].
+/// Errors: [`Error::GeometryMismatch`]; the errors of [`CounterDump::validate`].
 pub fn coverage(map: &ResidencyMap, dump: &CounterDump) -> Result<Coverage> {
     dump.check_geometry(map.geometry())?;
     let e = dump.experts_per_layer as usize;
+    // Counts near f64::MAX would sum to infinity: sum at a common scale (1 for any real dump).
+    let scale = sum_scale(&dump.counts);
     let (mut hot_all, mut total_all) = (0.0, 0.0);
     let per_layer = map
         .layers()
         .iter()
         .zip(dump.counts.chunks_exact(e))
         .map(|(row, counts)| {
-            let total: f64 = counts.iter().sum();
-            let hot: f64 = row.hot_experts().iter().map(|&x| counts[x as usize]).sum();
+            let total = scaled_total(counts, scale);
+            let hot: f64 = row
+                .hot_experts()
+                .iter()
+                .map(|&x| counts[x as usize] * scale)
+                .sum();
             hot_all += hot;
             total_all += total;
             if total > 0.0 {
@@ -272,5 +343,51 @@ mod tests {
             Err(Error::GeometryMismatch { .. })
         ));
         assert!(CounterDump::new("x", 2, 4, vec![0.; 7]).is_err());
+    }
+
+    #[test]
+    fn malformed_dumps_are_errors_not_panics() {
+        let g = Geometry::new(2, 4, 2, 1).unwrap();
+        // Short counts: serde refuses it; edited by hand, fit and coverage refuse it.
+        let e = serde_json::from_str::<CounterDump>(
+            r#"{"name": "s", "layers": 2, "experts_per_layer": 4, "counts": [1, 2]}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("length mismatch"), "{e}");
+        for json in [
+            r#"{"name": "n", "layers": 1, "experts_per_layer": 2, "counts": [1, -2]}"#,
+            r#"{"name": "z", "layers": 0, "experts_per_layer": 2, "counts": []}"#,
+            r#"{"name": "h", "layers": 100000, "experts_per_layer": 100000, "counts": []}"#,
+        ] {
+            assert!(serde_json::from_str::<CounterDump>(json).is_err(), "{json}");
+        }
+        let ok = CounterDump::new("a", 2, 4, vec![1.; 8]).unwrap();
+        let back: CounterDump = serde_json::from_str(&serde_json::to_string(&ok).unwrap()).unwrap();
+        assert_eq!(back, ok);
+        let mut short = ok.clone();
+        short.counts.truncate(3);
+        assert!(matches!(
+            fit("m", &g, &short),
+            Err(Error::LengthMismatch { .. })
+        ));
+        let map = fit("m", &g, &ok).unwrap();
+        assert!(matches!(
+            coverage(&map, &short),
+            Err(Error::LengthMismatch { .. })
+        ));
+        assert!(merge(&[(&ok, 1.0), (&short, 1.0)]).is_err());
+    }
+
+    #[test]
+    fn huge_counts_do_not_overflow_coverage() {
+        let g = Geometry::new(1, 4, 2, 1).unwrap();
+        let big = f64::MAX / 2.0;
+        let d = CounterDump::new("big", 1, 4, vec![big, big, big, 0.0]).unwrap();
+        let map = fit("m", &g, &d).unwrap();
+        let c = coverage(&map, &d).unwrap();
+        assert!((c.overall - 2.0 / 3.0).abs() < 1e-12, "{c:?}");
+        assert!((c.per_layer[0] - 2.0 / 3.0).abs() < 1e-12, "{c:?}");
+        let m = merge(&[(&d, 1.0)]).unwrap();
+        assert!((m.counts[0] - 1.0 / 3.0).abs() < 1e-12, "{:?}", m.counts);
     }
 }

@@ -71,7 +71,7 @@ fn random_swaps_then_restore_are_lossless() {
     let mut ctl = Controller::new(map, cfg.clone()).unwrap();
     let queued = ctl.request_map(&boot).unwrap();
     assert!(queued > 0);
-    let counters = PickCounters::new(&g);
+    let counters = PickCounters::new(&g).unwrap();
     let mut steps = 0;
     while !ctl.queued().is_empty() || ctl.in_flight_count() > 0 {
         let r = ctl.step(&counters, &mut ex).unwrap();

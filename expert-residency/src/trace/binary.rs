@@ -106,7 +106,7 @@ impl<W: Write> BinaryTraceWriter<W> {
     /// Appends one step.
     ///
     /// # Errors
-    /// [`TraceError::LayerOutOfRange`] for a step with the wrong number of layers,
+    /// [`TraceError::LayerCountMismatch`] for a step with the wrong number of layers,
     /// [`TraceError::ExpertOutOfRange`], [`TraceError::ShapeMismatch`] past the declared step
     /// count, [`TraceError::Io`]. Nothing is written for a rejected step.
     pub fn write_step(&mut self, step: &StepPicks) -> Result<(), TraceError> {
@@ -117,9 +117,9 @@ impl<W: Write> BinaryTraceWriter<W> {
             )));
         }
         if step.layers.len() != self.shape.layers as usize {
-            return Err(TraceError::LayerOutOfRange {
+            return Err(TraceError::LayerCountMismatch {
                 location: format!("step {}", self.written),
-                layer: step.layers.len() as u64,
+                found: step.layers.len() as u64,
                 layers: self.shape.layers,
             });
         }
@@ -247,7 +247,8 @@ impl<'a> Cursor<'a> {
 /// [`TraceError::BadMagic`], [`TraceError::UnsupportedVersion`], [`TraceError::Truncated`]
 /// (with the byte offset and the field being read), [`TraceError::Corrupt`] (bad id width,
 /// non-UTF-8 name, shifts out of order, trailing bytes), [`TraceError::ExpertOutOfRange`]
-/// (`FILE@OFFSET`), shape errors of [`TraceShape::validate`].
+/// (`FILE@OFFSET`), shape errors of [`TraceShape::validate`] (a header above the size bounds is
+/// [`TraceError::Corrupt`] at the shape's offset; nothing is allocated from it).
 pub fn read_binary_bytes(bytes: &[u8], path: &str) -> Result<Trace, TraceError> {
     let mut c = Cursor {
         bytes,
@@ -273,8 +274,18 @@ pub fn read_binary_bytes(bytes: &[u8], path: &str) -> Result<Trace, TraceError> 
     };
     let width_at = c.pos;
     let width = c.u32("id width")?;
-    if width != 2 && width != 4 || (width == 2 && shape.experts_per_layer > 1 << 16) {
+    if width != 2 && width != 4 {
         return Err(c.corrupt(width_at, format!("id width {width} (must be 2 or 4)")));
+    }
+    if width == 2 && shape.experts_per_layer > 1 << 16 {
+        return Err(c.corrupt(
+            width_at,
+            format!(
+                "id width 2 is too narrow for {} experts per layer (u16 ids hold at most 65,536 \
+                 experts; the width must be 4)",
+                shape.experts_per_layer
+            ),
+        ));
     }
     shape.validate().map_err(|e| c.corrupt(12, e.to_string()))?;
     let steps = c.u64("step count")?;
@@ -302,7 +313,8 @@ pub fn read_binary_bytes(bytes: &[u8], path: &str) -> Result<Trace, TraceError> 
     let mut out = Vec::with_capacity(cap as usize);
     let w = width as usize;
     for s in 0..steps {
-        let mut layers = Vec::with_capacity(shape.layers as usize);
+        // `layers` is bounded by `TraceShape::validate`; every layer needs 4 more bytes anyway.
+        let mut layers = Vec::with_capacity((shape.layers as usize).min((bytes.len() - c.pos) / 4));
         for _ in 0..shape.layers {
             let count = c.u32("layer pick count")? as usize;
             let at = c.pos;
@@ -435,6 +447,56 @@ mod tests {
         );
     }
 
+    /// A header with the given shape, id width and step count, then `tail`.
+    fn header(
+        layers: u32,
+        experts: u32,
+        top_k: u32,
+        width: u32,
+        steps: u64,
+        tail: &[u8],
+    ) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        for v in [VERSION, layers, experts, top_k, width] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&steps.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(tail);
+        b
+    }
+
+    #[test]
+    fn huge_headers_are_corrupt_not_allocated() {
+        // 45 bytes claiming u32::MAX layers (the breaker's big_layers.tkt), or 2^32 - 1 experts.
+        for (l, e) in [(u32::MAX, 8), (1, u32::MAX), (8192, 8), (4096, 8192)] {
+            let b = header(l, e, 1, 4, 1, &[0]);
+            let err = read_binary_bytes(&b, "big.tkt").unwrap_err();
+            assert!(
+                matches!(&err, TraceError::Corrupt { offset: 12, .. }),
+                "{l}x{e}: {err}"
+            );
+            assert!(err.to_string().contains("limit"), "{err}");
+        }
+        // Many declared steps in a short file: the capacity is bounded by the bytes present.
+        let b = header(2, 8, 1, 2, u64::MAX, &[0; 8]);
+        assert!(matches!(
+            read_binary_bytes(&b, "x"),
+            Err(TraceError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn narrow_id_width_message_says_why() {
+        let b = header(1, 70_000, 1, 2, 1, &[]);
+        let e = read_binary_bytes(&b, "w.tkt").unwrap_err().to_string();
+        assert!(e.contains("too narrow") && e.contains("70000"), "{e}");
+        let b = header(1, 8, 1, 3, 1, &[]);
+        let e = read_binary_bytes(&b, "w.tkt").unwrap_err().to_string();
+        assert!(e.contains("id width 3 (must be 2 or 4)"), "{e}");
+    }
+
     #[test]
     fn writer_rejects_bad_steps_without_writing() {
         let t = sample();
@@ -450,7 +512,7 @@ mod tests {
         assert_eq!(w.out.len(), before);
         assert!(matches!(
             w.write_step(&StepPicks { layers: vec![] }),
-            Err(TraceError::LayerOutOfRange { .. })
+            Err(TraceError::LayerCountMismatch { .. })
         ));
         w.write_step(&t.steps[0]).unwrap();
         assert!(w.write_step(&t.steps[1]).is_err());

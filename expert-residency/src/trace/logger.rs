@@ -57,7 +57,10 @@ enum Item {
 /// object, a record without `layer`/`topk_ids`, a negative id other than `-1`, a step number
 /// going backwards or a header after the first record; [`TraceError::LayerOutOfRange`],
 /// [`TraceError::ExpertOutOfRange`], [`TraceError::TopKTooWide`] (file and line);
-/// [`TraceError::ShapeMismatch`] when the header contradicts the options; [`TraceError::Empty`].
+/// [`TraceError::DuplicateExpert`] (file and line) for a record listing one expert twice;
+/// [`TraceError::ShapeMismatch`] when the header contradicts the options;
+/// [`TraceError::TooLarge`] for a shape (given or inferred) above the bounds of
+/// [`TraceShape::validate`]; [`TraceError::Empty`].
 pub fn read_logger(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
     let p = path.display().to_string();
     let f = std::fs::File::open(path).map_err(|e| TraceError::io(&p, e))?;
@@ -125,14 +128,17 @@ pub fn read_logger_from<R: BufRead>(
                 "a record needs `layer` and `topk_ids` (or use a `forward_pass_end` marker)".into(),
             ));
         };
-        if layer < 0 {
-            return Err(malformed(format!("negative layer {layer}")));
-        }
+        let Ok(layer) = u32::try_from(layer) else {
+            return Err(malformed(format!(
+                "layer {layer} is not in 0..={}",
+                u32::MAX
+            )));
+        };
         if let Some(layers) = hint.0 {
-            if layer >= layers as i64 {
+            if layer >= layers {
                 return Err(TraceError::LayerOutOfRange {
                     location: loc(),
-                    layer: layer as u64,
+                    layer: layer.into(),
                     layers,
                 });
             }
@@ -150,12 +156,12 @@ pub fn read_logger_from<R: BufRead>(
         }
         let step = l.step.or(l.forward_pass);
         any_step_field |= step.is_some();
-        max_layer = max_layer.max(Some(layer as u32));
+        max_layer = max_layer.max(Some(layer));
         max_id = max_id.max(ids.iter().copied().max());
         max_width = max_width.max(width);
         items.push(Item::Record {
             line: lineno,
-            layer: layer as u32,
+            layer,
             ids,
             step,
         });
@@ -163,9 +169,22 @@ pub fn read_logger_from<R: BufRead>(
     let Some(max_layer) = max_layer else {
         return Err(TraceError::Empty(format!("{path}: no routing record")));
     };
+    // Inferred sizes are one past the largest index; u32::MAX itself has no successor.
+    let past = |what: &str, m: u32| {
+        m.checked_add(1).ok_or_else(|| {
+            TraceError::TooLarge(format!("{path}: {what} {m} leaves no room for a count"))
+        })
+    };
     let shape = TraceShape {
-        layers: hint.0.unwrap_or(max_layer + 1),
-        experts_per_layer: hint.1.unwrap_or(max_id.map_or(1, |m| m + 1)),
+        layers: match hint.0 {
+            Some(l) => l,
+            None => past("layer", max_layer)?,
+        },
+        experts_per_layer: match (hint.1, max_id) {
+            (Some(e), _) => e,
+            (None, Some(m)) => past("expert id", m)?,
+            (None, None) => 1,
+        },
         top_k: hint.2.unwrap_or(max_width.max(1)),
     };
     shape.validate()?;
@@ -392,5 +411,41 @@ mod tests {
         }
         let e = read(&format!("{ok}nope\n"), &opts).unwrap_err().to_string();
         assert!(e.starts_with("log.jsonl:2: malformed"), "{e}");
+        let e = read(
+            &format!("{ok}{{\"layer\": 0, \"topk_ids\": [3, 3]}}\n"),
+            &opts,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&e, TraceError::DuplicateExpert { expert: 3, location } if location == "log.jsonl:2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn huge_or_wrapping_indices_are_typed_errors() {
+        let none = ReadOptions::default();
+        // 2^32 used to be read as layer 0.
+        let e = read("{\"layer\": 4294967296, \"topk_ids\": [1, 2]}\n", &none).unwrap_err();
+        assert!(matches!(e, TraceError::Malformed { line: 1, .. }), "{e}");
+        // Layer or id u32::MAX: the inferred count would wrap.
+        for text in [
+            "{\"layer\": 4294967295, \"topk_ids\": [1]}\n",
+            "{\"layer\": 0, \"topk_ids\": [4294967295]}\n",
+        ] {
+            let e = read(text, &none).unwrap_err();
+            assert!(matches!(e, TraceError::TooLarge(_)), "{text}: {e}");
+        }
+        // A huge inferred shape is refused before any per-layer table is built.
+        for text in [
+            "{\"layer\": 1000000000, \"topk_ids\": [1]}\n",
+            "{\"layer\": 0, \"topk_ids\": [4000000000]}\n",
+        ] {
+            let e = read(text, &none).unwrap_err();
+            assert!(matches!(e, TraceError::TooLarge(_)), "{text}: {e}");
+        }
+        // Padding may repeat.
+        let t = read("{\"layer\": 0, \"topk_ids\": [1, -1, -1]}\n", &none).unwrap();
+        assert_eq!(t.steps[0].layers[0], vec![1]);
     }
 }

@@ -18,7 +18,7 @@
 //! A duplicate (problem, token, layer) row is a [`TraceError::Malformed`] error.
 
 use super::{MissingRows, ReadOptions, StepPicks, Trace, TraceError, TraceShape};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 use std::path::Path;
 
@@ -47,8 +47,10 @@ type Problem = BTreeMap<u64, Vec<Option<Vec<u32>>>>;
 /// # Errors
 /// [`TraceError::Io`]; [`TraceError::Malformed`] with file and line for a line that is not a
 /// record, a negative field or a duplicate row; [`TraceError::LayerOutOfRange`],
-/// [`TraceError::ExpertOutOfRange`], [`TraceError::TopKTooWide`] with file and line;
-/// [`TraceError::Empty`] for a file without records.
+/// [`TraceError::ExpertOutOfRange`], [`TraceError::TopKTooWide`],
+/// [`TraceError::DuplicateExpert`] with file and line; [`TraceError::TooLarge`] for a shape
+/// (from the options) above the bounds of [`TraceShape::validate`]; [`TraceError::Empty`] for a
+/// file without records.
 pub fn read_mixtral(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
     let p = path.display().to_string();
     let f = std::fs::File::open(path).map_err(|e| TraceError::io(&p, e))?;
@@ -79,7 +81,9 @@ pub fn read_mixtral_from<R: BufRead>(
     };
     shape.validate()?;
     let nl = shape.layers as usize;
+    // Problems in order of first appearance, and a key → position index (one lookup per record).
     let mut order: Vec<(String, i64)> = Vec::new();
+    let mut index: HashMap<(String, i64), usize> = HashMap::new();
     let mut problems: Vec<Problem> = Vec::new();
     for item in super::jsonl_lines::<Record, _>(reader, path) {
         let (lineno, r) = item?;
@@ -110,9 +114,10 @@ pub fn read_mixtral_from<R: BufRead>(
             lineno,
         )?;
         let key = (r.dataset, r.problem_id);
-        let pi = match order.iter().position(|k| *k == key) {
-            Some(pi) => pi,
+        let pi = match index.get(&key) {
+            Some(&pi) => pi,
             None => {
+                index.insert(key.clone(), order.len());
                 order.push(key);
                 problems.push(BTreeMap::new());
                 order.len() - 1
@@ -232,6 +237,33 @@ mod tests {
             read_str("\n", &opts2()),
             Err(TraceError::Empty(_))
         ));
+        let e = read_str(&rec(0, 0, 0, [3, 3]), &opts2()).unwrap_err();
+        assert!(
+            matches!(&e, TraceError::DuplicateExpert { expert: 3, location } if location == "m.jsonl:1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn huge_shapes_from_options_are_refused() {
+        for (layers, experts) in [(1_000_000_000, 8), (32, 4_000_000_000)] {
+            let opts = ReadOptions {
+                layers: Some(layers),
+                experts_per_layer: Some(experts),
+                ..Default::default()
+            };
+            let e = read_str(&rec(0, 0, 0, [1, 2]), &opts).unwrap_err();
+            assert!(matches!(e, TraceError::TooLarge(_)), "{e}");
+        }
+    }
+
+    #[test]
+    fn many_problems_read_in_linear_time() {
+        // 20k one-record problems: a linear search per record was quadratic (seconds in debug).
+        let text: String = (0..20_000).map(|p| rec(p, 0, 0, [1, 2]) + "\n").collect();
+        let t = read_str(&text, &opts2()).unwrap();
+        assert_eq!(t.steps.len(), 20_000);
+        assert_eq!(t.steps[19_999].layers[0], vec![1, 2]);
     }
 
     #[test]
@@ -251,7 +283,7 @@ mod tests {
         let both = read_traces(&[dir], &ReadOptions::default()).unwrap();
         assert_eq!(both.steps.len(), 168 + 79 + 83 + 255);
         assert_eq!(both.shifts, vec![247]);
-        let reuse = stats::reuse_per_layer(&both);
+        let reuse = stats::reuse_per_layer(&both).unwrap();
         let mean = reuse.iter().sum::<f64>() / reuse.len() as f64;
         assert!((0.32..=0.42).contains(&mean), "mean reuse {mean}");
     }

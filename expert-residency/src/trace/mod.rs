@@ -29,7 +29,7 @@
 //! binary::write_binary(&trace, &mut bytes).unwrap();
 //! let back = binary::read_binary_bytes(&bytes, "mem").unwrap();
 //! assert_eq!(back, trace);
-//! assert_eq!(stats::reuse_per_layer(&trace).len(), 16);
+//! assert_eq!(stats::reuse_per_layer(&trace).unwrap().len(), 16);
 //! ```
 
 pub mod binary;
@@ -124,7 +124,7 @@ pub enum TraceError {
     },
     /// A routed token picks more experts than the geometry's top-k, or top-k is zero or wider
     /// than the experts per layer.
-    #[error("{location}: top-k {found} is wider than the geometry allows ({allowed})")]
+    #[error("{location}: top-k {found} is outside the allowed 1..={allowed}")]
     TopKTooWide {
         /// Where.
         location: String,
@@ -133,6 +133,29 @@ pub enum TraceError {
         /// The most the geometry allows.
         allowed: u32,
     },
+    /// A step lists another number of layers than the trace's shape.
+    #[error("{location}: the step lists {found} layers, the trace shape has {layers}")]
+    LayerCountMismatch {
+        /// Where (`NAME: step S`).
+        location: String,
+        /// Layers listed by the step.
+        found: u64,
+        /// Layers of the shape.
+        layers: u32,
+    },
+    /// A routed token lists the same expert twice (top-k picks of one token are distinct in
+    /// every engine).
+    #[error("{location}: expert {expert} appears twice in one token's top-k")]
+    DuplicateExpert {
+        /// Where (`FILE:LINE`).
+        location: String,
+        /// The repeated expert id.
+        expert: u32,
+    },
+    /// A shape or scenario above the crate's size bounds ([`crate::MAX_LAYERS`],
+    /// [`crate::MAX_EXPERTS_PER_LAYER`], [`crate::MAX_CELLS`], the synthetic generator's limits).
+    #[error("too large: {0}")]
+    TooLarge(String),
     /// The trace holds no step, or no expert lookup at all (after dropping warm-up steps).
     #[error("empty trace: {0}")]
     Empty(String),
@@ -236,7 +259,8 @@ where
 }
 
 /// Checks the raw ids of one routed token at `path:line`: `-1` is skipped when `padding` allows
-/// it, other negatives are malformed, ids at or above `experts` (when known) are out of range.
+/// it, other negatives are malformed, ids at or above `experts` (when known) are out of range, an
+/// id listed twice is a [`TraceError::DuplicateExpert`].
 pub(crate) fn check_ids(
     raw: &[i64],
     experts: Option<u32>,
@@ -267,7 +291,28 @@ pub(crate) fn check_ids(
         }
         ids.push(e as u32);
     }
+    if let Some(expert) = first_duplicate(&ids) {
+        return Err(TraceError::DuplicateExpert {
+            location: format!("{path}:{line}"),
+            expert,
+        });
+    }
     Ok(ids)
+}
+
+/// The first id (in sorted order for long lists) that appears twice in `ids`, if any.
+fn first_duplicate(ids: &[u32]) -> Option<u32> {
+    if ids.len() <= 32 {
+        // Top-k lists are short: a quadratic scan allocates nothing.
+        return ids
+            .iter()
+            .enumerate()
+            .find(|&(i, e)| ids[..i].contains(e))
+            .map(|(_, &e)| e);
+    }
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 /// Trace file formats [`read_trace`] understands.
@@ -342,11 +387,15 @@ impl ReadOptions {
 }
 
 impl TraceShape {
-    /// Checks the shape itself: non-zero layers and experts, `1 <= top_k <= experts_per_layer`.
+    /// Checks the shape itself: non-zero layers and experts, `1 <= top_k <= experts_per_layer`,
+    /// and the bounds of [`crate::Geometry`]: `layers ≤` [`crate::MAX_LAYERS`],
+    /// `experts_per_layer ≤` [`crate::MAX_EXPERTS_PER_LAYER`], `layers × experts_per_layer ≤`
+    /// [`crate::MAX_CELLS`] (so a tiny file cannot make a reader allocate per-cell tables of
+    /// gigabytes).
     ///
     /// # Errors
-    /// [`TraceError::ShapeMismatch`] for zero fields, [`TraceError::TopKTooWide`] for a top-k of
-    /// zero or above the experts per layer.
+    /// [`TraceError::ShapeMismatch`] for zero fields, [`TraceError::TooLarge`] above the bounds,
+    /// [`TraceError::TopKTooWide`] for a top-k of zero or above the experts per layer.
     pub fn validate(&self) -> Result<(), TraceError> {
         if self.layers == 0 || self.experts_per_layer == 0 {
             return Err(TraceError::ShapeMismatch(format!(
@@ -354,6 +403,8 @@ impl TraceShape {
                 self.layers, self.experts_per_layer
             )));
         }
+        crate::geometry::check_bank_size(self.layers, self.experts_per_layer)
+            .map_err(|m| TraceError::TooLarge(format!("trace shape: {m}")))?;
         if self.top_k == 0 || self.top_k > self.experts_per_layer {
             return Err(TraceError::TopKTooWide {
                 location: "trace shape".into(),
@@ -380,7 +431,7 @@ impl Trace {
     /// increasing.
     ///
     /// # Errors
-    /// [`TraceError::Empty`], [`TraceError::LayerOutOfRange`] (a step with the wrong number of
+    /// [`TraceError::Empty`], [`TraceError::LayerCountMismatch`] (a step with the wrong number of
     /// layers), [`TraceError::ExpertOutOfRange`], [`TraceError::TopKTooWide`],
     /// [`TraceError::ShapeMismatch`] (shifts).
     pub fn validate(&self) -> Result<(), TraceError> {
@@ -390,9 +441,9 @@ impl Trace {
         }
         for (s, step) in self.steps.iter().enumerate() {
             if step.layers.len() != self.shape.layers as usize {
-                return Err(TraceError::LayerOutOfRange {
+                return Err(TraceError::LayerCountMismatch {
                     location: format!("{}: step {s}", self.name),
-                    layer: step.layers.len() as u64,
+                    found: step.layers.len() as u64,
                     layers: self.shape.layers,
                 });
             }
@@ -441,7 +492,8 @@ impl Trace {
     /// another file is another workload). The name is the parts' names joined with `+`.
     ///
     /// # Errors
-    /// [`TraceError::Empty`] for no part, [`TraceError::ShapeMismatch`] when shapes differ.
+    /// [`TraceError::Empty`] for no part, [`TraceError::ShapeMismatch`] when shapes differ or a
+    /// part's shifts overflow a `u64` once moved.
     pub fn concat(parts: Vec<Trace>) -> Result<Trace, TraceError> {
         let mut it = parts.into_iter();
         let mut out = it
@@ -455,8 +507,19 @@ impl Trace {
                 )));
             }
             let base = out.steps.len() as u64;
+            let moved = t
+                .shifts
+                .iter()
+                .map(|&s| s.checked_add(base))
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| {
+                    TraceError::ShapeMismatch(format!(
+                        "{}: shifts {:?} overflow when joined after {base} steps",
+                        t.name, t.shifts
+                    ))
+                })?;
             out.shifts.push(base);
-            out.shifts.extend(t.shifts.iter().map(|&s| s + base));
+            out.shifts.extend(moved);
             out.name = format!("{}+{}", out.name, t.name);
             out.steps.extend(t.steps);
         }
@@ -681,6 +744,63 @@ mod tests {
         assert!(matches!(
             Trace::concat(vec![tiny(1), other]),
             Err(TraceError::ShapeMismatch(_))
+        ));
+    }
+
+    #[test]
+    fn huge_shapes_layer_counts_and_shift_overflow_are_typed() {
+        let mut t = tiny(1);
+        t.shape.experts_per_layer = u32::MAX;
+        assert!(matches!(t.validate(), Err(TraceError::TooLarge(_))));
+        let mut t = tiny(1);
+        t.shape.layers = crate::MAX_LAYERS + 1;
+        assert!(matches!(t.shape.validate(), Err(TraceError::TooLarge(_))));
+        // A step listing fewer layers than the shape says so in words.
+        let mut t = tiny(2);
+        t.steps[1].layers.pop();
+        let e = t.validate().unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TraceError::LayerCountMismatch {
+                    found: 1,
+                    layers: 2,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("lists 1 layers, the trace shape has 2"),
+            "{e}"
+        );
+        // Shifts that overflow once moved behind the first part.
+        let mut b = tiny(2);
+        b.shifts = vec![u64::MAX];
+        assert!(matches!(
+            Trace::concat(vec![tiny(3), b]),
+            Err(TraceError::ShapeMismatch(_))
+        ));
+        // The top-k message reads as a range.
+        let mut t = tiny(1);
+        t.shape.top_k = 0;
+        let e = t.validate().unwrap_err().to_string();
+        assert!(e.contains("top-k 0 is outside the allowed 1..=4"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_ids_within_a_token_are_rejected() {
+        assert!(check_ids(&[1, 2, -1, -1], Some(4), true, "f", 3).is_ok());
+        let e = check_ids(&[1, 2, 1], Some(4), false, "f", 3).unwrap_err();
+        assert!(
+            matches!(&e, TraceError::DuplicateExpert { expert: 1, location } if location == "f:3"),
+            "{e}"
+        );
+        let long: Vec<i64> = (0..40).chain([7]).collect();
+        assert!(matches!(
+            check_ids(&long, None, false, "f", 1),
+            Err(TraceError::DuplicateExpert { expert: 7, .. })
         ));
     }
 

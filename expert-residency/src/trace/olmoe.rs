@@ -208,7 +208,8 @@ pub fn olmoe_anchor_shares(domain: &str) -> Result<Vec<(u32, Vec<f64>)>, TraceEr
 ///
 /// # Errors
 /// [`TraceError::InvalidScenario`] when the model, domain or fields are missing or an expert id
-/// is not an integer below `experts`.
+/// is not an integer below `experts`; [`TraceError::TooLarge`] for `experts` above
+/// [`crate::MAX_EXPERTS_PER_LAYER`].
 pub fn routing_counts(
     json: &serde_json::Value,
     model: &str,
@@ -232,11 +233,18 @@ pub fn routing_counts(
     if layers.len() != counts.len() {
         return Err(bad("`layers` and `topk_counts` differ in length".into()));
     }
+    if experts > crate::MAX_EXPERTS_PER_LAYER {
+        return Err(TraceError::TooLarge(format!(
+            "routing counts: {experts} experts per layer exceed the limit of {}",
+            crate::MAX_EXPERTS_PER_LAYER
+        )));
+    }
     let mut out = Vec::new();
     for (l, c) in layers.iter().zip(counts) {
         let layer = l
             .as_u64()
-            .ok_or_else(|| bad(format!("layer {l} is not an integer")))? as u32;
+            .and_then(|v| u32::try_from(v).ok())
+            .ok_or_else(|| bad(format!("layer {l} is not an integer in 0..=2^32-1")))?;
         let obj = c
             .as_object()
             .ok_or_else(|| bad("a `topk_counts` entry is not an object".into()))?;

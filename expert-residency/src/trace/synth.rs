@@ -38,6 +38,17 @@ const MAX_INCLUSION: f64 = 0.99;
 /// Tokens of each calibration pass.
 const CALIBRATION_TOKENS: usize = 2000;
 
+/// Most steps a scenario may have (2^32; streamed with [`write_binary`], that is already a file of
+/// terabytes).
+pub const MAX_STEPS: u64 = 1 << 32;
+/// Most routed tokens per step (65,536; a decode batch is at most a few thousand).
+pub const MAX_TOKENS_PER_STEP: u32 = 1 << 16;
+/// Most picks (`layers × tokens_per_step × top_k`) in one step (2^24: 64 MiB of ids).
+pub const MAX_PICKS_PER_STEP: u64 = 1 << 24;
+/// Most picks (`steps × picks per step`) [`generate`] holds in memory (2^30: 4 GiB of ids; the
+/// default scenario has 2^25.1). Longer scenarios stream with [`write_binary`].
+pub const MAX_IN_MEMORY_PICKS: u64 = 1 << 30;
+
 /// Expert popularity of one domain: `shares[layer][expert]`, each row summing to 1.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DomainProfile {
@@ -60,7 +71,8 @@ impl DomainProfile {
     ///
     /// # Errors
     /// [`TraceError::InvalidScenario`] for no anchor, anchors of different widths, negative or
-    /// non-finite shares, or zero `layers`.
+    /// non-finite shares, or zero `layers`; [`TraceError::TooLarge`] for `layers × experts` above
+    /// the bounds of [`TraceShape::validate`].
     pub fn from_anchors(
         name: &str,
         anchors: &[(u32, Vec<f64>)],
@@ -70,9 +82,14 @@ impl DomainProfile {
         if anchors.is_empty() || layers == 0 {
             return Err(bad("needs at least one anchor layer and one layer".into()));
         }
+        let experts = anchors[0].1.len();
+        // Bound the profile (`layers × experts` shares) before building it.
+        u32::try_from(experts)
+            .map_err(|_| format!("{experts} experts"))
+            .and_then(|e| crate::geometry::check_bank_size(layers, e))
+            .map_err(|m| TraceError::TooLarge(format!("profile {name}: {m}")))?;
         let mut anchors: Vec<(u32, Vec<f64>)> = anchors.to_vec();
         anchors.sort_by_key(|a| a.0);
-        let experts = anchors[0].1.len();
         for (l, s) in &mut anchors {
             if s.len() != experts || experts == 0 {
                 return Err(bad(format!("anchor layer {l} has {} experts", s.len())));
@@ -285,16 +302,42 @@ impl SynthConfig {
             .collect()
     }
 
+    /// Picks in one step, `layers × tokens_per_step × top_k`.
+    pub fn picks_per_step(&self) -> u64 {
+        self.shape.layers as u64 * self.tokens_per_step as u64 * self.shape.top_k as u64
+    }
+
     /// Checks the scenario.
     ///
     /// # Errors
     /// [`TraceError::InvalidScenario`] (zero steps or tokens, reuse outside `[0, 1]`, bad phases,
-    /// bad profiles), shape errors of [`TraceShape::validate`].
+    /// bad profiles), [`TraceError::TooLarge`] for more than [`MAX_STEPS`] steps, more than
+    /// [`MAX_TOKENS_PER_STEP`] tokens or more than [`MAX_PICKS_PER_STEP`] picks per step, shape
+    /// errors of [`TraceShape::validate`].
     pub fn validate(&self) -> Result<(), TraceError> {
         self.shape.validate()?;
         let bad = |m: String| TraceError::InvalidScenario(m);
         if self.steps == 0 || self.tokens_per_step == 0 {
             return Err(bad("steps and tokens_per_step must be non-zero".into()));
+        }
+        if self.steps > MAX_STEPS {
+            return Err(TraceError::TooLarge(format!(
+                "{} steps exceed the limit of {MAX_STEPS}",
+                self.steps
+            )));
+        }
+        if self.tokens_per_step > MAX_TOKENS_PER_STEP {
+            return Err(TraceError::TooLarge(format!(
+                "{} tokens per step exceed the limit of {MAX_TOKENS_PER_STEP}",
+                self.tokens_per_step
+            )));
+        }
+        if self.picks_per_step() > MAX_PICKS_PER_STEP {
+            return Err(TraceError::TooLarge(format!(
+                "{} picks per step (layers × tokens × top-k) exceed the limit of \
+                 {MAX_PICKS_PER_STEP}",
+                self.picks_per_step()
+            )));
         }
         if !(0.0..=1.0).contains(&self.reuse) {
             return Err(bad(format!("reuse {} is not in [0, 1]", self.reuse)));
@@ -500,17 +543,50 @@ impl Iterator for Synth {
     }
 }
 
-/// Generates the whole trace in memory.
+impl SynthConfig {
+    /// Checks the scenario ([`SynthConfig::validate`]) and that the whole trace fits in memory:
+    /// at most [`MAX_IN_MEMORY_PICKS`] picks, and room for the step list.
+    ///
+    /// # Errors
+    /// As [`SynthConfig::validate`]; [`TraceError::TooLarge`] above the limit or when the step
+    /// list cannot be allocated.
+    pub fn validate_in_memory(&self) -> Result<(), TraceError> {
+        self.validate()?;
+        let picks = self.steps.saturating_mul(self.picks_per_step());
+        if picks > MAX_IN_MEMORY_PICKS {
+            return Err(TraceError::TooLarge(format!(
+                "{} steps × {} picks per step = {picks} picks exceed the in-memory limit of \
+                 {MAX_IN_MEMORY_PICKS} (stream long scenarios with synth::write_binary)",
+                self.steps,
+                self.picks_per_step()
+            )));
+        }
+        Ok(())
+    }
+
+    /// An empty step list with room for every step.
+    pub(crate) fn step_list(&self) -> Result<Vec<StepPicks>, TraceError> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(self.steps as usize).map_err(|e| {
+            TraceError::TooLarge(format!("cannot allocate {} steps: {e}", self.steps))
+        })?;
+        Ok(v)
+    }
+}
+
+/// Generates the whole trace in memory (at most [`MAX_IN_MEMORY_PICKS`] picks).
 ///
 /// # Errors
-/// As [`SynthConfig::validate`].
+/// As [`SynthConfig::validate_in_memory`].
 pub fn generate(cfg: &SynthConfig) -> Result<Trace, TraceError> {
-    let synth = Synth::new(cfg.clone())?;
+    cfg.validate_in_memory()?;
+    let mut steps = cfg.step_list()?;
+    steps.extend(Synth::new(cfg.clone())?);
     Ok(Trace {
         name: cfg.name.clone(),
         shape: cfg.shape,
         shifts: cfg.shifts(),
-        steps: synth.collect(),
+        steps,
     })
 }
 
@@ -556,7 +632,7 @@ mod tests {
         // 2 domains x 16 layers; enough picks per layer to measure shares to ~0.01 TV.
         let cfg = small(1200, 600, 3);
         let t = generate(&cfg).unwrap();
-        let reuse = stats::reuse_per_layer(&t);
+        let reuse = stats::reuse_per_layer(&t).unwrap();
         for (l, r) in reuse.iter().enumerate() {
             assert!(
                 (r - MIXTRAL_DECODE_REUSE).abs() < 0.03,
@@ -569,7 +645,7 @@ mod tests {
             "mean reuse {mean}"
         );
         for (phase, range) in [(0, 0..600), (1, 600..1200)] {
-            let measured = stats::pick_shares(&t, range);
+            let measured = stats::pick_shares(&t, range).unwrap();
             for l in [0usize, 7, 15, 4] {
                 let fitted = &cfg.domains[phase].shares[l];
                 let tv = stats::total_variation(&measured[l], fitted);
@@ -638,6 +714,37 @@ mod tests {
         c.shape.top_k = 65;
         assert!(matches!(Synth::new(c), Err(TraceError::TopKTooWide { .. })));
         assert!(SynthConfig::olmoe_shift("github", "poetry", 10, 5, 4, 1).is_err());
+    }
+
+    #[test]
+    fn huge_scenarios_are_refused_before_allocating() {
+        // u64::MAX steps used to overflow `Vec::with_capacity`; 10^9 steps or 2^32 - 1 tokens
+        // aborted on allocation.
+        for (steps, tokens) in [
+            (u64::MAX, 16),
+            (MAX_STEPS + 1, 16),
+            (10, u32::MAX),
+            (10, 65_537),
+        ] {
+            let c = small(steps, 5, 1);
+            let c = SynthConfig {
+                tokens_per_step: tokens,
+                ..c
+            };
+            let e = generate(&c).unwrap_err();
+            assert!(
+                matches!(e, TraceError::TooLarge(_)),
+                "{steps}/{tokens}: {e}"
+            );
+        }
+        let c = small(1_000_000_000, 5, 1);
+        c.validate().unwrap();
+        let e = c.validate_in_memory().unwrap_err();
+        assert!(e.to_string().contains("write_binary"), "{e}");
+        assert!(matches!(generate(&c), Err(TraceError::TooLarge(_))));
+        // Profiles are bounded too.
+        let e = DomainProfile::from_anchors("x", &[(0, vec![1.0; 100_000])], 1000).unwrap_err();
+        assert!(matches!(e, TraceError::TooLarge(_)), "{e}");
     }
 
     #[test]
