@@ -372,7 +372,10 @@ fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
     if let Some(h) = a.half_life_steps {
         cfg.half_life_steps = h;
     }
-    cfg.validate()?;
+    cfg.validate().map_err(|e| match &a.config {
+        Some(p) => format!("{}: {e}", p.display()),
+        None => e.to_string(),
+    })?;
     Ok(cfg)
 }
 
@@ -776,7 +779,8 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         let json: serde_json::Value =
             serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?;
         let prof =
-            synth::DomainProfile::from_routing_counts(&json, &a.model, &a.domain, experts, layers)?;
+            synth::DomainProfile::from_routing_counts(&json, &a.model, &a.domain, experts, layers)
+                .map_err(|e| format!("{}: {e}", p.display()))?;
         CounterDump::new(
             format!("{}/{}", a.model, a.domain),
             layers,

@@ -341,7 +341,10 @@ fn hostile_sizes_and_values_are_typed_errors() {
     std::fs::write(&cfg, r#"{"window_drains": 100000000}"#).unwrap();
     fails_with(
         &["experts", "replay", "--config", cfg.to_str().unwrap()],
-        "window_drains must be in 1..=1024",
+        &format!(
+            "{}: invalid config: window_drains must be in 1..=1024",
+            cfg.display()
+        ),
     );
     std::fs::write(&cfg, r#"{"drain_evry": 8}"#).unwrap();
     fails_with(
@@ -397,7 +400,7 @@ fn hostile_sizes_and_values_are_typed_errors() {
             "--experts",
             "100000",
         ],
-        "exceed the limit",
+        &format!("{}: too large: profile d:", rc.display()),
     );
     // A counter dump whose counts are short.
     let dump = temp("dump.json");

@@ -118,6 +118,7 @@ fn tiny_files_declaring_huge_shapes_are_refused() {
     let p = temp("big.json", serde_json::to_string(&t).unwrap().as_bytes());
     let e = read_trace(&p, &ReadOptions::default()).unwrap_err();
     assert!(matches!(e, TraceError::TooLarge(_)), "{e}");
+    assert!(e.to_string().contains(&p.display().to_string()), "{e}");
     // Logger lines whose layer or id imply a huge inferred shape.
     for (name, line) in [
         ("l.jsonl", r#"{"layer":1000000000,"topk_ids":[1]}"#),
@@ -138,7 +139,9 @@ fn a_json_trace_missing_layers_names_the_count() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("step 3") && e.contains("lists 1 layers, the trace shape has 2"),
+        e.starts_with(&p.display().to_string())
+            && e.contains("step 3")
+            && e.contains("lists 1 layers, the trace shape has 2"),
         "{e}"
     );
 }

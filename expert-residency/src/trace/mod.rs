@@ -226,6 +226,51 @@ impl TraceError {
         }
     }
 
+    /// Names the file `path` in an error of [`Trace::validate`] (which only knows the trace's
+    /// name), unless the message already starts with it.
+    fn in_file(self, path: &str) -> Self {
+        let at = |m: String| {
+            if m.starts_with(path) {
+                m
+            } else {
+                format!("{path}: {m}")
+            }
+        };
+        match self {
+            TraceError::ShapeMismatch(m) => TraceError::ShapeMismatch(at(m)),
+            TraceError::TooLarge(m) => TraceError::TooLarge(at(m)),
+            TraceError::Empty(m) => TraceError::Empty(at(m)),
+            TraceError::LayerCountMismatch {
+                location,
+                found,
+                layers,
+            } => TraceError::LayerCountMismatch {
+                location: at(location),
+                found,
+                layers,
+            },
+            TraceError::ExpertOutOfRange {
+                location,
+                expert,
+                experts,
+            } => TraceError::ExpertOutOfRange {
+                location: at(location),
+                expert,
+                experts,
+            },
+            TraceError::TopKTooWide {
+                location,
+                found,
+                allowed,
+            } => TraceError::TopKTooWide {
+                location: at(location),
+                found,
+                allowed,
+            },
+            other => other,
+        }
+    }
+
     pub(crate) fn malformed(path: &str, line: u64, reason: impl Into<String>) -> Self {
         TraceError::Malformed {
             path: path.to_string(),
@@ -530,7 +575,7 @@ impl Trace {
 }
 
 /// Reads one trace file in the given (or detected) format, drops `opts.skip_steps` warm-up
-/// steps and validates the result.
+/// steps and validates the result ([`Trace::validate`]; its errors name the file).
 ///
 /// # Errors
 /// Any [`TraceError`]; [`TraceError::Empty`] when nothing is left after the warm-up.
@@ -568,7 +613,7 @@ pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> 
             opts.skip_steps
         )));
     }
-    trace.validate()?;
+    trace.validate().map_err(|e| e.in_file(&p))?;
     Ok(trace)
 }
 
