@@ -1,7 +1,7 @@
 //! Loom models of the reader fence: every interleaving (preemption bound 3)
 //! of a reader and a writer that unmaps, retires, collects and reuses a page.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release -p tier-core --test loom`
+//! Run (as `.ci/run` does): `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p tier-core --test loom`
 //!
 //! A page's content is a `loom::cell::UnsafeCell`, so loom reports any access
 //! of a reused page that is not ordered after the reader's last read (a
