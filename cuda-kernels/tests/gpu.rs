@@ -235,6 +235,87 @@ fn fused_header_counts_like_the_cpu_reference() {
     assert_eq!(snap.rejected, 0);
 }
 
+#[test]
+fn fused_prev_layer_path_counts_exactly_every_step() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
+    let (layers, tokens, experts, k) = (4u32, 3000u32, 64u32, 6u32);
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let f = gpu
+        .function(&COUNT_MODULE, "tierkit_standin_router_prev")
+        .unwrap();
+    let s = gpu.stream().clone();
+    // one logits matrix per layer; one ids buffer reused by every layer (as engines do)
+    let logits: Vec<Vec<f32>> = (0..layers)
+        .map(|_| (0..tokens * experts).map(|_| rng.random::<f32>()).collect())
+        .collect();
+    let dl: Vec<DeviceBuffer<f32>> = logits
+        .iter()
+        .map(|l| DeviceBuffer::from_host(gpu.ctx(), l).unwrap())
+        .collect();
+    let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
+    // CPU reference of the router's picks and of one step's counts
+    let mut one_step = vec![0u32; (layers * experts) as usize];
+    for (layer, lg) in logits.iter().enumerate() {
+        let picks: Vec<i32> = (0..tokens as usize)
+            .flat_map(|t| {
+                let row = &lg[t * experts as usize..(t + 1) * experts as usize];
+                let mut idx: Vec<usize> = (0..experts as usize).collect();
+                idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+                idx[..k as usize]
+                    .iter()
+                    .map(|&i| i as i32)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        count_picks_cpu(
+            &picks,
+            TopkShape::layer(tokens, k),
+            layer as u32,
+            layers,
+            experts,
+            &mut one_step,
+        )
+        .unwrap();
+    }
+    // 7, 8, 11: previous-layer path (exact per step); 6 and 9: red adds as each pick is known
+    for mode in [7u32, 8, 11, 6, 9] {
+        let mut counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
+        for step in 1..=3u32 {
+            for layer in 0..layers {
+                let (lp, ip) = (dl[layer as usize].device_ptr(), ids.device_ptr());
+                let (tp, ep) = (counter.table_ptr(), counter.rejected_ptr());
+                let cfg = LaunchConfig {
+                    grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let mut b = s.launch_builder(&f);
+                b.arg(&lp)
+                    .arg(&tokens)
+                    .arg(&experts)
+                    .arg(&k)
+                    .arg(&ip)
+                    .arg(&ip)
+                    .arg(&mode)
+                    .arg(&tp)
+                    .arg(&ep)
+                    .arg(&layer)
+                    .arg(&layers);
+                // SAFETY: argument list matches tierkit_standin_router_prev; logits hold
+                // tokens*experts f32, ids tokens*k i32, table layers*experts u32.
+                unsafe { b.launch(cfg) }.unwrap();
+            }
+            // after every step the table holds exactly `step` steps' counts
+            counter.drain_async(&s).unwrap();
+            let snap = counter.wait_drain().unwrap();
+            let want: Vec<u32> = one_step.iter().map(|&c| c * step).collect();
+            assert_eq!(snap.counts, &want[..], "mode {mode}, step {step}");
+            assert_eq!(snap.rejected, 0);
+        }
+    }
+}
+
 fn pattern_bank(gpu: &std::sync::Arc<Gpu>, geo: BankGeometry) -> ExpertBankGpu {
     let mut bank = ExpertBankGpu::new(gpu, geo).unwrap();
     let experts = geo.experts;

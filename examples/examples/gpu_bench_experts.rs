@@ -9,7 +9,7 @@
 mod bench {
     use std::sync::Arc;
 
-    use cuda_kernels::cudarc_driver::{CudaStream, LaunchConfig, PushKernelArg};
+    use cuda_kernels::cudarc_driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
     use cuda_kernels::*;
 
     /// The published H2D ceiling of the test machine (shared/limits/h200-pcie.md).
@@ -255,20 +255,58 @@ mod bench {
         }
     }
 
-    fn fused(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
-        let (layers, tokens, experts, k) = (40u32, 256u32, 64u32, 6u32);
-        let f = gpu
-            .function(&COUNT_MODULE, "tierkit_standin_router")
-            .unwrap();
+    /// Deterministic f32 logits `[tokens, experts]` in [0, 1) for the stand-in routers.
+    fn standin_logits(tokens: u32, experts: u32) -> Vec<f32> {
         let mut x = 99u64;
-        let logits: Vec<f32> = (0..tokens * experts)
+        (0..tokens * experts)
             .map(|_| {
                 x = x
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
                 (x >> 40) as f32 / (1u64 << 24) as f32
             })
-            .collect();
+            .collect()
+    }
+
+    /// One layer of a stand-in router (one warp per token, blocks of 256 threads): `f` is
+    /// `tierkit_standin_router` when `prev_ids` is `None`, `tierkit_standin_router_prev` when
+    /// `Some`. dims = (tokens, experts, k); pointers are device addresses sized by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn launch_router(
+        s: &Arc<CudaStream>,
+        f: &CudaFunction,
+        logits: u64,
+        (tokens, experts, k): (u32, u32, u32),
+        ids: u64,
+        prev_ids: Option<u64>,
+        mode: u32,
+        table: u64,
+        err: u64,
+        layer: u32,
+        layers: u32,
+    ) {
+        let cfg = LaunchConfig {
+            grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = s.launch_builder(f);
+        b.arg(&logits).arg(&tokens).arg(&experts).arg(&k).arg(&ids);
+        if let Some(p) = &prev_ids {
+            b.arg(p);
+        }
+        b.arg(&mode).arg(&table).arg(&err).arg(&layer).arg(&layers);
+        // SAFETY: the argument list matches the kernel chosen by `prev_ids` (count.cu); the
+        // caller sizes logits tokens*experts f32, ids tokens*k i32, table per the kernel's mode.
+        unsafe { b.launch(cfg) }.unwrap();
+    }
+
+    fn fused(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
+        let (layers, tokens, experts, k) = (40u32, 256u32, 64u32, 6u32);
+        let f = gpu
+            .function(&COUNT_MODULE, "tierkit_standin_router")
+            .unwrap();
+        let logits = standin_logits(tokens, experts);
         let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
         let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
@@ -285,24 +323,8 @@ mod bench {
                     counter.table_ptr()
                 };
                 let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
-                let cfg = LaunchConfig {
-                    grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut b = s.launch_builder(&f);
-                b.arg(&lp)
-                    .arg(&tokens)
-                    .arg(&experts)
-                    .arg(&k)
-                    .arg(&ip)
-                    .arg(&mode)
-                    .arg(&tp)
-                    .arg(&ep)
-                    .arg(&layer)
-                    .arg(&layers);
-                // SAFETY: argument list matches tierkit_standin_router; buffers sized above.
-                unsafe { b.launch(cfg) }.unwrap();
+                let dims = (tokens, experts, k);
+                launch_router(&s, &f, lp, dims, ip, None, mode, tp, ep, layer, layers);
             }
         };
         let variants = [
@@ -316,12 +338,25 @@ mod bench {
             (4, "as mode 3, table striped by block (32 stripes)"),
             (5, "diagnostic: as mode 3, adds to distinct addresses"),
         ];
-        // Stream launches (what a host without graphs pays) and CUDA graphs of 10 steps (GPU time).
+        let (stream_t, graph_t) = time_variants(gpu, &s, &step, &variants);
+        push_rows(rows, "stand-in router", &variants, &stream_t, &graph_t);
+    }
+
+    type Variants<'a> = [(u32, &'a str)];
+
+    /// Per variant, the per-step times (us) of 15 repetitions: stream launches (what a host without
+    /// graphs pays) and CUDA graphs of 10 steps (GPU time). Variants interleave in every repetition.
+    fn time_variants(
+        gpu: &Arc<Gpu>,
+        s: &Arc<CudaStream>,
+        step: &dyn Fn(u32),
+        variants: &Variants,
+    ) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
         let steps_per_graph = 10;
         let graphs: Vec<_> = variants
             .iter()
             .map(|&(v, _)| {
-                let g = capture(&s, || (0..steps_per_graph).for_each(|_| step(v)));
+                let g = capture(s, || (0..steps_per_graph).for_each(|_| step(v)));
                 g.upload().unwrap();
                 g
             })
@@ -331,21 +366,31 @@ mod bench {
         for rep in 0..16 {
             for (i, &(v, _)) in variants.iter().enumerate() {
                 let n = 100;
-                let a = time_ms(gpu, &s, || (0..n).for_each(|_| step(v)));
+                let a = time_ms(gpu, s, || (0..n).for_each(|_| step(v)));
                 let m = 30;
-                let b = time_ms(gpu, &s, || (0..m).for_each(|_| graphs[i].launch().unwrap()));
+                let b = time_ms(gpu, s, || (0..m).for_each(|_| graphs[i].launch().unwrap()));
                 if rep > 0 {
                     stream_t[i].push(a * 1e3 / n as f64);
                     graph_t[i].push(b * 1e3 / (m * steps_per_graph) as f64);
                 }
             }
         }
-        for (mode, t) in [("stream launches", &stream_t), ("CUDA graph", &graph_t)] {
+        (stream_t, graph_t)
+    }
+
+    /// Rows: the baseline (variant 0) and each variant's added time per step (median of the
+    /// per-repetition differences against the baseline).
+    fn push_rows(
+        rows: &mut Vec<Row>,
+        what: &str,
+        variants: &Variants,
+        stream_t: &[Vec<f64>],
+        graph_t: &[Vec<f64>],
+    ) {
+        for (mode, t) in [("stream launches", stream_t), ("CUDA graph", graph_t)] {
             let base = median(t[0].clone());
             rows.push(Row(
-                format!(
-                    "stand-in router, 40 layers x 256 tokens x top-6, {mode}, without counting"
-                ),
+                format!("{what}, 40 layers x 256 tokens x top-6, {mode}, without counting"),
                 format!("{base:.2} us/step"),
                 String::new(),
             ));
@@ -362,6 +407,79 @@ mod bench {
                 ));
             }
         }
+    }
+
+    /// The previous-layer fused path and the `red` forms (kernel `tierkit_standin_router_prev`,
+    /// one ids buffer reused by every layer as engines do; each mode compiled as its own body). Before timing, each exact variant runs
+    /// 3 steps into a zeroed table that must equal 3 x layers x the CPU top-k histogram.
+    fn fused_prev(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
+        let (layers, tokens, experts, k) = (40u32, 256u32, 64u32, 6u32);
+        let f = gpu
+            .function(&COUNT_MODULE, "tierkit_standin_router_prev")
+            .unwrap();
+        let logits = standin_logits(tokens, experts);
+        // CPU reference of the router: top-k per row, ties lowest id
+        let mut hist = vec![0u32; experts as usize];
+        for t in 0..tokens as usize {
+            let row = &logits[t * experts as usize..(t + 1) * experts as usize];
+            let mut idx: Vec<usize> = (0..experts as usize).collect();
+            idx.sort_by(|&a, &b| row[b].total_cmp(&row[a]).then(a.cmp(&b)));
+            idx[..k as usize].iter().for_each(|&e| hist[e] += 1);
+        }
+        let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
+        let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
+        let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
+        let s = gpu.stream().clone();
+        let launch = |mode: u32, tp: u64, ep: u64| {
+            for layer in 0..layers {
+                let (lp, ip, dims) = (dl.device_ptr(), ids.device_ptr(), (tokens, experts, k));
+                launch_router(&s, &f, lp, dims, ip, Some(ip), mode, tp, ep, layer, layers);
+            }
+        };
+        let variants = [
+            (0u32, "without counting"),
+            (3, "tierkit_count_pick (atomicAdd) inside each arg-max round, lane 0"),
+            (6, "tierkit_count_pick_red (red.relaxed.gpu) inside each round, lane 0"),
+            (9, "tierkit_count_pick_red inside round r from lane r"),
+            (
+                7,
+                "tierkit_count_prev_layer after the logits loads + last layer's own picks in-loop (exact per step)",
+            ),
+            (8, "as mode 7 with atomicAdd (tierkit_count_pick) for every add"),
+            (
+                11,
+                "as mode 7, tierkit_count_prev_layer called before the logits loads",
+            ),
+            (
+                10,
+                "diagnostic: tierkit_count_prev_layer only, counts lag one layer",
+            ),
+        ];
+        let mut exact = Vec::new();
+        for &(v, _) in &variants[1..7] {
+            let table =
+                DeviceBuffer::<u32>::zeroed(gpu.ctx(), (layers * experts) as usize).unwrap();
+            let err = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 1).unwrap();
+            (0..3).for_each(|_| launch(v, table.device_ptr(), err.device_ptr()));
+            s.synchronize().unwrap();
+            let got = table.download().unwrap();
+            let want: Vec<u32> = (0..layers)
+                .flat_map(|_| hist.iter().map(|&h| 3 * h))
+                .collect();
+            let ok = got == want && err.download().unwrap() == vec![0];
+            println!("mode {v}: counts after 3 steps equal the CPU reference: {ok}");
+            exact.push((v, ok));
+        }
+        assert!(exact.iter().all(|e| e.1), "fused counts differ: {exact:?}");
+        let step = |mode: u32| launch(mode, counter.table_ptr(), counter.rejected_ptr());
+        let (stream_t, graph_t) = time_variants(gpu, &s, &step, &variants);
+        push_rows(
+            rows,
+            "stand-in router (reused ids buffer)",
+            &variants,
+            &stream_t,
+            &graph_t,
+        );
     }
 
     pub fn main() {
@@ -382,10 +500,17 @@ mod bench {
                 100.0 * ceiling / H2D_CEILING_GBS
             ),
         ));
-        swap_copy(&gpu, &mut rows, ceiling);
-        counting(&gpu, &mut rows);
+        // `gpu_bench_experts fused`: the fused-path rows alone
+        let only_fused = std::env::args().any(|a| a == "fused");
+        if !only_fused {
+            swap_copy(&gpu, &mut rows, ceiling);
+            counting(&gpu, &mut rows);
+        }
         fused(&gpu, &mut rows);
-        added_step_time(&gpu, &mut rows);
+        fused_prev(&gpu, &mut rows);
+        if !only_fused {
+            added_step_time(&gpu, &mut rows);
+        }
         println!("\n| measurement | figure | against |\n| --- | --- | --- |");
         for Row(a, b, c) in rows {
             println!("| {a} | {b} | {c} |");
