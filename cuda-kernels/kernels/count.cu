@@ -129,16 +129,66 @@ extern "C" __global__ void tierkit_standin_router(const float* __restrict__ logi
 //   11 as 7 with tierkit_count_prev_layer called before the logits loads (kernel's first line);
 //   10 (diagnostic, counts lag one layer) as 7 without the last layer's own adds; layer 0 counts
 //     prev_ids as layer layers-1 (the previous step's last layer).
+//   12 TierkitWarpCounts (the recommended path): begin right after the logits loads, one
+//     tierkit_warp_count_uniform per round on the warp's arg-max, end after the ids store, into
+//     `stripes` [layers][num_stripes][experts] (warp index = token); the drain folds them;
+//   13 as 12 with num_stripes = 0 (fallback: the warp's nonzero counts added to the table at the end);
+//   14 (diagnostic) as 12 without the stripe load at begin, the counts `red`-added to the stripe row;
+//   15 (diagnostic, counts discarded) as 12 with no memory access at all (registers only);
+//   17 (diagnostic) no counting, lanes < k store their pick a second time, into
+//     stripes[(layer * tokens + token) * k + lane] (an extra 24-byte store per warp at the tail);
+//   19 (diagnostic) as 12 storing all 64 words of the stripe row (old + new) at the end;
+//   20 TierkitWarpStripe: begin (stripe row load) right after the logits loads, nothing in the
+//     loop, end after the ids store with each lane's pick (shuffle the old value, match_any,
+//     one plain store per distinct pick);
+//   21 no load, no loop work: lanes < k red-add 1 to their pick's cell of the warp's stripe row at the end;
+//   22 as 20 with begin before the logits loads (the kernel's first line);
+//   23 as 20 without the match_any (assumes the warp's picks are distinct, as one token's top-k are);
+//   24 as 21 with the red issued inside each round by lane 0, as each pick is known;
+//   28 as 21 with `red.relaxed.cta` (the row is private to the warp);
+//   31 as 21 with the reds issued before the ids store;
+//   40 per-warp one-hot row in shared memory, added to the table row by one TMA bulk reduction
+//      (cp.reduce.async.bulk .add.u32, 256 B) per warp at the end; 41 as 40 into the warp's stripe row;
+//   42 per-block shared histogram (shared atomics, two __syncthreads), one TMA bulk reduction per
+//      block into the table row; 43 as 42 with the nonzero bins red-added by threads < experts.
+//   Modes 40-43 need experts <= 64 and blocks of 256 threads (bench diagnostics, sm_90).
+// TMA bulk reduction (sm_90): dst[i] += src[i] for `bytes / 4` u32, src in shared memory; waits
+// until the shared source has been read (so the CTA may exit or reuse it).
+__device__ __forceinline__ void tierkit_bulk_add_u32(unsigned int* dst, const unsigned int* src_shared,
+                                                     unsigned int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const unsigned int s = (unsigned int)__cvta_generic_to_shared(src_shared);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%0], [%1], %2;" ::"l"(dst), "r"(s),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#else
+    for (unsigned int i = 0; i < bytes / 4u; ++i)
+        if (src_shared[i] != 0u) atomicAdd(dst + i, src_shared[i]);
+#endif
+}
+
 template <unsigned int MODE>
 __device__ __forceinline__ void tierkit_standin_router_prev_body(
     const float* __restrict__ logits, unsigned int tokens, unsigned int experts, unsigned int k, int* ids,
-    const int* prev_ids, unsigned int* table, unsigned int* err, unsigned int layer, unsigned int layers) {
+    const int* prev_ids, unsigned int* table, unsigned int* err, unsigned int layer, unsigned int layers,
+    unsigned int* stripes, unsigned int num_stripes) {
     const unsigned int token = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const unsigned int lane = threadIdx.x & 31u;
     if (token >= tokens) return;  // whole warps exit together
     const unsigned int kk = k < 32u ? k : 32u;
     if (MODE == 11u && layer > 0u && lane < kk)
         tierkit_count_prev_layer(table, err, prev_ids, token * k + lane, tokens * k, layer - 1u, layers, experts);
+    __shared__ __align__(128) unsigned int tk_hist[8][64];  // modes 40-43
+    if (MODE == 40u || MODE == 41u) {
+        tk_hist[threadIdx.x >> 5][lane] = 0u;
+        tk_hist[threadIdx.x >> 5][lane + 32u] = 0u;
+    }
+    if ((MODE == 42u || MODE == 43u) && threadIdx.x < 64u) tk_hist[0][threadIdx.x] = 0u;
+    TierkitWarpStripe<2> ws;  // modes 20-23: experts <= 64
+    if (MODE == 22u) tierkit_warp_stripe_begin(ws, stripes, num_stripes, table, layer, layers, experts, token);
     const float* row = logits + (unsigned long long)token * experts;
     const float NEG = __int_as_float(0xff800000);  // -inf
     float v[8];
@@ -147,6 +197,15 @@ __device__ __forceinline__ void tierkit_standin_router_prev_body(
         const unsigned int e = lane + 32u * j;
         v[j] = e < experts ? row[e] : NEG;
     }
+    constexpr bool WARP_COUNTS = MODE == 12u || MODE == 13u || MODE == 14u || MODE == 15u || MODE == 19u;
+    TierkitWarpCounts<2> wc;  // modes 12-14: experts <= 64 (other experts are rejected into err)
+    if (WARP_COUNTS)
+        tierkit_warp_counts_begin(wc, stripes,
+                                  MODE == 13u ? 0u : ((MODE == 14u || MODE == 15u) ? 0xFFFFFFFFu : num_stripes),
+                                  table, layer, layers, experts, (MODE == 14u || MODE == 15u) ? 0xFFFFFFFFu : token);
+    if (MODE == 42u || MODE == 43u) __syncthreads();  // the zeroed histogram, before any pick is added
+    if (MODE == 20u || MODE == 23u)
+        tierkit_warp_stripe_begin(ws, stripes, num_stripes, table, layer, layers, experts, token);
     if (MODE == 7u && layer > 0u && lane < kk)
         tierkit_count_prev_layer(table, err, prev_ids, token * k + lane, tokens * k, layer - 1u, layers, experts);
     if (MODE == 8u && layer > 0u && lane < kk)
@@ -171,6 +230,9 @@ __device__ __forceinline__ void tierkit_standin_router_prev_body(
             if (ob > best || (ob == best && oa < arg)) { best = ob; arg = oa; }
         }
         if (lane == r) mine = arg;
+        if (WARP_COUNTS) tierkit_warp_count_uniform(wc, (long long)arg);
+        if (MODE == 24u && lane == 0u && layer < layers && token < num_stripes && (unsigned int)arg < experts)
+            tierkit_red_add_u32(stripes + ((unsigned long long)layer * num_stripes + token) * experts + arg, 1u);
         if (own_in_loop) {
             if (MODE == 3u || MODE == 8u) {
                 if (lane == 0) tierkit_count_pick(table, err, layer, layers, (long long)arg, experts);
@@ -185,18 +247,70 @@ __device__ __forceinline__ void tierkit_standin_router_prev_body(
             for (int j = 0; j < 8; ++j) if (j == (arg >> 5)) v[j] = NEG;
         }
     }
+    if (MODE == 31u && lane < kk && layer < layers && token < num_stripes && (unsigned int)mine < experts)
+        tierkit_red_add_u32(stripes + ((unsigned long long)layer * num_stripes + token) * experts + mine, 1u);
     if (lane < kk) ids[(unsigned long long)token * k + lane] = mine;
+    if (MODE == 40u || MODE == 41u) {
+        unsigned int* h = tk_hist[threadIdx.x >> 5];
+        __syncwarp();
+        if (lane < kk && (unsigned int)mine < experts) h[mine] = 1u;  // one token's picks are distinct
+        __syncwarp();
+        if (lane == 0u && layer < layers) {
+            unsigned int* dst = MODE == 40u ? table + (unsigned long long)layer * experts
+                                            : stripes + ((unsigned long long)layer * num_stripes + token) * experts;
+            if (MODE == 40u || token < num_stripes) tierkit_bulk_add_u32(dst, h, experts * 4u);
+        }
+    }
+    if (MODE == 42u || MODE == 43u) {
+        // (all warps of the block reach here: tokens is a multiple of 8 in the bench)
+        if (lane < kk && (unsigned int)mine < experts) atomicAdd(&tk_hist[0][mine], 1u);
+        __syncthreads();
+        if (MODE == 42u && threadIdx.x == 0u && layer < layers)
+            tierkit_bulk_add_u32(table + (unsigned long long)layer * experts, tk_hist[0], experts * 4u);
+        if (MODE == 43u && threadIdx.x < experts && layer < layers && tk_hist[0][threadIdx.x] != 0u)
+            tierkit_red_add_u32(table + (unsigned long long)layer * experts + threadIdx.x, tk_hist[0][threadIdx.x]);
+    }
+    if (MODE == 28u && lane < kk && layer < layers && token < num_stripes && (unsigned int)mine < experts) {
+        unsigned int* p = stripes + ((unsigned long long)layer * num_stripes + token) * experts + mine;
+        asm volatile("red.relaxed.cta.global.add.u32 [%0], %1;" ::"l"(p), "r"(1u));
+    }
+    if (MODE == 12u || MODE == 13u) tierkit_warp_counts_end(wc, err);
+    if (MODE == 20u || MODE == 22u) tierkit_warp_stripe_end(ws, (long long)mine, lane < kk, err);
+    if (MODE == 21u && lane < kk && layer < layers && token < num_stripes && (unsigned int)mine < experts)
+        tierkit_red_add_u32(stripes + ((unsigned long long)layer * num_stripes + token) * experts + mine, 1u);
+    if (MODE == 23u) {
+        const unsigned int e = (unsigned int)mine & 63u;
+        const unsigned int v0 = __shfl_sync(0xFFFFFFFFu, ws.pre[0], e & 31u);
+        const unsigned int v1 = __shfl_sync(0xFFFFFFFFu, ws.pre[1], e & 31u);
+        if (lane < kk && ws.private_row && (unsigned int)mine < ws.experts) ws.row[e] = (e >> 5 ? v1 : v0) + 1u;
+    }
+    if (MODE == 15u && wc.c[0] == 0xFFFFFFFFu) err[0] = wc.c[1];  // never true: keeps the counting live
+    if (MODE == 17u && lane < kk) stripes[((unsigned long long)layer * tokens + token) * k + lane] = mine;
+    if (MODE == 19u && wc.row != nullptr) {
+#pragma unroll
+        for (unsigned int j = 0; j < 2u; ++j)
+            if (lane + 32u * j < wc.experts) wc.row[lane + 32u * j] = wc.pre[j] + wc.c[j];
+    }
+    if (MODE == 14u && layer < layers && token < num_stripes) {
+        // diagnostic: no load at begin (the warp index above was out of range, so counts start at
+        // 0 and row is the table row); red-add the nonzero counts to the warp's stripe row instead
+        unsigned int* srow = stripes + ((unsigned long long)layer * num_stripes + token) * experts;
+#pragma unroll
+        for (unsigned int j = 0; j < 2u; ++j)
+            if (lane + 32u * j < experts && wc.c[j] != 0u) tierkit_red_add_u32(srow + lane + 32u * j, wc.c[j]);
+    }
 }
 
 extern "C" __global__ void tierkit_standin_router_prev(const float* __restrict__ logits, unsigned int tokens,
                                                        unsigned int experts, unsigned int k, int* ids,
                                                        const int* prev_ids, unsigned int mode,
                                                        unsigned int* table, unsigned int* err,
-                                                       unsigned int layer, unsigned int layers) {
+                                                       unsigned int layer, unsigned int layers,
+                                                       unsigned int* stripes, unsigned int num_stripes) {
 #define TIERKIT_PREV_CASE(M)                                                                       \
     case M:                                                                                        \
         tierkit_standin_router_prev_body<M>(logits, tokens, experts, k, ids, prev_ids, table, err, \
-                                            layer, layers);                                        \
+                                            layer, layers, stripes, num_stripes);                  \
         break;
     switch (mode) {
         TIERKIT_PREV_CASE(3u)
@@ -206,8 +320,79 @@ extern "C" __global__ void tierkit_standin_router_prev(const float* __restrict__
         TIERKIT_PREV_CASE(9u)
         TIERKIT_PREV_CASE(10u)
         TIERKIT_PREV_CASE(11u)
+        TIERKIT_PREV_CASE(12u)
+        TIERKIT_PREV_CASE(13u)
+        TIERKIT_PREV_CASE(14u)
+        TIERKIT_PREV_CASE(15u)
+        TIERKIT_PREV_CASE(17u)
+        TIERKIT_PREV_CASE(19u)
+        TIERKIT_PREV_CASE(20u)
+        TIERKIT_PREV_CASE(21u)
+        TIERKIT_PREV_CASE(22u)
+        TIERKIT_PREV_CASE(23u)
+        TIERKIT_PREV_CASE(24u)
+        TIERKIT_PREV_CASE(28u)
+        TIERKIT_PREV_CASE(31u)
+        TIERKIT_PREV_CASE(40u)
+        TIERKIT_PREV_CASE(41u)
+        TIERKIT_PREV_CASE(42u)
+        TIERKIT_PREV_CASE(43u)
         default: tierkit_standin_router_prev_body<0u>(logits, tokens, experts, k, ids, prev_ids, table, err,
-                                                      layer, layers);
+                                                      layer, layers, stripes, num_stripes);
     }
 #undef TIERKIT_PREV_CASE
+}
+
+// Folds the fused path's per-warp stripes into the table: table[l][e] += sum over s of
+// stripes[l][s][e] (wrapping u32, relaxed atomic add of each nonzero sum), then zeroes the stripes.
+// stripes: u32 [layers][num_stripes][experts]. Launch grid (ceil(experts / 32), layers), block
+// (32, 32), on the stream the routers run on (between steps: it must not overlap a router).
+extern "C" __global__ void tierkit_fold_stripes(unsigned int* stripes, unsigned int num_stripes,
+                                                unsigned int layers, unsigned int experts,
+                                                unsigned int* table) {
+    __shared__ unsigned int part[32][33];
+    const unsigned int e = blockIdx.x * 32u + threadIdx.x;
+    const unsigned int layer = blockIdx.y;
+    unsigned int sum = 0u;
+    if (e < experts && layer < layers) {
+        unsigned int* base = stripes + (unsigned long long)layer * num_stripes * experts + e;
+        unsigned int s = threadIdx.y;
+        // four independent loads in flight per thread, then their zeroing stores
+        for (; s + 96u < num_stripes; s += 128u) {
+            unsigned int* p0 = base + (unsigned long long)s * experts;
+            const unsigned long long d = 32ull * experts;
+            const unsigned int a = p0[0], b = p0[d], c = p0[2 * d], q = p0[3 * d];
+            p0[0] = 0u; p0[d] = 0u; p0[2 * d] = 0u; p0[3 * d] = 0u;
+            sum += a + b + c + q;
+        }
+        for (; s < num_stripes; s += 32u) {
+            unsigned int* p = base + (unsigned long long)s * experts;
+            sum += *p;
+            *p = 0u;
+        }
+    }
+    part[threadIdx.y][threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.y == 0u && e < experts && layer < layers) {
+#pragma unroll 8
+        for (unsigned int y = 1; y < 32u; ++y) sum += part[y][threadIdx.x];
+        if (sum != 0u) atomicAdd(table + (unsigned long long)layer * experts + e, sum);
+    }
+}
+
+// Test kernel of the fused warp path with arbitrary ids (bad ones included): warp w counts
+// ids[w * 32 + lane] (lanes past n hold none) of layer `layer` with tierkit_warp_count_lanes,
+// PER_LANE = 8 (experts <= 256; more experts reject every pick). Launch >= ceil(n / 32) warps,
+// blocks of a multiple of 32 threads.
+extern "C" __global__ void tierkit_warp_count_ids_i32(const int* ids, unsigned int n, unsigned int layer,
+                                                      unsigned int layers, unsigned int experts,
+                                                      unsigned int* table, unsigned int* err,
+                                                      unsigned int* stripes, unsigned int num_stripes) {
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned int warp = i >> 5;
+    TierkitWarpCounts<8> wc;
+    tierkit_warp_counts_begin(wc, stripes, num_stripes, table, layer, layers, experts, warp);
+    const bool has = i < n;
+    tierkit_warp_count_lanes(wc, has ? (long long)ids[i] : 0ll, has);
+    tierkit_warp_counts_end(wc, err);
 }

@@ -5,8 +5,10 @@
 //! int32 or int64) into the `layers × experts` u32 table of `expert-residency` (row-major
 //! `[layer][expert]`, cumulative, wrapping at 2^32). Picks with an expert id outside
 //! `0..experts` are never written: they are counted in a rejected-picks word the host reads at
-//! the drain. The fused path is the `tierkit_count_pick` device function of
-//! [`crate::EXPERT_COUNT_CUH`], which writes the same table.
+//! the drain. The fused path is the header [`crate::EXPERT_COUNT_CUH`]: its recommended form,
+//! `TierkitWarpCounts`, keeps a router warp's counts in registers and stores them into a private
+//! per-warp stripe ([`PickCounterGpu::with_warp_stripes`]); the drain folds the stripes into the
+//! same table. The single-pick form `tierkit_count_pick` adds to the table directly.
 
 use std::sync::Arc;
 
@@ -205,6 +207,56 @@ pub struct PickCounterGpu {
     drain_pending: bool,
     f_i32: CudaFunction,
     f_i64: CudaFunction,
+    /// Per-warp stripes of the fused path, u32 `[layers][num_stripes][experts]` (empty when 0).
+    stripes: Option<DeviceBuffer<u32>>,
+    num_stripes: u32,
+    f_fold: CudaFunction,
+}
+
+/// Most u32 cells of the fused path's stripes buffer (`layers × stripes × experts`): 2^30, 4 GiB.
+pub const MAX_STRIPE_CELLS: u64 = 1 << 30;
+
+/// CPU reference of `tierkit_fold_stripes`: `table[l][e] += Σ_s stripes[l][s][e]` (wrapping
+/// u32), then every stripe cell is zeroed. `stripes`: `[layers][num_stripes][experts]`, `table`:
+/// `[layers][experts]` (the rejected word, if present after the table, is left alone).
+///
+/// # Errors
+/// [`CudaError::Shape`] if the slices do not match the geometry.
+pub fn fold_stripes_cpu(
+    stripes: &mut [u32],
+    num_stripes: u32,
+    layers: u32,
+    experts: u32,
+    table: &mut [u32],
+) -> Result<()> {
+    let (s, l, e) = (num_stripes as usize, layers as usize, experts as usize);
+    if stripes.len() as u64 != l as u64 * s as u64 * e as u64 {
+        return Err(CudaError::Shape {
+            what: "stripes (layers * num_stripes * experts)",
+            expected: l as u64 * s as u64 * e as u64,
+            got: stripes.len() as u64,
+        });
+    }
+    if table.len() < l * e {
+        return Err(CudaError::Shape {
+            what: "table (layers * experts)",
+            expected: (l * e) as u64,
+            got: table.len() as u64,
+        });
+    }
+    for layer in 0..l {
+        for stripe in 0..s {
+            let row = &mut stripes[(layer * s + stripe) * e..(layer * s + stripe + 1) * e];
+            for (t, c) in table[layer * e..(layer + 1) * e]
+                .iter_mut()
+                .zip(row.iter_mut())
+            {
+                *t = t.wrapping_add(*c);
+                *c = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 impl PickCounterGpu {
@@ -228,6 +280,9 @@ impl PickCounterGpu {
         let step_mark = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
         let drain_done = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
         Ok(PickCounterGpu {
+            stripes: None,
+            num_stripes: 0,
+            f_fold: gpu.function(&COUNT_MODULE, "tierkit_fold_stripes")?,
             f_i32: gpu.function(&COUNT_MODULE, "tierkit_count_i32")?,
             f_i64: gpu.function(&COUNT_MODULE, "tierkit_count_i64")?,
             gpu: gpu.clone(),
@@ -240,6 +295,84 @@ impl PickCounterGpu {
             drain_done,
             drain_pending: false,
         })
+    }
+
+    /// A zeroed counter with `num_stripes` per-warp stripes per layer for the fused path
+    /// (`TierkitWarpCounts` in [`crate::EXPERT_COUNT_CUH`]): pass [`PickCounterGpu::stripes_ptr`]
+    /// and `num_stripes` to the router. Size `num_stripes` to the most warps a router launch runs
+    /// (one warp per token: the largest batch); warps beyond it fall back to atomics into the
+    /// table, exact but slower. Memory: `layers × num_stripes × experts × 4` bytes of HBM
+    /// (40 × 256 × 64: 2.5 MiB). [`PickCounterGpu::drain_async`] folds the stripes first.
+    ///
+    /// # Errors
+    /// As [`PickCounterGpu::new`]; [`CudaError::OutOfRange`] if `num_stripes` is 0 or the
+    /// stripes exceed [`MAX_STRIPE_CELLS`] cells, or the layers exceed 65,535 (the fold's grid).
+    pub fn with_warp_stripes(
+        gpu: &Arc<Gpu>,
+        layers: u32,
+        experts: u32,
+        num_stripes: u32,
+    ) -> Result<Self> {
+        let mut c = Self::new(gpu, layers, experts)?;
+        let cells = layers as u64 * experts as u64 * num_stripes as u64;
+        if num_stripes == 0 || cells > MAX_STRIPE_CELLS {
+            return Err(CudaError::OutOfRange {
+                what: "layers * experts * num_stripes (fused-path stripes)",
+                value: cells,
+                limit: MAX_STRIPE_CELLS + 1,
+            });
+        }
+        if layers > 65_535 {
+            return Err(CudaError::OutOfRange {
+                what: "layers (fold grid y)",
+                value: layers as u64,
+                limit: 65_536,
+            });
+        }
+        c.stripes = Some(DeviceBuffer::<u32>::zeroed(gpu.ctx(), cells as usize)?);
+        c.num_stripes = num_stripes;
+        Ok(c)
+    }
+
+    /// Device pointer of the fused path's stripes, u32 `[layers][num_stripes][experts]`
+    /// (0 without stripes: a router passing 0 stripes then takes the atomic fallback).
+    pub fn stripes_ptr(&self) -> u64 {
+        self.stripes.as_ref().map_or(0, |b| b.device_ptr())
+    }
+
+    /// Stripes per layer (0 without stripes).
+    pub fn num_stripes(&self) -> u32 {
+        self.num_stripes
+    }
+
+    /// Folds the stripes into the table on `stream` (`table += Σ stripes`, stripes zeroed), one
+    /// launch; a no-op without stripes. [`PickCounterGpu::drain_async`] calls it: call it
+    /// directly only to read the table some other way. `stream` must be the stream the routers
+    /// run on (the fold must not overlap a router writing the stripes).
+    ///
+    /// # Errors
+    /// CUDA launch errors.
+    pub fn fold_stripes(&self, stream: &CudaStream) -> Result<()> {
+        let Some(stripes) = &self.stripes else {
+            return Ok(());
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (self.experts.div_ceil(32), self.layers, 1),
+            block_dim: (32, 32, 1),
+            shared_mem_bytes: 0,
+        };
+        let (sp, tp) = (stripes.device_ptr(), self.table_ptr());
+        let mut b = stream.launch_builder(&self.f_fold);
+        b.arg(&sp)
+            .arg(&self.num_stripes)
+            .arg(&self.layers)
+            .arg(&self.experts)
+            .arg(&tp);
+        // SAFETY: argument list matches `tierkit_fold_stripes` (ptr, u32 x3, ptr); the kernel
+        // touches stripes[l][s][e] for l < layers, s < num_stripes, e < experts (the buffer's
+        // size, checked at construction) and table[l][e] inside the table allocation.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_fold_stripes)"))?;
+        Ok(())
     }
 
     /// Layers of the table.
@@ -351,9 +484,10 @@ impl PickCounterGpu {
         )
     }
 
-    /// Starts a drain: the side stream waits for the work queued so far on `stream` (the step
-    /// stream that counts), then copies the table and the rejected word to pinned host memory.
-    /// The step stream is never blocked.
+    /// Starts a drain: folds the fused path's stripes into the table on `stream` (one small
+    /// launch, only with [`PickCounterGpu::with_warp_stripes`]), then the side stream waits for
+    /// the work queued so far on `stream` (the step stream that counts) and copies the table and
+    /// the rejected word to pinned host memory. The step stream is never blocked.
     ///
     /// # Errors
     /// [`CudaError::InFlight`] if the previous drain has not been collected
@@ -362,6 +496,7 @@ impl PickCounterGpu {
         if self.drain_pending {
             return Err(CudaError::InFlight("previous drain not collected"));
         }
+        self.fold_stripes(stream)?;
         self.step_mark
             .record(stream)
             .map_err(drv("cuEventRecord"))?;
@@ -480,5 +615,27 @@ mod tests {
         let mut table = vec![u32::MAX; 1];
         count_picks_cpu(&[0i32], TopkShape::layer(1, 1), 0, 1, 1, &mut table).unwrap();
         assert_eq!(table, vec![0]);
+    }
+
+    #[test]
+    fn cpu_fold_adds_every_stripe_and_zeroes_them() {
+        // 2 layers x 3 stripes x 2 experts
+        let mut stripes: Vec<u32> = (1..=12).collect();
+        stripes[0] = u32::MAX; // wraps with the table's 1
+        let mut table = vec![1u32, 0, 0, 5, 77]; // + a trailing rejected word, left alone
+        fold_stripes_cpu(&mut stripes, 3, 2, 2, &mut table).unwrap();
+        let l0 = [1u32.wrapping_add(u32::MAX).wrapping_add(3 + 5), 2 + 4 + 6];
+        assert_eq!(table, vec![l0[0], l0[1], 7 + 9 + 11, 5 + 8 + 10 + 12, 77]);
+        assert!(stripes.iter().all(|&c| c == 0));
+        let before = table.clone();
+        assert!(matches!(
+            fold_stripes_cpu(&mut stripes[..11], 3, 2, 2, &mut table),
+            Err(CudaError::Shape { .. })
+        ));
+        assert!(matches!(
+            fold_stripes_cpu(&mut stripes, 3, 2, 2, &mut table[..3]),
+            Err(CudaError::Shape { .. })
+        ));
+        assert_eq!(table, before);
     }
 }

@@ -6,7 +6,8 @@
 //! the device's compute capability at first use and cached per context ([`Gpu`]).
 //!
 //! - [`count`]: expert pick counting (standalone kernel over `[layers, tokens, k]` int32/int64
-//!   `topk_ids`, the fused-path header [`EXPERT_COUNT_CUH`], asynchronous drains) + CPU reference.
+//!   `topk_ids`, the fused-path header [`EXPERT_COUNT_CUH`] with its per-warp stripes folded at
+//!   the drain, asynchronous drains) + CPU references.
 //! - [`bank`]: the expert bank (pinned host experts, HBM slots + a spare per layer, device
 //!   indirection table, copy stream, reader fences) used by `expert-residency`'s GPU executor.
 //! - [`mem`]: device buffers and mapped pinned host buffers (raw `u64` device pointers).
@@ -42,8 +43,8 @@ pub use bank::{
     ExpertBankGpu,
 };
 pub use count::{
-    count_picks_cpu, DrainSnapshot, IdsDtype, PickCounterGpu, TopkId, TopkIdsView, TopkShape,
-    TIMING_EVENT,
+    count_picks_cpu, fold_stripes_cpu, DrainSnapshot, IdsDtype, PickCounterGpu, TopkId,
+    TopkIdsView, TopkShape, MAX_STRIPE_CELLS, TIMING_EVENT,
 };
 pub use device::{
     cuda_available, gpu_or_skip, Gpu, KernelSource, BANK_MODULE, COUNT_MODULE, EXPERT_COUNT_CUH,

@@ -278,9 +278,28 @@ fn fused_prev_layer_path_counts_exactly_every_step() {
         )
         .unwrap();
     }
-    // 7, 8, 11: previous-layer path (exact per step); 6 and 9: red adds as each pick is known
-    for mode in [7u32, 8, 11, 6, 9] {
-        let mut counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
+    // 7, 8, 11: previous-layer path (exact per step); 6 and 9: red adds as each pick is known;
+    // 12: TierkitWarpCounts into per-warp stripes (one per token; and fewer stripes than warps,
+    // so a third of the warps take the atomic fallback), folded at the drain; 13: its fallback
+    // alone; 14: stripes red-added without the load
+    let warps = tokens; // one warp per token
+    for (mode, stripes) in [
+        (7u32, 0u32),
+        (8, 0),
+        (11, 0),
+        (6, 0),
+        (9, 0),
+        (12, warps),
+        (12, 2 * warps / 3),
+        (13, 0),
+        (14, warps),
+    ] {
+        let mut counter = if stripes > 0 {
+            PickCounterGpu::with_warp_stripes(&gpu, layers, experts, stripes).unwrap()
+        } else {
+            PickCounterGpu::new(&gpu, layers, experts).unwrap()
+        };
+        let (sp, ns) = (counter.stripes_ptr(), counter.num_stripes());
         for step in 1..=3u32 {
             for layer in 0..layers {
                 let (lp, ip) = (dl[layer as usize].device_ptr(), ids.device_ptr());
@@ -301,18 +320,152 @@ fn fused_prev_layer_path_counts_exactly_every_step() {
                     .arg(&tp)
                     .arg(&ep)
                     .arg(&layer)
-                    .arg(&layers);
+                    .arg(&layers)
+                    .arg(&sp)
+                    .arg(&ns);
                 // SAFETY: argument list matches tierkit_standin_router_prev; logits hold
-                // tokens*experts f32, ids tokens*k i32, table layers*experts u32.
+                // tokens*experts f32, ids tokens*k i32, table layers*experts u32, stripes
+                // layers*ns*experts u32 (ns = 0: none).
                 unsafe { b.launch(cfg) }.unwrap();
             }
-            // after every step the table holds exactly `step` steps' counts
+            // after every step (and the drain's fold) the table holds exactly `step` steps' counts
             counter.drain_async(&s).unwrap();
             let snap = counter.wait_drain().unwrap();
             let want: Vec<u32> = one_step.iter().map(|&c| c * step).collect();
-            assert_eq!(snap.counts, &want[..], "mode {mode}, step {step}");
+            assert_eq!(
+                snap.counts,
+                &want[..],
+                "mode {mode}, stripes {stripes}, step {step}"
+            );
             assert_eq!(snap.rejected, 0);
         }
+    }
+}
+
+/// `tierkit_warp_count_ids_i32` (the header's `tierkit_warp_count_lanes`: each lane holds a
+/// different id) with bad ids, over several layers and steps, some warps on stripes and the
+/// rest on the atomic fallback: after each drain the table and the rejected word equal the CPU
+/// reference; a layer out of range or more experts than the warp form holds rejects every pick.
+#[test]
+fn fused_warp_counts_match_the_cpu_reference_with_bad_ids() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let f = gpu
+        .function(&COUNT_MODULE, "tierkit_warp_count_ids_i32")
+        .unwrap();
+    let s = gpu.stream().clone();
+    let launch =
+        |ids: &DeviceBuffer<i32>, layer: u32, layers: u32, experts: u32, c: &PickCounterGpu| {
+            let n = ids.len() as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(128), 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let (ip, tp, ep, sp, ns) = (
+                ids.device_ptr(),
+                c.table_ptr(),
+                c.rejected_ptr(),
+                c.stripes_ptr(),
+                c.num_stripes(),
+            );
+            let mut b = s.launch_builder(&f);
+            b.arg(&ip)
+                .arg(&n)
+                .arg(&layer)
+                .arg(&layers)
+                .arg(&experts)
+                .arg(&tp)
+                .arg(&ep)
+                .arg(&sp)
+                .arg(&ns);
+            // SAFETY: argument list matches tierkit_warp_count_ids_i32; ids holds n i32, the grid
+            // has ceil(n / 32) warps or more, the table and stripes come from `c`'s geometry.
+            unsafe { b.launch(cfg) }.unwrap();
+        };
+    let (layers, experts, n) = (3u32, 200u32, 10_000usize);
+    let warps = n.div_ceil(32) as u32;
+    // stripes for 150 of the 313 warps: the rest fall back to atomics
+    let mut counter = PickCounterGpu::with_warp_stripes(&gpu, layers, experts, 150).unwrap();
+    let mut cpu = vec![0u32; (layers * experts) as usize];
+    let mut rejected = 0u32;
+    for _step in 0..3 {
+        for layer in 0..layers {
+            let ids: Vec<i32> = random_ids(&mut rng, n, experts as i64, 37)
+                .into_iter()
+                .map(|v| v as i32)
+                .collect();
+            rejected += count_picks_cpu(
+                &ids,
+                TopkShape::layer(n as u32, 1),
+                layer,
+                layers,
+                experts,
+                &mut cpu,
+            )
+            .unwrap() as u32;
+            let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
+            launch(&d, layer, layers, experts, &counter);
+        }
+        counter.drain_async(&s).unwrap();
+        let snap = counter.wait_drain().unwrap();
+        assert_eq!(snap.counts, &cpu[..]);
+        assert_eq!(snap.rejected, rejected);
+        assert!(rejected > 0 && warps > counter.num_stripes());
+    }
+    // a layer outside the table, then a geometry wider than 32 * 8 experts: all rejected
+    let ids: Vec<i32> = (0..n as i32).map(|i| i % 64).collect();
+    let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
+    launch(&d, layers, layers, experts, &counter);
+    let mut wide = PickCounterGpu::with_warp_stripes(&gpu, 1, 300, warps).unwrap();
+    launch(&d, 0, 1, 300, &wide);
+    counter.drain_async(&s).unwrap();
+    let snap = counter.wait_drain().unwrap();
+    assert_eq!(snap.counts, &cpu[..]);
+    assert_eq!(snap.rejected, rejected + n as u32);
+    wide.drain_async(&s).unwrap();
+    let snap = wide.wait_drain().unwrap();
+    assert!(snap.counts.iter().all(|&c| c == 0));
+    assert_eq!(snap.rejected, n as u32);
+}
+
+/// The fold kernel against `fold_stripes_cpu`: random stripes written directly (the header path
+/// that writes them is covered above), one value near 2^32 so the sum wraps.
+#[test]
+fn fold_stripes_matches_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for (layers, experts, stripes) in [
+        (40u32, 64u32, 256u32),
+        (3, 200, 97),
+        (1, 1, 1),
+        (2, 33, 130),
+    ] {
+        let mut counter =
+            PickCounterGpu::with_warp_stripes(&gpu, layers, experts, stripes).unwrap();
+        let cells = (layers * experts * stripes) as usize;
+        let mut host: Vec<u32> = (0..cells).map(|_| rng.random_range(0..1000)).collect();
+        host[0] = u32::MAX - 3; // wraps
+                                // SAFETY: the stripes buffer holds `cells` u32 (with_warp_stripes), `host` as many.
+        unsafe {
+            copy_htod_async(
+                counter.stripes_ptr(),
+                host.as_ptr() as *const u8,
+                cells * 4,
+                gpu.stream(),
+            )
+            .unwrap()
+        };
+        gpu.stream().synchronize().unwrap();
+        let mut want = vec![0u32; (layers * experts) as usize];
+        fold_stripes_cpu(&mut host, stripes, layers, experts, &mut want).unwrap();
+        counter.drain_async(gpu.stream()).unwrap();
+        let first = counter.wait_drain().unwrap().counts.to_vec();
+        assert_eq!(first, want, "{layers} x {experts} x {stripes}");
+        // the stripes are zero now: a second drain changes nothing
+        counter.drain_async(gpu.stream()).unwrap();
+        assert_eq!(counter.wait_drain().unwrap().counts, &first[..]);
     }
 }
 

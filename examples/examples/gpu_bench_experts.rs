@@ -284,6 +284,7 @@ mod bench {
         err: u64,
         layer: u32,
         layers: u32,
+        (stripes, num_stripes): (u64, u32),
     ) {
         let cfg = LaunchConfig {
             grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
@@ -296,8 +297,12 @@ mod bench {
             b.arg(p);
         }
         b.arg(&mode).arg(&table).arg(&err).arg(&layer).arg(&layers);
+        if prev_ids.is_some() {
+            b.arg(&stripes).arg(&num_stripes);
+        }
         // SAFETY: the argument list matches the kernel chosen by `prev_ids` (count.cu); the
-        // caller sizes logits tokens*experts f32, ids tokens*k i32, table per the kernel's mode.
+        // caller sizes logits tokens*experts f32, ids tokens*k i32, table per the kernel's mode,
+        // stripes layers*num_stripes*experts u32.
         unsafe { b.launch(cfg) }.unwrap();
     }
 
@@ -324,7 +329,20 @@ mod bench {
                 };
                 let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
                 let dims = (tokens, experts, k);
-                launch_router(&s, &f, lp, dims, ip, None, mode, tp, ep, layer, layers);
+                launch_router(
+                    &s,
+                    &f,
+                    lp,
+                    dims,
+                    ip,
+                    None,
+                    mode,
+                    tp,
+                    ep,
+                    layer,
+                    layers,
+                    (0, 0),
+                );
             }
         };
         let variants = [
@@ -428,16 +446,79 @@ mod bench {
         }
         let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
-        let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
+        // one stripe per warp (one warp per token)
+        let counter = PickCounterGpu::with_warp_stripes(gpu, layers, experts, tokens).unwrap();
         let s = gpu.stream().clone();
-        let launch = |mode: u32, tp: u64, ep: u64| {
+        let launch = |mode: u32, c: &PickCounterGpu| {
+            let (tp, ep, st) = (
+                c.table_ptr(),
+                c.rejected_ptr(),
+                (c.stripes_ptr(), c.num_stripes()),
+            );
             for layer in 0..layers {
                 let (lp, ip, dims) = (dl.device_ptr(), ids.device_ptr(), (tokens, experts, k));
-                launch_router(&s, &f, lp, dims, ip, Some(ip), mode, tp, ep, layer, layers);
+                launch_router(
+                    &s,
+                    &f,
+                    lp,
+                    dims,
+                    ip,
+                    Some(ip),
+                    mode,
+                    tp,
+                    ep,
+                    layer,
+                    layers,
+                    st,
+                );
             }
         };
         let variants = [
             (0u32, "without counting"),
+            (
+                12,
+                "TierkitWarpCounts: counts in registers, one private stripe store per warp (recommended; fold at the drain)",
+            ),
+            (
+                13,
+                "TierkitWarpCounts without stripes (fallback: nonzero counts atomically added at the end)",
+            ),
+            (
+                14,
+                "diagnostic: as 12 with the counts red-added to the stripe (no stripe load)",
+            ),
+            (
+                20,
+                "TierkitWarpStripe: stripe row loaded after the logits loads, each lane's pick counted at the end (shuffle + match_any + one plain store per distinct pick)",
+            ),
+            (
+                21,
+                "picks red-added to the warp's stripe row at the end (no load)",
+            ),
+            (22, "as 20 with the stripe load before the logits loads"),
+            (24, "as 21 with the red inside each round, lane 0"),
+            (28, "as 21 with red.relaxed.cta"),
+            (31, "as 21 with the reds before the ids store"),
+            (40, "per-warp one-hot row in shared memory, one TMA bulk reduction per warp into the table"),
+            (41, "as 40 into the warp's stripe row"),
+            (42, "per-block shared histogram, one TMA bulk reduction per block into the table"),
+            (43, "per-block shared histogram, nonzero bins red-added to the table"),
+            (
+                23,
+                "as 20 without match_any (the warp's picks are distinct)",
+            ),
+            (
+                15,
+                "diagnostic: as 12 in registers only, no memory access (counts discarded)",
+            ),
+            (
+                17,
+                "diagnostic: no counting, each pick stored a second time (24 B more per warp at the tail)",
+            ),
+            (
+                19,
+                "diagnostic: as 12 storing the whole 64-word stripe row at the end",
+            ),
             (3, "tierkit_count_pick (atomicAdd) inside each arg-max round, lane 0"),
             (6, "tierkit_count_pick_red (red.relaxed.gpu) inside each round, lane 0"),
             (9, "tierkit_count_pick_red inside round r from lane r"),
@@ -456,23 +537,47 @@ mod bench {
             ),
         ];
         let mut exact = Vec::new();
-        for &(v, _) in &variants[1..7] {
-            let table =
-                DeviceBuffer::<u32>::zeroed(gpu.ctx(), (layers * experts) as usize).unwrap();
-            let err = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 1).unwrap();
-            (0..3).for_each(|_| launch(v, table.device_ptr(), err.device_ptr()));
-            s.synchronize().unwrap();
-            let got = table.download().unwrap();
+        for &(v, _) in variants
+            .iter()
+            .filter(|(v, _)| ![0, 10, 15, 17].contains(v))
+        {
+            let mut c = PickCounterGpu::with_warp_stripes(gpu, layers, experts, tokens).unwrap();
+            (0..3).for_each(|_| launch(v, &c));
+            c.drain_async(&s).unwrap();
+            let snap = c.wait_drain().unwrap();
             let want: Vec<u32> = (0..layers)
                 .flat_map(|_| hist.iter().map(|&h| 3 * h))
                 .collect();
-            let ok = got == want && err.download().unwrap() == vec![0];
-            println!("mode {v}: counts after 3 steps equal the CPU reference: {ok}");
+            let ok = snap.counts == &want[..] && snap.rejected == 0;
+            println!(
+                "mode {v}: counts after 3 steps (+ the drain's fold) equal the CPU reference: {ok}"
+            );
             exact.push((v, ok));
         }
         assert!(exact.iter().all(|e| e.1), "fused counts differ: {exact:?}");
-        let step = |mode: u32| launch(mode, counter.table_ptr(), counter.rejected_ptr());
+        let step = |mode: u32| launch(mode, &counter);
         let (stream_t, graph_t) = time_variants(gpu, &s, &step, &variants);
+        // the drain's fold of the stripes (40 x 256 x 64 u32), in a graph of 30 folds
+        let n = 30;
+        let g = capture(&s, || {
+            (0..n).for_each(|_| counter.fold_stripes(&s).unwrap())
+        });
+        g.upload().unwrap();
+        let fold_us = median(
+            (0..11)
+                .map(|_| time_ms(gpu, &s, || g.launch().unwrap()) * 1e3 / n as f64)
+                .collect(),
+        );
+        rows.push(Row(
+            format!(
+                "fold of the fused path's stripes at the drain ({layers} x {tokens} x {experts} u32), CUDA graph"
+            ),
+            format!(
+                "{fold_us:.2} us per drain = {:.3} us/step at a drain every 64 steps",
+                fold_us / 64.0
+            ),
+            "runs once per drain, on the step stream".into(),
+        ));
         push_rows(
             rows,
             "stand-in router (reused ids buffer)",
