@@ -1,7 +1,18 @@
 // tierkit: expert pick counting, fused path (paste or #include into your own router kernel).
 //
-// Recommended fused path: TierkitWarpCounts (bottom of this file): counts in registers, one
-// private coalesced store per warp at the end, folded into the table at the drain.
+// Which call to use. Added GPU time per 40-layer step, measured on the H200 with stand-in routers
+// (one warp per token, 40 layers x 256 tokens x top-6 of 64, CUDA graphs; benches/README.md,
+// "Fused header path"; "gate" = a router that also writes the top-k softmax weights):
+//   tierkit_count_pick_striped at the router's end, a stripe per warp (layer form, RECOMMENDED)
+//                                                                    ~5.1 us (router and gate)
+//   step form: tierkit_step_picks_* in the last layer's router only, + its own picks striped
+//     (needs every layer's topk_ids kept in one [layers, tokens, k] buffer)
+//                                                                    ~2.8 us gate, ~5.7 us router
+//   tierkit_count_pick inside the top-k loop, into the table        ~10-11 us
+//   tierkit_count_prev_layer (previous-layer path)                   ~10-13 us
+//   tierkit_count_pick_striped at the end into the table itself     ~17-23 us
+//   (for scale: one more plain 4-byte store per pick at the end      ~2.1-2.4 us)
+// The striped forms need PickCounterGpu::with_stripes; its drain folds the stripes into the table.
 //
 // Table layout (the `expert-residency` PickCounters layout): u32 [layers][experts], row-major,
 // cumulative (wraps at 2^32; the host takes wrap-safe deltas between drains).
@@ -11,10 +22,9 @@
 // counts are only read after a stream-ordered drain.
 #pragma once
 
-// The fused-path call: one bounds check and one relaxed add, branch-free. Router kernels are
-// latency-bound (a handful of warps per SM): call it as soon as each pick is known (inside the
-// top-k loop) so the add's completion overlaps the rest of the router instead of holding the
-// kernel's tail (measured on the H200: see benches/figures-cuda-experts.md).
+// One pick added to the table directly: one bounds check and one relaxed add, branch-free. Every
+// warp of a layer adds to the same few cache lines, so the adds queue: prefer
+// tierkit_count_pick_striped (about half the cost inside the top-k loop, a quarter at the end).
 __device__ __forceinline__ void tierkit_count_pick(unsigned int* table, unsigned int* err,
                                                    unsigned int layer, unsigned int layers,
                                                    long long expert, unsigned int experts) {
@@ -80,9 +90,8 @@ __device__ __forceinline__ void tierkit_count_pick_red(unsigned int* table, unsi
 // calling thread counts pick `pick` (picks >= picks_per_layer do nothing). If the router reuses
 // one ids buffer for every layer, each pick must be read here by the same thread that later
 // overwrites it (e.g. warp `token`, lane j < k counts pick token * k + j), so no read races a write.
-// Measured on the H200 (stand-in router, 40 layers x 256 tokens x top-6 of 64, CUDA graph): 6.5-7.4
-// us added per step against 9.0-9.4 us for tierkit_count_pick in the loop; the exact-count goal of
-// <= 2 us is not met by either (benches/README.md, "Fused header path").
+// Superseded by the striped forms: measured on the H200 at 6.5-13 us added per 40-layer step
+// (benches/README.md, "Fused header path").
 template <typename T>
 __device__ __forceinline__ void tierkit_count_prev_layer(unsigned int* table, unsigned int* err,
                                                          const T* prev_ids, unsigned int pick,
@@ -93,168 +102,83 @@ __device__ __forceinline__ void tierkit_count_prev_layer(unsigned int* table, un
         tierkit_count_pick_red(table, err, prev_layer, layers, (long long)prev_ids[pick], experts);
 }
 
+
 // ---------------------------------------------------------------------------------------------
-// Warp-register counting into per-warp stripes: the RECOMMENDED fused path.
+// Striped counting: the RECOMMENDED fused path.
 //
-// A router warp keeps the counts of its picks for one layer in registers: lane i holds experts
-// i, i + 32, ..., (PER_LANE counters, so experts <= 32 * PER_LANE; e.g. PER_LANE = 2 for 64
-// experts, 8 for 256). Counting a pick is PER_LANE compares in registers: no memory access and
-// no atomic inside the router's loop. At the end of the kernel the warp adds its counts into its
-// own stripe, a private row of the u32 buffer `stripes` [layers][num_stripes][experts]: the row
-// was loaded by tierkit_warp_counts_begin (call it right after the kernel's own first loads; the
-// value is only used at the end, so nothing waits for it) and the lanes whose experts the warp
-// picked store old + new (at most one store per pick, plain, no atomic). No other warp of
-// the launch touches that row, so no atomic is needed; launches on one stream are ordered. The
-// host folds the stripes into the table at the drain: PickCounterGpu::drain_async launches
-// tierkit_fold_stripes on the step stream (table += sum of stripes, stripes zeroed) before its
-// copy. Use one stripes buffer per stream (two streams routing at once would share rows).
-// A warp whose index is >= num_stripes (a grid larger than planned, or num_stripes = 0) falls
-// back to relaxed atomics into `table` for its nonzero counts: still exact, only slower.
-// Rejected picks (expert < 0 or >= experts, layer >= layers, or experts > 32 * PER_LANE, which
-// rejects every pick) are added to `err` at the end, never written to the table.
-// Measured on the H200 (stand-in router, 40 layers x 256 tokens x top-6 of 64, CUDA graph):
-// see benches/README.md, "Fused header path".
+// Adds one pick to a stripe: a copy of the table, u32 `stripes` [layers][num_stripes][experts]
+// (PickCounterGpu::with_stripes allocates it and hands out its pointer). The drain folds the
+// stripes into the table (PickCounterGpu::drain_async launches tierkit_fold_stripes on the step
+// stream before its copy: table += sum of stripes, stripes zeroed), so after every drain the table
+// holds exactly the same counts as the unstriped forms. Give each router warp its own stripe
+// (stripe = the warp's index in the launch, e.g. (blockIdx.x * blockDim.x + threadIdx.x) >> 5):
+// then no two warps add to one address, and the adds of a layer do not queue on the table's few
+// cache lines. Sharing a stripe is still exact (the add is atomic), only slower; a stripe index
+// >= num_stripes (including num_stripes = 0) adds to the table itself. Rejected picks (layer >=
+// layers, expert < 0 or >= experts) are added to `err`, never written to the table or a stripe.
+// Where: at the END of the router kernel, from every lane that holds a pick (for example right
+// after the kernel stores topk_ids), each lane once per pick. Measured on the H200 (stand-in
+// router, 40 layers x 256 tokens x top-6 of 64, CUDA graph): benches/README.md, "Fused header
+// path": the end is cheaper than inside the top-k loop, and stripes are cheaper than the table.
 // Idea: privatised sub-histograms merged later (Podlozhnyuk, "Histogram calculation in CUDA",
-// NVIDIA 2007; CUB's BlockHistogram), taken down to one warp's registers.
-__device__ __forceinline__ unsigned int tierkit_lane_id() {
-    unsigned int lane;
-    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
-    return lane;
-}
-
-template <unsigned int PER_LANE>
-struct TierkitWarpCounts {
-    unsigned int c[PER_LANE];    // c[j]: picks of expert lane + 32 * j counted by this launch's warp
-    unsigned int pre[PER_LANE];  // the stripe's value loaded at begin (0 in the fallback); only used at end
-    unsigned int* row;         // the warp's stripe row, or the table row (fallback), or null (bad layer)
-    unsigned int experts;      // 0 when every pick is rejected
-    unsigned int bad;          // rejected picks (lane 0 counts them)
-    bool private_row;          // row is the warp's own stripe (plain store) rather than the table (atomics)
-};
-
-// Starts counting one layer in the calling warp (all 32 lanes must call it, with the same
-// arguments). warp: this warp's index in the launch, unique among the launch's warps, e.g.
-// (blockIdx.x * blockDim.x + threadIdx.x) >> 5 for 1-D blocks of a multiple of 32 threads.
-template <unsigned int PER_LANE>
-__device__ __forceinline__ void tierkit_warp_counts_begin(TierkitWarpCounts<PER_LANE>& w, unsigned int* stripes,
-                                                          unsigned int num_stripes, unsigned int* table,
-                                                          unsigned int layer, unsigned int layers,
-                                                          unsigned int experts, unsigned int warp) {
-    const unsigned int lane = tierkit_lane_id();
-    const bool ok = layer < layers && experts <= 32u * PER_LANE;
-    w.experts = ok ? experts : 0u;
-    w.bad = 0u;
-    w.private_row = ok && warp < num_stripes;
-    w.row = !ok ? nullptr
-                : w.private_row ? stripes + ((unsigned long long)layer * num_stripes + warp) * experts
-                                : table + (unsigned long long)layer * experts;
-    // the stripe load is only consumed at end: the counting never waits for it
-#pragma unroll
-    for (unsigned int j = 0; j < PER_LANE; ++j) {
-        const unsigned int e = lane + 32u * j;
-        w.pre[j] = (w.private_row && e < experts) ? w.row[e] : 0u;
-        w.c[j] = 0u;
-    }
-}
-
-// Counts one pick that every lane of the warp holds (a warp-uniform value, e.g. the result of a
-// warp arg-max reduction). Call from all 32 lanes.
-template <unsigned int PER_LANE>
-__device__ __forceinline__ void tierkit_warp_count_uniform(TierkitWarpCounts<PER_LANE>& w, long long expert) {
-    const unsigned int lane = tierkit_lane_id();
-    if ((unsigned long long)expert < (unsigned long long)w.experts) {
-        const unsigned int e = (unsigned int)expert;
-#pragma unroll
-        for (unsigned int j = 0; j < PER_LANE; ++j) w.c[j] += e == lane + 32u * j ? 1u : 0u;
-    } else {
-        w.bad += lane == 0u ? 1u : 0u;
-    }
-}
-
-// Counts the picks held by the lanes with `has` set (each lane at most one pick; lanes may hold
-// different experts). Call from all 32 lanes; costs one shuffle per pick.
-template <unsigned int PER_LANE>
-__device__ __forceinline__ void tierkit_warp_count_lanes(TierkitWarpCounts<PER_LANE>& w, long long expert,
-                                                         bool has) {
-    unsigned int m = __ballot_sync(0xFFFFFFFFu, has);
-    while (m != 0u) {
-        const int src = __ffs(m) - 1;
-        m &= m - 1u;
-        tierkit_warp_count_uniform(w, __shfl_sync(0xFFFFFFFFu, expert, src));
-    }
-}
-
-// Ends counting: stores the warp's stripe row (or adds its nonzero counts to the table in the
-// fallback) and adds rejected picks to `err`. Call once from all 32 lanes, after the last pick.
-template <unsigned int PER_LANE>
-__device__ __forceinline__ void tierkit_warp_counts_end(const TierkitWarpCounts<PER_LANE>& w, unsigned int* err) {
-    const unsigned int lane = tierkit_lane_id();
-    if (w.row != nullptr) {
-#pragma unroll
-        for (unsigned int j = 0; j < PER_LANE; ++j) {
-            const unsigned int e = lane + 32u * j;
-            if (e < w.experts && w.c[j] != 0u) {  // only the experts this warp picked
-                if (w.private_row) {
-                    w.row[e] = w.pre[j] + w.c[j];
-                } else {
-                    atomicAdd(w.row + e, w.c[j]);
-                }
-            }
-        }
-    }
-    if (w.bad != 0u) atomicAdd(err, w.bad);
+// NVIDIA 2007), here one per warp, merged at the drain.
+__device__ __forceinline__ void tierkit_count_pick_striped(unsigned int* stripes, unsigned int num_stripes,
+                                                           unsigned int stripe, unsigned int* table,
+                                                           unsigned int* err, unsigned int layer,
+                                                           unsigned int layers, long long expert,
+                                                           unsigned int experts) {
+    const bool ok = layer < layers && (unsigned long long)expert < (unsigned long long)experts;
+    const unsigned int e = (unsigned int)expert;
+    unsigned int* p = !ok                   ? err
+                      : stripe < num_stripes ? stripes + ((unsigned long long)layer * num_stripes + stripe) * experts + e
+                                             : table + (unsigned long long)layer * experts + e;
+    tierkit_red_add_u32(p, 1u);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tail form: the warp's picks counted once, at the end of the router, into its private stripe.
-template <unsigned int PER_LANE>
-struct TierkitWarpStripe {
-    unsigned int pre[PER_LANE];  // the stripe row loaded at begin: lane i holds experts i + 32 * j
-    unsigned int* row;           // the warp's stripe row, the table row (fallback) or null (bad layer)
-    unsigned int experts;        // 0 when every pick is rejected
-    bool private_row;
+// Step form: one router kernel (the LAST MoE layer's) counts the whole step, from the step's ids.
+//
+// Where the router writes each layer's topk_ids into its own slice of one step buffer
+// `step_ids` [layers, tokens, k] (engines pass an output slice to their top-k op), the layers
+// before the last need no counting code at all: the last layer's router loads the picks of
+// layers [0, layers_before) right after its own first loads (tierkit_step_picks_load: PER_THREAD
+// loads per thread, spread over `threads` threads of the launch), adds them to the stripes
+// (tierkit_step_picks_count, after the loads) while its own top-k runs, and counts its own picks
+// at its end with tierkit_count_pick_striped. PER_THREAD must be >= ceil(layers_before * tokens *
+// k / threads); picks beyond it are counted by a slower loop (still exact). Stripe: as in
+// tierkit_count_pick_striped (the warp's index). Measured on the H200: benches/README.md.
+template <typename T, unsigned int PER_THREAD>
+struct TierkitStepPicks {
+    T id[PER_THREAD];
 };
 
-template <unsigned int PER_LANE>
-__device__ __forceinline__ void tierkit_warp_stripe_begin(TierkitWarpStripe<PER_LANE>& w, unsigned int* stripes,
-                                                          unsigned int num_stripes, unsigned int* table,
-                                                          unsigned int layer, unsigned int layers,
-                                                          unsigned int experts, unsigned int warp) {
-    const unsigned int lane = tierkit_lane_id();
-    const bool ok = layer < layers && experts <= 32u * PER_LANE;
-    w.experts = ok ? experts : 0u;
-    w.private_row = ok && warp < num_stripes;
-    w.row = !ok ? nullptr
-                : w.private_row ? stripes + ((unsigned long long)layer * num_stripes + warp) * experts
-                                : table + (unsigned long long)layer * experts;
+template <typename T, unsigned int PER_THREAD>
+__device__ __forceinline__ void tierkit_step_picks_load(TierkitStepPicks<T, PER_THREAD>& p, const T* step_ids,
+                                                        unsigned int n, unsigned int thread, unsigned int threads) {
 #pragma unroll
-    for (unsigned int j = 0; j < PER_LANE; ++j) {
-        const unsigned int e = lane + 32u * j;
-        w.pre[j] = (w.private_row && e < experts) ? w.row[e] : 0u;
+    for (unsigned int m = 0; m < PER_THREAD; ++m) {
+        const unsigned long long i = thread + (unsigned long long)m * threads;
+        p.id[m] = i < n ? step_ids[i] : (T)0;
     }
 }
 
-// Each lane with `has` holds one pick (lanes may hold the same expert). Call once, from all 32 lanes.
-template <unsigned int PER_LANE>
-__device__ __forceinline__ void tierkit_warp_stripe_end(const TierkitWarpStripe<PER_LANE>& w, long long expert,
-                                                        bool has, unsigned int* err) {
-    const unsigned int lane = tierkit_lane_id();
-    const bool ok = has && (unsigned long long)expert < (unsigned long long)w.experts;
-    const unsigned int e = ok ? (unsigned int)expert : 0xFFFFFFFFu;
-    unsigned int old = 0u;  // the stripe cell of e, held by lane e & 31 in pre[e >> 5]
+// n = layers_before * tokens * k, picks_per_layer = tokens * k (> 0).
+template <typename T, unsigned int PER_THREAD>
+__device__ __forceinline__ void tierkit_step_picks_count(const TierkitStepPicks<T, PER_THREAD>& p, const T* step_ids,
+                                                         unsigned int n, unsigned int picks_per_layer,
+                                                         unsigned int thread, unsigned int threads,
+                                                         unsigned int* stripes, unsigned int num_stripes,
+                                                         unsigned int stripe, unsigned int* table, unsigned int* err,
+                                                         unsigned int layers, unsigned int experts) {
 #pragma unroll
-    for (unsigned int j = 0; j < PER_LANE; ++j) {
-        const unsigned int v = __shfl_sync(0xFFFFFFFFu, w.pre[j], e & 31u);
-        if ((e >> 5) == j) old = v;
+    for (unsigned int m = 0; m < PER_THREAD; ++m) {
+        const unsigned long long i = thread + (unsigned long long)m * threads;
+        if (i < n)  // i < n <= 2^32 - 1: 32-bit division
+            tierkit_count_pick_striped(stripes, num_stripes, stripe, table, err, (unsigned int)i / picks_per_layer,
+                                       layers, (long long)p.id[m], experts);
     }
-    const unsigned int peers = __match_any_sync(0xFFFFFFFFu, e);
-    if (ok && (peers & ((1u << lane) - 1u)) == 0u) {  // the lowest lane holding e writes it
-        if (w.private_row) {
-            w.row[e] = old + __popc(peers);
-        } else {
-            atomicAdd(w.row + e, (unsigned int)__popc(peers));
-        }
-    }
-    const unsigned int bad = __ballot_sync(0xFFFFFFFFu, has && !ok);
-    if (bad != 0u && lane == 0u) atomicAdd(err, (unsigned int)__popc(bad));
+    for (unsigned long long i = thread + (unsigned long long)PER_THREAD * threads; i < n; i += threads)
+        tierkit_count_pick_striped(stripes, num_stripes, stripe, table, err, (unsigned int)i / picks_per_layer,
+                                   layers, (long long)step_ids[i], experts);
 }
+

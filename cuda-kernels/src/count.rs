@@ -5,10 +5,10 @@
 //! int32 or int64) into the `layers × experts` u32 table of `expert-residency` (row-major
 //! `[layer][expert]`, cumulative, wrapping at 2^32). Picks with an expert id outside
 //! `0..experts` are never written: they are counted in a rejected-picks word the host reads at
-//! the drain. The fused path is the header [`crate::EXPERT_COUNT_CUH`]: its recommended form,
-//! `TierkitWarpCounts`, keeps a router warp's counts in registers and stores them into a private
-//! per-warp stripe ([`PickCounterGpu::with_warp_stripes`]); the drain folds the stripes into the
-//! same table. The single-pick form `tierkit_count_pick` adds to the table directly.
+//! the drain. The fused path is the header [`crate::EXPERT_COUNT_CUH`]: its recommended call,
+//! `tierkit_count_pick_striped`, adds each pick at the end of the router into the warp's own
+//! stripe, a copy of the table ([`PickCounterGpu::with_stripes`]); the drain folds the stripes
+//! into the table. `tierkit_count_pick` adds to the table directly.
 
 use std::sync::Arc;
 
@@ -207,7 +207,7 @@ pub struct PickCounterGpu {
     drain_pending: bool,
     f_i32: CudaFunction,
     f_i64: CudaFunction,
-    /// Per-warp stripes of the fused path, u32 `[layers][num_stripes][experts]` (empty when 0).
+    /// Stripes of the fused path, u32 `[layers][num_stripes][experts]` (`None` when 0).
     stripes: Option<DeviceBuffer<u32>>,
     num_stripes: u32,
     f_fold: CudaFunction,
@@ -297,17 +297,19 @@ impl PickCounterGpu {
         })
     }
 
-    /// A zeroed counter with `num_stripes` per-warp stripes per layer for the fused path
-    /// (`TierkitWarpCounts` in [`crate::EXPERT_COUNT_CUH`]): pass [`PickCounterGpu::stripes_ptr`]
-    /// and `num_stripes` to the router. Size `num_stripes` to the most warps a router launch runs
-    /// (one warp per token: the largest batch); warps beyond it fall back to atomics into the
-    /// table, exact but slower. Memory: `layers × num_stripes × experts × 4` bytes of HBM
-    /// (40 × 256 × 64: 2.5 MiB). [`PickCounterGpu::drain_async`] folds the stripes first.
+    /// A zeroed counter plus `num_stripes` stripes per layer for the recommended fused path,
+    /// `tierkit_count_pick_striped` in [`crate::EXPERT_COUNT_CUH`]: pass
+    /// [`PickCounterGpu::stripes_ptr`] and `num_stripes` to the router kernel, and each warp's
+    /// index as its stripe. Size `num_stripes` to the most warps one router launch runs (one
+    /// warp per token: the largest batch); a warp beyond it adds to the table, exact but slower.
+    /// Memory: `layers × num_stripes × experts × 4` bytes of HBM (40 × 256 × 64: 2.5 MiB).
+    /// [`PickCounterGpu::drain_async`] folds the stripes into the table first (2.8 µs for
+    /// 40 × 256 × 64 on the H200, once per drain).
     ///
     /// # Errors
-    /// As [`PickCounterGpu::new`]; [`CudaError::OutOfRange`] if `num_stripes` is 0 or the
-    /// stripes exceed [`MAX_STRIPE_CELLS`] cells, or the layers exceed 65,535 (the fold's grid).
-    pub fn with_warp_stripes(
+    /// As [`PickCounterGpu::new`]; [`CudaError::OutOfRange`] if `num_stripes` is 0, the stripes
+    /// exceed [`MAX_STRIPE_CELLS`] cells, or `layers` exceeds 65,535 (the fold's grid).
+    pub fn with_stripes(
         gpu: &Arc<Gpu>,
         layers: u32,
         experts: u32,
@@ -335,7 +337,8 @@ impl PickCounterGpu {
     }
 
     /// Device pointer of the fused path's stripes, u32 `[layers][num_stripes][experts]`
-    /// (0 without stripes: a router passing 0 stripes then takes the atomic fallback).
+    /// (0 without stripes; pass [`PickCounterGpu::num_stripes`] = 0 with it and every pick goes
+    /// to the table).
     pub fn stripes_ptr(&self) -> u64 {
         self.stripes.as_ref().map_or(0, |b| b.device_ptr())
     }
@@ -485,7 +488,7 @@ impl PickCounterGpu {
     }
 
     /// Starts a drain: folds the fused path's stripes into the table on `stream` (one small
-    /// launch, only with [`PickCounterGpu::with_warp_stripes`]), then the side stream waits for
+    /// launch, only with [`PickCounterGpu::with_stripes`]), then the side stream waits for
     /// the work queued so far on `stream` (the step stream that counts) and copies the table and
     /// the rejected word to pinned host memory. The step stream is never blocked.
     ///

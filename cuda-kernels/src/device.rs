@@ -18,14 +18,18 @@ pub struct KernelSource {
     pub code: &'static str,
 }
 
-/// The fused-path header (`expert_count.cuh`): `tierkit_count_pick(table, err, layer, layers,
-/// expert, experts)`, an inline `__device__` function an engine pastes into its router kernel
-/// (call it as each pick is chosen), and `tierkit_count_pick_aggregated` (warp-aggregated, for
-/// warps whose lanes often count the same expert). Same table and rejected word as
-/// [`crate::PickCounterGpu`] (`table_ptr`, `rejected_ptr`).
+/// The fused-path header (`expert_count.cuh`): inline `__device__` functions an engine pastes
+/// into (or `#include`s in) its router kernel. Recommended: `tierkit_count_pick_striped(stripes,
+/// num_stripes, stripe, table, err, layer, layers, expert, experts)` from each lane holding a
+/// pick at the router's end, stripe = the warp's index, with a counter made by
+/// [`crate::PickCounterGpu::with_stripes`] (its drain folds the stripes). Also: the step form
+/// (`tierkit_step_picks_load` / `_count`, in the last layer's router only), `tierkit_count_pick`
+/// and `tierkit_count_pick_aggregated` (straight into the table). Same table and rejected word as
+/// [`crate::PickCounterGpu`] (`table_ptr`, `rejected_ptr`). Costs measured on the H200: the
+/// header's first lines and `benches/README.md`.
 pub const EXPERT_COUNT_CUH: &str = include_str!("../kernels/expert_count.cuh");
 
-/// Counting kernels (+ the stand-in router used to measure the fused path).
+/// Counting kernels, the stripes' fold, and the stand-in routers used to test and time the fused path.
 pub const COUNT_MODULE: KernelSource = KernelSource {
     name: "count",
     code: concat!(

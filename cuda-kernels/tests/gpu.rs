@@ -171,79 +171,17 @@ fn failed_cuda_call_is_a_typed_error_with_the_cuda_name() {
     assert_eq!(b.download().unwrap(), vec![1, 2, 3]);
 }
 
+/// The fused header called from the stand-in routers (one kernel per way of calling it,
+/// `tierkit_standin_{router,gate}_m<MODE>` in count.cu), over several steps of a 4-layer model
+/// with one ids buffer reused by every layer: the picks equal the CPU top-k, the gate's weights
+/// the CPU softmax over the picks, and after every step (and the drain's fold of the stripes)
+/// the table holds exactly `step` steps' counts.
 #[test]
-fn fused_header_counts_like_the_cpu_reference() {
-    let Some(gpu) = gpu_or_skip() else { return };
-    use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
-    let (layers, tokens, experts, k) = (3u32, 3000u32, 64u32, 6u32);
-    let mut rng = ChaCha8Rng::seed_from_u64(5);
-    let counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
-    let f = gpu
-        .function(&COUNT_MODULE, "tierkit_standin_router")
-        .unwrap();
-    let s = gpu.stream().clone();
-    let mut cpu = vec![0u32; (layers * experts) as usize];
-    for layer in 0..layers {
-        let logits: Vec<f32> = (0..tokens * experts).map(|_| rng.random::<f32>()).collect();
-        let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
-        let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
-        // each layer calls the header another way: 1 lean after top-k, 2 aggregated, 3 in-loop
-        let (tp, mode) = (counter.table_ptr(), layer + 1);
-        let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
-        let cfg = LaunchConfig {
-            grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(&f);
-        b.arg(&lp)
-            .arg(&tokens)
-            .arg(&experts)
-            .arg(&k)
-            .arg(&ip)
-            .arg(&mode)
-            .arg(&tp)
-            .arg(&ep)
-            .arg(&layer)
-            .arg(&layers);
-        // SAFETY: argument list matches tierkit_standin_router; buffers sized tokens*experts / tokens*k.
-        unsafe { b.launch(cfg) }.unwrap();
-        s.synchronize().unwrap();
-        let got = ids.download().unwrap();
-        // the router's picks are the top-k of each row (CPU reference of the router)
-        for t in 0..tokens as usize {
-            let row = &logits[t * experts as usize..(t + 1) * experts as usize];
-            let mut idx: Vec<usize> = (0..experts as usize).collect();
-            idx.sort_by(|&a, &b| row[b].partial_cmp(&row[a]).unwrap().then(a.cmp(&b)));
-            let want: Vec<i32> = idx[..k as usize].iter().map(|&i| i as i32).collect();
-            assert_eq!(&got[t * k as usize..(t + 1) * k as usize], &want[..]);
-        }
-        count_picks_cpu(
-            &got,
-            TopkShape::layer(tokens, k),
-            layer,
-            layers,
-            experts,
-            &mut cpu,
-        )
-        .unwrap();
-    }
-    let mut counter = counter;
-    counter.drain_async(&s).unwrap();
-    let snap = counter.wait_drain().unwrap();
-    assert_eq!(snap.counts, &cpu[..]);
-    assert_eq!(snap.rejected, 0);
-}
-
-#[test]
-fn fused_prev_layer_path_counts_exactly_every_step() {
+fn fused_paths_count_exactly_every_step() {
     let Some(gpu) = gpu_or_skip() else { return };
     use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
     let (layers, tokens, experts, k) = (4u32, 3000u32, 64u32, 6u32);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let f = gpu
-        .function(&COUNT_MODULE, "tierkit_standin_router_prev")
-        .unwrap();
     let s = gpu.stream().clone();
     // one logits matrix per layer; one ids buffer reused by every layer (as engines do)
     let logits: Vec<Vec<f32>> = (0..layers)
@@ -254,8 +192,9 @@ fn fused_prev_layer_path_counts_exactly_every_step() {
         .map(|l| DeviceBuffer::from_host(gpu.ctx(), l).unwrap())
         .collect();
     let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
-    // CPU reference of the router's picks and of one step's counts
+    // CPU reference of the router's picks (top-k, ties lowest id) and of one step's counts
     let mut one_step = vec![0u32; (layers * experts) as usize];
+    let mut last_picks = Vec::new();
     for (layer, lg) in logits.iter().enumerate() {
         let picks: Vec<i32> = (0..tokens as usize)
             .flat_map(|t| {
@@ -268,44 +207,70 @@ fn fused_prev_layer_path_counts_exactly_every_step() {
                     .collect::<Vec<_>>()
             })
             .collect();
-        count_picks_cpu(
-            &picks,
-            TopkShape::layer(tokens, k),
-            layer as u32,
-            layers,
-            experts,
-            &mut one_step,
-        )
-        .unwrap();
+        let shape = TopkShape::layer(tokens, k);
+        count_picks_cpu(&picks, shape, layer as u32, layers, experts, &mut one_step).unwrap();
+        last_picks = picks;
     }
-    // 7, 8, 11: previous-layer path (exact per step); 6 and 9: red adds as each pick is known;
-    // 12: TierkitWarpCounts into per-warp stripes (one per token; and fewer stripes than warps,
-    // so a third of the warps take the atomic fallback), folded at the drain; 13: its fallback
-    // alone; 14: stripes red-added without the load
     let warps = tokens; // one warp per token
-    for (mode, stripes) in [
-        (7u32, 0u32),
-        (8, 0),
-        (11, 0),
-        (6, 0),
-        (9, 0),
-        (12, warps),
-        (12, 2 * warps / 3),
-        (13, 0),
-        (14, warps),
-    ] {
+    let blocks = (tokens * 32).div_ceil(256);
+    let weights = DeviceBuffer::<f32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
+    // CPU reference of the gate kernels' weights for the last layer: softmax over the k picks
+    let last = &logits[layers as usize - 1];
+    let want_w: Vec<f32> = last_picks
+        .chunks(k as usize)
+        .enumerate()
+        .flat_map(|(t, p)| {
+            let v: Vec<f32> = p
+                .iter()
+                .map(|&e| last[t * experts as usize + e as usize])
+                .collect();
+            let ex: Vec<f32> = v.iter().map(|x| (x - v[0]).exp()).collect();
+            let sum: f32 = ex.iter().sum();
+            ex.into_iter().map(move |x| x / sum)
+        })
+        .collect();
+    // (mode, stripes): 3 in-loop atomics and 7 previous-layer path, into the table; 21 striped
+    // with a stripe per warp, and with stripes for two thirds of the warps (the rest add to the
+    // table); 25 a stripe per block; 26 striped call straight into the table; 27 striped at the
+    // very end. Each on the ids-only router and on the gate (ids + weights).
+    let cases = [
+        (3u32, 0u32),
+        (7, 0),
+        (21, warps),
+        (21, 2 * warps / 3),
+        (25, blocks),
+        (26, 0),
+        (27, warps),
+        (30, warps),
+    ];
+    // mode 30 (step form): each layer writes its own slice of one step buffer
+    let step_ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (layers * tokens * k) as usize).unwrap();
+    for (kind, (mode, stripes)) in ["router", "gate"]
+        .into_iter()
+        .flat_map(|kind| cases.into_iter().map(move |c| (kind, c)))
+    {
+        let f = gpu
+            .function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m{mode}"))
+            .unwrap();
         let mut counter = if stripes > 0 {
-            PickCounterGpu::with_warp_stripes(&gpu, layers, experts, stripes).unwrap()
+            PickCounterGpu::with_stripes(&gpu, layers, experts, stripes).unwrap()
         } else {
             PickCounterGpu::new(&gpu, layers, experts).unwrap()
         };
         let (sp, ns) = (counter.stripes_ptr(), counter.num_stripes());
         for step in 1..=3u32 {
             for layer in 0..layers {
-                let (lp, ip) = (dl[layer as usize].device_ptr(), ids.device_ptr());
+                let lp = dl[layer as usize].device_ptr();
+                let (ip, pp) = if mode == 30 {
+                    let slice = step_ids.device_ptr() + 4 * (layer * tokens * k) as u64;
+                    (slice, step_ids.device_ptr())
+                } else {
+                    (ids.device_ptr(), ids.device_ptr())
+                };
                 let (tp, ep) = (counter.table_ptr(), counter.rejected_ptr());
+                let wp = weights.device_ptr();
                 let cfg = LaunchConfig {
-                    grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
+                    grid_dim: (blocks, 1, 1),
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
@@ -315,119 +280,110 @@ fn fused_prev_layer_path_counts_exactly_every_step() {
                     .arg(&experts)
                     .arg(&k)
                     .arg(&ip)
-                    .arg(&ip)
-                    .arg(&mode)
+                    .arg(&pp)
                     .arg(&tp)
                     .arg(&ep)
                     .arg(&layer)
                     .arg(&layers)
                     .arg(&sp)
-                    .arg(&ns);
-                // SAFETY: argument list matches tierkit_standin_router_prev; logits hold
-                // tokens*experts f32, ids tokens*k i32, table layers*experts u32, stripes
-                // layers*ns*experts u32 (ns = 0: none).
+                    .arg(&ns)
+                    .arg(&wp);
+                // SAFETY: argument list matches tierkit_standin_{router,gate}_m*; logits hold
+                // tokens*experts f32, ids tokens*k i32, weights tokens*k f32, table
+                // layers*experts u32, stripes layers*ns*experts u32 (ns = 0: none).
                 unsafe { b.launch(cfg) }.unwrap();
             }
-            // after every step (and the drain's fold) the table holds exactly `step` steps' counts
             counter.drain_async(&s).unwrap();
             let snap = counter.wait_drain().unwrap();
             let want: Vec<u32> = one_step.iter().map(|&c| c * step).collect();
-            assert_eq!(
-                snap.counts,
-                &want[..],
-                "mode {mode}, stripes {stripes}, step {step}"
-            );
+            let what = format!("{kind} mode {mode}, stripes {stripes}, step {step}");
+            assert_eq!(snap.counts, &want[..], "{what}");
             assert_eq!(snap.rejected, 0);
+        }
+        let got = if mode == 30 {
+            step_ids.download().unwrap()[((layers - 1) * tokens * k) as usize..].to_vec()
+        } else {
+            ids.download().unwrap()
+        };
+        assert_eq!(got, last_picks, "{kind} mode {mode}: picks");
+        if kind == "gate" {
+            let got = weights.download().unwrap();
+            let worst = got
+                .iter()
+                .zip(&want_w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < 1e-5, "gate mode {mode}: weights off by {worst}");
         }
     }
 }
 
-/// `tierkit_warp_count_ids_i32` (the header's `tierkit_warp_count_lanes`: each lane holds a
-/// different id) with bad ids, over several layers and steps, some warps on stripes and the
-/// rest on the atomic fallback: after each drain the table and the rejected word equal the CPU
-/// reference; a layer out of range or more experts than the warp form holds rejects every pick.
+/// `tierkit_count_pick_striped` with arbitrary ids (bad ones included, several lanes of a warp
+/// on one expert), over several layers and drains, stripes for about half the warps (the rest
+/// add to the table): after each drain the table and the rejected word equal the CPU reference;
+/// a layer outside the table rejects every pick.
 #[test]
-fn fused_warp_counts_match_the_cpu_reference_with_bad_ids() {
+fn striped_counts_match_the_cpu_reference_with_bad_ids() {
     let Some(gpu) = gpu_or_skip() else { return };
     use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let f = gpu
-        .function(&COUNT_MODULE, "tierkit_warp_count_ids_i32")
+        .function(&COUNT_MODULE, "tierkit_count_ids_striped_i32")
         .unwrap();
     let s = gpu.stream().clone();
-    let launch =
-        |ids: &DeviceBuffer<i32>, layer: u32, layers: u32, experts: u32, c: &PickCounterGpu| {
-            let n = ids.len() as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(128), 1, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let (ip, tp, ep, sp, ns) = (
-                ids.device_ptr(),
-                c.table_ptr(),
-                c.rejected_ptr(),
-                c.stripes_ptr(),
-                c.num_stripes(),
-            );
-            let mut b = s.launch_builder(&f);
-            b.arg(&ip)
-                .arg(&n)
-                .arg(&layer)
-                .arg(&layers)
-                .arg(&experts)
-                .arg(&tp)
-                .arg(&ep)
-                .arg(&sp)
-                .arg(&ns);
-            // SAFETY: argument list matches tierkit_warp_count_ids_i32; ids holds n i32, the grid
-            // has ceil(n / 32) warps or more, the table and stripes come from `c`'s geometry.
-            unsafe { b.launch(cfg) }.unwrap();
+    let launch = |ids: &DeviceBuffer<i32>, layer: u32, layers: u32, c: &PickCounterGpu| {
+        let (n, experts) = (ids.len() as u32, c.experts());
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(128), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
         };
+        let (ip, tp, ep) = (ids.device_ptr(), c.table_ptr(), c.rejected_ptr());
+        let (sp, ns) = (c.stripes_ptr(), c.num_stripes());
+        let mut b = s.launch_builder(&f);
+        b.arg(&ip)
+            .arg(&n)
+            .arg(&layer)
+            .arg(&layers)
+            .arg(&experts)
+            .arg(&tp)
+            .arg(&ep)
+            .arg(&sp)
+            .arg(&ns);
+        // SAFETY: argument list matches tierkit_count_ids_striped_i32; ids holds n i32, the
+        // grid has n threads or more, the table and stripes come from `c`'s geometry.
+        unsafe { b.launch(cfg) }.unwrap();
+    };
     let (layers, experts, n) = (3u32, 200u32, 10_000usize);
     let warps = n.div_ceil(32) as u32;
-    // stripes for 150 of the 313 warps: the rest fall back to atomics
-    let mut counter = PickCounterGpu::with_warp_stripes(&gpu, layers, experts, 150).unwrap();
+    let mut counter = PickCounterGpu::with_stripes(&gpu, layers, experts, 150).unwrap();
+    assert!(warps > counter.num_stripes());
     let mut cpu = vec![0u32; (layers * experts) as usize];
     let mut rejected = 0u32;
-    for _step in 0..3 {
+    for _drain in 0..3 {
         for layer in 0..layers {
             let ids: Vec<i32> = random_ids(&mut rng, n, experts as i64, 37)
                 .into_iter()
                 .map(|v| v as i32)
                 .collect();
-            rejected += count_picks_cpu(
-                &ids,
-                TopkShape::layer(n as u32, 1),
-                layer,
-                layers,
-                experts,
-                &mut cpu,
-            )
-            .unwrap() as u32;
+            let shape = TopkShape::layer(n as u32, 1);
+            rejected += count_picks_cpu(&ids, shape, layer, layers, experts, &mut cpu).unwrap();
             let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
-            launch(&d, layer, layers, experts, &counter);
+            launch(&d, layer, layers, &counter);
         }
         counter.drain_async(&s).unwrap();
         let snap = counter.wait_drain().unwrap();
         assert_eq!(snap.counts, &cpu[..]);
         assert_eq!(snap.rejected, rejected);
-        assert!(rejected > 0 && warps > counter.num_stripes());
     }
-    // a layer outside the table, then a geometry wider than 32 * 8 experts: all rejected
+    assert!(rejected > 0);
     let ids: Vec<i32> = (0..n as i32).map(|i| i % 64).collect();
     let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
-    launch(&d, layers, layers, experts, &counter);
-    let mut wide = PickCounterGpu::with_warp_stripes(&gpu, 1, 300, warps).unwrap();
-    launch(&d, 0, 1, 300, &wide);
+    launch(&d, layers, layers, &counter);
     counter.drain_async(&s).unwrap();
     let snap = counter.wait_drain().unwrap();
     assert_eq!(snap.counts, &cpu[..]);
     assert_eq!(snap.rejected, rejected + n as u32);
-    wide.drain_async(&s).unwrap();
-    let snap = wide.wait_drain().unwrap();
-    assert!(snap.counts.iter().all(|&c| c == 0));
-    assert_eq!(snap.rejected, n as u32);
 }
 
 /// The fold kernel against `fold_stripes_cpu`: random stripes written directly (the header path
@@ -442,12 +398,11 @@ fn fold_stripes_matches_the_cpu_reference() {
         (1, 1, 1),
         (2, 33, 130),
     ] {
-        let mut counter =
-            PickCounterGpu::with_warp_stripes(&gpu, layers, experts, stripes).unwrap();
+        let mut counter = PickCounterGpu::with_stripes(&gpu, layers, experts, stripes).unwrap();
         let cells = (layers * experts * stripes) as usize;
         let mut host: Vec<u32> = (0..cells).map(|_| rng.random_range(0..1000)).collect();
         host[0] = u32::MAX - 3; // wraps
-                                // SAFETY: the stripes buffer holds `cells` u32 (with_warp_stripes), `host` as many.
+                                // SAFETY: the stripes buffer holds `cells` u32 (with_stripes), `host` as many.
         unsafe {
             copy_htod_async(
                 counter.stripes_ptr(),

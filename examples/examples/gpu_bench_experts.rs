@@ -268,101 +268,43 @@ mod bench {
             .collect()
     }
 
-    /// One layer of a stand-in router (one warp per token, blocks of 256 threads): `f` is
-    /// `tierkit_standin_router` when `prev_ids` is `None`, `tierkit_standin_router_prev` when
-    /// `Some`. dims = (tokens, experts, k); pointers are device addresses sized by the caller.
+    /// One layer of the stand-in router `f` (`tierkit_standin_{router,gate}_m<MODE>`, one warp per
+    /// token, blocks of 256 threads). dims = (tokens, experts, k); pointers are device addresses
+    /// sized by the caller.
     #[allow(clippy::too_many_arguments)]
     fn launch_router(
         s: &Arc<CudaStream>,
         f: &CudaFunction,
         logits: u64,
         (tokens, experts, k): (u32, u32, u32),
-        ids: u64,
-        prev_ids: Option<u64>,
-        mode: u32,
-        table: u64,
-        err: u64,
+        (ids, prev_ids, weights): (u64, u64, u64),
+        c: &PickCounterGpu,
         layer: u32,
-        layers: u32,
-        (stripes, num_stripes): (u64, u32),
     ) {
         let cfg = LaunchConfig {
             grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let (table, err, layers) = (c.table_ptr(), c.rejected_ptr(), c.layers());
+        let (stripes, num_stripes) = (c.stripes_ptr(), c.num_stripes());
         let mut b = s.launch_builder(f);
         b.arg(&logits).arg(&tokens).arg(&experts).arg(&k).arg(&ids);
-        if let Some(p) = &prev_ids {
-            b.arg(p);
-        }
-        b.arg(&mode).arg(&table).arg(&err).arg(&layer).arg(&layers);
-        if prev_ids.is_some() {
-            b.arg(&stripes).arg(&num_stripes);
-        }
-        // SAFETY: the argument list matches the kernel chosen by `prev_ids` (count.cu); the
-        // caller sizes logits tokens*experts f32, ids tokens*k i32, table per the kernel's mode,
-        // stripes layers*num_stripes*experts u32.
+        b.arg(&prev_ids)
+            .arg(&table)
+            .arg(&err)
+            .arg(&layer)
+            .arg(&layers);
+        b.arg(&stripes).arg(&num_stripes).arg(&weights);
+        // SAFETY: the argument list matches tierkit_standin_{router,gate}_m* (count.cu); the
+        // caller sizes logits tokens*experts f32, ids tokens*k i32 and weights tokens*k f32; the
+        // table and the stripes come from `c`'s geometry.
         unsafe { b.launch(cfg) }.unwrap();
-    }
-
-    fn fused(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
-        let (layers, tokens, experts, k) = (40u32, 256u32, 64u32, 6u32);
-        let f = gpu
-            .function(&COUNT_MODULE, "tierkit_standin_router")
-            .unwrap();
-        let logits = standin_logits(tokens, experts);
-        let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
-        let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
-        let counter = PickCounterGpu::new(gpu, layers, experts).unwrap();
-        let scratch =
-            DeviceBuffer::<u32>::zeroed(gpu.ctx(), (32 * layers * experts) as usize).unwrap();
-        let s = gpu.stream().clone();
-        // mode 0: no counting; 1: tierkit_count_pick from lanes 0..k-1 after the top-k;
-        // 2: the warp-aggregated variant there; 3: tierkit_count_pick inside each arg-max round.
-        let step = |mode: u32| {
-            for layer in 0..layers {
-                let tp = if mode >= 4 {
-                    scratch.device_ptr()
-                } else {
-                    counter.table_ptr()
-                };
-                let (lp, ip, ep) = (dl.device_ptr(), ids.device_ptr(), counter.rejected_ptr());
-                let dims = (tokens, experts, k);
-                launch_router(
-                    &s,
-                    &f,
-                    lp,
-                    dims,
-                    ip,
-                    None,
-                    mode,
-                    tp,
-                    ep,
-                    layer,
-                    layers,
-                    (0, 0),
-                );
-            }
-        };
-        let variants = [
-            (0u32, "without counting"),
-            (1, "fused tierkit_count_pick after the top-k, lanes 0..k-1"),
-            (2, "fused tierkit_count_pick_aggregated after the top-k"),
-            (
-                3,
-                "fused tierkit_count_pick inside each arg-max round, as each pick is known",
-            ),
-            (4, "as mode 3, table striped by block (32 stripes)"),
-            (5, "diagnostic: as mode 3, adds to distinct addresses"),
-        ];
-        let (stream_t, graph_t) = time_variants(gpu, &s, &step, &variants);
-        push_rows(rows, "stand-in router", &variants, &stream_t, &graph_t);
     }
 
     type Variants<'a> = [(u32, &'a str)];
 
-    /// Per variant, the per-step times (us) of 15 repetitions: stream launches (what a host without
+    /// Per variant, the per-step times (us) of 31 repetitions: stream launches (what a host without
     /// graphs pays) and CUDA graphs of 10 steps (GPU time). Variants interleave in every repetition.
     fn time_variants(
         gpu: &Arc<Gpu>,
@@ -381,7 +323,7 @@ mod bench {
             .collect();
         let mut stream_t = vec![Vec::new(); variants.len()];
         let mut graph_t = vec![Vec::new(); variants.len()];
-        for rep in 0..16 {
+        for rep in 0..32 {
             for (i, &(v, _)) in variants.iter().enumerate() {
                 let n = 100;
                 let a = time_ms(gpu, s, || (0..n).for_each(|_| step(v)));
@@ -413,12 +355,16 @@ mod bench {
                 String::new(),
             ));
             for (i, &(v, name)) in variants.iter().enumerate().skip(1) {
-                let diffs: Vec<f64> = t[i].iter().zip(&t[0]).map(|(w, o)| w - o).collect();
+                let mut diffs: Vec<f64> = t[i].iter().zip(&t[0]).map(|(w, o)| w - o).collect();
+                diffs.sort_by(|a, b| a.total_cmp(b));
+                let q = |p: f64| diffs[((diffs.len() - 1) as f64 * p).round() as usize];
                 rows.push(Row(
                     format!("same, {name} (mode {v}): added per 40-layer step"),
                     format!(
-                        "{:.2} us ({:.2} us/step)",
-                        median(diffs),
+                        "{:.2} us (quartiles {:.2}..{:.2}; {:.2} us/step)",
+                        median(diffs.clone()),
+                        q(0.25),
+                        q(0.75),
                         median(t[i].clone())
                     ),
                     "goal <= 2 us (GB300 recipe: 2-6 us)".into(),
@@ -427,14 +373,13 @@ mod bench {
         }
     }
 
-    /// The previous-layer fused path and the `red` forms (kernel `tierkit_standin_router_prev`,
-    /// one ids buffer reused by every layer as engines do; each mode compiled as its own body). Before timing, each exact variant runs
-    /// 3 steps into a zeroed table that must equal 3 x layers x the CPU top-k histogram.
-    fn fused_prev(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
+    /// The fused header's cost: each way of calling it from the stand-in router (one kernel per
+    /// way, `tierkit_standin_router_m<MODE>` in count.cu, one ids buffer reused by every layer as
+    /// engines do) against the same router without counting, in CUDA graphs. Before timing, each
+    /// counting variant runs 3 steps and a drain (which folds the stripes) and must equal
+    /// 3 x layers x the CPU top-k histogram. Then the drain's fold is timed.
+    fn fused(gpu: &Arc<Gpu>, rows: &mut Vec<Row>, kind: &str) {
         let (layers, tokens, experts, k) = (40u32, 256u32, 64u32, 6u32);
-        let f = gpu
-            .function(&COUNT_MODULE, "tierkit_standin_router_prev")
-            .unwrap();
         let logits = standin_logits(tokens, experts);
         // CPU reference of the router: top-k per row, ties lowest id
         let mut hist = vec![0u32; experts as usize];
@@ -446,103 +391,69 @@ mod bench {
         }
         let dl = DeviceBuffer::from_host(gpu.ctx(), &logits).unwrap();
         let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
-        // one stripe per warp (one warp per token)
-        let counter = PickCounterGpu::with_warp_stripes(gpu, layers, experts, tokens).unwrap();
+        let step_ids =
+            DeviceBuffer::<i32>::zeroed(gpu.ctx(), (layers * tokens * k) as usize).unwrap();
+        let weights = DeviceBuffer::<f32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
         let s = gpu.stream().clone();
-        let launch = |mode: u32, c: &PickCounterGpu| {
-            let (tp, ep, st) = (
-                c.table_ptr(),
-                c.rejected_ptr(),
-                (c.stripes_ptr(), c.num_stripes()),
-            );
-            for layer in 0..layers {
-                let (lp, ip, dims) = (dl.device_ptr(), ids.device_ptr(), (tokens, experts, k));
-                launch_router(
-                    &s,
-                    &f,
-                    lp,
-                    dims,
-                    ip,
-                    Some(ip),
-                    mode,
-                    tp,
-                    ep,
-                    layer,
-                    layers,
-                    st,
-                );
-            }
-        };
         let variants = [
             (0u32, "without counting"),
             (
-                12,
-                "TierkitWarpCounts: counts in registers, one private stripe store per warp (recommended; fold at the drain)",
-            ),
-            (
-                13,
-                "TierkitWarpCounts without stripes (fallback: nonzero counts atomically added at the end)",
-            ),
-            (
-                14,
-                "diagnostic: as 12 with the counts red-added to the stripe (no stripe load)",
-            ),
-            (
-                20,
-                "TierkitWarpStripe: stripe row loaded after the logits loads, each lane's pick counted at the end (shuffle + match_any + one plain store per distinct pick)",
-            ),
-            (
                 21,
-                "picks red-added to the warp's stripe row at the end (no load)",
+                "tierkit_count_pick_striped from lanes < k as the top-k loop ends, a stripe per warp (recommended)",
             ),
-            (22, "as 20 with the stripe load before the logits loads"),
-            (24, "as 21 with the red inside each round, lane 0"),
-            (28, "as 21 with red.relaxed.cta"),
-            (31, "as 21 with the reds before the ids store"),
-            (40, "per-warp one-hot row in shared memory, one TMA bulk reduction per warp into the table"),
-            (41, "as 40 into the warp's stripe row"),
-            (42, "per-block shared histogram, one TMA bulk reduction per block into the table"),
-            (43, "per-block shared histogram, nonzero bins red-added to the table"),
+            (27, "same, placed after the router's last store"),
             (
-                23,
-                "as 20 without match_any (the warp's picks are distinct)",
+                29,
+                "no counting, each layer's ids written to its slice of a [layers, tokens, k] step buffer (the step form's baseline)",
             ),
             (
-                15,
-                "diagnostic: as 12 in registers only, no memory access (counts discarded)",
+                30,
+                "step form: the last layer's router counts the step from the step buffer (tierkit_step_picks_*) + its own picks at its end",
+            ),
+
+            (25, "same, a stripe per block (8 warps share one)"),
+            (26, "same call into the table itself (no stripes)"),
+            (
+                3,
+                "tierkit_count_pick (atomicAdd into the table) inside each arg-max round, lane 0",
+            ),
+            (
+                7,
+                "tierkit_count_prev_layer after the logits loads + last layer's own picks in-loop",
             ),
             (
                 17,
-                "diagnostic: no counting, each pick stored a second time (24 B more per warp at the tail)",
-            ),
-            (
-                19,
-                "diagnostic: as 12 storing the whole 64-word stripe row at the end",
-            ),
-            (3, "tierkit_count_pick (atomicAdd) inside each arg-max round, lane 0"),
-            (6, "tierkit_count_pick_red (red.relaxed.gpu) inside each round, lane 0"),
-            (9, "tierkit_count_pick_red inside round r from lane r"),
-            (
-                7,
-                "tierkit_count_prev_layer after the logits loads + last layer's own picks in-loop (exact per step)",
-            ),
-            (8, "as mode 7 with atomicAdd (tierkit_count_pick) for every add"),
-            (
-                11,
-                "as mode 7, tierkit_count_prev_layer called before the logits loads",
-            ),
-            (
-                10,
-                "diagnostic: tierkit_count_prev_layer only, counts lag one layer",
+                "diagnostic, no counting: each pick stored a second time as the loop ends (plain store)",
             ),
         ];
-        let mut exact = Vec::new();
-        for &(v, _) in variants
+        let funcs: Vec<CudaFunction> = variants
             .iter()
-            .filter(|(v, _)| ![0, 10, 15, 17].contains(v))
-        {
-            let mut c = PickCounterGpu::with_warp_stripes(gpu, layers, experts, tokens).unwrap();
-            (0..3).for_each(|_| launch(v, &c));
+            .map(|(v, _)| {
+                gpu.function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m{v}"))
+                    .unwrap()
+            })
+            .collect();
+        let launch = |i: usize, c: &PickCounterGpu| {
+            for layer in 0..layers {
+                let (lp, dims) = (dl.device_ptr(), (tokens, experts, k));
+                let v = variants[i].0;
+                let out = if v == 29 || v == 30 {
+                    let slice = step_ids.device_ptr() + 4 * (layer * tokens * k) as u64;
+                    (slice, step_ids.device_ptr(), weights.device_ptr())
+                } else {
+                    (ids.device_ptr(), ids.device_ptr(), weights.device_ptr())
+                };
+                launch_router(&s, &funcs[i], lp, dims, out, c, layer);
+            }
+        };
+        // one stripe per warp (one warp per token); mode 25 uses the first 32 (one per block)
+        let counter = PickCounterGpu::with_stripes(gpu, layers, experts, tokens).unwrap();
+        for (i, &(v, _)) in variants.iter().enumerate() {
+            if v == 0 || v == 17 || v == 29 {
+                continue;
+            }
+            let mut c = PickCounterGpu::with_stripes(gpu, layers, experts, tokens).unwrap();
+            (0..3).for_each(|_| launch(i, &c));
             c.drain_async(&s).unwrap();
             let snap = c.wait_drain().unwrap();
             let want: Vec<u32> = (0..layers)
@@ -550,13 +461,22 @@ mod bench {
                 .collect();
             let ok = snap.counts == &want[..] && snap.rejected == 0;
             println!(
-                "mode {v}: counts after 3 steps (+ the drain's fold) equal the CPU reference: {ok}"
+                "{kind} mode {v}: counts after 3 steps and a drain equal the CPU reference: {ok}"
             );
-            exact.push((v, ok));
+            assert!(ok, "fused counts differ in mode {v}");
         }
-        assert!(exact.iter().all(|e| e.1), "fused counts differ: {exact:?}");
-        let step = |mode: u32| launch(mode, &counter);
+        // time_variants takes variant ids: map them back to kernel indices
+        let step = |v: u32| launch(variants.iter().position(|x| x.0 == v).unwrap(), &counter);
         let (stream_t, graph_t) = time_variants(gpu, &s, &step, &variants);
+        let what = if kind == "gate" {
+            "stand-in gate (ids + top-k softmax weights)"
+        } else {
+            "stand-in router (ids only)"
+        };
+        push_rows(rows, what, &variants, &stream_t, &graph_t);
+        if kind == "gate" {
+            return; // the fold is the same for both
+        }
         // the drain's fold of the stripes (40 x 256 x 64 u32), in a graph of 30 folds
         let n = 30;
         let g = capture(&s, || {
@@ -570,21 +490,14 @@ mod bench {
         );
         rows.push(Row(
             format!(
-                "fold of the fused path's stripes at the drain ({layers} x {tokens} x {experts} u32), CUDA graph"
+                "fold of the stripes at the drain ({layers} x {tokens} x {experts} u32), CUDA graph"
             ),
             format!(
                 "{fold_us:.2} us per drain = {:.3} us/step at a drain every 64 steps",
                 fold_us / 64.0
             ),
-            "runs once per drain, on the step stream".into(),
+            "once per drain, on the step stream".into(),
         ));
-        push_rows(
-            rows,
-            "stand-in router (reused ids buffer)",
-            &variants,
-            &stream_t,
-            &graph_t,
-        );
     }
 
     pub fn main() {
@@ -611,8 +524,8 @@ mod bench {
             swap_copy(&gpu, &mut rows, ceiling);
             counting(&gpu, &mut rows);
         }
-        fused(&gpu, &mut rows);
-        fused_prev(&gpu, &mut rows);
+        fused(&gpu, &mut rows, "router");
+        fused(&gpu, &mut rows, "gate");
         if !only_fused {
             added_step_time(&gpu, &mut rows);
         }
