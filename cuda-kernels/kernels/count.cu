@@ -74,10 +74,10 @@ extern "C" __global__ void tierkit_count_i64(const long long* __restrict__ ids, 
 //   17 (diagnostic, no counting) each lane < k stores its pick a second time, into
 //      stripes[(layer * tokens + token) * k + lane]: what one more plain store at the end costs;
 //   21 tierkit_count_pick_striped from lanes < k as soon as the loop ends (before the router's
-//      remaining work and stores), stripe = the warp's index (token): the recommended call;
+//      remaining work and stores), stripe = the warp's index (token);
 //   25 as 21 with stripe = blockIdx.x (the block's 8 warps share a stripe);
 //   26 as 21 into the table itself (stripe index >= num_stripes);
-//   27 as 21 placed at the very end, after the router's last store;
+//   27 as 21 placed at the very end, after the router's last store: the recommended call;
 //   29 as 0 (no counting), for the step form's baseline: the host passes ids = this layer's slice
 //      of the step buffer prev_ids [layers, tokens, k] (ids = prev_ids + layer * tokens * k);
 //   30 step form, same buffers as 29: the last layer loads layers 0..layers-2's picks from

@@ -4,14 +4,14 @@
 // (one warp per token, 40 layers x 256 tokens x top-6 of 64, CUDA graphs; benches/README.md,
 // "Fused header path"; "gate" = a router that also writes the top-k softmax weights):
 //   tierkit_count_pick_striped at the router's end, a stripe per warp (layer form, RECOMMENDED)
-//                                                                    ~5.1 us (router and gate)
+//                                                                    4.5-5.3 us (router and gate)
 //   step form: tierkit_step_picks_* in the last layer's router only, + its own picks striped
 //     (needs every layer's topk_ids kept in one [layers, tokens, k] buffer)
-//                                                                    ~2.8 us gate, ~5.7 us router
-//   tierkit_count_pick inside the top-k loop, into the table        ~10-11 us
-//   tierkit_count_prev_layer (previous-layer path)                   ~10-13 us
-//   tierkit_count_pick_striped at the end into the table itself     ~17-23 us
-//   (for scale: one more plain 4-byte store per pick at the end      ~2.1-2.4 us)
+//                                                                    2.2-2.8 us gate, 5.4-5.8 us router
+//   tierkit_count_pick inside the top-k loop, into the table        9.8-11.4 us
+//   tierkit_count_prev_layer (previous-layer path)                   9.6-13 us
+//   tierkit_count_pick_striped at the end into the table itself     16-23.5 us
+//   (for scale: one more plain 4-byte store per pick at the end      2.0-2.4 us)
 // The striped forms need PickCounterGpu::with_stripes; its drain folds the stripes into the table.
 //
 // Table layout (the `expert-residency` PickCounters layout): u32 [layers][experts], row-major,

@@ -9,6 +9,27 @@
 //! `tierkit_count_pick_striped`, adds each pick at the end of the router into the warp's own
 //! stripe, a copy of the table ([`PickCounterGpu::with_stripes`]); the drain folds the stripes
 //! into the table. `tierkit_count_pick` adds to the table directly.
+//!
+//! ## The fused path in an engine
+//!
+//! Host side: `let counter = PickCounterGpu::with_stripes(&gpu, layers, experts, max_warps)?;`
+//! pass `counter.stripes_ptr()`, `counter.num_stripes()`, `counter.table_ptr()` and
+//! `counter.rejected_ptr()` to the router kernel (fixed addresses: safe to capture in a CUDA
+//! graph), and every N steps call `counter.drain_async(&step_stream)?` then
+//! `counter.poll_drain()?` (or `wait_drain`) and hand the snapshot to `expert-residency`. Device
+//! side, at the end of the router kernel (after it stores `topk_ids`), from each lane that holds
+//! a pick:
+//!
+//! ```text
+//! #include "expert_count.cuh"   // cuda_kernels::EXPERT_COUNT_CUH
+//! const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+//! if (lane < k)
+//!     tierkit_count_pick_striped(stripes, num_stripes, warp, table, err,
+//!                                layer, layers, (long long)my_pick, experts);
+//! ```
+//!
+//! Cost on the H200 (stand-in routers, 40 layers × 256 tokens × top-6 of 64): 4.5–5.3 µs of GPU
+//! time per 40-layer step, plus 2.8 µs per drain for the fold (`benches/README.md`).
 
 use std::sync::Arc;
 

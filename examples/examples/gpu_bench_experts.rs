@@ -399,9 +399,12 @@ mod bench {
             (0u32, "without counting"),
             (
                 21,
-                "tierkit_count_pick_striped from lanes < k as the top-k loop ends, a stripe per warp (recommended)",
+                "tierkit_count_pick_striped from lanes < k as the top-k loop ends, a stripe per warp",
             ),
-            (27, "same, placed after the router's last store"),
+            (
+                27,
+                "same, placed after the router's last store (recommended)",
+            ),
             (
                 29,
                 "no counting, each layer's ids written to its slice of a [layers, tokens, k] step buffer (the step form's baseline)",
