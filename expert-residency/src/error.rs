@@ -79,9 +79,14 @@ pub enum Error {
     /// A configuration value is out of its range.
     #[error("invalid config: {0}")]
     InvalidConfig(String),
-    /// The executor refused or failed a move.
+    /// The executor refused a move (e.g. a swap already in flight for the layer).
     #[error("executor: {0}")]
     Executor(String),
+    /// A CUDA call of the GPU executor failed (`cuda` feature): the typed `cuda-kernels` error,
+    /// which carries the CUDA error name (e.g. `CUDA_ERROR_OUT_OF_MEMORY`).
+    #[cfg(feature = "cuda")]
+    #[error("cuda: {0}")]
+    Cuda(#[from] cuda_kernels::CudaError),
     /// A saved file could not be parsed or has an unsupported version.
     #[error("format: {0}")]
     Format(String),

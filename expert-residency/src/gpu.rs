@@ -25,11 +25,6 @@ use crate::error::{Error, Result};
 use crate::executor::{PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 use crate::rowmap::ResidencyMap;
 
-fn cuda(e: CudaError) -> Error {
-    // The message carries the CUDA error name (e.g. CUDA_ERROR_OUT_OF_MEMORY).
-    Error::Executor(format!("cuda: {e}"))
-}
-
 /// The GPU executor. See the module docs.
 #[derive(Debug)]
 pub struct GpuExecutor {
@@ -44,7 +39,7 @@ impl GpuExecutor {
     /// `fill(layer, expert, bytes)` (on up to `threads` threads), and loads `map`'s hot sets into
     /// HBM. Step kernels run on `stream` (the engine's step stream; flips are ordered on it).
     ///
-    /// Errors: [`Error::Executor`] with the CUDA error name for device failures (e.g. not enough
+    /// Errors: [`Error::Cuda`] (with the CUDA error name) for device failures (e.g. not enough
     /// HBM or pinnable host memory); [`Error::InvalidGeometry`] if `expert_bytes` is not a
     /// multiple of 16.
     pub fn new<F>(
@@ -70,9 +65,9 @@ impl GpuExecutor {
             hot_per_layer: g.hot_per_layer,
             expert_bytes: g.expert_bytes,
         };
-        let mut bank = ExpertBankGpu::new(gpu, geo).map_err(cuda)?;
-        bank.fill_host(threads, fill).map_err(cuda)?;
-        bank.load_map(&map.hot_sets()).map_err(cuda)?;
+        let mut bank = ExpertBankGpu::new(gpu, geo).map_err(Error::Cuda)?;
+        bank.fill_host(threads, fill).map_err(Error::Cuda)?;
+        bank.load_map(&map.hot_sets()).map_err(Error::Cuda)?;
         Ok(GpuExecutor {
             bank,
             stream,
@@ -110,7 +105,7 @@ impl GpuExecutor {
                 "swaps in flight; flush and commit first".into(),
             ));
         }
-        self.bank.load_map(&map.hot_sets()).map_err(cuda)
+        self.bank.load_map(&map.hot_sets()).map_err(Error::Cuda)
     }
 }
 
@@ -131,7 +126,7 @@ impl SwapExecutor for GpuExecutor {
         let gen = self.bank.generation(swap.layer);
         self.bank
             .begin_swap(swap.layer, swap.incoming, swap.outgoing, gen)
-            .map_err(cuda)?;
+            .map_err(Error::Cuda)?;
         self.pending.push(*swap);
         Ok(())
     }
@@ -185,7 +180,7 @@ impl SwapExecutor for GpuExecutor {
                 c.outcome = SwapOutcome::Failed;
             }
             if out.is_empty() {
-                return Err(cuda(e));
+                return Err(Error::Cuda(e));
             }
         }
         Ok(out)
@@ -199,7 +194,7 @@ impl SwapExecutor for GpuExecutor {
         self.bank
             .copy_stream()
             .synchronize()
-            .map_err(|e| cuda(CudaError::driver("cuStreamSynchronize", e)))
+            .map_err(|e| Error::Cuda(CudaError::driver("cuStreamSynchronize", e)))
     }
 }
 
