@@ -230,15 +230,30 @@ extern "C" __global__ void tierkit_fold_stripes(unsigned int* stripes, unsigned 
     }
 }
 
-// Test kernel of tierkit_count_pick_striped with arbitrary ids (bad ones included): thread i
+// Test kernels of tierkit_count_pick_striped with arbitrary ids (bad ones included): thread i
 // counts ids[i] (i < n) of layer `layer` into stripe i / 32 (its warp; warps >= num_stripes go to
 // the table). Launch >= n threads.
-extern "C" __global__ void tierkit_count_ids_striped_i32(const int* ids, unsigned int n, unsigned int layer,
-                                                         unsigned int layers, unsigned int experts,
-                                                         unsigned int* table, unsigned int* err,
-                                                         unsigned int* stripes, unsigned int num_stripes) {
+template <typename T>
+__device__ __forceinline__ void tierkit_count_ids_striped(const T* ids, unsigned int n, unsigned int layer,
+                                                          unsigned int layers, unsigned int experts,
+                                                          unsigned int* table, unsigned int* err,
+                                                          unsigned int* stripes, unsigned int num_stripes) {
     const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         tierkit_count_pick_striped(stripes, num_stripes, i >> 5, table, err, layer, layers, (long long)ids[i],
                                    experts);
+}
+
+extern "C" __global__ void tierkit_count_ids_striped_i32(const int* ids, unsigned int n, unsigned int layer,
+                                                         unsigned int layers, unsigned int experts,
+                                                         unsigned int* table, unsigned int* err,
+                                                         unsigned int* stripes, unsigned int num_stripes) {
+    tierkit_count_ids_striped(ids, n, layer, layers, experts, table, err, stripes, num_stripes);
+}
+
+extern "C" __global__ void tierkit_count_ids_striped_i64(const long long* ids, unsigned int n, unsigned int layer,
+                                                         unsigned int layers, unsigned int experts,
+                                                         unsigned int* table, unsigned int* err,
+                                                         unsigned int* stripes, unsigned int num_stripes) {
+    tierkit_count_ids_striped(ids, n, layer, layers, experts, table, err, stripes, num_stripes);
 }

@@ -9,7 +9,7 @@
 //     (needs every layer's topk_ids kept in one [layers, tokens, k] buffer)
 //                                                                    2.2-2.8 us gate, 5.4-5.8 us router
 //   tierkit_count_pick inside the top-k loop, into the table        9.8-11.4 us
-//   tierkit_count_prev_layer (previous-layer path)                   9.6-13 us
+//   tierkit_count_prev_layer (previous-layer path)                   9.6-13.2 us
 //   tierkit_count_pick_striped at the end into the table itself     16-23.5 us
 //   (for scale: one more plain 4-byte store per pick at the end      2.0-2.4 us)
 // The striped forms need PickCounterGpu::with_stripes; its drain folds the stripes into the table.
@@ -57,9 +57,10 @@ __device__ __forceinline__ void tierkit_count_pick_aggregated(unsigned int* tabl
 }
 
 // Fire-and-forget form of the add: `red.relaxed.gpu.global.add.u32` (no returned value, so no
-// register waits on it). Same table semantics as tierkit_count_pick. Measured on the H200: inside
-// the top-k loop it is SLOWER than atomicAdd (13.2 vs 9.4 us per 40-layer step); used by
-// tierkit_count_prev_layer, where it is 0.7-1 us faster (benches/README.md, "Fused header path").
+// register waits on it). Same table semantics as tierkit_count_pick. Measured on the H200 (first
+// session): into the table inside the top-k loop it was slower than atomicAdd (13.2 vs 9.4 us per
+// 40-layer step), in tierkit_count_prev_layer 0.7-1 us faster. tierkit_count_pick_striped uses it
+// (an atomicAdd form of the striped call was not measured).
 __device__ __forceinline__ void tierkit_red_add_u32(unsigned int* p, unsigned int v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     // no "memory" clobber: a relaxed add with no result orders nothing, and the clobber would
@@ -90,8 +91,9 @@ __device__ __forceinline__ void tierkit_count_pick_red(unsigned int* table, unsi
 // calling thread counts pick `pick` (picks >= picks_per_layer do nothing). If the router reuses
 // one ids buffer for every layer, each pick must be read here by the same thread that later
 // overwrites it (e.g. warp `token`, lane j < k counts pick token * k + j), so no read races a write.
-// Superseded by the striped forms: measured on the H200 at 6.5-13 us added per 40-layer step
-// (benches/README.md, "Fused header path").
+// Superseded by the striped forms: measured on the H200 at 9.6-13.2 us added per 40-layer step
+// with one kernel per form (6.5-7.4 us in the first session's switch kernel, whose baseline was
+// slower; benches/README.md, "Fused header path").
 template <typename T>
 __device__ __forceinline__ void tierkit_count_prev_layer(unsigned int* table, unsigned int* err,
                                                          const T* prev_ids, unsigned int pick,
@@ -111,11 +113,17 @@ __device__ __forceinline__ void tierkit_count_prev_layer(unsigned int* table, un
 // stripes into the table (PickCounterGpu::drain_async launches tierkit_fold_stripes on the step
 // stream before its copy: table += sum of stripes, stripes zeroed), so after every drain the table
 // holds exactly the same counts as the unstriped forms. Give each router warp its own stripe
-// (stripe = the warp's index in the launch, e.g. (blockIdx.x * blockDim.x + threadIdx.x) >> 5):
-// then no two warps add to one address, and the adds of a layer do not queue on the table's few
-// cache lines. Sharing a stripe is still exact (the add is atomic), only slower; a stripe index
-// >= num_stripes (including num_stripes = 0) adds to the table itself. Rejected picks (layer >=
-// layers, expert < 0 or >= experts) are added to `err`, never written to the table or a stripe.
+// (stripe = the warp's index in the launch, e.g. (blockIdx.x * blockDim.x + threadIdx.x) >> 5
+// for 1-D blocks): then no two warps add to one address, and the adds of a layer do not queue on
+// the table's few cache lines. Sharing a stripe is still exact (the add is atomic), only slower.
+// A stripe index >= num_stripes (including num_stripes = 0) adds to the table itself: exact, but
+// that is the slowest form (see the table above). So size num_stripes to the warps of the batches
+// that matter (decode), or, for launches with more warps than stripes (large prefill batches),
+// pass warp & (num_stripes - 1) with a power-of-two num_stripes, so the warps share stripes
+// instead of the table. Memory and the drain's fold grow with num_stripes (layers x num_stripes x
+// experts x 4 bytes). Rejected picks (layer >= layers, expert < 0 or >= experts) are added to
+// `err`, never written to the table or a stripe. Padding rows of a graph-captured batch are
+// counted like real ones: do not call it for them.
 // Where: at the END of the router kernel, from every lane that holds a pick (for example right
 // after the kernel stores topk_ids), each lane once per pick. Measured on the H200 (stand-in
 // router, 40 layers x 256 tokens x top-6 of 64, CUDA graph): benches/README.md, "Fused header
@@ -139,14 +147,20 @@ __device__ __forceinline__ void tierkit_count_pick_striped(unsigned int* stripes
 // Step form: one router kernel (the LAST MoE layer's) counts the whole step, from the step's ids.
 //
 // Where the router writes each layer's topk_ids into its own slice of one step buffer
-// `step_ids` [layers, tokens, k] (engines pass an output slice to their top-k op), the layers
+// `step_ids`, packed [layers, tokens, k] (layer l's picks at l * tokens * k, tokens = this
+// batch's rows: a buffer sized for the largest batch must still be written packed), the layers
 // before the last need no counting code at all: the last layer's router loads the picks of
-// layers [0, layers_before) right after its own first loads (tierkit_step_picks_load: PER_THREAD
-// loads per thread, spread over `threads` threads of the launch), adds them to the stripes
-// (tierkit_step_picks_count, after the loads) while its own top-k runs, and counts its own picks
-// at its end with tierkit_count_pick_striped. PER_THREAD must be >= ceil(layers_before * tokens *
-// k / threads); picks beyond it are counted by a slower loop (still exact). Stripe: as in
-// tierkit_count_pick_striped (the warp's index). Measured on the H200: benches/README.md.
+// layers [0, layers_before) right after its own first loads (tierkit_step_picks_load), adds them
+// to the stripes (tierkit_step_picks_count, after the loads) while its own top-k runs, and counts
+// its own picks at its end with tierkit_count_pick_striped. Work split: `threads` threads of the
+// launch call both functions, once each, with `thread` taking every value 0 .. threads - 1
+// exactly once (threads that return early must not be counted in `threads`); thread t takes
+// picks t, t + threads, ... (n = layers_before * tokens * k picks in all, picks_per_layer =
+// tokens * k). threads == 0 or picks_per_layer == 0 counts nothing. PER_THREAD should be >=
+// ceil(n / threads): picks beyond PER_THREAD * threads are counted by a slower loop (still
+// exact). Stripe: as in tierkit_count_pick_striped (the warp's index). Measured on the H200:
+// 2.2-2.8 us per 40-layer step on a router that also writes top-k weights, 5.4-5.8 us on an
+// ids-only router (benches/README.md).
 template <typename T, unsigned int PER_THREAD>
 struct TierkitStepPicks {
     T id[PER_THREAD];
@@ -162,7 +176,6 @@ __device__ __forceinline__ void tierkit_step_picks_load(TierkitStepPicks<T, PER_
     }
 }
 
-// n = layers_before * tokens * k, picks_per_layer = tokens * k (> 0).
 template <typename T, unsigned int PER_THREAD>
 __device__ __forceinline__ void tierkit_step_picks_count(const TierkitStepPicks<T, PER_THREAD>& p, const T* step_ids,
                                                          unsigned int n, unsigned int picks_per_layer,
@@ -170,6 +183,7 @@ __device__ __forceinline__ void tierkit_step_picks_count(const TierkitStepPicks<
                                                          unsigned int* stripes, unsigned int num_stripes,
                                                          unsigned int stripe, unsigned int* table, unsigned int* err,
                                                          unsigned int layers, unsigned int experts) {
+    if (threads == 0u || picks_per_layer == 0u) return;
 #pragma unroll
     for (unsigned int m = 0; m < PER_THREAD; ++m) {
         const unsigned long long i = thread + (unsigned long long)m * threads;

@@ -22,8 +22,9 @@
 //!
 //! ```text
 //! #include "expert_count.cuh"   // cuda_kernels::EXPERT_COUNT_CUH
-//! const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-//! if (lane < k)
+//! const unsigned warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;  // 1-D blocks
+//! const unsigned lane = threadIdx.x & 31;   // lane j < k holds the token's j-th pick here
+//! if (lane < k && !is_padding_row)
 //!     tierkit_count_pick_striped(stripes, num_stripes, warp, table, err,
 //!                                layer, layers, (long long)my_pick, experts);
 //! ```
@@ -237,6 +238,33 @@ pub struct PickCounterGpu {
 /// Most u32 cells of the fused path's stripes buffer (`layers × stripes × experts`): 2^30, 4 GiB.
 pub const MAX_STRIPE_CELLS: u64 = 1 << 30;
 
+/// Validates a stripes geometry (before anything is allocated); returns its cells.
+fn check_stripes(layers: u32, experts: u32, num_stripes: u32) -> Result<u64> {
+    if num_stripes == 0 {
+        return Err(CudaError::OutOfRange {
+            what: "num_stripes (must be at least 1; use PickCounterGpu::new for none)",
+            value: 0,
+            limit: u32::MAX as u64,
+        });
+    }
+    if layers > 65_535 {
+        return Err(CudaError::OutOfRange {
+            what: "layers (fold grid y)",
+            value: layers as u64,
+            limit: 65_536,
+        });
+    }
+    let cells = layers as u64 * experts as u64 * num_stripes as u64;
+    if cells > MAX_STRIPE_CELLS {
+        return Err(CudaError::OutOfRange {
+            what: "layers * experts * num_stripes (fused-path stripes)",
+            value: cells,
+            limit: MAX_STRIPE_CELLS + 1,
+        });
+    }
+    Ok(cells)
+}
+
 /// CPU reference of `tierkit_fold_stripes`: `table[l][e] += Σ_s stripes[l][s][e]` (wrapping
 /// u32), then every stripe cell is zeroed. `stripes`: `[layers][num_stripes][experts]`, `table`:
 /// `[layers][experts]` (the rejected word, if present after the table, is left alone).
@@ -321,37 +349,26 @@ impl PickCounterGpu {
     /// A zeroed counter plus `num_stripes` stripes per layer for the recommended fused path,
     /// `tierkit_count_pick_striped` in [`crate::EXPERT_COUNT_CUH`]: pass
     /// [`PickCounterGpu::stripes_ptr`] and `num_stripes` to the router kernel, and each warp's
-    /// index as its stripe. Size `num_stripes` to the most warps one router launch runs (one
-    /// warp per token: the largest batch); a warp beyond it adds to the table, exact but slower.
-    /// Memory: `layers × num_stripes × experts × 4` bytes of HBM (40 × 256 × 64: 2.5 MiB).
-    /// [`PickCounterGpu::drain_async`] folds the stripes into the table first (2.8 µs for
-    /// 40 × 256 × 64 on the H200, once per drain).
+    /// index as its stripe. Size `num_stripes` to the warps of the router launches that matter
+    /// (one warp per token: the decode batch). A warp given an index beyond it adds to the
+    /// table: exact, but the slowest form; launches with more warps (prefill) can pass
+    /// `warp & (num_stripes - 1)` with a power-of-two `num_stripes`, sharing stripes instead.
+    /// Memory: `layers × num_stripes × experts × 4` bytes of HBM (40 × 256 × 64: 2.5 MiB);
+    /// [`PickCounterGpu::drain_async`] folds the stripes into the table first, in time that
+    /// grows with that size (2.8 µs for 40 × 256 × 64 on the H200, once per drain).
     ///
     /// # Errors
-    /// As [`PickCounterGpu::new`]; [`CudaError::OutOfRange`] if `num_stripes` is 0, the stripes
-    /// exceed [`MAX_STRIPE_CELLS`] cells, or `layers` exceeds 65,535 (the fold's grid).
+    /// [`CudaError::OutOfRange`] if `num_stripes` is 0, `layers` exceeds 65,535 (the fold's
+    /// grid) or the stripes exceed [`MAX_STRIPE_CELLS`] cells, checked before anything is
+    /// allocated; then as [`PickCounterGpu::new`].
     pub fn with_stripes(
         gpu: &Arc<Gpu>,
         layers: u32,
         experts: u32,
         num_stripes: u32,
     ) -> Result<Self> {
+        let cells = check_stripes(layers, experts, num_stripes)?;
         let mut c = Self::new(gpu, layers, experts)?;
-        let cells = layers as u64 * experts as u64 * num_stripes as u64;
-        if num_stripes == 0 || cells > MAX_STRIPE_CELLS {
-            return Err(CudaError::OutOfRange {
-                what: "layers * experts * num_stripes (fused-path stripes)",
-                value: cells,
-                limit: MAX_STRIPE_CELLS + 1,
-            });
-        }
-        if layers > 65_535 {
-            return Err(CudaError::OutOfRange {
-                what: "layers (fold grid y)",
-                value: layers as u64,
-                limit: 65_536,
-            });
-        }
         c.stripes = Some(DeviceBuffer::<u32>::zeroed(gpu.ctx(), cells as usize)?);
         c.num_stripes = num_stripes;
         Ok(c)
@@ -639,6 +656,17 @@ mod tests {
         let mut table = vec![u32::MAX; 1];
         count_picks_cpu(&[0i32], TopkShape::layer(1, 1), 0, 1, 1, &mut table).unwrap();
         assert_eq!(table, vec![0]);
+    }
+
+    #[test]
+    fn stripe_geometry_is_checked_before_allocation() {
+        assert_eq!(check_stripes(40, 64, 256).unwrap(), 40 * 64 * 256);
+        for (l, e, s) in [(40, 64, 0), (65_536, 1, 1), (4096, 4096, 4096)] {
+            assert!(matches!(
+                check_stripes(l, e, s),
+                Err(CudaError::OutOfRange { .. })
+            ));
+        }
     }
 
     #[test]

@@ -191,7 +191,6 @@ fn fused_paths_count_exactly_every_step() {
         .iter()
         .map(|l| DeviceBuffer::from_host(gpu.ctx(), l).unwrap())
         .collect();
-    let ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
     // CPU reference of the router's picks (top-k, ties lowest id) and of one step's counts
     let mut one_step = vec![0u32; (layers * experts) as usize];
     let mut last_picks = Vec::new();
@@ -213,7 +212,6 @@ fn fused_paths_count_exactly_every_step() {
     }
     let warps = tokens; // one warp per token
     let blocks = (tokens * 32).div_ceil(256);
-    let weights = DeviceBuffer::<f32>::zeroed(gpu.ctx(), (tokens * k) as usize).unwrap();
     // CPU reference of the gate kernels' weights for the last layer: softmax over the k picks
     let last = &logits[layers as usize - 1];
     let want_w: Vec<f32> = last_picks
@@ -243,8 +241,6 @@ fn fused_paths_count_exactly_every_step() {
         (27, warps),
         (30, warps),
     ];
-    // mode 30 (step form): each layer writes its own slice of one step buffer
-    let step_ids = DeviceBuffer::<i32>::zeroed(gpu.ctx(), (layers * tokens * k) as usize).unwrap();
     for (kind, (mode, stripes)) in ["router", "gate"]
         .into_iter()
         .flat_map(|kind| cases.into_iter().map(move |c| (kind, c)))
@@ -252,6 +248,13 @@ fn fused_paths_count_exactly_every_step() {
         let f = gpu
             .function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m{mode}"))
             .unwrap();
+        // fresh outputs per case, filled with -1 / NaN, so each case's picks and weights are its own;
+        // mode 30 (step form): each layer writes its own slice of one step buffer
+        let fill = |n: u32| vec![-1i32; n as usize];
+        let ids = DeviceBuffer::from_host(gpu.ctx(), &fill(tokens * k)).unwrap();
+        let step_ids = DeviceBuffer::from_host(gpu.ctx(), &fill(layers * tokens * k)).unwrap();
+        let weights =
+            DeviceBuffer::from_host(gpu.ctx(), &vec![f32::NAN; (tokens * k) as usize]).unwrap();
         let mut counter = if stripes > 0 {
             PickCounterGpu::with_stripes(&gpu, layers, experts, stripes).unwrap()
         } else {
@@ -318,72 +321,121 @@ fn fused_paths_count_exactly_every_step() {
     }
 }
 
+/// Launches `tierkit_count_ids_striped_{i32,i64}` (`f`) over `ids` for `layer` into `c`.
+fn launch_striped<T: bytemuck::Pod>(
+    gpu: &Gpu,
+    f: &cuda_kernels::cudarc_driver::CudaFunction,
+    ids: &DeviceBuffer<T>,
+    layer: u32,
+    layers: u32,
+    c: &PickCounterGpu,
+) {
+    use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
+    let (n, experts) = (ids.len() as u32, c.experts());
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(128), 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (ip, tp, ep) = (ids.device_ptr(), c.table_ptr(), c.rejected_ptr());
+    let (sp, ns) = (c.stripes_ptr(), c.num_stripes());
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(&ip)
+        .arg(&n)
+        .arg(&layer)
+        .arg(&layers)
+        .arg(&experts)
+        .arg(&tp)
+        .arg(&ep)
+        .arg(&sp)
+        .arg(&ns);
+    // SAFETY: argument list matches tierkit_count_ids_striped_*; `f` is the kernel for T; ids
+    // holds n T, the grid has n threads or more, the table and stripes come from `c`'s geometry.
+    unsafe { b.launch(cfg) }.unwrap();
+}
+
+/// `len` u32 read back from device address `ptr` (after the stream's work so far).
+fn raw_u32(gpu: &Gpu, ptr: u64, len: usize) -> Vec<u32> {
+    let mut v = vec![0u32; len];
+    // SAFETY: `ptr` points to at least `len` u32 of a live allocation of the caller; the copy
+    // is synchronised before `v` is read.
+    unsafe { copy_dtoh_async(v.as_mut_ptr() as *mut u8, ptr, len * 4, gpu.stream()).unwrap() };
+    gpu.stream().synchronize().unwrap();
+    v
+}
+
 /// `tierkit_count_pick_striped` with arbitrary ids (bad ones included, several lanes of a warp
-/// on one expert), over several layers and drains, stripes for about half the warps (the rest
-/// add to the table): after each drain the table and the rejected word equal the CPU reference;
-/// a layer outside the table rejects every pick.
+/// on one expert), int32 and int64, over several layers and drains, stripes for about half the
+/// warps. Before the first drain the raw stripes hold exactly each striped warp's picks and the
+/// raw table exactly the other warps' (so the stripes are really used); after each drain the
+/// table and the rejected word equal the CPU reference; a layer outside the table rejects every
+/// pick.
 #[test]
 fn striped_counts_match_the_cpu_reference_with_bad_ids() {
     let Some(gpu) = gpu_or_skip() else { return };
-    use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let f = gpu
-        .function(&COUNT_MODULE, "tierkit_count_ids_striped_i32")
-        .unwrap();
-    let s = gpu.stream().clone();
-    let launch = |ids: &DeviceBuffer<i32>, layer: u32, layers: u32, c: &PickCounterGpu| {
-        let (n, experts) = (ids.len() as u32, c.experts());
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(128), 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (ip, tp, ep) = (ids.device_ptr(), c.table_ptr(), c.rejected_ptr());
-        let (sp, ns) = (c.stripes_ptr(), c.num_stripes());
-        let mut b = s.launch_builder(&f);
-        b.arg(&ip)
-            .arg(&n)
-            .arg(&layer)
-            .arg(&layers)
-            .arg(&experts)
-            .arg(&tp)
-            .arg(&ep)
-            .arg(&sp)
-            .arg(&ns);
-        // SAFETY: argument list matches tierkit_count_ids_striped_i32; ids holds n i32, the
-        // grid has n threads or more, the table and stripes come from `c`'s geometry.
-        unsafe { b.launch(cfg) }.unwrap();
-    };
     let (layers, experts, n) = (3u32, 200u32, 10_000usize);
-    let warps = n.div_ceil(32) as u32;
-    let mut counter = PickCounterGpu::with_stripes(&gpu, layers, experts, 150).unwrap();
-    assert!(warps > counter.num_stripes());
-    let mut cpu = vec![0u32; (layers * experts) as usize];
-    let mut rejected = 0u32;
-    for _drain in 0..3 {
-        for layer in 0..layers {
-            let ids: Vec<i32> = random_ids(&mut rng, n, experts as i64, 37)
-                .into_iter()
-                .map(|v| v as i32)
-                .collect();
-            let shape = TopkShape::layer(n as u32, 1);
-            rejected += count_picks_cpu(&ids, shape, layer, layers, experts, &mut cpu).unwrap();
-            let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
-            launch(&d, layer, layers, &counter);
+    let (l, e) = (layers as usize, experts as usize);
+    let warps = n.div_ceil(32);
+    for dtype in ["i32", "i64"] {
+        let f = gpu
+            .function(&COUNT_MODULE, &format!("tierkit_count_ids_striped_{dtype}"))
+            .unwrap();
+        let launch = |ids: &[i64], layer: u32, c: &PickCounterGpu| {
+            if dtype == "i32" {
+                let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+                let d = DeviceBuffer::from_host(gpu.ctx(), &v).unwrap();
+                launch_striped(&gpu, &f, &d, layer, layers, c);
+            } else {
+                let d = DeviceBuffer::from_host(gpu.ctx(), ids).unwrap();
+                launch_striped(&gpu, &f, &d, layer, layers, c);
+            }
+            gpu.stream().synchronize().unwrap();
+        };
+        let ns = 150u32;
+        let mut counter = PickCounterGpu::with_stripes(&gpu, layers, experts, ns).unwrap();
+        assert!(warps as u32 > counter.num_stripes());
+        let mut cpu = vec![0u32; l * e];
+        let mut rejected = 0u32;
+        for drain in 0..3 {
+            for layer in 0..layers {
+                let ids = random_ids(&mut rng, n, experts as i64, 37);
+                let shape = TopkShape::layer(n as u32, 1);
+                rejected += count_picks_cpu(&ids, shape, layer, layers, experts, &mut cpu).unwrap();
+                launch(&ids, layer, &counter);
+                if drain == 0 && layer == 0 {
+                    // where the adds went: warp w < ns into stripe w of layer 0, the rest into the table
+                    let mut want_stripes = vec![0u32; l * ns as usize * e];
+                    let mut want_table = vec![0u32; l * e + 1];
+                    for (i, &id) in ids.iter().enumerate() {
+                        let w = i / 32;
+                        if id < 0 || id >= experts as i64 {
+                            want_table[l * e] += 1;
+                        } else if w < ns as usize {
+                            want_stripes[w * e + id as usize] += 1;
+                        } else {
+                            want_table[id as usize] += 1;
+                        }
+                    }
+                    let got = raw_u32(&gpu, counter.stripes_ptr(), want_stripes.len());
+                    assert_eq!(got, want_stripes, "{dtype}: stripes before the fold");
+                    let got = raw_u32(&gpu, counter.table_ptr(), want_table.len());
+                    assert_eq!(got, want_table, "{dtype}: table + rejected before the fold");
+                }
+            }
+            counter.drain_async(gpu.stream()).unwrap();
+            let snap = counter.wait_drain().unwrap();
+            assert_eq!(snap.counts, &cpu[..], "{dtype}, drain {drain}");
+            assert_eq!(snap.rejected, rejected);
         }
-        counter.drain_async(&s).unwrap();
+        assert!(rejected > 0);
+        let ids: Vec<i64> = (0..n as i64).map(|i| i % 64).collect();
+        launch(&ids, layers, &counter);
+        counter.drain_async(gpu.stream()).unwrap();
         let snap = counter.wait_drain().unwrap();
         assert_eq!(snap.counts, &cpu[..]);
-        assert_eq!(snap.rejected, rejected);
+        assert_eq!(snap.rejected, rejected + n as u32);
     }
-    assert!(rejected > 0);
-    let ids: Vec<i32> = (0..n as i32).map(|i| i % 64).collect();
-    let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
-    launch(&d, layers, layers, &counter);
-    counter.drain_async(&s).unwrap();
-    let snap = counter.wait_drain().unwrap();
-    assert_eq!(snap.counts, &cpu[..]);
-    assert_eq!(snap.rejected, rejected + n as u32);
 }
 
 /// The fold kernel against `fold_stripes_cpu`: random stripes written directly (the header path
