@@ -48,8 +48,8 @@ pub use layout::{
     MAX_TOKEN_BYTES,
 };
 pub use pool::{
-    Admission, ElasticPool, ElasticReclaim, Placement, PoolConfig, PoolCounters, StepMaintenance,
-    FIXED_TAG,
+    Admission, ElasticPool, ElasticReclaim, PoolConfig, PoolCounters, SessionPlacement,
+    StepMaintenance, FIXED_TAG,
 };
 pub use resolve::{
     ReadTicket, ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver,

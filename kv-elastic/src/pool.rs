@@ -101,7 +101,7 @@ pub struct StepMaintenance {
 
 /// A live session's placement (see [`ElasticPool::placement`]).
 #[derive(Clone, Copy, Debug)]
-pub struct Placement<'a> {
+pub struct SessionPlacement<'a> {
     /// Physical page of each fixed page (hot cache, tail, scratch rows in that order).
     pub fixed_pages: &'a [u32],
     /// Borrowed history pages: physical page of logical page `j` (positions
@@ -301,9 +301,9 @@ impl ElasticPool {
     /// steps): its fixed pages (hot-cache rows, then tail, then scratch, `page_rows` per page), its
     /// borrowed-page table (`-1` = not resident), committed and draft lengths, and whether the whole
     /// history is resident (direct path). Errors: `UnknownSession`, `SessionFinished`.
-    pub fn placement(&self, session: SessionId) -> Result<Placement<'_>> {
+    pub fn placement(&self, session: SessionId) -> Result<SessionPlacement<'_>> {
         let r = self.request(session)?;
-        Ok(Placement {
+        Ok(SessionPlacement {
             fixed_pages: &r.fixed_pages,
             page_table: r.pages.table(),
             committed: r.committed,
