@@ -1,29 +1,13 @@
 //! Runs the `tierkit` binary on tiny scenarios and checks its JSON, determinism, files and errors.
 
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn tierkit(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tierkit"))
-        .args(args)
-        .output()
-        .expect("tierkit runs")
-}
-
-fn ok_stdout(args: &[&str]) -> String {
-    let out = tierkit(args);
-    assert!(
-        out.status.success(),
-        "tierkit {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+use common::{fails_with, ok_stdout, tierkit};
 
 fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tierkit-cli-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+    common::temp("cli-tests", name)
 }
 
 const TINY: &[&str] = &["--steps", "240", "--tokens", "4", "--seed", "5"];
@@ -277,18 +261,6 @@ fn fit_seed_from_real_routing_counts() {
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&map).unwrap()).unwrap();
     assert_eq!(saved["hot"].as_array().unwrap().len(), 16);
-}
-
-/// Runs `tierkit args`, expects a failure whose stderr contains `want`, and no panic.
-fn fails_with(args: &[&str], want: &str) {
-    let out = tierkit(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
-    assert!(
-        err.contains(want),
-        "{args:?}: stderr {err:?} lacks {want:?}"
-    );
 }
 
 #[test]

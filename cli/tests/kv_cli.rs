@@ -1,49 +1,14 @@
 //! Runs `tierkit kv ...` on tiny inputs: bad input gives one clear error line and a non-zero exit
 //! (never a panic, hang or abort); a tiny valid run writes its JSON and plots.
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-/// Runs tierkit, killing it after 60 s (a regression of the `--max-batch 0` hang must fail, not hang).
-fn tierkit(args: &[&str]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tierkit"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tierkit runs");
-    let start = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            child.kill().expect("kill");
-            panic!("tierkit {args:?} still running after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
-}
+use std::path::PathBuf;
+
+use common::{fails_with, tierkit};
 
 fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tierkit-kv-cli-tests-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
-}
-
-/// Asserts a clean failure: exit code 1, no panic, and `want` in the error text.
-fn fails_with(args: &[&str], want: &str) {
-    let out = tierkit(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "tierkit {args:?}: {err}");
-    assert!(
-        !err.contains("panicked"),
-        "tierkit {args:?} panicked: {err}"
-    );
-    assert!(err.starts_with("error: "), "tierkit {args:?}: {err}");
-    assert!(
-        err.contains(want),
-        "tierkit {args:?}: want {want:?} in {err:?}"
-    );
+    common::temp("kv-cli-tests", name)
 }
 
 const QUIET: &str = "--quiet";
