@@ -2,12 +2,18 @@
 //
 // Which call to use. Added GPU time per 40-layer step, measured on the H200 with stand-in routers
 // (one warp per token, 40 layers x 256 tokens x top-6 of 64, CUDA graphs; benches/README.md,
-// "Fused header path"; "gate" = a router that also writes the top-k softmax weights):
-//   tierkit_count_pick_striped at the router's end, a stripe per warp (layer form, RECOMMENDED)
+// "Fused header path" and "Forked count"; "gate" = a router that also writes the top-k softmax
+// weights):
+//   CHEAPEST, where the layers' topk_ids are kept in one [layers, tokens, k] step buffer: only the
+//     LAST layer's router calls tierkit_count_pick_striped at its end; the host forks the count
+//     of the earlier layers onto a branch stream right before that router
+//     (PickCounterGpu::count_forked, joined at the step's end with join_forked)   0.2-0.5 us
+//   tierkit_count_pick_striped at every router's end, a stripe per warp (RECOMMENDED without a
+//     step buffer)
 //                                                                    4.5-5.3 us (router and gate)
 //   step form: tierkit_step_picks_* in the last layer's router only, + its own picks striped
 //     (needs every layer's topk_ids kept in one [layers, tokens, k] buffer)
-//                                                                    2.2-2.8 us gate, 5.4-5.8 us router
+//                                                                    2.2-3.9 us gate, 4.2-5.8 us router
 //   tierkit_count_pick inside the top-k loop, into the table        9.8-11.4 us
 //   tierkit_count_prev_layer (previous-layer path)                   9.6-13.2 us
 //   tierkit_count_pick_striped at the end into the table itself     16-23.5 us
@@ -159,7 +165,7 @@ __device__ __forceinline__ void tierkit_count_pick_striped(unsigned int* stripes
 // tokens * k). threads == 0 or picks_per_layer == 0 counts nothing. PER_THREAD should be >=
 // ceil(n / threads): picks beyond PER_THREAD * threads are counted by a slower loop (still
 // exact). Stripe: as in tierkit_count_pick_striped (the warp's index). Measured on the H200:
-// 2.2-2.8 us per 40-layer step on a router that also writes top-k weights, 5.4-5.8 us on an
+// 2.2-3.9 us per 40-layer step on a router that also writes top-k weights, 4.2-5.8 us on an
 // ids-only router (benches/README.md).
 template <typename T, unsigned int PER_THREAD>
 struct TierkitStepPicks {

@@ -31,6 +31,16 @@
 //!
 //! Cost on the H200 (stand-in routers, 40 layers × 256 tokens × top-6 of 64): 4.5–5.3 µs of GPU
 //! time per 40-layer step, plus 2.8 µs per drain for the fold (`benches/README.md`).
+//!
+//! ## The cheapest exact path: the last router fused, the rest forked
+//!
+//! Where each MoE layer's router writes its `topk_ids` into its own slice of one
+//! `[layers, tokens, k]` step buffer, only the LAST layer's router needs the fused call: right
+//! before launching it, `counter.count_forked(&step_stream, &view_of_layers_0_to_last, 0)?`
+//! counts the earlier layers on a branch stream that runs alongside it, and
+//! `counter.join_forked(&step_stream)?` at the end of the step joins the branch (both capture
+//! into a CUDA graph). Measured on the H200: 0.3–0.5 µs added per 40-layer step, exact after
+//! every step (`benches/README.md`, "Forked count").
 
 use std::sync::Arc;
 
@@ -233,6 +243,11 @@ pub struct PickCounterGpu {
     stripes: Option<DeviceBuffer<u32>>,
     num_stripes: u32,
     f_fold: CudaFunction,
+    /// Branch stream of [`PickCounterGpu::count_forked`], and its fork and join events.
+    branch: Arc<CudaStream>,
+    fork_mark: CudaEvent,
+    join_mark: CudaEvent,
+    fork_pending: bool,
 }
 
 /// Most u32 cells of the fused path's stripes buffer (`layers × stripes × experts`): 2^30, 4 GiB.
@@ -328,6 +343,9 @@ impl PickCounterGpu {
         let drain_stream = gpu.new_stream()?;
         let step_mark = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
         let drain_done = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
+        let branch = gpu.new_stream()?;
+        let fork_mark = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
+        let join_mark = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
         Ok(PickCounterGpu {
             stripes: None,
             num_stripes: 0,
@@ -343,6 +361,10 @@ impl PickCounterGpu {
             step_mark,
             drain_done,
             drain_pending: false,
+            branch,
+            fork_mark,
+            join_mark,
+            fork_pending: false,
         })
     }
 
@@ -443,33 +465,11 @@ impl PickCounterGpu {
     /// [`CudaError::Shape`] if `ids.bytes` does not match the shape and dtype,
     /// [`CudaError::OutOfRange`] for a layer range outside the table; CUDA launch errors.
     pub fn count_raw(&self, stream: &CudaStream, ids: &TopkIdsView, layer0: u32) -> Result<()> {
-        check_target(ids.shape, layer0, self.layers)?;
-        let need = ids.shape.picks() * ids.dtype.size() as u64;
-        if ids.bytes != need {
-            return Err(CudaError::Shape {
-                what: "topk_ids bytes (layers * tokens * k * dtype size)",
-                expected: need,
-                got: ids.bytes,
-            });
-        }
-        if ids.ptr == 0 || !ids.ptr.is_multiple_of(ids.dtype.size() as u64) {
-            return Err(CudaError::Dtype {
-                what: "topk_ids pointer (null or misaligned for dtype)",
-                expected: ids.dtype.name(),
-                got: "misaligned pointer",
-            });
-        }
+        self.check_ids(ids, layer0)?;
         let f = match ids.dtype {
             IdsDtype::I32 => &self.f_i32,
             IdsDtype::I64 => &self.f_i64,
         };
-        if ids.shape.picks() > 1 << 31 {
-            return Err(CudaError::OutOfRange {
-                what: "picks per launch (layers * tokens * k)",
-                value: ids.shape.picks(),
-                limit: (1 << 31) + 1,
-            });
-        }
         let n = ids.shape.picks() as u32;
         let per_layer: u32 = ids.shape.tokens * ids.shape.k;
         // 4 picks per thread
@@ -491,10 +491,112 @@ impl PickCounterGpu {
             .arg(&table)
             .arg(&rejected);
         // SAFETY: argument list matches `tierkit_count_{i32,i64}` (ptr, u32 x5, ptr, ptr);
-        // `ids` holds `n` elements of the declared dtype (bytes checked above), the kernel
+        // `ids` holds `n` elements of the declared dtype (bytes checked by check_ids), the kernel
         // writes only table[layer * experts + e] with layer < layers, e < experts, or the
         // rejected word, all inside our allocation of layers * experts + 1 words.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_count)"))?;
+        Ok(())
+    }
+
+    /// Counts `ids` as [`PickCounterGpu::count_raw`] does, but on the counter's own branch
+    /// stream, forked from `stream` at this point of its work: the count runs concurrently with
+    /// whatever `stream` runs next, until [`PickCounterGpu::join_forked`] makes `stream` wait for
+    /// it. Both are plain event record/wait pairs, so the fork and the join can be captured in a
+    /// CUDA graph with the step (capture `stream`; the branch joins the capture through the fork
+    /// event). Use it to count a step's picks off the critical path: when the router of each MoE
+    /// layer writes its `topk_ids` into its own slice of one `[layers, tokens, k]` step buffer,
+    /// fork the count of layers `0 .. layers - 1` right before the last MoE layer's router, let
+    /// that router count its own picks with the fused header (`tierkit_count_pick_striped`), and
+    /// join at the end of the step. Measured on the H200 (stand-in routers, 40 layers × 256
+    /// tokens × top-6 of 64, CUDA graph): 0.3–0.5 µs added per step, against 4.5–5.3 µs for the
+    /// fused call in every router and 2.25 µs for the count launched on `stream` itself
+    /// (`benches/README.md`, "Forked count").
+    ///
+    /// The branch only reads `ids`: nothing may write them (e.g. the next step's first router)
+    /// before the join. [`PickCounterGpu::drain_async`] joins first, so a drain never copies a
+    /// table the branch is still adding to. If the launch fails, `stream` is joined before the
+    /// error is returned.
+    ///
+    /// # Errors
+    /// As [`PickCounterGpu::count_raw`] (shape, dtype, range: checked before the fork, so a
+    /// rejected call records nothing); [`CudaError::InFlight`] if the previous forked count has
+    /// not been joined; CUDA errors.
+    pub fn count_forked(
+        &mut self,
+        stream: &CudaStream,
+        ids: &TopkIdsView,
+        layer0: u32,
+    ) -> Result<()> {
+        if self.fork_pending {
+            return Err(CudaError::InFlight(
+                "forked count not joined (call join_forked)",
+            ));
+        }
+        self.check_ids(ids, layer0)?;
+        self.fork_mark
+            .record(stream)
+            .map_err(drv("cuEventRecord"))?;
+        self.branch
+            .wait(&self.fork_mark)
+            .map_err(drv("cuStreamWaitEvent"))?;
+        let launched = self.count_raw(&self.branch, ids, layer0);
+        self.join_mark
+            .record(&self.branch)
+            .map_err(drv("cuEventRecord"))?;
+        self.fork_pending = true;
+        if let Err(e) = launched {
+            self.join_forked(stream)?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Makes `stream` wait for the last [`PickCounterGpu::count_forked`] (a no-op when none is
+    /// pending). Call it on the stream that forked, before anything overwrites the counted ids
+    /// and before a captured graph ends (a capture with an unjoined branch fails).
+    ///
+    /// # Errors
+    /// CUDA errors.
+    pub fn join_forked(&mut self, stream: &CudaStream) -> Result<()> {
+        if self.fork_pending {
+            stream
+                .wait(&self.join_mark)
+                .map_err(drv("cuStreamWaitEvent"))?;
+            self.fork_pending = false;
+        }
+        Ok(())
+    }
+
+    /// Whether a [`PickCounterGpu::count_forked`] has not been joined yet.
+    pub fn fork_pending(&self) -> bool {
+        self.fork_pending
+    }
+
+    /// The checks of [`PickCounterGpu::count_raw`], before anything is recorded or launched.
+    fn check_ids(&self, ids: &TopkIdsView, layer0: u32) -> Result<()> {
+        check_target(ids.shape, layer0, self.layers)?;
+        let need = ids.shape.picks() * ids.dtype.size() as u64;
+        if ids.bytes != need {
+            return Err(CudaError::Shape {
+                what: "topk_ids bytes (layers * tokens * k * dtype size)",
+                expected: need,
+                got: ids.bytes,
+            });
+        }
+        if ids.ptr == 0 || !ids.ptr.is_multiple_of(ids.dtype.size() as u64) {
+            return Err(CudaError::Dtype {
+                what: "topk_ids pointer (null or misaligned for dtype)",
+                expected: ids.dtype.name(),
+                got: "misaligned pointer",
+            });
+        }
+        if ids.shape.picks() > 1 << 31 {
+            return Err(CudaError::OutOfRange {
+                what: "picks per launch (layers * tokens * k)",
+                value: ids.shape.picks(),
+                limit: (1 << 31) + 1,
+            });
+        }
         Ok(())
     }
 
@@ -525,7 +627,8 @@ impl PickCounterGpu {
         )
     }
 
-    /// Starts a drain: folds the fused path's stripes into the table on `stream` (one small
+    /// Starts a drain: joins a pending [`PickCounterGpu::count_forked`] into `stream`, folds the
+    /// fused path's stripes into the table on `stream` (one small
     /// launch, only with [`PickCounterGpu::with_stripes`]), then the side stream waits for
     /// the work queued so far on `stream` (the step stream that counts) and copies the table and
     /// the rejected word to pinned host memory. The step stream is never blocked.
@@ -537,6 +640,7 @@ impl PickCounterGpu {
         if self.drain_pending {
             return Err(CudaError::InFlight("previous drain not collected"));
         }
+        self.join_forked(stream)?;
         self.fold_stripes(stream)?;
         self.step_mark
             .record(stream)

@@ -777,3 +777,97 @@ fn event_signal_holds_a_tier_core_fence_until_the_gpu_reader_finishes() {
         "signal complete right after the launch: {early} (expected false); reclaimed after sync"
     );
 }
+
+/// `count_forked` / `join_forked`: the earlier layers counted on the branch while the step stream
+/// counts the last layer, exact (with bad ids) after every step, in stream order and captured in
+/// a CUDA graph; a second fork before the join and a bad shape are typed errors that leave
+/// nothing pending.
+#[test]
+fn forked_count_is_exact_every_step_and_captures_in_a_graph() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    use cuda_kernels::cudarc_driver::sys;
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    let (layers, tokens, k, experts) = (5u32, 300u32, 6u32, 64u32);
+    let shape = TopkShape::step(layers, tokens, k);
+    let ids: Vec<i32> = random_ids(&mut rng, shape.picks() as usize, experts as i64, 97)
+        .into_iter()
+        .map(|v| v as i32)
+        .collect();
+    let mut one_step = vec![0u32; (layers * experts) as usize];
+    let rejected = count_picks_cpu(&ids, shape, 0, layers, experts, &mut one_step).unwrap();
+    assert!(rejected > 0);
+    let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
+    let per_layer = (tokens * k) as u64;
+    let before_last = TopkIdsView {
+        ptr: d.device_ptr(),
+        bytes: 4 * per_layer * (layers as u64 - 1),
+        dtype: IdsDtype::I32,
+        shape: TopkShape::step(layers - 1, tokens, k),
+    };
+    let last = TopkIdsView {
+        ptr: d.device_ptr() + 4 * per_layer * (layers as u64 - 1),
+        bytes: 4 * per_layer,
+        dtype: IdsDtype::I32,
+        shape: TopkShape::layer(tokens, k),
+    };
+    let s = gpu.stream().clone();
+    let mut counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
+    let step = |c: &mut PickCounterGpu| {
+        c.count_forked(&s, &before_last, 0).unwrap();
+        assert!(c.fork_pending());
+        c.count_raw(&s, &last, layers - 1).unwrap();
+        c.join_forked(&s).unwrap();
+        assert!(!c.fork_pending());
+    };
+    let check = |c: &mut PickCounterGpu, steps: u32, what: &str| {
+        c.drain_async(&s).unwrap();
+        let snap = c.wait_drain().unwrap();
+        let want: Vec<u32> = one_step.iter().map(|&v| v * steps).collect();
+        assert_eq!(snap.counts, &want[..], "{what}: counts after {steps} steps");
+        assert_eq!(snap.rejected, rejected * steps, "{what}: rejected");
+    };
+    for n in 1..=3 {
+        step(&mut counter);
+        check(&mut counter, n, "stream order");
+    }
+    // a fork left pending is joined by the drain
+    counter.count_forked(&s, &before_last, 0).unwrap();
+    counter.count_raw(&s, &last, layers - 1).unwrap();
+    check(&mut counter, 4, "joined by the drain");
+    assert!(!counter.fork_pending());
+    // captured: 2 steps per graph, 3 launches
+    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    step(&mut counter);
+    step(&mut counter);
+    let g = s
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("captured graph");
+    for _ in 0..3 {
+        g.launch().unwrap();
+    }
+    check(&mut counter, 10, "CUDA graph");
+    // faults: a second fork before the join; a bad shape (nothing recorded, nothing pending)
+    counter.count_forked(&s, &before_last, 0).unwrap();
+    assert!(matches!(
+        counter.count_forked(&s, &before_last, 0),
+        Err(CudaError::InFlight(_))
+    ));
+    counter.count_raw(&s, &last, layers - 1).unwrap(); // step 11's last layer
+    counter.join_forked(&s).unwrap();
+    let bad = TopkIdsView {
+        bytes: before_last.bytes - 4,
+        ..before_last
+    };
+    assert!(matches!(
+        counter.count_forked(&s, &bad, 0),
+        Err(CudaError::Shape { .. })
+    ));
+    assert!(!counter.fork_pending());
+    assert!(matches!(
+        counter.count_forked(&s, &before_last, 2),
+        Err(CudaError::OutOfRange { .. })
+    ));
+    check(&mut counter, 11, "after the faults");
+}

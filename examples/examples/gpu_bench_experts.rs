@@ -413,7 +413,8 @@ mod bench {
                 30,
                 "step form: the last layer's router counts the step from the step buffer (tierkit_step_picks_*) + its own picks at its end",
             ),
-
+            (40, "no fused call: the standalone count launch over the whole step buffer after the last router (PickCounterGpu::count)"),
+            (41, "hybrid: the standalone count of layers 0..38 on a forked graph branch after layer 38's router (joined at the step's end) + the last router's own picks striped (mode 27)"),
             (25, "same, a stripe per block (8 warps share one)"),
             (26, "same call into the table itself (no stripes)"),
             (
@@ -429,34 +430,59 @@ mod bench {
                 "diagnostic, no counting: each pick stored a second time as the loop ends (plain store)",
             ),
         ];
+        // 40 and 41 run the step buffer's routers (mode 29) and count off the router
+        let kernel_mode = |v: u32| if v >= 40 { 29 } else { v };
         let funcs: Vec<CudaFunction> = variants
             .iter()
-            .map(|(v, _)| {
-                gpu.function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m{v}"))
+            .map(|&(v, _)| {
+                let m = kernel_mode(v);
+                gpu.function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m{m}"))
                     .unwrap()
             })
             .collect();
-        let launch = |i: usize, c: &PickCounterGpu| {
+        let f27 = gpu
+            .function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m27"))
+            .unwrap();
+        let step_view = |l: u32| TopkIdsView {
+            ptr: step_ids.device_ptr(),
+            bytes: 4 * (l * tokens * k) as u64,
+            dtype: IdsDtype::I32,
+            shape: TopkShape::step(l, tokens, k),
+        };
+        let launch = |i: usize, c: &mut PickCounterGpu| {
+            let v = variants[i].0;
             for layer in 0..layers {
                 let (lp, dims) = (dl.device_ptr(), (tokens, experts, k));
-                let v = variants[i].0;
-                let out = if v == 29 || v == 30 {
+                let out = if v == 29 || v >= 30 {
                     let slice = step_ids.device_ptr() + 4 * (layer * tokens * k) as u64;
                     (slice, step_ids.device_ptr(), weights.device_ptr())
                 } else {
                     (ids.device_ptr(), ids.device_ptr(), weights.device_ptr())
                 };
-                launch_router(&s, &funcs[i], lp, dims, out, c, layer);
+                if v == 41 && layer + 1 == layers {
+                    // fork the count of the earlier layers, run the last router (fused call for
+                    // its own picks) alongside it, join at the step's end
+                    c.count_forked(&s, &step_view(layers - 1), 0).unwrap();
+                    launch_router(&s, &f27, lp, dims, out, c, layer);
+                    c.join_forked(&s).unwrap();
+                } else {
+                    launch_router(&s, &funcs[i], lp, dims, out, c, layer);
+                }
+            }
+            if v == 40 {
+                c.count_raw(&s, &step_view(layers), 0).unwrap();
             }
         };
         // one stripe per warp (one warp per token); mode 25 uses the first 32 (one per block)
-        let counter = PickCounterGpu::with_stripes(gpu, layers, experts, tokens).unwrap();
+        let counter = std::cell::RefCell::new(
+            PickCounterGpu::with_stripes(gpu, layers, experts, tokens).unwrap(),
+        );
         for (i, &(v, _)) in variants.iter().enumerate() {
             if v == 0 || v == 17 || v == 29 {
                 continue;
             }
             let mut c = PickCounterGpu::with_stripes(gpu, layers, experts, tokens).unwrap();
-            (0..3).for_each(|_| launch(i, &c));
+            (0..3).for_each(|_| launch(i, &mut c));
             c.drain_async(&s).unwrap();
             let snap = c.wait_drain().unwrap();
             let want: Vec<u32> = (0..layers)
@@ -469,7 +495,10 @@ mod bench {
             assert!(ok, "fused counts differ in mode {v}");
         }
         // time_variants takes variant ids: map them back to kernel indices
-        let step = |v: u32| launch(variants.iter().position(|x| x.0 == v).unwrap(), &counter);
+        let step = |v: u32| {
+            let i = variants.iter().position(|x| x.0 == v).unwrap();
+            launch(i, &mut counter.borrow_mut())
+        };
         let (stream_t, graph_t) = time_variants(gpu, &s, &step, &variants);
         let what = if kind == "gate" {
             "stand-in gate (ids + top-k softmax weights)"
@@ -483,7 +512,7 @@ mod bench {
         // the drain's fold of the stripes (40 x 256 x 64 u32), in a graph of 30 folds
         let n = 30;
         let g = capture(&s, || {
-            (0..n).for_each(|_| counter.fold_stripes(&s).unwrap())
+            (0..n).for_each(|_| counter.borrow().fold_stripes(&s).unwrap())
         });
         g.upload().unwrap();
         let fold_us = median(

@@ -21,8 +21,8 @@ mod run {
 
     use cuda_kernels::cudarc_driver::{CudaFunction, LaunchConfig, PushKernelArg};
     use cuda_kernels::{
-        copy_htod_async, gpu_or_skip, DeviceBuffer, Gpu, KernelSource, PickCounterGpu,
-        PinnedBuffer, TopkShape,
+        copy_htod_async, gpu_or_skip, DeviceBuffer, Gpu, IdsDtype, KernelSource, PickCounterGpu,
+        PinnedBuffer, TopkIdsView, TopkShape,
     };
     use expert_residency::gpu::GpuExecutor;
     use expert_residency::trace::synth::{generate, DomainProfile, Phase, SynthConfig};
@@ -205,6 +205,17 @@ extern "C" __global__ void moe_expert_gemv(const unsigned long long* table, unsi
                 .unwrap()
             };
             y.zero_async(&s).unwrap();
+            if adaptive {
+                // the step's picks are all known here (trace-driven): count them on the counter's
+                // branch stream, alongside the layers, and join before the drain
+                let view = TopkIdsView {
+                    ptr: ids.device_ptr(),
+                    bytes: (picks_per_step * 4) as u64,
+                    dtype: IdsDtype::I32,
+                    shape: TopkShape::step(LAYERS, TOKENS, TOP_K),
+                };
+                counter.count_forked(&s, &view, 0).unwrap();
+            }
             for l in 0..LAYERS {
                 let layer_ids = ids.device_ptr() + (l * TOKENS * TOP_K * 4) as u64;
                 let yprev = if l == 0 {
@@ -237,9 +248,7 @@ extern "C" __global__ void moe_expert_gemv(const unsigned long long* table, unsi
                 unsafe { b.launch(cfg) }.unwrap();
             }
             if adaptive {
-                counter
-                    .count(&s, &ids, TopkShape::step(LAYERS, TOKENS, TOP_K), 0)
-                    .unwrap();
+                counter.join_forked(&s).unwrap();
                 if ctl.drain_due() && !draining {
                     counter.drain_async(&s).unwrap();
                     draining = true;
