@@ -7,7 +7,8 @@
 //!
 //! - [`count`]: expert pick counting (standalone kernel over `[layers, tokens, k]` int32/int64
 //!   `topk_ids`, the fused-path header [`EXPERT_COUNT_CUH`] with its per-warp stripes folded at
-//!   the drain, asynchronous drains) + CPU references.
+//!   the drain, the count forked onto a branch stream beside the last router
+//!   ([`PickCounterGpu::count_forked`]), asynchronous drains) + CPU references.
 //! - [`bank`]: the expert bank (pinned host experts, HBM slots + a spare per layer, device
 //!   indirection table, copy stream, reader fences) used by `expert-residency`'s GPU executor.
 //! - [`mem`]: device buffers and mapped pinned host buffers (raw `u64` device pointers).

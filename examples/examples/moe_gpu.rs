@@ -1,7 +1,8 @@
 //! Reference integration of `expert-residency` on a GPU: a MoE layer stack whose expert FFNs
 //! (a plain GEMV per pick) read their weights through the executor's indirection table, driven
 //! by a routing trace with a domain shift (OLMoE-fitted synthetic, github → book), with the
-//! counting kernel, asynchronous drains and swaps running live.
+//! counting kernel (forked onto the counter's branch stream alongside the layers:
+//! `PickCounterGpu::count_forked`), asynchronous drains and swaps running live.
 //!
 //! Geometry (scaled down so that not all experts fit the hot budget): 40 layers × 64 experts ×
 //! 2 MiB (f32 `[1024 × 512]`), top-8, 4 tokens per step, 48 hot per layer. Cold experts are read
