@@ -36,10 +36,10 @@
 //!
 //! Where each MoE layer's router writes its `topk_ids` into its own slice of one
 //! `[layers, tokens, k]` step buffer, only the LAST layer's router needs the fused call: right
-//! before launching it, `counter.count_forked(&step_stream, &view_of_layers_0_to_last, 0)?`
+//! before launching it, `counter.count_forked(&step_stream, &view_of_layers_before_last, 0)?`
 //! counts the earlier layers on a branch stream that runs alongside it, and
 //! `counter.join_forked(&step_stream)?` at the end of the step joins the branch (both capture
-//! into a CUDA graph). Measured on the H200: 0.3–0.5 µs added per 40-layer step, exact after
+//! into a CUDA graph). Measured on the H200: 0.18–0.45 µs added per 40-layer step, exact after
 //! every step (`benches/README.md`, "Forked count").
 
 use std::sync::Arc;
@@ -248,6 +248,38 @@ pub struct PickCounterGpu {
     fork_mark: CudaEvent,
     join_mark: CudaEvent,
     fork_pending: bool,
+    /// The capture id of the stream the pending fork was made on (`None`: outside a capture).
+    fork_capture: Option<u64>,
+}
+
+/// The id of the CUDA graph capture `stream` is part of, `None` when it is not capturing.
+fn capture_id(stream: &CudaStream) -> Result<Option<u64>> {
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(drv("cuCtxSetCurrent"))?;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: u64 = 0;
+    // SAFETY: `stream` is a live stream of the bound context; the two out-pointers are valid
+    // locals, and the optional outputs (graph, dependencies, edge data, count) are null, which
+    // the driver accepts.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream.cu_stream(),
+            &mut status,
+            &mut id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(drv("cuStreamGetCaptureInfo"))?;
+    Ok(match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
+        _ => Some(id),
+    })
 }
 
 /// Most u32 cells of the fused path's stripes buffer (`layers × stripes × experts`): 2^30, 4 GiB.
@@ -365,6 +397,7 @@ impl PickCounterGpu {
             fork_mark,
             join_mark,
             fork_pending: false,
+            fork_capture: None,
         })
     }
 
@@ -501,26 +534,39 @@ impl PickCounterGpu {
     /// Counts `ids` as [`PickCounterGpu::count_raw`] does, but on the counter's own branch
     /// stream, forked from `stream` at this point of its work: the count runs concurrently with
     /// whatever `stream` runs next, until [`PickCounterGpu::join_forked`] makes `stream` wait for
-    /// it. Both are plain event record/wait pairs, so the fork and the join can be captured in a
-    /// CUDA graph with the step (capture `stream`; the branch joins the capture through the fork
-    /// event). Use it to count a step's picks off the critical path: when the router of each MoE
-    /// layer writes its `topk_ids` into its own slice of one `[layers, tokens, k]` step buffer,
-    /// fork the count of layers `0 .. layers - 1` right before the last MoE layer's router, let
-    /// that router count its own picks with the fused header (`tierkit_count_pick_striped`), and
-    /// join at the end of the step. Measured on the H200 (stand-in routers, 40 layers × 256
-    /// tokens × top-6 of 64, CUDA graph): 0.3–0.5 µs added per step, against 4.5–5.3 µs for the
-    /// fused call in every router and 2.25 µs for the count launched on `stream` itself
-    /// (`benches/README.md`, "Forked count").
+    /// it. Fork and join are event record/wait pairs, so both can be captured in a CUDA graph
+    /// with the step (capture `stream`; the branch joins the capture through the fork event).
     ///
-    /// The branch only reads `ids`: nothing may write them (e.g. the next step's first router)
-    /// before the join. [`PickCounterGpu::drain_async`] joins first, so a drain never copies a
-    /// table the branch is still adding to. If the launch fails, `stream` is joined before the
-    /// error is returned.
+    /// Use: when the router of each MoE layer writes its `topk_ids` into its own slice of one
+    /// `[layers, tokens, k]` step buffer, fork the count of layers `0 ..= layers - 2` right
+    /// before the last MoE layer's router, let that router count its own picks with the fused
+    /// header (`tierkit_count_pick_striped`), and join at the end of the step. Measured on the
+    /// H200 (stand-in routers, 40 layers × 256 tokens × top-6 of 64, CUDA graph, three
+    /// machines): 0.18–0.45 µs added per 40-layer step, against 4.5–5.3 µs for the fused call in
+    /// every router and 2.4–2.5 µs for the same count launched on `stream` after the last router
+    /// (`benches/README.md`, "Forked count"). Engines without this API do the same with two
+    /// events and a second stream (record on the step stream, the branch waits, launch
+    /// `tierkit_count_i32` / `_i64` of `count.cu` on the branch, record on the branch, the step
+    /// stream waits).
+    ///
+    /// Rules:
+    /// - The branch only reads `ids`: nothing may write or free them before the join (with
+    ///   PyTorch, keep the tensor alive and unused until then: the caching allocator does not
+    ///   know the branch stream).
+    /// - Fork and join in the same capture, or both outside any capture: `join_forked` checks
+    ///   it ([`CudaError::Capture`]). A capture that ends without the join fails (CUDA reports
+    ///   an unjoined branch); the next `join_forked` then drops that fork, which never ran.
+    /// - A captured graph holds the table's and the ids' addresses: the counter and the ids
+    ///   must outlive every graph that captured them. `stream` must belong to the counter's
+    ///   context ([`crate::Gpu::ctx`]).
+    /// - [`PickCounterGpu::drain_async`] joins first, so a drain never copies a table the
+    ///   branch is still adding to.
     ///
     /// # Errors
     /// As [`PickCounterGpu::count_raw`] (shape, dtype, range: checked before the fork, so a
     /// rejected call records nothing); [`CudaError::InFlight`] if the previous forked count has
-    /// not been joined; CUDA errors.
+    /// not been joined; CUDA errors. After a CUDA error past the fork the fork stays pending:
+    /// discard a capture in progress, outside a capture call `join_forked`.
     pub fn count_forked(
         &mut self,
         stream: &CudaStream,
@@ -533,37 +579,57 @@ impl PickCounterGpu {
             ));
         }
         self.check_ids(ids, layer0)?;
+        let capture = capture_id(stream)?;
         self.fork_mark
             .record(stream)
             .map_err(drv("cuEventRecord"))?;
         self.branch
             .wait(&self.fork_mark)
             .map_err(drv("cuStreamWaitEvent"))?;
-        let launched = self.count_raw(&self.branch, ids, layer0);
-        self.join_mark
-            .record(&self.branch)
-            .map_err(drv("cuEventRecord"))?;
+        // forked from here on: the join must follow whatever happens next
         self.fork_pending = true;
-        if let Err(e) = launched {
-            self.join_forked(stream)?;
-            return Err(e);
-        }
-        Ok(())
+        self.fork_capture = capture;
+        let launched = self.count_raw(&self.branch, ids, layer0);
+        let recorded = self
+            .join_mark
+            .record(&self.branch)
+            .map_err(drv("cuEventRecord"));
+        launched.and(recorded)
     }
 
-    /// Makes `stream` wait for the last [`PickCounterGpu::count_forked`] (a no-op when none is
-    /// pending). Call it on the stream that forked, before anything overwrites the counted ids
-    /// and before a captured graph ends (a capture with an unjoined branch fails).
+    /// Makes `stream` wait for the pending [`PickCounterGpu::count_forked`] (a no-op when none
+    /// is pending). Call it on the stream that forked (or one in the same capture), before
+    /// anything overwrites the counted ids and before a captured graph ends.
     ///
     /// # Errors
-    /// CUDA errors.
+    /// [`CudaError::Capture`] if the fork was made inside a capture that has ended since (the
+    /// fork is dropped: it never ran; the capture itself failed for its unjoined branch), or if
+    /// `stream` is not in the capture the fork was made in (the fork stays pending: join it
+    /// there, or outside any capture for a fork made outside); CUDA errors.
     pub fn join_forked(&mut self, stream: &CudaStream) -> Result<()> {
-        if self.fork_pending {
-            stream
-                .wait(&self.join_mark)
-                .map_err(drv("cuStreamWaitEvent"))?;
-            self.fork_pending = false;
+        if !self.fork_pending {
+            return Ok(());
         }
+        if let Some(id) = self.fork_capture {
+            if capture_id(&self.branch)? != Some(id) {
+                self.fork_pending = false;
+                self.fork_capture = None;
+                return Err(CudaError::Capture(
+                    "the forked count's capture ended before join_forked: the fork was dropped",
+                ));
+            }
+        }
+        if capture_id(stream)? != self.fork_capture {
+            return Err(CudaError::Capture(
+                "join_forked on a stream outside the capture the fork was made in (or inside one \
+                 for a fork made outside any capture)",
+            ));
+        }
+        stream
+            .wait(&self.join_mark)
+            .map_err(drv("cuStreamWaitEvent"))?;
+        self.fork_pending = false;
+        self.fork_capture = None;
         Ok(())
     }
 
@@ -627,7 +693,8 @@ impl PickCounterGpu {
         )
     }
 
-    /// Starts a drain: joins a pending [`PickCounterGpu::count_forked`] into `stream`, folds the
+    /// Starts a drain: joins a pending [`PickCounterGpu::count_forked`] into `stream` (which must
+    /// be the stream that forked, see [`PickCounterGpu::join_forked`]), folds the
     /// fused path's stripes into the table on `stream` (one small
     /// launch, only with [`PickCounterGpu::with_stripes`]), then the side stream waits for
     /// the work queued so far on `stream` (the step stream that counts) and copies the table and
@@ -635,7 +702,8 @@ impl PickCounterGpu {
     ///
     /// # Errors
     /// [`CudaError::InFlight`] if the previous drain has not been collected
-    /// ([`PickCounterGpu::poll_drain`] / [`PickCounterGpu::wait_drain`]); CUDA errors.
+    /// ([`PickCounterGpu::poll_drain`] / [`PickCounterGpu::wait_drain`]); the errors of
+    /// [`PickCounterGpu::join_forked`] (nothing else is done then); CUDA errors.
     pub fn drain_async(&mut self, stream: &CudaStream) -> Result<()> {
         if self.drain_pending {
             return Err(CudaError::InFlight("previous drain not collected"));

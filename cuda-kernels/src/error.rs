@@ -79,6 +79,9 @@ pub enum CudaError {
     /// An asynchronous operation is still in flight (e.g. a drain whose copy has not completed).
     #[error("operation still in flight: {0}")]
     InFlight(&'static str),
+    /// A fork and its join do not belong to the same CUDA graph capture (or both to none).
+    #[error("stream capture mismatch: {0}")]
+    Capture(&'static str),
 }
 
 /// Result alias of this crate.

@@ -413,8 +413,8 @@ mod bench {
                 30,
                 "step form: the last layer's router counts the step from the step buffer (tierkit_step_picks_*) + its own picks at its end",
             ),
-            (40, "no fused call: the standalone count launch over the whole step buffer after the last router (PickCounterGpu::count)"),
-            (41, "hybrid: the standalone count of layers 0..38 on a forked graph branch after layer 38's router (joined at the step's end) + the last router's own picks striped (mode 27)"),
+            (40, "no fused call: the standalone count launch over the whole step buffer after the last router (PickCounterGpu::count_raw)"),
+            (41, "hybrid: the standalone count of layers 0-38 on a forked graph branch after layer 38's router (joined at the step's end) + the last router's own picks striped (mode 27)"),
             (25, "same, a stripe per block (8 warps share one)"),
             (26, "same call into the table itself (no stripes)"),
             (
