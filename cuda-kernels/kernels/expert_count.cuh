@@ -10,7 +10,7 @@
 //     (PickCounterGpu::count_forked, joined at the step's end with join_forked)   0.18-0.45 us
 //     Without the Rust API: two events and a second stream: record event A on the step stream,
 //     the branch stream waits on A, launch tierkit_count_i32/_i64 (count.cu) over layers
-//     0 .. layers-2 on the branch, record event B on the branch, the step stream waits on B at
+//     0 ..= layers-2 (all but the last) on the branch, record event B on the branch, the step stream waits on B at
 //     the step's end (all capturable; keep the ids unwritten until then).
 //   tierkit_count_pick_striped at every router's end, a stripe per warp (RECOMMENDED without a
 //     step buffer)

@@ -248,12 +248,24 @@ pub struct PickCounterGpu {
     fork_mark: CudaEvent,
     join_mark: CudaEvent,
     fork_pending: bool,
-    /// The capture id of the stream the pending fork was made on (`None`: outside a capture).
-    fork_capture: Option<u64>,
+    /// The capture state of the stream the pending fork was made on (`Capture::None` outside a
+    /// capture; never `Invalidated`: count_forked refuses it).
+    fork_capture: Capture,
 }
 
-/// The id of the CUDA graph capture `stream` is part of, `None` when it is not capturing.
-fn capture_id(stream: &CudaStream) -> Result<Option<u64>> {
+/// Where a stream stands with CUDA graph capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Capture {
+    /// Not capturing.
+    None,
+    /// Part of the active capture with this id (ids are unique for the process's lifetime).
+    Active(u64),
+    /// Part of a capture invalidated by an error: it can never produce a graph.
+    Invalidated,
+}
+
+/// The capture state of `stream` (`cuStreamGetCaptureInfo`).
+fn capture_state(stream: &CudaStream) -> Result<Capture> {
     stream
         .context()
         .bind_to_thread()
@@ -262,7 +274,7 @@ fn capture_id(stream: &CudaStream) -> Result<Option<u64>> {
     let mut id: u64 = 0;
     // SAFETY: `stream` is a live stream of the bound context; the two out-pointers are valid
     // locals, and the optional outputs (graph, dependencies, edge data, count) are null, which
-    // the driver accepts.
+    // the driver accepts (only the status is required).
     unsafe {
         sys::cuStreamGetCaptureInfo_v3(
             stream.cu_stream(),
@@ -276,9 +288,11 @@ fn capture_id(stream: &CudaStream) -> Result<Option<u64>> {
     }
     .result()
     .map_err(drv("cuStreamGetCaptureInfo"))?;
+    // the id is defined only while the capture is active
     Ok(match status {
-        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => None,
-        _ => Some(id),
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Capture::None,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => Capture::Active(id),
+        _ => Capture::Invalidated,
     })
 }
 
@@ -397,7 +411,7 @@ impl PickCounterGpu {
             fork_mark,
             join_mark,
             fork_pending: false,
-            fork_capture: None,
+            fork_capture: Capture::None,
         })
     }
 
@@ -565,8 +579,13 @@ impl PickCounterGpu {
     /// # Errors
     /// As [`PickCounterGpu::count_raw`] (shape, dtype, range: checked before the fork, so a
     /// rejected call records nothing); [`CudaError::InFlight`] if the previous forked count has
-    /// not been joined; CUDA errors. After a CUDA error past the fork the fork stays pending:
-    /// discard a capture in progress, outside a capture call `join_forked`.
+    /// not been joined; [`CudaError::Capture`] if `stream`'s capture is invalidated (nothing
+    /// recorded); CUDA errors. After a CUDA error past the fork (unlike the crate's other calls)
+    /// the fork may stay pending ([`PickCounterGpu::fork_pending`]): inside a capture, discard
+    /// the capture, then `join_forked` drops the fork (returning [`CudaError::Capture`]);
+    /// outside one, `join_forked` waits for it. If the join event itself could not be recorded
+    /// outside a capture, the branch is synchronised before the error is returned, and nothing
+    /// stays pending.
     pub fn count_forked(
         &mut self,
         stream: &CudaStream,
@@ -579,7 +598,12 @@ impl PickCounterGpu {
             ));
         }
         self.check_ids(ids, layer0)?;
-        let capture = capture_id(stream)?;
+        let capture = capture_state(stream)?;
+        if capture == Capture::Invalidated {
+            return Err(CudaError::Capture(
+                "count_forked on a stream whose capture is invalidated",
+            ));
+        }
         self.fork_mark
             .record(stream)
             .map_err(drv("cuEventRecord"))?;
@@ -594,6 +618,14 @@ impl PickCounterGpu {
             .join_mark
             .record(&self.branch)
             .map_err(drv("cuEventRecord"));
+        if recorded.is_err() && capture == Capture::None {
+            // the join event does not cover this launch: settle the branch here instead, so
+            // no later join or drain can run ahead of it
+            self.branch
+                .synchronize()
+                .map_err(drv("cuStreamSynchronize"))?;
+            self.fork_pending = false;
+        }
         launched.and(recorded)
     }
 
@@ -602,24 +634,27 @@ impl PickCounterGpu {
     /// anything overwrites the counted ids and before a captured graph ends.
     ///
     /// # Errors
-    /// [`CudaError::Capture`] if the fork was made inside a capture that has ended since (the
-    /// fork is dropped: it never ran; the capture itself failed for its unjoined branch), or if
-    /// `stream` is not in the capture the fork was made in (the fork stays pending: join it
-    /// there, or outside any capture for a fork made outside); CUDA errors.
+    /// [`CudaError::Capture`] if the fork was made inside a capture that has ended or been
+    /// invalidated since (the fork is dropped: it never ran, and the capture cannot produce a
+    /// graph; unlike the crate's other errors this one changes state), or if `stream` is not in
+    /// the capture the fork was made in (the fork stays pending: join it from a stream in that
+    /// capture, or from any stream outside a capture for a fork made outside one); CUDA errors.
     pub fn join_forked(&mut self, stream: &CudaStream) -> Result<()> {
         if !self.fork_pending {
             return Ok(());
         }
-        if let Some(id) = self.fork_capture {
-            if capture_id(&self.branch)? != Some(id) {
+        if let Capture::Active(_) = self.fork_capture {
+            if capture_state(&self.branch)? != self.fork_capture {
+                // ended (or invalidated): the captured fork can never run
                 self.fork_pending = false;
-                self.fork_capture = None;
+                self.fork_capture = Capture::None;
                 return Err(CudaError::Capture(
-                    "the forked count's capture ended before join_forked: the fork was dropped",
+                    "the forked count's capture ended or was invalidated before join_forked: \
+                     the fork was dropped",
                 ));
             }
         }
-        if capture_id(stream)? != self.fork_capture {
+        if capture_state(stream)? != self.fork_capture {
             return Err(CudaError::Capture(
                 "join_forked on a stream outside the capture the fork was made in (or inside one \
                  for a fork made outside any capture)",
@@ -629,7 +664,7 @@ impl PickCounterGpu {
             .wait(&self.join_mark)
             .map_err(drv("cuStreamWaitEvent"))?;
         self.fork_pending = false;
-        self.fork_capture = None;
+        self.fork_capture = Capture::None;
         Ok(())
     }
 
@@ -693,8 +728,8 @@ impl PickCounterGpu {
         )
     }
 
-    /// Starts a drain: joins a pending [`PickCounterGpu::count_forked`] into `stream` (which must
-    /// be the stream that forked, see [`PickCounterGpu::join_forked`]), folds the
+    /// Starts a drain: joins a pending [`PickCounterGpu::count_forked`] into `stream` (the step
+    /// stream; [`PickCounterGpu::join_forked`] says which streams may join), folds the
     /// fused path's stripes into the table on `stream` (one small
     /// launch, only with [`PickCounterGpu::with_stripes`]), then the side stream waits for
     /// the work queued so far on `stream` (the step stream that counts) and copies the table and

@@ -3,7 +3,9 @@
 use cudarc::driver::DriverError;
 
 /// Errors of `cuda-kernels`. Nothing in this crate panics on caller input; state is left as it
-/// was before the failing call.
+/// was before the failing call, except where a call documents otherwise
+/// (`PickCounterGpu::count_forked` after a CUDA error past its fork, `join_forked` dropping a
+/// fork whose capture has ended).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CudaError {
     /// No usable CUDA device (no libcuda / libnvrtc, or zero devices).

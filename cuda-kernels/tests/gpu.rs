@@ -781,8 +781,8 @@ fn event_signal_holds_a_tier_core_fence_until_the_gpu_reader_finishes() {
 /// `count_forked` / `join_forked`: the earlier layers counted on the branch while the step stream
 /// counts the last layer, exact (with bad ids) after every step, in stream order and captured in
 /// a CUDA graph; a second fork before the join and a bad shape are typed errors that leave
-/// nothing pending; a fork and join in different captures are refused or dropped, never hang
-/// the counter. (That the branch really runs beside the step stream is shown by the bench's
+/// nothing pending; a join from outside the fork's capture (or inside one for a fork made
+/// outside) is refused and keeps the fork pending. (That the branch really runs beside the step stream is shown by the bench's
 /// mode 41, not here.)
 #[test]
 fn forked_count_is_exact_every_step_and_captures_in_a_graph() {
@@ -891,19 +891,68 @@ fn forked_count_is_exact_every_step_and_captures_in_a_graph() {
     counter.join_forked(&s).unwrap();
     g.launch().unwrap();
     check(&mut counter, 12, "fork outside, last layer captured");
-    // a capture that ends without the join fails; the next join drops that fork (it never ran)
+    // a captured fork cannot be joined from a stream outside its capture (refused, still
+    // pending, capture still valid); joined inside, the graph completes step 13
+    let other = gpu.ctx().new_stream().unwrap();
     s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
         .unwrap();
     counter.count_forked(&s, &before_last, 0).unwrap();
+    counter.count_raw(&s, &last, layers - 1).unwrap();
+    assert!(matches!(
+        counter.join_forked(&other),
+        Err(CudaError::Capture(_))
+    ));
+    assert!(counter.fork_pending());
+    counter.join_forked(&s).unwrap();
+    let g = s
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("captured graph");
+    g.launch().unwrap();
+    check(
+        &mut counter,
+        13,
+        "captured fork, join refused outside then done inside",
+    );
+}
+
+/// A capture that ends without the join fails (CUDA: unjoined work); the next `join_forked`
+/// drops that fork (it never ran) with `CudaError::Capture` instead of wedging the counter, and
+/// counting goes on exactly. Its own test: the capture's deliberate
+/// `CUDA_ERROR_STREAM_CAPTURE_UNJOINED` is the one API error compute-sanitizer reports.
+#[test]
+fn a_capture_ended_without_the_join_drops_its_fork() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    use cuda_kernels::cudarc_driver::sys;
+    let (layers, tokens, k, experts) = (2u32, 64u32, 2u32, 8u32);
+    let shape = TopkShape::step(layers, tokens, k);
+    let ids: Vec<i32> = (0..shape.picks()).map(|i| (i % 7) as i32).collect();
+    let mut want = vec![0u32; (layers * experts) as usize];
+    count_picks_cpu(&ids, shape, 0, layers, experts, &mut want).unwrap();
+    let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
+    let view = TopkIdsView {
+        ptr: d.device_ptr(),
+        bytes: 4 * shape.picks(),
+        dtype: IdsDtype::I32,
+        shape,
+    };
+    let s = gpu.stream().clone();
+    let mut counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
+    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .unwrap();
+    counter.count_forked(&s, &view, 0).unwrap();
     assert!(s.end_capture(sys::CUgraphInstantiate_flags(0)).is_err());
     assert!(matches!(
         counter.join_forked(&s),
         Err(CudaError::Capture(_))
     ));
     assert!(!counter.fork_pending());
-    check(&mut counter, 12, "capture ended without the join");
-    step(&mut counter);
-    check(&mut counter, 13, "after the abandoned capture");
+    counter.drain_async(&s).unwrap();
+    assert!(counter.wait_drain().unwrap().counts.iter().all(|&c| c == 0));
+    counter.count_forked(&s, &view, 0).unwrap();
+    counter.join_forked(&s).unwrap();
+    counter.drain_async(&s).unwrap();
+    assert_eq!(counter.wait_drain().unwrap().counts, &want[..]);
 }
 
 /// The join orders the step stream after the branch: a branch count of ~8.4 M picks (hundreds
