@@ -21,7 +21,7 @@
 //   tierkit_count_pick inside the top-k loop, into the table        9.8-11.4 us
 //   tierkit_count_prev_layer (previous-layer path)                   9.6-13.2 us
 //   tierkit_count_pick_striped at the end into the table itself     16-23.5 us
-//   (for scale: one more plain 4-byte store per pick at the end      1.9-2.4 us)
+//   (for scale: one more plain 4-byte store per pick at the end      1.9-2.5 us)
 // The striped forms need PickCounterGpu::with_stripes; its drain folds the stripes into the table.
 //
 // Table layout (the `expert-residency` PickCounters layout): u32 [layers][experts], row-major,

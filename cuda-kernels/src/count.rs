@@ -555,7 +555,7 @@ impl PickCounterGpu {
     /// `[layers, tokens, k]` step buffer, fork the count of layers `0 ..= layers - 2` right
     /// before the last MoE layer's router, let that router count its own picks with the fused
     /// header (`tierkit_count_pick_striped`), and join at the end of the step. Measured on the
-    /// H200 (stand-in routers, 40 layers × 256 tokens × top-6 of 64, CUDA graph, four
+    /// H200 (stand-in routers, 40 layers × 256 tokens × top-6 of 64, CUDA graph, five
     /// machines): 0.18–0.45 µs added per 40-layer step, against 4.5–5.3 µs for the fused call in
     /// every router and 2.4–2.5 µs for the same count launched on `stream` after the last router
     /// (`benches/README.md`, "Forked count"). Engines without this API do the same with two
