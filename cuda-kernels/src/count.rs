@@ -513,6 +513,11 @@ impl PickCounterGpu {
     /// [`CudaError::OutOfRange`] for a layer range outside the table; CUDA launch errors.
     pub fn count_raw(&self, stream: &CudaStream, ids: &TopkIdsView, layer0: u32) -> Result<()> {
         self.check_ids(ids, layer0)?;
+        self.launch_count(stream, ids, layer0)
+    }
+
+    /// The launch of [`PickCounterGpu::count_raw`], for a view `check_ids` has accepted.
+    fn launch_count(&self, stream: &CudaStream, ids: &TopkIdsView, layer0: u32) -> Result<()> {
         let f = match ids.dtype {
             IdsDtype::I32 => &self.f_i32,
             IdsDtype::I64 => &self.f_i64,
@@ -613,7 +618,7 @@ impl PickCounterGpu {
         // forked from here on: the join must follow whatever happens next
         self.fork_pending = true;
         self.fork_capture = capture;
-        let launched = self.count_raw(&self.branch, ids, layer0);
+        let launched = self.launch_count(&self.branch, ids, layer0);
         let recorded = self
             .join_mark
             .record(&self.branch)
