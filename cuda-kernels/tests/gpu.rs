@@ -916,6 +916,26 @@ fn forked_count_is_exact_every_step_and_captures_in_a_graph() {
     );
 }
 
+/// Uploads int32 `ids` of `shape` (layers from 0): the device buffer (keep it alive while the
+/// view is used), its view and the CPU reference counts `[layers][experts]`.
+fn upload_step(
+    gpu: &Gpu,
+    ids: &[i32],
+    shape: TopkShape,
+    experts: u32,
+) -> (DeviceBuffer<i32>, TopkIdsView, Vec<u32>) {
+    let mut want = vec![0u32; (shape.layers * experts) as usize];
+    count_picks_cpu(ids, shape, 0, shape.layers, experts, &mut want).unwrap();
+    let d = DeviceBuffer::from_host(gpu.ctx(), ids).unwrap();
+    let view = TopkIdsView {
+        ptr: d.device_ptr(),
+        bytes: 4 * shape.picks(),
+        dtype: IdsDtype::I32,
+        shape,
+    };
+    (d, view, want)
+}
+
 /// A capture that ends without the join fails (CUDA: unjoined work); the next `join_forked`
 /// drops that fork (it never ran) with `CudaError::Capture` instead of wedging the counter, and
 /// counting goes on exactly. Its own test: the capture's deliberate
@@ -927,15 +947,7 @@ fn a_capture_ended_without_the_join_drops_its_fork() {
     let (layers, tokens, k, experts) = (2u32, 64u32, 2u32, 8u32);
     let shape = TopkShape::step(layers, tokens, k);
     let ids: Vec<i32> = (0..shape.picks()).map(|i| (i % 7) as i32).collect();
-    let mut want = vec![0u32; (layers * experts) as usize];
-    count_picks_cpu(&ids, shape, 0, layers, experts, &mut want).unwrap();
-    let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
-    let view = TopkIdsView {
-        ptr: d.device_ptr(),
-        bytes: 4 * shape.picks(),
-        dtype: IdsDtype::I32,
-        shape,
-    };
+    let (_d, view, want) = upload_step(&gpu, &ids, shape, experts);
     let s = gpu.stream().clone();
     let mut counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
     s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -968,15 +980,7 @@ fn join_forked_orders_the_step_stream_after_a_long_branch() {
         .into_iter()
         .map(|v| v as i32)
         .collect();
-    let mut want = vec![0u32; (layers * experts) as usize];
-    count_picks_cpu(&ids, shape, 0, layers, experts, &mut want).unwrap();
-    let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
-    let view = TopkIdsView {
-        ptr: d.device_ptr(),
-        bytes: 4 * shape.picks(),
-        dtype: IdsDtype::I32,
-        shape,
-    };
+    let (_d, view, want) = upload_step(&gpu, &ids, shape, experts);
     let s = gpu.stream().clone();
     let mut counter = PickCounterGpu::new(&gpu, layers, experts).unwrap();
     counter.count_forked(&s, &view, 0).unwrap();
