@@ -4,8 +4,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use kv_elastic::selection::{SelectionGen, SelectionParams};
 use kv_elastic::{ElasticPool, Geometry, PoolConfig, ResolveInput, ResolveOutput, Resolver};
+use tierkit_sim::kv::selection::{SelectionGen, SelectionParams};
 
 const REQS: usize = 64;
 const K: usize = 2048;

@@ -1,17 +1,17 @@
 //! `tierkit experts ...`: replay, fit-seed, synth, inspect. Argument parsing, I/O and formatting
 //! only; every policy, map and trace operation is a call into `expert-residency`.
 
-use crate::{plot, progress, table};
+use crate::{plot, progress};
 use clap::{Args, Subcommand, ValueEnum};
-use expert_residency::trace::{
-    self, binary, logger, stats, synth, MissingRows, ReadOptions, Trace, TraceFormat,
-};
-use expert_residency::{
-    replay_with, seed, ControllerConfig, CounterDump, Geometry, OracleWindow, PolicySpec,
-    ReplayOptions, ReplayReport, ResidencyMap,
-};
+use expert_residency::{seed, ControllerConfig, CounterDump, Geometry, ResidencyMap};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
+use tierkit_sim::experts::scoreboard::{self, Policy, Run, ScoreRow};
+use tierkit_sim::experts::trace::{
+    self, binary, logger, stats, synth, MissingRows, ReadOptions, Trace, TraceFormat,
+};
+use tierkit_sim::experts::ReplayOptions;
+use tierkit_sim::table;
 
 type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
@@ -315,28 +315,6 @@ pub struct ReplayArgs {
     plot: Option<PathBuf>,
 }
 
-/// One replayed policy.
-#[derive(Debug, Serialize)]
-struct Run {
-    label: String,
-    report: ReplayReport,
-}
-
-/// One row of the comparison table.
-#[derive(Debug, Serialize)]
-struct SummaryRow {
-    label: String,
-    cold_share: f64,
-    steady_state_cold_share: f64,
-    /// Steady state over the reference oracle's (the oracle after the last shift if any).
-    vs_oracle: Option<f64>,
-    /// T90 in steps after each shift (`None`: never within 10%).
-    t90_steps: Vec<Option<u64>>,
-    mean_swaps_per_step: f64,
-    max_swaps_per_step: u32,
-    swaps_applied: u64,
-}
-
 #[derive(Debug, Serialize)]
 struct TraceInfo {
     name: String,
@@ -354,7 +332,7 @@ struct ReplayOutput {
     geometry: Geometry,
     controller: ControllerConfig,
     seed_map: String,
-    summary: Vec<SummaryRow>,
+    summary: Vec<ScoreRow>,
     runs: Vec<Run>,
 }
 
@@ -379,6 +357,22 @@ fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
     Ok(cfg)
 }
 
+fn policies(args: &[PolicyArg]) -> Vec<Policy> {
+    let mut out = Vec::new();
+    for p in args {
+        match p {
+            PolicyArg::All => out.extend(Policy::ALL),
+            PolicyArg::Static => out.push(Policy::Static),
+            PolicyArg::Seed => out.push(Policy::Seed),
+            PolicyArg::Adaptive => out.push(Policy::Adaptive),
+            PolicyArg::AdaptiveShiftResponse => out.push(Policy::AdaptiveShiftResponse),
+            PolicyArg::Lru => out.push(Policy::Lru),
+            PolicyArg::Oracle => out.push(Policy::Oracle),
+        }
+    }
+    out
+}
+
 fn default_hot(experts: u32) -> u32 {
     (experts / 4).max(1)
 }
@@ -397,189 +391,7 @@ fn seed_map(a: &ReplayArgs, trace: &Trace, g: &Geometry) -> CliResult<(Residency
         })?;
         return Ok((map, format!("loaded from {}", p.display())));
     }
-    let n = trace.steps.len();
-    let end = match trace.shifts.first() {
-        Some(&s) => s as usize,
-        None => (n / 10).max(1),
-    };
-    let dump = CounterDump::from_trace(trace, 0..end)?;
-    let map = seed::fit(format!("seed:{}", trace.name), g, &dump)?;
-    let why = if trace.shifts.is_empty() {
-        "the first tenth"
-    } else {
-        "before the first shift"
-    };
-    Ok((map, format!("fitted on steps 0..{end} ({why})")))
-}
-
-fn policy_specs(a: &ReplayArgs, trace: &Trace, seed: &ResidencyMap) -> Vec<(String, PolicySpec)> {
-    let mut want: Vec<PolicyArg> = Vec::new();
-    for p in &a.policy {
-        let add: &[PolicyArg] = match p {
-            PolicyArg::All => &[
-                PolicyArg::Static,
-                PolicyArg::Seed,
-                PolicyArg::Adaptive,
-                PolicyArg::AdaptiveShiftResponse,
-                PolicyArg::Lru,
-                PolicyArg::Oracle,
-            ],
-            other => std::slice::from_ref(other),
-        };
-        for &x in add {
-            if !want.contains(&x) {
-                want.push(x);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    for p in want {
-        match p {
-            PolicyArg::Static => out.push(("static".into(), PolicySpec::Static(None))),
-            PolicyArg::Seed => out.push(("seed".into(), PolicySpec::Seed(seed.clone()))),
-            PolicyArg::Adaptive => out.push(("adaptive".into(), PolicySpec::Adaptive(None))),
-            PolicyArg::AdaptiveShiftResponse => out.push((
-                "adaptive+shift-response".into(),
-                PolicySpec::AdaptiveShiftResponse(None),
-            )),
-            PolicyArg::Lru => out.push(("lru".into(), PolicySpec::Lru(None))),
-            PolicyArg::Oracle => {
-                out.push(("oracle".into(), PolicySpec::Oracle(OracleWindow::Whole)));
-                if !trace.shifts.is_empty() {
-                    out.push((
-                        "oracle-after-shift".into(),
-                        PolicySpec::Oracle(OracleWindow::AfterLastShift),
-                    ));
-                }
-            }
-            PolicyArg::All => unreachable!("expanded above"),
-        }
-    }
-    out
-}
-
-/// Replays every policy, on up to `available_parallelism` threads; results in input order.
-fn run_policies(
-    trace: &Trace,
-    g: &Geometry,
-    cfg: &ControllerConfig,
-    opts: &ReplayOptions,
-    specs: &[(String, PolicySpec)],
-    quiet: bool,
-) -> CliResult<Vec<Run>> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
-    let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
-    let next = AtomicUsize::new(0);
-    let results: Vec<Mutex<Option<expert_residency::Result<ReplayReport>>>> =
-        specs.iter().map(|_| Mutex::new(None)).collect();
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(specs.len())
-        .max(1);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| loop {
-                // Relaxed: the counter only hands out distinct indices; results go through mutexes.
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((label, spec)) = specs.get(i) else {
-                    break;
-                };
-                pb.set_message(format!("replaying {label}"));
-                let r = replay_with(trace, g, spec, cfg, opts);
-                *results[i].lock().expect("no panic holds it") = Some(r);
-                pb.inc(1);
-            });
-        }
-    });
-    pb.finish_and_clear();
-    specs
-        .iter()
-        .zip(results)
-        .map(|((label, _), r)| {
-            let report = r
-                .into_inner()
-                .expect("no panic holds it")
-                .expect("every index was run")
-                .map_err(|e| format!("policy {label}: {e}"))?;
-            Ok(Run {
-                label: label.clone(),
-                report,
-            })
-        })
-        .collect()
-}
-
-fn summarize(runs: &[Run]) -> Vec<SummaryRow> {
-    let reference = runs
-        .iter()
-        .find(|r| r.label == "oracle-after-shift")
-        .or_else(|| runs.iter().find(|r| r.label == "oracle"))
-        .map(|r| r.report.steady_state.cold_share);
-    runs.iter()
-        .map(|r| {
-            let rep = &r.report;
-            SummaryRow {
-                label: r.label.clone(),
-                cold_share: rep.cold_share_overall,
-                steady_state_cold_share: rep.steady_state.cold_share,
-                vs_oracle: reference
-                    .filter(|&o| o > 0.0)
-                    .map(|o| rep.steady_state.cold_share / o),
-                t90_steps: rep.shifts.iter().map(|t| t.steps).collect(),
-                mean_swaps_per_step: rep.mean_swaps_per_step,
-                max_swaps_per_step: rep.max_swaps_per_step,
-                swaps_applied: rep.swaps.applied,
-            }
-        })
-        .collect()
-}
-
-fn summary_table(rows: &[SummaryRow]) -> String {
-    let body: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            // T90 describes adaptation: a map that never moves has none (its JSON keeps the
-            // raw figure).
-            let fixed = r.swaps_applied == 0
-                && matches!(
-                    r.label.as_str(),
-                    "static" | "seed" | "oracle" | "oracle-after-shift"
-                );
-            let t90 = if r.t90_steps.is_empty() || fixed {
-                "-".to_string()
-            } else {
-                r.t90_steps
-                    .iter()
-                    .map(|t| t.map_or("never".to_string(), |s| s.to_string()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
-            vec![
-                r.label.clone(),
-                format!("{:.4}", r.cold_share),
-                format!("{:.4}", r.steady_state_cold_share),
-                r.vs_oracle.map_or("-".into(), |v| format!("{v:.3}×")),
-                t90,
-                format!("{:.3}", r.mean_swaps_per_step),
-                r.max_swaps_per_step.to_string(),
-                r.swaps_applied.to_string(),
-            ]
-        })
-        .collect();
-    table::render(
-        &[
-            "policy",
-            "cold share",
-            "steady-state cold share",
-            "vs oracle",
-            "T90 after shift (steps)",
-            "swaps/step",
-            "max swaps/step",
-            "swaps",
-        ],
-        &body,
-    )
+    Ok(scoreboard::default_seed_map(trace, g)?)
 }
 
 fn plot_runs(path: &Path, out: &ReplayOutput) -> CliResult {
@@ -640,8 +452,16 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         a.expert_bytes,
     )?;
     let (seed, seed_note) = seed_map(&a, &trace, &g)?;
-    let specs = policy_specs(&a, &trace, &seed);
-    let runs = run_policies(&trace, &g, &cfg, &opts, &specs, quiet)?;
+    let specs = scoreboard::policy_specs(&policies(&a.policy), &trace, &seed);
+    let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
+    let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {
+        if label.is_empty() {
+            pb.inc(1);
+        } else {
+            pb.set_message(format!("replaying {label}"));
+        }
+    })?;
+    pb.finish_and_clear();
     let out = ReplayOutput {
         command: "tierkit experts replay",
         trace: TraceInfo {
@@ -655,7 +475,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         geometry: g,
         controller: cfg,
         seed_map: seed_note,
-        summary: summarize(&runs),
+        summary: scoreboard::summarize(&runs),
         runs,
     };
     if let Some(p) = &a.plot {
@@ -688,16 +508,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         out.seed_map
     );
     println!();
-    println!("{}", summary_table(&out.summary));
-    println!(
-        "\ncold share = fraction of expert lookups served from host; steady state = mean over the last {}% of the segment after the last shift; vs oracle = steady state / {}'s; T90 = steps until the excess cold share after a shift has decayed by 90%.",
-        (opts.steady_fraction * 100.0).round(),
-        if out.trace.shifts.is_empty() {
-            "oracle"
-        } else {
-            "oracle-after-shift"
-        }
-    );
+    println!("{}", scoreboard::render(&out.summary));
+    println!("\n{}", scoreboard::legend(&opts, &trace));
     if let Some(p) = &a.plot {
         println!("plot: {}", p.display());
     }
@@ -793,7 +605,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
             Some(r) => parse_range(r)?,
             None => 0..t.steps.len(),
         };
-        CounterDump::from_trace(&t, range)?
+        tierkit_sim::experts::counter_dump(&t, range)?
     };
     let hot = a.hot.unwrap_or_else(|| default_hot(dump.experts_per_layer));
     let g = Geometry::new(dump.layers, dump.experts_per_layer, hot, a.expert_bytes)?;

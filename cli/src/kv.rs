@@ -11,11 +11,12 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use kv_elastic::selection::{measure_hot_cache_miss_rate, SelectionParams};
-use kv_elastic::sim::{simulate_placement, Placement, SimConfig, SimReport};
-use kv_elastic::trace::ArrivalTrace;
+use tierkit_sim::kv::selection::{measure_hot_cache_miss_rate, SelectionParams};
+use tierkit_sim::kv::serving::{simulate_placement, Placement, SimConfig, SimReport};
+use tierkit_sim::kv::trace::ArrivalTrace;
 
-use crate::{plot, progress, table};
+use crate::{plot, progress};
+use tierkit_sim::table;
 
 /// `tierkit kv`: elastic sparse-attention KV pool (HiSparse-style host history, hot cache, borrowed HBM pages).
 #[derive(Debug, Args)]
@@ -234,7 +235,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         page_rows: a.page_rows,
         max_batch: a.max_batch,
         chunk_pages: a.chunk_pages,
-        time: kv_elastic::sim::TimeModel {
+        time: tierkit_sim::kv::serving::TimeModel {
             step_base_us: a.step_base_us,
             step_per_request_us: a.step_per_request_us,
         },
@@ -354,21 +355,22 @@ fn write_plots(
     prefix: &std::path::Path,
     reports: &[SimReport],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let series = |f: &dyn Fn(&kv_elastic::sim::PlacementReport) -> f64| -> Vec<plot::Series> {
-        Placement::ALL
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                (
-                    p.name().to_string(),
-                    reports
-                        .iter()
-                        .map(|r| (r.config.load, f(&r.placements[i])))
-                        .collect(),
-                )
-            })
-            .collect()
-    };
+    let series =
+        |f: &dyn Fn(&tierkit_sim::kv::serving::PlacementReport) -> f64| -> Vec<plot::Series> {
+            Placement::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    (
+                        p.name().to_string(),
+                        reports
+                            .iter()
+                            .map(|r| (r.config.load, f(&r.placements[i])))
+                            .collect(),
+                    )
+                })
+                .collect()
+        };
     let name = |suffix: &str| {
         let mut s = prefix.as_os_str().to_owned();
         s.push(suffix);

@@ -17,7 +17,6 @@ mod experts;
 mod kv;
 mod plot;
 mod progress;
-mod table;
 
 /// tierkit: memory tiering for LLM inference (MoE expert residency, elastic sparse-attention KV).
 #[derive(Debug, Parser)]

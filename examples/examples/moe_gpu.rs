@@ -26,11 +26,11 @@ mod run {
         PinnedBuffer, TopkIdsView, TopkShape,
     };
     use expert_residency::gpu::GpuExecutor;
-    use expert_residency::trace::synth::{generate, DomainProfile, Phase, SynthConfig};
-    use expert_residency::trace::{Trace, TraceShape};
     use expert_residency::{
-        seed, Controller, ControllerConfig, CounterDump, Geometry, ResidencyMap, SwapExecutor,
+        seed, Controller, ControllerConfig, Geometry, ResidencyMap, SwapExecutor,
     };
+    use tierkit_sim::experts::trace::synth::{generate, DomainProfile, Phase, SynthConfig};
+    use tierkit_sim::experts::trace::{Trace, TraceShape};
 
     const LAYERS: u32 = 40;
     const EXPERTS: u32 = 64;
@@ -301,7 +301,7 @@ extern "C" __global__ void moe_expert_gemv(const unsigned long long* table, unsi
     /// ‖y_gpu − y_ref‖ / ‖y_ref‖ over all layers.
     fn check_step(
         exec: &GpuExecutor,
-        picks: &expert_residency::trace::StepPicks,
+        picks: &tierkit_sim::experts::trace::StepPicks,
         y: &[f32],
         dout: u32,
     ) -> f64 {
@@ -372,7 +372,7 @@ extern "C" __global__ void moe_expert_gemv(const unsigned long long* table, unsi
         let trace = synth("github-to-book", steps, &["github", "book"], shift_at, 42);
         let offline = synth("github-offline", 400, &["github"], 400, 7);
         let geo = Geometry::new(LAYERS, EXPERTS, HOT, expert_bytes).unwrap();
-        let dump = CounterDump::from_trace(&offline, 0..offline.steps.len()).unwrap();
+        let dump = tierkit_sim::experts::counter_dump(&offline, 0..offline.steps.len()).unwrap();
         let seed_map = seed::fit("moe_gpu-seed", &geo, &dump).unwrap();
         let x0h: Vec<f32> = (0..TOKENS as usize * DIN as usize)
             .map(|j| x0_value(j / DIN as usize, j % DIN as usize))

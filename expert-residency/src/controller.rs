@@ -602,7 +602,7 @@ mod tests {
     use super::*;
     use crate::executor::{NullExecutor, SwapCompletion};
     use crate::geometry::Geometry;
-    use crate::trace::StepPicks;
+    use crate::picks::StepPicks;
 
     fn geo() -> Geometry {
         Geometry::new(2, 8, 2, 1 << 10).unwrap()

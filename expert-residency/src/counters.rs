@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
-use crate::trace::StepPicks;
+use crate::picks::StepPicks;
 
 /// What kind of forward pass produced a step's picks. Only [`PassKind::Prefill`] and
 /// [`PassKind::Decode`] are counted: warm-up, dummy profiling and speculative draft passes route

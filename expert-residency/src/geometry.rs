@@ -14,7 +14,7 @@ pub const MAX_CELLS: u64 = 1 << 24;
 
 /// Checks `layers` and `experts` against [`MAX_LAYERS`], [`MAX_EXPERTS_PER_LAYER`] and
 /// [`MAX_CELLS`]; the error names what is too large.
-pub(crate) fn check_bank_size(layers: u32, experts: u32) -> std::result::Result<(), String> {
+pub fn check_bank_size(layers: u32, experts: u32) -> std::result::Result<(), String> {
     if layers > MAX_LAYERS {
         return Err(format!("{layers} layers exceed the limit of {MAX_LAYERS}"));
     }

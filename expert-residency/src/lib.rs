@@ -36,12 +36,10 @@ mod error;
 pub mod executor;
 mod geometry;
 mod memory;
-pub mod replay;
+mod picks;
 mod rowmap;
 pub mod seed;
 pub mod telemetry;
-
-pub mod trace;
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
@@ -51,12 +49,10 @@ pub use controller::{Controller, StepReport};
 pub use counters::{snapshot_deltas, PassKind, PauseGuard, PickCounters};
 pub use error::{Error, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
-pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
-pub use memory::{checksum, MemoryExecutor, HOST};
-pub use replay::{
-    oracle_map, replay, replay_with, validate_trace, OracleWindow, PolicySpec, ReplayOptions,
-    ReplayReport, SteadyState,
-};
-pub use rowmap::{MapFile, ResidencyMap, RowMap, COLD, MAP_FORMAT, MAP_VERSION};
+pub use geometry::{check_bank_size, Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
+pub use memory::{checksum, MemoryExecutor};
+pub use picks::StepPicks;
+pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION};
 pub use seed::{CounterDump, Coverage};
-pub use telemetry::{DrainTelemetry, SwapStats, T90};
+pub use telemetry::{DrainTelemetry, SwapStats};
+pub use tier_core::NOT_RESIDENT;

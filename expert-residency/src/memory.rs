@@ -3,22 +3,18 @@
 
 use std::hash::{Hash, Hasher};
 
-use rand::{RngCore, SeedableRng};
-
 use crate::error::{Error, Result};
 use crate::executor::{check_layer_idle, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 use crate::geometry::Geometry;
 use crate::rowmap::ResidencyMap;
-
-/// Where an expert's weights are read from, in [`MemoryExecutor::table`].
-pub const HOST: i32 = -1;
+use tier_core::NOT_RESIDENT;
 
 /// An executor over plain byte buffers, for tests and replays that must prove the moves lossless.
 ///
 /// - host: `[layers][experts][bytes]`, every expert's weights (cold experts are read in place);
 ///   filled with seeded random bytes and never written after.
 /// - HBM: `[layers][hot + 1][bytes]`: the hot slots plus one spare per layer.
-/// - table: `[layers][experts]` i32, the physical HBM slot an expert is read from, or [`HOST`].
+/// - table: `[layers][experts]` i32, the physical HBM slot an expert is read from, or [`NOT_RESIDENT`].
 ///
 /// `begin` copies the incoming expert host → the layer's spare slot; `commit_ready` checks the
 /// copy's checksum against the host copy's, flips the table (incoming → spare, outgoing → host)
@@ -35,6 +31,20 @@ pub struct MemoryExecutor {
     host_sums: Vec<u64>,
     pending: Vec<PlannedSwap>,
     verified: u64,
+}
+
+/// Fills `bytes` with a deterministic pseudo-random stream of `seed` (SplitMix64, Steele et al.
+/// 2014): distinct bytes per expert, so a misplaced copy shows in the checksums.
+fn fill_pseudo_random(bytes: &mut [u8], seed: u64) {
+    let mut state = seed;
+    for chunk in bytes.chunks_mut(8) {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+    }
 }
 
 /// Checksum of a byte run (SipHash-1-3 with fixed keys, from `std`; stable within one build).
@@ -95,13 +105,13 @@ impl MemoryExecutor {
         };
         let mut host = zeroed(host_len)?;
         let hbm = zeroed(hbm_len)?;
-        rand_chacha::ChaCha8Rng::seed_from_u64(seed).fill_bytes(&mut host);
+        fill_pseudo_random(&mut host, seed);
         let host_sums = host.chunks_exact(bytes).map(checksum).collect();
         let mut ex = MemoryExecutor {
             geometry: g,
             bytes,
             hbm,
-            table: vec![HOST; layers * experts],
+            table: vec![NOT_RESIDENT; layers * experts],
             spare: vec![hot as u32; layers],
             host,
             host_sums,
@@ -133,7 +143,7 @@ impl MemoryExecutor {
         &self.hbm[at..at + self.bytes]
     }
 
-    /// The `(layer, expert) → HBM slot or HOST` table, `[layers × experts]` i32.
+    /// The `(layer, expert) → HBM slot or NOT_RESIDENT` table, `[layers × experts]` i32.
     pub fn table(&self) -> &[i32] {
         &self.table
     }
@@ -145,7 +155,7 @@ impl MemoryExecutor {
         let (l, e) = (layer as usize, expert as usize);
         let experts = self.geometry.experts_per_layer as usize;
         Ok(match self.table[l * experts + e] {
-            HOST => &self.host[(l * experts + e) * self.bytes..][..self.bytes],
+            NOT_RESIDENT => &self.host[(l * experts + e) * self.bytes..][..self.bytes],
             phys => self.hbm_slot(l, phys as usize),
         })
     }
@@ -185,12 +195,12 @@ impl MemoryExecutor {
             let mut used = vec![false; g.hot_per_layer as usize + 1];
             for e in 0..experts {
                 let t = self.table[l * experts + e];
-                if (t != HOST) != row.is_hot(e as u32) {
+                if (t != NOT_RESIDENT) != row.is_hot(e as u32) {
                     return Err(Error::Executor(format!(
                         "layer {l} expert {e}: table {t} disagrees with the rowmap"
                     )));
                 }
-                if t != HOST {
+                if t != NOT_RESIDENT {
                     let p = t as usize;
                     if p == self.spare[l] as usize || std::mem::replace(&mut used[p], true) {
                         return Err(Error::Executor(format!("layer {l}: slot {p} used twice")));
@@ -224,7 +234,9 @@ impl SwapExecutor for MemoryExecutor {
             swap.incoming as usize,
             swap.outgoing as usize,
         );
-        if self.table[l * experts + inc] != HOST || self.table[l * experts + out] == HOST {
+        if self.table[l * experts + inc] != NOT_RESIDENT
+            || self.table[l * experts + out] == NOT_RESIDENT
+        {
             return Err(Error::Executor(format!(
                 "layer {l}: incoming {inc} must be on host and outgoing {out} in HBM"
             )));
@@ -252,7 +264,7 @@ impl SwapExecutor for MemoryExecutor {
             } else {
                 let old = self.table[l * experts + swap.outgoing as usize];
                 self.table[l * experts + swap.incoming as usize] = spare as i32;
-                self.table[l * experts + swap.outgoing as usize] = HOST;
+                self.table[l * experts + swap.outgoing as usize] = NOT_RESIDENT;
                 // No reader can still see the old slot: commits happen at step boundaries.
                 self.spare[l] = old as u32;
                 self.verified += 1;

@@ -3,9 +3,7 @@
 use crate::error::{Error, Result};
 use crate::executor::PlannedSwap;
 use crate::geometry::Geometry;
-
-/// Table value of a cold expert in [`RowMap::table`].
-pub const COLD: i32 = -1;
+use tier_core::NOT_RESIDENT;
 
 /// Format tag written into saved maps.
 pub const MAP_FORMAT: &str = "tierkit.expert-residency.rowmap";
@@ -40,12 +38,12 @@ impl RowMap {
                 experts,
             });
         }
-        let mut slot_of = vec![COLD; experts as usize];
+        let mut slot_of = vec![NOT_RESIDENT; experts as usize];
         for (slot, &e) in hot.iter().enumerate() {
             if e >= experts {
                 return Err(Error::ExpertOutOfRange { expert: e, experts });
             }
-            if slot_of[e as usize] != COLD {
+            if slot_of[e as usize] != NOT_RESIDENT {
                 return Err(Error::InvalidRowMap(format!("expert {e} is hot twice")));
             }
             slot_of[e as usize] = slot as i32;
@@ -92,7 +90,7 @@ impl RowMap {
         &self.expert_in
     }
 
-    /// The expert → slot table, `[experts]` i32, [`COLD`] (-1) for cold experts: Pod, mirror it to
+    /// The expert → slot table, `[experts]` i32, [`NOT_RESIDENT`] (-1) for cold experts: Pod, mirror it to
     /// a device as-is.
     pub fn table(&self) -> &[i32] {
         &self.slot_of
@@ -137,7 +135,7 @@ impl RowMap {
     /// Applies a checked swap (see [`RowMap::check_swap`]); on error nothing changes.
     pub fn apply(&mut self, swap: &PlannedSwap) -> Result<()> {
         self.check_swap(swap)?;
-        self.slot_of[swap.outgoing as usize] = COLD;
+        self.slot_of[swap.outgoing as usize] = NOT_RESIDENT;
         self.slot_of[swap.incoming as usize] = swap.slot as i32;
         self.expert_in[swap.slot as usize] = swap.incoming;
         self.generation += 1;

@@ -2,8 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
+use crate::picks::StepPicks;
 use crate::rowmap::ResidencyMap;
-use crate::trace::Trace;
 
 /// Per-`(layer, expert)` pick counts saved from a run (or summed from a trace), `[layers ×
 /// experts]` row-major. Counts are f64 so that weighted merges stay dumps (integers up to 2^53
@@ -96,25 +96,29 @@ impl CounterDump {
         Self::new(name, geometry.layers, geometry.experts_per_layer, counts)
     }
 
-    /// The picks of `trace.steps[range]` summed per `(layer, expert)`.
+    /// The picks of `steps` summed per `(layer, expert)` for a `layers × experts` model (e.g. the
+    /// steps an engine recorded, or a window of a routing trace).
     ///
-    /// Errors: [`Error::EmptyTrace`] for an empty range, [`Error::InvalidGeometry`] for a trace
-    /// shape with zero or too many cells, [`Error::LengthMismatch`] for a step with the wrong
-    /// number of layers, [`Error::ExpertOutOfRange`].
-    pub fn from_trace(trace: &Trace, range: std::ops::Range<usize>) -> Result<Self> {
-        let steps = trace
-            .steps
-            .get(range.clone())
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| Error::EmptyTrace(format!("no step in {range:?}")))?;
-        let (layers, experts) = (trace.shape.layers, trace.shape.experts_per_layer);
+    /// Errors: [`Error::EmptyTrace`] for no step, [`Error::InvalidGeometry`] for a shape with zero
+    /// or too many cells, [`Error::LengthMismatch`] for a step with the wrong number of layers,
+    /// [`Error::ExpertOutOfRange`].
+    pub fn from_steps(
+        name: impl Into<String>,
+        layers: u32,
+        experts: u32,
+        steps: &[StepPicks],
+    ) -> Result<Self> {
+        let name = name.into();
+        if steps.is_empty() {
+            return Err(Error::EmptyTrace(format!("{name}: no step")));
+        }
         if layers == 0 || experts == 0 {
-            return Err(Error::InvalidGeometry(
-                "trace with zero layers or experts".into(),
-            ));
+            return Err(Error::InvalidGeometry(format!(
+                "{name}: zero layers or experts"
+            )));
         }
         crate::geometry::check_bank_size(layers, experts)
-            .map_err(|m| Error::InvalidGeometry(format!("trace {:?}: {m}", trace.name)))?;
+            .map_err(|m| Error::InvalidGeometry(format!("{name:?}: {m}")))?;
         let mut counts = vec![0f64; layers as usize * experts as usize];
         for s in steps {
             if s.layers.len() != layers as usize {
@@ -132,12 +136,7 @@ impl CounterDump {
                 }
             }
         }
-        Self::new(
-            format!("{}[{}..{}]", trace.name, range.start, range.end),
-            layers,
-            experts,
-            counts,
-        )
+        Self::new(name, layers, experts, counts)
     }
 
     /// One layer's counts, `[experts]`.

@@ -36,9 +36,6 @@ mod hot;
 mod layout;
 mod pool;
 mod resolve;
-pub mod selection;
-pub mod sim;
-pub mod trace;
 
 pub use error::{KvError, Result};
 pub use host::{HostStore, SessionId};

@@ -86,7 +86,7 @@ impl DomainProfile {
         // Bound the profile (`layers × experts` shares) before building it.
         u32::try_from(experts)
             .map_err(|_| format!("{experts} experts"))
-            .and_then(|e| crate::geometry::check_bank_size(layers, e))
+            .and_then(|e| expert_residency::check_bank_size(layers, e))
             .map_err(|m| TraceError::TooLarge(format!("profile {name}: {m}")))?;
         let mut anchors: Vec<(u32, Vec<f64>)> = anchors.to_vec();
         anchors.sort_by_key(|a| a.0);
@@ -607,7 +607,7 @@ pub fn write_binary<W: std::io::Write>(cfg: &SynthConfig, out: W) -> Result<W, T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::stats;
+    use crate::experts::trace::stats;
 
     fn small(steps: u64, shift: u64, seed: u64) -> SynthConfig {
         SynthConfig::olmoe_shift("github", "book", steps, shift, 16, seed).unwrap()
@@ -749,7 +749,8 @@ mod tests {
 
     #[test]
     fn routing_counts_profile_matches_in_code_one() {
-        let Some(shared) = crate::trace::test_util::shared_dir("routing-counts profile test")
+        let Some(shared) =
+            crate::experts::trace::test_util::shared_dir("routing-counts profile test")
         else {
             return;
         };

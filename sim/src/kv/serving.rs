@@ -26,12 +26,12 @@ use std::collections::VecDeque;
 
 use tier_core::{PageHandle, PagePool, Tier};
 
-use crate::error::{KvError, Result};
-use crate::layout::Geometry;
-use crate::pool::{Admission, ElasticPool, PoolConfig};
-use crate::resolve::{ResolveInput, ResolveOutput, Resolver};
-use crate::selection::{SelectionGen, SelectionParams};
-use crate::trace::{ArrivalTrace, MAX_REQUEST_TOKENS};
+use crate::kv::selection::{SelectionGen, SelectionParams};
+use crate::kv::trace::{ArrivalTrace, MAX_REQUEST_TOKENS};
+use kv_elastic::Geometry;
+use kv_elastic::{Admission, ElasticPool, PoolConfig};
+use kv_elastic::{KvError, Result};
+use kv_elastic::{ResolveInput, ResolveOutput, Resolver};
 
 /// Where history lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -276,7 +276,7 @@ pub fn simulate(trace: &ArrivalTrace, cfg: &SimConfig) -> Result<SimReport> {
 /// Simulates one placement (see the module doc). Errors (checked before anything runs):
 /// [`SimConfig::validate`]'s (`InvalidConfig`, `InvalidGeometry`, `ArenaTooSmall` when the budget
 /// cannot hold one request's fixed rows); `KvError::Trace` for an empty trace or a request of more than
-/// [`crate::trace::MAX_REQUEST_TOKENS`] tokens; `InvalidConfig` if a request could not be admitted
+/// [`crate::kv::trace::MAX_REQUEST_TOKENS`] tokens; `InvalidConfig` if a request could not be admitted
 /// into an idle pool (never expected, but it ends the run instead of spinning); pool errors (none
 /// expected).
 pub fn simulate_placement(
@@ -535,7 +535,7 @@ pub fn simulate_placement(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::TraceRequest;
+    use crate::kv::trace::TraceRequest;
 
     fn small() -> SimConfig {
         SimConfig {

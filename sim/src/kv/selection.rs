@@ -17,8 +17,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::error::{KvError, Result};
-use crate::hot::HotCache;
+use kv_elastic::HotCache;
+use kv_elastic::{KvError, Result};
 
 /// Largest `top_k` the model accepts (1 Mi picks per query; DeepSeek-V3.2 and GLM-5.1 use 2,048).
 pub const MAX_TOP_K: u32 = 1 << 20;

@@ -3,11 +3,9 @@
 //! 37 M lookups per policy: run in release (`cargo test --release -p expert-residency --test
 //! default_scenario`); ignored in debug builds. `examples/replay_default.rs` prints the table.
 
-use expert_residency::trace::synth::{generate, SynthConfig};
-use expert_residency::{
-    replay_with, seed, ControllerConfig, CounterDump, Geometry, OracleWindow, PolicySpec,
-    ReplayOptions,
-};
+use expert_residency::{seed, ControllerConfig, Geometry};
+use tierkit_sim::experts::trace::synth::{generate, SynthConfig};
+use tierkit_sim::experts::{replay_with, OracleWindow, PolicySpec, ReplayOptions};
 
 #[test]
 #[cfg_attr(
@@ -22,7 +20,7 @@ fn default_scenario_meets_the_bar() {
     let seed_map = seed::fit(
         "olmoe",
         &g,
-        &CounterDump::from_trace(&trace, 0..shift).unwrap(),
+        &tierkit_sim::experts::counter_dump(&trace, 0..shift).unwrap(),
     )
     .unwrap();
     let cfg = ControllerConfig::default();

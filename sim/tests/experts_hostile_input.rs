@@ -1,11 +1,14 @@
 //! Caller input at the edges (from an adversarial review): every case is a typed error, never a
 //! panic, a hang or an allocation abort, and a failed call changes nothing.
 
-use expert_residency::trace::{read_trace, ReadOptions, StepPicks, Trace, TraceError, TraceShape};
 use expert_residency::{
-    replay_with, ControllerConfig, Error, Geometry, MemoryExecutor, PickCounters, PolicySpec,
-    ReplayOptions, ResidencyMap, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS,
+    ControllerConfig, Error, Geometry, MemoryExecutor, PickCounters, ResidencyMap, MAX_CELLS,
+    MAX_EXPERTS_PER_LAYER, MAX_LAYERS,
 };
+use tierkit_sim::experts::trace::{
+    read_trace, ReadOptions, StepPicks, Trace, TraceError, TraceShape,
+};
+use tierkit_sim::experts::{replay_with, PolicySpec, ReplayOptions};
 
 fn geometry() -> Geometry {
     Geometry::new(2, 8, 2, 16).unwrap()

@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use expert_residency::trace::olmoe::routing_counts;
 use expert_residency::{seed, CounterDump, Geometry, ResidencyMap};
+use tierkit_sim::experts::trace::olmoe::routing_counts;
 
 fn dump(json: &serde_json::Value, domain: &str) -> CounterDump {
     let layers = routing_counts(json, "olmoe", domain, 64).unwrap();

@@ -160,7 +160,7 @@ pub fn read_mixtral_from<R: BufRead>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{read_trace, read_traces, stats, test_util, TraceFormat};
+    use crate::experts::trace::{read_trace, read_traces, stats, test_util, TraceFormat};
 
     fn rec(problem: i64, token: i64, layer: i64, experts: [i64; 2]) -> String {
         format!(
@@ -274,7 +274,7 @@ mod tests {
         let dir = shared.join("data/moe/mixtral-decode");
         let g = dir.join("gsm8k_2_routing.jsonl");
         assert_eq!(
-            crate::trace::detect_format(&g).unwrap(),
+            crate::experts::trace::detect_format(&g).unwrap(),
             TraceFormat::MixtralJsonl
         );
         let t = read_trace(&g, &ReadOptions::default()).unwrap();

@@ -7,11 +7,11 @@ use std::path::Path;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::error::{KvError, Result};
+use kv_elastic::{KvError, Result};
 
 /// Most tokens (input + output) of one trace request: 16 Mi, the selection model's
-/// [`crate::selection::MAX_HISTORY`] (Mooncake's longest conversation is about 128 Ki tokens).
-pub const MAX_REQUEST_TOKENS: u32 = crate::selection::MAX_HISTORY;
+/// [`crate::kv::selection::MAX_HISTORY`] (Mooncake's longest conversation is about 128 Ki tokens).
+pub const MAX_REQUEST_TOKENS: u32 = crate::kv::selection::MAX_HISTORY;
 
 /// One request of an arrival trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -122,7 +122,7 @@ impl ArrivalTrace {
     }
 
     /// Divides every arrival time by `factor` (> 1 = more load; finite and > 0, as
-    /// [`crate::sim::SimConfig::validate`] checks: a NaN factor would put every arrival at 0).
+    /// [`crate::kv::serving::SimConfig::validate`] checks: a NaN factor would put every arrival at 0).
     pub fn speed_up(&mut self, factor: f64) {
         for r in &mut self.requests {
             r.arrival_ms = (r.arrival_ms as f64 / factor) as u64;

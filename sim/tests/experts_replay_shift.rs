@@ -2,14 +2,12 @@
 //! a known step): adaptive ends close to the oracle for the new domain, a seed map fitted on the
 //! old domain ends worse, and the shift response at least halves T90.
 
-use expert_residency::trace::{StepPicks, Trace, TraceShape};
-use expert_residency::{
-    replay, replay_with, seed, ControllerConfig, CounterDump, Error, Geometry, OracleWindow,
-    PolicySpec, ReplayOptions,
-};
+use expert_residency::{seed, ControllerConfig, Error, Geometry};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tierkit_sim::experts::trace::{StepPicks, Trace, TraceShape};
+use tierkit_sim::experts::{replay, replay_with, OracleWindow, PolicySpec, ReplayOptions};
 
 const LAYERS: u32 = 4;
 const EXPERTS: u32 = 64;
@@ -97,7 +95,7 @@ fn adaptive_tracks_the_shift_and_beats_the_old_seed() {
         step_time_s: Some(0.025),
         ..ReplayOptions::default()
     };
-    let old = CounterDump::from_trace(&trace, 0..shift).unwrap();
+    let old = tierkit_sim::experts::counter_dump(&trace, 0..shift).unwrap();
     let seed_map = seed::fit("zipf", &g, &old).unwrap();
     let run = |p: &PolicySpec| replay_with(&trace, &g, p, &cfg, &opts).unwrap();
     let oracle = run(&PolicySpec::Oracle(OracleWindow::AfterLastShift));

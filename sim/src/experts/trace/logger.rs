@@ -279,7 +279,7 @@ pub fn write_logger<W: std::io::Write>(trace: &Trace, mut out: W) -> Result<W, T
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{read_trace, test_util, TraceFormat};
+    use crate::experts::trace::{read_trace, test_util, TraceFormat};
 
     fn read(s: &str, opts: &ReadOptions) -> Result<Trace, TraceError> {
         read_logger_from(s.as_bytes(), "log.jsonl", opts, "log".into())
@@ -303,11 +303,11 @@ mod tests {
 
     #[test]
     fn writer_round_trips_through_the_reader() {
-        let mut cfg = crate::trace::synth::SynthConfig::default_scenario();
+        let mut cfg = crate::experts::trace::synth::SynthConfig::default_scenario();
         cfg.steps = 6;
         cfg.tokens_per_step = 3;
         cfg.phases.truncate(1);
-        let t = crate::trace::synth::generate(&cfg).unwrap();
+        let t = crate::experts::trace::synth::generate(&cfg).unwrap();
         let bytes = write_logger(&t, Vec::new()).unwrap();
         let back = read(
             std::str::from_utf8(&bytes).unwrap(),
@@ -346,7 +346,7 @@ mod tests {
         let p = test_util::temp_path("infer.jsonl");
         std::fs::write(&p, &text).unwrap();
         assert_eq!(
-            crate::trace::detect_format(&p).unwrap(),
+            crate::experts::trace::detect_format(&p).unwrap(),
             TraceFormat::LoggerJsonl
         );
         let opts = ReadOptions {

@@ -20,7 +20,7 @@
 //! with its byte offset.
 //!
 //! ```
-//! use expert_residency::trace::{synth, binary, stats};
+//! use tierkit_sim::experts::trace::{synth, binary, stats};
 //! let mut cfg = synth::SynthConfig::default_scenario();
 //! cfg.steps = 40;
 //! cfg.phases[1].start_step = 20;
@@ -41,17 +41,9 @@ pub mod synth;
 
 use std::path::Path;
 
-/// One forward pass (one decode step): the experts picked in every MoE layer.
-///
-/// `layers[l]` holds the expert ids picked in layer `l` by every routed token of the step,
-/// flattened `[tokens × top_k]` (u32 expert ids, each `< experts_per_layer`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StepPicks {
-    /// Picked expert ids per layer, `[layers][tokens × top_k]`.
-    pub layers: Vec<Vec<u32>>,
-}
+pub use expert_residency::StepPicks;
 
-/// The shape a trace claims for itself (checked against a [`crate::Geometry`] before a replay).
+/// The shape a trace claims for itself (checked against a [`expert_residency::Geometry`] before a replay).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TraceShape {
     /// MoE layers per step.
@@ -152,8 +144,8 @@ pub enum TraceError {
         /// The repeated expert id.
         expert: u32,
     },
-    /// A shape or scenario above the crate's size bounds ([`crate::MAX_LAYERS`],
-    /// [`crate::MAX_EXPERTS_PER_LAYER`], [`crate::MAX_CELLS`], the synthetic generator's limits).
+    /// A shape or scenario above the crate's size bounds ([`expert_residency::MAX_LAYERS`],
+    /// [`expert_residency::MAX_EXPERTS_PER_LAYER`], [`expert_residency::MAX_CELLS`], the synthetic generator's limits).
     #[error("too large: {0}")]
     TooLarge(String),
     /// The trace holds no step, or no expert lookup at all (after dropping warm-up steps).
@@ -433,9 +425,9 @@ impl ReadOptions {
 
 impl TraceShape {
     /// Checks the shape itself: non-zero layers and experts, `1 <= top_k <= experts_per_layer`,
-    /// and the bounds of [`crate::Geometry`]: `layers ≤` [`crate::MAX_LAYERS`],
-    /// `experts_per_layer ≤` [`crate::MAX_EXPERTS_PER_LAYER`], `layers × experts_per_layer ≤`
-    /// [`crate::MAX_CELLS`] (so a tiny file cannot make a reader allocate per-cell tables of
+    /// and the bounds of [`expert_residency::Geometry`]: `layers ≤` [`expert_residency::MAX_LAYERS`],
+    /// `experts_per_layer ≤` [`expert_residency::MAX_EXPERTS_PER_LAYER`], `layers × experts_per_layer ≤`
+    /// [`expert_residency::MAX_CELLS`] (so a tiny file cannot make a reader allocate per-cell tables of
     /// gigabytes).
     ///
     /// # Errors
@@ -448,7 +440,7 @@ impl TraceShape {
                 self.layers, self.experts_per_layer
             )));
         }
-        crate::geometry::check_bank_size(self.layers, self.experts_per_layer)
+        expert_residency::check_bank_size(self.layers, self.experts_per_layer)
             .map_err(|m| TraceError::TooLarge(format!("trace shape: {m}")))?;
         if self.top_k == 0 || self.top_k > self.experts_per_layer {
             return Err(TraceError::TopKTooWide {
@@ -798,7 +790,7 @@ mod tests {
         t.shape.experts_per_layer = u32::MAX;
         assert!(matches!(t.validate(), Err(TraceError::TooLarge(_))));
         let mut t = tiny(1);
-        t.shape.layers = crate::MAX_LAYERS + 1;
+        t.shape.layers = expert_residency::MAX_LAYERS + 1;
         assert!(matches!(t.shape.validate(), Err(TraceError::TooLarge(_))));
         // A step listing fewer layers than the shape says so in words.
         let mut t = tiny(2);

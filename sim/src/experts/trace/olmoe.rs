@@ -209,7 +209,7 @@ pub fn olmoe_anchor_shares(domain: &str) -> Result<Vec<(u32, Vec<f64>)>, TraceEr
 /// # Errors
 /// [`TraceError::InvalidScenario`] when the model, domain or fields are missing or an expert id
 /// is not an integer below `experts`; [`TraceError::TooLarge`] for `experts` above
-/// [`crate::MAX_EXPERTS_PER_LAYER`].
+/// [`expert_residency::MAX_EXPERTS_PER_LAYER`].
 pub fn routing_counts(
     json: &serde_json::Value,
     model: &str,
@@ -233,10 +233,10 @@ pub fn routing_counts(
     if layers.len() != counts.len() {
         return Err(bad("`layers` and `topk_counts` differ in length".into()));
     }
-    if experts > crate::MAX_EXPERTS_PER_LAYER {
+    if experts > expert_residency::MAX_EXPERTS_PER_LAYER {
         return Err(TraceError::TooLarge(format!(
             "routing counts: {experts} experts per layer exceed the limit of {}",
-            crate::MAX_EXPERTS_PER_LAYER
+            expert_residency::MAX_EXPERTS_PER_LAYER
         )));
     }
     let mut out = Vec::new();
@@ -282,7 +282,8 @@ mod tests {
 
     #[test]
     fn constants_match_routing_counts() {
-        let Some(shared) = crate::trace::test_util::shared_dir("OLMoE constants check") else {
+        let Some(shared) = crate::experts::trace::test_util::shared_dir("OLMoE constants check")
+        else {
             return;
         };
         let text =

@@ -359,7 +359,7 @@ pub fn read_binary_bytes(bytes: &[u8], path: &str) -> Result<Trace, TraceError> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{read_trace, ReadOptions};
+    use crate::experts::trace::{read_trace, ReadOptions};
 
     fn sample() -> Trace {
         Trace {
@@ -384,7 +384,7 @@ mod tests {
         let bytes = write_binary(&t, Vec::new()).unwrap();
         assert_eq!(&bytes[..8], &MAGIC);
         assert_eq!(read_binary_bytes(&bytes, "mem").unwrap(), t);
-        let p = crate::trace::test_util::temp_path("rt.tkt");
+        let p = crate::experts::trace::test_util::temp_path("rt.tkt");
         write_binary_file(&t, &p).unwrap();
         assert_eq!(read_trace(&p, &ReadOptions::default()).unwrap(), t);
         // u32 ids for a wide geometry.

@@ -1,16 +1,13 @@
 //! Replays of routing traces through a residency policy, with the cold-share scoreboard.
 
-use crate::config::ControllerConfig;
-use crate::controller::Controller;
-use crate::counters::PickCounters;
-use crate::error::{Error, Result};
-use crate::executor::{NullExecutor, SwapExecutor};
-use crate::geometry::Geometry;
-use crate::memory::MemoryExecutor;
-use crate::rowmap::ResidencyMap;
-use crate::seed::{fit, CounterDump};
-use crate::telemetry::{mean, t90, DrainTelemetry, SwapStats, T90};
-use crate::trace::Trace;
+use expert_residency::seed::fit;
+use expert_residency::{
+    Controller, ControllerConfig, DrainTelemetry, Error, Geometry, MemoryExecutor, NullExecutor,
+    PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
+};
+
+use crate::experts::t90::{mean, t90, T90};
+use crate::experts::trace::Trace;
 
 /// Which steps an oracle map is fitted on.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -34,12 +31,12 @@ pub enum OracleWindow {
 pub enum PolicySpec {
     /// A fixed map: the given one, or first-K (a uniform map) if `None`. Never swaps.
     Static(Option<ResidencyMap>),
-    /// A seed map fitted offline ([`crate::seed::fit`]). Never swaps.
+    /// A seed map fitted offline ([`expert_residency::seed::fit`]). Never swaps.
     Seed(ResidencyMap),
     /// The [`Controller`] with the given config minus any shift response, from the given boot
     /// map (first-K if `None`).
     Adaptive(Option<ResidencyMap>),
-    /// The [`Controller`] with a shift response: the config's, or [`crate::ShiftResponse`]'s
+    /// The [`Controller`] with a shift response: the config's, or [`expert_residency::ShiftResponse`]'s
     /// defaults if the config has none.
     AdaptiveShiftResponse(Option<ResidencyMap>),
     /// Per-layer LRU of `hot_per_layer` experts, from the boot map (first-K if `None`): every miss
@@ -267,7 +264,7 @@ pub fn oracle_map(
         }
         OracleWindow::Steps { start, end } => (*start as usize).min(n)..(*end as usize).min(n),
     };
-    let dump = CounterDump::from_trace(trace, range)?;
+    let dump = crate::experts::counter_dump(trace, range)?;
     fit(format!("oracle:{}", trace.name), geometry, &dump)
 }
 

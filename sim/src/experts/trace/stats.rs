@@ -120,7 +120,7 @@ pub fn total_variation(a: &[f64], b: &[f64]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{StepPicks, TraceShape};
+    use crate::experts::trace::{StepPicks, TraceShape};
 
     #[test]
     fn reuse_counts_positional_overlap() {

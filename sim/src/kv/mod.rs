@@ -1,0 +1,7 @@
+//! The KV lab: arrival traces ([`trace`]), the calibrated top-k selection generator
+//! ([`selection`]) and the serving simulation ([`serving`]) comparing fully resident, fixed hot
+//! cache and elastic placements on an arrival trace.
+
+pub mod selection;
+pub mod serving;
+pub mod trace;
