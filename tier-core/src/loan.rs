@@ -61,9 +61,8 @@ pub trait ReclaimPolicy {
 /// remainder method; ties go to the lower borrower id), and the oldest
 /// (lowest logical index) pages first within each borrower.
 ///
-/// Source: the HiSparse-style elastic KV pool (pressure reclaims borrowed
-/// pages oldest-history-first in proportion to holdings), see
-/// `shared/DESIGN-NOTES.md`.
+/// Source: the HiSparse-style elastic KV pool (Adaptive HiSparse: pressure
+/// reclaims borrowed pages oldest-history-first in proportion to holdings).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProportionalOldestFirst;
 
