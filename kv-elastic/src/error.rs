@@ -16,6 +16,14 @@ pub enum KvError {
         /// Pages one request's hot cache + tail + scratch need.
         needed_pages: u32,
     },
+    /// An HBM budget cannot hold even one session's fixed rows ([`crate::Geometry::for_hbm_budget`]).
+    #[error("HBM budget of {budget_bytes} bytes is below one session's fixed rows ({needed_bytes} bytes)")]
+    BudgetTooSmall {
+        /// The budget given, bytes.
+        budget_bytes: u64,
+        /// Bytes of one session's fixed pages over all layers.
+        needed_bytes: u64,
+    },
     /// No session with this id exists.
     #[error("unknown session {0}")]
     UnknownSession(u64),
@@ -25,7 +33,7 @@ pub enum KvError {
     /// A session with this id already exists (or existed).
     #[error("session {0} already exists")]
     SessionExists(u64),
-    /// Session ids must be below 2^63 (the top bit tags the pool's own fixed-row loans).
+    /// Session ids must be below 2^63 (the ids above are the pool's own page books).
     #[error("session id {0} is reserved (ids must be < 2^63)")]
     ReservedSessionId(u64),
     /// A session must be admitted with at least one committed token.

@@ -1,8 +1,9 @@
 //! The resolver interface: top-k positions in, physical arena rows out, plus the plan of host →
 //! arena copies that other layers of the group replay.
 
+use crate::data::SessionId;
 use crate::error::Result;
-use crate::host::SessionId;
+use crate::ticket::ReadTicket;
 
 /// Most prefetch candidates one request may announce at a group's first layer.
 pub const MAX_CANDIDATES: usize = 16_384;
@@ -85,23 +86,6 @@ pub struct ResolveStats {
     pub misses: u64,
     /// Requests that took the direct path (whole history resident: no hot-cache bookkeeping).
     pub direct_requests: u64,
-}
-
-/// A reader in flight: the indices of one resolve stay valid (their pages are not reused) until
-/// this ticket is completed or dropped. A GPU back-end completes it from a CUDA event.
-#[must_use = "dropping the ticket ends the read; keep it until the kernel that reads the indices is done"]
-#[derive(Debug)]
-pub struct ReadTicket(pub(crate) tier_core::FlagSignal);
-
-impl ReadTicket {
-    /// Ends the read (same as dropping the ticket).
-    pub fn complete(self) {}
-}
-
-impl Drop for ReadTicket {
-    fn drop(&mut self) {
-        self.0.complete();
-    }
 }
 
 /// One resolve's result besides the outputs.

@@ -1,47 +1,88 @@
-//! The GPU back-end (feature `cuda`): [`GpuElasticPool`] resolves on the device with the fused
-//! kernel of [`cuda_kernels::kv`], behind the same [`Resolver`] trait as the CPU reference.
+//! [`GpuElasticPool`]: the elastic pool with its resolver on the GPU.
 //!
 //! Split of work: the [`ElasticPool`] inside stays the control plane (admissions, loans, reclaim,
 //! hand-back, appends, drafts: everything between steps). After each control operation the pool
-//! publishes each live session's placement ([`ElasticPool::placement`]) into the device tables of a
-//! request slot, copies new committed history into the mapped pinned host store, and re-uploads
+//! publishes each live session's placement ([`ElasticPool::placement`]) into the device tables of
+//! a session slot, copies new committed history into the mapped pinned host store, and re-uploads
 //! every arena row outside the live sessions' hot caches (tail, scratch, borrowed pages; the hot
 //! rows belong to the device). That upload is O(arena) per control operation, synchronous: simple
-//! and exact, fine for admission bursts (see [`GpuElasticPool::admit_batch`]), too slow to run every
-//! step; uploading only the rows an operation wrote is the next step. New KV rows produced on the
-//! device go to the pinned host store with [`KvResolveGpu::write_back_async`]. Every step's work — resolve, deduplicated miss fetch, hot-cache replacement,
-//! replay, prefetch — runs on the device. The device's replacement decisions equal the CPU
-//! reference's (same CLOCK sweep, same pins), so a GPU pool and a CPU pool fed the same operations
-//! return identical indices, valid counts, plans and stats, and the bytes at every returned row equal
-//! a fully resident cache's (`tests/gpu_exactness.rs`).
+//! and exact, fine for admission bursts (see [`GpuElasticPool::admit_batch`]), too slow to run
+//! every step; uploading only the rows an operation wrote is a later issue. New KV rows produced
+//! on the device go to the pinned host store with [`GpuArena::write_back_async`]. Every step's
+//! work — resolve, deduplicated miss fetch, hot-cache replacement, replay, prefetch — runs on the
+//! device. The device's replacement decisions equal the CPU reference's (same contract: same
+//! CLOCK sweep, same pins), so a GPU pool and a CPU pool fed the same operations return identical
+//! indices, valid counts, plans and stats, and the bytes at every returned row equal a fully
+//! resident cache's (`tests/gpu_exactness.rs`).
 //!
-//! The [`Resolver`] methods are synchronous (inputs and outputs are host slices): they upload, launch
-//! on the GPU's step stream, and download. Engines use the asynchronous device-pointer API of
-//! [`GpuElasticPool::device`] ([`KvResolveGpu::resolve_async`] etc.) with fixed buffers, which is
-//! CUDA-graph capturable; [`GpuElasticPool::slot_of`] gives the request slot of a session.
+//! The [`Resolver`] methods are synchronous (inputs and outputs are host slices): they upload,
+//! launch on the GPU's step stream, and download. Their [`ReadTicket`] is a CUDA event recorded on
+//! the step stream when the ticket ends (see `ReadTicket`'s orderings). Engines use the
+//! asynchronous device-pointer API of [`GpuElasticPool::device`] ([`GpuArena::resolve_async`]
+//! etc.) with fixed buffers, which is CUDA-graph capturable; [`GpuElasticPool::slot_of`] gives the
+//! session slot of a session.
 
 use std::sync::Arc;
 
-use cuda_kernels::kv::{
-    CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveGpu, KvSlotDesc, KV_STATS,
-};
-use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
-use hashbrown::HashMap;
-use tier_core::FlagSignal;
+use std::sync::OnceLock;
 
+use cuda_kernels::kv::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvSlotDesc, KV_STATS};
+use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu};
+use hashbrown::HashMap;
+use tier_core::CompletionSignal;
+
+use super::GpuArena;
+use crate::data::SessionId;
 use crate::error::{KvError, Result};
-use crate::host::SessionId;
 use crate::layout::Geometry;
 use crate::pool::{Admission, ElasticPool, PoolConfig, StepMaintenance};
 use crate::resolve::{
-    ReadTicket, ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver,
-    RowCopy, MAX_CANDIDATES,
+    ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
+    MAX_CANDIDATES,
 };
+use crate::ticket::{ReadTicket, TicketEnd};
+
+/// The fence's view of a GPU reader: complete once the ticket ended and the step stream passed
+/// the event recorded then (`Some(None)`: ended after a device synchronize, no event).
+#[derive(Debug, Clone, Default)]
+struct DeviceReader(Arc<OnceLock<Option<EventSignal>>>);
+
+impl CompletionSignal for DeviceReader {
+    fn is_complete(&self) -> bool {
+        match self.0.get() {
+            None => false,
+            Some(None) => true,
+            Some(Some(event)) => event.is_complete(),
+        }
+    }
+}
+
+/// Ends a GPU ticket: records the event on the step stream (after every kernel queued so far).
+#[derive(Debug)]
+struct DeviceEnd {
+    gpu: Arc<Gpu>,
+    reader: DeviceReader,
+}
+
+impl TicketEnd for DeviceEnd {
+    fn end(self: Box<Self>) {
+        let done = match EventSignal::record(&self.gpu, self.gpu.stream()) {
+            Ok(event) => Some(event),
+            // No event: wait for the device instead; on failure leave the reader in flight for
+            // good (pages stay pending rather than being reused under a reader).
+            Err(_) => match self.gpu.synchronize() {
+                Ok(()) => None,
+                Err(_) => return,
+            },
+        };
+        let _ = self.reader.0.set(done);
+    }
+}
 
 /// Device capacity of a [`GpuElasticPool`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuPoolConfig {
-    /// Live sessions at once (request slots of the device tables).
+    /// Live sessions at once (session slots of the device tables).
     pub max_sessions: u32,
     /// Positions per session (committed + drafts) the pinned host store holds.
     pub max_history: u32,
@@ -52,7 +93,7 @@ pub struct GpuPoolConfig {
 /// The elastic pool with its resolver on the GPU (see the module docs).
 pub struct GpuElasticPool {
     cpu: ElasticPool,
-    dev: KvResolveGpu,
+    dev: GpuArena,
     gcfg: GpuPoolConfig,
     slot_of: HashMap<SessionId, u32>,
     session_of: Vec<Option<SessionId>>,
@@ -98,7 +139,7 @@ impl GpuElasticPool {
             arena_rows: geometry.arena_rows() as u32,
             pad0: 0,
         };
-        let dev = KvResolveGpu::new(gpu, dims).map_err(cuda)?;
+        let dev = GpuArena::new(gpu, dims).map_err(cuda)?;
         Ok(Self {
             cpu,
             dev,
@@ -116,12 +157,12 @@ impl GpuElasticPool {
     }
 
     /// The device state and kernels (asynchronous, graph-capturable API).
-    pub fn device(&self) -> &KvResolveGpu {
+    pub fn device(&self) -> &GpuArena {
         &self.dev
     }
 
     /// Mutable device state (e.g. to clear error counters).
-    pub fn device_mut(&mut self) -> &mut KvResolveGpu {
+    pub fn device_mut(&mut self) -> &mut GpuArena {
         &mut self.dev
     }
 
@@ -135,7 +176,7 @@ impl GpuElasticPool {
         self.gcfg.backend = backend;
     }
 
-    /// The request slot of a live session (index into the device tables).
+    /// The session slot of a live session (index into the device tables).
     pub fn slot_of(&self, session: SessionId) -> Result<u32> {
         self.cpu.host().check_live(session)?;
         self.slot_of
@@ -157,7 +198,7 @@ impl GpuElasticPool {
         })
     }
 
-    /// [`ElasticPool::admit`], then publishes the session to a free request slot.
+    /// [`ElasticPool::admit`], then publishes the session to a free session slot.
     /// Extra errors (nothing changes): `Cuda(OutOfRange)` when no slot is free or the history
     /// exceeds `max_history`.
     pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
@@ -256,7 +297,7 @@ impl GpuElasticPool {
         Ok(r)
     }
 
-    /// [`ElasticPool::finish`], then frees the session's request slot.
+    /// [`ElasticPool::finish`], then frees the session's slot.
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
         self.cpu.finish(session)?;
         self.publish()
@@ -276,7 +317,7 @@ impl GpuElasticPool {
         Ok(r)
     }
 
-    /// Publishes the control plane to the device: request slots of new and finished sessions, each
+    /// Publishes the control plane to the device: session slots of new and finished sessions, each
     /// live session's descriptor and page tables, new committed history into the pinned host
     /// store, and every arena row except live sessions' hot rows. Synchronous (between steps).
     pub fn publish(&mut self) -> Result<()> {
@@ -369,13 +410,14 @@ impl GpuElasticPool {
         self.dev.gpu().synchronize().map_err(cuda)
     }
 
+    /// Registers a GPU reader in the pool's fence (see [`ReadTicket`]'s orderings).
     fn register_reader(&self) -> ReadTicket {
-        let signal = FlagSignal::new();
-        self.cpu
-            .lender()
-            .fence()
-            .enter_signal(Box::new(signal.clone()));
-        ReadTicket(signal)
+        let reader = DeviceReader::default();
+        self.cpu.fence().enter_signal(Box::new(reader.clone()));
+        ReadTicket::with_end(Box::new(DeviceEnd {
+            gpu: self.dev.gpu().clone(),
+            reader,
+        }))
     }
 
     fn plan_from_device(&self, copies: &[KvCopy]) -> Vec<RowCopy> {
