@@ -1,4 +1,4 @@
-//! Layout: token rows, the per-request fixed region (hot cache, tail, scratch) and elastic pages
+//! Layout: token rows, the per-session fixed region (hot cache, tail, scratch) and elastic pages
 //! carved out of one contiguous device arena.
 
 use crate::error::{KvError, Result};
@@ -15,7 +15,7 @@ pub const MAX_TOKEN_BYTES: u64 = 1 << 24;
 /// allocation; a smaller arena that the host still cannot allocate gives `KvError::OutOfMemory`.
 pub const MAX_ARENA_BYTES: u64 = 1 << 40;
 
-/// Most hot-cache rows per request, 16 Mi (HiSparse uses 2 × top-k = 4,096). Each admitted request
+/// Most hot-cache rows per session, 16 Mi (HiSparse uses 2 × top-k = 4,096). Each admitted session
 /// keeps 13 bytes of host-side CLOCK state per hot row ([`crate::HotCache`]).
 pub const MAX_HOT_ROWS: u32 = 1 << 24;
 
@@ -24,7 +24,7 @@ pub const MAX_HOT_ROWS: u32 = 1 << 24;
 /// The device arena is `arena_pages × page_rows` rows of `row_bytes` bytes, one plane per layer
 /// (every layer uses the same row indices, so one resolve serves all layers of a group). It is one
 /// contiguous range because sparse-attention kernels (FlashMLA) index a single array. Pages are
-/// the unit of allocation: each admitted request takes [`Geometry::fixed_pages`] pages for its
+/// the unit of allocation: each admitted session takes [`Geometry::fixed_pages`] pages for its
 /// fixed rows (hot cache, tail, scratch), and the rest is lent as elastic history pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Geometry {
@@ -36,11 +36,11 @@ pub struct Geometry {
     pub page_rows: u32,
     /// Pages in the device arena.
     pub arena_pages: u32,
-    /// Hot-cache rows per request (e.g. 2 × top-k).
+    /// Hot-cache rows per session (e.g. 2 × top-k).
     pub hot_rows: u32,
-    /// Tail rows per request: the newest committed positions, always resident (ring buffer).
+    /// Tail rows per session: the newest committed positions, always resident (ring buffer).
     pub tail_rows: u32,
-    /// Scratch rows per request: speculative (draft) KV not yet accepted.
+    /// Scratch rows per session: speculative (draft) KV not yet accepted.
     pub scratch_rows: u32,
 }
 
@@ -51,7 +51,7 @@ impl Geometry {
     /// (`layers × row_bytes`) at most [`MAX_TOKEN_BYTES`]; arena rows (`arena_pages × page_rows`)
     /// fit in `int32` row indices; the whole arena (`layers × arena_rows × row_bytes` bytes) at most
     /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32`, `hot_rows <=`
-    /// [`MAX_HOT_ROWS`], and one request's fixed pages fit in the arena.
+    /// [`MAX_HOT_ROWS`], and one session's fixed pages fit in the arena.
     pub fn validate(&self) -> Result<()> {
         if self.row_bytes == 0 {
             return Err(KvError::InvalidGeometry("row_bytes must be > 0"));
@@ -103,7 +103,7 @@ impl Geometry {
         }
         if self.hot_rows > MAX_HOT_ROWS {
             return Err(KvError::InvalidGeometry(
-                "hot_rows must be <= MAX_HOT_ROWS (16 Mi rows per request)",
+                "hot_rows must be <= MAX_HOT_ROWS (16 Mi rows per session)",
             ));
         }
         if self.fixed_pages() > self.arena_pages {
@@ -178,7 +178,7 @@ impl Geometry {
         Ok(g)
     }
 
-    /// Fixed rows per request: `hot_rows + tail_rows + scratch_rows` (saturating at `u32::MAX`;
+    /// Fixed rows per session: `hot_rows + tail_rows + scratch_rows` (saturating at `u32::MAX`;
     /// [`Geometry::validate`] rejects a sum that does not fit).
     pub fn fixed_rows(&self) -> u32 {
         self.hot_rows
@@ -186,7 +186,7 @@ impl Geometry {
             .saturating_add(self.scratch_rows)
     }
 
-    /// Pages one request's fixed rows take (rounded up; `u32::MAX` when `page_rows` is 0).
+    /// Pages one session's fixed rows take (rounded up; `u32::MAX` when `page_rows` is 0).
     pub fn fixed_pages(&self) -> u32 {
         match self.page_rows {
             0 => u32::MAX,
@@ -309,7 +309,7 @@ mod tests {
             .fixed_pages(),
             u32::MAX
         );
-        // A 2^31-row hot cache (28 GB of CLOCK state per request) in a valid 2 GiB arena.
+        // A 2^31-row hot cache (28 GB of CLOCK state per session) in a valid 2 GiB arena.
         assert!(bad(Geometry {
             row_bytes: 1,
             layers: 1,

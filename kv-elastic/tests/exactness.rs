@@ -390,7 +390,7 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 MISSES.fetch_add(done.stats.misses, Relaxed);
                 SCRATCH_HITS.fetch_add(done.stats.scratch_hits, Relaxed);
                 TAIL_HITS.fetch_add(done.stats.tail_hits, Relaxed);
-                DIRECT.fetch_add(done.stats.direct_requests, Relaxed);
+                DIRECT.fetch_add(done.stats.direct_sessions, Relaxed);
                 for l in (0..g.layers).filter(|&l| l != layer) {
                     pool.replay(&done.plan, l)
                         .map_err(|e| TestCaseError::fail(format!("replay: {e}")))?;
@@ -497,7 +497,7 @@ fn bad_input(pool: &mut ElasticPool, m: &Model, kind: u8, seed: u64) -> Result<(
     Ok(())
 }
 
-/// Resolves one request with `k = 1`; returns the error (if any) and the outputs.
+/// Resolves one session with `k = 1`; returns the error (if any) and the outputs.
 fn resolve_one(
     pool: &mut ElasticPool,
     session: u64,

@@ -1,6 +1,6 @@
 //! The GPU back-end against the CPU reference: the same randomized sessions and operations
 //! (admissions, appends, speculative drafts and accepts, finishes, reclaims, growth between steps,
-//! resolves with several query rows per request, duplicates and `-1` padding, replays, prefetches,
+//! resolves with several query rows per session, duplicates and `-1` padding, replays, prefetches,
 //! bad input) applied to an [`ElasticPool`] and a [`GpuElasticPool`] give identical results: indices,
 //! valid counts, plans, stats and errors; and the bytes the GPU arena holds at every returned row equal
 //! the fully resident reference (the committed or draft token at that position). Both copy back-ends.

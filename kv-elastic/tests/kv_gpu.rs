@@ -1,6 +1,6 @@
 //! Device-level tests of the KV resolve kernels (`cuda_kernels::kv`) on the GPU back-end's device
 //! state ([`GpuArena`]; the CPU reference comparison lives in `tests/gpu_exactness.rs`): bad input never reads or writes out of bounds and comes out
-//! as `-1` with typed counters, misses are deduplicated across a request's rows and fetched bit-exact
+//! as `-1` with typed counters, misses are deduplicated across a session's rows and fetched bit-exact
 //! from the mapped host store, both copy back-ends write the same bytes, prefetched candidates are
 //! hits for the next resolve, write-back lands in the host store. Every test prints
 //! `SKIP: no CUDA device` and returns where no device exists.
@@ -193,7 +193,7 @@ fn misses_are_deduplicated_across_rows_and_fetched_exactly() {
         let want: Vec<u8> = (0..ROW as usize).map(|i| byte(0, p as u32, 1, i)).collect();
         assert_eq!(row_bytes(&plane, idx[j]), &want[..], "position {p}");
     }
-    // Same position -> same row in every row of the request (all but the per-row misses).
+    // Same position -> same row in every row of the session (all but the per-row misses).
     for j in (0..k as usize).filter(|j| j % 5 != 3) {
         assert_eq!(idx[j], idx[k as usize + j]);
         assert_eq!(idx[j], idx[2 * k as usize + j]);
@@ -238,7 +238,7 @@ fn bad_input_comes_out_as_minus_one_and_is_counted() {
     assert_eq!(c.valid.download().unwrap(), vec![0, 0]);
     assert_eq!(kv.errors().unwrap().bad_qsl, 1);
     kv.clear_errors().unwrap();
-    // seq_len beyond the history: the request's rows are -1.
+    // seq_len beyond the history: the session's rows are -1.
     let c = call(&gpu, &topk[..8], &[0, 1], &[5000], &[0], k);
     run(&kv, &c, 1, 0, CopyBackend::Gather);
     assert!(c.idx.download().unwrap().iter().all(|&x| x == -1));

@@ -83,7 +83,7 @@ fn admission_borrows_newest_first_and_a_full_holder_takes_the_direct_path() {
         .unwrap();
     assert!(pool.holds_all(2).unwrap());
     let (idx, st) = resolve(&mut pool, 2, 24, &[0, 5, 17, 23]);
-    assert_eq!((st.misses, st.hot_hits, st.direct_requests), (0, 0, 1));
+    assert_eq!((st.misses, st.hot_hits, st.direct_sessions), (0, 0, 1));
     assert_rows(&pool, 2, &[0, 5, 17, 23], &idx);
 }
 

@@ -560,7 +560,7 @@ impl Resolver for GpuElasticPool {
             stats.page_hits += r[3] as u64;
             stats.hot_hits += r[4] as u64;
             stats.misses += r[5] as u64;
-            stats.direct_requests += r[6] as u64;
+            stats.direct_sessions += r[6] as u64;
         }
         self.miss_tokens += stats.misses;
         Ok(Resolved {

@@ -72,7 +72,7 @@ impl Resolver for ElasticPool {
             let s = input.sessions[ri];
             if need.is_empty() {
                 if self.fully_held(&self.ctl.sessions[&s]) {
-                    stats.direct_requests += 1;
+                    stats.direct_sessions += 1;
                 }
                 continue;
             }
@@ -137,7 +137,7 @@ impl Resolver for ElasticPool {
             });
         }
         for c in &plan.copies {
-            let r = self.request(c.session)?;
+            let r = self.session(c.session)?;
             let ok = r
                 .hot
                 .lookup(c.position)
@@ -172,7 +172,7 @@ impl Resolver for ElasticPool {
                 max: MAX_CANDIDATES,
             });
         }
-        let r = self.request(session)?;
+        let r = self.session(session)?;
         for (i, &p) in candidates.iter().enumerate() {
             if p < -1 || p >= r.committed as i32 {
                 return Err(KvError::PositionOutOfRange {

@@ -123,7 +123,7 @@ impl ElasticPool {
     /// then the tail ring. Clears the session's scratch (drafts are relative to the old length).
     /// Errors (nothing changes): `UnknownSession`, `SessionFinished`, `RaggedRows`.
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
-        self.request(session)?;
+        self.session(session)?;
         self.host.check_tokens(tokens, true)?;
         let old = self.ctl.sessions[&session].committed;
         let new = self.host.append(session, tokens)?;
@@ -144,7 +144,7 @@ impl ElasticPool {
     /// not history until [`ElasticPool::accept`]. Errors: session errors, `RaggedRows`,
     /// `ScratchOverflow`.
     pub fn write_scratch(&mut self, session: SessionId, tokens: &[u8]) -> Result<()> {
-        let r = self.request(session)?;
+        let r = self.session(session)?;
         let n = self.host.check_tokens(tokens, true)?;
         if r.scratch_len + n > self.ctl.geometry.scratch_rows {
             return Err(KvError::ScratchOverflow {
@@ -172,7 +172,7 @@ impl ElasticPool {
     /// rest. Only committed history is eligible for the elastic tier. Errors: session errors,
     /// `ScratchOverflow` when `n > scratch_len`.
     pub fn accept(&mut self, session: SessionId, n: u32) -> Result<u32> {
-        let r = self.request(session)?;
+        let r = self.session(session)?;
         if n > r.scratch_len {
             return Err(KvError::ScratchOverflow {
                 session,
@@ -191,7 +191,7 @@ impl ElasticPool {
     /// pages are queued and handed back to others in bounded chunks by
     /// [`ElasticPool::between_steps`]. Errors (nothing changes): `UnknownSession`, `SessionFinished`.
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
-        self.request(session)?;
+        self.session(session)?;
         let r = self.ctl.sessions.remove(&session).expect("live");
         self.ctl.pages.release_fixed(session, r.fixed)?;
         self.ctl.pages.finish_history(session)?;

@@ -75,7 +75,7 @@ pub struct StepMaintenance {
     pub handed_back: u32,
     /// Pages that became free (readers gone).
     pub collected: u32,
-    /// Pages lent to requests missing history.
+    /// Pages lent to sessions missing history.
     pub grown: u32,
 }
 
@@ -85,7 +85,7 @@ pub struct SessionPlacement<'a> {
     /// Physical page of each fixed page (hot cache, tail, scratch rows in that order).
     pub fixed_pages: &'a [u32],
     /// Borrowed history pages: physical page of logical page `j` (positions
-    /// `j × page_rows..(j + 1) × page_rows`), `-1` when not resident.
+    /// `j × page_rows..(j + 1) × page_rows`), [`tier_core::NOT_RESIDENT`] when not resident.
     pub page_table: &'a [i32],
     /// Committed positions.
     pub committed: u32,
@@ -203,30 +203,30 @@ impl ElasticPool {
 
     /// Committed length of a live session.
     pub fn committed_len(&self, session: SessionId) -> Result<u32> {
-        self.request(session).map(|r| r.committed)
+        self.session(session).map(|r| r.committed)
     }
 
     /// Draft tokens in a live session's scratch.
     pub fn scratch_len(&self, session: SessionId) -> Result<u32> {
-        self.request(session).map(|r| r.scratch_len)
+        self.session(session).map(|r| r.scratch_len)
     }
 
     /// Elastic pages a live session holds.
     pub fn borrowed_pages(&self, session: SessionId) -> Result<u32> {
-        self.request(session).map(|r| r.pages.mapped_count())
+        self.session(session).map(|r| r.pages.mapped_count())
     }
 
     /// Whether a live session holds its whole history (tail + borrowed pages): the direct path.
     pub fn holds_all(&self, session: SessionId) -> Result<bool> {
-        self.request(session).map(|r| self.fully_held(r))
+        self.session(session).map(|r| self.fully_held(r))
     }
 
     /// Where a live session's rows are, for a device mirror (the GPU back-end publishes this between
     /// steps): its fixed pages (hot-cache rows, then tail, then scratch, `page_rows` per page), its
-    /// borrowed-page table (`-1` = not resident), committed and draft lengths, and whether the whole
+    /// borrowed-page table ([`tier_core::NOT_RESIDENT`] = not resident), committed and draft lengths, and whether the whole
     /// history is resident (direct path). Errors: `UnknownSession`, `SessionFinished`.
     pub fn placement(&self, session: SessionId) -> Result<SessionPlacement<'_>> {
-        let r = self.request(session)?;
+        let r = self.session(session)?;
         Ok(SessionPlacement {
             fixed_pages: &r.fixed_pages,
             page_table: r.pages.table(),
@@ -245,7 +245,7 @@ impl ElasticPool {
             .sum()
     }
 
-    fn request(&self, session: SessionId) -> Result<&SessionState> {
+    fn session(&self, session: SessionId) -> Result<&SessionState> {
         self.host.check_live(session)?;
         self.ctl
             .sessions
@@ -253,7 +253,7 @@ impl ElasticPool {
             .ok_or(KvError::UnknownSession(session))
     }
 
-    /// History pages a request wants resident: complete pages covering positions outside its tail.
+    /// History pages a session wants resident: complete pages covering positions outside its tail.
     fn wanted_pages(&self, committed: u32) -> u32 {
         let g = &self.ctl.geometry;
         committed

@@ -63,7 +63,7 @@ impl ElasticPool {
         let mut seen = HashSet::with_capacity(reqs);
         let mut hot_needed = Vec::with_capacity(reqs);
         for (ri, &s) in input.sessions.iter().enumerate() {
-            let r = self.request(s)?;
+            let r = self.session(s)?;
             if !seen.insert(s) {
                 return Err(KvError::DuplicateSession(s));
             }
@@ -123,7 +123,7 @@ impl ElasticPool {
 
     /// A resolve's checks, shared by every back-end: output shapes and [`Self::validate_batch`]'s
     /// errors; on an input error the outputs are filled with `-1` / `0` when their lengths are right.
-    /// Returns the distinct non-resident positions per request.
+    /// Returns the distinct non-resident positions per session.
     pub(crate) fn validate_resolve(
         &self,
         input: &ResolveInput<'_>,
