@@ -38,7 +38,6 @@ use crate::layout::Geometry;
 use crate::pool::{Admission, ElasticPool, PoolConfig, StepMaintenance};
 use crate::resolve::{
     ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
-    MAX_CANDIDATES,
 };
 use crate::ticket::{ReadTicket, TicketEnd};
 
@@ -618,29 +617,7 @@ impl Resolver for GpuElasticPool {
         candidates: &[i32],
         layer: u32,
     ) -> Result<ResolvePlan> {
-        let g = *self.cpu.geometry();
-        if layer >= g.layers {
-            return Err(KvError::LayerOutOfRange {
-                layer,
-                layers: g.layers,
-            });
-        }
-        if candidates.len() > MAX_CANDIDATES {
-            return Err(KvError::TooManyCandidates {
-                given: candidates.len(),
-                max: MAX_CANDIDATES,
-            });
-        }
-        let committed = self.cpu.committed_len(session)?;
-        for (i, &p) in candidates.iter().enumerate() {
-            if p < -1 || p >= committed as i32 {
-                return Err(KvError::PositionOutOfRange {
-                    row: i,
-                    position: p,
-                    seq_len: committed as i32,
-                });
-            }
-        }
+        self.cpu.validate_prefetch(session, candidates, layer)?;
         let slot = self.slot_of(session)? as i32;
         let gpu = self.dev.gpu().clone();
         let ctx = gpu.ctx();

@@ -9,7 +9,6 @@ use crate::data::SessionId;
 use crate::error::{KvError, Result};
 use crate::resolve::{
     ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
-    MAX_CANDIDATES,
 };
 use crate::ticket::ReadTicket;
 
@@ -160,28 +159,8 @@ impl Resolver for ElasticPool {
         candidates: &[i32],
         layer: u32,
     ) -> Result<ResolvePlan> {
-        if layer >= self.ctl.geometry.layers {
-            return Err(KvError::LayerOutOfRange {
-                layer,
-                layers: self.ctl.geometry.layers,
-            });
-        }
-        if candidates.len() > MAX_CANDIDATES {
-            return Err(KvError::TooManyCandidates {
-                given: candidates.len(),
-                max: MAX_CANDIDATES,
-            });
-        }
+        self.validate_prefetch(session, candidates, layer)?;
         let r = self.session(session)?;
-        for (i, &p) in candidates.iter().enumerate() {
-            if p < -1 || p >= r.committed as i32 {
-                return Err(KvError::PositionOutOfRange {
-                    row: i,
-                    position: p,
-                    seq_len: r.committed as i32,
-                });
-            }
-        }
         let g = self.ctl.geometry;
         let call = self.ctl.call;
         let tail_start = r.committed.saturating_sub(g.tail_rows);

@@ -4,8 +4,9 @@
 use hashbrown::HashSet;
 
 use super::ElasticPool;
+use crate::data::SessionId;
 use crate::error::{KvError, Result};
-use crate::resolve::{ResolveInput, ResolveOutput};
+use crate::resolve::{ResolveInput, ResolveOutput, MAX_CANDIDATES};
 
 impl ElasticPool {
     pub(crate) fn validate_batch(&self, input: &ResolveInput<'_>) -> Result<Vec<Vec<u32>>> {
@@ -157,5 +158,39 @@ impl ElasticPool {
                 Err(e)
             }
         }
+    }
+
+    /// A prefetch's checks, shared by every back-end: `LayerOutOfRange`, `TooManyCandidates`,
+    /// session errors, `PositionOutOfRange` (a candidate `< -1` or not committed). Returns the
+    /// session's committed length.
+    pub(crate) fn validate_prefetch(
+        &self,
+        session: SessionId,
+        candidates: &[i32],
+        layer: u32,
+    ) -> Result<u32> {
+        if layer >= self.ctl.geometry.layers {
+            return Err(KvError::LayerOutOfRange {
+                layer,
+                layers: self.ctl.geometry.layers,
+            });
+        }
+        if candidates.len() > MAX_CANDIDATES {
+            return Err(KvError::TooManyCandidates {
+                given: candidates.len(),
+                max: MAX_CANDIDATES,
+            });
+        }
+        let committed = self.session(session)?.committed;
+        for (i, &p) in candidates.iter().enumerate() {
+            if p < -1 || p >= committed as i32 {
+                return Err(KvError::PositionOutOfRange {
+                    row: i,
+                    position: p,
+                    seq_len: committed as i32,
+                });
+            }
+        }
+        Ok(committed)
     }
 }
