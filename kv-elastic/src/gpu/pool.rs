@@ -212,6 +212,7 @@ impl GpuElasticPool {
                 limit: self.gcfg.max_sessions as u64 + 1,
             }));
         }
+        self.settle_readers()?;
         let a = self.cpu.admit(session, history)?;
         self.publish()?;
         Ok(a)
@@ -221,6 +222,7 @@ impl GpuElasticPool {
     /// session). Stops at the first error or `Waiting` admission; what was admitted before stays
     /// admitted and published. Returns the outcome of each attempted admission.
     pub fn admit_batch(&mut self, sessions: &[(SessionId, &[u8])]) -> Result<Vec<Admission>> {
+        self.settle_readers()?;
         let mut out = Vec::with_capacity(sessions.len());
         let mut first_err = None;
         for &(session, history) in sessions {
@@ -304,6 +306,7 @@ impl GpuElasticPool {
 
     /// [`ElasticPool::reclaim`], then publishes (the owners stop mapping the pages at once).
     pub fn reclaim(&mut self, n: u32) -> Result<u32> {
+        self.settle_readers()?;
         let r = self.cpu.reclaim(n)?;
         self.publish()?;
         Ok(r)
@@ -311,6 +314,7 @@ impl GpuElasticPool {
 
     /// [`ElasticPool::between_steps`], then publishes (grown pages are uploaded).
     pub fn between_steps(&mut self, chunk: u32) -> Result<StepMaintenance> {
+        self.settle_readers()?;
         let r = self.cpu.between_steps(chunk)?;
         self.publish()?;
         Ok(r)
@@ -406,6 +410,14 @@ impl GpuElasticPool {
                     .map_err(cuda)?;
             }
         }
+        self.dev.gpu().synchronize().map_err(cuda)
+    }
+
+    /// Waits for the device, so every ticket ended before this call is complete when the control
+    /// plane collects pages (the GPU passed the event it recorded): the pool then frees exactly the
+    /// pages the CPU reference frees for the same calls. Control operations are synchronous anyway
+    /// (`publish` waits for the device too).
+    fn settle_readers(&self) -> Result<()> {
         self.dev.gpu().synchronize().map_err(cuda)
     }
 
