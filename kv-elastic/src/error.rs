@@ -8,13 +8,21 @@ pub enum KvError {
     /// A [`crate::Geometry`] field is zero or out of range.
     #[error("invalid geometry: {0}")]
     InvalidGeometry(&'static str),
-    /// The device arena cannot hold even one request's fixed rows (hot cache + tail + scratch).
-    #[error("arena of {arena_pages} pages is too small for one request's fixed rows ({needed_pages} pages)")]
+    /// The device arena cannot hold even one session's fixed rows (hot cache + tail + scratch).
+    #[error("arena of {arena_pages} pages is too small for one session's fixed rows ({needed_pages} pages)")]
     ArenaTooSmall {
         /// Pages in the arena.
         arena_pages: u32,
-        /// Pages one request's hot cache + tail + scratch need.
+        /// Pages one session's hot cache + tail + scratch need.
         needed_pages: u32,
+    },
+    /// An HBM budget cannot hold even one session's fixed rows ([`crate::Geometry::for_hbm_budget`]).
+    #[error("HBM budget of {budget_bytes} bytes is below one session's fixed rows ({needed_bytes} bytes)")]
+    BudgetTooSmall {
+        /// The budget given, bytes.
+        budget_bytes: u64,
+        /// Bytes of one session's fixed pages over all layers.
+        needed_bytes: u64,
     },
     /// No session with this id exists.
     #[error("unknown session {0}")]
@@ -25,7 +33,7 @@ pub enum KvError {
     /// A session with this id already exists (or existed).
     #[error("session {0} already exists")]
     SessionExists(u64),
-    /// Session ids must be below 2^63 (the top bit tags the pool's own fixed-row loans).
+    /// Session ids must be below 2^63 (the ids above are the pool's own page books).
     #[error("session id {0} is reserved (ids must be < 2^63)")]
     ReservedSessionId(u64),
     /// A session must be admitted with at least one committed token.
@@ -52,17 +60,17 @@ pub enum KvError {
     /// `query_start_loc` is not a non-decreasing `[reqs + 1]` array starting at 0 and ending at `rows`.
     #[error("invalid query_start_loc: {0}")]
     BadQueryStartLoc(&'static str),
-    /// A selected position is `< -1` or `>= seq_len` of its request.
+    /// A selected position is `< -1` or `>= seq_len` of its session.
     #[error("row {row}: position {position} out of range for seq_len {seq_len}")]
     PositionOutOfRange {
         /// Query row.
         row: usize,
         /// The offending position.
         position: i32,
-        /// The request's `seq_len` this step.
+        /// The session's `seq_len` this step.
         seq_len: i32,
     },
-    /// A request's `seq_len` is `< 1` or exceeds its committed + scratch length.
+    /// A session's `seq_len` is `< 1` or exceeds its committed + scratch length.
     #[error("session {session}: seq_len {seq_len} outside 1..={available}")]
     SeqLenOutOfRange {
         /// Session.
@@ -75,17 +83,17 @@ pub enum KvError {
     /// The same session appears twice in one batch.
     #[error("session {0} appears twice in one batch")]
     DuplicateSession(u64),
-    /// One request's distinct non-resident positions in a step exceed its hot cache.
+    /// One session's distinct non-resident positions in a step exceed its hot cache.
     #[error("session {session}: {needed} distinct positions need the hot cache this step, it has {hot_rows} rows")]
     HotCacheOverflow {
         /// Session.
         session: u64,
         /// Distinct positions that need a hot row.
         needed: usize,
-        /// Hot-cache rows per request.
+        /// Hot-cache rows per session.
         hot_rows: u32,
     },
-    /// More draft rows than the request's scratch holds, or accepting more than were written.
+    /// More draft rows than the session's scratch holds, or accepting more than were written.
     #[error("session {session}: scratch holds {scratch_rows} rows, asked for {requested}")]
     ScratchOverflow {
         /// Session.
@@ -95,7 +103,7 @@ pub enum KvError {
         /// Rows asked for.
         requested: u32,
     },
-    /// Too many prefetch candidates for one request.
+    /// Too many prefetch candidates for one session.
     #[error("{given} prefetch candidates, at most {max}")]
     TooManyCandidates {
         /// Given.
@@ -121,7 +129,7 @@ pub enum KvError {
         /// Arena row.
         row: u32,
     },
-    /// Not enough HBM for the request's fixed rows even after reclaiming every borrowed page.
+    /// Not enough HBM for the session's fixed rows even after reclaiming every borrowed page.
     #[error("no room: need {needed} pages, at most {available} can be freed")]
     NoRoom {
         /// Pages needed.

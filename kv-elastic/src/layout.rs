@@ -1,4 +1,4 @@
-//! Layout: token rows, the per-request fixed region (hot cache, tail, scratch) and elastic pages
+//! Layout: token rows, the per-session fixed region (hot cache, tail, scratch) and elastic pages
 //! carved out of one contiguous device arena.
 
 use crate::error::{KvError, Result};
@@ -15,7 +15,7 @@ pub const MAX_TOKEN_BYTES: u64 = 1 << 24;
 /// allocation; a smaller arena that the host still cannot allocate gives `KvError::OutOfMemory`.
 pub const MAX_ARENA_BYTES: u64 = 1 << 40;
 
-/// Most hot-cache rows per request, 16 Mi (HiSparse uses 2 × top-k = 4,096). Each admitted request
+/// Most hot-cache rows per session, 16 Mi (HiSparse uses 2 × top-k = 4,096). Each admitted session
 /// keeps 13 bytes of host-side CLOCK state per hot row ([`crate::HotCache`]).
 pub const MAX_HOT_ROWS: u32 = 1 << 24;
 
@@ -24,7 +24,7 @@ pub const MAX_HOT_ROWS: u32 = 1 << 24;
 /// The device arena is `arena_pages × page_rows` rows of `row_bytes` bytes, one plane per layer
 /// (every layer uses the same row indices, so one resolve serves all layers of a group). It is one
 /// contiguous range because sparse-attention kernels (FlashMLA) index a single array. Pages are
-/// the unit of allocation: each admitted request takes [`Geometry::fixed_pages`] pages for its
+/// the unit of allocation: each admitted session takes [`Geometry::fixed_pages`] pages for its
 /// fixed rows (hot cache, tail, scratch), and the rest is lent as elastic history pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Geometry {
@@ -36,11 +36,11 @@ pub struct Geometry {
     pub page_rows: u32,
     /// Pages in the device arena.
     pub arena_pages: u32,
-    /// Hot-cache rows per request (e.g. 2 × top-k).
+    /// Hot-cache rows per session (e.g. 2 × top-k).
     pub hot_rows: u32,
-    /// Tail rows per request: the newest committed positions, always resident (ring buffer).
+    /// Tail rows per session: the newest committed positions, always resident (ring buffer).
     pub tail_rows: u32,
-    /// Scratch rows per request: speculative (draft) KV not yet accepted.
+    /// Scratch rows per session: speculative (draft) KV not yet accepted.
     pub scratch_rows: u32,
 }
 
@@ -51,7 +51,7 @@ impl Geometry {
     /// (`layers × row_bytes`) at most [`MAX_TOKEN_BYTES`]; arena rows (`arena_pages × page_rows`)
     /// fit in `int32` row indices; the whole arena (`layers × arena_rows × row_bytes` bytes) at most
     /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32`, `hot_rows <=`
-    /// [`MAX_HOT_ROWS`], and one request's fixed pages fit in the arena.
+    /// [`MAX_HOT_ROWS`], and one session's fixed pages fit in the arena.
     pub fn validate(&self) -> Result<()> {
         if self.row_bytes == 0 {
             return Err(KvError::InvalidGeometry("row_bytes must be > 0"));
@@ -103,7 +103,7 @@ impl Geometry {
         }
         if self.hot_rows > MAX_HOT_ROWS {
             return Err(KvError::InvalidGeometry(
-                "hot_rows must be <= MAX_HOT_ROWS (16 Mi rows per request)",
+                "hot_rows must be <= MAX_HOT_ROWS (16 Mi rows per session)",
             ));
         }
         if self.fixed_pages() > self.arena_pages {
@@ -115,7 +115,70 @@ impl Geometry {
         Ok(())
     }
 
-    /// Fixed rows per request: `hot_rows + tail_rows + scratch_rows` (saturating at `u32::MAX`;
+    /// Sizes a pool from an HBM budget: the geometry with the most arena pages whose arena
+    /// (`arena_pages × page_rows × layers × row_bytes` bytes) fits in `budget_bytes`, for rows of
+    /// `row_bytes` bytes per layer, `layers` planes, `page_rows` rows per page, and per session
+    /// `hot_rows` hot-cache rows, `tail_rows` tail rows and `scratch_rows` draft rows.
+    ///
+    /// Units: `budget_bytes` in bytes (the arena only: the GPU back-end's per-slot tables and the
+    /// pinned host store come on top); every other argument in bytes or rows as named. The arena is
+    /// capped at the largest valid one (`int32` row indices, [`MAX_ARENA_BYTES`]). Every admitted
+    /// session takes [`Geometry::fixed_pages`] of these pages; the rest is lent as history pages
+    /// (the elastic tier of Adaptive HiSparse).
+    ///
+    /// # Errors
+    /// [`KvError::InvalidGeometry`] for a field [`Geometry::validate`] rejects;
+    /// [`KvError::BudgetTooSmall`] when the budget cannot hold even one session's fixed rows.
+    ///
+    /// ```
+    /// use kv_elastic::Geometry;
+    /// // 1 GiB of HBM for DeepSeek fp8 MLA rows (656 B), 61 layers, pages of 64 rows.
+    /// let g = Geometry::for_hbm_budget(1 << 30, 656, 61, 64, 4096, 64, 0)?;
+    /// assert_eq!(g.arena_pages, (1u64 << 30) as u32 / (64 * 61 * 656));
+    /// assert!(Geometry::for_hbm_budget(1 << 20, 656, 61, 64, 4096, 64, 0).is_err());
+    /// # Ok::<(), kv_elastic::KvError>(())
+    /// ```
+    pub fn for_hbm_budget(
+        budget_bytes: u64,
+        row_bytes: u32,
+        layers: u32,
+        page_rows: u32,
+        hot_rows: u32,
+        tail_rows: u32,
+        scratch_rows: u32,
+    ) -> Result<Geometry> {
+        let mut g = Geometry {
+            row_bytes,
+            layers,
+            page_rows,
+            arena_pages: 1,
+            hot_rows,
+            tail_rows,
+            scratch_rows,
+        };
+        // Field checks first (with one page: only `ArenaTooSmall` may remain).
+        match g.validate() {
+            Ok(()) | Err(KvError::ArenaTooSmall { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        // validate() bounds layers × row_bytes <= 2^24 and page_rows < 2^31: no overflow.
+        let page_bytes = page_rows as u64 * layers as u64 * row_bytes as u64;
+        let max_pages = (i32::MAX as u64 / page_rows as u64)
+            .min(MAX_ARENA_BYTES / page_bytes)
+            .min(u32::MAX as u64);
+        let pages = (budget_bytes / page_bytes).min(max_pages) as u32;
+        if pages < g.fixed_pages() {
+            return Err(KvError::BudgetTooSmall {
+                budget_bytes,
+                needed_bytes: g.fixed_pages() as u64 * page_bytes,
+            });
+        }
+        g.arena_pages = pages;
+        g.validate()?;
+        Ok(g)
+    }
+
+    /// Fixed rows per session: `hot_rows + tail_rows + scratch_rows` (saturating at `u32::MAX`;
     /// [`Geometry::validate`] rejects a sum that does not fit).
     pub fn fixed_rows(&self) -> u32 {
         self.hot_rows
@@ -123,7 +186,7 @@ impl Geometry {
             .saturating_add(self.scratch_rows)
     }
 
-    /// Pages one request's fixed rows take (rounded up; `u32::MAX` when `page_rows` is 0).
+    /// Pages one session's fixed rows take (rounded up; `u32::MAX` when `page_rows` is 0).
     pub fn fixed_pages(&self) -> u32 {
         match self.page_rows {
             0 => u32::MAX,
@@ -147,39 +210,6 @@ impl Geometry {
     pub fn plane_bytes(&self) -> usize {
         self.arena_rows() as usize * self.row_bytes as usize
     }
-}
-
-/// Fills `out` with bytes derived from `(session, position, layer)` (splitmix64 stream), so a
-/// row read from a wrong address (other session, position or layer) is always caught in tests.
-pub fn pattern_row(session: u64, position: u32, layer: u32, out: &mut [u8]) {
-    let mut state = session
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add((position as u64) << 20)
-        .wrapping_add(layer as u64)
-        ^ 0xD1B5_4A32_D192_ED03;
-    for chunk in out.chunks_mut(8) {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        let bytes = z.to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
-    }
-}
-
-/// Builds `tokens` committed rows for positions `start..start + tokens` of `session` in the host
-/// layout (`[tokens][layers][row_bytes]`), each row filled by [`pattern_row`].
-pub fn pattern_tokens(geometry: &Geometry, session: u64, start: u32, tokens: u32) -> Vec<u8> {
-    let rb = geometry.row_bytes as usize;
-    let mut out = vec![0u8; tokens as usize * geometry.token_bytes()];
-    for t in 0..tokens {
-        for l in 0..geometry.layers {
-            let off = (t as usize * geometry.layers as usize + l as usize) * rb;
-            pattern_row(session, start + t, l, &mut out[off..off + rb]);
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -279,7 +309,7 @@ mod tests {
             .fixed_pages(),
             u32::MAX
         );
-        // A 2^31-row hot cache (28 GB of CLOCK state per request) in a valid 2 GiB arena.
+        // A 2^31-row hot cache (28 GB of CLOCK state per session) in a valid 2 GiB arena.
         assert!(bad(Geometry {
             row_bytes: 1,
             layers: 1,
@@ -304,15 +334,34 @@ mod tests {
     }
 
     #[test]
-    fn pattern_differs_by_every_key() {
-        let mut a = [0u8; 16];
-        let mut b = [0u8; 16];
-        pattern_row(1, 2, 0, &mut a);
-        for (s, p, l) in [(2, 2, 0), (1, 3, 0), (1, 2, 1)] {
-            pattern_row(s, p, l, &mut b);
-            assert_ne!(a, b);
-        }
-        pattern_row(1, 2, 0, &mut b);
-        assert_eq!(a, b);
+    fn for_hbm_budget_fills_the_budget_and_types_the_errors() {
+        // 16-byte rows, 2 layers, 4-row pages: 128 bytes a page; fixed rows 6 + 4 + 2 = 3 pages.
+        let g = Geometry::for_hbm_budget(1000, 16, 2, 4, 6, 4, 2).unwrap();
+        assert_eq!(g.arena_pages, 7);
+        assert_eq!(g.fixed_pages(), 3);
+        g.validate().unwrap();
+        assert_eq!(
+            Geometry::for_hbm_budget(383, 16, 2, 4, 6, 4, 2),
+            Err(KvError::BudgetTooSmall {
+                budget_bytes: 383,
+                needed_bytes: 384
+            })
+        );
+        assert_eq!(
+            Geometry::for_hbm_budget(384, 16, 2, 4, 6, 4, 2).map(|g| g.arena_pages),
+            Ok(3)
+        );
+        assert!(matches!(
+            Geometry::for_hbm_budget(1 << 30, 0, 2, 4, 6, 4, 2),
+            Err(KvError::InvalidGeometry(_))
+        ));
+        assert!(matches!(
+            Geometry::for_hbm_budget(1 << 30, 16, 2, 4, 6, 0, 2),
+            Err(KvError::InvalidGeometry(_))
+        ));
+        // A huge budget is capped at the largest valid arena (int32 row indices).
+        let big = Geometry::for_hbm_budget(u64::MAX, 1, 1, 1, 1, 1, 0).unwrap();
+        assert_eq!(big.arena_rows(), i32::MAX as u64);
+        big.validate().unwrap();
     }
 }

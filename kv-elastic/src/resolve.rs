@@ -1,21 +1,22 @@
 //! The resolver interface: top-k positions in, physical arena rows out, plus the plan of host →
 //! arena copies that other layers of the group replay.
 
+use crate::data::SessionId;
 use crate::error::Result;
-use crate::host::SessionId;
+use crate::ticket::ReadTicket;
 
-/// Most prefetch candidates one request may announce at a group's first layer.
+/// Most prefetch candidates one session may announce at a group's first layer.
 pub const MAX_CANDIDATES: usize = 16_384;
 
 /// One step's selections, in the shapes FlashMLA sparse decode and vLLM's sparse-MLA path use.
 #[derive(Clone, Copy, Debug)]
 pub struct ResolveInput<'a> {
-    /// Session of each request in the batch, `[reqs]` (each at most once).
+    /// Session of each session in the batch, `[reqs]` (each at most once).
     pub sessions: &'a [SessionId],
-    /// Query rows of each request, `int32 [reqs + 1]`: request `r` owns rows
+    /// Query rows of each session, `int32 [reqs + 1]`: batch entry `r` owns rows
     /// `query_start_loc[r]..query_start_loc[r + 1]` (several under speculative decoding).
     pub query_start_loc: &'a [i32],
-    /// Positions visible to each request this step, `int32 [reqs]`: committed history plus the
+    /// Positions visible to each session this step, `int32 [reqs]`: committed history plus the
     /// draft tokens in scratch it may attend to (`1..=committed + scratch`).
     pub seq_lens: &'a [i32],
     /// The indexer's top-k positions, `int32 [rows, k]` row-major; `-1` = padding.
@@ -64,7 +65,7 @@ pub struct RowCopy {
 /// layers of a layer group that shares indices.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResolvePlan {
-    /// Copies, deduplicated per request.
+    /// Copies, deduplicated per session.
     pub copies: Vec<RowCopy>,
 }
 
@@ -75,33 +76,16 @@ pub struct ResolveStats {
     pub picks: u64,
     /// Picks served by the tail (newest committed positions).
     pub tail_hits: u64,
-    /// Picks served by the request's scratch (draft tokens).
+    /// Picks served by the session's scratch (draft tokens).
     pub scratch_hits: u64,
     /// Picks served by borrowed elastic pages.
     pub page_hits: u64,
     /// Picks served by the hot cache (including picks of positions fetched this call).
     pub hot_hits: u64,
-    /// Distinct positions fetched from host (demand misses, deduplicated per request).
+    /// Distinct positions fetched from host (demand misses, deduplicated per session).
     pub misses: u64,
-    /// Requests that took the direct path (whole history resident: no hot-cache bookkeeping).
-    pub direct_requests: u64,
-}
-
-/// A reader in flight: the indices of one resolve stay valid (their pages are not reused) until
-/// this ticket is completed or dropped. A GPU back-end completes it from a CUDA event.
-#[must_use = "dropping the ticket ends the read; keep it until the kernel that reads the indices is done"]
-#[derive(Debug)]
-pub struct ReadTicket(pub(crate) tier_core::FlagSignal);
-
-impl ReadTicket {
-    /// Ends the read (same as dropping the ticket).
-    pub fn complete(self) {}
-}
-
-impl Drop for ReadTicket {
-    fn drop(&mut self) {
-        self.0.complete();
-    }
+    /// Sessions that took the direct path (whole history resident: no hot-cache bookkeeping).
+    pub direct_sessions: u64,
 }
 
 /// One resolve's result besides the outputs.
@@ -115,12 +99,13 @@ pub struct Resolved {
     pub ticket: ReadTicket,
 }
 
-/// Resolves top-k positions to physical arena rows. [`crate::ElasticPool`] is the exact CPU
+/// Resolves top-k positions to physical arena rows, as the *KV resolve kernel contract* of
+/// `cuda-kernels/DESIGN.md` specifies (after HiSparse). [`crate::ElasticPool`] is the exact CPU
 /// reference; the GPU back-end (feature `cuda`) implements the same trait with the same
 /// inputs and outputs (plain `int32` slices and Pod copy lists).
 pub trait Resolver {
     /// Resolves one step: for each position, tail → scratch → borrowed page → hot cache → miss;
-    /// misses are deduplicated per request across its rows and copied from the host store into
+    /// misses are deduplicated per session across its rows and copied from the host store into
     /// victim hot-cache rows of `input.layer`. Writes every element of `out`.
     ///
     /// Errors (nothing changes, `out` is filled with `-1` / `0` when its lengths are right):
@@ -138,7 +123,7 @@ pub trait Resolver {
     /// copied on error.
     fn replay(&mut self, plan: &ResolvePlan, layer: u32) -> Result<()>;
 
-    /// Prefetches up to [`MAX_CANDIDATES`] candidate positions of one request into its hot cache
+    /// Prefetches up to [`MAX_CANDIDATES`] candidate positions of one session into its hot cache
     /// (in the given order, as far as rows not pinned by the current step allow), so that later
     /// layers' picks find them resident. Returns the copies made into `layer` (replay for others).
     fn prefetch(

@@ -8,11 +8,11 @@
 use std::collections::BTreeMap;
 
 use kv_elastic::{
-    pattern_row, Admission, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput,
-    ResolveOutput, Resolver,
+    Admission, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput, Resolver,
 };
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use tierkit_testkit::pattern_row;
 
 /// Coverage counters (checked by `the_property_reaches_every_path`).
 static PAGE_HITS: AtomicU64 = AtomicU64::new(0);
@@ -213,7 +213,7 @@ impl Model {
 
 /// A digest of everything an erroring call must leave unchanged.
 fn digest(pool: &ElasticPool) -> String {
-    let l = pool.lender();
+    let l = pool.pages();
     let per: Vec<String> = pool
         .sessions()
         .map(|s| {
@@ -227,10 +227,10 @@ fn digest(pool: &ElasticPool) -> String {
         .collect();
     format!(
         "{} {} {} {} {:?} {per:?} {}",
-        l.free_count(),
-        l.lent_count(),
-        l.pending_count(),
-        l.queued_count(),
+        l.free,
+        l.fixed + l.history,
+        l.pending,
+        l.queued,
         pool.counters(),
         (0..pool.geometry().layers)
             .map(|x| pool
@@ -390,7 +390,7 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 MISSES.fetch_add(done.stats.misses, Relaxed);
                 SCRATCH_HITS.fetch_add(done.stats.scratch_hits, Relaxed);
                 TAIL_HITS.fetch_add(done.stats.tail_hits, Relaxed);
-                DIRECT.fetch_add(done.stats.direct_requests, Relaxed);
+                DIRECT.fetch_add(done.stats.direct_sessions, Relaxed);
                 for l in (0..g.layers).filter(|&l| l != layer) {
                     pool.replay(&done.plan, l)
                         .map_err(|e| TestCaseError::fail(format!("replay: {e}")))?;
@@ -431,7 +431,7 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                     check_books(&pool)?;
                 }
-                PENDING_AT_CHECK.fetch_add(pool.lender().pending_count() as u64, Relaxed);
+                PENDING_AT_CHECK.fetch_add(pool.pages().pending as u64, Relaxed);
                 let rb = g.row_bytes as usize;
                 for (j, want) in &expect {
                     for l in 0..g.layers as usize {
@@ -451,12 +451,12 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
         pool.finish(s).unwrap();
     }
     for _ in 0..10_000 {
-        if pool.lender().queued_count() == 0 && pool.lender().pending_count() == 0 {
+        if pool.pages().queued == 0 && pool.pages().pending == 0 {
             break;
         }
         pool.between_steps(7).unwrap();
     }
-    prop_assert_eq!(pool.lender().free_count(), g.arena_pages);
+    prop_assert_eq!(pool.pages().free, g.arena_pages);
     Ok(())
 }
 
@@ -497,7 +497,7 @@ fn bad_input(pool: &mut ElasticPool, m: &Model, kind: u8, seed: u64) -> Result<(
     Ok(())
 }
 
-/// Resolves one request with `k = 1`; returns the error (if any) and the outputs.
+/// Resolves one session with `k = 1`; returns the error (if any) and the outputs.
 fn resolve_one(
     pool: &mut ElasticPool,
     session: u64,

@@ -1,6 +1,6 @@
 //! The GPU back-end against the CPU reference: the same randomized sessions and operations
 //! (admissions, appends, speculative drafts and accepts, finishes, reclaims, growth between steps,
-//! resolves with several query rows per request, duplicates and `-1` padding, replays, prefetches,
+//! resolves with several query rows per session, duplicates and `-1` padding, replays, prefetches,
 //! bad input) applied to an [`ElasticPool`] and a [`GpuElasticPool`] give identical results: indices,
 //! valid counts, plans, stats and errors; and the bytes the GPU arena holds at every returned row equal
 //! the fully resident reference (the committed or draft token at that position). Both copy back-ends.
@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use cuda_kernels::kv::CopyBackend;
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
 use kv_elastic::{
-    pattern_tokens, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput,
-    ResolvePlan, Resolver,
+    ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput, ResolvePlan, Resolver,
 };
+use tierkit_testkit::pattern_tokens;
 
 fn mix(x: &mut u64) -> u64 {
     *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -122,7 +122,7 @@ impl Case {
                 let id = self.next_id;
                 self.next_id += 1;
                 let len = 1 + below(rng, 60) as u32;
-                let h = pattern_tokens(&g, id, 0, len);
+                let h = pattern_tokens(g.row_bytes, g.layers, id, 0, len);
                 let a = self.cpu.admit(id, &h);
                 let b = self.gpu.admit(id, &h);
                 match (&a, &b) {
@@ -142,7 +142,7 @@ impl Case {
                 if committed + n + g.scratch_rows > MAX_HISTORY {
                     return;
                 }
-                let t = pattern_tokens(&g, s, committed, n);
+                let t = pattern_tokens(g.row_bytes, g.layers, s, committed, n);
                 assert_eq!(self.cpu.append(s, &t), self.gpu.append(s, &t));
                 let m = self.model.sessions.get_mut(&s).unwrap();
                 m.0.extend(tokens(&g, &t));
@@ -153,7 +153,7 @@ impl Case {
                 let n = 1 + below(rng, 2) as u32;
                 let m = &self.model.sessions[&s];
                 let start = (m.0.len() + m.1.len()) as u32;
-                let t = pattern_tokens(&g, s ^ (1 << 40), start, n);
+                let t = pattern_tokens(g.row_bytes, g.layers, s ^ (1 << 40), start, n);
                 let a = self.cpu.write_scratch(s, &t);
                 assert_eq!(a, self.gpu.write_scratch(s, &t));
                 if a.is_ok() {
@@ -435,7 +435,7 @@ fn gpu_pool_large_geometry_matches_cpu() {
     let mut gp = GpuElasticPool::new(&gpu, g, PoolConfig::default(), gcfg).unwrap();
     let sessions = [11u64, 12, 13, 14];
     for &s in &sessions {
-        let h = pattern_tokens(&g, s, 0, 3000);
+        let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
         assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
     }
     let mut rng = 5u64;

@@ -2,9 +2,9 @@
 //! oldest-first in proportion, bounded hand-back, prefetch, speculative scratch, typed errors.
 
 use kv_elastic::{
-    pattern_row, pattern_tokens, Admission, ElasticPool, Geometry, KvError, PoolConfig,
-    ResolveInput, ResolveOutput, Resolver,
+    Admission, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput, Resolver,
 };
+use tierkit_testkit::{pattern_row, pattern_tokens};
 
 fn geometry(arena_pages: u32) -> Geometry {
     // Fixed rows: 8 hot + 4 tail + 4 scratch = 16 rows = 4 pages of 4 rows.
@@ -69,7 +69,9 @@ fn admission_borrows_newest_first_and_a_full_holder_takes_the_direct_path() {
     let g = geometry(4 + 3);
     let mut pool = ElasticPool::new(g, PoolConfig { elastic: true }).unwrap();
     // 24 tokens: tail holds 20..24, pages 0..5 wanted; only 3 free pages -> pages 2, 3, 4 (newest).
-    let a = pool.admit(1, &pattern_tokens(&g, 1, 0, 24)).unwrap();
+    let a = pool
+        .admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 24))
+        .unwrap();
     assert_eq!(a, Admission::Admitted { borrowed_pages: 3 });
     assert!(!pool.holds_all(1).unwrap());
     let (idx, st) = resolve(&mut pool, 1, 24, &[23, 19, 8, 0, 3]);
@@ -77,10 +79,11 @@ fn admission_borrows_newest_first_and_a_full_holder_takes_the_direct_path() {
     assert_rows(&pool, 1, &[23, 19, 8, 0, 3], &idx);
     // A short history fits entirely: the direct path, no misses.
     let mut pool = ElasticPool::new(geometry(20), PoolConfig { elastic: true }).unwrap();
-    pool.admit(2, &pattern_tokens(&g, 2, 0, 24)).unwrap();
+    pool.admit(2, &pattern_tokens(g.row_bytes, g.layers, 2, 0, 24))
+        .unwrap();
     assert!(pool.holds_all(2).unwrap());
     let (idx, st) = resolve(&mut pool, 2, 24, &[0, 5, 17, 23]);
-    assert_eq!((st.misses, st.hot_hits, st.direct_requests), (0, 0, 1));
+    assert_eq!((st.misses, st.hot_hits, st.direct_sessions), (0, 0, 1));
     assert_rows(&pool, 2, &[0, 5, 17, 23], &idx);
 }
 
@@ -89,8 +92,10 @@ fn reclaim_takes_oldest_pages_in_proportion_and_hand_back_is_bounded() {
     let g = geometry(2 * 4 + 12);
     let mut pool = ElasticPool::new(g, PoolConfig { elastic: true }).unwrap();
     // Session 1 wants 8 pages, session 2 wants 4: after both, no page is free.
-    pool.admit(1, &pattern_tokens(&g, 1, 0, 36)).unwrap();
-    pool.admit(2, &pattern_tokens(&g, 2, 0, 20)).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 36))
+        .unwrap();
+    pool.admit(2, &pattern_tokens(g.row_bytes, g.layers, 2, 0, 20))
+        .unwrap();
     assert_eq!(
         (
             pool.borrowed_pages(1).unwrap(),
@@ -99,7 +104,8 @@ fn reclaim_takes_oldest_pages_in_proportion_and_hand_back_is_bounded() {
         (8, 4)
     );
     // A third admission needs 4 pages: reclaimed 8:4 -> 3 from session 1 (pages 0, 1, 2) and 1 from 2.
-    pool.admit(3, &pattern_tokens(&g, 3, 0, 8)).unwrap();
+    pool.admit(3, &pattern_tokens(g.row_bytes, g.layers, 3, 0, 8))
+        .unwrap();
     assert_eq!(
         (
             pool.borrowed_pages(1).unwrap(),
@@ -117,10 +123,10 @@ fn reclaim_takes_oldest_pages_in_proportion_and_hand_back_is_bounded() {
     pool.check_invariants().unwrap();
     // Finishing session 1 queues its 5 pages; they come back 2 per step and regrow the others.
     pool.finish(1).unwrap();
-    assert_eq!(pool.lender().queued_count(), 5);
+    assert_eq!(pool.pages().queued, 5);
     let m = pool.between_steps(2).unwrap();
     assert_eq!(m.handed_back, 2);
-    assert_eq!(pool.lender().queued_count(), 3);
+    assert_eq!(pool.pages().queued, 3);
     for _ in 0..5 {
         pool.between_steps(2).unwrap();
         pool.check_invariants().unwrap();
@@ -132,14 +138,15 @@ fn reclaim_takes_oldest_pages_in_proportion_and_hand_back_is_bounded() {
     for _ in 0..20 {
         pool.between_steps(2).unwrap();
     }
-    assert_eq!(pool.lender().free_count(), g.arena_pages, "no page leaked");
+    assert_eq!(pool.pages().free, g.arena_pages, "no page leaked");
 }
 
 #[test]
 fn fixed_mode_never_lends_and_prefetch_serves_later_layers() {
     let g = geometry(8);
     let mut pool = ElasticPool::new(g, PoolConfig { elastic: false }).unwrap();
-    pool.admit(1, &pattern_tokens(&g, 1, 0, 40)).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 40))
+        .unwrap();
     assert_eq!(pool.borrowed_pages(1).unwrap(), 0);
     let (_, st) = resolve(&mut pool, 1, 40, &[1, 2]);
     assert_eq!(st.misses, 2);
@@ -164,12 +171,13 @@ fn fixed_mode_never_lends_and_prefetch_serves_later_layers() {
 fn drafts_live_in_scratch_until_accepted() {
     let g = geometry(20);
     let mut pool = ElasticPool::new(g, PoolConfig { elastic: true }).unwrap();
-    pool.admit(1, &pattern_tokens(&g, 1, 0, 15)).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 15))
+        .unwrap();
     // Three drafts at positions 15, 16, 17.
-    pool.write_scratch(1, &pattern_tokens(&g, 1, 15, 3))
+    pool.write_scratch(1, &pattern_tokens(g.row_bytes, g.layers, 1, 15, 3))
         .unwrap();
     assert_eq!(
-        pool.write_scratch(1, &pattern_tokens(&g, 1, 18, 2)),
+        pool.write_scratch(1, &pattern_tokens(g.row_bytes, g.layers, 1, 18, 2)),
         Err(KvError::ScratchOverflow {
             session: 1,
             scratch_rows: 4,
@@ -208,25 +216,27 @@ fn bad_input_is_typed_and_changes_nothing() {
     );
     let mut pool = ElasticPool::new(g, PoolConfig::default()).unwrap();
     assert_eq!(pool.admit(1, &[]), Err(KvError::EmptyHistory));
-    pool.admit(1, &pattern_tokens(&g, 1, 0, 10)).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 10))
+        .unwrap();
     // 8 pages: session 1 took 4 fixed + borrowed the rest; session 2 reclaims them.
-    pool.admit(2, &pattern_tokens(&g, 2, 0, 10)).unwrap();
+    pool.admit(2, &pattern_tokens(g.row_bytes, g.layers, 2, 0, 10))
+        .unwrap();
     // A third session cannot fit even after reclaiming everything.
     assert!(matches!(
-        pool.admit(3, &pattern_tokens(&g, 3, 0, 4)),
+        pool.admit(3, &pattern_tokens(g.row_bytes, g.layers, 3, 0, 4)),
         Err(KvError::NoRoom { .. })
     ));
     pool.finish(2).unwrap();
     assert_eq!(
-        pool.append(2, &pattern_tokens(&g, 2, 10, 1)),
+        pool.append(2, &pattern_tokens(g.row_bytes, g.layers, 2, 10, 1)),
         Err(KvError::SessionFinished(2))
     );
     assert_eq!(
-        pool.append(9, &pattern_tokens(&g, 9, 0, 1)),
+        pool.append(9, &pattern_tokens(g.row_bytes, g.layers, 9, 0, 1)),
         Err(KvError::UnknownSession(9))
     );
     assert_eq!(
-        pool.admit(2, &pattern_tokens(&g, 2, 0, 1)),
+        pool.admit(2, &pattern_tokens(g.row_bytes, g.layers, 2, 0, 1)),
         Err(KvError::SessionExists(2))
     );
     let mut idx = [0; 2];

@@ -5,5 +5,7 @@
 //! (routers, sparse attention, readers) that only tests and benches compile.
 
 mod gpu;
+mod kv;
 
 pub use gpu::gpu_or_skip;
+pub use kv::{pattern_row, pattern_tokens, KvStandins, KV_STANDINS};

@@ -1,15 +1,18 @@
-//! Device-level tests of the kv-elastic kernels (the CPU reference comparison lives in
-//! `kv-elastic/tests/gpu_exactness.rs`): bad input never reads or writes out of bounds and comes out
-//! as `-1` with typed counters, misses are deduplicated across a request's rows and fetched bit-exact
+//! Device-level tests of the KV resolve kernels (`cuda_kernels::kv`) on the GPU back-end's device
+//! state ([`GpuArena`]; the CPU reference comparison lives in `tests/gpu_exactness.rs`): bad input never reads or writes out of bounds and comes out
+//! as `-1` with typed counters, misses are deduplicated across a session's rows and fetched bit-exact
 //! from the mapped host store, both copy back-ends write the same bytes, prefetched candidates are
 //! hits for the next resolve, write-back lands in the host store. Every test prints
 //! `SKIP: no CUDA device` and returns where no device exists.
+
+#![cfg(feature = "cuda")]
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use cuda_kernels::kv::*;
 use cuda_kernels::{gpu_or_skip, DeviceBuffer, Gpu};
+use kv_elastic::gpu::GpuArena;
 
 const ROW: u32 = 656;
 
@@ -36,9 +39,9 @@ fn byte(slot: u32, pos: u32, layer: u32, i: usize) -> u8 {
 }
 
 /// Slot 0 live: 1000 committed, fixed pages 0..5, logical pages 0..10 borrowed at pages 5..15.
-fn setup(gpu: &Arc<Gpu>) -> KvResolveGpu {
+fn setup(gpu: &Arc<Gpu>) -> GpuArena {
     let d = dims();
-    let mut kv = KvResolveGpu::new(gpu, d).unwrap();
+    let mut kv = GpuArena::new(gpu, d).unwrap();
     let store = kv.host_store_mut();
     for slot in 0..d.max_slots {
         for pos in 0..d.max_history {
@@ -119,7 +122,7 @@ fn call(gpu: &Arc<Gpu>, topk: &[i32], qsl: &[i32], seq: &[i32], slots: &[i32], k
     }
 }
 
-fn run(kv: &KvResolveGpu, c: &Call, reqs: u32, layer: u32, backend: CopyBackend) {
+fn run(kv: &GpuArena, c: &Call, reqs: u32, layer: u32, backend: CopyBackend) {
     let gpu = kv.gpu();
     gpu.synchronize().unwrap();
     let a = KvResolveArgs {
@@ -190,7 +193,7 @@ fn misses_are_deduplicated_across_rows_and_fetched_exactly() {
         let want: Vec<u8> = (0..ROW as usize).map(|i| byte(0, p as u32, 1, i)).collect();
         assert_eq!(row_bytes(&plane, idx[j]), &want[..], "position {p}");
     }
-    // Same position -> same row in every row of the request (all but the per-row misses).
+    // Same position -> same row in every row of the session (all but the per-row misses).
     for j in (0..k as usize).filter(|j| j % 5 != 3) {
         assert_eq!(idx[j], idx[k as usize + j]);
         assert_eq!(idx[j], idx[2 * k as usize + j]);
@@ -235,7 +238,7 @@ fn bad_input_comes_out_as_minus_one_and_is_counted() {
     assert_eq!(c.valid.download().unwrap(), vec![0, 0]);
     assert_eq!(kv.errors().unwrap().bad_qsl, 1);
     kv.clear_errors().unwrap();
-    // seq_len beyond the history: the request's rows are -1.
+    // seq_len beyond the history: the session's rows are -1.
     let c = call(&gpu, &topk[..8], &[0, 1], &[5000], &[0], k);
     run(&kv, &c, 1, 0, CopyBackend::Gather);
     assert!(c.idx.download().unwrap().iter().all(|&x| x == -1));
@@ -467,7 +470,7 @@ fn cuda_failures_are_typed_with_the_cuda_name() {
         arena_rows: i32::MAX as u32,
         ..dims()
     };
-    match KvResolveGpu::new(&gpu, d) {
+    match GpuArena::new(&gpu, d) {
         Err(e) => assert_eq!(e.cuda_name(), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{e}"),
         Ok(_) => panic!("a 1.4 TB arena was allocated"),
     }

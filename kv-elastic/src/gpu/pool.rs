@@ -1,47 +1,87 @@
-//! The GPU back-end (feature `cuda`): [`GpuElasticPool`] resolves on the device with the fused
-//! kernel of [`cuda_kernels::kv`], behind the same [`Resolver`] trait as the CPU reference.
+//! [`GpuElasticPool`]: the elastic pool with its resolver on the GPU.
 //!
 //! Split of work: the [`ElasticPool`] inside stays the control plane (admissions, loans, reclaim,
 //! hand-back, appends, drafts: everything between steps). After each control operation the pool
-//! publishes each live session's placement ([`ElasticPool::placement`]) into the device tables of a
-//! request slot, copies new committed history into the mapped pinned host store, and re-uploads
+//! publishes each live session's placement ([`ElasticPool::placement`]) into the device tables of
+//! a session slot, copies new committed history into the mapped pinned host store, and re-uploads
 //! every arena row outside the live sessions' hot caches (tail, scratch, borrowed pages; the hot
 //! rows belong to the device). That upload is O(arena) per control operation, synchronous: simple
-//! and exact, fine for admission bursts (see [`GpuElasticPool::admit_batch`]), too slow to run every
-//! step; uploading only the rows an operation wrote is the next step. New KV rows produced on the
-//! device go to the pinned host store with [`KvResolveGpu::write_back_async`]. Every step's work — resolve, deduplicated miss fetch, hot-cache replacement,
-//! replay, prefetch — runs on the device. The device's replacement decisions equal the CPU
-//! reference's (same CLOCK sweep, same pins), so a GPU pool and a CPU pool fed the same operations
-//! return identical indices, valid counts, plans and stats, and the bytes at every returned row equal
-//! a fully resident cache's (`tests/gpu_exactness.rs`).
+//! and exact, fine for admission bursts (see [`GpuElasticPool::admit_batch`]), too slow to run
+//! every step; uploading only the rows an operation wrote is a later issue. New KV rows produced
+//! on the device go to the pinned host store with [`GpuArena::write_back_async`]. Every step's
+//! work — resolve, deduplicated miss fetch, hot-cache replacement, replay, prefetch — runs on the
+//! device. The device's replacement decisions equal the CPU reference's (same contract: same
+//! CLOCK sweep, same pins), so a GPU pool and a CPU pool fed the same operations return identical
+//! indices, valid counts, plans and stats, and the bytes at every returned row equal a fully
+//! resident cache's (`tests/gpu_exactness.rs`).
 //!
-//! The [`Resolver`] methods are synchronous (inputs and outputs are host slices): they upload, launch
-//! on the GPU's step stream, and download. Engines use the asynchronous device-pointer API of
-//! [`GpuElasticPool::device`] ([`KvResolveGpu::resolve_async`] etc.) with fixed buffers, which is
-//! CUDA-graph capturable; [`GpuElasticPool::slot_of`] gives the request slot of a session.
+//! The [`Resolver`] methods are synchronous (inputs and outputs are host slices): they upload,
+//! launch on the GPU's step stream, and download. Their [`ReadTicket`] is a CUDA event recorded on
+//! the step stream when the ticket ends (see `ReadTicket`'s orderings). Engines use the
+//! asynchronous device-pointer API of [`GpuElasticPool::device`] ([`GpuArena::resolve_async`]
+//! etc.) with fixed buffers, which is CUDA-graph capturable; [`GpuElasticPool::slot_of`] gives the
+//! session slot of a session.
 
 use std::sync::Arc;
 
-use cuda_kernels::kv::{
-    CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveGpu, KvSlotDesc, KV_STATS,
-};
-use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
-use hashbrown::HashMap;
-use tier_core::FlagSignal;
+use std::sync::OnceLock;
 
+use cuda_kernels::kv::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvSlotDesc, KV_STATS};
+use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu};
+use hashbrown::HashMap;
+use tier_core::CompletionSignal;
+
+use super::GpuArena;
+use crate::data::SessionId;
 use crate::error::{KvError, Result};
-use crate::host::SessionId;
 use crate::layout::Geometry;
 use crate::pool::{Admission, ElasticPool, PoolConfig, StepMaintenance};
 use crate::resolve::{
-    ReadTicket, ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver,
-    RowCopy, MAX_CANDIDATES,
+    ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
 };
+use crate::ticket::{ReadTicket, TicketEnd};
+
+/// The fence's view of a GPU reader: complete once the ticket ended and the step stream passed
+/// the event recorded then (`Some(None)`: ended after a device synchronize, no event).
+#[derive(Debug, Clone, Default)]
+struct DeviceReader(Arc<OnceLock<Option<EventSignal>>>);
+
+impl CompletionSignal for DeviceReader {
+    fn is_complete(&self) -> bool {
+        match self.0.get() {
+            None => false,
+            Some(None) => true,
+            Some(Some(event)) => event.is_complete(),
+        }
+    }
+}
+
+/// Ends a GPU ticket: records the event on the step stream (after every kernel queued so far).
+#[derive(Debug)]
+struct DeviceEnd {
+    gpu: Arc<Gpu>,
+    reader: DeviceReader,
+}
+
+impl TicketEnd for DeviceEnd {
+    fn end(self: Box<Self>) {
+        let done = match EventSignal::record(&self.gpu, self.gpu.stream()) {
+            Ok(event) => Some(event),
+            // No event: wait for the device instead; on failure leave the reader in flight for
+            // good (pages stay pending rather than being reused under a reader).
+            Err(_) => match self.gpu.synchronize() {
+                Ok(()) => None,
+                Err(_) => return,
+            },
+        };
+        let _ = self.reader.0.set(done);
+    }
+}
 
 /// Device capacity of a [`GpuElasticPool`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GpuPoolConfig {
-    /// Live sessions at once (request slots of the device tables).
+    /// Live sessions at once (session slots of the device tables).
     pub max_sessions: u32,
     /// Positions per session (committed + drafts) the pinned host store holds.
     pub max_history: u32,
@@ -52,7 +92,7 @@ pub struct GpuPoolConfig {
 /// The elastic pool with its resolver on the GPU (see the module docs).
 pub struct GpuElasticPool {
     cpu: ElasticPool,
-    dev: KvResolveGpu,
+    dev: GpuArena,
     gcfg: GpuPoolConfig,
     slot_of: HashMap<SessionId, u32>,
     session_of: Vec<Option<SessionId>>,
@@ -98,7 +138,7 @@ impl GpuElasticPool {
             arena_rows: geometry.arena_rows() as u32,
             pad0: 0,
         };
-        let dev = KvResolveGpu::new(gpu, dims).map_err(cuda)?;
+        let dev = GpuArena::new(gpu, dims).map_err(cuda)?;
         Ok(Self {
             cpu,
             dev,
@@ -116,12 +156,12 @@ impl GpuElasticPool {
     }
 
     /// The device state and kernels (asynchronous, graph-capturable API).
-    pub fn device(&self) -> &KvResolveGpu {
+    pub fn device(&self) -> &GpuArena {
         &self.dev
     }
 
     /// Mutable device state (e.g. to clear error counters).
-    pub fn device_mut(&mut self) -> &mut KvResolveGpu {
+    pub fn device_mut(&mut self) -> &mut GpuArena {
         &mut self.dev
     }
 
@@ -135,7 +175,7 @@ impl GpuElasticPool {
         self.gcfg.backend = backend;
     }
 
-    /// The request slot of a live session (index into the device tables).
+    /// The session slot of a live session (index into the device tables).
     pub fn slot_of(&self, session: SessionId) -> Result<u32> {
         self.cpu.host().check_live(session)?;
         self.slot_of
@@ -157,7 +197,7 @@ impl GpuElasticPool {
         })
     }
 
-    /// [`ElasticPool::admit`], then publishes the session to a free request slot.
+    /// [`ElasticPool::admit`], then publishes the session to a free session slot.
     /// Extra errors (nothing changes): `Cuda(OutOfRange)` when no slot is free or the history
     /// exceeds `max_history`.
     pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
@@ -172,6 +212,7 @@ impl GpuElasticPool {
                 limit: self.gcfg.max_sessions as u64 + 1,
             }));
         }
+        self.settle_readers()?;
         let a = self.cpu.admit(session, history)?;
         self.publish()?;
         Ok(a)
@@ -181,6 +222,7 @@ impl GpuElasticPool {
     /// session). Stops at the first error or `Waiting` admission; what was admitted before stays
     /// admitted and published. Returns the outcome of each attempted admission.
     pub fn admit_batch(&mut self, sessions: &[(SessionId, &[u8])]) -> Result<Vec<Admission>> {
+        self.settle_readers()?;
         let mut out = Vec::with_capacity(sessions.len());
         let mut first_err = None;
         for &(session, history) in sessions {
@@ -256,7 +298,7 @@ impl GpuElasticPool {
         Ok(r)
     }
 
-    /// [`ElasticPool::finish`], then frees the session's request slot.
+    /// [`ElasticPool::finish`], then frees the session's slot.
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
         self.cpu.finish(session)?;
         self.publish()
@@ -264,6 +306,7 @@ impl GpuElasticPool {
 
     /// [`ElasticPool::reclaim`], then publishes (the owners stop mapping the pages at once).
     pub fn reclaim(&mut self, n: u32) -> Result<u32> {
+        self.settle_readers()?;
         let r = self.cpu.reclaim(n)?;
         self.publish()?;
         Ok(r)
@@ -271,12 +314,13 @@ impl GpuElasticPool {
 
     /// [`ElasticPool::between_steps`], then publishes (grown pages are uploaded).
     pub fn between_steps(&mut self, chunk: u32) -> Result<StepMaintenance> {
+        self.settle_readers()?;
         let r = self.cpu.between_steps(chunk)?;
         self.publish()?;
         Ok(r)
     }
 
-    /// Publishes the control plane to the device: request slots of new and finished sessions, each
+    /// Publishes the control plane to the device: session slots of new and finished sessions, each
     /// live session's descriptor and page tables, new committed history into the pinned host
     /// store, and every arena row except live sessions' hot rows. Synchronous (between steps).
     pub fn publish(&mut self) -> Result<()> {
@@ -369,13 +413,22 @@ impl GpuElasticPool {
         self.dev.gpu().synchronize().map_err(cuda)
     }
 
+    /// Waits for the device, so every ticket ended before this call is complete when the control
+    /// plane collects pages (the GPU passed the event it recorded): the pool then frees exactly the
+    /// pages the CPU reference frees for the same calls. Control operations are synchronous anyway
+    /// (`publish` waits for the device too).
+    fn settle_readers(&self) -> Result<()> {
+        self.dev.gpu().synchronize().map_err(cuda)
+    }
+
+    /// Registers a GPU reader in the pool's fence (see [`ReadTicket`]'s orderings).
     fn register_reader(&self) -> ReadTicket {
-        let signal = FlagSignal::new();
-        self.cpu
-            .lender()
-            .fence()
-            .enter_signal(Box::new(signal.clone()));
-        ReadTicket(signal)
+        let reader = DeviceReader::default();
+        self.cpu.fence().enter_signal(Box::new(reader.clone()));
+        ReadTicket::with_end(Box::new(DeviceEnd {
+            gpu: self.dev.gpu().clone(),
+            reader,
+        }))
     }
 
     fn plan_from_device(&self, copies: &[KvCopy]) -> Vec<RowCopy> {
@@ -518,7 +571,7 @@ impl Resolver for GpuElasticPool {
             stats.page_hits += r[3] as u64;
             stats.hot_hits += r[4] as u64;
             stats.misses += r[5] as u64;
-            stats.direct_requests += r[6] as u64;
+            stats.direct_sessions += r[6] as u64;
         }
         self.miss_tokens += stats.misses;
         Ok(Resolved {
@@ -576,29 +629,7 @@ impl Resolver for GpuElasticPool {
         candidates: &[i32],
         layer: u32,
     ) -> Result<ResolvePlan> {
-        let g = *self.cpu.geometry();
-        if layer >= g.layers {
-            return Err(KvError::LayerOutOfRange {
-                layer,
-                layers: g.layers,
-            });
-        }
-        if candidates.len() > MAX_CANDIDATES {
-            return Err(KvError::TooManyCandidates {
-                given: candidates.len(),
-                max: MAX_CANDIDATES,
-            });
-        }
-        let committed = self.cpu.committed_len(session)?;
-        for (i, &p) in candidates.iter().enumerate() {
-            if p < -1 || p >= committed as i32 {
-                return Err(KvError::PositionOutOfRange {
-                    row: i,
-                    position: p,
-                    seq_len: committed as i32,
-                });
-            }
-        }
+        self.cpu.validate_prefetch(session, candidates, layer)?;
         let slot = self.slot_of(session)? as i32;
         let gpu = self.dev.gpu().clone();
         let ctx = gpu.ctx();

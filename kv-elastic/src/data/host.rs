@@ -4,7 +4,7 @@ use hashbrown::{HashMap, HashSet};
 
 use crate::error::{KvError, Result};
 
-/// Session (request) id as the engine names it; must be `< 2^63`.
+/// Session id (the engine's request id; one word in this crate: session); must be `< 2^63`.
 pub type SessionId = u64;
 
 /// Every session's committed KV history in host memory (the GPU back-end pins it), append-only.

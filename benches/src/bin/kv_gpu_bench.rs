@@ -1,7 +1,7 @@
 //! kv_gpu_bench: the kv-elastic GPU resolver on a real device (release build, CUDA events, medians).
 //!
 //! ```text
-//! cargo run --release -p tierkit-examples --features cuda --example kv_gpu_bench [-- --reps N]
+//! cargo run --release -p tierkit-benches --features cuda --bin kv_gpu_bench [-- --reps N]
 //! ```
 //!
 //! Batch 64, top-k 2048, 656-byte rows (DeepSeek fp8 MLA), 4 layers. Prints one table with the
@@ -23,8 +23,8 @@
 #[cfg(not(feature = "cuda"))]
 fn main() {
     println!(
-        "SKIP: built without the `cuda` feature (cargo run --release -p tierkit-examples \
-         --features cuda --example kv_gpu_bench)"
+        "SKIP: built without the `cuda` feature; build with `--features cuda` \
+         (cargo run --release -p tierkit-benches --features cuda --bin kv_gpu_bench)"
     );
 }
 
@@ -46,7 +46,8 @@ mod bench {
     use cuda_kernels::kv::{CopyBackend, KvCopy, KvResolveArgs, KV_STATS};
     use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
     use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
-    use kv_elastic::{pattern_tokens, Geometry, PoolConfig};
+    use kv_elastic::{Geometry, PoolConfig};
+    use tierkit_testkit::{pattern_tokens, KvStandins};
 
     type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -196,7 +197,7 @@ mod bench {
         let mut pool = GpuElasticPool::new(gpu, g, PoolConfig { elastic }, gcfg)?;
         let t0 = std::time::Instant::now();
         let hists: Vec<Vec<u8>> = (0..REQS as u64)
-            .map(|s| pattern_tokens(&g, s + 1, 0, history))
+            .map(|s| pattern_tokens(g.row_bytes, g.layers, s + 1, 0, history))
             .collect();
         let batch: Vec<(u64, &[u8])> = hists
             .iter()
@@ -312,7 +313,7 @@ mod bench {
     }
 
     pub fn run() -> Res<()> {
-        let Some(gpu) = cuda_kernels::gpu_or_skip() else {
+        let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
             return Ok(());
         };
         let reps: usize = std::env::args()
@@ -321,6 +322,7 @@ mod bench {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
         let warm = 3;
+        let standins = KvStandins::new(&gpu)?;
         let s = gpu.stream().clone();
         let ev = Ev::new(&gpu)?;
         println!(
@@ -367,7 +369,7 @@ mod bench {
             ev.start(&s)?;
             // SAFETY: as above; block table [REQS][max_blocks].
             unsafe {
-                dev.resident_indices_async(
+                standins.resident_indices_async(
                     &s,
                     at(&picks, i % 4),
                     full.qsl.device_ptr(),
@@ -439,13 +441,14 @@ mod bench {
         let q: Vec<f32> = (0..ROW).map(|i| ((i * 37) % 101) as f32 / 101.0).collect();
         let qd = DeviceBuffer::from_host(gpu.ctx(), &q)?;
         let att = DeviceBuffer::<f32>::zeroed(gpu.ctx(), REQS)?;
-        let attend_all = |dev: &cuda_kernels::kv::KvResolveGpu, o: &Out| -> Res<()> {
+        let attend_all = |dev: &kv_elastic::gpu::GpuArena, o: &Out| -> Res<()> {
             for l in 0..LAYERS {
                 // SAFETY: indices/valid of `o` hold rows inside the arena or -1; q/att sized.
                 unsafe {
-                    dev.attend_async(
+                    standins.attend_async(
                         &s,
-                        l,
+                        dev.plane_ptr(l)?,
+                        dev.dims().row_bytes,
                         o.idx.device_ptr(),
                         o.valid.device_ptr(),
                         REQS as u32,
@@ -463,7 +466,7 @@ mod bench {
             ev.start(&s)?;
             // SAFETY: as above.
             unsafe {
-                dev.resident_indices_async(
+                standins.resident_indices_async(
                     &s,
                     at(&picks, i % 4),
                     full.qsl.device_ptr(),
@@ -785,9 +788,10 @@ mod bench {
                             pf_count.device_ptr(),
                         )?;
                     }
-                    dev.attend_async(
+                    standins.attend_async(
                         &s,
-                        0,
+                        dev.plane_ptr(0)?,
+                        dev.dims().row_bytes,
                         out.idx.device_ptr(),
                         out.valid.device_ptr(),
                         REQS as u32,
@@ -827,9 +831,10 @@ mod bench {
                                 LAYERS - 1 - l,
                             )?;
                         }
-                        dev.attend_async(
+                        standins.attend_async(
                             &s,
-                            l,
+                            dev.plane_ptr(l)?,
+                            dev.dims().row_bytes,
                             o.idx.device_ptr(),
                             o.valid.device_ptr(),
                             REQS as u32,

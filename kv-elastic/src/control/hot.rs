@@ -1,17 +1,17 @@
-//! The per-request hot cache: a fixed number of device rows holding recently picked history
+//! The per-session hot cache: a fixed number of device rows holding recently picked history
 //! positions, replaced by CLOCK (second chance). Rows used by the current step are pinned.
 
 /// Sentinel for "no slot" / "no position" in the flat tables.
 const NONE: i32 = -1;
 
-/// One request's hot cache: `hot_rows` slots, CLOCK replacement (HiSparse keeps a per-request hot
+/// One session's hot cache: `hot_rows` slots, CLOCK replacement (HiSparse keeps a per-session hot
 /// buffer of 2 × top-k with LRU; CLOCK is the usual O(1) approximation).
 ///
 /// Both directions are flat `i32` tables (O(1), Pod, mirrorable to the GPU as-is): `slot → position`
 /// (`hot_rows` entries) and `position → slot` (one entry per committed position, like SGLang's
 /// `req_to_token`). A slot touched by the current call carries that call's stamp and is never chosen
 /// as a victim in the same call, so a step's hits are never overwritten by its own misses. The newest
-/// tokens are pinned in the request's tail (see [`crate::ElasticPool`]), not here.
+/// tokens are pinned in the session's tail (see [`crate::ElasticPool`]), not here.
 #[derive(Debug, Clone)]
 pub struct HotCache {
     slot_pos: Vec<i32>,

@@ -1,0 +1,363 @@
+//! [`KvKernels`]: the loaded KV kernels and their typed launchers. Every launcher is asynchronous
+//! on the given stream and takes the caller's tables ([`KvTables`]) and their extents ([`KvDims`]);
+//! none keeps state between calls, so a launch sequence is CUDA-graph capturable.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::{raw, CopyBackend, KvCopy, KvDims, KvResolveArgs, KvTables, KV_BLOCK, KV_MODULE};
+use crate::device::Gpu;
+use crate::error::{drv, CudaError, Result};
+
+/// The fused resolve, replay / check-plan, prefetch and write-back kernels of `kv_resolve.cu`,
+/// compiled for one [`Gpu`] (NVRTC at first use, cached per context).
+#[derive(Debug, Clone)]
+pub struct KvKernels {
+    gpu: Arc<Gpu>,
+    resolve: CudaFunction,
+    replay: CudaFunction,
+    prefetch: CudaFunction,
+    write_back: CudaFunction,
+}
+
+/// Checks a layer range `l0 .. l0 + nl` against `d.layers` (`OutOfRange` otherwise, and for `nl == 0`).
+fn check_layers(d: &KvDims, l0: u32, nl: u32) -> Result<()> {
+    if nl == 0 || l0 as u64 + nl as u64 > d.layers as u64 {
+        return Err(CudaError::OutOfRange {
+            what: "layer range end",
+            value: l0 as u64 + nl as u64,
+            limit: d.layers as u64 + 1,
+        });
+    }
+    Ok(())
+}
+
+impl KvKernels {
+    /// Loads the kernels on `gpu`.
+    ///
+    /// # Errors
+    /// NVRTC compile errors and CUDA errors of the module load.
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
+        Ok(KvKernels {
+            resolve: gpu.function(&KV_MODULE, "tierkit_kv_resolve")?,
+            replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
+            prefetch: gpu.function(&KV_MODULE, "tierkit_kv_prefetch")?,
+            write_back: gpu.function(&KV_MODULE, "tierkit_kv_write_back")?,
+            gpu: gpu.clone(),
+        })
+    }
+
+    /// The GPU the kernels were loaded on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Launches the fused resolve on `stream` (graph capturable: only `t` and the buffers of `a`
+    /// are read and written). Grid `a.reqs + 1` blocks of [`KV_BLOCK`] threads;
+    /// `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma` leaves them in
+    /// the plan for [`KvKernels::dma_copy_async`].
+    ///
+    /// # Errors
+    /// `OutOfRange` for `a.layer`, `Shape` for `a.k == 0`, the driver's launch error.
+    ///
+    /// # Safety
+    /// `t` holds live device buffers of the shapes [`KvTables`] lists for `d`; every pointer of `a`
+    /// addresses a live device buffer of the documented shape; no other stream touches the tables
+    /// or the hot rows while the kernel runs.
+    pub unsafe fn resolve_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        a: &KvResolveArgs,
+        backend: CopyBackend,
+    ) -> Result<()> {
+        check_layers(d, a.layer, 1)?;
+        if a.k == 0 {
+            return Err(CudaError::Shape {
+                what: "k",
+                expected: 1,
+                got: 0,
+            });
+        }
+        let fetch = u32::from(backend == CopyBackend::Gather);
+        let mut b = stream.launch_builder(&self.resolve);
+        b.arg(d)
+            .arg(t)
+            .arg(&a.topk)
+            .arg(&a.query_start_loc)
+            .arg(&a.seq_lens)
+            .arg(&a.req_slot)
+            .arg(&a.reqs)
+            .arg(&a.rows)
+            .arg(&a.k)
+            .arg(&a.layer)
+            .arg(&fetch)
+            .arg(&a.indices)
+            .arg(&a.valid_count)
+            .arg(&a.plan)
+            .arg(&a.plan_count)
+            .arg(&a.stats);
+        let cfg = LaunchConfig {
+            grid_dim: (a.reqs + 1, 1, 1),
+            block_dim: (KV_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_resolve; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_resolve)"))?;
+        Ok(())
+    }
+
+    /// Replays plan segments into layers `l0 .. l0 + nl`: `segments` blocks, block `b` copies
+    /// `plan[b * stride ..][.. count[b]]` (the resolve's output layout with `stride = hot_rows`), a
+    /// warp per row from the mapped host store.
+    ///
+    /// # Errors
+    /// `OutOfRange` for the layer range, the driver's launch error.
+    ///
+    /// # Safety
+    /// As [`KvKernels::resolve_async`] for `t`; `plan` holds `segments × stride` [`KvCopy`] and
+    /// `count` `segments` u32 on the device; the plan's destination rows still hold its positions
+    /// (see [`KvKernels::check_plan_async`]).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn replay_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+        l0: u32,
+        nl: u32,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.replay_launch(stream, d, t, plan, count, segments, stride, l0, nl, 0) }
+    }
+
+    /// Counts plan entries whose destination row no longer holds the position into the
+    /// `stale_plan` error word (copies nothing).
+    ///
+    /// # Errors
+    /// The driver's launch error.
+    ///
+    /// # Safety
+    /// As [`KvKernels::replay_async`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn check_plan_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.replay_launch(stream, d, t, plan, count, segments, stride, 0, 1, 1) }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn replay_launch(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+        l0: u32,
+        nl: u32,
+        check: u32,
+    ) -> Result<()> {
+        check_layers(d, l0, nl)?;
+        if segments == 0 {
+            return Ok(());
+        }
+        let mut b = stream.launch_builder(&self.replay);
+        b.arg(d)
+            .arg(t)
+            .arg(&plan)
+            .arg(&count)
+            .arg(&stride)
+            .arg(&l0)
+            .arg(&nl)
+            .arg(&check);
+        let cfg = LaunchConfig {
+            grid_dim: (segments, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_replay; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_replay)"))?;
+        Ok(())
+    }
+
+    /// Launches the candidate prefetch (run it on a side stream ordered by events after the step's
+    /// resolve and before the layers that need it). Block `b` handles session slot `slots[b]` with
+    /// candidates `cand[b * stride ..][.. cand_count[b]]`: hits are pinned for the current call,
+    /// misses (first appearance order) take CLOCK victims while any is evictable and are copied into
+    /// layers `l0 .. l0 + nl`. Outputs as the resolve's plan (`plan[b * hot_rows]`, `plan_count[b]`).
+    ///
+    /// # Errors
+    /// `OutOfRange` for the layer range, the driver's launch error.
+    ///
+    /// # Safety
+    /// As [`KvKernels::resolve_async`] for `t`; `slots` `i32 [requests]`, `cand`
+    /// `i32 [requests][stride]`, `cand_count` `u32 [requests]`, `plan` `KvCopy [requests][hot_rows]`,
+    /// `plan_count` `u32 [requests]` on the device; no resolve of the same slots in flight.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn prefetch_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        slots: u64,
+        cand: u64,
+        cand_count: u64,
+        requests: u32,
+        stride: u32,
+        l0: u32,
+        nl: u32,
+        plan: u64,
+        plan_count: u64,
+    ) -> Result<()> {
+        check_layers(d, l0, nl)?;
+        if requests == 0 {
+            return Ok(());
+        }
+        let mut b = stream.launch_builder(&self.prefetch);
+        b.arg(d)
+            .arg(t)
+            .arg(&slots)
+            .arg(&cand)
+            .arg(&cand_count)
+            .arg(&stride)
+            .arg(&l0)
+            .arg(&nl)
+            .arg(&plan)
+            .arg(&plan_count);
+        let cfg = LaunchConfig {
+            grid_dim: (requests, 1, 1),
+            block_dim: (KV_BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_prefetch; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_prefetch)"))?;
+        Ok(())
+    }
+
+    /// Writes arena rows back to the host store (ordered on `stream` after the kernels that
+    /// produced them, no host sync): `items[i] = (slot, position, src arena row)`, layers
+    /// `l0 .. l0 + nl`, a warp per row with 16-byte stores into mapped pinned memory. Entries out of
+    /// range are skipped and counted as `bad_request`.
+    ///
+    /// # Errors
+    /// `OutOfRange` for the layer range or more than `i32::MAX` blocks, the driver's launch error.
+    ///
+    /// # Safety
+    /// As [`KvKernels::resolve_async`] for `t`; `items` holds `n` [`KvCopy`] on the device; the host
+    /// must not read the rows until the stream passes this launch.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_back_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        items: u64,
+        n: u32,
+        l0: u32,
+        nl: u32,
+    ) -> Result<()> {
+        check_layers(d, l0, nl)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let warps = n as u64 * nl as u64;
+        let blocks = warps.div_ceil(8);
+        if blocks > i32::MAX as u64 {
+            return Err(CudaError::OutOfRange {
+                what: "write-back rows",
+                value: warps,
+                limit: i32::MAX as u64,
+            });
+        }
+        let mut b = stream.launch_builder(&self.write_back);
+        b.arg(d).arg(t).arg(&items).arg(&n).arg(&l0).arg(&nl);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_write_back; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_write_back)"))?;
+        Ok(())
+    }
+
+    /// The DMA back-end: copies `copies` (host list of `(slot, position, dst_row)`) from the pinned
+    /// host store into layers `l0 .. l0 + nl` of the arena with one `cuMemcpyBatchAsync` (one
+    /// descriptor per row and layer, layer-major, source order = stream order).
+    /// `prefer_overlap = true` sets `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, `false` leaves
+    /// the driver's default.
+    ///
+    /// # Errors
+    /// `OutOfRange` for the layer range or entries outside the tables (nothing is copied); the
+    /// driver's error (e.g. `CUDA_ERROR_NOT_SUPPORTED` on drivers before 12.8).
+    ///
+    /// # Safety
+    /// `t.arena` is a live device arena of `d`'s shape; `host_store` is the host address of the
+    /// pinned host store `u8 [max_slots][max_history][layers][row_bytes]`; both stay allocated until
+    /// the stream passes the copy.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dma_copy_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        host_store: *const u8,
+        copies: &[KvCopy],
+        l0: u32,
+        nl: u32,
+        prefer_overlap: bool,
+    ) -> Result<()> {
+        check_layers(d, l0, nl)?;
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let n = copies.len() * nl as usize;
+        let mut dsts = Vec::with_capacity(n);
+        let mut srcs = Vec::with_capacity(n);
+        let host = host_store as u64;
+        for l in l0..l0 + nl {
+            for c in copies {
+                if c.slot >= d.max_slots || c.position >= d.max_history || c.dst_row >= d.arena_rows
+                {
+                    return Err(CudaError::OutOfRange {
+                        what: "DMA copy (slot, position or row)",
+                        value: c.dst_row as u64,
+                        limit: d.arena_rows as u64,
+                    });
+                }
+                dsts.push(
+                    t.arena
+                        + (l as usize * d.plane_bytes() + c.dst_row as usize * d.row_bytes as usize)
+                            as u64,
+                );
+                srcs.push(host + d.host_offset(c.slot, c.position, l) as u64);
+            }
+        }
+        let mut sizes = vec![d.row_bytes as usize; n];
+        self.gpu
+            .ctx()
+            .bind_to_thread()
+            .map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: three arrays of `n` entries; every source lies inside the pinned host store and
+        // every destination inside the arena (checked above), alive per the caller's contract; the
+        // context is bound above.
+        unsafe { raw::memcpy_batch_async(&mut dsts, &mut srcs, &mut sizes, stream, prefer_overlap) }
+    }
+}

@@ -1,0 +1,373 @@
+//! The fused KV resolve / dedup / fetch kernels (after HiSparse; outputs in FlashMLA's sparse
+//! `indices` + `topk_length` shape, batches in vLLM's `query_start_loc` shape): the `Pod` layouts
+//! shared with `kernels/kv_resolve.cu` and typed launchers. No tier state lives here: the caller
+//! (kv-elastic's GPU arena, or a test) owns the device tables, the arena and the mapped pinned host
+//! store, and passes them as a [`KvTables`] of device pointers with their [`KvDims`].
+//!
+//! What the kernels do is written once as the *KV resolve kernel contract* in this crate's
+//! `DESIGN.md`: lookup order tail → scratch → borrowed page → hot cache → miss; misses deduplicated
+//! per batch entry over all its rows (first appearance); CLOCK victims that skip the slots pinned by
+//! the current call; invalid input comes out as `-1` plus error words ([`KvErrors`]), never an
+//! out-of-bounds access.
+//!
+//! - [`KvKernels`]: the loaded kernels and their launchers (resolve, replay / check-plan, prefetch,
+//!   write-back) plus the DMA batch copy back-end.
+//! - Layouts: [`KvDims`], [`KvSlotDesc`], [`KvCopy`], [`KvTables`], [`KvResolveArgs`], [`KvErrors`].
+
+use bytemuck::{Pod, Zeroable};
+use cudarc::driver::DeviceRepr;
+
+use crate::device::KernelSource;
+use crate::error::{CudaError, Result};
+
+mod launch;
+mod raw;
+
+pub use launch::KvKernels;
+
+/// The KV kernels (`kernels/kv_resolve.cu`).
+pub const KV_MODULE: KernelSource = KernelSource {
+    name: "kv_resolve",
+    code: include_str!("../../kernels/kv_resolve.cu"),
+};
+
+/// Threads per block of the resolve and prefetch kernels (one block per request).
+pub const KV_BLOCK: u32 = 512;
+
+/// Per-request counters written by the resolve kernel (`u32 [reqs][KV_STATS]`): picks, tail hits,
+/// scratch hits, page hits, hot hits (including picks of rows fetched this call), misses (distinct
+/// rows fetched), direct path (1 if the whole history is resident), invalid picks.
+pub const KV_STATS: usize = 8;
+
+/// Sizes of the device tables (all counts; `row_bytes` in bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct KvDims {
+    /// Bytes per token row per layer (656 for DeepSeek fp8 MLA).
+    pub row_bytes: u32,
+    /// Layers (arena planes).
+    pub layers: u32,
+    /// Rows per page.
+    pub page_rows: u32,
+    /// Hot-cache rows per request.
+    pub hot_rows: u32,
+    /// Tail rows per request (position `p` at tail row `p % tail_rows`).
+    pub tail_rows: u32,
+    /// Scratch rows per request (draft tokens).
+    pub scratch_rows: u32,
+    /// Fixed pages per request (`ceil((hot + tail + scratch) / page_rows)`).
+    pub fixed_pages: u32,
+    /// Request slots (rows of every per-request table).
+    pub max_slots: u32,
+    /// Positions per request slot in the host store and the `position → slot` table.
+    pub max_history: u32,
+    /// Entries of each slot's borrowed-page table (`ceil(max_history / page_rows)`).
+    pub max_pages: u32,
+    /// Rows per arena plane.
+    pub arena_rows: u32,
+    /// Padding (0).
+    pub pad0: u32,
+}
+
+// SAFETY: `KvDims` is `repr(C)`, Pod, and matches `struct KvDims` in kv_resolve.cu field for field.
+unsafe impl DeviceRepr for KvDims {}
+
+impl KvDims {
+    /// Checks that every extent is non-zero and every index fits the kernels' 32-bit arithmetic.
+    ///
+    /// # Errors
+    /// [`CudaError::OutOfRange`] naming the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        let nz = [
+            ("row_bytes", self.row_bytes),
+            ("layers", self.layers),
+            ("page_rows", self.page_rows),
+            ("hot_rows", self.hot_rows),
+            ("tail_rows", self.tail_rows),
+            ("fixed_pages", self.fixed_pages),
+            ("max_slots", self.max_slots),
+            ("max_history", self.max_history),
+            ("max_pages", self.max_pages),
+            ("arena_rows", self.arena_rows),
+        ];
+        for (what, v) in nz {
+            if v == 0 {
+                return Err(CudaError::OutOfRange {
+                    what,
+                    value: 0,
+                    limit: 0,
+                });
+            }
+        }
+        let fixed_rows = self.hot_rows as u64 + self.tail_rows as u64 + self.scratch_rows as u64;
+        if fixed_rows > self.fixed_pages as u64 * self.page_rows as u64 {
+            return Err(CudaError::OutOfRange {
+                what: "hot + tail + scratch rows (fixed pages too few)",
+                value: fixed_rows,
+                limit: self.fixed_pages as u64 * self.page_rows as u64 + 1,
+            });
+        }
+        if (self.max_pages as u64) < (self.max_history as u64).div_ceil(self.page_rows as u64) {
+            return Err(CudaError::OutOfRange {
+                what: "max_pages (below ceil(max_history / page_rows))",
+                value: self.max_pages as u64,
+                limit: u32::MAX as u64,
+            });
+        }
+        if self.arena_rows > i32::MAX as u32 || self.max_history > i32::MAX as u32 {
+            return Err(CudaError::OutOfRange {
+                what: "arena_rows / max_history (int32 indices)",
+                value: self.arena_rows.max(self.max_history) as u64,
+                limit: i32::MAX as u64,
+            });
+        }
+        if self.hot_rows > (1 << 30) {
+            return Err(CudaError::OutOfRange {
+                what: "hot_rows",
+                value: self.hot_rows as u64,
+                limit: 1 << 30,
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of one arena plane.
+    pub fn plane_bytes(&self) -> usize {
+        self.arena_rows as usize * self.row_bytes as usize
+    }
+
+    /// Bytes of one token across layers in the host store.
+    pub fn token_bytes(&self) -> usize {
+        self.layers as usize * self.row_bytes as usize
+    }
+
+    /// Byte offset of `(slot, position, layer)` in the host store.
+    pub fn host_offset(&self, slot: u32, position: u32, layer: u32) -> usize {
+        ((slot as usize * self.max_history as usize + position as usize) * self.layers as usize
+            + layer as usize)
+            * self.row_bytes as usize
+    }
+}
+
+/// One request slot's placement as the host last published it (between steps).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct KvSlotDesc {
+    /// 1 if the slot holds a live request.
+    pub live: u32,
+    /// Committed positions.
+    pub committed: u32,
+    /// Draft tokens in scratch (positions `committed..committed + scratch_len`).
+    pub scratch_len: u32,
+    /// 1 if the whole history is resident (tail + borrowed pages): the direct path.
+    pub full: u32,
+    /// First tail position (`committed - min(committed, tail_rows)`).
+    pub tail_start: u32,
+    /// Padding (0).
+    pub pad: [u32; 3],
+}
+
+/// One row copy of a plan: `(slot, position)` of the host store ↔ arena row `dst_row`
+/// (a hot-cache row for fetches, the source row for write-backs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct KvCopy {
+    /// Request slot.
+    pub slot: u32,
+    /// Position in the request's history.
+    pub position: u32,
+    /// Arena row.
+    pub dst_row: u32,
+    /// Padding (0).
+    pub pad: u32,
+}
+
+/// How misses are copied from the host store into the arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CopyBackend {
+    /// GPU threads read the mapped pinned host store in place (16-byte loads, a warp per row), inside
+    /// the fused kernel: no host involvement, graph capturable; competes with compute for SMs.
+    Gather,
+    /// The copy engines (`cuMemcpyBatchAsync`, one descriptor per row): leaves the SMs alone but
+    /// needs the plan on the host first (a download between the resolve and the copies).
+    Dma,
+}
+
+/// Error counters the kernels keep on the device (cumulative until the owner of [`KvTables::err`] zeroes it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvErrors {
+    /// Requests whose slot is out of range or not live, or whose `seq_len` is out of range.
+    pub bad_request: u32,
+    /// Picks `< -1` or `>= seq_len` (written as `-1`).
+    pub bad_position: u32,
+    /// Misses that found no evictable hot row (written as `-1`).
+    pub overflow: u32,
+    /// Calls with a malformed `query_start_loc` (every row written as `-1`).
+    pub bad_qsl: u32,
+    /// Plan entries whose destination row no longer holds the position (replay check).
+    pub stale_plan: u32,
+}
+
+impl KvErrors {
+    /// Whether every counter is zero.
+    pub fn is_clean(&self) -> bool {
+        *self == KvErrors::default()
+    }
+}
+
+impl KvErrors {
+    /// Decodes the device error words (`u32 [KV_ERR_WORDS]`, as downloaded from [`KvTables::err`]);
+    /// missing words read as 0.
+    pub fn from_words(words: &[u32]) -> Self {
+        let w = |i: usize| words.get(i).copied().unwrap_or(0);
+        KvErrors {
+            bad_request: w(0),
+            bad_position: w(1),
+            overflow: w(2),
+            bad_qsl: w(3),
+            stale_plan: w(4),
+        }
+    }
+}
+
+/// Device pointers of every table the kernels read and write (`repr(C)`, matches `struct KvTables`
+/// in `kv_resolve.cu`). Shapes, with the extents of the [`KvDims`] passed alongside (element types
+/// in brackets; "slot" = session slot):
+///
+/// | field | shape | initial contents |
+/// | --- | --- | --- |
+/// | `desc` | `KvSlotDesc [max_slots]` | zeroed (no slot live) |
+/// | `fixed_pages` | `i32 [max_slots][fixed_pages]` | physical page ids |
+/// | `page_tab` | `i32 [max_slots][max_pages]` | `-1` (`tier_core::NOT_RESIDENT`) |
+/// | `pos_slot` | `i32 [max_slots][max_history]` | `-1` |
+/// | `slot_pos` | `i32 [max_slots][hot_rows]` | `-1` |
+/// | `referenced` | `u32 [max_slots][hot_rows]` | 0 |
+/// | `stamp` | `u64 [max_slots][hot_rows]` | 0 |
+/// | `hand` | `u32 [max_slots]` | 0 |
+/// | `first` | `i32 [max_slots][max_history]` | [`KV_UNCLAIMED`] |
+/// | `call` | `u64 [2]` | `[1, 0]` (call counter, as the CPU reference's) |
+/// | `arena` | `u8 [layers][arena_rows][row_bytes]` | anything |
+/// | `host` | `u8 [max_slots][max_history][layers][row_bytes]`, mapped pinned host memory (device address) | the history |
+/// | `err` | `u32 [`[`KV_ERR_WORDS`]`]` | 0 |
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
+pub struct KvTables {
+    /// `KvSlotDesc [max_slots]`.
+    pub desc: u64,
+    /// `i32 [max_slots][fixed_pages]`.
+    pub fixed_pages: u64,
+    /// `i32 [max_slots][max_pages]`.
+    pub page_tab: u64,
+    /// `i32 [max_slots][max_history]`: hot slot of each position, `-1` if none.
+    pub pos_slot: u64,
+    /// `i32 [max_slots][hot_rows]`: position held by each hot slot, `-1` if empty.
+    pub slot_pos: u64,
+    /// `u32 [max_slots][hot_rows]`: CLOCK reference bits.
+    pub referenced: u64,
+    /// `u64 [max_slots][hot_rows]`: call stamp pinning a hot slot.
+    pub stamp: u64,
+    /// `u32 [max_slots]`: CLOCK hands.
+    pub hand: u64,
+    /// `i32 [max_slots][max_history]`: dedup claims (first appearance), [`KV_UNCLAIMED`] at rest.
+    pub first: u64,
+    /// `u64 [2]`: call counter.
+    pub call: u64,
+    /// `u8 [layers][arena_rows][row_bytes]`: the arena.
+    pub arena: u64,
+    /// Device address of the mapped pinned host store `u8 [max_slots][max_history][layers][row_bytes]`.
+    pub host: u64,
+    /// `u32 [KV_ERR_WORDS]`: error counters ([`KvErrors::from_words`]).
+    pub err: u64,
+}
+// SAFETY: `repr(C)` of 13 u64 device pointers, matching `struct KvTables` in kv_resolve.cu.
+unsafe impl DeviceRepr for KvTables {}
+
+/// Words of the device error counters (`u32`, [`KvTables::err`]).
+pub const KV_ERR_WORDS: usize = 8;
+
+/// Initial value of the dedup claim table [`KvTables::first`] (`i32::MAX`, `KV_UNCLAIMED` in the
+/// kernel source).
+pub const KV_UNCLAIMED: i32 = i32::MAX;
+
+/// Device buffers of one fused resolve call (raw device pointers, e.g. tensors' `data_ptr()`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvResolveArgs {
+    /// `int32 [rows, k]` picked positions (`-1` = padding).
+    pub topk: u64,
+    /// `int32 [reqs + 1]` query rows per request.
+    pub query_start_loc: u64,
+    /// `int32 [reqs]` visible positions per request.
+    pub seq_lens: u64,
+    /// `int32 [reqs]` request slot of each request.
+    pub req_slot: u64,
+    /// Requests.
+    pub reqs: u32,
+    /// Query rows.
+    pub rows: u32,
+    /// Picks per row.
+    pub k: u32,
+    /// Arena plane the misses are fetched into.
+    pub layer: u32,
+    /// `int32 [rows, k]` output arena rows (`-1` padding).
+    pub indices: u64,
+    /// `int32 [rows]` output valid picks per row.
+    pub valid_count: u64,
+    /// `KvCopy [reqs][hot_rows]` output plan (request `r`'s copies at `r * hot_rows`).
+    pub plan: u64,
+    /// `u32 [reqs]` output plan entries per request.
+    pub plan_count: u64,
+    /// `u32 [reqs][KV_STATS]` output counters.
+    pub stats: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_match_the_kernel_structs() {
+        assert_eq!(std::mem::size_of::<KvDims>(), 48);
+        assert_eq!(std::mem::size_of::<KvSlotDesc>(), 32);
+        assert_eq!(std::mem::size_of::<KvCopy>(), 16);
+        assert_eq!(std::mem::size_of::<KvTables>(), 13 * 8);
+    }
+
+    #[test]
+    fn dims_validation_is_typed() {
+        let d = KvDims {
+            row_bytes: 656,
+            layers: 2,
+            page_rows: 64,
+            hot_rows: 4096,
+            tail_rows: 128,
+            scratch_rows: 8,
+            fixed_pages: 67,
+            max_slots: 4,
+            max_history: 1000,
+            max_pages: 16,
+            arena_rows: 64 * 1000,
+            pad0: 0,
+        };
+        d.validate().unwrap();
+        assert!(matches!(
+            KvDims {
+                fixed_pages: 10,
+                ..d
+            }
+            .validate(),
+            Err(CudaError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            KvDims { max_pages: 1, ..d }.validate(),
+            Err(CudaError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            KvDims { hot_rows: 0, ..d }.validate(),
+            Err(CudaError::OutOfRange {
+                what: "hot_rows",
+                ..
+            })
+        ));
+        assert_eq!(d.host_offset(1, 2, 1), ((1000 + 2) * 2 + 1) * 656);
+    }
+}

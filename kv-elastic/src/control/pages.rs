@@ -1,0 +1,190 @@
+//! [`ArenaPages`]: who holds each arena page. One `tier-core` [`Lender`] owns every page of the
+//! arena; a page moves between two uses: a session's *fixed* pages (hot cache, tail, scratch; held
+//! from admission to finish, never revoked) and *history* pages (borrowed, revocable, handed back
+//! in bounded chunks). Only history pages are ever offered to the reclaim policy.
+//!
+//! Why one lender for both: a page freed by a finished session must be usable for either role at
+//! once, so admissions see exactly the free + reclaimable pages of one pool (the admission count the
+//! simulation measures). `tier-core` has no way to take a page out of a lender's pool except as a
+//! loan, so fixed pages are loans of a private borrower per session that the policy wrapper
+//! ([`HistoryOnly`]) hides from reclaim. None of this is visible outside this module; see
+//! `kv-elastic/DESIGN.md` ("Pages") for the `tier-core` addition that would remove the wrapper.
+
+use tier_core::{
+    BorrowerId, EpochFence, Lender, Loan, ProportionalOldestFirst, ReclaimPolicy, Tier,
+};
+
+use crate::data::SessionId;
+use crate::error::Result;
+
+/// Borrower ids at or above this hold fixed pages (session ids are below 2^63).
+const FIXED_BORROWERS: u64 = 1 << 63;
+
+#[inline]
+fn history_id(s: SessionId) -> BorrowerId {
+    BorrowerId(s)
+}
+
+#[inline]
+fn fixed_id(s: SessionId) -> BorrowerId {
+    BorrowerId(s | FIXED_BORROWERS)
+}
+
+/// [`ProportionalOldestFirst`] over history pages only: fixed-page borrowers are never offered.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct HistoryOnly(ProportionalOldestFirst);
+
+impl ReclaimPolicy for HistoryOnly {
+    fn choose(&mut self, holdings: &[(BorrowerId, &[u32])], n: u32) -> Vec<(BorrowerId, u32)> {
+        let history: Vec<(BorrowerId, &[u32])> = holdings
+            .iter()
+            .filter(|(b, _)| b.0 < FIXED_BORROWERS)
+            .map(|&(b, l)| (b, l))
+            .collect();
+        self.0.choose(&history, n)
+    }
+}
+
+/// Page counts of a pool (see [`crate::ElasticPool::pages`]). `free + fixed + history + pending +
+/// queued == capacity` always.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PageCounts {
+    /// Pages in the arena.
+    pub capacity: u32,
+    /// Pages free now.
+    pub free: u32,
+    /// Pages held as live sessions' fixed rows (hot cache, tail, scratch).
+    pub fixed: u32,
+    /// History pages borrowed by live sessions.
+    pub history: u32,
+    /// Pages reclaimed or handed back, waiting for readers in flight (reader fence).
+    pub pending: u32,
+    /// History pages of finished sessions waiting to be handed back (bounded chunks per step).
+    pub queued: u32,
+}
+
+/// Who holds each arena page (see the module docs).
+#[derive(Debug)]
+pub(crate) struct ArenaPages {
+    lender: Lender<HistoryOnly>,
+    fixed: u32,
+}
+
+impl ArenaPages {
+    pub(crate) fn new(pages: u32) -> Result<Self> {
+        Ok(Self {
+            lender: Lender::with_policy(Tier::DeviceHbm, pages, HistoryOnly::default())?,
+            fixed: 0,
+        })
+    }
+
+    /// The reader fence every resolve registers in.
+    pub(crate) fn fence(&self) -> &EpochFence {
+        self.lender.fence()
+    }
+
+    pub(crate) fn counts(&self) -> PageCounts {
+        let l = &self.lender;
+        PageCounts {
+            capacity: l.capacity(),
+            free: l.free_count(),
+            fixed: self.fixed,
+            history: l.lent_count() - self.fixed,
+            pending: l.pending_count(),
+            queued: l.queued_count(),
+        }
+    }
+
+    pub(crate) fn free_count(&self) -> u32 {
+        self.lender.free_count()
+    }
+
+    pub(crate) fn pending_count(&self) -> u32 {
+        self.lender.pending_count()
+    }
+
+    pub(crate) fn queued_count(&self) -> u32 {
+        self.lender.queued_count()
+    }
+
+    /// Frees the pending pages no reader can see any more; returns how many.
+    pub(crate) fn collect(&mut self) -> u32 {
+        self.lender.collect()
+    }
+
+    /// Moves at most `max` queued pages of finished sessions behind the fence; returns how many.
+    pub(crate) fn hand_back(&mut self, max: u32) -> u32 {
+        self.lender.hand_back_step(max).len() as u32
+    }
+
+    /// Takes `n` free pages as `session`'s fixed pages (all or nothing).
+    pub(crate) fn take_fixed(&mut self, session: SessionId, n: u32) -> Result<Vec<Loan>> {
+        let logical: Vec<u32> = (0..n).collect();
+        let loans = self.lender.lend(fixed_id(session), &logical)?;
+        self.fixed += n;
+        Ok(loans)
+    }
+
+    /// Gives a finished session's fixed pages back through the reader fence at once.
+    pub(crate) fn release_fixed(&mut self, session: SessionId, loans: Vec<Loan>) -> Result<()> {
+        let n = loans.len() as u32;
+        for loan in loans {
+            self.lender.give_back(loan)?;
+        }
+        self.lender.finish(fixed_id(session))?;
+        self.fixed -= n;
+        Ok(())
+    }
+
+    /// Lends one free page per history page index in `logical` to `session` (all or nothing).
+    pub(crate) fn lend_history(
+        &mut self,
+        session: SessionId,
+        logical: &[u32],
+    ) -> Result<Vec<Loan>> {
+        Ok(self.lender.lend(history_id(session), logical)?)
+    }
+
+    /// Revokes `n` history pages (oldest history first, in proportion to holdings); the loans name
+    /// their session in `borrower`.
+    pub(crate) fn reclaim_history(&mut self, n: u32) -> Result<Vec<Loan>> {
+        Ok(self.lender.reclaim(n)?)
+    }
+
+    /// Queues a finished session's history pages for hand-back.
+    pub(crate) fn finish_history(&mut self, session: SessionId) -> Result<()> {
+        if self.lender.is_known(history_id(session)) {
+            self.lender.finish(history_id(session))?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn fixed_held(&self, session: SessionId) -> u32 {
+        self.lender.held_by(fixed_id(session))
+    }
+
+    pub(crate) fn history_held(&self, session: SessionId) -> u32 {
+        self.lender.held_by(history_id(session))
+    }
+
+    pub(crate) fn history_loans(&self, session: SessionId) -> Vec<Loan> {
+        self.lender.loans_of(history_id(session))
+    }
+
+    /// `free + lent + pending + queued == capacity`, or a description of the mismatch.
+    pub(crate) fn check_books(&self) -> std::result::Result<(), String> {
+        let l = &self.lender;
+        let total = l.free_count() + l.lent_count() + l.pending_count() + l.queued_count();
+        if total != l.capacity() {
+            return Err(format!(
+                "free {} + lent {} + pending {} + queued {} != capacity {}",
+                l.free_count(),
+                l.lent_count(),
+                l.pending_count(),
+                l.queued_count(),
+                l.capacity()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,23 @@
+//! [`SessionState`]: one live session's control state — its committed and draft lengths, its fixed
+//! pages (hot cache, tail, scratch), its borrowed-page table and its hot cache.
+
+use tier_core::{Loan, PageMap};
+
+use crate::control::HotCache;
+
+/// One live session's control state (see the module docs).
+#[derive(Debug)]
+pub(crate) struct SessionState {
+    /// Committed positions.
+    pub(crate) committed: u32,
+    /// Draft tokens in scratch.
+    pub(crate) scratch_len: u32,
+    /// The fixed pages' loans (private to [`crate::control::ArenaPages`]'s books).
+    pub(crate) fixed: Vec<Loan>,
+    /// Physical page of each fixed page.
+    pub(crate) fixed_pages: Vec<u32>,
+    /// Borrowed history pages: logical page → physical page (`tier_core::NOT_RESIDENT` if none).
+    pub(crate) pages: PageMap,
+    /// The hot cache (CLOCK).
+    pub(crate) hot: HotCache,
+}

@@ -1,0 +1,121 @@
+//! [`CpuArena`]: the CPU back-end's arena bytes, `u8 [layers][arena_rows][row_bytes]` (one plane
+//! per layer, every layer at the same row indices). It only moves bytes; which row holds what is
+//! the control plane's decision.
+
+use crate::data::{HostStore, SessionId};
+use crate::error::{KvError, Result};
+use crate::layout::Geometry;
+
+/// A zeroed `n`-byte buffer, or `None` when the allocator refuses (instead of aborting, as
+/// `vec![0u8; n]` would). Zeroing is lazy (`alloc_zeroed`), as with `vec!`.
+fn try_zeroed(n: usize) -> Option<Vec<u8>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[u8; n]` (so capacity
+    // `n` matches the allocation), and all `n` bytes are initialised (zeroed).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+/// The arena planes of the CPU pool (see the module docs).
+#[derive(Debug)]
+pub(crate) struct CpuArena {
+    row_bytes: usize,
+    page_rows: u32,
+    planes: Vec<Vec<u8>>,
+}
+
+impl CpuArena {
+    /// Zeroed planes for a validated `geometry`; `OutOfMemory` when the host cannot allocate them.
+    pub(crate) fn new(geometry: &Geometry) -> Result<Self> {
+        let mut planes = Vec::new();
+        planes
+            .try_reserve_exact(geometry.layers as usize)
+            .map_err(|_| KvError::OutOfMemory {
+                what: "arena plane table",
+                bytes: geometry.layers as u64 * std::mem::size_of::<Vec<u8>>() as u64,
+            })?;
+        for _ in 0..geometry.layers {
+            planes.push(
+                try_zeroed(geometry.plane_bytes()).ok_or(KvError::OutOfMemory {
+                    what: "arena plane",
+                    bytes: geometry.plane_bytes() as u64,
+                })?,
+            );
+        }
+        Ok(Self {
+            row_bytes: geometry.row_bytes as usize,
+            page_rows: geometry.page_rows,
+            planes,
+        })
+    }
+
+    pub(crate) fn plane(&self, layer: u32) -> Option<&[u8]> {
+        self.planes.get(layer as usize).map(|p| p.as_slice())
+    }
+
+    pub(crate) fn row(&self, layer: u32, row: i32) -> Option<&[u8]> {
+        let rb = self.row_bytes;
+        let p = self.planes.get(layer as usize)?;
+        let off = usize::try_from(row).ok()? * rb;
+        p.get(off..off + rb)
+    }
+
+    /// Writes one token (`[layers][row_bytes]`) into `row` of every plane.
+    pub(crate) fn write_token(&mut self, row: u32, token: &[u8]) {
+        let rb = self.row_bytes;
+        for (l, plane) in self.planes.iter_mut().enumerate() {
+            let off = row as usize * rb;
+            plane[off..off + rb].copy_from_slice(&token[l * rb..(l + 1) * rb]);
+        }
+    }
+
+    /// Reads one token (`[layers][row_bytes]`) from `row` of every plane, appending to `out`.
+    pub(crate) fn read_token(&self, row: u32, out: &mut Vec<u8>) {
+        let (rb, row) = (self.row_bytes, row as usize);
+        for plane in &self.planes {
+            out.extend_from_slice(&plane[row * rb..(row + 1) * rb]);
+        }
+    }
+
+    /// Copies `(session, position, layer)` from the host store into `row` of plane `layer`.
+    /// The caller checked the session is live and the position committed.
+    pub(crate) fn copy_host_row(
+        &mut self,
+        host: &HostStore,
+        session: SessionId,
+        position: u32,
+        layer: u32,
+        row: u32,
+    ) {
+        let rb = self.row_bytes;
+        let src = host
+            .row(session, position, layer)
+            .expect("position checked by caller");
+        let off = row as usize * rb;
+        self.planes[layer as usize][off..off + rb].copy_from_slice(src);
+    }
+
+    /// Copies history page `logical` of `session` (all layers) into physical page `page`.
+    pub(crate) fn fill_page(
+        &mut self,
+        host: &HostStore,
+        session: SessionId,
+        logical: u32,
+        page: u32,
+    ) {
+        let pr = self.page_rows;
+        for i in 0..pr {
+            let pos = logical * pr + i;
+            for l in 0..self.planes.len() as u32 {
+                self.copy_host_row(host, session, pos, l, page * pr + i);
+            }
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! [`GpuArena`]: the GPU back-end's device state — per session slot a descriptor, fixed pages,
+//! borrowed-page table and hot-cache state (CLOCK), the device arena, and the host store in mapped
+//! pinned memory — at fixed device addresses (CUDA-graph capturable), with the launchers of
+//! [`cuda_kernels::kv::KvKernels`] bound to it.
+
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cuda_kernels::cudarc_driver::CudaStream;
+use cuda_kernels::kv::{
+    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvSlotDesc, KvTables,
+    KV_ERR_WORDS, KV_UNCLAIMED,
+};
+use cuda_kernels::{
+    copy_dtoh_async, copy_htod_async, CudaError, DeviceBuffer, Gpu, PinnedBuffer, Result,
+};
+use tier_core::NOT_RESIDENT;
+
+/// The GPU back-end's device state (the tables of [`KvTables`]) and the kernels bound to it.
+///
+/// Layouts: arena `u8 [layers][arena_rows][row_bytes]` (one allocation, FlashMLA indexes one
+/// array); host store `u8 [max_slots][max_history][layers][row_bytes]` in mapped pinned memory,
+/// read in place by the kernels over PCIe / C2C. The synchronous methods (`set_slot`, `reset_slot`,
+/// `upload_rows`, downloads) run between steps on the step stream ([`Gpu::stream`]) and wait for
+/// it; the `*_async` launchers queue on the stream they are given.
+#[derive(Debug)]
+pub struct GpuArena {
+    gpu: Arc<Gpu>,
+    dims: KvDims,
+    desc: DeviceBuffer<KvSlotDesc>,
+    fixed_pages: DeviceBuffer<i32>,
+    page_tab: DeviceBuffer<i32>,
+    pos_slot: DeviceBuffer<i32>,
+    slot_pos: DeviceBuffer<i32>,
+    referenced: DeviceBuffer<u32>,
+    stamp: DeviceBuffer<u64>,
+    hand: DeviceBuffer<u32>,
+    first: DeviceBuffer<i32>,
+    call: DeviceBuffer<u64>,
+    arena: DeviceBuffer<u8>,
+    host: PinnedBuffer<u8>,
+    err: DeviceBuffer<u32>,
+    kernels: KvKernels,
+}
+
+fn sync(stream: &CudaStream) -> Result<()> {
+    stream
+        .synchronize()
+        .map_err(|e| CudaError::driver("cuStreamSynchronize", e))
+}
+
+impl GpuArena {
+    /// Allocates every table (hot caches empty, no slot live, call counter 1 as in the CPU
+    /// reference), the arena (`layers × arena_rows × row_bytes` bytes, zeroed) and the mapped
+    /// pinned host store (`max_slots × max_history × layers × row_bytes` bytes), then loads the
+    /// kernels.
+    ///
+    /// # Errors
+    /// [`KvDims::validate`]'s errors; CUDA errors (e.g. `CUDA_ERROR_OUT_OF_MEMORY`); NVRTC errors.
+    pub fn new(gpu: &Arc<Gpu>, dims: KvDims) -> Result<Self> {
+        dims.validate()?;
+        let ctx = gpu.ctx();
+        let slots = dims.max_slots as usize;
+        let hist = slots * dims.max_history as usize;
+        let hot = slots * dims.hot_rows as usize;
+        let arena_bytes =
+            dims.plane_bytes()
+                .checked_mul(dims.layers as usize)
+                .ok_or(CudaError::OutOfRange {
+                    what: "arena bytes",
+                    value: u64::MAX,
+                    limit: isize::MAX as u64,
+                })?;
+        let host_bytes = hist
+            .checked_mul(dims.token_bytes())
+            .ok_or(CudaError::OutOfRange {
+                what: "host store bytes",
+                value: u64::MAX,
+                limit: isize::MAX as u64,
+            })?;
+        let minus = |n: usize| DeviceBuffer::from_host(ctx, &vec![NOT_RESIDENT; n]);
+        Ok(GpuArena {
+            desc: DeviceBuffer::zeroed(ctx, slots)?,
+            fixed_pages: DeviceBuffer::zeroed(ctx, slots * dims.fixed_pages as usize)?,
+            page_tab: minus(slots * dims.max_pages as usize)?,
+            pos_slot: minus(hist)?,
+            slot_pos: minus(hot)?,
+            referenced: DeviceBuffer::zeroed(ctx, hot)?,
+            stamp: DeviceBuffer::zeroed(ctx, hot)?,
+            hand: DeviceBuffer::zeroed(ctx, slots)?,
+            first: DeviceBuffer::from_host(ctx, &vec![KV_UNCLAIMED; hist])?,
+            call: DeviceBuffer::from_host(ctx, &[1u64, 0])?,
+            arena: DeviceBuffer::zeroed(ctx, arena_bytes)?,
+            host: PinnedBuffer::zeroed(ctx, host_bytes)?,
+            err: DeviceBuffer::zeroed(ctx, KV_ERR_WORDS)?,
+            kernels: KvKernels::new(gpu)?,
+            gpu: gpu.clone(),
+            dims,
+        })
+    }
+
+    /// The dimensions.
+    pub fn dims(&self) -> &KvDims {
+        &self.dims
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The loaded kernels (to launch them on these tables by hand).
+    pub fn kernels(&self) -> &KvKernels {
+        &self.kernels
+    }
+
+    /// Device pointers of every table (valid while `self` lives).
+    pub fn tables(&self) -> KvTables {
+        KvTables {
+            desc: self.desc.device_ptr(),
+            fixed_pages: self.fixed_pages.device_ptr(),
+            page_tab: self.page_tab.device_ptr(),
+            pos_slot: self.pos_slot.device_ptr(),
+            slot_pos: self.slot_pos.device_ptr(),
+            referenced: self.referenced.device_ptr(),
+            stamp: self.stamp.device_ptr(),
+            hand: self.hand.device_ptr(),
+            first: self.first.device_ptr(),
+            call: self.call.device_ptr(),
+            arena: self.arena.device_ptr(),
+            host: self.host.device_ptr(),
+            err: self.err.device_ptr(),
+        }
+    }
+
+    /// Device pointer of arena plane `layer` (`u8 [arena_rows][row_bytes]`).
+    pub fn plane_ptr(&self, layer: u32) -> Result<u64> {
+        self.check_layers(layer, 1)?;
+        Ok(self.arena.device_ptr() + (layer as usize * self.dims.plane_bytes()) as u64)
+    }
+
+    /// The host store (mapped pinned memory, `[max_slots][max_history][layers][row_bytes]`).
+    /// Do not write rows a kernel in flight reads.
+    pub fn host_store(&self) -> &[u8] {
+        self.host.as_slice()
+    }
+
+    /// Mutable host store (the control plane writes committed history here between steps).
+    pub fn host_store_mut(&mut self) -> &mut [u8] {
+        self.host.as_mut_slice()
+    }
+
+    fn check_layers(&self, l0: u32, nl: u32) -> Result<()> {
+        if nl == 0 || l0 as u64 + nl as u64 > self.dims.layers as u64 {
+            return Err(CudaError::OutOfRange {
+                what: "layer range end",
+                value: l0 as u64 + nl as u64,
+                limit: self.dims.layers as u64 + 1,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_slot(&self, slot: u32) -> Result<()> {
+        if slot >= self.dims.max_slots {
+            return Err(CudaError::OutOfRange {
+                what: "session slot",
+                value: slot as u64,
+                limit: self.dims.max_slots as u64,
+            });
+        }
+        Ok(())
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.gpu
+            .ctx()
+            .bind_to_thread()
+            .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))
+    }
+
+    /// Synchronous upload of `data` to device address `dst` on the step stream.
+    fn put<T: Pod>(&self, dst: u64, data: &[T]) -> Result<()> {
+        let stream = self.gpu.stream();
+        self.bind()?;
+        // SAFETY: the caller passes a destination range inside one of our buffers; `data` lives
+        // until the stream synchronize below, so the copy completes while it is valid.
+        unsafe {
+            copy_htod_async(
+                dst,
+                data.as_ptr().cast(),
+                std::mem::size_of_val(data),
+                stream,
+            )
+        }?;
+        sync(stream)
+    }
+
+    /// Synchronous download from device address `src` into `out` on the step stream.
+    fn get<T: Pod>(&self, out: &mut [T], src: u64) -> Result<()> {
+        let stream = self.gpu.stream();
+        self.bind()?;
+        // SAFETY: the caller passes a source range inside one of our buffers; `out` is borrowed
+        // mutably until the stream synchronize below, so nothing else reads it during the copy.
+        unsafe {
+            copy_dtoh_async(
+                out.as_mut_ptr().cast(),
+                src,
+                std::mem::size_of_val(out),
+                stream,
+            )
+        }?;
+        sync(stream)
+    }
+
+    /// Publishes one slot's placement (synchronous; between steps, nothing in flight reads it):
+    /// descriptor, fixed pages (`fixed_pages` physical page ids) and borrowed-page table
+    /// ([`NOT_RESIDENT`] = not resident; shorter tables are padded with it).
+    ///
+    /// # Errors
+    /// `OutOfRange` for the slot, `Shape` for table lengths or a descriptor whose committed +
+    /// scratch length exceeds `max_history` or whose page ids exceed the arena.
+    pub fn set_slot(
+        &mut self,
+        slot: u32,
+        desc: KvSlotDesc,
+        fixed_pages: &[i32],
+        page_table: &[i32],
+    ) -> Result<()> {
+        self.check_slot(slot)?;
+        let d = self.dims;
+        if fixed_pages.len() != d.fixed_pages as usize {
+            return Err(CudaError::Shape {
+                what: "fixed pages",
+                expected: d.fixed_pages as u64,
+                got: fixed_pages.len() as u64,
+            });
+        }
+        if page_table.len() > d.max_pages as usize {
+            return Err(CudaError::Shape {
+                what: "page table (at most max_pages)",
+                expected: d.max_pages as u64,
+                got: page_table.len() as u64,
+            });
+        }
+        let pages = d.arena_rows / d.page_rows;
+        if fixed_pages
+            .iter()
+            .chain(page_table)
+            .any(|&p| p >= pages as i32 || (p < 0 && p != NOT_RESIDENT))
+            || fixed_pages.iter().any(|&p| p < 0)
+        {
+            return Err(CudaError::OutOfRange {
+                what: "page id",
+                value: pages as u64,
+                limit: pages as u64,
+            });
+        }
+        if desc.committed as u64 + desc.scratch_len as u64 > d.max_history as u64
+            || desc.scratch_len > d.scratch_rows
+            || desc.tail_start > desc.committed
+        {
+            return Err(CudaError::Shape {
+                what: "slot descriptor (committed + scratch within max_history)",
+                expected: d.max_history as u64,
+                got: desc.committed as u64 + desc.scratch_len as u64,
+            });
+        }
+        let mut pt = page_table.to_vec();
+        pt.resize(d.max_pages as usize, NOT_RESIDENT);
+        let s = slot as usize;
+        self.put(self.desc.device_ptr_at(s)?, &[desc])?;
+        self.put(
+            self.fixed_pages.device_ptr_at(s * d.fixed_pages as usize)?,
+            fixed_pages,
+        )?;
+        self.put(self.page_tab.device_ptr_at(s * d.max_pages as usize)?, &pt)
+    }
+
+    /// Empties one slot's hot cache (all hot slots free, hand 0, stamps 0, position table
+    /// [`NOT_RESIDENT`]) and marks the slot not live (synchronous). Call when a session takes or
+    /// leaves the slot.
+    pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
+        self.check_slot(slot)?;
+        let d = self.dims;
+        let (h, n) = (d.hot_rows as usize, d.max_history as usize);
+        let s = slot as usize;
+        self.put(self.desc.device_ptr_at(s)?, &[KvSlotDesc::default()])?;
+        self.put(self.slot_pos.device_ptr_at(s * h)?, &vec![-1i32; h])?;
+        self.put(self.referenced.device_ptr_at(s * h)?, &vec![0u32; h])?;
+        self.put(self.stamp.device_ptr_at(s * h)?, &vec![0u64; h])?;
+        self.put(self.hand.device_ptr_at(s)?, &[0u32])?;
+        self.put(self.pos_slot.device_ptr_at(s * n)?, &vec![NOT_RESIDENT; n])
+    }
+
+    /// Writes `bytes` (whole rows) into plane `layer` from row `row0` (synchronous).
+    pub fn upload_rows(&mut self, layer: u32, row0: u32, bytes: &[u8]) -> Result<()> {
+        self.check_layers(layer, 1)?;
+        let rb = self.dims.row_bytes as usize;
+        let rows = bytes.len() / rb;
+        if !bytes.len().is_multiple_of(rb) || row0 as usize + rows > self.dims.arena_rows as usize {
+            return Err(CudaError::Shape {
+                what: "arena rows upload",
+                expected: (self.dims.arena_rows as u64 - row0 as u64) * rb as u64,
+                got: bytes.len() as u64,
+            });
+        }
+        let off = layer as usize * self.dims.plane_bytes() + row0 as usize * rb;
+        self.put(self.arena.device_ptr() + off as u64, bytes)
+    }
+
+    /// Downloads plane `layer` (synchronous; waits for the device first).
+    pub fn download_plane(&self, layer: u32) -> Result<Vec<u8>> {
+        self.check_layers(layer, 1)?;
+        self.gpu.synchronize()?;
+        let mut out = vec![0u8; self.dims.plane_bytes()];
+        self.get(&mut out, self.plane_ptr(layer)?)?;
+        Ok(out)
+    }
+
+    /// Downloads one slot's hot-cache `hot slot → position` table and its hand (synchronous; tests).
+    pub fn download_hot(&self, slot: u32) -> Result<(Vec<i32>, u32)> {
+        self.check_slot(slot)?;
+        self.gpu.synchronize()?;
+        let h = self.dims.hot_rows as usize;
+        let mut sp = vec![0i32; h];
+        let mut hand = [0u32];
+        self.get(&mut sp, self.slot_pos.device_ptr_at(slot as usize * h)?)?;
+        self.get(&mut hand, self.hand.device_ptr_at(slot as usize)?)?;
+        Ok((sp, hand[0]))
+    }
+
+    /// The hot slot holding `position` of session slot `slot` (synchronous; `None` if not cached).
+    pub fn hot_slot_of(&self, slot: u32, position: u32) -> Result<Option<u32>> {
+        self.check_slot(slot)?;
+        if position >= self.dims.max_history {
+            return Ok(None);
+        }
+        let mut v = [0i32];
+        let at = slot as usize * self.dims.max_history as usize + position as usize;
+        self.get(&mut v, self.pos_slot.device_ptr_at(at)?)?;
+        Ok((v[0] >= 0).then_some(v[0] as u32))
+    }
+
+    /// Reads the device error counters (synchronous).
+    pub fn errors(&self) -> Result<KvErrors> {
+        Ok(KvErrors::from_words(&self.err.download()?))
+    }
+
+    /// Zeroes the device error counters (synchronous).
+    pub fn clear_errors(&mut self) -> Result<()> {
+        self.err.upload(&[0u32; KV_ERR_WORDS])
+    }
+
+    /// [`KvKernels::resolve_async`] on these tables.
+    ///
+    /// # Safety
+    /// Every pointer of `a` addresses a live device buffer of the documented shape; no other
+    /// stream touches the tables or the hot rows while the kernel runs.
+    pub unsafe fn resolve_async(
+        &self,
+        stream: &CudaStream,
+        a: &KvResolveArgs,
+        backend: CopyBackend,
+    ) -> Result<()> {
+        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        unsafe {
+            self.kernels
+                .resolve_async(stream, &self.dims, &self.tables(), a, backend)
+        }
+    }
+
+    /// [`KvKernels::replay_async`] on these tables.
+    ///
+    /// # Safety
+    /// `plan` holds `segments × stride` [`KvCopy`] and `count` `segments` u32 on the device; the
+    /// plan's destination rows still hold its positions (see [`GpuArena::check_plan_async`]).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn replay_async(
+        &self,
+        stream: &CudaStream,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+        l0: u32,
+        nl: u32,
+    ) -> Result<()> {
+        let (d, t) = (&self.dims, &self.tables());
+        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        unsafe {
+            self.kernels
+                .replay_async(stream, d, t, plan, count, segments, stride, l0, nl)
+        }
+    }
+
+    /// [`KvKernels::check_plan_async`] on these tables.
+    ///
+    /// # Safety
+    /// As [`GpuArena::replay_async`].
+    pub unsafe fn check_plan_async(
+        &self,
+        stream: &CudaStream,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+    ) -> Result<()> {
+        let (d, t) = (&self.dims, &self.tables());
+        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        unsafe {
+            self.kernels
+                .check_plan_async(stream, d, t, plan, count, segments, stride)
+        }
+    }
+
+    /// [`KvKernels::prefetch_async`] on these tables.
+    ///
+    /// # Safety
+    /// Device buffers of the documented shapes; no resolve of the same slots in flight.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn prefetch_async(
+        &self,
+        stream: &CudaStream,
+        slots: u64,
+        cand: u64,
+        cand_count: u64,
+        requests: u32,
+        stride: u32,
+        l0: u32,
+        nl: u32,
+        plan: u64,
+        plan_count: u64,
+    ) -> Result<()> {
+        let (d, t) = (&self.dims, &self.tables());
+        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        unsafe {
+            self.kernels.prefetch_async(
+                stream, d, t, slots, cand, cand_count, requests, stride, l0, nl, plan, plan_count,
+            )
+        }
+    }
+
+    /// [`KvKernels::write_back_async`] on these tables.
+    ///
+    /// # Safety
+    /// `items` holds `n` [`KvCopy`] on the device; the host must not read the rows until the
+    /// stream passes this launch.
+    pub unsafe fn write_back_async(
+        &self,
+        stream: &CudaStream,
+        items: u64,
+        n: u32,
+        l0: u32,
+        nl: u32,
+    ) -> Result<()> {
+        let (d, t) = (&self.dims, &self.tables());
+        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        unsafe {
+            self.kernels
+                .write_back_async(stream, d, t, items, n, l0, nl)
+        }
+    }
+
+    /// The DMA back-end on these tables ([`KvKernels::dma_copy_async`] with the overlap hint):
+    /// copies `copies` (host list) from the pinned host store into layers `l0 .. l0 + nl`.
+    ///
+    /// # Errors
+    /// `OutOfRange` for entries outside the tables; the driver's error (e.g.
+    /// `CUDA_ERROR_NOT_SUPPORTED` on drivers before 12.8).
+    pub fn dma_copy_async(
+        &self,
+        stream: &CudaStream,
+        copies: &[KvCopy],
+        l0: u32,
+        nl: u32,
+    ) -> Result<()> {
+        self.dma_copy_async_with(stream, copies, l0, nl, true)
+    }
+
+    /// [`GpuArena::dma_copy_async`] with the copy hint chosen: `prefer_overlap = true` sets
+    /// `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, `false` leaves the driver's default.
+    pub fn dma_copy_async_with(
+        &self,
+        stream: &CudaStream,
+        copies: &[KvCopy],
+        l0: u32,
+        nl: u32,
+        prefer_overlap: bool,
+    ) -> Result<()> {
+        let (d, t) = (&self.dims, &self.tables());
+        let host = self.host.host_ptr();
+        // SAFETY: the arena and the pinned store are owned by `self`, which the caller keeps alive
+        // until the stream passes the copy (as with every launcher of this type).
+        unsafe {
+            self.kernels
+                .dma_copy_async(stream, d, t, host, copies, l0, nl, prefer_overlap)
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The exact CPU [`Resolver`]: the KV resolve kernel contract (`cuda-kernels/DESIGN.md`,
+//! "KV resolve kernel contract") run on the host, byte for byte the GPU kernels' decisions.
+
+use hashbrown::HashSet;
+
+use super::ElasticPool;
+use crate::control::SessionState;
+use crate::data::SessionId;
+use crate::error::{KvError, Result};
+use crate::resolve::{
+    ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
+};
+use crate::ticket::ReadTicket;
+
+impl ElasticPool {
+    /// Physical row of a valid position (tail → scratch → page → hot); `None` if not resident.
+    #[inline]
+    fn locate(
+        &self,
+        r: &SessionState,
+        p: u32,
+        tail_start: u32,
+        stats: &mut ResolveStats,
+    ) -> Option<u32> {
+        let g = &self.ctl.geometry;
+        if p >= r.committed {
+            stats.scratch_hits += 1;
+            return Some(self.scratch_row(r, p - r.committed));
+        }
+        if p >= tail_start {
+            stats.tail_hits += 1;
+            return Some(self.tail_row(r, p));
+        }
+        let pg = r
+            .pages
+            .table()
+            .get((p / g.page_rows) as usize)
+            .copied()
+            .unwrap_or(-1);
+        if pg >= 0 {
+            stats.page_hits += 1;
+            return Some(pg as u32 * g.page_rows + p % g.page_rows);
+        }
+        let slot = r.hot.lookup(p)?;
+        stats.hot_hits += 1;
+        Some(self.fixed_row(r, slot))
+    }
+
+    fn apply_copies(&mut self, copies: &[RowCopy], layer: u32) {
+        for c in copies {
+            self.arena
+                .copy_host_row(&self.host, c.session, c.position, layer, c.dst_row);
+        }
+    }
+}
+
+impl Resolver for ElasticPool {
+    fn resolve(
+        &mut self,
+        input: &ResolveInput<'_>,
+        out: &mut ResolveOutput<'_>,
+    ) -> Result<Resolved> {
+        let hot_needed = self.validate_resolve(input, out)?;
+        self.ctl.call += 1;
+        let call = self.ctl.call;
+        let mut stats = ResolveStats::default();
+        let mut copies = Vec::new();
+        let g = self.ctl.geometry;
+        // Hot-cache bookkeeping: pin hits, install misses into victims (never this call's rows).
+        for (ri, need) in hot_needed.iter().enumerate() {
+            let s = input.sessions[ri];
+            if need.is_empty() {
+                if self.fully_held(&self.ctl.sessions[&s]) {
+                    stats.direct_sessions += 1;
+                }
+                continue;
+            }
+            let r = self.ctl.sessions.get_mut(&s).expect("validated");
+            let mut misses = Vec::new();
+            for &p in need {
+                match r.hot.lookup(p) {
+                    Some(slot) => r.hot.touch(slot, call),
+                    None => misses.push(p),
+                }
+            }
+            for &p in &misses {
+                let slot = r
+                    .hot
+                    .victim(call)
+                    .expect("validated: distinct hot positions <= hot_rows");
+                r.hot.install(slot, p, call);
+                let pr = g.page_rows;
+                let dst_row = r.fixed_pages[(slot / pr) as usize] * pr + slot % pr;
+                copies.push(RowCopy {
+                    session: s,
+                    position: p,
+                    dst_row,
+                });
+            }
+            stats.misses += misses.len() as u64;
+        }
+        self.apply_copies(&copies, input.layer);
+        self.ctl.counters.miss_tokens += stats.misses;
+        // Outputs: every element written.
+        for (ri, &s) in input.sessions.iter().enumerate() {
+            let r = &self.ctl.sessions[&s];
+            let tail_start = r.committed.saturating_sub(g.tail_rows);
+            for row in input.query_start_loc[ri] as usize..input.query_start_loc[ri + 1] as usize {
+                let mut valid = 0;
+                for j in row * input.k..(row + 1) * input.k {
+                    let p = input.topk[j];
+                    out.indices[j] = if p < 0 {
+                        -1
+                    } else {
+                        valid += 1;
+                        self.locate(r, p as u32, tail_start, &mut stats)
+                            .expect("resident after install") as i32
+                    };
+                }
+                out.valid_count[row] = valid;
+                stats.picks += valid as u64;
+            }
+        }
+        Ok(Resolved {
+            plan: ResolvePlan { copies },
+            stats,
+            ticket: ReadTicket::host(self.ctl.pages.fence()),
+        })
+    }
+
+    fn replay(&mut self, plan: &ResolvePlan, layer: u32) -> Result<()> {
+        if layer >= self.ctl.geometry.layers {
+            return Err(KvError::LayerOutOfRange {
+                layer,
+                layers: self.ctl.geometry.layers,
+            });
+        }
+        for c in &plan.copies {
+            let r = self.session(c.session)?;
+            let ok = r
+                .hot
+                .lookup(c.position)
+                .is_some_and(|slot| self.fixed_row(r, slot) == c.dst_row);
+            if !ok {
+                return Err(KvError::StalePlan {
+                    session: c.session,
+                    position: c.position,
+                    row: c.dst_row,
+                });
+            }
+        }
+        self.apply_copies(&plan.copies, layer);
+        Ok(())
+    }
+
+    fn prefetch(
+        &mut self,
+        session: SessionId,
+        candidates: &[i32],
+        layer: u32,
+    ) -> Result<ResolvePlan> {
+        self.validate_prefetch(session, candidates, layer)?;
+        let r = self.session(session)?;
+        let g = self.ctl.geometry;
+        let call = self.ctl.call;
+        let tail_start = r.committed.saturating_sub(g.tail_rows);
+        let mut copies = Vec::new();
+        let r = self.ctl.sessions.get_mut(&session).expect("live");
+        // As in resolve: pin every hit first, then place the distinct misses (first appearance
+        // order) while victims last, so a prefetch never evicts one of its own candidates. The
+        // GPU back-end makes the same decisions.
+        let mut misses = Vec::new();
+        let mut seen = HashSet::new();
+        for &p in candidates {
+            if p < 0 {
+                continue;
+            }
+            let p = p as u32;
+            if p >= tail_start
+                || r.pages
+                    .table()
+                    .get((p / g.page_rows) as usize)
+                    .is_some_and(|&pg| pg >= 0)
+            {
+                continue;
+            }
+            if let Some(slot) = r.hot.lookup(p) {
+                r.hot.touch(slot, call);
+            } else if seen.insert(p) {
+                misses.push(p);
+            }
+        }
+        for p in misses {
+            let Some(slot) = r.hot.victim(call) else {
+                break;
+            };
+            r.hot.install(slot, p, call);
+            let pr = g.page_rows;
+            copies.push(RowCopy {
+                session,
+                position: p,
+                dst_row: r.fixed_pages[(slot / pr) as usize] * pr + slot % pr,
+            });
+        }
+        self.apply_copies(&copies, layer);
+        self.ctl.counters.prefetch_tokens += copies.len() as u64;
+        Ok(ResolvePlan { copies })
+    }
+}

@@ -1,0 +1,296 @@
+//! Session lifecycle and page movement between steps: admit, append, drafts (write / accept),
+//! finish, reclaim, and the bounded hand-back / growth of [`ElasticPool::between_steps`]. The
+//! control plane decides (pages, loans, tables); the data plane then moves the bytes.
+
+use tier_core::PageMap;
+
+use super::{Admission, ElasticPool, StepMaintenance};
+use crate::control::{HotCache, SessionState};
+use crate::data::SessionId;
+use crate::error::{KvError, Result};
+
+impl ElasticPool {
+    /// Lends up to `max` free pages to `session` for its newest unheld wanted pages; copies them in.
+    fn borrow_newest(&mut self, session: SessionId, max: u32) -> Result<u32> {
+        let r = &self.ctl.sessions[&session];
+        let wanted = self.wanted_pages(r.committed);
+        let mut logical = Vec::new();
+        let mut j = wanted;
+        let budget = max.min(self.ctl.pages.free_count());
+        while j > 0 && (logical.len() as u32) < budget {
+            j -= 1;
+            if r.pages.table()[j as usize] < 0 {
+                logical.push(j);
+            }
+        }
+        if logical.is_empty() {
+            return Ok(0);
+        }
+        let loans = self.ctl.pages.lend_history(session, &logical)?;
+        for loan in &loans {
+            let page = loan.handle.page();
+            self.ctl
+                .sessions
+                .get_mut(&session)
+                .expect("live")
+                .pages
+                .set(loan.logical, page)?;
+            self.arena
+                .fill_page(&self.host, session, loan.logical, page.0);
+            self.ctl.counters.page_fill_tokens += self.ctl.geometry.page_rows as u64;
+        }
+        self.ctl.counters.pages_lent += loans.len() as u64;
+        Ok(loans.len() as u32)
+    }
+
+    /// Admits a session with its committed history (`[tokens][layers][row_bytes]` bytes, at least
+    /// one token): takes its fixed pages (hot cache + tail + scratch) — if the pool runs short, first
+    /// from finished sessions' queued pages, then by reclaiming borrowed pages of others — writes the tail, and — in elastic mode — borrows free pages for
+    /// as much of its history as fits, newest first, copying that history in.
+    ///
+    /// Errors (nothing changes): `ReservedSessionId`, `SessionExists`, `RaggedRows`, `EmptyHistory`,
+    /// `NoRoom` (fixed rows do not fit even after reclaiming every borrowed page).
+    /// [`Admission::Waiting`] is not an error: pages were reclaimed (a requested effect) but wait for
+    /// readers in flight; the session was not created.
+    pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
+        self.host.check_new(session)?;
+        let n = self.host.check_tokens(history, false)?;
+        let f = self.ctl.geometry.fixed_pages();
+        self.ctl.pages.collect();
+        if self.ctl.pages.free_count() < f {
+            let lent_elastic = self.elastic_lent();
+            let pending = self.ctl.pages.pending_count();
+            let queued = self.ctl.pages.queued_count();
+            let available = self.ctl.pages.free_count() + pending + queued + lent_elastic;
+            if available < f {
+                return Err(KvError::NoRoom {
+                    needed: f,
+                    available,
+                });
+            }
+            // Pages of finished sessions go first (no one reads them any more).
+            let handed = self.ctl.pages.hand_back(f);
+            self.ctl.counters.pages_handed_back += handed as u64;
+            self.ctl.pages.collect();
+            let short =
+                f.saturating_sub(self.ctl.pages.free_count() + self.ctl.pages.pending_count());
+            if short > 0 {
+                self.reclaim_pages(short)?;
+            }
+            self.ctl.pages.collect();
+            if self.ctl.pages.free_count() < f {
+                return Ok(Admission::Waiting {
+                    pending: self.ctl.pages.pending_count(),
+                });
+            }
+        }
+        let fixed = self.ctl.pages.take_fixed(session, f)?;
+        self.host.create(session, history).expect("checked above");
+        let fixed_pages = fixed.iter().map(|l| l.handle.page().0).collect();
+        let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
+        let req = SessionState {
+            committed: n,
+            scratch_len: 0,
+            fixed,
+            fixed_pages,
+            pages,
+            hot: HotCache::new(self.ctl.geometry.hot_rows, n),
+        };
+        self.ctl.sessions.insert(session, req);
+        self.write_tail(session, 0, n);
+        self.ctl.counters.admitted += 1;
+        let borrowed = if self.ctl.config.elastic {
+            self.borrow_newest(session, u32::MAX)?
+        } else {
+            0
+        };
+        Ok(Admission::Admitted {
+            borrowed_pages: borrowed,
+        })
+    }
+
+    /// Writes the tail rows of positions `from..to` that are still among the newest `tail_rows`.
+    fn write_tail(&mut self, session: SessionId, from: u32, to: u32) {
+        let start = from.max(to.saturating_sub(self.ctl.geometry.tail_rows));
+        for p in start..to {
+            let row = self.tail_row(&self.ctl.sessions[&session], p);
+            let token = self.host.token(session, p).expect("committed").to_vec();
+            self.arena.write_token(row, &token);
+        }
+    }
+
+    /// Appends committed tokens (`[tokens][layers][row_bytes]`) to a live session: host store,
+    /// then the tail ring. Clears the session's scratch (drafts are relative to the old length).
+    /// Errors (nothing changes): `UnknownSession`, `SessionFinished`, `RaggedRows`.
+    pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
+        self.session(session)?;
+        self.host.check_tokens(tokens, true)?;
+        let old = self.ctl.sessions[&session].committed;
+        let new = self.host.append(session, tokens)?;
+        let pr = self.ctl.geometry.page_rows;
+        {
+            let r = self.ctl.sessions.get_mut(&session).expect("live");
+            r.committed = new;
+            r.scratch_len = 0;
+            r.hot.grow(new);
+            r.pages.resize(new / pr)?;
+        }
+        self.write_tail(session, old, new);
+        Ok(new)
+    }
+
+    /// Writes draft tokens (speculative decoding) into the session's scratch after those already
+    /// there; they are visible to resolves (positions `committed..committed + scratch_len`) but are
+    /// not history until [`ElasticPool::accept`]. Errors: session errors, `RaggedRows`,
+    /// `ScratchOverflow`.
+    pub fn write_scratch(&mut self, session: SessionId, tokens: &[u8]) -> Result<()> {
+        let r = self.session(session)?;
+        let n = self.host.check_tokens(tokens, true)?;
+        if r.scratch_len + n > self.ctl.geometry.scratch_rows {
+            return Err(KvError::ScratchOverflow {
+                session,
+                scratch_rows: self.ctl.geometry.scratch_rows,
+                requested: r.scratch_len + n,
+            });
+        }
+        let tb = self.ctl.geometry.token_bytes();
+        for i in 0..n {
+            let r = &self.ctl.sessions[&session];
+            let row = self.scratch_row(r, r.scratch_len + i);
+            self.arena
+                .write_token(row, &tokens[i as usize * tb..(i as usize + 1) * tb]);
+        }
+        self.ctl
+            .sessions
+            .get_mut(&session)
+            .expect("live")
+            .scratch_len += n;
+        Ok(())
+    }
+
+    /// Commits the first `n` scratch tokens as history (verification accepted them) and drops the
+    /// rest. Only committed history is eligible for the elastic tier. Errors: session errors,
+    /// `ScratchOverflow` when `n > scratch_len`.
+    pub fn accept(&mut self, session: SessionId, n: u32) -> Result<u32> {
+        let r = self.session(session)?;
+        if n > r.scratch_len {
+            return Err(KvError::ScratchOverflow {
+                session,
+                scratch_rows: r.scratch_len,
+                requested: n,
+            });
+        }
+        let mut tokens = Vec::with_capacity(n as usize * self.ctl.geometry.token_bytes());
+        for i in 0..n {
+            self.arena.read_token(self.scratch_row(r, i), &mut tokens);
+        }
+        self.append(session, &tokens)
+    }
+
+    /// Finishes a session: its fixed pages go back through the reader fence at once, its borrowed
+    /// pages are queued and handed back to others in bounded chunks by
+    /// [`ElasticPool::between_steps`]. Errors (nothing changes): `UnknownSession`, `SessionFinished`.
+    pub fn finish(&mut self, session: SessionId) -> Result<()> {
+        self.session(session)?;
+        let r = self.ctl.sessions.remove(&session).expect("live");
+        self.ctl.pages.release_fixed(session, r.fixed)?;
+        self.ctl.pages.finish_history(session)?;
+        self.host.finish(session)?;
+        self.ctl.counters.finished += 1;
+        Ok(())
+    }
+
+    fn reclaim_pages(&mut self, n: u32) -> Result<u32> {
+        // The lender asks the policy for exactly min(n, lent) pages; fixed pages are never offered.
+        let n = n.min(self.elastic_lent());
+        let loans = self.ctl.pages.reclaim_history(n)?;
+        for loan in &loans {
+            if let Some(r) = self.ctl.sessions.get_mut(&loan.borrower.0) {
+                r.pages.clear(loan.logical)?;
+            }
+        }
+        self.ctl.counters.pages_reclaimed += loans.len() as u64;
+        Ok(loans.len() as u32)
+    }
+
+    /// Reclaims up to `n` borrowed pages under pressure: oldest history first, in proportion to
+    /// holdings ([`ProportionalOldestFirst`]). The owners stop mapping them at once; the pages become
+    /// free only after every reader in flight has completed. Returns the pages reclaimed.
+    pub fn reclaim(&mut self, n: u32) -> Result<u32> {
+        let got = self.reclaim_pages(n)?;
+        self.ctl.pages.collect();
+        Ok(got)
+    }
+
+    /// Between decode steps: hands back at most `chunk` pages of finished sessions, frees pages whose
+    /// readers have left, and (elastic mode) lends at most `chunk` free pages to sessions missing
+    /// history (round-robin, newest missing page first), copying the history in.
+    pub fn between_steps(&mut self, chunk: u32) -> Result<StepMaintenance> {
+        let handed_back = self.ctl.pages.hand_back(chunk);
+        self.ctl.counters.pages_handed_back += handed_back as u64;
+        let collected = self.ctl.pages.collect();
+        let mut grown = 0;
+        if self.ctl.config.elastic {
+            let mut progress = true;
+            while progress && grown < chunk && self.ctl.pages.free_count() > 0 {
+                progress = false;
+                let order: Vec<SessionId> = self
+                    .ctl
+                    .sessions
+                    .range(self.ctl.grow_cursor..)
+                    .chain(self.ctl.sessions.range(..self.ctl.grow_cursor))
+                    .map(|(&s, _)| s)
+                    .collect();
+                for s in order {
+                    if grown >= chunk || self.ctl.pages.free_count() == 0 {
+                        break;
+                    }
+                    let got = self.borrow_newest(s, 1)?;
+                    if got > 0 {
+                        grown += got;
+                        progress = true;
+                        self.ctl.grow_cursor = s.wrapping_add(1);
+                    }
+                }
+            }
+        }
+        Ok(StepMaintenance {
+            handed_back,
+            collected,
+            grown,
+        })
+    }
+
+    /// Checks the pool's books: every page is free, lent, pending or queued exactly once, and each
+    /// live session's page table agrees with the lender. Returns a description of the first
+    /// inconsistency (tests call this after every operation).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let l = &self.ctl.pages;
+        l.check_books()?;
+        let f = self.ctl.geometry.fixed_pages();
+        for (&s, r) in &self.ctl.sessions {
+            if l.fixed_held(s) != f || r.fixed.len() as u32 != f {
+                return Err(format!(
+                    "session {s}: fixed pages {} != {f}",
+                    l.fixed_held(s)
+                ));
+            }
+            if l.history_held(s) != r.pages.mapped_count() {
+                return Err(format!(
+                    "session {s}: lender says {} pages, map has {}",
+                    l.history_held(s),
+                    r.pages.mapped_count()
+                ));
+            }
+            for loan in l.history_loans(s) {
+                if r.pages.get(loan.logical).ok().flatten() != Some(loan.handle.page()) {
+                    return Err(format!(
+                        "session {s}: page {} not mapped as lent",
+                        loan.logical
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! [`ElasticPool`]: the exact CPU pool. Its fields are the two planes: the control plane
+//! ([`crate::control`]: sessions, page loans, page tables, hot-cache CLOCK state, decisions) and the
+//! data plane ([`crate::data`]: the host store and the CPU arena's bytes). Jobs, one module each:
+//! `lifecycle` (admit, append, drafts, finish, reclaim, between steps), `validate` (a resolve's
+//! input checks, shared with the GPU back-end), `cpu_resolve` (the [`Resolver`] reference).
+
+use std::collections::BTreeMap;
+
+use crate::control::{ArenaPages, Control, PageCounts, SessionState};
+use crate::data::{CpuArena, HostStore, SessionId};
+use crate::error::{KvError, Result};
+use crate::layout::Geometry;
+#[cfg(doc)]
+use crate::resolve::Resolver;
+
+mod cpu_resolve;
+mod lifecycle;
+mod validate;
+
+/// How the pool places history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolConfig {
+    /// Lend free HBM as elastic history pages (Adaptive HiSparse). `false` = fixed hot cache only
+    /// (HiSparse).
+    pub elastic: bool,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        Self { elastic: true }
+    }
+}
+
+/// The outcome of [`ElasticPool::admit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted; `borrowed_pages` elastic pages hold the newest history pages.
+    Admitted {
+        /// Elastic pages borrowed at admission.
+        borrowed_pages: u32,
+    },
+    /// Not admitted yet: borrowed pages were reclaimed, but `pending` pages still wait for readers
+    /// in flight. Nothing about the session was created; call again after the readers complete.
+    Waiting {
+        /// Pages waiting behind reader fences.
+        pending: u32,
+    },
+}
+
+/// Running totals of the pool's activity (rows are per layer; bytes cover all layers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolCounters {
+    /// Sessions admitted.
+    pub admitted: u64,
+    /// Sessions finished.
+    pub finished: u64,
+    /// Elastic pages lent (at admission and by growth between steps).
+    pub pages_lent: u64,
+    /// Elastic pages reclaimed under pressure.
+    pub pages_reclaimed: u64,
+    /// Elastic pages of finished sessions handed back.
+    pub pages_handed_back: u64,
+    /// Tokens copied host → arena into elastic pages (all layers each).
+    pub page_fill_tokens: u64,
+    /// Distinct demand misses (tokens fetched host → hot cache by resolves).
+    pub miss_tokens: u64,
+    /// Tokens fetched by prefetches.
+    pub prefetch_tokens: u64,
+}
+
+/// What [`ElasticPool::between_steps`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepMaintenance {
+    /// Pages of finished sessions moved to the fence this step.
+    pub handed_back: u32,
+    /// Pages that became free (readers gone).
+    pub collected: u32,
+    /// Pages lent to sessions missing history.
+    pub grown: u32,
+}
+
+/// A live session's placement (see [`ElasticPool::placement`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SessionPlacement<'a> {
+    /// Physical page of each fixed page (hot cache, tail, scratch rows in that order).
+    pub fixed_pages: &'a [u32],
+    /// Borrowed history pages: physical page of logical page `j` (positions
+    /// `j × page_rows..(j + 1) × page_rows`), [`tier_core::NOT_RESIDENT`] when not resident.
+    pub page_table: &'a [i32],
+    /// Committed positions.
+    pub committed: u32,
+    /// Draft tokens in scratch.
+    pub scratch_len: u32,
+    /// Whole history resident (tail + borrowed pages).
+    pub full: bool,
+}
+/// The elastic KV pool and its exact CPU resolver (after HiSparse; see the crate docs for the data
+/// flow and `kv-elastic/DESIGN.md` for the design).
+///
+/// Arena rows of a session: fixed local rows `0..hot_rows` are hot-cache slots,
+/// `hot_rows..hot_rows + tail_rows` the tail ring (position `p` at `p % tail_rows`), then the scratch
+/// rows; they live in the session's fixed pages. History page `j` (positions
+/// `j × page_rows..(j + 1) × page_rows`, complete pages only) may be borrowed: physical row
+/// `page × page_rows + p % page_rows`.
+pub struct ElasticPool {
+    /// Control plane: sessions, loans, page tables, hot caches, counters.
+    pub(crate) ctl: Control,
+    /// Data plane: committed history (source of truth).
+    pub(crate) host: HostStore,
+    /// Data plane: the arena's bytes.
+    pub(crate) arena: CpuArena,
+}
+
+impl std::fmt::Debug for ElasticPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ElasticPool")
+            .field("geometry", &self.ctl.geometry)
+            .field("config", &self.ctl.config)
+            .field("sessions", &self.ctl.sessions.len())
+            .field("free_pages", &self.ctl.pages.free_count())
+            .field("counters", &self.ctl.counters)
+            .finish()
+    }
+}
+
+impl ElasticPool {
+    /// A pool for `geometry` (validated: `InvalidGeometry`, `ArenaTooSmall`; see
+    /// [`Geometry::validate`] for the bounds). The arena starts zeroed; every page is free. It takes
+    /// `layers × plane_bytes` bytes of host memory (zeroed lazily by the allocator); when the host
+    /// cannot allocate them: `OutOfMemory`.
+    pub fn new(geometry: Geometry, config: PoolConfig) -> Result<Self> {
+        geometry.validate()?;
+        let pages = ArenaPages::new(geometry.arena_pages)?;
+        let arena = CpuArena::new(&geometry)?;
+        Ok(Self {
+            ctl: Control {
+                geometry,
+                config,
+                pages,
+                sessions: BTreeMap::new(),
+                call: 1,
+                grow_cursor: 0,
+                counters: PoolCounters::default(),
+            },
+            host: HostStore::new(geometry.row_bytes, geometry.layers),
+            arena,
+        })
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.ctl.geometry
+    }
+
+    /// The placement configuration.
+    pub fn config(&self) -> &PoolConfig {
+        &self.ctl.config
+    }
+
+    /// The host store.
+    pub fn host(&self) -> &HostStore {
+        &self.host
+    }
+
+    /// Page counts (free, fixed, history, pending behind the reader fence, queued for hand-back).
+    pub fn pages(&self) -> PageCounts {
+        self.ctl.pages.counts()
+    }
+
+    /// The reader fence: a page reclaimed or handed back becomes free only once every reader
+    /// registered before (every [`crate::ReadTicket`] in flight) has completed.
+    pub fn fence(&self) -> &tier_core::EpochFence {
+        self.ctl.pages.fence()
+    }
+
+    /// Running totals.
+    pub fn counters(&self) -> &PoolCounters {
+        &self.ctl.counters
+    }
+
+    /// One layer's arena plane (`u8 [arena_rows][row_bytes]`). Errors: `LayerOutOfRange`.
+    pub fn plane(&self, layer: u32) -> Result<&[u8]> {
+        self.arena.plane(layer).ok_or(KvError::LayerOutOfRange {
+            layer,
+            layers: self.ctl.geometry.layers,
+        })
+    }
+
+    /// One arena row of one layer (`row_bytes` bytes), or `None` when out of range.
+    pub fn arena_row(&self, layer: u32, row: i32) -> Option<&[u8]> {
+        self.arena.row(layer, row)
+    }
+
+    /// Sessions admitted and not finished.
+    pub fn active_sessions(&self) -> usize {
+        self.ctl.sessions.len()
+    }
+
+    /// Ids of admitted, unfinished sessions (ascending).
+    pub fn sessions(&self) -> impl Iterator<Item = SessionId> + '_ {
+        self.ctl.sessions.keys().copied()
+    }
+
+    /// Committed length of a live session.
+    pub fn committed_len(&self, session: SessionId) -> Result<u32> {
+        self.session(session).map(|r| r.committed)
+    }
+
+    /// Draft tokens in a live session's scratch.
+    pub fn scratch_len(&self, session: SessionId) -> Result<u32> {
+        self.session(session).map(|r| r.scratch_len)
+    }
+
+    /// Elastic pages a live session holds.
+    pub fn borrowed_pages(&self, session: SessionId) -> Result<u32> {
+        self.session(session).map(|r| r.pages.mapped_count())
+    }
+
+    /// Whether a live session holds its whole history (tail + borrowed pages): the direct path.
+    pub fn holds_all(&self, session: SessionId) -> Result<bool> {
+        self.session(session).map(|r| self.fully_held(r))
+    }
+
+    /// Where a live session's rows are, for a device mirror (the GPU back-end publishes this between
+    /// steps): its fixed pages (hot-cache rows, then tail, then scratch, `page_rows` per page), its
+    /// borrowed-page table ([`tier_core::NOT_RESIDENT`] = not resident), committed and draft lengths, and whether the whole
+    /// history is resident (direct path). Errors: `UnknownSession`, `SessionFinished`.
+    pub fn placement(&self, session: SessionId) -> Result<SessionPlacement<'_>> {
+        let r = self.session(session)?;
+        Ok(SessionPlacement {
+            fixed_pages: &r.fixed_pages,
+            page_table: r.pages.table(),
+            committed: r.committed,
+            scratch_len: r.scratch_len,
+            full: self.fully_held(r),
+        })
+    }
+
+    /// Elastic pages lent to live sessions.
+    pub fn elastic_lent(&self) -> u32 {
+        self.ctl
+            .sessions
+            .values()
+            .map(|r| r.pages.mapped_count())
+            .sum()
+    }
+
+    fn session(&self, session: SessionId) -> Result<&SessionState> {
+        self.host.check_live(session)?;
+        self.ctl
+            .sessions
+            .get(&session)
+            .ok_or(KvError::UnknownSession(session))
+    }
+
+    /// History pages a session wants resident: complete pages covering positions outside its tail.
+    fn wanted_pages(&self, committed: u32) -> u32 {
+        let g = &self.ctl.geometry;
+        committed
+            .saturating_sub(g.tail_rows)
+            .div_ceil(g.page_rows)
+            .min(committed / g.page_rows)
+    }
+
+    fn needed_pages(&self, committed: u32) -> u32 {
+        committed
+            .saturating_sub(self.ctl.geometry.tail_rows)
+            .div_ceil(self.ctl.geometry.page_rows)
+    }
+
+    fn fully_held(&self, r: &SessionState) -> bool {
+        r.pages.mapped_count() == self.needed_pages(r.committed)
+    }
+
+    #[inline]
+    fn fixed_row(&self, r: &SessionState, local: u32) -> u32 {
+        let pr = self.ctl.geometry.page_rows;
+        r.fixed_pages[(local / pr) as usize] * pr + local % pr
+    }
+
+    #[inline]
+    fn tail_row(&self, r: &SessionState, position: u32) -> u32 {
+        self.fixed_row(
+            r,
+            self.ctl.geometry.hot_rows + position % self.ctl.geometry.tail_rows,
+        )
+    }
+
+    #[inline]
+    fn scratch_row(&self, r: &SessionState, i: u32) -> u32 {
+        self.fixed_row(
+            r,
+            self.ctl.geometry.hot_rows + self.ctl.geometry.tail_rows + i,
+        )
+    }
+}

@@ -1,0 +1,196 @@
+//! A resolve's input checks, shared by every back-end (the CPU reference and the GPU pool run the
+//! same checks and return the same errors).
+
+use hashbrown::HashSet;
+
+use super::ElasticPool;
+use crate::data::SessionId;
+use crate::error::{KvError, Result};
+use crate::resolve::{ResolveInput, ResolveOutput, MAX_CANDIDATES};
+
+impl ElasticPool {
+    pub(crate) fn validate_batch(&self, input: &ResolveInput<'_>) -> Result<Vec<Vec<u32>>> {
+        let g = &self.ctl.geometry;
+        let reqs = input.sessions.len();
+        if input.layer >= g.layers {
+            return Err(KvError::LayerOutOfRange {
+                layer: input.layer,
+                layers: g.layers,
+            });
+        }
+        if input.query_start_loc.len() != reqs + 1 {
+            return Err(KvError::LengthMismatch {
+                what: "query_start_loc",
+                expected: reqs + 1,
+                actual: input.query_start_loc.len(),
+            });
+        }
+        if input.seq_lens.len() != reqs {
+            return Err(KvError::LengthMismatch {
+                what: "seq_lens",
+                expected: reqs,
+                actual: input.seq_lens.len(),
+            });
+        }
+        if input.k == 0 {
+            return Err(KvError::LengthMismatch {
+                what: "k",
+                expected: 1,
+                actual: 0,
+            });
+        }
+        if !input.topk.len().is_multiple_of(input.k) {
+            return Err(KvError::LengthMismatch {
+                what: "topk (rows × k)",
+                expected: input.topk.len().div_ceil(input.k) * input.k,
+                actual: input.topk.len(),
+            });
+        }
+        let rows = input.topk.len() / input.k;
+        let qsl = input.query_start_loc;
+        if qsl[0] != 0 {
+            return Err(KvError::BadQueryStartLoc("query_start_loc[0] must be 0"));
+        }
+        if qsl.windows(2).any(|w| w[1] < w[0]) {
+            return Err(KvError::BadQueryStartLoc(
+                "query_start_loc must be non-decreasing",
+            ));
+        }
+        if qsl[reqs] as usize != rows || qsl[reqs] < 0 {
+            return Err(KvError::BadQueryStartLoc(
+                "query_start_loc[reqs] must equal the number of topk rows",
+            ));
+        }
+        let mut seen = HashSet::with_capacity(reqs);
+        let mut hot_needed = Vec::with_capacity(reqs);
+        for (ri, &s) in input.sessions.iter().enumerate() {
+            let r = self.session(s)?;
+            if !seen.insert(s) {
+                return Err(KvError::DuplicateSession(s));
+            }
+            let seq_len = input.seq_lens[ri];
+            let available = r.committed + r.scratch_len;
+            if seq_len < 1 || seq_len as u32 > available {
+                return Err(KvError::SeqLenOutOfRange {
+                    session: s,
+                    seq_len,
+                    available,
+                });
+            }
+            let tail_start = r.committed.saturating_sub(g.tail_rows);
+            let full = self.fully_held(r);
+            let mut need = Vec::new();
+            let mut need_set = if full {
+                HashSet::new()
+            } else {
+                HashSet::with_capacity(2 * input.k)
+            };
+            for row in qsl[ri] as usize..qsl[ri + 1] as usize {
+                for &p in &input.topk[row * input.k..(row + 1) * input.k] {
+                    if p < -1 || p >= seq_len {
+                        return Err(KvError::PositionOutOfRange {
+                            row,
+                            position: p,
+                            seq_len,
+                        });
+                    }
+                    if p < 0 || full {
+                        continue;
+                    }
+                    let p = p as u32;
+                    if p >= tail_start {
+                        continue;
+                    }
+                    let j = (p / g.page_rows) as usize;
+                    if r.pages.table().get(j).is_some_and(|&pg| pg >= 0) {
+                        continue;
+                    }
+                    if need_set.insert(p) {
+                        need.push(p);
+                    }
+                }
+            }
+            if need.len() > g.hot_rows as usize {
+                return Err(KvError::HotCacheOverflow {
+                    session: s,
+                    needed: need.len(),
+                    hot_rows: g.hot_rows,
+                });
+            }
+            hot_needed.push(need);
+        }
+        Ok(hot_needed)
+    }
+
+    /// A resolve's checks, shared by every back-end: output shapes and [`Self::validate_batch`]'s
+    /// errors; on an input error the outputs are filled with `-1` / `0` when their lengths are right.
+    /// Returns the distinct non-resident positions per session.
+    pub(crate) fn validate_resolve(
+        &self,
+        input: &ResolveInput<'_>,
+        out: &mut ResolveOutput<'_>,
+    ) -> Result<Vec<Vec<u32>>> {
+        let rows = input.topk.len().checked_div(input.k).unwrap_or(0);
+        let shapes_ok = input.k > 0
+            && input.topk.len().is_multiple_of(input.k)
+            && out.indices.len() == input.topk.len()
+            && out.valid_count.len() == rows;
+        match self.validate_batch(input) {
+            Ok(h) if shapes_ok => Ok(h),
+            Ok(_) => Err(if out.indices.len() != input.topk.len() {
+                KvError::LengthMismatch {
+                    what: "indices",
+                    expected: input.topk.len(),
+                    actual: out.indices.len(),
+                }
+            } else {
+                KvError::LengthMismatch {
+                    what: "valid_count",
+                    expected: rows,
+                    actual: out.valid_count.len(),
+                }
+            }),
+            Err(e) => {
+                if out.valid_count.len() == rows && out.indices.len() == input.topk.len() {
+                    out.indices.fill(-1);
+                    out.valid_count.fill(0);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A prefetch's checks, shared by every back-end: `LayerOutOfRange`, `TooManyCandidates`,
+    /// session errors, `PositionOutOfRange` (a candidate `< -1` or not committed). Returns the
+    /// session's committed length.
+    pub(crate) fn validate_prefetch(
+        &self,
+        session: SessionId,
+        candidates: &[i32],
+        layer: u32,
+    ) -> Result<u32> {
+        if layer >= self.ctl.geometry.layers {
+            return Err(KvError::LayerOutOfRange {
+                layer,
+                layers: self.ctl.geometry.layers,
+            });
+        }
+        if candidates.len() > MAX_CANDIDATES {
+            return Err(KvError::TooManyCandidates {
+                given: candidates.len(),
+                max: MAX_CANDIDATES,
+            });
+        }
+        let committed = self.session(session)?.committed;
+        for (i, &p) in candidates.iter().enumerate() {
+            if p < -1 || p >= committed as i32 {
+                return Err(KvError::PositionOutOfRange {
+                    row: i,
+                    position: p,
+                    seq_len: committed as i32,
+                });
+            }
+        }
+        Ok(committed)
+    }
+}
