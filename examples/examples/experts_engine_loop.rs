@@ -68,7 +68,11 @@ fn main() -> Result<()> {
                 step + 1,
                 cold as f64 / lookups as f64,
                 ctl.stats().applied,
-                if report.drain.is_some() { " (drained)" } else { "" }
+                if report.drain.is_some() {
+                    " (drained)"
+                } else {
+                    ""
+                }
             );
             (cold, lookups) = (0, 0);
         }
