@@ -1,5 +1,5 @@
 //! Device detection, the [`Gpu`] handle (context + step stream + kernel registry) and the
-//! `SKIP: no CUDA device` helper used by every GPU test, bench and example.
+//! crate's NVRTC modules ([`KernelSource`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -8,11 +8,14 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::CompileOptions;
 
 use crate::error::{drv, CudaError, Result};
+use crate::raw;
 
-/// One `.cu` module of this crate: a name and the full source (headers already prepended).
+/// One NVRTC module: a name and the full source (headers already prepended). The crate's own
+/// modules are [`COUNT_MODULE`] and [`TABLE_MODULE`] (and the KV module); tests, benches and
+/// engines compile theirs the same way through [`Gpu::function`].
 #[derive(Debug, Clone, Copy)]
 pub struct KernelSource {
-    /// Module name, used as the cache key and in error messages.
+    /// Module name, used as the cache key (unique per [`Gpu`]) and in error messages.
     pub name: &'static str,
     /// CUDA C++ source compiled by NVRTC.
     pub code: &'static str,
@@ -29,7 +32,10 @@ pub struct KernelSource {
 /// header's first lines and `benches/README.md`.
 pub const EXPERT_COUNT_CUH: &str = include_str!("../kernels/expert_count.cuh");
 
-/// Counting kernels, the stripes' fold, and the stand-in routers used to test and time the fused path.
+/// Production counting kernels: `tierkit_count_i32` / `tierkit_count_i64` (what
+/// [`crate::PickCounterGpu`] launches) and `tierkit_fold_stripes` (its drain's fold), with the
+/// fused-path header prepended. The stand-in routers that test and time the header live in
+/// `tierkit-testkit`, not here.
 pub const COUNT_MODULE: KernelSource = KernelSource {
     name: "count",
     code: concat!(
@@ -39,20 +45,17 @@ pub const COUNT_MODULE: KernelSource = KernelSource {
     ),
 };
 
-/// Expert-bank kernels: table flips, checksum reader, bandwidth reader.
-pub const BANK_MODULE: KernelSource = KernelSource {
-    name: "bank",
-    code: include_str!("../kernels/bank.cu"),
+/// The indirection-table update kernel `tierkit_table_update` (launched by
+/// [`crate::TableUpdater`]).
+pub const TABLE_MODULE: KernelSource = KernelSource {
+    name: "table",
+    code: include_str!("../kernels/table.cu"),
 };
 
 /// Whether the CUDA driver library and NVRTC can be loaded and at least one device exists.
 /// Never panics (unlike `CudaContext::new` where no libcuda exists).
 pub fn cuda_available() -> bool {
-    // SAFETY: both calls only try to dlopen the libraries and report success; no CUDA state.
-    let libs = unsafe {
-        cudarc::driver::sys::is_culib_present() && cudarc::nvrtc::sys::is_culib_present()
-    };
-    libs && matches!(CudaContext::device_count(), Ok(n) if n > 0)
+    raw::libraries_present() && matches!(CudaContext::device_count(), Ok(n) if n > 0)
 }
 
 /// A CUDA context on one device with its step stream and a per-context NVRTC kernel cache.
@@ -193,21 +196,5 @@ impl Gpu {
     /// Blocks until all work on the device has completed.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
-    }
-}
-
-/// For tests, benches and examples: the default GPU, or `None` after printing
-/// `SKIP: no CUDA device` where no libcuda, libnvrtc or device exists.
-///
-/// # Panics
-/// Where a device exists but cannot be opened (a real failure must not pass as a skip).
-pub fn gpu_or_skip() -> Option<Arc<Gpu>> {
-    match Gpu::try_default() {
-        Ok(Some(g)) => Some(g),
-        Ok(None) => {
-            println!("SKIP: no CUDA device");
-            None
-        }
-        Err(e) => panic!("a CUDA device exists but could not be opened: {e}"),
     }
 }

@@ -57,20 +57,16 @@ pub enum CudaError {
         /// The exclusive upper bound.
         limit: u64,
     },
-    /// A swap was planned against a generation of the layer that has moved on.
-    #[error(
-        "stale generation for layer {layer}: swap planned at {planned}, layer is at {current}"
-    )]
-    StaleGeneration {
-        /// Layer of the swap.
-        layer: u32,
-        /// Generation the swap was planned against.
-        planned: u64,
-        /// Current generation of the layer.
-        current: u64,
+    /// An index appears twice where each must be distinct (e.g. one table-update batch).
+    #[error("{what} {value} given twice")]
+    Duplicate {
+        /// Which index.
+        what: &'static str,
+        /// The repeated value.
+        value: u64,
     },
-    /// The residency state does not allow the request (e.g. incoming expert already hot,
-    /// outgoing expert not hot, a copy already in flight on the layer's spare slot).
+    /// The residency state a caller keeps does not allow the request (used by the KV tier's
+    /// GPU back-end).
     #[error("invalid residency request for layer {layer}: {reason}")]
     Residency {
         /// Layer of the request.

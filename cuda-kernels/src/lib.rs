@@ -1,58 +1,70 @@
 //! # cuda-kernels
 //!
-//! GPU kernels and GPU memory primitives shared by the tierkit tiers, on cudarc (driver API +
-//! NVRTC, loaded dynamically, so the crate builds and its CPU tests run where no CUDA exists).
-//! Kernels are `.cu` files in `kernels/`, embedded with `include_str!`, compiled by NVRTC for
-//! the device's compute capability at first use and cached per context ([`Gpu`]).
+//! The GPU kernels both tierkit tiers launch, each with a typed launch and a CPU reference, and
+//! the GPU memory they run on. No tier state and no policy: which expert is hot, or which KV
+//! page lives where, is decided in `expert-residency` / `kv-elastic`.
 //!
-//! - [`count`]: expert pick counting (standalone kernel over `[layers, tokens, k]` int32/int64
-//!   `topk_ids`, the fused-path header [`EXPERT_COUNT_CUH`] with its per-warp stripes folded at
-//!   the drain, the count forked onto a branch stream beside the last router
-//!   ([`PickCounterGpu::count_forked`]), asynchronous drains) + CPU references.
-//! - [`bank`]: the expert bank (pinned host experts, HBM slots + a spare per layer, device
-//!   indirection table, copy stream, reader fences) used by `expert-residency`'s GPU executor.
-//! - [`mem`]: device buffers and mapped pinned host buffers (raw `u64` device pointers).
+//! - Pick counting: [`PickCounterGpu`] (standalone `[layers, tokens, k]` count, stripes of the
+//!   fused path folded at the drain, a count forked beside the last router, asynchronous
+//!   drains), the header engines paste into their router ([`EXPERT_COUNT_CUH`]), and
+//!   [`count_picks_cpu`] / [`fold_stripes_cpu`].
+//! - Indirection tables: [`TableUpdater`] (`tierkit_table_update`) and
+//!   [`apply_table_updates_cpu`]; [`ExpertStore`] holds an expert tier's memory (pinned host
+//!   experts, HBM slots, the table) for `expert-residency`'s GPU bank.
+//! - The KV resolve/dedup/fetch kernel: [`KvResolveGpu`].
+//! - Memory and sync: [`DeviceBuffer`], [`PinnedBuffer`], [`EventSignal`] (a CUDA event as a
+//!   `tier_core::CompletionSignal`), [`Gpu`] (context, step stream, NVRTC cache).
 //!
-//! Every kernel has a CPU reference with the same semantics; GPU tests print
-//! `SKIP: no CUDA device` and return where no device exists. Buffers hand out raw `u64` device
-//! pointers and track no stream use: callers order work with streams and events (the bank's swap
-//! protocol does this itself). H200 figures: `benches/README.md`.
+//! Built on cudarc with dynamic loading, so it builds and its CPU tests run where no CUDA
+//! exists; kernels are `.cu` files compiled by NVRTC at first use. `DESIGN.md` says why the
+//! crate is cut this way; H200 figures are in `benches/README.md`.
 //!
 //! ```
-//! use cuda_kernels::{count_picks_cpu, TopkShape};
+//! use cuda_kernels::{count_picks_cpu, Gpu, PickCounterGpu, TopkShape};
 //! // 2 layers x 2 tokens x top-2, 4 experts; -1 and 9 are rejected, never written.
 //! let ids: Vec<i32> = vec![0, 1, 1, -1, 2, 3, 3, 9];
 //! let mut table = vec![0u32; 2 * 4];
-//! let rejected = count_picks_cpu(&ids, TopkShape::step(2, 2, 2), 0, 2, 4, &mut table).unwrap();
+//! let rejected = count_picks_cpu(&ids, TopkShape::step(2, 2, 2), 0, 2, 4, &mut table)?;
 //! assert_eq!((rejected, &table[..]), (2, &[1, 2, 0, 0, 0, 0, 1, 2][..]));
-//! if let Some(gpu) = cuda_kernels::gpu_or_skip() {
-//!     let counter = cuda_kernels::PickCounterGpu::new(&gpu, 2, 4).unwrap();
-//!     assert_ne!(counter.table_ptr(), 0);
+//! // The same count on a GPU, where one exists.
+//! if let Some(gpu) = Gpu::try_default()? {
+//!     let ids = cuda_kernels::DeviceBuffer::from_host(gpu.ctx(), &ids)?;
+//!     let mut counter = PickCounterGpu::new(&gpu, 2, 4)?;
+//!     counter.count(gpu.stream(), &ids, TopkShape::step(2, 2, 2), 0)?;
+//!     counter.drain_async(gpu.stream())?;
+//!     let snap = counter.wait_drain()?;
+//!     assert_eq!((snap.rejected, snap.counts), (rejected, &table[..]));
 //! }
+//! # Ok::<(), cuda_kernels::CudaError>(())
 //! ```
 
-pub mod bank;
-pub mod count;
-pub mod device;
-pub mod error;
-pub mod kv;
-pub mod mem;
-pub mod signal;
+mod count;
+mod device;
+mod error;
+mod geometry;
+mod mem;
+mod raw;
+mod signal;
+mod store;
+mod table;
 
-pub use bank::{
-    check_expert_pattern, write_expert_pattern, BankGeometry, CommitMode, CommittedSwap,
-    ExpertBankGpu,
-};
+mod kv;
+
 pub use count::{
     count_picks_cpu, fold_stripes_cpu, DrainSnapshot, IdsDtype, PickCounterGpu, TopkId,
-    TopkIdsView, TopkShape, MAX_STRIPE_CELLS, TIMING_EVENT,
+    TopkIdsView, TopkShape, MAX_STRIPE_CELLS,
 };
-pub use device::{
-    cuda_available, gpu_or_skip, Gpu, KernelSource, BANK_MODULE, COUNT_MODULE, EXPERT_COUNT_CUH,
-};
+pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_CUH, TABLE_MODULE};
 pub use error::{CudaError, Result};
+pub use geometry::StoreGeometry;
+pub use kv::{
+    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvSlotDesc, KvTables,
+    KV_BLOCK, KV_ERR_WORDS, KV_MODULE, KV_STATS, KV_UNCLAIMED,
+};
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
 pub use signal::EventSignal;
+pub use store::ExpertStore;
+pub use table::{apply_table_updates_cpu, TableUpdater, MAX_UPDATES_PER_LAUNCH};
 
 /// Re-export of the cudarc driver API the public types use (streams, events, functions).
 pub use cudarc::driver as cudarc_driver;

@@ -8,9 +8,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cudarc::driver::{result, sys, CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::error::{drv, CudaError, Result};
+use crate::raw;
 
 fn bytes_of<T>(len: usize, what: &'static str) -> Result<usize> {
     len.checked_mul(std::mem::size_of::<T>())
@@ -45,9 +46,9 @@ impl<T: Pod> DeviceBuffer<T> {
     pub fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
         let bytes = bytes_of::<T>(len, "device buffer length")?;
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        // SAFETY: a plain allocation of `bytes.max(1)` bytes; memory is zero-filled below before any
-        // read, so every `T: Pod` element is valid.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(drv("cuMemAlloc"))?;
+        // SAFETY: the context is bound just above; memory is zero-filled below before any read,
+        // so every `T: Pod` element is valid, and `Drop` frees it once.
+        let ptr = unsafe { raw::malloc(bytes) }?;
         let buf = DeviceBuffer {
             ptr,
             len,
@@ -55,7 +56,7 @@ impl<T: Pod> DeviceBuffer<T> {
             _t: PhantomData,
         };
         // SAFETY: `ptr` is our fresh allocation of at least `bytes` bytes.
-        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(drv("cuMemsetD8"))?;
+        unsafe { raw::memset_zero_sync(ptr, bytes) }?;
         // The "sync" memset runs on the legacy stream and may still be in flight on return; our
         // streams are non-blocking (no implicit ordering with it), so wait for it here.
         ctx.synchronize().map_err(drv("cuCtxSynchronize"))?;
@@ -114,7 +115,7 @@ impl<T: Pod> DeviceBuffer<T> {
         }
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: lengths match, `self.ptr` is a live allocation of `len` elements of `T`.
-        unsafe { result::memcpy_htod_sync(self.ptr, data) }.map_err(drv("cuMemcpyHtoD"))?;
+        unsafe { raw::memcpy_htod_sync(self.ptr, data, "cuMemcpyHtoD") }?;
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
     }
 
@@ -125,15 +126,14 @@ impl<T: Pod> DeviceBuffer<T> {
         self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))?;
         // SAFETY: `out` has exactly `len` elements; `self.ptr` holds `len` elements of `T`.
-        unsafe { result::memcpy_dtoh_sync(&mut out, self.ptr) }.map_err(drv("cuMemcpyDtoH"))?;
+        unsafe { raw::memcpy_dtoh_sync(&mut out, self.ptr, "cuMemcpyDtoH") }?;
         Ok(out)
     }
 
     /// Asynchronous zero-fill on `stream`.
     pub fn zero_async(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: `self.ptr` is a live allocation of `num_bytes()` bytes; zero is a valid `T: Pod`.
-        unsafe { result::memset_d8_async(self.ptr, 0, self.num_bytes(), stream.cu_stream()) }
-            .map_err(drv("cuMemsetD8Async"))
+        unsafe { raw::memset_zero_async(self.ptr, self.num_bytes(), stream) }
     }
 }
 
@@ -142,7 +142,7 @@ impl<T: Pod> Drop for DeviceBuffer<T> {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: we own this allocation; `cuMemFree` waits for outstanding work on it
             // (implicit synchronisation of the free), and the pointer is never used again.
-            let _ = unsafe { result::free_sync(self.ptr) };
+            unsafe { raw::free(self.ptr) };
         }
     }
 }
@@ -173,18 +173,10 @@ impl<T: Pod> PinnedBuffer<T> {
     pub fn zeroed(ctx: &Arc<CudaContext>, len: usize) -> Result<Self> {
         let bytes = bytes_of::<T>(len, "pinned buffer length")?;
         ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
-        let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
-        // SAFETY: plain allocation; we zero it below before handing out any reference.
-        let host = unsafe { result::malloc_host(bytes.max(1), flags) }
-            .map_err(drv("cuMemHostAlloc"))? as *mut T;
-        let mut dev: sys::CUdeviceptr = 0;
-        // SAFETY: `host` was allocated with DEVICEMAP just above; `dev` is a valid out pointer.
-        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0) };
-        if let Err(e) = r.result() {
-            // SAFETY: free the allocation we just made; it was never shared.
-            let _ = unsafe { result::free_host(host as *mut _) };
-            return Err(CudaError::driver("cuMemHostGetDevicePointer", e));
-        }
+        // SAFETY: the context is bound just above; the memory is zeroed below before any
+        // reference is handed out, and `Drop` frees it once.
+        let (host, dev) = unsafe { raw::malloc_host_mapped(bytes) }?;
+        let host = host as *mut T;
         // SAFETY: `host` points at `bytes` writable bytes we own.
         unsafe { std::ptr::write_bytes(host as *mut u8, 0, bytes) };
         Ok(PinnedBuffer {
@@ -244,7 +236,7 @@ impl<T: Pod> Drop for PinnedBuffer<T> {
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: we own this allocation; `cuMemFreeHost` synchronises with outstanding
             // device work on it, and the pointer is never used again.
-            let _ = unsafe { result::free_host(self.host as *mut _) };
+            unsafe { raw::free_host(self.host as *mut u8) };
         }
     }
 }
@@ -261,9 +253,7 @@ pub unsafe fn copy_htod_async(
     stream: &CudaStream,
 ) -> Result<()> {
     // SAFETY: forwarded to the caller's contract above.
-    unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const _, bytes, stream.cu_stream()) }
-        .result()
-        .map_err(drv("cuMemcpyHtoDAsync"))
+    unsafe { raw::memcpy_htod_async(dst, src, bytes, stream) }
 }
 
 /// Asynchronous device → host copy of `bytes` bytes on `stream` (`cuMemcpyDtoHAsync`).
@@ -277,7 +267,5 @@ pub unsafe fn copy_dtoh_async(
     stream: &CudaStream,
 ) -> Result<()> {
     // SAFETY: forwarded to the caller's contract above.
-    unsafe { sys::cuMemcpyDtoHAsync_v2(dst as *mut _, src, bytes, stream.cu_stream()) }
-        .result()
-        .map_err(drv("cuMemcpyDtoHAsync"))
+    unsafe { raw::memcpy_dtoh_async(dst, src, bytes, stream) }
 }

@@ -29,6 +29,37 @@ impl EventSignal {
         })
     }
 
+    /// A signal whose event is not recorded yet: complete (and a stream waiting on it does not
+    /// wait) until [`EventSignal::rerecord`] puts it after some work.
+    ///
+    /// # Errors
+    /// [`crate::CudaError::Driver`] if the event cannot be created.
+    pub fn unrecorded(gpu: &Gpu) -> Result<Self> {
+        let event = gpu.ctx().new_event(None).map_err(drv("cuEventCreate"))?;
+        Ok(EventSignal {
+            event: Arc::new(event),
+        })
+    }
+
+    /// Records the event again, on `stream` after everything queued there so far. Every clone
+    /// shares the event, so every clone now reports the new recording (recorded again on the
+    /// same stream, that only ever completes later: a reader fence holding a clone stays safe).
+    ///
+    /// # Errors
+    /// [`crate::CudaError::Driver`] if the record fails (the previous recording stands).
+    pub fn rerecord(&self, stream: &CudaStream) -> Result<()> {
+        self.event.record(stream).map_err(drv("cuEventRecord"))
+    }
+
+    /// Makes `stream` wait (on the GPU, the host never blocks) for the recorded work; a no-op
+    /// for a signal never recorded.
+    ///
+    /// # Errors
+    /// [`crate::CudaError::Driver`] if the wait cannot be enqueued.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<()> {
+        stream.wait(&self.event).map_err(drv("cuStreamWaitEvent"))
+    }
+
     /// Whether the recorded work has completed (non-blocking), or the CUDA error of the query.
     pub fn try_complete(&self) -> Result<bool> {
         self.event.try_is_complete().map_err(drv("cuEventQuery"))

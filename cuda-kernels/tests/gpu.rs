@@ -4,6 +4,10 @@
 use cuda_kernels::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tierkit_testkit::{
+    gpu_or_skip, launch_count_ids_striped, launch_standin_router, pattern_store, router_standins,
+    ExpertReaders,
+};
 
 /// Under compute-sanitizer (`TIERKIT_SANITIZE=1`) the long loops shrink ~30x: the sanitizer
 /// instruments every load, and the point there is memory safety, not volume.
@@ -172,14 +176,13 @@ fn failed_cuda_call_is_a_typed_error_with_the_cuda_name() {
 }
 
 /// The fused header called from the stand-in routers (one kernel per way of calling it,
-/// `tierkit_standin_{router,gate}_m<MODE>` in count.cu), over several steps of a 4-layer model
+/// `tierkit_standin_{router,gate}_m<MODE>` in testkit's router_standins.cu), over several steps of a 4-layer model
 /// with one ids buffer reused by every layer: the picks equal the CPU top-k, the gate's weights
 /// the CPU softmax over the picks, and after every step (and the drain's fold of the stripes)
 /// the table holds exactly `step` steps' counts.
 #[test]
 fn fused_paths_count_exactly_every_step() {
     let Some(gpu) = gpu_or_skip() else { return };
-    use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
     let (layers, tokens, experts, k) = (4u32, 3000u32, 64u32, 6u32);
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let s = gpu.stream().clone();
@@ -246,7 +249,10 @@ fn fused_paths_count_exactly_every_step() {
         .flat_map(|kind| cases.into_iter().map(move |c| (kind, c)))
     {
         let f = gpu
-            .function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m{mode}"))
+            .function(
+                &router_standins(),
+                &format!("tierkit_standin_{kind}_m{mode}"),
+            )
             .unwrap();
         // fresh outputs per case, filled with -1 / NaN, so each case's picks and weights are its own;
         // mode 30 (step form): each layer writes its own slice of one step buffer
@@ -260,7 +266,6 @@ fn fused_paths_count_exactly_every_step() {
         } else {
             PickCounterGpu::new(&gpu, layers, experts).unwrap()
         };
-        let (sp, ns) = (counter.stripes_ptr(), counter.num_stripes());
         for step in 1..=3u32 {
             for layer in 0..layers {
                 let lp = dl[layer as usize].device_ptr();
@@ -270,31 +275,21 @@ fn fused_paths_count_exactly_every_step() {
                 } else {
                     (ids.device_ptr(), ids.device_ptr())
                 };
-                let (tp, ep) = (counter.table_ptr(), counter.rejected_ptr());
-                let wp = weights.device_ptr();
-                let cfg = LaunchConfig {
-                    grid_dim: (blocks, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let mut b = s.launch_builder(&f);
-                b.arg(&lp)
-                    .arg(&tokens)
-                    .arg(&experts)
-                    .arg(&k)
-                    .arg(&ip)
-                    .arg(&pp)
-                    .arg(&tp)
-                    .arg(&ep)
-                    .arg(&layer)
-                    .arg(&layers)
-                    .arg(&sp)
-                    .arg(&ns)
-                    .arg(&wp);
-                // SAFETY: argument list matches tierkit_standin_{router,gate}_m*; logits hold
-                // tokens*experts f32, ids tokens*k i32, weights tokens*k f32, table
-                // layers*experts u32, stripes layers*ns*experts u32 (ns = 0: none).
-                unsafe { b.launch(cfg) }.unwrap();
+                let dims = (tokens, experts, k);
+                // SAFETY: `f` is a stand-in router; logits hold tokens*experts f32, ids tokens*k
+                // i32 (the step buffer layers*tokens*k for mode 30), weights tokens*k f32.
+                unsafe {
+                    launch_standin_router(
+                        &s,
+                        &f,
+                        lp,
+                        dims,
+                        (ip, pp, weights.device_ptr()),
+                        &counter,
+                        layer,
+                    )
+                }
+                .unwrap();
             }
             counter.drain_async(&s).unwrap();
             let snap = counter.wait_drain().unwrap();
@@ -319,39 +314,6 @@ fn fused_paths_count_exactly_every_step() {
             assert!(worst < 1e-5, "gate mode {mode}: weights off by {worst}");
         }
     }
-}
-
-/// Launches `tierkit_count_ids_striped_{i32,i64}` (`f`) over `ids` for `layer` into `c`.
-fn launch_striped<T: bytemuck::Pod>(
-    gpu: &Gpu,
-    f: &cuda_kernels::cudarc_driver::CudaFunction,
-    ids: &DeviceBuffer<T>,
-    layer: u32,
-    layers: u32,
-    c: &PickCounterGpu,
-) {
-    use cuda_kernels::cudarc_driver::{LaunchConfig, PushKernelArg};
-    let (n, experts) = (ids.len() as u32, c.experts());
-    let cfg = LaunchConfig {
-        grid_dim: (n.div_ceil(128), 1, 1),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (ip, tp, ep) = (ids.device_ptr(), c.table_ptr(), c.rejected_ptr());
-    let (sp, ns) = (c.stripes_ptr(), c.num_stripes());
-    let mut b = gpu.stream().launch_builder(f);
-    b.arg(&ip)
-        .arg(&n)
-        .arg(&layer)
-        .arg(&layers)
-        .arg(&experts)
-        .arg(&tp)
-        .arg(&ep)
-        .arg(&sp)
-        .arg(&ns);
-    // SAFETY: argument list matches tierkit_count_ids_striped_*; `f` is the kernel for T; ids
-    // holds n T, the grid has n threads or more, the table and stripes come from `c`'s geometry.
-    unsafe { b.launch(cfg) }.unwrap();
 }
 
 /// `len` u32 read back from device address `ptr` (after the stream's work so far).
@@ -379,16 +341,21 @@ fn striped_counts_match_the_cpu_reference_with_bad_ids() {
     let warps = n.div_ceil(32);
     for dtype in ["i32", "i64"] {
         let f = gpu
-            .function(&COUNT_MODULE, &format!("tierkit_count_ids_striped_{dtype}"))
+            .function(
+                &router_standins(),
+                &format!("tierkit_count_ids_striped_{dtype}"),
+            )
             .unwrap();
         let launch = |ids: &[i64], layer: u32, c: &PickCounterGpu| {
             if dtype == "i32" {
                 let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
                 let d = DeviceBuffer::from_host(gpu.ctx(), &v).unwrap();
-                launch_striped(&gpu, &f, &d, layer, layers, c);
+                // SAFETY: `f` is the i32 kernel.
+                unsafe { launch_count_ids_striped(gpu.stream(), &f, &d, layer, c) }.unwrap();
             } else {
                 let d = DeviceBuffer::from_host(gpu.ctx(), ids).unwrap();
-                launch_striped(&gpu, &f, &d, layer, layers, c);
+                // SAFETY: `f` is the i64 kernel.
+                unsafe { launch_count_ids_striped(gpu.stream(), &f, &d, layer, c) }.unwrap();
             }
             gpu.stream().synchronize().unwrap();
         };
@@ -476,283 +443,25 @@ fn fold_stripes_matches_the_cpu_reference() {
     }
 }
 
-fn pattern_bank(gpu: &std::sync::Arc<Gpu>, geo: BankGeometry) -> ExpertBankGpu {
-    let mut bank = ExpertBankGpu::new(gpu, geo).unwrap();
-    let experts = geo.experts;
-    bank.fill_host(8, |l, e, b| write_expert_pattern(b, l * experts + e, 42))
-        .unwrap();
-    let boot: Vec<Vec<u32>> = (0..geo.layers)
-        .map(|_| (0..geo.hot_per_layer).collect())
-        .collect();
-    bank.load_map(&boot).unwrap();
-    bank
-}
-
-fn random_swap(bank: &ExpertBankGpu, rng: &mut ChaCha8Rng, layer: u32) -> (u32, u32) {
-    let geo = bank.geometry();
-    let hot = bank.hot_experts(layer);
-    let cold: Vec<u32> = (0..geo.experts)
-        .filter(|&e| !bank.is_hot(layer, e))
-        .collect();
-    (
-        cold[rng.random_range(0..cold.len())],
-        hot[rng.random_range(0..hot.len())],
-    )
-}
-
-#[test]
-fn ten_thousand_random_swaps_then_restore_keep_every_slot_exact() {
-    let Some(gpu) = gpu_or_skip() else { return };
-    let geo = BankGeometry {
-        layers: 8,
-        experts: 16,
-        hot_per_layer: 6,
-        expert_bytes: 64 << 10,
-    };
-    let mut bank = pattern_bank(&gpu, geo);
-    let s = gpu.stream().clone();
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let cells = geo.layers * geo.experts;
-    let pick_sets: Vec<DeviceBuffer<u32>> = (0..8)
-        .map(|_| {
-            let p: Vec<u32> = (0..64).map(|_| rng.random_range(0..cells)).collect();
-            DeviceBuffer::from_host(gpu.ctx(), &p).unwrap()
-        })
-        .collect();
-    let errors = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 2).unwrap();
-    let (mut committed, mut step, mut deferred_seen) = (0usize, 0usize, 0usize);
-    let target = scaled(10_000);
-    while committed < target {
-        bank.launch_checksum_reader(&s, &pick_sets[step % pick_sets.len()], &errors)
-            .unwrap();
-        step += 1;
-        for _ in 0..3 {
-            let l = rng.random_range(0..geo.layers);
-            if !bank.in_flight(l) {
-                let (inc, out) = random_swap(&bank, &mut rng, l);
-                bank.begin_swap(l, inc, out, bank.generation(l)).unwrap();
-            }
-        }
-        let inflight_before = (0..geo.layers).filter(|&l| bank.in_flight(l)).count();
-        let mode = if step % 5 == 0 {
-            CommitMode::Wait
-        } else {
-            CommitMode::Deferred
-        };
-        let done = bank.commit_ready(&s, mode).unwrap();
-        if done.len() < inflight_before {
-            deferred_seen += 1;
-        }
-        committed += done.len();
-        if step % 64 == 0 {
-            s.synchronize().unwrap();
-        }
-    }
-    // restore the boot map through swaps
-    for l in 0..geo.layers {
-        loop {
-            let hot = bank.hot_experts(l);
-            let Some(&out) = hot.iter().find(|&&e| e >= geo.hot_per_layer) else {
-                break;
-            };
-            let inc = (0..geo.hot_per_layer)
-                .find(|&e| !bank.is_hot(l, e))
-                .unwrap();
-            bank.begin_swap(l, inc, out, bank.generation(l)).unwrap();
-            bank.launch_checksum_reader(&s, &pick_sets[0], &errors)
-                .unwrap();
-            assert_eq!(bank.commit_ready(&s, CommitMode::Wait).unwrap().len(), 1);
-        }
-        let mut hot = bank.hot_experts(l);
-        hot.sort();
-        assert_eq!(hot, (0..geo.hot_per_layer).collect::<Vec<_>>());
-    }
-    s.synchronize().unwrap();
-    assert_eq!(
-        bank.verify_consistency().unwrap(),
-        0,
-        "an HBM slot or table entry differs from the host copy"
-    );
-    let e = errors.download().unwrap();
-    assert_eq!(
-        e[0], 0,
-        "reader saw a torn or stale expert (last bad flat index {})",
-        e[1]
-    );
-    println!("{committed} swaps over {step} steps ({deferred_seen} boundaries deferred a copy); all slots exact");
-}
-
-#[test]
-fn readers_concurrent_with_swaps_never_see_torn_or_stale_experts() {
-    let Some(gpu) = gpu_or_skip() else { return };
-    // 1 MiB experts: copies take ~20 us, so they overlap the readers of later steps.
-    let geo = BankGeometry {
-        layers: 4,
-        experts: 8,
-        hot_per_layer: 4,
-        expert_bytes: 1 << 20,
-    };
-    let mut bank = pattern_bank(&gpu, geo);
-    let s = gpu.stream().clone();
-    let all: Vec<u32> = (0..geo.layers * geo.experts).collect();
-    let picks = DeviceBuffer::from_host(gpu.ctx(), &all).unwrap();
-    let errors = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 2).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let mut committed = 0;
-    let steps = scaled(1500);
-    for step in 0..steps {
-        bank.launch_checksum_reader(&s, &picks, &errors).unwrap();
-        let l = rng.random_range(0..geo.layers);
-        if !bank.in_flight(l) {
-            let (inc, out) = random_swap(&bank, &mut rng, l);
-            bank.begin_swap(l, inc, out, bank.generation(l)).unwrap();
-        }
-        committed += bank.commit_ready(&s, CommitMode::Deferred).unwrap().len();
-        if step % 16 == 0 {
-            s.synchronize().unwrap();
-        }
-    }
-    s.synchronize().unwrap();
-    let e = errors.download().unwrap();
-    assert_eq!(e[0], 0, "torn or stale read of flat expert {}", e[1]);
-    assert!(committed > steps / 15, "only {committed} swaps committed");
-    assert_eq!(bank.verify_consistency().unwrap(), 0);
-    println!("{committed} swaps under {steps} concurrent reader steps, no torn or stale read");
-}
-
-#[test]
-fn swap_faults_are_typed_errors_and_change_nothing() {
-    let Some(gpu) = gpu_or_skip() else { return };
-    let geo = BankGeometry {
-        layers: 2,
-        experts: 8,
-        hot_per_layer: 3,
-        expert_bytes: 4096,
-    };
-    let mut bank = pattern_bank(&gpu, geo);
-    let s = gpu.stream().clone();
-    let g = bank.generation(0);
-    assert!(matches!(
-        bank.begin_swap(0, 5, 1, g + 1),
-        Err(CudaError::StaleGeneration { .. })
-    ));
-    assert!(
-        matches!(
-            bank.begin_swap(0, 1, 2, g),
-            Err(CudaError::Residency { .. })
-        ),
-        "incoming already hot"
-    );
-    assert!(
-        matches!(
-            bank.begin_swap(0, 5, 6, g),
-            Err(CudaError::Residency { .. })
-        ),
-        "outgoing cold"
-    );
-    assert!(matches!(
-        bank.begin_swap(2, 5, 1, g),
-        Err(CudaError::OutOfRange { .. })
-    ));
-    assert!(matches!(
-        bank.begin_swap(0, 8, 1, g),
-        Err(CudaError::OutOfRange { .. })
-    ));
-    assert!(!bank.in_flight(0));
-    bank.begin_swap(0, 5, 1, g).unwrap();
-    assert!(
-        matches!(
-            bank.begin_swap(0, 6, 2, g),
-            Err(CudaError::Residency { .. })
-        ),
-        "spare busy"
-    );
-    // a stale plan after the commit
-    let done = bank.commit_ready(&s, CommitMode::Wait).unwrap();
-    assert_eq!(done.len(), 1);
-    assert!(matches!(
-        bank.begin_swap(0, 6, 2, g),
-        Err(CudaError::StaleGeneration { .. })
-    ));
-    assert!(bank.is_hot(0, 5) && !bank.is_hot(0, 1));
-    assert_eq!(bank.entry(0, 1).unwrap(), bank.host_device_ptr(0, 1));
-    assert_eq!(bank.verify_consistency().unwrap(), 0);
-    assert!(
-        bank.host_expert_mut(0, 0).is_err(),
-        "weights are read-only once served"
-    );
-    // Out-of-range queries answer null / empty instead of panicking on a u32 overflow or an
-    // index out of bounds.
-    assert_eq!(bank.slot_ptr(2, 0), 0);
-    assert_eq!(bank.slot_ptr(0, 4), 0);
-    assert_eq!(bank.slot_ptr(u32::MAX, u32::MAX), 0);
-    assert_ne!(bank.slot_ptr(1, 3), 0, "the spare slot is a slot");
-    assert_eq!(bank.host_device_ptr(0, 8), 0);
-    assert_eq!(bank.host_device_ptr(u32::MAX, 0), 0);
-    assert!(bank.hot_experts(2).is_empty() && bank.hot_experts(u32::MAX).is_empty());
-    assert_eq!(bank.hot_experts(1), vec![0, 1, 2]);
-    // A geometry whose products overflow is a typed error before any allocation.
-    let huge = BankGeometry {
-        layers: 65536,
-        experts: 65536,
-        hot_per_layer: 65535,
-        expert_bytes: 1 << 48,
-    };
-    assert!(matches!(
-        ExpertBankGpu::new(&gpu, huge),
-        Err(CudaError::OutOfRange { .. })
-    ));
-}
-
-#[test]
-fn flip_is_deferred_until_the_copy_completes() {
-    let Some(gpu) = gpu_or_skip() else { return };
-    // 64 MiB experts: the copy takes > 1 ms, so an immediate deferred commit must not flip.
-    let geo = BankGeometry {
-        layers: 1,
-        experts: 4,
-        hot_per_layer: 2,
-        expert_bytes: 64 << 20,
-    };
-    let mut bank = pattern_bank(&gpu, geo);
-    let s = gpu.stream().clone();
-    let before = bank.entry(0, 3).unwrap();
-    bank.begin_swap(0, 3, 0, bank.generation(0)).unwrap();
-    let early = bank.commit_ready(&s, CommitMode::Deferred).unwrap();
-    if early.is_empty() {
-        assert_eq!(
-            bank.entry(0, 3).unwrap(),
-            before,
-            "flipped before the copy completed"
-        );
-        assert!(bank.in_flight(0));
-    } else {
-        println!("note: the 64 MiB copy had already completed at the first boundary");
-    }
-    bank.copy_stream().synchronize().unwrap();
-    assert!(bank.copy_complete(0).unwrap() || !early.is_empty());
-    let late = bank.commit_ready(&s, CommitMode::Deferred).unwrap();
-    assert_eq!(early.len() + late.len(), 1);
-    assert!(bank.is_hot(0, 3));
-    assert_eq!(bank.verify_consistency().unwrap(), 0);
-}
-
 #[test]
 fn event_signal_holds_a_tier_core_fence_until_the_gpu_reader_finishes() {
     let Some(gpu) = gpu_or_skip() else { return };
     use tier_core::{CompletionSignal, EpochFence, Retired};
     // a 64 MiB expert read in place from mapped host memory: > 1 ms of GPU work
-    let geo = BankGeometry {
+    let geo = StoreGeometry {
         layers: 1,
         experts: 2,
         hot_per_layer: 1,
         expert_bytes: 64 << 20,
     };
-    let bank = pattern_bank(&gpu, geo);
+    let store = pattern_store(&gpu, geo, 42).unwrap(); // every expert cold (table -> host)
+    let readers = ExpertReaders::new(&gpu).unwrap();
     let s = gpu.stream().clone();
     let picks = DeviceBuffer::from_host(gpu.ctx(), &[1u32]).unwrap(); // expert 1 is cold
     let errors = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 2).unwrap();
-    bank.launch_checksum_reader(&s, &picks, &errors).unwrap();
+    readers
+        .launch_checksum_reader(&store, &s, &picks, &errors)
+        .unwrap();
     let sig = EventSignal::record(&gpu, &s).unwrap();
     let fence = EpochFence::new();
     fence.enter_signal(Box::new(sig.clone()));
@@ -989,4 +698,95 @@ fn join_forked_orders_the_step_stream_after_a_long_branch() {
     let snap = counter.wait_drain().unwrap();
     assert_eq!(snap.counts, &want[..]);
     assert_eq!(snap.rejected, 0);
+}
+
+/// `TableUpdater::launch` against `apply_table_updates_cpu` (a batch of 150 pairs: three
+/// launches), bad batches refused before any launch, and an `ExpertStore` whose table is
+/// flipped to HBM slots filled by both copy paths: the table, every slot and a checksum reader
+/// through the table all agree with the host copies.
+#[test]
+fn table_update_and_store_copies_match_the_cpu_reference() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let s = gpu.stream().clone();
+    let updater = TableUpdater::new(&gpu).unwrap();
+    let mut want: Vec<u64> = (0..200).map(|i| 1000 + i).collect();
+    let mut table = DeviceBuffer::from_host(gpu.ctx(), &want).unwrap();
+    let ups: Vec<(u32, u64)> = (0..150u32).map(|i| (i * 4 / 3, 7 * i as u64)).collect();
+    apply_table_updates_cpu(&mut want, &ups).unwrap();
+    updater.launch(&s, &table, &ups).unwrap();
+    assert_eq!(table.download().unwrap(), want);
+    assert!(matches!(
+        updater.launch(&s, &table, &[(3, 1), (200, 2)]),
+        Err(CudaError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        updater.launch(&s, &table, &[(3, 1), (3, 2)]),
+        Err(CudaError::Duplicate { .. })
+    ));
+    assert_eq!(
+        table.download().unwrap(),
+        want,
+        "refused batches write nothing"
+    );
+    table.upload(&vec![0u64; 200]).unwrap();
+
+    let geo = StoreGeometry {
+        layers: 2,
+        experts: 4,
+        hot_per_layer: 2,
+        expert_bytes: 1 << 16,
+    };
+    let store = pattern_store(&gpu, geo, 5).unwrap();
+    let mut mirror: Vec<u64> = (0..2)
+        .flat_map(|l| (0..4).map(move |e| (l, e)))
+        .map(|(l, e)| store.host_device_ptr(l, e))
+        .collect();
+    assert_eq!(
+        store.table().download().unwrap(),
+        mirror,
+        "boot: every expert cold"
+    );
+    // layer 0: experts 1, 3 into slots 0, 2 (sync copy); layer 1: expert 2 into slot 1 (async)
+    store.copy_to_slot_sync(0, 1, 0).unwrap();
+    store.copy_to_slot_sync(0, 3, 2).unwrap();
+    // SAFETY: the host experts are not written and the store outlives the synchronisation below.
+    unsafe { store.copy_to_slot_async(1, 2, 1, &s) }.unwrap();
+    let flips = [
+        (store.cell(0, 1), store.slot_ptr(0, 0)),
+        (store.cell(0, 3), store.slot_ptr(0, 2)),
+        (store.cell(1, 2), store.slot_ptr(1, 1)),
+    ];
+    apply_table_updates_cpu(&mut mirror, &flips).unwrap();
+    updater.launch(&s, store.table(), &flips).unwrap();
+    let readers = ExpertReaders::new(&gpu).unwrap();
+    let picks = DeviceBuffer::from_host(gpu.ctx(), &(0..8u32).collect::<Vec<_>>()).unwrap();
+    let errors = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 2).unwrap();
+    readers
+        .launch_checksum_reader(&store, &s, &picks, &errors)
+        .unwrap();
+    let in_slot = |l: u32, slot: u32| match (l, slot) {
+        (0, 0) => Some(1),
+        (0, 2) => Some(3),
+        (1, 1) => Some(2),
+        _ => None,
+    };
+    let entry = |l: u32, e: u32| mirror[store.cell(l, e) as usize];
+    assert_eq!(
+        tierkit_testkit::verify_store(&store, entry, in_slot).unwrap(),
+        0
+    );
+    assert_eq!(errors.download().unwrap()[0], 0, "torn or stale expert");
+    // out-of-range slots and experts are typed errors, not wild copies
+    assert!(matches!(
+        store.copy_to_slot_sync(0, 1, 3),
+        Err(CudaError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        store.copy_to_slot_sync(2, 0, 0),
+        Err(CudaError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        store.copy_to_slot_sync(0, 4, 0),
+        Err(CudaError::OutOfRange { .. })
+    ));
 }

@@ -22,8 +22,8 @@ mod run {
 
     use cuda_kernels::cudarc_driver::{CudaFunction, LaunchConfig, PushKernelArg};
     use cuda_kernels::{
-        copy_htod_async, gpu_or_skip, DeviceBuffer, Gpu, IdsDtype, KernelSource, PickCounterGpu,
-        PinnedBuffer, TopkIdsView, TopkShape,
+        copy_htod_async, DeviceBuffer, Gpu, IdsDtype, KernelSource, PickCounterGpu, PinnedBuffer,
+        TopkIdsView, TopkShape,
     };
     use expert_residency::gpu::GpuExecutor;
     use expert_residency::{
@@ -31,6 +31,7 @@ mod run {
     };
     use tierkit_sim::experts::trace::synth::{generate, DomainProfile, Phase, SynthConfig};
     use tierkit_sim::experts::trace::{Trace, TraceShape};
+    use tierkit_testkit::{gpu_or_skip, verify_store};
 
     const LAYERS: u32 = 40;
     const EXPERTS: u32 = 64;
@@ -283,11 +284,14 @@ extern "C" __global__ void moe_expert_gemv(const unsigned long long* table, unsi
         if adaptive {
             ctl.step_with(None, &mut exec).unwrap();
         }
-        assert_eq!(
-            exec.bank().verify_consistency().unwrap(),
-            0,
-            "HBM slots differ from host copies"
-        );
+        let bank = exec.bank();
+        let bad = verify_store(
+            bank.store(),
+            |l, e| bank.entry(l, e).unwrap(),
+            |l, s| bank.expert_in_slot(l, s),
+        )
+        .unwrap();
+        assert_eq!(bad, 0, "HBM slots differ from host copies");
         Result {
             name,
             pre,

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use cuda_kernels::kv::CopyBackend;
+use cuda_kernels::CopyBackend;
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
 use kv_elastic::{
     ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput, ResolvePlan, Resolver,
@@ -356,7 +356,7 @@ impl Case {
 
 #[test]
 fn gpu_resolver_equals_cpu_reference() {
-    let Some(gpu) = cuda_kernels::gpu_or_skip() else {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
         return;
     };
     let cases: u64 = std::env::var("KV_GPU_CASES")
@@ -414,7 +414,7 @@ fn gpu_resolver_equals_cpu_reference() {
 #[test]
 fn gpu_pool_large_geometry_matches_cpu() {
     // Realistic row size and top-k: 656-byte rows, k = 256, hot cache 512, 4 requests x 2 rows.
-    let Some(gpu) = cuda_kernels::gpu_or_skip() else {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
         return;
     };
     let g = Geometry {

@@ -10,9 +10,10 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use cuda_kernels::kv::*;
-use cuda_kernels::{gpu_or_skip, DeviceBuffer, Gpu};
+use cuda_kernels::*;
+use cuda_kernels::{DeviceBuffer, Gpu};
 use kv_elastic::gpu::GpuArena;
+use tierkit_testkit::gpu_or_skip;
 
 const ROW: u32 = 656;
 

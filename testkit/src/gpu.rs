@@ -20,3 +20,8 @@ pub fn gpu_or_skip() -> Option<Arc<Gpu>> {
         Err(e) => panic!("a CUDA device exists but could not be opened: {e}"),
     }
 }
+
+/// Flags for timing events (`CU_EVENT_DEFAULT`; cudarc's `new_event(None)` disables timing):
+/// `gpu.ctx().new_event(TIMING_EVENT)`.
+pub const TIMING_EVENT: Option<cuda_kernels::cudarc_driver::sys::CUevent_flags> =
+    Some(cuda_kernels::cudarc_driver::sys::CUevent_flags::CU_EVENT_DEFAULT);

@@ -4,8 +4,15 @@
 //! on it. GPU skip ([`gpu_or_skip`]), byte patterns, invariant checkers, and the stand-in kernels
 //! (routers, sparse attention, readers) that only tests and benches compile.
 
+mod experts;
 mod gpu;
 mod kv;
+mod routers;
 
-pub use gpu::gpu_or_skip;
+pub use experts::{
+    check_expert_pattern, pattern_store, verify_store, write_expert_pattern, ExpertReaders,
+    EXPERT_READERS_MODULE,
+};
+pub use gpu::{gpu_or_skip, TIMING_EVENT};
 pub use kv::{pattern_row, pattern_tokens, KvStandins, KV_STANDINS};
+pub use routers::{launch_count_ids_striped, launch_standin_router, router_standins};

@@ -43,7 +43,7 @@ mod bench {
 
     use cuda_kernels::cudarc_driver::sys::CUevent_flags;
     use cuda_kernels::cudarc_driver::{CudaEvent, CudaStream};
-    use cuda_kernels::kv::{CopyBackend, KvCopy, KvResolveArgs, KV_STATS};
+    use cuda_kernels::{CopyBackend, KvCopy, KvResolveArgs, KV_STATS};
     use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
     use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
     use kv_elastic::{Geometry, PoolConfig};

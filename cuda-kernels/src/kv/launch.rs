@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
-use super::{raw, CopyBackend, KvCopy, KvDims, KvResolveArgs, KvTables, KV_BLOCK, KV_MODULE};
+use super::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvTables, KV_BLOCK, KV_MODULE};
 use crate::device::Gpu;
 use crate::error::{drv, CudaError, Result};
 

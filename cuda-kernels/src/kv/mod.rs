@@ -21,7 +21,6 @@ use crate::device::KernelSource;
 use crate::error::{CudaError, Result};
 
 mod launch;
-mod raw;
 
 pub use launch::KvKernels;
 

@@ -1,18 +1,18 @@
 //! [`GpuArena`]: the GPU back-end's device state — per session slot a descriptor, fixed pages,
 //! borrowed-page table and hot-cache state (CLOCK), the device arena, and the host store in mapped
 //! pinned memory — at fixed device addresses (CUDA-graph capturable), with the launchers of
-//! [`cuda_kernels::kv::KvKernels`] bound to it.
+//! [`cuda_kernels::KvKernels`] bound to it.
 
 use std::sync::Arc;
 
 use bytemuck::Pod;
 use cuda_kernels::cudarc_driver::CudaStream;
-use cuda_kernels::kv::{
-    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvSlotDesc, KvTables,
-    KV_ERR_WORDS, KV_UNCLAIMED,
-};
 use cuda_kernels::{
     copy_dtoh_async, copy_htod_async, CudaError, DeviceBuffer, Gpu, PinnedBuffer, Result,
+};
+use cuda_kernels::{
+    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvSlotDesc, KvTables,
+    KV_ERR_WORDS, KV_UNCLAIMED,
 };
 use tier_core::NOT_RESIDENT;
 

@@ -7,5 +7,5 @@ mod pool;
 
 pub use arena::GpuArena;
 /// The copy back-ends of the GPU pool (re-exported from `cuda_kernels::kv`).
-pub use cuda_kernels::kv::CopyBackend;
+pub use cuda_kernels::CopyBackend;
 pub use pool::{GpuElasticPool, GpuPoolConfig};

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use std::sync::OnceLock;
 
-use cuda_kernels::kv::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvSlotDesc, KV_STATS};
+use cuda_kernels::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvSlotDesc, KV_STATS};
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu};
 use hashbrown::HashMap;
 use tier_core::CompletionSignal;

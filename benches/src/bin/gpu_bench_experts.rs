@@ -2,15 +2,25 @@
 //! H2D ceiling, swap copy rate, added step time per applied swap, counting cost per step, and
 //! the fused counting header's cost. Prints a table with ratios against the ceilings.
 //!
-//! Run: `cargo run --release -p tierkit-examples --features cuda --example gpu_bench_experts`
-//! (prints `SKIP: no CUDA device` and exits 0 where no device exists).
+//! Run: `cargo run --release -p tierkit-benches --features cuda --bin gpu_bench_experts`
+//! (prints `SKIP: no CUDA device` and exits 0 where no device exists; add `-- fused` for the
+//! fused-path rows alone). The stand-in routers and expert readers are `tierkit-testkit`'s.
 
 #[cfg(feature = "cuda")]
 mod bench {
     use std::sync::Arc;
 
-    use cuda_kernels::cudarc_driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-    use cuda_kernels::*;
+    use cuda_kernels::cudarc_driver::{CudaFunction, CudaStream};
+    use cuda_kernels::{
+        copy_htod_async, DeviceBuffer, Gpu, IdsDtype, PickCounterGpu, PinnedBuffer, TopkIdsView,
+        TopkShape,
+    };
+    use expert_residency::gpu::{CommitMode, ExpertBankGpu};
+    use expert_residency::{Geometry, ResidencyMap};
+    use tierkit_testkit::{
+        gpu_or_skip, launch_standin_router, router_standins, verify_store, ExpertReaders,
+        TIMING_EVENT,
+    };
 
     /// The published H2D ceiling of the test machine (shared/limits/h200-pcie.md).
     const H2D_CEILING_GBS: f64 = 55.6;
@@ -67,14 +77,10 @@ mod bench {
     }
 
     fn swap_copy(gpu: &Arc<Gpu>, rows: &mut Vec<Row>, ceiling: f64) {
-        let geo = BankGeometry {
-            layers: 1,
-            experts: 4,
-            hot_per_layer: 2,
-            expert_bytes: EXPERT_BYTES,
-        };
+        let geo = Geometry::new(1, 4, 2, EXPERT_BYTES).unwrap();
         let mut bank = ExpertBankGpu::new(gpu, geo).unwrap();
-        bank.load_map(&[vec![0, 1]]).unwrap();
+        bank.load_map(&ResidencyMap::first_k("bench", geo).unwrap())
+            .unwrap();
         let s = gpu.stream().clone();
         let cs = bank.copy_stream().clone();
         let mut t = Vec::new();
@@ -83,7 +89,8 @@ mod bench {
             let inc = (0..4).find(|e| !hot.contains(e)).unwrap();
             let (a, b) = (ev(gpu), ev(gpu));
             a.record(&cs).unwrap();
-            bank.begin_swap(0, inc, hot[0], bank.generation(0)).unwrap();
+            let swap = bank.plan_swap(0, inc, hot[0]).unwrap();
+            bank.begin_swap(&swap).unwrap();
             b.record(&cs).unwrap();
             bank.commit_ready(&s, CommitMode::Wait).unwrap();
             s.synchronize().unwrap();
@@ -108,15 +115,11 @@ mod bench {
         // 40 layers x 8 experts x 17.93 MiB, 6 hot: each step reads experts 0 and 1 of every layer
         // from HBM (never swapped), while swaps rotate experts 2..7 through the spare slots.
         let (layers, experts) = (40u32, 8u32);
-        let geo = BankGeometry {
-            layers,
-            experts,
-            hot_per_layer: 6,
-            expert_bytes: EXPERT_BYTES,
-        };
+        let geo = Geometry::new(layers, experts, 6, EXPERT_BYTES).unwrap();
         let mut bank = ExpertBankGpu::new(gpu, geo).unwrap();
-        bank.load_map(&(0..layers).map(|_| (0..6).collect()).collect::<Vec<_>>())
+        bank.load_map(&ResidencyMap::first_k("bench", geo).unwrap())
             .unwrap();
+        let readers = ExpertReaders::new(gpu).unwrap();
         let s = gpu.stream().clone();
         let picks: Vec<DeviceBuffer<u32>> = (0..layers)
             .map(|l| DeviceBuffer::from_host(gpu.ctx(), &[l * experts, l * experts + 1]).unwrap())
@@ -129,7 +132,9 @@ mod bench {
             a.record(&s).unwrap();
             for _ in 0..steps {
                 for p in &picks {
-                    bank.launch_touch_reader(&s, p, 64, &sink).unwrap();
+                    readers
+                        .launch_touch_reader(bank.store(), &s, p, 64, &sink)
+                        .unwrap();
                 }
                 if swaps {
                     // step boundary: flip what is ready, begin one new swap
@@ -139,7 +144,8 @@ mod bench {
                         let hot = bank.hot_experts(l);
                         let inc = (2..experts).find(|&e| !bank.is_hot(l, e)).unwrap();
                         let out = *hot.iter().find(|&&e| e >= 2).unwrap();
-                        bank.begin_swap(l, inc, out, bank.generation(l)).unwrap();
+                        let swap = bank.plan_swap(l, inc, out).unwrap();
+                        bank.begin_swap(&swap).unwrap();
                         next_layer += 1;
                     }
                 }
@@ -186,7 +192,13 @@ mod bench {
             format!("{added:.1} us"),
             "goal <= 50 us (GB300 recipe: 1300-2400 us)".into(),
         ));
-        assert_eq!(bank.verify_consistency().unwrap(), 0);
+        let bad = verify_store(
+            bank.store(),
+            |l, e| bank.entry(l, e).unwrap(),
+            |l, s| bank.expert_in_slot(l, s),
+        )
+        .unwrap();
+        assert_eq!(bad, 0);
     }
 
     fn counting(gpu: &Arc<Gpu>, rows: &mut Vec<Row>) {
@@ -268,40 +280,6 @@ mod bench {
             .collect()
     }
 
-    /// One layer of the stand-in router `f` (`tierkit_standin_{router,gate}_m<MODE>`, one warp per
-    /// token, blocks of 256 threads). dims = (tokens, experts, k); pointers are device addresses
-    /// sized by the caller.
-    #[allow(clippy::too_many_arguments)]
-    fn launch_router(
-        s: &Arc<CudaStream>,
-        f: &CudaFunction,
-        logits: u64,
-        (tokens, experts, k): (u32, u32, u32),
-        (ids, prev_ids, weights): (u64, u64, u64),
-        c: &PickCounterGpu,
-        layer: u32,
-    ) {
-        let cfg = LaunchConfig {
-            grid_dim: ((tokens * 32).div_ceil(256), 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (table, err, layers) = (c.table_ptr(), c.rejected_ptr(), c.layers());
-        let (stripes, num_stripes) = (c.stripes_ptr(), c.num_stripes());
-        let mut b = s.launch_builder(f);
-        b.arg(&logits).arg(&tokens).arg(&experts).arg(&k).arg(&ids);
-        b.arg(&prev_ids)
-            .arg(&table)
-            .arg(&err)
-            .arg(&layer)
-            .arg(&layers);
-        b.arg(&stripes).arg(&num_stripes).arg(&weights);
-        // SAFETY: the argument list matches tierkit_standin_{router,gate}_m* (count.cu); the
-        // caller sizes logits tokens*experts f32, ids tokens*k i32 and weights tokens*k f32; the
-        // table and the stripes come from `c`'s geometry.
-        unsafe { b.launch(cfg) }.unwrap();
-    }
-
     type Variants<'a> = [(u32, &'a str)];
 
     /// Per variant, the per-step times (us) of 31 repetitions: stream launches (what a host without
@@ -374,7 +352,7 @@ mod bench {
     }
 
     /// The fused header's cost: each way of calling it from the stand-in router (one kernel per
-    /// way, `tierkit_standin_router_m<MODE>` in count.cu, one ids buffer reused by every layer as
+    /// way, `tierkit_standin_router_m<MODE>` in testkit's router_standins.cu, one ids buffer reused by every layer as
     /// engines do) against the same router without counting, in CUDA graphs. Before timing, each
     /// counting variant runs 3 steps and a drain (which folds the stripes) and must equal
     /// 3 x layers x the CPU top-k histogram. Then the drain's fold is timed.
@@ -436,12 +414,12 @@ mod bench {
             .iter()
             .map(|&(v, _)| {
                 let m = kernel_mode(v);
-                gpu.function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m{m}"))
+                gpu.function(&router_standins(), &format!("tierkit_standin_{kind}_m{m}"))
                     .unwrap()
             })
             .collect();
         let f27 = gpu
-            .function(&COUNT_MODULE, &format!("tierkit_standin_{kind}_m27"))
+            .function(&router_standins(), &format!("tierkit_standin_{kind}_m27"))
             .unwrap();
         let step_view = |l: u32| TopkIdsView {
             ptr: step_ids.device_ptr(),
@@ -463,10 +441,13 @@ mod bench {
                     // fork the count of the earlier layers, run the last router (fused call for
                     // its own picks) alongside it, join at the step's end
                     c.count_forked(&s, &step_view(layers - 1), 0).unwrap();
-                    launch_router(&s, &f27, lp, dims, out, c, layer);
+                    // SAFETY: f27 is a stand-in router; logits, ids and weights are sized above.
+                    unsafe { launch_standin_router(&s, &f27, lp, dims, out, c, layer) }.unwrap();
                     c.join_forked(&s).unwrap();
                 } else {
-                    launch_router(&s, &funcs[i], lp, dims, out, c, layer);
+                    // SAFETY: funcs[i] is a stand-in router; logits, ids and weights are sized above.
+                    unsafe { launch_standin_router(&s, &funcs[i], lp, dims, out, c, layer) }
+                        .unwrap();
                 }
             }
             if v == 40 {
