@@ -9,6 +9,7 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use super::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvTables, KV_BLOCK, KV_MODULE};
 use crate::device::Gpu;
 use crate::error::{drv, CudaError, Result};
+use crate::raw;
 
 /// The fused resolve, replay / check-plan, prefetch and write-back kernels of `kv_resolve.cu`,
 /// compiled for one [`Gpu`] (NVRTC at first use, cached per context).
