@@ -18,6 +18,13 @@ fn cfg() -> ControllerConfig {
     }
 }
 
+/// The toy geometry, a first-K controller with [`cfg`], its counters and a null executor.
+fn toy() -> (Geometry, Controller, PickCounters, NullExecutor) {
+    let g = geo();
+    let ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
+    (g, ctl, PickCounters::new(&g).unwrap(), NullExecutor::new())
+}
+
 /// Counts `reps` picks of each of `experts` in every layer.
 fn busy(c: &PickCounters, experts: &[u32], reps: usize) {
     let step = StepPicks {
@@ -93,10 +100,7 @@ fn follows_traffic_within_caps() {
 
 #[test]
 fn ratio_hysteresis_holds_back_close_calls() {
-    let g = geo();
-    let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
-    let c = PickCounters::new(&g).unwrap();
-    let mut ex = NullExecutor::new();
+    let (_, mut ctl, c, mut ex) = toy();
     for _ in 0..40 {
         // Cold expert 7 is 1.4× the hot ones: below the 1.5 ratio.
         let step = StepPicks {
@@ -170,10 +174,7 @@ fn failed_and_stale_swaps_are_counted_never_applied() {
 
 #[test]
 fn baseline_reset_forgets_and_errors_change_nothing() {
-    let g = geo();
-    let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg()).unwrap();
-    let c = PickCounters::new(&g).unwrap();
-    let mut ex = NullExecutor::new();
+    let (g, mut ctl, c, mut ex) = toy();
     {
         let _warmup = c.pause();
         busy(&c, &[7], 100);
