@@ -3,7 +3,9 @@
 
 use crate::{plot, progress};
 use clap::{Args, Subcommand, ValueEnum};
-use expert_residency::{seed, ControllerConfig, CounterDump, Geometry, ResidencyMap};
+use expert_residency::{
+    fit_seed_map, seed_coverage, ControllerConfig, CounterDump, Coverage, Geometry, ResidencyMap,
+};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use tierkit_sim::experts::scoreboard::{self, Policy, Run, ScoreRow};
@@ -609,8 +611,8 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
     };
     let hot = a.hot.unwrap_or_else(|| default_hot(dump.experts_per_layer));
     let g = Geometry::new(dump.layers, dump.experts_per_layer, hot, a.expert_bytes)?;
-    let map = seed::fit(dump.name.clone(), &g, &dump)?;
-    let cov = seed::coverage(&map, &dump)?;
+    let map = fit_seed_map(dump.name.clone(), &g, &dump)?;
+    let cov = seed_coverage(&map, &dump)?;
     match &a.out {
         None => println!("{}", map.to_json()),
         Some(p) => {
@@ -621,7 +623,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
                     map: String,
                     dump: &'a str,
                     geometry: Geometry,
-                    coverage: seed::Coverage,
+                    coverage: Coverage,
                 }
                 let o = Out {
                     map: p.display().to_string(),

@@ -27,7 +27,7 @@ mod run {
     };
     use expert_residency::gpu::GpuExecutor;
     use expert_residency::{
-        seed, Controller, ControllerConfig, Geometry, ResidencyMap, SwapExecutor,
+        fit_seed_map, Controller, ControllerConfig, Geometry, ResidencyMap, SwapExecutor,
     };
     use tierkit_sim::experts::trace::synth::{generate, DomainProfile, Phase, SynthConfig};
     use tierkit_sim::experts::trace::{Trace, TraceShape};
@@ -377,7 +377,7 @@ extern "C" __global__ void moe_expert_gemv(const unsigned long long* table, unsi
         let offline = synth("github-offline", 400, &["github"], 400, 7);
         let geo = Geometry::new(LAYERS, EXPERTS, HOT, expert_bytes).unwrap();
         let dump = tierkit_sim::experts::counter_dump(&offline, 0..offline.steps.len()).unwrap();
-        let seed_map = seed::fit("moe_gpu-seed", &geo, &dump).unwrap();
+        let seed_map = fit_seed_map("moe_gpu-seed", &geo, &dump).unwrap();
         let x0h: Vec<f32> = (0..TOKENS as usize * DIN as usize)
             .map(|j| x0_value(j / DIN as usize, j % DIN as usize))
             .collect();

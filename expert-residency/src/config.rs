@@ -1,4 +1,5 @@
-//! Controller configuration: drain cadence, EMA half-life, swap policy caps and the shift response.
+//! Controller configuration: drain cadence, EMA half-life, the ratio, swap caps and the shift
+//! response.
 
 use crate::error::{Error, Result};
 
@@ -15,7 +16,8 @@ pub struct ControllerConfig {
     /// EMA half-life of pick counts, in steps (finite, > 0).
     pub half_life_steps: f64,
     /// A cold expert replaces a hot one only if its EMA is at least `ratio` times the hot one's
-    /// (≥ 1, finite): hysteresis against churn.
+    /// (≥ 1, finite): hysteresis against churn. The knob of [`crate::RatioPolicy`] (the policy of
+    /// [`crate::Controller::new`]); unused by other policies.
     pub ratio: f64,
     /// Swaps planned per layer per drain (≥ 1).
     pub max_swaps_per_layer: u32,

@@ -9,7 +9,7 @@ use crate::picks::StepPicks;
 /// What kind of forward pass produced a step's picks. Only [`PassKind::Prefill`] and
 /// [`PassKind::Decode`] are counted: warm-up, dummy profiling and speculative draft passes route
 /// identical or throw-away tokens and poison the counts (a fault seen in real engines' expert-load
-/// recorders, see `shared/DESIGN-NOTES.md`).
+/// recorders).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum PassKind {
     /// A prefill pass of real requests (counted).

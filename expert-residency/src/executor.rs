@@ -2,7 +2,8 @@
 //!
 //! The controller ([`crate::Controller`]) decides *which* experts swap; an executor moves the bytes
 //! and flips the engine's `(layer, expert) → weights` indirection table. The trait is shaped for an
-//! asynchronous (GPU) executor, after the expert-tier data flow in `shared/DESIGN-NOTES.md`:
+//! asynchronous (GPU) executor that reads experts through an expert → slot table at a fixed address
+//! (as TensorRT-LLM's ExpertId → SlotId table does, so captured CUDA graphs stay valid):
 //!
 //! 1. [`SwapExecutor::begin`] starts copying the incoming expert host → the layer's spare HBM slot
 //!    (on a copy stream) and returns at once.
@@ -119,7 +120,7 @@ pub trait SwapExecutor {
 
 /// Errors with [`crate::Error::Executor`] if `pending` (an executor's begun, uncommitted swaps)
 /// already holds a swap of `layer`: the one-in-flight-per-layer rule executors enforce in `begin`.
-pub fn check_layer_idle(pending: &[PlannedSwap], layer: u32) -> Result<()> {
+pub(crate) fn check_layer_idle(pending: &[PlannedSwap], layer: u32) -> Result<()> {
     if pending.iter().any(|s| s.layer == layer) {
         Err(crate::Error::Executor(format!(
             "layer {layer} already has a swap in flight"

@@ -6,12 +6,15 @@
 //! which experts are hot. The scoreboard is the **cold share**: the fraction of expert lookups
 //! served from host memory (0 is perfect).
 //!
-//! Pieces: [`Geometry`] and per-layer [`RowMap`]s ([`ResidencyMap`], saved as versioned JSON);
-//! [`PickCounters`] (one relaxed atomic add per pick, the GPU counting kernel's layout); the
-//! [`Controller`] (EMA drain, ratio policy with per-layer / per-step caps, generation-checked
-//! swaps, freeze, optional shift response); the [`SwapExecutor`] trait with an in-memory
-//! executor ([`MemoryExecutor`]); seed maps fitted offline ([`seed`]); and [`replay()`] of
-//! routing traces through any policy ([`PolicySpec`]).
+//! Pieces: [`Geometry`] and per-layer [`RowMap`]s (on tier-core's `PageMap`, one generation per
+//! layer; [`ResidencyMap`], saved as versioned JSON); [`PickCounters`] (one relaxed atomic add per
+//! pick, the GPU counting kernel's layout); the [`Controller`] (EMA drain, generation-checked
+//! swaps under per-layer / per-step caps, freeze, optional shift response) asking a
+//! [`SwapPolicy`] what to swap ([`RatioPolicy`], the published "EMA drain + ratio hysteresis"
+//! recipe, by default); the [`SwapExecutor`] trait with [`MemoryExecutor`] and [`NullExecutor`]
+//! (the GPU executor is `gpu::GpuExecutor`, `cuda` feature); seed maps fitted offline
+//! ([`fit_seed_map`]). Traces, replays, oracles and the scoreboard live in the `tierkit-sim`
+//! crate.
 //!
 //! ```
 //! use expert_residency::{Controller, ControllerConfig, Geometry, NullExecutor, PickCounters,
@@ -33,13 +36,14 @@ mod config;
 mod controller;
 mod counters;
 mod error;
-pub mod executor;
+mod executor;
 mod geometry;
 mod memory;
 mod picks;
+mod policy;
 mod rowmap;
-pub mod seed;
-pub mod telemetry;
+mod seed;
+mod telemetry;
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
@@ -52,7 +56,8 @@ pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, Swap
 pub use geometry::{check_bank_size, Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
+pub use policy::{LayerHeat, RatioPolicy, SwapChoice, SwapPolicy};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION};
-pub use seed::{CounterDump, Coverage};
+pub use seed::{fit_seed_map, merge_dumps, seed_coverage, top_k_experts, CounterDump, Coverage};
 pub use telemetry::{DrainTelemetry, SwapStats};
 pub use tier_core::NOT_RESIDENT;

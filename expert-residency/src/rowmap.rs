@@ -1,29 +1,34 @@
-//! Rowmaps: which experts of each layer are hot (in an HBM slot) and which are cold (host).
+//! Rowmaps: which experts of each layer are hot (in an HBM slot) and which are not resident
+//! (cold: read in place from pinned host memory).
 
 use crate::error::{Error, Result};
 use crate::executor::PlannedSwap;
 use crate::geometry::Geometry;
-use tier_core::NOT_RESIDENT;
+use tier_core::{CoreError, PageMap, NOT_RESIDENT};
 
 /// Format tag written into saved maps.
 pub const MAP_FORMAT: &str = "tierkit.expert-residency.rowmap";
 /// Version of the saved map format.
 pub const MAP_VERSION: u32 = 1;
 
-/// One layer's rowmap: expert → hot slot (or cold), its inverse slot → expert, and a generation
-/// bumped on every change.
+/// One layer's rowmap: a [`tier_core::PageMap`] with experts as logical entries and hot slots as
+/// physical pages (expert → slot, [`NOT_RESIDENT`] for a cold expert), plus the inverse table
+/// slot → expert.
+///
+/// The page map's generation is the layer's one generation: it starts at 0 and every applied swap
+/// bumps it by exactly one ([`tier_core::PageMap::move_page`]), which planned swaps are stamped
+/// with and executors and banks check against.
 ///
 /// Invariant: exactly `hot` experts are hot, each in a distinct slot `0..hot`, and the two tables
 /// are inverse to each other.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RowMap {
-    slot_of: Vec<i32>,
+    map: PageMap,
     expert_in: Vec<u32>,
-    generation: u64,
 }
 
 impl RowMap {
-    /// A layer map whose hot slot `i` holds `hot[i]`.
+    /// A layer map whose hot slot `i` holds `hot[i]`, at generation 0.
     ///
     /// Errors: [`Error::ExpertOutOfRange`] for an id `>= experts`, [`Error::InvalidRowMap`] for a
     /// duplicate id or an empty hot set, [`Error::HotExceedsExperts`] if `hot` is longer than
@@ -38,26 +43,25 @@ impl RowMap {
                 experts,
             });
         }
-        let mut slot_of = vec![NOT_RESIDENT; experts as usize];
+        let mut table = vec![NOT_RESIDENT; experts as usize];
         for (slot, &e) in hot.iter().enumerate() {
             if e >= experts {
                 return Err(Error::ExpertOutOfRange { expert: e, experts });
             }
-            if slot_of[e as usize] != NOT_RESIDENT {
+            if table[e as usize] != NOT_RESIDENT {
                 return Err(Error::InvalidRowMap(format!("expert {e} is hot twice")));
             }
-            slot_of[e as usize] = slot as i32;
+            table[e as usize] = slot as i32;
         }
         Ok(RowMap {
-            slot_of,
+            map: PageMap::from_table(table)?,
             expert_in: hot.to_vec(),
-            generation: 0,
         })
     }
 
     /// Experts of the layer.
     pub fn experts(&self) -> u32 {
-        self.slot_of.len() as u32
+        self.map.len()
     }
 
     /// Hot slots of the layer.
@@ -68,7 +72,7 @@ impl RowMap {
     /// The hot slot of `expert`, or `None` if it is cold (or out of range).
     #[inline]
     pub fn slot_of(&self, expert: u32) -> Option<u32> {
-        match self.slot_of.get(expert as usize) {
+        match self.map.table().get(expert as usize) {
             Some(&s) if s >= 0 => Some(s as u32),
             _ => None,
         }
@@ -90,27 +94,33 @@ impl RowMap {
         &self.expert_in
     }
 
-    /// The expert → slot table, `[experts]` i32, [`NOT_RESIDENT`] (-1) for cold experts: Pod, mirror it to
-    /// a device as-is.
+    /// The expert → slot table, `[experts]` i32, [`NOT_RESIDENT`] (-1) for cold experts: Pod,
+    /// mirror it to a device as-is.
+    #[inline]
     pub fn table(&self) -> &[i32] {
-        &self.slot_of
+        self.map.table()
+    }
+
+    /// The underlying page map (experts → hot slots, with the layer's generation).
+    pub fn page_map(&self) -> &PageMap {
+        &self.map
     }
 
     /// Generation of the layer: starts at 0, +1 on every applied swap.
+    #[inline]
     pub fn generation(&self) -> u64 {
-        self.generation
+        self.map.generation()
     }
 
     /// Checks that `swap` (already known to target this layer) applies now: generation current,
     /// `outgoing` in `slot`, `incoming` cold.
+    ///
+    /// Errors: [`Error::StaleSwap`] (the page map's stale generation, with the layer),
+    /// [`Error::ExpertOutOfRange`], [`Error::InvalidSwap`].
     pub fn check_swap(&self, swap: &PlannedSwap) -> Result<()> {
-        if swap.generation != self.generation {
-            return Err(Error::StaleSwap {
-                layer: swap.layer,
-                expected: swap.generation,
-                actual: self.generation,
-            });
-        }
+        self.map
+            .check_generation(swap.generation)
+            .map_err(|e| stale(swap.layer, e))?;
         let experts = self.experts();
         for e in [swap.incoming, swap.outgoing] {
             if e >= experts {
@@ -132,14 +142,27 @@ impl RowMap {
         Ok(())
     }
 
-    /// Applies a checked swap (see [`RowMap::check_swap`]); on error nothing changes.
+    /// Applies a checked swap (see [`RowMap::check_swap`]) as one page-map change: the generation
+    /// goes up by exactly one. On error nothing changes (also
+    /// [`tier_core::CoreError::GenerationExhausted`], as [`Error::Core`], for a map at
+    /// [`tier_core::MAX_GENERATION`]).
     pub fn apply(&mut self, swap: &PlannedSwap) -> Result<()> {
         self.check_swap(swap)?;
-        self.slot_of[swap.outgoing as usize] = NOT_RESIDENT;
-        self.slot_of[swap.incoming as usize] = swap.slot as i32;
+        self.map.move_page(swap.outgoing, swap.incoming)?;
         self.expert_in[swap.slot as usize] = swap.incoming;
-        self.generation += 1;
         Ok(())
+    }
+}
+
+/// tier-core's stale generation as the crate's [`Error::StaleSwap`] (same variant as ever).
+fn stale(layer: u32, e: CoreError) -> Error {
+    match e {
+        CoreError::StaleGeneration { expected, actual } => Error::StaleSwap {
+            layer,
+            expected,
+            actual,
+        },
+        other => Error::Core(other),
     }
 }
 

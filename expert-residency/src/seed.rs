@@ -164,7 +164,7 @@ impl CounterDump {
 }
 
 /// The top `k` expert ids of `counts`, busiest first; ties go to the lower id (deterministic).
-pub fn top_k(counts: &[f64], k: usize) -> Vec<u32> {
+pub fn top_k_experts(counts: &[f64], k: usize) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..counts.len() as u32).collect();
     ids.sort_by(|&a, &b| {
         counts[b as usize]
@@ -180,7 +180,7 @@ pub fn top_k(counts: &[f64], k: usize) -> Vec<u32> {
 ///
 /// Errors: [`Error::GeometryMismatch`] if the dump's shape differs from `geometry`; the errors
 /// of [`CounterDump::validate`] for a dump edited into an invalid state; geometry errors.
-pub fn fit(
+pub fn fit_seed_map(
     model: impl Into<String>,
     geometry: &Geometry,
     dump: &CounterDump,
@@ -191,7 +191,7 @@ pub fn fit(
     let hot = dump
         .counts
         .chunks_exact(e)
-        .map(|row| top_k(row, geometry.hot_per_layer as usize))
+        .map(|row| top_k_experts(row, geometry.hot_per_layer as usize))
         .collect();
     ResidencyMap::from_hot_sets(model, *geometry, hot)
 }
@@ -218,7 +218,7 @@ fn sum_scale(counts: &[f64]) -> f64 {
 /// Errors: [`Error::EmptyTrace`] for no dump, [`Error::GeometryMismatch`] for dumps of different
 /// shapes, [`Error::InvalidConfig`] for a negative, non-finite or all-zero weight; the errors of
 /// [`CounterDump::validate`].
-pub fn merge(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
+pub fn merge_dumps(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
     let (first, _) = dumps
         .first()
         .ok_or_else(|| Error::EmptyTrace("no dump to merge".into()))?;
@@ -280,7 +280,7 @@ impl Coverage {
 /// Counts near `f64::MAX` are summed at a common scale, so the shares stay exact ratios.
 ///
 /// Errors: [`Error::GeometryMismatch`]; the errors of [`CounterDump::validate`].
-pub fn coverage(map: &ResidencyMap, dump: &CounterDump) -> Result<Coverage> {
+pub fn seed_coverage(map: &ResidencyMap, dump: &CounterDump) -> Result<Coverage> {
     dump.check_geometry(map.geometry())?;
     let e = dump.experts_per_layer as usize;
     // Counts near f64::MAX would sum to infinity: sum at a common scale (1 for any real dump).
@@ -324,21 +324,21 @@ mod tests {
     fn fit_merge_cover() {
         let g = Geometry::new(2, 4, 2, 1).unwrap();
         let a = CounterDump::new("a", 2, 4, vec![5., 1., 5., 0., 0., 0., 3., 9.]).unwrap();
-        let m = fit("m", &g, &a).unwrap();
+        let m = fit_seed_map("m", &g, &a).unwrap();
         assert_eq!(m.hot_sets(), vec![vec![0, 2], vec![3, 2]]);
-        let c = coverage(&m, &a).unwrap();
+        let c = seed_coverage(&m, &a).unwrap();
         assert!((c.per_layer[0] - 10.0 / 11.0).abs() < 1e-12);
         assert!((c.overall - 22.0 / 23.0).abs() < 1e-12);
         let b = CounterDump::new("b", 2, 4, vec![0., 10., 0., 10., 1., 1., 0., 0.]).unwrap();
-        assert_eq!(coverage(&m, &b).unwrap().per_layer[0], 0.0);
-        let mg = merge(&[(&a, 1.0), (&b, 3.0)]).unwrap();
+        assert_eq!(seed_coverage(&m, &b).unwrap().per_layer[0], 0.0);
+        let mg = merge_dumps(&[(&a, 1.0), (&b, 3.0)]).unwrap();
         // layer 0: a shares [5,1,5,0]/11, b shares [0,.5,0,.5] ×3
-        assert_eq!(top_k(mg.layer(0).unwrap(), 2), vec![1, 3]);
-        assert!(merge(&[]).is_err());
-        assert!(merge(&[(&a, -1.0)]).is_err());
+        assert_eq!(top_k_experts(mg.layer(0).unwrap(), 2), vec![1, 3]);
+        assert!(merge_dumps(&[]).is_err());
+        assert!(merge_dumps(&[(&a, -1.0)]).is_err());
         let other = Geometry::new(3, 4, 2, 1).unwrap();
         assert!(matches!(
-            fit("m", &other, &a),
+            fit_seed_map("m", &other, &a),
             Err(Error::GeometryMismatch { .. })
         ));
         assert!(CounterDump::new("x", 2, 4, vec![0.; 7]).is_err());
@@ -366,15 +366,15 @@ mod tests {
         let mut short = ok.clone();
         short.counts.truncate(3);
         assert!(matches!(
-            fit("m", &g, &short),
+            fit_seed_map("m", &g, &short),
             Err(Error::LengthMismatch { .. })
         ));
-        let map = fit("m", &g, &ok).unwrap();
+        let map = fit_seed_map("m", &g, &ok).unwrap();
         assert!(matches!(
-            coverage(&map, &short),
+            seed_coverage(&map, &short),
             Err(Error::LengthMismatch { .. })
         ));
-        assert!(merge(&[(&ok, 1.0), (&short, 1.0)]).is_err());
+        assert!(merge_dumps(&[(&ok, 1.0), (&short, 1.0)]).is_err());
     }
 
     #[test]
@@ -382,11 +382,11 @@ mod tests {
         let g = Geometry::new(1, 4, 2, 1).unwrap();
         let big = f64::MAX / 2.0;
         let d = CounterDump::new("big", 1, 4, vec![big, big, big, 0.0]).unwrap();
-        let map = fit("m", &g, &d).unwrap();
-        let c = coverage(&map, &d).unwrap();
+        let map = fit_seed_map("m", &g, &d).unwrap();
+        let c = seed_coverage(&map, &d).unwrap();
         assert!((c.overall - 2.0 / 3.0).abs() < 1e-12, "{c:?}");
         assert!((c.per_layer[0] - 2.0 / 3.0).abs() < 1e-12, "{c:?}");
-        let m = merge(&[(&d, 1.0)]).unwrap();
+        let m = merge_dumps(&[(&d, 1.0)]).unwrap();
         assert!((m.counts[0] - 1.0 / 3.0).abs() < 1e-12, "{:?}", m.counts);
     }
 }

@@ -3,7 +3,7 @@
 //! 37 M lookups per policy: run in release (`cargo test --release -p expert-residency --test
 //! default_scenario`); ignored in debug builds. `examples/replay_default.rs` prints the table.
 
-use expert_residency::{seed, ControllerConfig, Geometry};
+use expert_residency::{fit_seed_map, ControllerConfig, Geometry};
 use tierkit_sim::experts::trace::synth::{generate, SynthConfig};
 use tierkit_sim::experts::{replay_with, OracleWindow, PolicySpec, ReplayOptions};
 
@@ -17,7 +17,7 @@ fn default_scenario_meets_the_bar() {
     let s = trace.shape;
     let g = Geometry::new(s.layers, s.experts_per_layer, 16, 6 << 20).unwrap();
     let shift = trace.shifts[0] as usize;
-    let seed_map = seed::fit(
+    let seed_map = fit_seed_map(
         "olmoe",
         &g,
         &tierkit_sim::experts::counter_dump(&trace, 0..shift).unwrap(),

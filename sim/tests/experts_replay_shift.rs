@@ -2,7 +2,7 @@
 //! a known step): adaptive ends close to the oracle for the new domain, a seed map fitted on the
 //! old domain ends worse, and the shift response at least halves T90.
 
-use expert_residency::{seed, ControllerConfig, Error, Geometry};
+use expert_residency::{fit_seed_map, ControllerConfig, Error, Geometry};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -96,7 +96,7 @@ fn adaptive_tracks_the_shift_and_beats_the_old_seed() {
         ..ReplayOptions::default()
     };
     let old = tierkit_sim::experts::counter_dump(&trace, 0..shift).unwrap();
-    let seed_map = seed::fit("zipf", &g, &old).unwrap();
+    let seed_map = fit_seed_map("zipf", &g, &old).unwrap();
     let run = |p: &PolicySpec| replay_with(&trace, &g, p, &cfg, &opts).unwrap();
     let oracle = run(&PolicySpec::Oracle(OracleWindow::AfterLastShift));
     let adaptive = run(&PolicySpec::Adaptive(None));

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use expert_residency::{seed, CounterDump, Geometry, ResidencyMap};
+use expert_residency::{
+    fit_seed_map, merge_dumps, seed_coverage, CounterDump, Geometry, ResidencyMap,
+};
 use tierkit_sim::experts::trace::olmoe::routing_counts;
 
 fn dump(json: &serde_json::Value, domain: &str) -> CounterDump {
@@ -30,11 +32,11 @@ fn held_out_coverage_on_real_counts() {
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
     let (book, github) = (dump(&json, "book"), dump(&json, "github"));
     let g = Geometry::new(book.layers, 64, 16, 1).unwrap();
-    let book_map = seed::fit("olmoe", &g, &book).unwrap();
-    let github_map = seed::fit("olmoe", &g, &github).unwrap();
-    let both = seed::merge(&[(&book, 0.5), (&github, 0.5)]).unwrap();
-    let both_map = seed::fit("olmoe", &g, &both).unwrap();
-    let cover = |m: &ResidencyMap, d: &CounterDump| seed::coverage(m, d).unwrap().overall;
+    let book_map = fit_seed_map("olmoe", &g, &book).unwrap();
+    let github_map = fit_seed_map("olmoe", &g, &github).unwrap();
+    let both = merge_dumps(&[(&book, 0.5), (&github, 0.5)]).unwrap();
+    let both_map = fit_seed_map("olmoe", &g, &both).unwrap();
+    let cover = |m: &ResidencyMap, d: &CounterDump| seed_coverage(m, d).unwrap().overall;
     let held_out = cover(&book_map, &github);
     let in_domain = cover(&github_map, &github);
     let merged = cover(&both_map, &github);

@@ -113,6 +113,22 @@ pub enum CoreError {
         /// Logical page index.
         logical: u32,
     },
+    /// A [`PageMap::move_page`](crate::PageMap::move_page) source entry
+    /// `logical` has no page to move.
+    #[error("logical entry {logical} is not mapped")]
+    NotMapped {
+        /// The unmapped logical entry.
+        logical: u32,
+    },
+    /// A [`PageMap::move_page`](crate::PageMap::move_page) target entry
+    /// `logical` already holds physical page `page`.
+    #[error("logical entry {logical} is already mapped (page {page})")]
+    AlreadyMapped {
+        /// The mapped logical entry.
+        logical: u32,
+        /// The page it holds.
+        page: u32,
+    },
     /// A map could not shrink because logical entry `logical` (at or beyond
     /// the new length) is still mapped.
     #[error("cannot shrink: logical entry {logical} is still mapped")]

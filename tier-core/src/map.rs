@@ -82,6 +82,19 @@ impl TryFrom<RawPageMap> for PageMap {
 }
 
 impl PageMap {
+    /// Makes a map at generation 0 from a flat table (`i32 [len]`, a physical
+    /// page id or [`NOT_RESIDENT`] per entry), validated as a loaded map is.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfRange`] for a value below `-1` (its index) or more
+    /// than `u32::MAX` entries.
+    pub fn from_table(table: Vec<i32>) -> Result<Self> {
+        Self::try_from(RawPageMap {
+            table,
+            generation: 0,
+        })
+    }
+
     /// Makes a map of `len` logical entries, all [`NOT_RESIDENT`], at
     /// generation 0. `len == 0` is allowed (a request with no history yet);
     /// grow it with [`resize`](Self::resize).
@@ -168,6 +181,32 @@ impl PageMap {
     ) -> Result<Option<PageId>> {
         self.check_generation(expected)?;
         self.set(logical, page)
+    }
+
+    /// Moves the page of `from` to the unmapped entry `to` as one change:
+    /// `from` becomes [`NOT_RESIDENT`], `to` holds the page, and the
+    /// generation is bumped once (a rowmap swap: the incoming expert takes the
+    /// outgoing one's slot). Returns the page moved.
+    ///
+    /// # Errors
+    /// [`CoreError::OutOfRange`] if `from` or `to` is not below `len()`;
+    /// [`CoreError::NotMapped`] if `from` has no page;
+    /// [`CoreError::AlreadyMapped`] if `to` has one (also when `to == from`);
+    /// [`CoreError::GenerationExhausted`] if the map is at
+    /// [`MAX_GENERATION`]. Nothing changes on error.
+    pub fn move_page(&mut self, from: u32, to: u32) -> Result<PageId> {
+        let (source, target) = (self.get(from)?, self.get(to)?);
+        let page = source.ok_or(CoreError::NotMapped { logical: from })?;
+        if let Some(held) = target {
+            return Err(CoreError::AlreadyMapped {
+                logical: to,
+                page: held.0,
+            });
+        }
+        self.generation = self.next_generation()?;
+        self.table[from as usize] = NOT_RESIDENT;
+        self.table[to as usize] = page.0 as i32;
+        Ok(page)
     }
 
     /// Unmaps `logical`, returning the page it had (if any). Bumps the
@@ -421,6 +460,58 @@ mod tests {
                 generation: u64::MAX
             }
         );
+    }
+
+    #[test]
+    fn move_page_is_one_change() {
+        let mut m = PageMap::from_table(vec![0, -1, 1, -1]).unwrap();
+        assert_eq!((m.generation(), m.mapped_count()), (0, 2));
+        assert_eq!(m.move_page(2, 3).unwrap(), PageId(1));
+        assert_eq!(m.table(), &[0, -1, -1, 1]);
+        assert_eq!((m.generation(), m.mapped_count()), (1, 2));
+        let before = m.clone();
+        assert_eq!(
+            m.move_page(1, 2).unwrap_err(),
+            CoreError::NotMapped { logical: 1 }
+        );
+        assert_eq!(
+            m.move_page(0, 3).unwrap_err(),
+            CoreError::AlreadyMapped {
+                logical: 3,
+                page: 1
+            }
+        );
+        assert_eq!(
+            m.move_page(0, 0).unwrap_err(),
+            CoreError::AlreadyMapped {
+                logical: 0,
+                page: 0
+            }
+        );
+        assert_eq!(
+            m.move_page(4, 1).unwrap_err(),
+            CoreError::OutOfRange { index: 4, len: 4 }
+        );
+        assert_eq!(
+            m.move_page(0, 9).unwrap_err(),
+            CoreError::OutOfRange { index: 9, len: 4 }
+        );
+        // Range first: an unmapped `from` with an out-of-range `to` is out of range.
+        assert_eq!(
+            m.move_page(1, 9).unwrap_err(),
+            CoreError::OutOfRange { index: 9, len: 4 }
+        );
+        assert_eq!(m, before, "a refused move changes nothing");
+        let loaded = format!(r#"{{"table":[5,-1],"generation":{MAX_GENERATION}}}"#);
+        let mut full: PageMap = serde_json::from_str(&loaded).unwrap();
+        assert_eq!(
+            full.move_page(0, 1).unwrap_err(),
+            CoreError::GenerationExhausted {
+                generation: MAX_GENERATION
+            }
+        );
+        assert_eq!(full.table(), &[5, -1]);
+        assert!(PageMap::from_table(vec![0, -2]).is_err());
     }
 
     #[test]

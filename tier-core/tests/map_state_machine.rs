@@ -31,6 +31,8 @@ enum Op {
     SetIfGeneration(u64, u32, u32),
     Clear(u32),
     Resize(u32),
+    /// Move the page of `from` to the unmapped `to`.
+    Move(u32, u32),
 }
 
 /// The generation after one more change, as the map must compute it.
@@ -75,6 +77,7 @@ impl ReferenceStateMachine for MapRef {
             1 => (0u64..2, 0..l, page).prop_map(|(lag, i, p)| Op::SetIfGeneration(lag, i, p)),
             2 => (0..l).prop_map(Op::Clear),
             1 => (0..l + 2).prop_map(Op::Resize),
+            2 => (0..l, 0..l).prop_map(|(f, t)| Op::Move(f, t)),
         ]
         .boxed()
     }
@@ -114,6 +117,21 @@ impl ReferenceStateMachine for MapRef {
                 Some(_) => bump(s.generation).map(|g| {
                     s.generation = g;
                     s.entries.remove(&i)
+                }),
+            },
+            Op::Move(f, _) if f >= s.len => Err(oob(f, s.len)),
+            Op::Move(_, t) if t >= s.len => Err(oob(t, s.len)),
+            Op::Move(f, t) => match (s.entries.get(&f).copied(), s.entries.get(&t).copied()) {
+                (None, _) => Err(CoreError::NotMapped { logical: f }),
+                (Some(_), Some(held)) => Err(CoreError::AlreadyMapped {
+                    logical: t,
+                    page: held,
+                }),
+                (Some(p), None) => bump(s.generation).map(|g| {
+                    s.generation = g;
+                    s.entries.remove(&f);
+                    s.entries.insert(t, p);
+                    Some(p)
                 }),
             },
             Op::Resize(n) => {
@@ -162,6 +180,7 @@ impl StateMachineTest for MapTest {
             }
             Op::Clear(i) => page(map.clear(i)),
             Op::Resize(n) => map.resize(n).map(|()| None),
+            Op::Move(f, t) => map.move_page(f, t).map(|p| Some(p.0)),
         };
         assert_eq!(Some(&got), s.expect.as_ref(), "{op:?}");
         if got.is_err() {

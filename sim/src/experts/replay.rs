@@ -1,9 +1,8 @@
 //! Replays of routing traces through a residency policy, with the cold-share scoreboard.
 
-use expert_residency::seed::fit;
 use expert_residency::{
-    Controller, ControllerConfig, DrainTelemetry, Error, Geometry, MemoryExecutor, NullExecutor,
-    PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
+    fit_seed_map, Controller, ControllerConfig, DrainTelemetry, Error, Geometry, MemoryExecutor,
+    NullExecutor, PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
 };
 
 use crate::experts::t90::{mean, t90, T90};
@@ -31,7 +30,7 @@ pub enum OracleWindow {
 pub enum PolicySpec {
     /// A fixed map: the given one, or first-K (a uniform map) if `None`. Never swaps.
     Static(Option<ResidencyMap>),
-    /// A seed map fitted offline ([`expert_residency::seed::fit`]). Never swaps.
+    /// A seed map fitted offline ([`expert_residency::fit_seed_map`]). Never swaps.
     Seed(ResidencyMap),
     /// The [`Controller`] with the given config minus any shift response, from the given boot
     /// map (first-K if `None`).
@@ -265,7 +264,7 @@ pub fn oracle_map(
         OracleWindow::Steps { start, end } => (*start as usize).min(n)..(*end as usize).min(n),
     };
     let dump = crate::experts::counter_dump(trace, range)?;
-    fit(format!("oracle:{}", trace.name), geometry, &dump)
+    fit_seed_map(format!("oracle:{}", trace.name), geometry, &dump)
 }
 
 /// [`replay_with`] with [`ReplayOptions::default`].

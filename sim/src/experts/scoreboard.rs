@@ -9,7 +9,7 @@
 //! - the default seed map is fitted on the steps before the first shift, or on the first tenth of
 //!   a trace without a shift.
 
-use expert_residency::{seed, ControllerConfig, Geometry, ResidencyMap, Result};
+use expert_residency::{fit_seed_map, ControllerConfig, Geometry, ResidencyMap, Result};
 
 use crate::experts::replay::{replay_with, OracleWindow, PolicySpec, ReplayOptions, ReplayReport};
 use crate::experts::trace::Trace;
@@ -79,7 +79,7 @@ pub struct ScoreRow {
 /// The default seed map of a comparison and a note saying how it was fitted: on the steps before
 /// the first shift, or on the first tenth of a trace without a shift.
 ///
-/// Errors: the errors of [`crate::experts::counter_dump`] and [`seed::fit`].
+/// Errors: the errors of [`crate::experts::counter_dump`] and [`fit_seed_map`].
 pub fn default_seed_map(trace: &Trace, geometry: &Geometry) -> Result<(ResidencyMap, String)> {
     let n = trace.steps.len();
     let end = match trace.shifts.first() {
@@ -87,7 +87,7 @@ pub fn default_seed_map(trace: &Trace, geometry: &Geometry) -> Result<(Residency
         None => (n / 10).max(1),
     };
     let dump = crate::experts::counter_dump(trace, 0..end)?;
-    let map = seed::fit(format!("seed:{}", trace.name), geometry, &dump)?;
+    let map = fit_seed_map(format!("seed:{}", trace.name), geometry, &dump)?;
     let why = if trace.shifts.is_empty() {
         "the first tenth"
     } else {

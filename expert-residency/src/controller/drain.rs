@@ -1,0 +1,214 @@
+//! One drain, one job per function: deltas and the cold-share window, the shift response, the EMA
+//! fold, planning through the policy, telemetry.
+
+use super::Controller;
+use crate::config::ShiftResponse;
+use crate::policy::LayerHeat;
+use crate::telemetry::DrainTelemetry;
+
+/// Shift-response state.
+#[derive(Clone, Debug, Default)]
+pub(super) struct ShiftState {
+    /// EMA of past drains' cold shares (`None` before the first drain with picks).
+    pub(super) baseline: Option<f64>,
+    /// Drains of boost left (0: normal half-life and cap).
+    pub(super) boost_left: u32,
+    /// Jumps detected so far.
+    pub(super) detections: u64,
+}
+
+/// What the shift detector did at one drain.
+enum ShiftEvent {
+    /// Nothing changes.
+    None,
+    /// A jump: boost (shorter half-life, higher cap) and forget `forget_steps` extra steps.
+    Jump,
+    /// The boost ran out: back to the normal half-life.
+    BoostOver,
+}
+
+impl ShiftState {
+    /// Feeds one drain's cold share to the detector (only drains with picks count): a jump is
+    /// `cold_share ≥ jump_ratio × baseline` and `≥ baseline + jump_min`.
+    fn observe(&mut self, sr: &ShiftResponse, cold_share: f64) -> ShiftEvent {
+        let Some(b) = self.baseline else {
+            self.baseline = Some(cold_share);
+            return ShiftEvent::None;
+        };
+        let event = if cold_share >= b * sr.jump_ratio && cold_share >= b + sr.jump_min {
+            self.detections += 1;
+            self.boost_left = sr.boost_drains;
+            ShiftEvent::Jump
+        } else if self.boost_left > 0 {
+            self.boost_left -= 1;
+            if self.boost_left == 0 {
+                ShiftEvent::BoostOver
+            } else {
+                ShiftEvent::None
+            }
+        } else {
+            ShiftEvent::None
+        };
+        let a = 0.5f64.powf(1.0 / sr.baseline_half_life_drains);
+        self.baseline = Some(b * a + cold_share * (1.0 - a));
+        event
+    }
+}
+
+fn share(cold: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        cold as f64 / total as f64
+    }
+}
+
+impl Controller {
+    /// Drains `snap` (length checked by the callers): the "drain + decide" of one interval.
+    pub(super) fn drain_from(&mut self, snap: &[u32]) -> DrainTelemetry {
+        let elapsed = self.step - self.last_drain_step;
+        self.last_drain_step = self.step;
+        self.drains += 1;
+        let (cold, picks) = self.take_deltas(snap);
+        let cold_share = share(cold, picks);
+        // Detect before folding so that a boosted half-life applies to this very fold.
+        let forget = if picks > 0 {
+            self.respond_to_shift(cold_share)
+        } else {
+            None
+        };
+        self.ema
+            .fold(&self.deltas, elapsed.saturating_add(forget.unwrap_or(0)))
+            .expect("lengths fixed at new");
+        let cap = self.per_layer_cap();
+        let planned = if self.frozen { 0 } else { self.plan(cap) };
+        self.telemetry(elapsed, picks, cold_share, planned, cap, forget.is_some())
+    }
+
+    /// One fused pass per layer: wrap-around-safe deltas (u32 → u64) into `deltas`, `snap` as the
+    /// new reference snapshot, and the interval's (cold, total) picks with the map as it is now,
+    /// recorded in the cold-share window. Returns (cold, total) over all layers.
+    fn take_deltas(&mut self, snap: &[u32]) -> (u64, u64) {
+        let experts = self.map.geometry().experts_per_layer as usize;
+        let layers = self.map.layers().len();
+        let wbase = self.window_pos * layers;
+        let (mut cold_all, mut total_all) = (0u64, 0u64);
+        for (l, row) in self.map.layers().iter().enumerate() {
+            let r = l * experts..(l + 1) * experts;
+            let (mut cold, mut total) = (0u64, 0u64);
+            for (((d, p), &s), &slot) in self.deltas[r.clone()]
+                .iter_mut()
+                .zip(&mut self.prev[r.clone()])
+                .zip(&snap[r])
+                .zip(row.table())
+            {
+                let x = s.wrapping_sub(*p) as u64;
+                *p = s;
+                *d = x;
+                total += x;
+                // slot < 0 (not resident) → all-ones mask.
+                cold += x & ((slot >> 31) as i64 as u64);
+            }
+            self.window[wbase + l] = (cold, total);
+            cold_all += cold;
+            total_all += total;
+        }
+        self.window_pos = (self.window_pos + 1) % self.cfg.window_drains as usize;
+        (cold_all, total_all)
+    }
+
+    /// The shift response (if configured) for a drain with picks: on a jump, boosts the EMA
+    /// half-life and returns the extra steps to forget; when the boost runs out, restores the
+    /// normal half-life. `Some` iff a jump was detected.
+    fn respond_to_shift(&mut self, cold_share: f64) -> Option<u64> {
+        let sr = self.cfg.shift_response.as_ref()?;
+        match self.shift.observe(sr, cold_share) {
+            ShiftEvent::None => None,
+            ShiftEvent::Jump => {
+                self.ema
+                    .set_half_life(sr.boost_half_life_steps)
+                    .expect("validated");
+                Some(sr.forget_steps)
+            }
+            ShiftEvent::BoostOver => {
+                self.ema
+                    .set_half_life(self.cfg.half_life_steps)
+                    .expect("validated");
+                None
+            }
+        }
+    }
+
+    /// The per-layer swap cap in force: the shift response's while boosted, else the config's.
+    fn per_layer_cap(&self) -> u32 {
+        match &self.cfg.shift_response {
+            Some(sr) if self.shift.boost_left > 0 => sr.boost_swaps_per_layer,
+            _ => self.cfg.max_swaps_per_layer,
+        }
+    }
+
+    /// Asks the policy about every layer with no swap queued or in flight and queues what it
+    /// chose; returns how many swaps were planned.
+    fn plan(&mut self, cap: u32) -> u32 {
+        let experts = self.map.geometry().experts_per_layer as usize;
+        let mut planned = 0;
+        for l in 0..self.map.layers().len() {
+            if self.busy[l] != 0 {
+                continue;
+            }
+            self.choices.clear();
+            let layer = LayerHeat {
+                layer: l as u32,
+                heat: &self.ema.values()[l * experts..(l + 1) * experts],
+                row: &self.map.layers()[l],
+                max_swaps: cap,
+                max_swaps_per_step: self.cfg.max_swaps_per_step,
+            };
+            self.policy.plan(&layer, &mut self.choices);
+            planned += self.queue_choices(l as u32, cap);
+        }
+        planned
+    }
+
+    /// The drain record.
+    fn telemetry(
+        &self,
+        elapsed: u64,
+        picks: u64,
+        cold_share: f64,
+        planned: u32,
+        cap: u32,
+        shift_detected: bool,
+    ) -> DrainTelemetry {
+        let layers = self.map.layers().len();
+        let (mut wc, mut wt) = (0u64, 0u64);
+        let per_layer = (0..layers)
+            .map(|l| {
+                let (c, t) = (0..self.cfg.window_drains as usize)
+                    .map(|k| self.window[k * layers + l])
+                    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+                wc += c;
+                wt += t;
+                share(c, t)
+            })
+            .collect();
+        DrainTelemetry {
+            step: self.step,
+            drain: self.drains,
+            elapsed_steps: elapsed,
+            picks,
+            cold_share,
+            cold_share_window: share(wc, wt),
+            cold_share_per_layer: per_layer,
+            planned,
+            queued: self.queue.len() as u32,
+            in_flight: self.in_flight_count(),
+            totals: self.stats,
+            frozen: self.frozen,
+            half_life_steps: self.ema.half_life_steps(),
+            max_swaps_per_layer: cap,
+            shift_detected,
+            boost_drains_left: self.shift.boost_left,
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! The residency controller: drains pick counts into an EMA, asks a [`SwapPolicy`] what to swap,
+//! drives an executor.
+//!
+//! - `mod.rs`: the controller's state and public API (steps, freeze, baseline reset, map requests).
+//! - `drain.rs`: one drain, one job per function (deltas, window, shift response, EMA fold,
+//!   planning through the policy, telemetry).
+//! - `swaps.rs`: the swap queue (commit, begin, cancel) and its accounting.
+
+mod drain;
+mod swaps;
+
+use crate::config::ControllerConfig;
+use crate::counters::PickCounters;
+use crate::error::{Error, Result};
+use crate::executor::{PlannedSwap, SwapExecutor};
+use crate::policy::{RatioPolicy, SwapChoice, SwapPolicy};
+use crate::rowmap::ResidencyMap;
+use crate::telemetry::{DrainTelemetry, SwapStats};
+use drain::ShiftState;
+use tier_core::DecayingCounters;
+
+/// What one [`Controller::step`] did.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepReport {
+    /// Step count after this call.
+    pub step: u64,
+    /// Swaps committed by the executor and applied to the rowmap at this boundary.
+    pub applied: u32,
+    /// Swaps rejected (stale generation) at this boundary.
+    pub rejected: u32,
+    /// Swaps that failed in the executor at this boundary.
+    pub failed: u32,
+    /// Swaps begun (handed to the executor) at this boundary (≤ `max_swaps_per_step`).
+    pub begun: u32,
+    /// The drain record, if this step drained.
+    pub drain: Option<DrainTelemetry>,
+}
+
+/// Decides, step by step, which experts are hot.
+///
+/// Call [`Controller::step`] (or [`Controller::step_with`]) once per step boundary, after the
+/// step's picks were counted. Every `drain_every` steps the counter deltas (wrap-around safe) are
+/// folded into an EMA with a half-life in steps; then, for every layer with no swap queued or in
+/// flight, the [`SwapPolicy`] says which cold experts should replace which hot ones (at most the
+/// per-layer cap per drain). The controller stamps each swap with the layer's generation, begins
+/// at most `max_swaps_per_step` queued swaps per step on the executor (one in flight per layer),
+/// and applies to the rowmap the swaps the executor confirms, after a generation check.
+///
+/// The default policy is [`RatioPolicy`]: "EMA drain + ratio hysteresis", the published GB300
+/// expert-residency recipe (busiest cold vs least busy hot, swap iff `cold ≥ ratio × hot`),
+/// moving only the few experts that matter rather than re-planning every expert as EPLB-style
+/// rebalancers do. The optional shift response
+/// ([`ControllerConfig::shift_response`](crate::ControllerConfig::shift_response)) lives here, not
+/// in the policy: it shortens the EMA half-life and raises the per-layer cap for a while, which
+/// any policy sees through [`LayerHeat`](crate::LayerHeat).
+///
+/// Every method that fails leaves the controller unchanged.
+#[derive(Debug)]
+pub struct Controller {
+    cfg: ControllerConfig,
+    map: ResidencyMap,
+    ema: DecayingCounters,
+    prev: Vec<u32>,
+    snap: Vec<u32>,
+    deltas: Vec<u64>,
+    step: u64,
+    last_drain_step: u64,
+    drains: u64,
+    frozen: bool,
+    queue: Vec<PlannedSwap>,
+    /// Per layer: swaps queued or in flight.
+    busy: Vec<u32>,
+    /// Per layer: a swap is in flight.
+    in_flight: Vec<bool>,
+    stats: SwapStats,
+    /// Ring of per-layer (cold, total) of the last `window_drains` drains.
+    window: Vec<(u64, u64)>,
+    window_pos: usize,
+    shift: ShiftState,
+    policy: Box<dyn SwapPolicy>,
+    /// Scratch for one layer's policy choices.
+    choices: Vec<SwapChoice>,
+}
+
+impl Controller {
+    /// A controller starting from `map` (the boot map: first-K, or a seed map) with the published
+    /// [`RatioPolicy`] at `cfg.ratio`.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a bad config.
+    pub fn new(map: ResidencyMap, cfg: ControllerConfig) -> Result<Self> {
+        cfg.validate()?;
+        let policy = Box::new(RatioPolicy::new(cfg.ratio)?);
+        Self::with_policy(map, cfg, policy)
+    }
+
+    /// A controller starting from `map` that asks `policy` what to swap. `cfg.ratio` is the
+    /// ratio policy's knob and unused by other policies; everything else in `cfg` (drain cadence,
+    /// half-life, caps, window, shift response) applies whatever the policy.
+    ///
+    /// Errors: [`Error::InvalidConfig`] for a bad config.
+    pub fn with_policy(
+        map: ResidencyMap,
+        cfg: ControllerConfig,
+        policy: Box<dyn SwapPolicy>,
+    ) -> Result<Self> {
+        cfg.validate()?;
+        let g = *map.geometry();
+        let cells = g.cells();
+        let layers = g.layers as usize;
+        Ok(Controller {
+            ema: DecayingCounters::new(cells, cfg.half_life_steps)?,
+            prev: vec![0; cells],
+            snap: vec![0; cells],
+            deltas: vec![0; cells],
+            step: 0,
+            last_drain_step: 0,
+            drains: 0,
+            frozen: false,
+            queue: Vec::new(),
+            busy: vec![0; layers],
+            in_flight: vec![false; layers],
+            stats: SwapStats::default(),
+            window: vec![(0, 0); layers * cfg.window_drains as usize],
+            window_pos: 0,
+            shift: ShiftState::default(),
+            policy,
+            choices: Vec::new(),
+            cfg,
+            map,
+        })
+    }
+
+    /// The rowmap as confirmed by the executor.
+    pub fn map(&self) -> &ResidencyMap {
+        &self.map
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ControllerConfig {
+        &self.cfg
+    }
+
+    /// The swap policy.
+    pub fn policy(&self) -> &dyn SwapPolicy {
+        self.policy.as_ref()
+    }
+
+    /// Steps seen so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Running swap counts.
+    pub fn stats(&self) -> SwapStats {
+        self.stats
+    }
+
+    /// The EMA of pick counts, `[layers × experts]` row-major f64 (picks per step boundary,
+    /// decayed with the half-life in force): the heat the policy plans with.
+    pub fn ema_values(&self) -> &[f64] {
+        self.ema.values()
+    }
+
+    /// Swaps queued (planned, not yet begun).
+    pub fn queued(&self) -> &[PlannedSwap] {
+        &self.queue
+    }
+
+    /// Swaps in flight in the executor.
+    pub fn in_flight_count(&self) -> u32 {
+        self.in_flight.iter().filter(|&&b| b).count() as u32
+    }
+
+    /// Whether the next [`Controller::step`] drains (`drain_every` steps since the last drain):
+    /// an engine copying a device counter table copies it only then.
+    pub fn drain_due(&self) -> bool {
+        self.step + 1 - self.last_drain_step >= self.cfg.drain_every as u64
+    }
+
+    /// Shift-response detections so far.
+    pub fn shift_detections(&self) -> u64 {
+        self.shift.detections
+    }
+
+    /// Freezes the map: counting and draining go on, nothing is planned, begun or committed;
+    /// queued swaps are cancelled and in-flight ones are discarded at their commit (both counted
+    /// in [`SwapStats::cancelled`]).
+    pub fn freeze(&mut self) {
+        self.frozen = true;
+        self.cancel_queued();
+    }
+
+    /// Lifts [`Controller::freeze`].
+    pub fn unfreeze(&mut self) {
+        self.frozen = false;
+    }
+
+    /// Whether frozen.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// Baseline reset: forget the EMA, the cold-share window and the shift detector, cancel queued
+    /// swaps, and take `snapshot` (`[layers × experts]` u32, the current counter table) as the new
+    /// reference, so that counts before now (warm-up, a past domain) never reach the EMA.
+    ///
+    /// Errors: [`Error::LengthMismatch`] (nothing changed).
+    pub fn reset_baseline(&mut self, snapshot: &[u32]) -> Result<()> {
+        if snapshot.len() != self.prev.len() {
+            return Err(Error::LengthMismatch {
+                expected: self.prev.len(),
+                found: snapshot.len(),
+            });
+        }
+        self.prev.copy_from_slice(snapshot);
+        self.ema.reset();
+        self.ema.set_half_life(self.cfg.half_life_steps)?;
+        self.window.iter_mut().for_each(|w| *w = (0, 0));
+        self.shift = ShiftState {
+            detections: self.shift.detections,
+            ..ShiftState::default()
+        };
+        self.last_drain_step = self.step;
+        self.cancel_queued();
+        Ok(())
+    }
+
+    /// Queues the swaps that turn the current hot sets into `target`'s (e.g. loading a new seed
+    /// map at run time, or restoring the boot map); they are begun under the usual per-step cap.
+    /// Cancels previously queued swaps. Returns how many were queued.
+    ///
+    /// Errors: [`Error::GeometryMismatch`]; [`Error::Executor`] if swaps are in flight (let them
+    /// commit first: `executor.flush()` then one `step`).
+    pub fn request_map(&mut self, target: &ResidencyMap) -> Result<u32> {
+        let plan = self.map.plan_transition(target)?;
+        if self.in_flight_count() > 0 {
+            return Err(Error::Executor(format!(
+                "{} swaps in flight; let them commit before requesting a map",
+                self.in_flight_count()
+            )));
+        }
+        self.cancel_queued();
+        for s in &plan {
+            self.busy[s.layer as usize] += 1;
+        }
+        self.stats.planned += plan.len() as u64;
+        let n = plan.len() as u32;
+        self.queue = plan;
+        Ok(n)
+    }
+
+    /// One step boundary with a host [`PickCounters`] table: commits what the executor has ready,
+    /// drains if due (snapshotting `counters`), and begins queued swaps.
+    ///
+    /// Errors: [`Error::GeometryMismatch`] if `counters` has another shape (nothing changed);
+    /// executor errors from `commit_ready`.
+    pub fn step(
+        &mut self,
+        counters: &PickCounters,
+        executor: &mut dyn SwapExecutor,
+    ) -> Result<StepReport> {
+        counters.check_geometry(self.map.geometry())?;
+        let drain = self.drain_due();
+        if drain {
+            let mut snap = std::mem::take(&mut self.snap);
+            counters.snapshot_into(&mut snap)?;
+            self.snap = snap;
+        }
+        self.step_inner(drain, executor)
+    }
+
+    /// One step boundary with a counter table copied from the device: `snapshot` (`[layers ×
+    /// experts]` u32, row-major) is read only if a drain is due; pass `None` to postpone the drain
+    /// to a later step (the elapsed steps are then folded together).
+    ///
+    /// Errors: [`Error::LengthMismatch`] for a wrong snapshot length (nothing changed).
+    pub fn step_with(
+        &mut self,
+        snapshot: Option<&[u32]>,
+        executor: &mut dyn SwapExecutor,
+    ) -> Result<StepReport> {
+        let drain = match snapshot {
+            Some(s) if self.drain_due() => {
+                if s.len() != self.snap.len() {
+                    return Err(Error::LengthMismatch {
+                        expected: self.snap.len(),
+                        found: s.len(),
+                    });
+                }
+                self.snap.copy_from_slice(s);
+                true
+            }
+            _ => false,
+        };
+        self.step_inner(drain, executor)
+    }
+
+    fn step_inner(&mut self, drain: bool, executor: &mut dyn SwapExecutor) -> Result<StepReport> {
+        let mut rep = StepReport::default();
+        self.commit(executor, &mut rep)?;
+        self.step += 1;
+        rep.step = self.step;
+        if drain {
+            let snap = std::mem::take(&mut self.snap);
+            rep.drain = Some(self.drain_from(&snap));
+            self.snap = snap;
+        }
+        self.begin(executor, &mut rep);
+        Ok(rep)
+    }
+
+    /// Drains `snapshot` now (whatever the cadence) and plans swaps; returns the drain record.
+    /// This is the "drain + decide" the benches time.
+    ///
+    /// Errors: [`Error::LengthMismatch`] (nothing changed).
+    pub fn drain_now(&mut self, snapshot: &[u32]) -> Result<DrainTelemetry> {
+        if snapshot.len() != self.snap.len() {
+            return Err(Error::LengthMismatch {
+                expected: self.snap.len(),
+                found: snapshot.len(),
+            });
+        }
+        Ok(self.drain_from(snapshot))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,223 @@
+//! The policy seam: which experts of a layer to swap, given their drained heat.
+//!
+//! The [`Controller`](crate::Controller) owns everything around a decision (counting, the EMA
+//! drain, the shift response, generation stamps, caps, one swap in flight per layer); a
+//! [`SwapPolicy`] only answers "which cold experts should replace which hot ones in this layer
+//! now". [`RatioPolicy`] is the published one.
+
+use crate::rowmap::RowMap;
+
+/// What a policy sees of one layer at a drain.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerHeat<'a> {
+    /// The MoE layer (`0..layers`).
+    pub layer: u32,
+    /// The drained EMA of the layer's picks, `[experts]` f64, indexed by expert id: picks per
+    /// step boundary, decayed with the controller's half-life (a pick `h` steps ago weighs `½`;
+    /// finite, ≥ 0). Only ratios and order between experts matter to a policy.
+    pub heat: &'a [f64],
+    /// The layer's rowmap as confirmed by the executor (which experts are hot, in which slot).
+    pub row: &'a RowMap,
+    /// Most swaps the controller takes from this layer at this drain (the per-layer cap in force:
+    /// [`ControllerConfig::max_swaps_per_layer`](crate::ControllerConfig::max_swaps_per_layer), or
+    /// the shift response's boosted cap); ≥ 1.
+    pub max_swaps: u32,
+    /// Most swaps begun per step, all layers together
+    /// ([`ControllerConfig::max_swaps_per_step`](crate::ControllerConfig::max_swaps_per_step)):
+    /// information only, the controller enforces it when it begins swaps.
+    pub max_swaps_per_step: u32,
+}
+
+/// One swap a policy asks for: cold expert `incoming` takes the hot slot of `outgoing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct SwapChoice {
+    /// A cold expert of the layer (moves into HBM).
+    pub incoming: u32,
+    /// A hot expert of the layer (leaves HBM; its host copy stays valid).
+    pub outgoing: u32,
+}
+
+/// Decides which experts of a layer to swap at a drain.
+///
+/// The controller calls [`SwapPolicy::plan`] once per layer at every drain, after folding the
+/// interval's picks into the EMA, for layers that have no swap queued or in flight, and never
+/// while frozen. The policy appends its choices to `out` (empty on entry), most wanted first.
+///
+/// The controller then, in order: keeps at most `layer.max_swaps` choices; stops at the first
+/// choice whose `incoming` is not a cold expert of the layer, whose `outgoing` is not hot, or that
+/// repeats an expert of an earlier choice (it and the choices after it are ignored: a policy
+/// cannot corrupt the map); turns each kept choice into a [`PlannedSwap`](crate::PlannedSwap)
+/// (`slot` = the outgoing expert's slot, `generation` = the layer's generation + its index, as
+/// the choices apply one after the other); and queues them, to be begun under the per-step cap.
+/// Stale, failed and cancelled swaps are the controller's business too.
+///
+/// A policy holds whatever state it likes (`&mut self`), e.g. scratch buffers; it must not panic
+/// on any heat (all-zero, ties, huge values).
+pub trait SwapPolicy: std::fmt::Debug + Send {
+    /// A short name for reports and telemetry (e.g. `"ratio"`).
+    fn name(&self) -> &str;
+
+    /// Appends to `out` the swaps wanted in `layer` now (see the trait docs for what the
+    /// controller does with them).
+    fn plan(&mut self, layer: &LayerHeat<'_>, out: &mut Vec<SwapChoice>);
+}
+
+/// The published policy, "EMA drain + ratio hysteresis" (the GB300 expert-residency recipe):
+/// the busiest cold experts are paired with the least busy hot ones, busiest with least busy, and
+/// a pair is a swap only if `cold ≥ ratio × hot`; the first pair that fails ends the list.
+///
+/// Ties: among equally busy cold experts the lower id comes first; among equally busy hot ones,
+/// the lower id. A first short pass finds the least busy hot EMA, so only cold experts that can
+/// pass the ratio are ranked at all: a steady-state drain does almost no work here.
+#[derive(Clone, Debug)]
+pub struct RatioPolicy {
+    ratio: f64,
+    cold: Vec<(f64, u32)>,
+    hot: Vec<(f64, u32)>,
+}
+
+impl RatioPolicy {
+    /// The ratio policy with hysteresis `ratio` (≥ 1, finite; the controller's config validates
+    /// [`ControllerConfig::ratio`](crate::ControllerConfig::ratio)).
+    ///
+    /// Errors: [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a ratio below 1 or not
+    /// finite.
+    pub fn new(ratio: f64) -> crate::Result<Self> {
+        if !(ratio.is_finite() && ratio >= 1.0) {
+            return Err(crate::Error::InvalidConfig(format!(
+                "ratio must be finite and ≥ 1, got {ratio}"
+            )));
+        }
+        Ok(RatioPolicy {
+            ratio,
+            cold: Vec::new(),
+            hot: Vec::new(),
+        })
+    }
+
+    /// The hysteresis ratio.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// The busiest cold experts with EMA ≥ `needed` (and > 0), descending by EMA (ties: lower id
+    /// first, as ids are scanned in order), at most `cap`. Insertion sort into the short list;
+    /// `floor` is the smallest EMA that can still enter it once full.
+    fn rank_cold(&mut self, vals: &[f64], table: &[i32], needed: f64, cap: usize) {
+        let cold = &mut self.cold;
+        let mut floor = 0.0;
+        for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
+            if slot >= 0 || v <= floor || v < needed {
+                continue;
+            }
+            let mut i = if cold.len() < cap {
+                cold.push((v, e as u32));
+                cold.len() - 1
+            } else {
+                cold[cap - 1] = (v, e as u32);
+                cap - 1
+            };
+            while i > 0 && cold[i - 1].0 < cold[i].0 {
+                cold.swap(i - 1, i);
+                i -= 1;
+            }
+            if cold.len() == cap {
+                floor = cold[cap - 1].0;
+            }
+        }
+    }
+
+    /// The least busy hot experts that `cold_max` beats, ascending by (EMA, id), at most `cap`.
+    fn rank_hot(&mut self, vals: &[f64], hot_experts: &[u32], cold_max: f64, cap: usize) {
+        let hot = &mut self.hot;
+        for &e in hot_experts {
+            let x = (vals[e as usize], e);
+            if x.0 * self.ratio > cold_max {
+                continue;
+            }
+            let mut i = if hot.len() < cap {
+                hot.push(x);
+                hot.len() - 1
+            } else if x < hot[cap - 1] {
+                hot[cap - 1] = x;
+                cap - 1
+            } else {
+                continue;
+            };
+            while i > 0 && hot[i] < hot[i - 1] {
+                hot.swap(i - 1, i);
+                i -= 1;
+            }
+        }
+    }
+}
+
+impl SwapPolicy for RatioPolicy {
+    fn name(&self) -> &str {
+        "ratio"
+    }
+
+    fn plan(&mut self, layer: &LayerHeat<'_>, out: &mut Vec<SwapChoice>) {
+        let (vals, row) = (layer.heat, layer.row);
+        let cap = layer.max_swaps as usize;
+        self.cold.clear();
+        self.hot.clear();
+        if cap == 0 || vals.len() != row.table().len() {
+            return;
+        }
+        // Only a cold expert at least `ratio` × the least busy hot one can swap in: find that
+        // bound first (one short pass), so that in steady state the scans below insert nothing.
+        let hot_min = row
+            .hot_experts()
+            .iter()
+            .map(|&e| vals[e as usize])
+            .fold(f64::INFINITY, f64::min);
+        self.rank_cold(vals, row.table(), self.ratio * hot_min, cap);
+        let Some(&(cold_max, _)) = self.cold.first() else {
+            return;
+        };
+        self.rank_hot(vals, row.hot_experts(), cold_max, cap);
+        for (&(cv, incoming), &(hv, outgoing)) in self.cold.iter().zip(&self.hot) {
+            if cv < self.ratio * hv {
+                break;
+            }
+            out.push(SwapChoice { incoming, outgoing });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(p: &mut RatioPolicy, heat: &[f64], hot: &[u32], cap: u32) -> Vec<SwapChoice> {
+        let row = RowMap::from_hot(heat.len() as u32, hot).unwrap();
+        let mut out = Vec::new();
+        p.plan(
+            &LayerHeat {
+                layer: 0,
+                heat,
+                row: &row,
+                max_swaps: cap,
+                max_swaps_per_step: 8,
+            },
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn pairs_busiest_cold_with_least_busy_hot_under_the_ratio() {
+        let mut p = RatioPolicy::new(1.5).unwrap();
+        // Hot 0 (1.0), 1 (4.0); cold 2 (6.0), 3 (1.4), 4 (6.0).
+        let heat = [1.0, 4.0, 6.0, 1.4, 6.0];
+        let c = |incoming, outgoing| SwapChoice { incoming, outgoing };
+        assert_eq!(plan(&mut p, &heat, &[0, 1], 4), vec![c(2, 0), c(4, 1)]);
+        assert_eq!(plan(&mut p, &heat, &[0, 1], 1), vec![c(2, 0)]);
+        // 1.4 < 1.5 × 1.0: a close call stays put.
+        assert_eq!(plan(&mut p, &[1.0, 4.0, 0.0, 1.4, 0.0], &[0, 1], 4), vec![]);
+        assert_eq!(plan(&mut p, &[0.0; 5], &[0, 1], 4), vec![]);
+        assert!(RatioPolicy::new(0.9).is_err() && RatioPolicy::new(f64::NAN).is_err());
+        assert_eq!((p.name(), p.ratio()), ("ratio", 1.5));
+    }
+}
