@@ -1,7 +1,7 @@
 //! Controller configuration: drain cadence, EMA half-life, the ratio, swap caps and the shift
 //! response.
 
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 
 /// How the controller counts, decays and swaps. [`Default`] gives the seed defaults of the issue:
 /// drain every 64 steps, EMA half-life 500 steps, ratio 1.5, 2 swaps per layer per drain, 8 swaps
@@ -90,8 +90,8 @@ impl Default for ShiftResponse {
 /// cadence). The controller keeps `layers × window_drains` window cells.
 pub const MAX_WINDOW_DRAINS: u32 = 1024;
 
-fn bad(msg: String) -> Error {
-    Error::InvalidConfig(msg)
+fn bad(msg: String) -> ExpertError {
+    ExpertError::InvalidConfig(msg)
 }
 
 fn positive(name: &str, v: f64) -> Result<()> {
@@ -103,7 +103,7 @@ fn positive(name: &str, v: f64) -> Result<()> {
 }
 
 impl ControllerConfig {
-    /// Checks every field. Errors: [`Error::InvalidConfig`] naming the field.
+    /// Checks every field. Errors: [`ExpertError::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
         if self.drain_every == 0 {
             return Err(bad("drain_every must be ≥ 1".into()));
@@ -189,7 +189,7 @@ mod tests {
                 ..ControllerConfig::default()
             },
         ] {
-            assert!(matches!(bad.validate(), Err(Error::InvalidConfig(_))));
+            assert!(matches!(bad.validate(), Err(ExpertError::InvalidConfig(_))));
         }
     }
 

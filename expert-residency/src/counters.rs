@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::geometry::Geometry;
 use crate::picks::StepPicks;
 
@@ -69,14 +69,14 @@ impl PickCounters {
     /// [`crate::MAX_CELLS`]).
     ///
     /// Errors: the errors of [`Geometry::validate`] (a geometry built by hand may be invalid or
-    /// too large); [`Error::InvalidGeometry`] if the table cannot be allocated.
+    /// too large); [`ExpertError::InvalidGeometry`] if the table cannot be allocated.
     pub fn new(geometry: &Geometry) -> Result<Self> {
         geometry.validate()?;
         let (layers, experts) = (geometry.layers, geometry.experts_per_layer);
         let n = geometry.cells();
         let mut cells = Vec::new();
         cells.try_reserve_exact(n).map_err(|e| {
-            Error::InvalidGeometry(format!("cannot allocate {n} pick counters: {e}"))
+            ExpertError::InvalidGeometry(format!("cannot allocate {n} pick counters: {e}"))
         })?;
         cells.extend((0..n).map(|_| AtomicU32::new(0)));
         Ok(PickCounters {
@@ -107,12 +107,12 @@ impl PickCounters {
         self.cells.is_empty()
     }
 
-    /// Errors with [`Error::GeometryMismatch`] unless the table has `geometry`'s shape.
+    /// Errors with [`ExpertError::GeometryMismatch`] unless the table has `geometry`'s shape.
     pub fn check_geometry(&self, geometry: &Geometry) -> Result<()> {
         if self.layers == geometry.layers && self.experts == geometry.experts_per_layer {
             Ok(())
         } else {
-            Err(Error::GeometryMismatch {
+            Err(ExpertError::GeometryMismatch {
                 expected: format!(
                     "{} layers × {} experts",
                     geometry.layers, geometry.experts_per_layer
@@ -124,17 +124,17 @@ impl PickCounters {
 
     /// Counts one pick of `expert` in `layer` (one relaxed atomic add), unless paused.
     ///
-    /// Errors: [`Error::LayerOutOfRange`], [`Error::ExpertOutOfRange`] (nothing counted).
+    /// Errors: [`ExpertError::LayerOutOfRange`], [`ExpertError::ExpertOutOfRange`] (nothing counted).
     #[inline]
     pub fn record(&self, layer: u32, expert: u32) -> Result<()> {
         if layer >= self.layers {
-            return Err(Error::LayerOutOfRange {
+            return Err(ExpertError::LayerOutOfRange {
                 layer,
                 layers: self.layers,
             });
         }
         if expert >= self.experts {
-            return Err(Error::ExpertOutOfRange {
+            return Err(ExpertError::ExpertOutOfRange {
                 expert,
                 experts: self.experts,
             });
@@ -154,7 +154,7 @@ impl PickCounters {
     /// twice.
     pub fn record_layer(&self, layer: u32, picks: &[u32]) -> Result<()> {
         if layer >= self.layers {
-            return Err(Error::LayerOutOfRange {
+            return Err(ExpertError::LayerOutOfRange {
                 layer,
                 layers: self.layers,
             });
@@ -173,10 +173,10 @@ impl PickCounters {
     /// Counts a whole step (`step.layers` must have one row per layer). Everything is checked
     /// first: on error nothing is counted.
     ///
-    /// Errors: [`Error::LengthMismatch`] for a wrong number of layers, [`Error::ExpertOutOfRange`].
+    /// Errors: [`ExpertError::LengthMismatch`] for a wrong number of layers, [`ExpertError::ExpertOutOfRange`].
     pub fn record_step(&self, step: &StepPicks) -> Result<()> {
         if step.layers.len() != self.layers as usize {
-            return Err(Error::LengthMismatch {
+            return Err(ExpertError::LengthMismatch {
                 expected: self.layers as usize,
                 found: step.layers.len(),
             });
@@ -208,7 +208,7 @@ impl PickCounters {
 
     fn check_ids(&self, picks: &[u32]) -> Result<()> {
         match picks.iter().find(|&&e| e >= self.experts) {
-            Some(&e) => Err(Error::ExpertOutOfRange {
+            Some(&e) => Err(ExpertError::ExpertOutOfRange {
                 expert: e,
                 experts: self.experts,
             }),
@@ -234,10 +234,10 @@ impl PickCounters {
     /// Copies the table into `out` (`[layers × experts]` u32, row-major). Counting may go on
     /// meanwhile; each cell is read atomically.
     ///
-    /// Errors: [`Error::LengthMismatch`] if `out` has the wrong length.
+    /// Errors: [`ExpertError::LengthMismatch`] if `out` has the wrong length.
     pub fn snapshot_into(&self, out: &mut [u32]) -> Result<()> {
         if out.len() != self.cells.len() {
-            return Err(Error::LengthMismatch {
+            return Err(ExpertError::LengthMismatch {
                 expected: self.cells.len(),
                 found: out.len(),
             });
@@ -265,10 +265,10 @@ impl PickCounters {
 /// Wrap-around-safe deltas `new - old` of two u32 snapshots, widened to u64 into `out`. Correct as
 /// long as fewer than 2^32 picks landed in one cell between the two snapshots.
 ///
-/// Errors: [`Error::LengthMismatch`] unless the three slices have the same length.
+/// Errors: [`ExpertError::LengthMismatch`] unless the three slices have the same length.
 pub fn snapshot_deltas(new: &[u32], old: &[u32], out: &mut [u64]) -> Result<()> {
     if new.len() != old.len() || out.len() != new.len() {
-        return Err(Error::LengthMismatch {
+        return Err(ExpertError::LengthMismatch {
             expected: new.len(),
             found: if old.len() != new.len() {
                 old.len()
@@ -296,10 +296,13 @@ mod tests {
         let c = PickCounters::new(&geo()).unwrap();
         c.record(1, 3).unwrap();
         c.record(1, 3).unwrap();
-        assert!(matches!(c.record(2, 0), Err(Error::LayerOutOfRange { .. })));
+        assert!(matches!(
+            c.record(2, 0),
+            Err(ExpertError::LayerOutOfRange { .. })
+        ));
         assert!(matches!(
             c.record(0, 4),
-            Err(Error::ExpertOutOfRange { .. })
+            Err(ExpertError::ExpertOutOfRange { .. })
         ));
         let bad = StepPicks {
             layers: vec![vec![0, 1], vec![2, 9]],
@@ -347,7 +350,7 @@ mod tests {
         };
         assert!(matches!(
             PickCounters::new(&huge),
-            Err(Error::InvalidGeometry(_))
+            Err(ExpertError::InvalidGeometry(_))
         ));
         let zero = Geometry { layers: 0, ..geo() };
         assert!(PickCounters::new(&zero).is_err());

@@ -4,7 +4,7 @@
 /// the state it was called on unchanged.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum ExpertError {
     /// A geometry field is invalid (zero layers, zero experts, `hot_per_layer` of zero or above
     /// `experts_per_layer`, zero `expert_bytes`, ...).
     #[error("invalid geometry: {0}")]
@@ -95,5 +95,5 @@ pub enum Error {
     Core(#[from] tier_core::CoreError),
 }
 
-/// Result alias with [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+/// Result alias with [`ExpertError`].
+pub type Result<T, E = ExpertError> = std::result::Result<T, E>;

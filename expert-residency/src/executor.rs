@@ -118,11 +118,11 @@ pub trait SwapExecutor {
     }
 }
 
-/// Errors with [`crate::Error::Executor`] if `pending` (an executor's begun, uncommitted swaps)
+/// Errors with [`crate::ExpertError::Executor`] if `pending` (an executor's begun, uncommitted swaps)
 /// already holds a swap of `layer`: the one-in-flight-per-layer rule executors enforce in `begin`.
 pub(crate) fn check_layer_idle(pending: &[PlannedSwap], layer: u32) -> Result<()> {
     if pending.iter().any(|s| s.layer == layer) {
-        Err(crate::Error::Executor(format!(
+        Err(crate::ExpertError::Executor(format!(
             "layer {layer} already has a swap in flight"
         )))
     } else {

@@ -1,6 +1,6 @@
 //! The shape of a MoE model's expert bank and of its hot (HBM) set.
 
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 
 /// Most MoE layers a [`Geometry`] or trace shape may have (4,096; real models have ≤ 100).
 pub const MAX_LAYERS: u32 = 4096;
@@ -58,9 +58,9 @@ pub struct Geometry {
 impl Geometry {
     /// A validated geometry.
     ///
-    /// Errors: [`Error::InvalidGeometry`] for zero layers, zero experts, zero hot experts or zero
+    /// Errors: [`ExpertError::InvalidGeometry`] for zero layers, zero experts, zero hot experts or zero
     /// bytes, for a bank above the bounds of [`Geometry`] (layers, experts, cells) or whose bytes
-    /// overflow a `u64`; [`Error::HotExceedsExperts`] if `hot_per_layer > experts_per_layer`.
+    /// overflow a `u64`; [`ExpertError::HotExceedsExperts`] if `hot_per_layer > experts_per_layer`.
     pub fn new(
         layers: u32,
         experts_per_layer: u32,
@@ -80,26 +80,31 @@ impl Geometry {
     /// Checks the fields (see [`Geometry::new`] for the errors).
     pub fn validate(&self) -> Result<()> {
         if self.layers == 0 {
-            return Err(Error::InvalidGeometry("zero layers".into()));
+            return Err(ExpertError::InvalidGeometry("zero layers".into()));
         }
         if self.experts_per_layer == 0 {
-            return Err(Error::InvalidGeometry("zero experts per layer".into()));
+            return Err(ExpertError::InvalidGeometry(
+                "zero experts per layer".into(),
+            ));
         }
         if self.hot_per_layer == 0 {
-            return Err(Error::InvalidGeometry("zero hot experts per layer".into()));
+            return Err(ExpertError::InvalidGeometry(
+                "zero hot experts per layer".into(),
+            ));
         }
         if self.hot_per_layer > self.experts_per_layer {
-            return Err(Error::HotExceedsExperts {
+            return Err(ExpertError::HotExceedsExperts {
                 hot: self.hot_per_layer,
                 experts: self.experts_per_layer,
             });
         }
         if self.expert_bytes == 0 {
-            return Err(Error::InvalidGeometry("zero expert bytes".into()));
+            return Err(ExpertError::InvalidGeometry("zero expert bytes".into()));
         }
-        check_bank_size(self.layers, self.experts_per_layer).map_err(Error::InvalidGeometry)?;
+        check_bank_size(self.layers, self.experts_per_layer)
+            .map_err(ExpertError::InvalidGeometry)?;
         if self.bank_bytes().is_none() {
-            return Err(Error::InvalidGeometry(format!(
+            return Err(ExpertError::InvalidGeometry(format!(
                 "{} cells × {} bytes per expert overflow a u64",
                 self.cells(),
                 self.expert_bytes
@@ -129,49 +134,49 @@ impl Geometry {
         self.layers as usize * self.experts_per_layer as usize
     }
 
-    /// Errors with [`Error::LayerOutOfRange`] unless `layer < layers`.
+    /// Errors with [`ExpertError::LayerOutOfRange`] unless `layer < layers`.
     pub fn check_layer(&self, layer: u32) -> Result<()> {
         if layer < self.layers {
             Ok(())
         } else {
-            Err(Error::LayerOutOfRange {
+            Err(ExpertError::LayerOutOfRange {
                 layer,
                 layers: self.layers,
             })
         }
     }
 
-    /// Errors with [`Error::ExpertOutOfRange`] unless `expert < experts_per_layer`.
+    /// Errors with [`ExpertError::ExpertOutOfRange`] unless `expert < experts_per_layer`.
     pub fn check_expert(&self, expert: u32) -> Result<()> {
         if expert < self.experts_per_layer {
             Ok(())
         } else {
-            Err(Error::ExpertOutOfRange {
+            Err(ExpertError::ExpertOutOfRange {
                 expert,
                 experts: self.experts_per_layer,
             })
         }
     }
 
-    /// Errors with [`Error::TopKTooWide`] unless `1 <= top_k <= experts_per_layer`.
+    /// Errors with [`ExpertError::TopKTooWide`] unless `1 <= top_k <= experts_per_layer`.
     pub fn check_top_k(&self, top_k: u32) -> Result<()> {
         if top_k >= 1 && top_k <= self.experts_per_layer {
             Ok(())
         } else {
-            Err(Error::TopKTooWide {
+            Err(ExpertError::TopKTooWide {
                 top_k,
                 experts: self.experts_per_layer,
             })
         }
     }
 
-    /// Errors with [`Error::GeometryMismatch`] unless the expert bank (layers, experts, hot set)
+    /// Errors with [`ExpertError::GeometryMismatch`] unless the expert bank (layers, experts, hot set)
     /// of `other` equals this one. `expert_bytes` must match as well.
     pub fn check_same(&self, other: &Geometry) -> Result<()> {
         if self == other {
             Ok(())
         } else {
-            Err(Error::GeometryMismatch {
+            Err(ExpertError::GeometryMismatch {
                 expected: self.to_string(),
                 found: other.to_string(),
             })
@@ -197,37 +202,43 @@ mod tests {
     fn rejects_bad_geometry() {
         assert!(matches!(
             Geometry::new(0, 8, 2, 1),
-            Err(Error::InvalidGeometry(_))
+            Err(ExpertError::InvalidGeometry(_))
         ));
         assert!(matches!(
             Geometry::new(2, 0, 0, 1),
-            Err(Error::InvalidGeometry(_))
+            Err(ExpertError::InvalidGeometry(_))
         ));
         assert!(matches!(
             Geometry::new(2, 8, 0, 1),
-            Err(Error::InvalidGeometry(_))
+            Err(ExpertError::InvalidGeometry(_))
         ));
         assert_eq!(
             Geometry::new(2, 8, 9, 1),
-            Err(Error::HotExceedsExperts { hot: 9, experts: 8 })
+            Err(ExpertError::HotExceedsExperts { hot: 9, experts: 8 })
         );
         assert!(matches!(
             Geometry::new(2, 8, 2, 0),
-            Err(Error::InvalidGeometry(_))
+            Err(ExpertError::InvalidGeometry(_))
         ));
         let g = Geometry::new(2, 8, 8, 4).unwrap();
         assert_eq!(g.cells(), 16);
         assert!(g.check_expert(7).is_ok());
         assert_eq!(
             g.check_expert(8),
-            Err(Error::ExpertOutOfRange {
+            Err(ExpertError::ExpertOutOfRange {
                 expert: 8,
                 experts: 8
             })
         );
         assert!(g.check_top_k(8).is_ok());
-        assert!(matches!(g.check_top_k(9), Err(Error::TopKTooWide { .. })));
-        assert!(matches!(g.check_top_k(0), Err(Error::TopKTooWide { .. })));
+        assert!(matches!(
+            g.check_top_k(9),
+            Err(ExpertError::TopKTooWide { .. })
+        ));
+        assert!(matches!(
+            g.check_top_k(0),
+            Err(ExpertError::TopKTooWide { .. })
+        ));
         assert!(g.check_layer(2).is_err());
     }
 
@@ -242,7 +253,7 @@ mod tests {
             (65536, 65536, 65535, 1 << 48),
         ] {
             let e = Geometry::new(l, e, h, b).unwrap_err();
-            assert!(matches!(e, Error::InvalidGeometry(_)), "{e}");
+            assert!(matches!(e, ExpertError::InvalidGeometry(_)), "{e}");
         }
         let at_bound = Geometry::new(16, MAX_EXPERTS_PER_LAYER, 4, 1 << 20).unwrap();
         assert_eq!(at_bound.cells() as u64, MAX_CELLS);

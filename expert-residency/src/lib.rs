@@ -29,8 +29,10 @@
 //!     ctl.step(&counters, &mut exec)?;
 //! }
 //! assert!(ctl.map().is_hot(0, 7) && ctl.map().is_hot(1, 6));
-//! # Ok::<(), expert_residency::Error>(())
+//! # Ok::<(), expert_residency::ExpertError>(())
 //! ```
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod controller;
@@ -51,7 +53,7 @@ pub mod gpu;
 pub use config::{ControllerConfig, ShiftResponse, MAX_WINDOW_DRAINS};
 pub use controller::{Controller, StepReport};
 pub use counters::{snapshot_deltas, PassKind, PauseGuard, PickCounters};
-pub use error::{Error, Result};
+pub use error::{ExpertError, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 pub use geometry::{check_bank_size, Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor};

@@ -3,7 +3,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::executor::{check_layer_idle, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 use crate::geometry::Geometry;
 use crate::rowmap::ResidencyMap;
@@ -64,12 +64,14 @@ impl MemoryExecutor {
     /// It allocates `layers × (experts + hot + 1) × bytes` bytes, at most
     /// [`MemoryExecutor::MAX_BYTES`] (1 GiB): it stands in for the real bank in tests and replays.
     ///
-    /// Errors: [`Error::InvalidConfig`] for `bytes == 0`, for buffers above
+    /// Errors: [`ExpertError::InvalidConfig`] for `bytes == 0`, for buffers above
     /// [`MemoryExecutor::MAX_BYTES`] (or overflowing `usize`), or if they cannot be allocated;
     /// geometry errors of [`Geometry::validate`].
     pub fn new(map: &ResidencyMap, bytes: usize, seed: u64) -> Result<Self> {
         if bytes == 0 {
-            return Err(Error::InvalidConfig("bytes per expert must be ≥ 1".into()));
+            return Err(ExpertError::InvalidConfig(
+                "bytes per expert must be ≥ 1".into(),
+            ));
         }
         let g = *map.geometry();
         g.validate()?;
@@ -79,7 +81,7 @@ impl MemoryExecutor {
             g.hot_per_layer as usize,
         );
         let too_big = || {
-            Error::InvalidConfig(format!(
+            ExpertError::InvalidConfig(format!(
                 "{bytes} stand-in bytes per expert for {layers} layers × {experts} experts exceed \
                  the in-memory executor's limit of {} bytes",
                 Self::MAX_BYTES
@@ -98,7 +100,7 @@ impl MemoryExecutor {
         let zeroed = |n: usize| -> Result<Vec<u8>> {
             let mut v = Vec::new();
             v.try_reserve_exact(n).map_err(|e| {
-                Error::InvalidConfig(format!("cannot allocate {n} executor bytes: {e}"))
+                ExpertError::InvalidConfig(format!("cannot allocate {n} executor bytes: {e}"))
             })?;
             v.resize(n, 0);
             Ok(v)
@@ -181,14 +183,16 @@ impl MemoryExecutor {
     /// expert's slot holds exactly its host bytes, each layer's slots are distinct and the spare
     /// is unused, and the table's hot sets equal `map`'s.
     ///
-    /// Errors: [`Error::Executor`] naming the first violation.
+    /// Errors: [`ExpertError::Executor`] naming the first violation.
     pub fn verify(&self, map: &ResidencyMap) -> Result<()> {
         let g = self.geometry;
         g.check_same(map.geometry())?;
         let experts = g.experts_per_layer as usize;
         for (i, chunk) in self.host.chunks_exact(self.bytes).enumerate() {
             if checksum(chunk) != self.host_sums[i] {
-                return Err(Error::Executor(format!("host copy of cell {i} changed")));
+                return Err(ExpertError::Executor(format!(
+                    "host copy of cell {i} changed"
+                )));
             }
         }
         for (l, row) in map.layers().iter().enumerate() {
@@ -196,17 +200,19 @@ impl MemoryExecutor {
             for e in 0..experts {
                 let t = self.table[l * experts + e];
                 if (t != NOT_RESIDENT) != row.is_hot(e as u32) {
-                    return Err(Error::Executor(format!(
+                    return Err(ExpertError::Executor(format!(
                         "layer {l} expert {e}: table {t} disagrees with the rowmap"
                     )));
                 }
                 if t != NOT_RESIDENT {
                     let p = t as usize;
                     if p == self.spare[l] as usize || std::mem::replace(&mut used[p], true) {
-                        return Err(Error::Executor(format!("layer {l}: slot {p} used twice")));
+                        return Err(ExpertError::Executor(format!(
+                            "layer {l}: slot {p} used twice"
+                        )));
                     }
                     if checksum(self.hbm_slot(l, p)) != self.host_sums[l * experts + e] {
-                        return Err(Error::Executor(format!(
+                        return Err(ExpertError::Executor(format!(
                             "layer {l} expert {e}: HBM slot {p} checksum differs from host"
                         )));
                     }
@@ -237,7 +243,7 @@ impl SwapExecutor for MemoryExecutor {
         if self.table[l * experts + inc] != NOT_RESIDENT
             || self.table[l * experts + out] == NOT_RESIDENT
         {
-            return Err(Error::Executor(format!(
+            return Err(ExpertError::Executor(format!(
                 "layer {l}: incoming {inc} must be on host and outgoing {out} in HBM"
             )));
         }
@@ -340,7 +346,7 @@ mod tests {
             MemoryExecutor::MAX_BYTES,
         ] {
             let e = MemoryExecutor::new(&map, b, 1).unwrap_err();
-            assert!(matches!(e, Error::InvalidConfig(_)), "{b}: {e}");
+            assert!(matches!(e, ExpertError::InvalidConfig(_)), "{b}: {e}");
         }
         // 18 cells of 1 MiB fit.
         assert!(MemoryExecutor::new(&map, 1 << 20, 1).is_ok());

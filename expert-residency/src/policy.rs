@@ -80,11 +80,11 @@ impl RatioPolicy {
     /// The ratio policy with hysteresis `ratio` (≥ 1, finite; the controller's config validates
     /// [`ControllerConfig::ratio`](crate::ControllerConfig::ratio)).
     ///
-    /// Errors: [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a ratio below 1 or not
+    /// Errors: [`ExpertError::InvalidConfig`](crate::ExpertError::InvalidConfig) for a ratio below 1 or not
     /// finite.
     pub fn new(ratio: f64) -> crate::Result<Self> {
         if !(ratio.is_finite() && ratio >= 1.0) {
-            return Err(crate::Error::InvalidConfig(format!(
+            return Err(crate::ExpertError::InvalidConfig(format!(
                 "ratio must be finite and ≥ 1, got {ratio}"
             )));
         }

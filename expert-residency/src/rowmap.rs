@@ -1,7 +1,7 @@
 //! Rowmaps: which experts of each layer are hot (in an HBM slot) and which are not resident
 //! (cold: read in place from pinned host memory).
 
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::executor::PlannedSwap;
 use crate::geometry::Geometry;
 use tier_core::{CoreError, PageMap, NOT_RESIDENT};
@@ -30,15 +30,15 @@ pub struct RowMap {
 impl RowMap {
     /// A layer map whose hot slot `i` holds `hot[i]`, at generation 0.
     ///
-    /// Errors: [`Error::ExpertOutOfRange`] for an id `>= experts`, [`Error::InvalidRowMap`] for a
-    /// duplicate id or an empty hot set, [`Error::HotExceedsExperts`] if `hot` is longer than
+    /// Errors: [`ExpertError::ExpertOutOfRange`] for an id `>= experts`, [`ExpertError::InvalidRowMap`] for a
+    /// duplicate id or an empty hot set, [`ExpertError::HotExceedsExperts`] if `hot` is longer than
     /// `experts`.
     pub fn from_hot(experts: u32, hot: &[u32]) -> Result<Self> {
         if hot.is_empty() {
-            return Err(Error::InvalidRowMap("empty hot set".into()));
+            return Err(ExpertError::InvalidRowMap("empty hot set".into()));
         }
         if hot.len() > experts as usize {
-            return Err(Error::HotExceedsExperts {
+            return Err(ExpertError::HotExceedsExperts {
                 hot: hot.len() as u32,
                 experts,
             });
@@ -46,10 +46,12 @@ impl RowMap {
         let mut table = vec![NOT_RESIDENT; experts as usize];
         for (slot, &e) in hot.iter().enumerate() {
             if e >= experts {
-                return Err(Error::ExpertOutOfRange { expert: e, experts });
+                return Err(ExpertError::ExpertOutOfRange { expert: e, experts });
             }
             if table[e as usize] != NOT_RESIDENT {
-                return Err(Error::InvalidRowMap(format!("expert {e} is hot twice")));
+                return Err(ExpertError::InvalidRowMap(format!(
+                    "expert {e} is hot twice"
+                )));
             }
             table[e as usize] = slot as i32;
         }
@@ -115,8 +117,8 @@ impl RowMap {
     /// Checks that `swap` (already known to target this layer) applies now: generation current,
     /// `outgoing` in `slot`, `incoming` cold.
     ///
-    /// Errors: [`Error::StaleSwap`] (the page map's stale generation, with the layer),
-    /// [`Error::ExpertOutOfRange`], [`Error::InvalidSwap`].
+    /// Errors: [`ExpertError::StaleSwap`] (the page map's stale generation, with the layer),
+    /// [`ExpertError::ExpertOutOfRange`], [`ExpertError::InvalidSwap`].
     pub fn check_swap(&self, swap: &PlannedSwap) -> Result<()> {
         self.map
             .check_generation(swap.generation)
@@ -124,17 +126,17 @@ impl RowMap {
         let experts = self.experts();
         for e in [swap.incoming, swap.outgoing] {
             if e >= experts {
-                return Err(Error::ExpertOutOfRange { expert: e, experts });
+                return Err(ExpertError::ExpertOutOfRange { expert: e, experts });
             }
         }
         if self.expert_in_slot(swap.slot) != Some(swap.outgoing) {
-            return Err(Error::InvalidSwap(format!(
+            return Err(ExpertError::InvalidSwap(format!(
                 "expert {} is not in slot {} of layer {}",
                 swap.outgoing, swap.slot, swap.layer
             )));
         }
         if self.is_hot(swap.incoming) {
-            return Err(Error::InvalidSwap(format!(
+            return Err(ExpertError::InvalidSwap(format!(
                 "expert {} is already hot in layer {}",
                 swap.incoming, swap.layer
             )));
@@ -144,7 +146,7 @@ impl RowMap {
 
     /// Applies a checked swap (see [`RowMap::check_swap`]) as one page-map change: the generation
     /// goes up by exactly one. On error nothing changes (also
-    /// [`tier_core::CoreError::GenerationExhausted`], as [`Error::Core`], for a map at
+    /// [`tier_core::CoreError::GenerationExhausted`], as [`ExpertError::Core`], for a map at
     /// [`tier_core::MAX_GENERATION`]).
     pub fn apply(&mut self, swap: &PlannedSwap) -> Result<()> {
         self.check_swap(swap)?;
@@ -154,15 +156,15 @@ impl RowMap {
     }
 }
 
-/// tier-core's stale generation as the crate's [`Error::StaleSwap`] (same variant as ever).
-fn stale(layer: u32, e: CoreError) -> Error {
+/// tier-core's stale generation as the crate's [`ExpertError::StaleSwap`] (same variant as ever).
+fn stale(layer: u32, e: CoreError) -> ExpertError {
     match e {
-        CoreError::StaleGeneration { expected, actual } => Error::StaleSwap {
+        CoreError::StaleGeneration { expected, actual } => ExpertError::StaleSwap {
             layer,
             expected,
             actual,
         },
-        other => Error::Core(other),
+        other => ExpertError::Core(other),
     }
 }
 
@@ -201,9 +203,9 @@ impl ResidencyMap {
 
     /// A map from hot sets, `hot[layer]` listing the hot experts in slot order.
     ///
-    /// Errors: [`Error::LengthMismatch`] if `hot` does not have `layers` entries,
-    /// [`Error::InvalidRowMap`] if a layer does not have exactly `hot_per_layer` distinct experts,
-    /// [`Error::ExpertOutOfRange`] for a bad id; invalid geometry errors.
+    /// Errors: [`ExpertError::LengthMismatch`] if `hot` does not have `layers` entries,
+    /// [`ExpertError::InvalidRowMap`] if a layer does not have exactly `hot_per_layer` distinct experts,
+    /// [`ExpertError::ExpertOutOfRange`] for a bad id; invalid geometry errors.
     pub fn from_hot_sets(
         model: impl Into<String>,
         geometry: Geometry,
@@ -211,7 +213,7 @@ impl ResidencyMap {
     ) -> Result<Self> {
         geometry.validate()?;
         if hot.len() != geometry.layers as usize {
-            return Err(Error::LengthMismatch {
+            return Err(ExpertError::LengthMismatch {
                 expected: geometry.layers as usize,
                 found: hot.len(),
             });
@@ -219,7 +221,7 @@ impl ResidencyMap {
         let mut layers = Vec::with_capacity(hot.len());
         for (l, h) in hot.iter().enumerate() {
             if h.len() != geometry.hot_per_layer as usize {
-                return Err(Error::InvalidRowMap(format!(
+                return Err(ExpertError::InvalidRowMap(format!(
                     "layer {l} has {} hot experts, geometry wants {}",
                     h.len(),
                     geometry.hot_per_layer
@@ -249,7 +251,7 @@ impl ResidencyMap {
         &self.layers
     }
 
-    /// One layer's rowmap. Errors: [`Error::LayerOutOfRange`].
+    /// One layer's rowmap. Errors: [`ExpertError::LayerOutOfRange`].
     pub fn layer(&self, layer: u32) -> Result<&RowMap> {
         self.geometry.check_layer(layer)?;
         Ok(&self.layers[layer as usize])
@@ -287,7 +289,7 @@ impl ResidencyMap {
         self.layers[swap.layer as usize].check_swap(swap)
     }
 
-    /// Applies one swap; errors ([`Error::StaleSwap`], [`Error::InvalidSwap`], range errors) leave
+    /// Applies one swap; errors ([`ExpertError::StaleSwap`], [`ExpertError::InvalidSwap`], range errors) leave
     /// the map unchanged.
     pub fn apply(&mut self, swap: &PlannedSwap) -> Result<()> {
         self.geometry.check_layer(swap.layer)?;
@@ -298,7 +300,7 @@ impl ResidencyMap {
     /// reproduced: an incoming expert takes the slot of the expert it replaces). Within a layer the
     /// swaps are stamped with consecutive generations, so they must be applied in order.
     ///
-    /// Errors: [`Error::GeometryMismatch`] if `target` has another geometry.
+    /// Errors: [`ExpertError::GeometryMismatch`] if `target` has another geometry.
     pub fn plan_transition(&self, target: &ResidencyMap) -> Result<Vec<PlannedSwap>> {
         self.geometry.check_same(&target.geometry)?;
         let mut out = Vec::new();
@@ -339,24 +341,25 @@ impl ResidencyMap {
 
     /// Loads a map saved by [`ResidencyMap::to_json`] and checks it against the model's geometry.
     ///
-    /// Errors: [`Error::Format`] for bad JSON, another format tag or an unsupported version,
-    /// [`Error::GeometryMismatch`] if the saved geometry differs from `expected`, rowmap errors for
+    /// Errors: [`ExpertError::Format`] for bad JSON, another format tag or an unsupported version,
+    /// [`ExpertError::GeometryMismatch`] if the saved geometry differs from `expected`, rowmap errors for
     /// invalid hot sets.
     pub fn from_json(json: &str, expected: &Geometry) -> Result<Self> {
-        let file: MapFile = serde_json::from_str(json).map_err(|e| Error::Format(e.to_string()))?;
+        let file: MapFile =
+            serde_json::from_str(json).map_err(|e| ExpertError::Format(e.to_string()))?;
         Self::from_file(file, expected)
     }
 
     /// Builds a map from its saved form, checked against `expected` (see [`ResidencyMap::from_json`]).
     pub fn from_file(file: MapFile, expected: &Geometry) -> Result<Self> {
         if file.format != MAP_FORMAT {
-            return Err(Error::Format(format!(
+            return Err(ExpertError::Format(format!(
                 "format tag {:?}, expected {MAP_FORMAT:?}",
                 file.format
             )));
         }
         if file.version != MAP_VERSION {
-            return Err(Error::Format(format!(
+            return Err(ExpertError::Format(format!(
                 "map version {} unsupported (this build reads {MAP_VERSION})",
                 file.version
             )));
@@ -366,16 +369,16 @@ impl ResidencyMap {
         Self::from_hot_sets(file.model, file.geometry, file.hot)
     }
 
-    /// Saves [`ResidencyMap::to_json`] to `path`. Errors: [`Error::Format`] with the I/O error.
+    /// Saves [`ResidencyMap::to_json`] to `path`. Errors: [`ExpertError::Format`] with the I/O error.
     pub fn save(&self, path: &std::path::Path) -> Result<()> {
         std::fs::write(path, self.to_json())
-            .map_err(|e| Error::Format(format!("{}: {e}", path.display())))
+            .map_err(|e| ExpertError::Format(format!("{}: {e}", path.display())))
     }
 
     /// Loads a map from `path` (see [`ResidencyMap::from_json`]).
     pub fn load(path: &std::path::Path, expected: &Geometry) -> Result<Self> {
         let s = std::fs::read_to_string(path)
-            .map_err(|e| Error::Format(format!("{}: {e}", path.display())))?;
+            .map_err(|e| ExpertError::Format(format!("{}: {e}", path.display())))?;
         Self::from_json(&s, expected)
     }
 }
@@ -403,21 +406,24 @@ mod tests {
         assert_eq!(m.layer(1).unwrap().generation(), 1);
         assert_eq!(m.layer(1).unwrap().table()[6], 1);
         // Same swap again: stale.
-        assert!(matches!(m.apply(&s), Err(Error::StaleSwap { .. })));
+        assert!(matches!(m.apply(&s), Err(ExpertError::StaleSwap { .. })));
         let before = m.clone();
         let bad = PlannedSwap {
             generation: 1,
             incoming: 0,
             ..s
         };
-        assert!(matches!(m.apply(&bad), Err(Error::InvalidSwap(_))));
+        assert!(matches!(m.apply(&bad), Err(ExpertError::InvalidSwap(_))));
         let bad = PlannedSwap {
             generation: 1,
             incoming: 9,
             outgoing: 6,
             ..s
         };
-        assert!(matches!(m.apply(&bad), Err(Error::ExpertOutOfRange { .. })));
+        assert!(matches!(
+            m.apply(&bad),
+            Err(ExpertError::ExpertOutOfRange { .. })
+        ));
         assert_eq!(m, before);
     }
 
@@ -433,16 +439,16 @@ mod tests {
         let other = Geometry::new(2, 8, 4, 16).unwrap();
         assert!(matches!(
             ResidencyMap::from_json(&j, &other),
-            Err(Error::GeometryMismatch { .. })
+            Err(ExpertError::GeometryMismatch { .. })
         ));
         let j2 = j.replace("\"version\": 1", "\"version\": 9");
         assert!(matches!(
             ResidencyMap::from_json(&j2, &g),
-            Err(Error::Format(_))
+            Err(ExpertError::Format(_))
         ));
         assert!(matches!(
             ResidencyMap::from_json("{", &g),
-            Err(Error::Format(_))
+            Err(ExpertError::Format(_))
         ));
     }
 
@@ -451,19 +457,19 @@ mod tests {
         let g = geo();
         assert!(matches!(
             ResidencyMap::from_hot_sets("x", g, vec![vec![1, 1, 2], vec![0, 1, 2]]),
-            Err(Error::InvalidRowMap(_))
+            Err(ExpertError::InvalidRowMap(_))
         ));
         assert!(matches!(
             ResidencyMap::from_hot_sets("x", g, vec![vec![1, 2], vec![0, 1, 2]]),
-            Err(Error::InvalidRowMap(_))
+            Err(ExpertError::InvalidRowMap(_))
         ));
         assert!(matches!(
             ResidencyMap::from_hot_sets("x", g, vec![vec![1, 2, 8], vec![0, 1, 2]]),
-            Err(Error::ExpertOutOfRange { .. })
+            Err(ExpertError::ExpertOutOfRange { .. })
         ));
         assert!(matches!(
             ResidencyMap::from_hot_sets("x", g, vec![vec![0, 1, 2]]),
-            Err(Error::LengthMismatch { .. })
+            Err(ExpertError::LengthMismatch { .. })
         ));
     }
 

@@ -1,6 +1,6 @@
 //! Seed maps: boot maps fitted offline from counter dumps, merged dumps, held-out coverage.
 
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::geometry::Geometry;
 use crate::picks::StepPicks;
 use crate::rowmap::ResidencyMap;
@@ -35,7 +35,7 @@ struct RawCounterDump {
 }
 
 impl TryFrom<RawCounterDump> for CounterDump {
-    type Error = Error;
+    type Error = ExpertError;
     fn try_from(r: RawCounterDump) -> Result<Self> {
         CounterDump::new(r.name, r.layers, r.experts_per_layer, r.counts)
     }
@@ -44,10 +44,10 @@ impl TryFrom<RawCounterDump> for CounterDump {
 impl CounterDump {
     /// A dump from counts.
     ///
-    /// Errors: [`Error::InvalidGeometry`] for zero layers or experts, or a shape above the bounds
+    /// Errors: [`ExpertError::InvalidGeometry`] for zero layers or experts, or a shape above the bounds
     /// of [`Geometry`] ([`crate::MAX_LAYERS`], [`crate::MAX_EXPERTS_PER_LAYER`],
-    /// [`crate::MAX_CELLS`]); [`Error::LengthMismatch`] unless `counts` has `layers ×
-    /// experts_per_layer` entries; [`Error::InvalidConfig`] for a negative or non-finite count.
+    /// [`crate::MAX_CELLS`]); [`ExpertError::LengthMismatch`] unless `counts` has `layers ×
+    /// experts_per_layer` entries; [`ExpertError::InvalidConfig`] for a negative or non-finite count.
     pub fn new(
         name: impl Into<String>,
         layers: u32,
@@ -67,21 +67,21 @@ impl CounterDump {
     /// Checks the dump (see [`CounterDump::new`] for the errors).
     pub fn validate(&self) -> Result<()> {
         if self.layers == 0 || self.experts_per_layer == 0 {
-            return Err(Error::InvalidGeometry(
+            return Err(ExpertError::InvalidGeometry(
                 "dump with zero layers or experts".into(),
             ));
         }
         crate::geometry::check_bank_size(self.layers, self.experts_per_layer)
-            .map_err(|m| Error::InvalidGeometry(format!("dump {:?}: {m}", self.name)))?;
+            .map_err(|m| ExpertError::InvalidGeometry(format!("dump {:?}: {m}", self.name)))?;
         let n = self.layers as usize * self.experts_per_layer as usize;
         if self.counts.len() != n {
-            return Err(Error::LengthMismatch {
+            return Err(ExpertError::LengthMismatch {
                 expected: n,
                 found: self.counts.len(),
             });
         }
         if let Some(c) = self.counts.iter().find(|c| !(c.is_finite() && **c >= 0.0)) {
-            return Err(Error::InvalidConfig(format!("count {c} is not ≥ 0")));
+            return Err(ExpertError::InvalidConfig(format!("count {c} is not ≥ 0")));
         }
         Ok(())
     }
@@ -99,9 +99,9 @@ impl CounterDump {
     /// The picks of `steps` summed per `(layer, expert)` for a `layers × experts` model (e.g. the
     /// steps an engine recorded, or a window of a routing trace).
     ///
-    /// Errors: [`Error::EmptyTrace`] for no step, [`Error::InvalidGeometry`] for a shape with zero
-    /// or too many cells, [`Error::LengthMismatch`] for a step with the wrong number of layers,
-    /// [`Error::ExpertOutOfRange`].
+    /// Errors: [`ExpertError::EmptyTrace`] for no step, [`ExpertError::InvalidGeometry`] for a shape with zero
+    /// or too many cells, [`ExpertError::LengthMismatch`] for a step with the wrong number of layers,
+    /// [`ExpertError::ExpertOutOfRange`].
     pub fn from_steps(
         name: impl Into<String>,
         layers: u32,
@@ -110,19 +110,19 @@ impl CounterDump {
     ) -> Result<Self> {
         let name = name.into();
         if steps.is_empty() {
-            return Err(Error::EmptyTrace(format!("{name}: no step")));
+            return Err(ExpertError::EmptyTrace(format!("{name}: no step")));
         }
         if layers == 0 || experts == 0 {
-            return Err(Error::InvalidGeometry(format!(
+            return Err(ExpertError::InvalidGeometry(format!(
                 "{name}: zero layers or experts"
             )));
         }
         crate::geometry::check_bank_size(layers, experts)
-            .map_err(|m| Error::InvalidGeometry(format!("{name:?}: {m}")))?;
+            .map_err(|m| ExpertError::InvalidGeometry(format!("{name:?}: {m}")))?;
         let mut counts = vec![0f64; layers as usize * experts as usize];
         for s in steps {
             if s.layers.len() != layers as usize {
-                return Err(Error::LengthMismatch {
+                return Err(ExpertError::LengthMismatch {
                     expected: layers as usize,
                     found: s.layers.len(),
                 });
@@ -130,7 +130,7 @@ impl CounterDump {
             for (l, picks) in s.layers.iter().enumerate() {
                 for &e in picks {
                     if e >= experts {
-                        return Err(Error::ExpertOutOfRange { expert: e, experts });
+                        return Err(ExpertError::ExpertOutOfRange { expert: e, experts });
                     }
                     counts[l * experts as usize + e as usize] += 1.0;
                 }
@@ -152,7 +152,7 @@ impl CounterDump {
         if self.layers == g.layers && self.experts_per_layer == g.experts_per_layer {
             Ok(())
         } else {
-            Err(Error::GeometryMismatch {
+            Err(ExpertError::GeometryMismatch {
                 expected: format!("{} layers × {} experts", g.layers, g.experts_per_layer),
                 found: format!(
                     "dump {:?}: {} layers × {} experts",
@@ -178,7 +178,7 @@ pub fn top_k_experts(counts: &[f64], k: usize) -> Vec<u32> {
 /// Fits a boot map: the top `hot_per_layer` experts of each layer of `dump`, busiest in slot 0;
 /// ties go to the lower id.
 ///
-/// Errors: [`Error::GeometryMismatch`] if the dump's shape differs from `geometry`; the errors
+/// Errors: [`ExpertError::GeometryMismatch`] if the dump's shape differs from `geometry`; the errors
 /// of [`CounterDump::validate`] for a dump edited into an invalid state; geometry errors.
 pub fn fit_seed_map(
     model: impl Into<String>,
@@ -215,25 +215,25 @@ fn sum_scale(counts: &[f64]) -> f64 {
 /// Merges dumps with weights: each dump is first normalised per layer to sum 1 (so a long run
 /// does not drown a short one), then `Σ weight × share`. The result is a dump of shares.
 ///
-/// Errors: [`Error::EmptyTrace`] for no dump, [`Error::GeometryMismatch`] for dumps of different
-/// shapes, [`Error::InvalidConfig`] for a negative, non-finite or all-zero weight; the errors of
+/// Errors: [`ExpertError::EmptyTrace`] for no dump, [`ExpertError::GeometryMismatch`] for dumps of different
+/// shapes, [`ExpertError::InvalidConfig`] for a negative, non-finite or all-zero weight; the errors of
 /// [`CounterDump::validate`].
 pub fn merge_dumps(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
     let (first, _) = dumps
         .first()
-        .ok_or_else(|| Error::EmptyTrace("no dump to merge".into()))?;
+        .ok_or_else(|| ExpertError::EmptyTrace("no dump to merge".into()))?;
     let (layers, experts) = (first.layers, first.experts_per_layer);
     if dumps.iter().any(|(_, w)| !(w.is_finite() && *w >= 0.0))
         || dumps.iter().all(|(_, w)| *w == 0.0)
     {
-        return Err(Error::InvalidConfig(
+        return Err(ExpertError::InvalidConfig(
             "merge weights must be ≥ 0, not all 0".into(),
         ));
     }
     let mut out = vec![0f64; first.counts.len()];
     for (d, w) in dumps {
         if d.layers != layers || d.experts_per_layer != experts {
-            return Err(Error::GeometryMismatch {
+            return Err(ExpertError::GeometryMismatch {
                 expected: format!("{layers} layers × {experts} experts"),
                 found: format!("dump {:?}: {} × {}", d.name, d.layers, d.experts_per_layer),
             });
@@ -279,7 +279,7 @@ impl Coverage {
 /// The coverage `map` would give on `dump` (held-out check: fit on one dump, measure on another).
 /// Counts near `f64::MAX` are summed at a common scale, so the shares stay exact ratios.
 ///
-/// Errors: [`Error::GeometryMismatch`]; the errors of [`CounterDump::validate`].
+/// Errors: [`ExpertError::GeometryMismatch`]; the errors of [`CounterDump::validate`].
 pub fn seed_coverage(map: &ResidencyMap, dump: &CounterDump) -> Result<Coverage> {
     dump.check_geometry(map.geometry())?;
     let e = dump.experts_per_layer as usize;
@@ -339,7 +339,7 @@ mod tests {
         let other = Geometry::new(3, 4, 2, 1).unwrap();
         assert!(matches!(
             fit_seed_map("m", &other, &a),
-            Err(Error::GeometryMismatch { .. })
+            Err(ExpertError::GeometryMismatch { .. })
         ));
         assert!(CounterDump::new("x", 2, 4, vec![0.; 7]).is_err());
     }
@@ -367,12 +367,12 @@ mod tests {
         short.counts.truncate(3);
         assert!(matches!(
             fit_seed_map("m", &g, &short),
-            Err(Error::LengthMismatch { .. })
+            Err(ExpertError::LengthMismatch { .. })
         ));
         let map = fit_seed_map("m", &g, &ok).unwrap();
         assert!(matches!(
             seed_coverage(&map, &short),
-            Err(Error::LengthMismatch { .. })
+            Err(ExpertError::LengthMismatch { .. })
         ));
         assert!(merge_dumps(&[(&ok, 1.0), (&short, 1.0)]).is_err());
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cuda_kernels::{DeviceBuffer, Gpu, PickCounterGpu, TopkShape};
 use expert_residency::gpu::{CommitMode, ExpertBankGpu, GpuExecutor};
 use expert_residency::{
-    Controller, ControllerConfig, Error, Geometry, PlannedSwap, ResidencyMap, SwapExecutor,
+    Controller, ControllerConfig, ExpertError, Geometry, PlannedSwap, ResidencyMap, SwapExecutor,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -210,19 +210,19 @@ fn swap_faults_are_typed_errors_and_change_nothing() {
             generation: g + 1,
             ..plan_5_1
         }),
-        Err(Error::StaleSwap { .. })
+        Err(ExpertError::StaleSwap { .. })
     ));
     assert!(
         matches!(
             bank.begin_swap(&raw(1, 2, 2, g)),
-            Err(Error::InvalidSwap(_))
+            Err(ExpertError::InvalidSwap(_))
         ),
         "incoming already hot"
     );
     assert!(
         matches!(
             bank.begin_swap(&raw(5, 6, 0, g)),
-            Err(Error::InvalidSwap(_))
+            Err(ExpertError::InvalidSwap(_))
         ),
         "outgoing cold"
     );
@@ -231,17 +231,17 @@ fn swap_faults_are_typed_errors_and_change_nothing() {
             layer: 2,
             ..plan_5_1
         }),
-        Err(Error::LayerOutOfRange { .. })
+        Err(ExpertError::LayerOutOfRange { .. })
     ));
     assert!(matches!(
         bank.begin_swap(&raw(8, 1, 1, g)),
-        Err(Error::ExpertOutOfRange { .. })
+        Err(ExpertError::ExpertOutOfRange { .. })
     ));
     assert!(!bank.in_flight(0));
     bank.begin_swap(&plan_5_1).unwrap();
     let plan_6_2 = bank.plan_swap(0, 6, 2).unwrap();
     assert!(
-        matches!(bank.begin_swap(&plan_6_2), Err(Error::Executor(_))),
+        matches!(bank.begin_swap(&plan_6_2), Err(ExpertError::Executor(_))),
         "spare busy"
     );
     // a stale plan after the commit: planned at g, the bank's map is at g + 1
@@ -250,7 +250,7 @@ fn swap_faults_are_typed_errors_and_change_nothing() {
     assert_eq!(done[0].generation, g + 1);
     assert!(matches!(
         bank.begin_swap(&plan_6_2),
-        Err(Error::StaleSwap { .. })
+        Err(ExpertError::StaleSwap { .. })
     ));
     assert!(!bank.in_flight(0));
     assert!(bank.is_hot(0, 5) && !bank.is_hot(0, 1));
@@ -285,12 +285,14 @@ fn swap_faults_are_typed_errors_and_change_nothing() {
     };
     assert!(matches!(
         ExpertBankGpu::new(&gpu, huge),
-        Err(Error::InvalidGeometry(_))
+        Err(ExpertError::InvalidGeometry(_))
     ));
     let too_big = geo(4096, 4096, 1, 1 << 39);
     assert!(matches!(
         ExpertBankGpu::new(&gpu, too_big),
-        Err(Error::Cuda(cuda_kernels::CudaError::OutOfRange { .. }))
+        Err(ExpertError::Cuda(
+            cuda_kernels::CudaError::OutOfRange { .. }
+        ))
     ));
 }
 
@@ -315,7 +317,7 @@ fn the_gpu_executor_refuses_a_stale_swap() {
     assert!(exec.can_begin(0));
     assert!(matches!(
         exec.begin(&second),
-        Err(Error::StaleSwap {
+        Err(ExpertError::StaleSwap {
             layer: 0,
             expected: 0,
             actual: 1

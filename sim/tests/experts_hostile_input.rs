@@ -2,7 +2,7 @@
 //! panic, a hang or an allocation abort, and a failed call changes nothing.
 
 use expert_residency::{
-    ControllerConfig, Error, Geometry, MemoryExecutor, PickCounters, ResidencyMap, MAX_CELLS,
+    ControllerConfig, ExpertError, Geometry, MemoryExecutor, PickCounters, ResidencyMap, MAX_CELLS,
     MAX_EXPERTS_PER_LAYER, MAX_LAYERS,
 };
 use tierkit_sim::experts::trace::{
@@ -50,7 +50,7 @@ fn replay_options_are_checked() {
         };
         let e = replay_with(&t, &g, &policy, &cfg, &opts).unwrap_err();
         assert!(
-            matches!(&e, Error::InvalidConfig(m) if m.contains("step_time_s")),
+            matches!(&e, ExpertError::InvalidConfig(m) if m.contains("step_time_s")),
             "{step_time_s}: {e}"
         );
     }
@@ -67,7 +67,7 @@ fn replay_options_are_checked() {
             ..ReplayOptions::default()
         };
         let e = replay_with(&t, &g, &policy, &cfg, &opts).unwrap_err();
-        assert!(matches!(e, Error::InvalidConfig(_)), "{b}: {e}");
+        assert!(matches!(e, ExpertError::InvalidConfig(_)), "{b}: {e}");
     }
     let ok = ReplayOptions {
         step_time_s: Some(0.02),
@@ -83,7 +83,7 @@ fn huge_geometries_never_reach_an_allocation() {
     for (l, e) in [(1 << 30, 1), (1, u32::MAX), (u32::MAX, u32::MAX)] {
         assert!(matches!(
             Geometry::new(l, e, 1, 1),
-            Err(Error::InvalidGeometry(_))
+            Err(ExpertError::InvalidGeometry(_))
         ));
         // Built by hand, past `Geometry::new`: still refused.
         let g = Geometry {

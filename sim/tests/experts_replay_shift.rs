@@ -2,7 +2,7 @@
 //! a known step): adaptive ends close to the oracle for the new domain, a seed map fitted on the
 //! old domain ends worse, and the shift response at least halves T90.
 
-use expert_residency::{fit_seed_map, ControllerConfig, Error, Geometry};
+use expert_residency::{fit_seed_map, ControllerConfig, ExpertError, Geometry};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -178,19 +178,19 @@ fn bad_traces_are_typed_errors() {
     t.steps[3].layers[2][0] = EXPERTS;
     assert!(matches!(
         replay(&t, &g, &p, &cfg),
-        Err(Error::ExpertOutOfRange { .. })
+        Err(ExpertError::ExpertOutOfRange { .. })
     ));
     let mut t = shift_trace(10, 5, 1);
     t.shape.top_k = EXPERTS + 1;
     assert!(matches!(
         replay(&t, &g, &p, &cfg),
-        Err(Error::TopKTooWide { .. })
+        Err(ExpertError::TopKTooWide { .. })
     ));
     let mut t = shift_trace(10, 5, 1);
     t.steps.clear();
     assert!(matches!(
         replay(&t, &g, &p, &cfg),
-        Err(Error::EmptyTrace(_))
+        Err(ExpertError::EmptyTrace(_))
     ));
     let mut t = shift_trace(10, 5, 1);
     t.steps
@@ -198,13 +198,13 @@ fn bad_traces_are_typed_errors() {
         .for_each(|s| s.layers.iter_mut().for_each(|l| l.clear()));
     assert!(matches!(
         replay(&t, &g, &p, &cfg),
-        Err(Error::EmptyTrace(_))
+        Err(ExpertError::EmptyTrace(_))
     ));
     let t = shift_trace(10, 5, 1);
     let other = Geometry::new(LAYERS, EXPERTS + 1, HOT, 1).unwrap();
     assert!(matches!(
         replay(&t, &other, &p, &cfg),
-        Err(Error::GeometryMismatch { .. })
+        Err(ExpertError::GeometryMismatch { .. })
     ));
     let wrong_map = expert_residency::ResidencyMap::first_k(
         "x",
@@ -213,11 +213,11 @@ fn bad_traces_are_typed_errors() {
     .unwrap();
     assert!(matches!(
         replay(&t, &g, &PolicySpec::Seed(wrong_map), &cfg),
-        Err(Error::GeometryMismatch { .. })
+        Err(ExpertError::GeometryMismatch { .. })
     ));
     assert!(matches!(
         Geometry::new(LAYERS, EXPERTS, EXPERTS + 1, 1),
-        Err(Error::HotExceedsExperts { .. })
+        Err(ExpertError::HotExceedsExperts { .. })
     ));
 }
 

@@ -11,7 +11,7 @@ mod swaps;
 
 use crate::config::ControllerConfig;
 use crate::counters::PickCounters;
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::executor::{PlannedSwap, SwapExecutor};
 use crate::policy::{RatioPolicy, SwapChoice, SwapPolicy};
 use crate::rowmap::ResidencyMap;
@@ -86,7 +86,7 @@ impl Controller {
     /// A controller starting from `map` (the boot map: first-K, or a seed map) with the published
     /// [`RatioPolicy`] at `cfg.ratio`.
     ///
-    /// Errors: [`Error::InvalidConfig`] for a bad config.
+    /// Errors: [`ExpertError::InvalidConfig`] for a bad config.
     pub fn new(map: ResidencyMap, cfg: ControllerConfig) -> Result<Self> {
         cfg.validate()?;
         let policy = Box::new(RatioPolicy::new(cfg.ratio)?);
@@ -97,7 +97,7 @@ impl Controller {
     /// ratio policy's knob and unused by other policies; everything else in `cfg` (drain cadence,
     /// half-life, caps, window, shift response) applies whatever the policy.
     ///
-    /// Errors: [`Error::InvalidConfig`] for a bad config.
+    /// Errors: [`ExpertError::InvalidConfig`] for a bad config.
     pub fn with_policy(
         map: ResidencyMap,
         cfg: ControllerConfig,
@@ -204,10 +204,10 @@ impl Controller {
     /// swaps, and take `snapshot` (`[layers × experts]` u32, the current counter table) as the new
     /// reference, so that counts before now (warm-up, a past domain) never reach the EMA.
     ///
-    /// Errors: [`Error::LengthMismatch`] (nothing changed).
+    /// Errors: [`ExpertError::LengthMismatch`] (nothing changed).
     pub fn reset_baseline(&mut self, snapshot: &[u32]) -> Result<()> {
         if snapshot.len() != self.prev.len() {
-            return Err(Error::LengthMismatch {
+            return Err(ExpertError::LengthMismatch {
                 expected: self.prev.len(),
                 found: snapshot.len(),
             });
@@ -229,12 +229,12 @@ impl Controller {
     /// map at run time, or restoring the boot map); they are begun under the usual per-step cap.
     /// Cancels previously queued swaps. Returns how many were queued.
     ///
-    /// Errors: [`Error::GeometryMismatch`]; [`Error::Executor`] if swaps are in flight (let them
+    /// Errors: [`ExpertError::GeometryMismatch`]; [`ExpertError::Executor`] if swaps are in flight (let them
     /// commit first: `executor.flush()` then one `step`).
     pub fn request_map(&mut self, target: &ResidencyMap) -> Result<u32> {
         let plan = self.map.plan_transition(target)?;
         if self.in_flight_count() > 0 {
-            return Err(Error::Executor(format!(
+            return Err(ExpertError::Executor(format!(
                 "{} swaps in flight; let them commit before requesting a map",
                 self.in_flight_count()
             )));
@@ -252,7 +252,7 @@ impl Controller {
     /// One step boundary with a host [`PickCounters`] table: commits what the executor has ready,
     /// drains if due (snapshotting `counters`), and begins queued swaps.
     ///
-    /// Errors: [`Error::GeometryMismatch`] if `counters` has another shape (nothing changed);
+    /// Errors: [`ExpertError::GeometryMismatch`] if `counters` has another shape (nothing changed);
     /// executor errors from `commit_ready`.
     pub fn step(
         &mut self,
@@ -273,7 +273,7 @@ impl Controller {
     /// experts]` u32, row-major) is read only if a drain is due; pass `None` to postpone the drain
     /// to a later step (the elapsed steps are then folded together).
     ///
-    /// Errors: [`Error::LengthMismatch`] for a wrong snapshot length (nothing changed).
+    /// Errors: [`ExpertError::LengthMismatch`] for a wrong snapshot length (nothing changed).
     pub fn step_with(
         &mut self,
         snapshot: Option<&[u32]>,
@@ -282,7 +282,7 @@ impl Controller {
         let drain = match snapshot {
             Some(s) if self.drain_due() => {
                 if s.len() != self.snap.len() {
-                    return Err(Error::LengthMismatch {
+                    return Err(ExpertError::LengthMismatch {
                         expected: self.snap.len(),
                         found: s.len(),
                     });
@@ -312,10 +312,10 @@ impl Controller {
     /// Drains `snapshot` now (whatever the cadence) and plans swaps; returns the drain record.
     /// This is the "drain + decide" the benches time.
     ///
-    /// Errors: [`Error::LengthMismatch`] (nothing changed).
+    /// Errors: [`ExpertError::LengthMismatch`] (nothing changed).
     pub fn drain_now(&mut self, snapshot: &[u32]) -> Result<DrainTelemetry> {
         if snapshot.len() != self.snap.len() {
-            return Err(Error::LengthMismatch {
+            return Err(ExpertError::LengthMismatch {
                 expected: self.snap.len(),
                 found: snapshot.len(),
             });

@@ -44,7 +44,7 @@ impl SwapExecutor for Flaky {
     fn begin(&mut self, s: &PlannedSwap) -> Result<()> {
         if self.fail_begins > 0 {
             self.fail_begins -= 1;
-            return Err(Error::Executor("refused".into()));
+            return Err(ExpertError::Executor("refused".into()));
         }
         self.inner.begin(s)
     }
@@ -189,7 +189,7 @@ fn baseline_reset_forgets_and_errors_change_nothing() {
     let before = ctl.steps();
     assert!(matches!(
         ctl.step(&wrong, &mut ex),
-        Err(Error::GeometryMismatch { .. })
+        Err(ExpertError::GeometryMismatch { .. })
     ));
     assert!(ctl.reset_baseline(&[0; 3]).is_err());
     assert!(ctl.drain_now(&[0; 3]).is_err());

@@ -8,7 +8,7 @@ use cuda_kernels::cudarc_driver::CudaStream;
 use cuda_kernels::{EventSignal, ExpertStore, Gpu, StoreGeometry, TableUpdater};
 
 use super::placement::Placement;
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::executor::PlannedSwap;
 use crate::geometry::Geometry;
 use crate::rowmap::ResidencyMap;
@@ -54,8 +54,8 @@ pub struct ExpertBankGpu {
     copy_stream: Arc<CudaStream>,
 }
 
-fn not_loaded() -> Error {
-    Error::Executor("no residency map loaded in the GPU bank".into())
+fn not_loaded() -> ExpertError {
+    ExpertError::Executor("no residency map loaded in the GPU bank".into())
 }
 
 impl ExpertBankGpu {
@@ -65,14 +65,14 @@ impl ExpertBankGpu {
     /// expert's host copy.
     ///
     /// # Errors
-    /// The errors of [`Geometry::validate`], [`Error::InvalidGeometry`] if `expert_bytes` is not
-    /// a multiple of 16 (all before any allocation); [`Error::Cuda`] for the store's limits
+    /// The errors of [`Geometry::validate`], [`ExpertError::InvalidGeometry`] if `expert_bytes` is not
+    /// a multiple of 16 (all before any allocation); [`ExpertError::Cuda`] for the store's limits
     /// ([`StoreGeometry::validate`]) and device failures (e.g. `CUDA_ERROR_OUT_OF_MEMORY` when
     /// HBM or pinnable host memory is short).
     pub fn new(gpu: &Arc<Gpu>, geometry: Geometry) -> Result<Self> {
         geometry.validate()?;
         if !geometry.expert_bytes.is_multiple_of(16) {
-            return Err(Error::InvalidGeometry(format!(
+            return Err(ExpertError::InvalidGeometry(format!(
                 "expert_bytes {} is not a multiple of 16 (GPU bank)",
                 geometry.expert_bytes
             )));
@@ -132,7 +132,7 @@ impl ExpertBankGpu {
     /// The host copy of an expert (`expert_bytes` bytes).
     ///
     /// # Errors
-    /// [`Error::Cuda`] (`OutOfRange`) for a bad layer or expert.
+    /// [`ExpertError::Cuda`] (`OutOfRange`) for a bad layer or expert.
     pub fn host_expert(&self, layer: u32, expert: u32) -> Result<&[u8]> {
         Ok(self.store.host_expert(layer, expert)?)
     }
@@ -141,7 +141,7 @@ impl ExpertBankGpu {
     /// read-only once the bank serves them, since swap copies read them asynchronously).
     ///
     /// # Errors
-    /// [`Error::Executor`] once a map is loaded; [`Error::Cuda`] (`OutOfRange`) for a bad layer
+    /// [`ExpertError::Executor`] once a map is loaded; [`ExpertError::Cuda`] (`OutOfRange`) for a bad layer
     /// or expert.
     pub fn host_expert_mut(&mut self, layer: u32, expert: u32) -> Result<&mut [u8]> {
         self.check_writable()?;
@@ -152,7 +152,7 @@ impl ExpertBankGpu {
     /// before [`ExpertBankGpu::load_map`].
     ///
     /// # Errors
-    /// [`Error::Executor`] once a map is loaded.
+    /// [`ExpertError::Executor`] once a map is loaded.
     pub fn fill_host<F>(&mut self, threads: usize, f: F) -> Result<()>
     where
         F: Fn(u32, u32, &mut [u8]) + Sync,
@@ -164,7 +164,7 @@ impl ExpertBankGpu {
 
     fn check_writable(&self) -> Result<()> {
         if self.placement.is_some() {
-            return Err(Error::Executor(
+            return Err(ExpertError::Executor(
                 "host experts are read-only once a map is loaded".into(),
             ));
         }
@@ -176,13 +176,15 @@ impl ExpertBankGpu {
     /// becomes the spare, and the table is rewritten. The bank's generations become `map`'s.
     ///
     /// # Errors
-    /// [`Error::GeometryMismatch`] if `map` has another geometry, [`Error::Executor`] while a
-    /// swap is in flight (nothing changes); [`Error::Cuda`] for device failures.
+    /// [`ExpertError::GeometryMismatch`] if `map` has another geometry, [`ExpertError::Executor`] while a
+    /// swap is in flight (nothing changes); [`ExpertError::Cuda`] for device failures.
     pub fn load_map(&mut self, map: &ResidencyMap) -> Result<()> {
         self.geometry.check_same(map.geometry())?;
         if let Some(p) = &self.placement {
             if let Some(l) = (0..self.geometry.layers).find(|&l| p.in_flight(l).is_some()) {
-                return Err(Error::Executor(format!("layer {l}: a swap is in flight")));
+                return Err(ExpertError::Executor(format!(
+                    "layer {l}: a swap is in flight"
+                )));
             }
         }
         let placement = Placement::new(map);
@@ -246,7 +248,7 @@ impl ExpertBankGpu {
     /// its HBM slot's address if hot, else its host copy's mapped address.
     ///
     /// # Errors
-    /// [`Error::Cuda`] (`OutOfRange`) for a bad layer or expert.
+    /// [`ExpertError::Cuda`] (`OutOfRange`) for a bad layer or expert.
     pub fn entry(&self, layer: u32, expert: u32) -> Result<u64> {
         self.store.check(layer, expert)?;
         Ok(
@@ -273,12 +275,12 @@ impl ExpertBankGpu {
     /// benches and hosts that pick swaps by hand; the controller plans its own).
     ///
     /// # Errors
-    /// [`Error::Executor`] before a map is loaded; [`Error::LayerOutOfRange`];
-    /// [`Error::InvalidSwap`] if `outgoing` is not hot.
+    /// [`ExpertError::Executor`] before a map is loaded; [`ExpertError::LayerOutOfRange`];
+    /// [`ExpertError::InvalidSwap`] if `outgoing` is not hot.
     pub fn plan_swap(&self, layer: u32, incoming: u32, outgoing: u32) -> Result<PlannedSwap> {
         let row = self.map().ok_or_else(not_loaded)?.layer(layer)?;
         let slot = row.slot_of(outgoing).ok_or_else(|| {
-            Error::InvalidSwap(format!("expert {outgoing} is not hot in layer {layer}"))
+            ExpertError::InvalidSwap(format!("expert {outgoing} is not hot in layer {layer}"))
         })?;
         Ok(PlannedSwap {
             layer,
@@ -294,11 +296,11 @@ impl ExpertBankGpu {
     /// `swap.outgoing` (hot) leaves at the commit.
     ///
     /// # Errors
-    /// [`Error::StaleSwap`] if `swap.generation` is not the layer's generation in the bank's
+    /// [`ExpertError::StaleSwap`] if `swap.generation` is not the layer's generation in the bank's
     /// mirror of the map (the swap was planned against a map that has moved on);
-    /// [`Error::InvalidSwap`] if `incoming` is hot or `outgoing` is not in logical slot `slot`;
-    /// [`Error::LayerOutOfRange`] / [`Error::ExpertOutOfRange`]; [`Error::Executor`] if no map is
-    /// loaded or a copy is already in flight on the layer; [`Error::Cuda`]. Nothing changes on
+    /// [`ExpertError::InvalidSwap`] if `incoming` is hot or `outgoing` is not in logical slot `slot`;
+    /// [`ExpertError::LayerOutOfRange`] / [`ExpertError::ExpertOutOfRange`]; [`ExpertError::Executor`] if no map is
+    /// loaded or a copy is already in flight on the layer; [`ExpertError::Cuda`]. Nothing changes on
     /// error.
     pub fn begin_swap(&mut self, swap: &PlannedSwap) -> Result<()> {
         let p = self.placement.as_ref().ok_or_else(not_loaded)?;
@@ -324,7 +326,7 @@ impl ExpertBankGpu {
     /// Whether the layer's in-flight copy has completed (`false` if none is in flight).
     ///
     /// # Errors
-    /// [`Error::Cuda`] if the event query fails.
+    /// [`ExpertError::Cuda`] if the event query fails.
     pub fn copy_complete(&self, layer: u32) -> Result<bool> {
         if !self.in_flight(layer) {
             return Ok(false);
@@ -346,7 +348,7 @@ impl ExpertBankGpu {
     /// flight.
     ///
     /// # Errors
-    /// As [`ExpertBankGpu::commit_layers`]; [`Error::Cuda`] if a copy-done query fails.
+    /// As [`ExpertBankGpu::commit_layers`]; [`ExpertError::Cuda`] if a copy-done query fails.
     pub fn commit_ready(
         &mut self,
         stream: &CudaStream,
@@ -376,9 +378,9 @@ impl ExpertBankGpu {
     /// executors that ask the controller about each swap before flipping it.
     ///
     /// # Errors
-    /// [`Error::Executor`] if a listed layer has no swap in flight or is listed twice, the
+    /// [`ExpertError::Executor`] if a listed layer has no swap in flight or is listed twice, the
     /// errors of [`ResidencyMap::check_swap`] if a swap no longer applies to the mirror (all
-    /// checked first: nothing changes); [`Error::Cuda`] if a wait or the launch fails (the
+    /// checked first: nothing changes); [`ExpertError::Cuda`] if a wait or the launch fails (the
     /// mirror does not change; a fence record failing after the launch is reported after the
     /// mirror changed).
     pub fn commit_layers(

@@ -7,7 +7,7 @@ use cuda_kernels::cudarc_driver::CudaStream;
 use cuda_kernels::{CudaError, Gpu};
 
 use super::bank::{CommitMode, ExpertBankGpu};
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::executor::{check_layer_idle, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 use crate::rowmap::ResidencyMap;
 
@@ -29,8 +29,8 @@ impl GpuExecutor {
     /// on both apply the same committed swaps in the same order, so their generations agree and
     /// [`SwapExecutor::begin`] refuses a swap planned at another generation.
     ///
-    /// Errors: [`Error::Cuda`] (with the CUDA error name) for device failures (e.g. not enough
-    /// HBM or pinnable host memory); [`Error::InvalidGeometry`] if `expert_bytes` is not a
+    /// Errors: [`ExpertError::Cuda`] (with the CUDA error name) for device failures (e.g. not enough
+    /// HBM or pinnable host memory); [`ExpertError::InvalidGeometry`] if `expert_bytes` is not a
     /// multiple of 16.
     pub fn new<F>(
         gpu: &Arc<Gpu>,
@@ -78,11 +78,11 @@ impl GpuExecutor {
     /// so load the controller's map too. Fails while swaps are in flight (call `flush` + the
     /// controller's step first).
     ///
-    /// Errors: [`Error::Executor`] while swaps are in flight; the errors of
+    /// Errors: [`ExpertError::Executor`] while swaps are in flight; the errors of
     /// [`ExpertBankGpu::load_map`].
     pub fn load_map(&mut self, map: &ResidencyMap) -> Result<()> {
         if !self.pending.is_empty() {
-            return Err(Error::Executor(
+            return Err(ExpertError::Executor(
                 "swaps in flight; flush and commit first".into(),
             ));
         }
@@ -168,6 +168,6 @@ impl SwapExecutor for GpuExecutor {
         self.bank
             .copy_stream()
             .synchronize()
-            .map_err(|e| Error::Cuda(CudaError::driver("cuStreamSynchronize", e)))
+            .map_err(|e| ExpertError::Cuda(CudaError::driver("cuStreamSynchronize", e)))
     }
 }

@@ -8,7 +8,7 @@
 //! A swap (incoming cold expert in, outgoing hot expert out):
 //! 1. `begin` ([`ExpertBankGpu::begin_swap`]) checks the swap against the executor's mirror of
 //!    the controller's map (a swap planned at another generation is refused:
-//!    [`crate::Error::StaleSwap`]), makes the copy stream wait on the GPU for the spare slot's
+//!    [`crate::ExpertError::StaleSwap`]), makes the copy stream wait on the GPU for the spare slot's
 //!    reader fence, enqueues the host → spare-slot copy and returns at once; steps keep running.
 //! 2. `commit_ready` (at a step boundary) asks the controller (`accept`) about each swap whose
 //!    copy completed, in begin order, then flips the accepted ones with one tiny kernel on the

@@ -8,7 +8,7 @@
 //! that slot and the outgoing expert's old slot becomes the spare. The mirror's logical slots
 //! (`PlannedSwap::slot`) and the physical slots differ once swaps rotate the spare.
 
-use crate::error::{Error, Result};
+use crate::error::{ExpertError, Result};
 use crate::executor::PlannedSwap;
 use crate::rowmap::ResidencyMap;
 
@@ -101,13 +101,13 @@ impl Placement {
     /// at the mirror's generation, `outgoing` in logical slot `slot`, `incoming` cold) and the
     /// layer's spare is not taken by another copy. Returns the physical slot the copy lands in.
     ///
-    /// Errors: [`Error::LayerOutOfRange`], [`Error::StaleSwap`], [`Error::ExpertOutOfRange`],
-    /// [`Error::InvalidSwap`] (as [`ResidencyMap::check_swap`]); [`Error::Executor`] if a copy
+    /// Errors: [`ExpertError::LayerOutOfRange`], [`ExpertError::StaleSwap`], [`ExpertError::ExpertOutOfRange`],
+    /// [`ExpertError::InvalidSwap`] (as [`ResidencyMap::check_swap`]); [`ExpertError::Executor`] if a copy
     /// is in flight on the layer.
     pub(crate) fn check_begin(&self, swap: &PlannedSwap) -> Result<u32> {
         self.map.check_swap(swap)?;
         if self.in_flight(swap.layer).is_some() {
-            return Err(Error::Executor(format!(
+            return Err(ExpertError::Executor(format!(
                 "layer {}: a swap copy is already in flight on its spare slot",
                 swap.layer
             )));
@@ -131,19 +131,19 @@ impl Placement {
     /// that no layer is listed twice. Returns, per layer in order, the swap and the physical
     /// slot it lands in.
     ///
-    /// Errors: [`Error::Executor`] for a layer with nothing in flight or listed twice; the
+    /// Errors: [`ExpertError::Executor`] for a layer with nothing in flight or listed twice; the
     /// errors of [`ResidencyMap::check_swap`] if a swap no longer applies.
     pub(crate) fn check_flips(&self, layers: &[u32]) -> Result<Vec<(PlannedSwap, u32)>> {
         let mut seen = vec![false; self.spare.len()];
         let mut out = Vec::with_capacity(layers.len());
         for &l in layers {
             let Some(swap) = self.in_flight(l) else {
-                return Err(Error::Executor(format!(
+                return Err(ExpertError::Executor(format!(
                     "layer {l}: no swap in flight to commit"
                 )));
             };
             if std::mem::replace(&mut seen[l as usize], true) {
-                return Err(Error::Executor(format!("layer {l} listed twice")));
+                return Err(ExpertError::Executor(format!("layer {l} listed twice")));
             }
             self.map.check_swap(swap)?;
             out.push((*swap, self.spare[l as usize]));
@@ -162,7 +162,7 @@ impl Placement {
         let ci = (layer * self.experts + swap.incoming) as usize;
         let co = (layer * self.experts + swap.outgoing) as usize;
         let Some(old_slot) = self.slot_of[co] else {
-            return Err(Error::InvalidSwap(format!(
+            return Err(ExpertError::InvalidSwap(format!(
                 "expert {} of layer {layer} holds no slot",
                 swap.outgoing
             )));
@@ -252,7 +252,7 @@ mod tests {
         let before = p.clone();
         assert_eq!(
             p.begin(&other),
-            Err(Error::StaleSwap {
+            Err(ExpertError::StaleSwap {
                 layer: 0,
                 expected: 0,
                 actual: 1
@@ -265,7 +265,10 @@ mod tests {
             generation: 7,
             ..swap(&p, 0, 5, 2)
         };
-        assert!(matches!(p.begin(&ahead), Err(Error::StaleSwap { .. })));
+        assert!(matches!(
+            p.begin(&ahead),
+            Err(ExpertError::StaleSwap { .. })
+        ));
         // the same swap re-planned at the current generation goes through
         p.begin(&swap(&p, 0, 5, 2)).unwrap();
         assert_eq!(p.flip(0).unwrap().0.generation, 1);
@@ -291,39 +294,39 @@ mod tests {
             generation: g,
         };
         assert!(
-            matches!(bad(&mut p, s(0, 1, 2, 2)), Error::InvalidSwap(_)),
+            matches!(bad(&mut p, s(0, 1, 2, 2)), ExpertError::InvalidSwap(_)),
             "incoming hot"
         );
         assert!(
-            matches!(bad(&mut p, s(0, 4, 5, 2)), Error::InvalidSwap(_)),
+            matches!(bad(&mut p, s(0, 4, 5, 2)), ExpertError::InvalidSwap(_)),
             "outgoing cold"
         );
         assert!(matches!(
             bad(&mut p, s(2, 4, 1, 1)),
-            Error::LayerOutOfRange { .. }
+            ExpertError::LayerOutOfRange { .. }
         ));
         assert!(matches!(
             bad(&mut p, s(0, 6, 1, 1)),
-            Error::ExpertOutOfRange { .. }
+            ExpertError::ExpertOutOfRange { .. }
         ));
         p.begin(&s(0, 4, 1, 1)).unwrap();
         assert!(
-            matches!(bad(&mut p, s(0, 5, 2, 2)), Error::Executor(_)),
+            matches!(bad(&mut p, s(0, 5, 2, 2)), ExpertError::Executor(_)),
             "spare busy"
         );
         assert!(
-            matches!(p.check_flips(&[1]), Err(Error::Executor(_))),
+            matches!(p.check_flips(&[1]), Err(ExpertError::Executor(_))),
             "nothing in flight"
         );
         assert!(
-            matches!(p.check_flips(&[0, 0]), Err(Error::Executor(_))),
+            matches!(p.check_flips(&[0, 0]), Err(ExpertError::Executor(_))),
             "listed twice"
         );
-        assert!(matches!(p.flip(1), Err(Error::Executor(_))));
+        assert!(matches!(p.flip(1), Err(ExpertError::Executor(_))));
         assert_eq!(p.cancel(0), Some(s(0, 4, 1, 1)));
         assert_eq!(p.cancel(0), None);
         assert!(
-            matches!(p.flip(0), Err(Error::Executor(_))),
+            matches!(p.flip(0), Err(ExpertError::Executor(_))),
             "cancelled: nothing to flip"
         );
         assert_eq!((p.generation(0), p.hot_experts(0)), (0, vec![0, 1, 2]));

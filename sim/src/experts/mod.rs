@@ -7,7 +7,7 @@ pub mod scoreboard;
 pub mod t90;
 pub mod trace;
 
-use expert_residency::{CounterDump, Error, Result};
+use expert_residency::{CounterDump, ExpertError, Result};
 
 pub use replay::{
     oracle_map, replay, replay_with, validate_trace, OracleWindow, PolicySpec, ReplayOptions,
@@ -17,13 +17,13 @@ pub use t90::{t90, T90};
 
 /// The picks of `trace.steps[range]` summed per `(layer, expert)`, named `NAME[START..END]`.
 ///
-/// Errors: [`Error::EmptyTrace`] for an empty range; the errors of [`CounterDump::from_steps`].
+/// Errors: [`ExpertError::EmptyTrace`] for an empty range; the errors of [`CounterDump::from_steps`].
 pub fn counter_dump(trace: &trace::Trace, range: std::ops::Range<usize>) -> Result<CounterDump> {
     let steps = trace
         .steps
         .get(range.clone())
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| Error::EmptyTrace(format!("no step in {range:?}")))?;
+        .ok_or_else(|| ExpertError::EmptyTrace(format!("no step in {range:?}")))?;
     CounterDump::from_steps(
         format!("{}[{}..{}]", trace.name, range.start, range.end),
         trace.shape.layers,

@@ -1,8 +1,8 @@
 //! Replays of routing traces through a residency policy, with the cold-share scoreboard.
 
 use expert_residency::{
-    fit_seed_map, Controller, ControllerConfig, DrainTelemetry, Error, Geometry, MemoryExecutor,
-    NullExecutor, PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
+    fit_seed_map, Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry,
+    MemoryExecutor, NullExecutor, PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
 };
 
 use crate::experts::t90::{mean, t90, T90};
@@ -86,9 +86,9 @@ impl ReplayOptions {
     /// `1..=`[`MemoryExecutor::MAX_BYTES`] when given (the executor checks the whole size
     /// against the geometry).
     ///
-    /// Errors: [`Error::InvalidConfig`] naming the field.
+    /// Errors: [`ExpertError::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
-        let bad = |m: String| Err(Error::InvalidConfig(m));
+        let bad = |m: String| Err(ExpertError::InvalidConfig(m));
         if self.window_steps == 0 || self.smooth_steps == 0 {
             return bad("window_steps and smooth_steps must be ≥ 1".into());
         }
@@ -193,13 +193,13 @@ impl ReplayReport {
 /// Checks a trace against a geometry: same layers and experts, a valid top-k, at least one step
 /// and one lookup, one row per layer in every step, every id in range.
 ///
-/// Errors: [`Error::GeometryMismatch`], [`Error::TopKTooWide`], [`Error::EmptyTrace`],
-/// [`Error::LengthMismatch`], [`Error::ExpertOutOfRange`].
+/// Errors: [`ExpertError::GeometryMismatch`], [`ExpertError::TopKTooWide`], [`ExpertError::EmptyTrace`],
+/// [`ExpertError::LengthMismatch`], [`ExpertError::ExpertOutOfRange`].
 pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
     geometry.validate()?;
     let s = trace.shape;
     if s.layers != geometry.layers || s.experts_per_layer != geometry.experts_per_layer {
-        return Err(Error::GeometryMismatch {
+        return Err(ExpertError::GeometryMismatch {
             expected: format!(
                 "{} layers × {} experts",
                 geometry.layers, geometry.experts_per_layer
@@ -212,7 +212,7 @@ pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
     }
     geometry.check_top_k(s.top_k)?;
     if trace.steps.is_empty() {
-        return Err(Error::EmptyTrace(format!(
+        return Err(ExpertError::EmptyTrace(format!(
             "trace {:?} has no step",
             trace.name
         )));
@@ -220,7 +220,7 @@ pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
     let mut lookups = 0u64;
     for step in &trace.steps {
         if step.layers.len() != geometry.layers as usize {
-            return Err(Error::LengthMismatch {
+            return Err(ExpertError::LengthMismatch {
                 expected: geometry.layers as usize,
                 found: step.layers.len(),
             });
@@ -233,7 +233,7 @@ pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
         }
     }
     if lookups == 0 {
-        return Err(Error::EmptyTrace(format!(
+        return Err(ExpertError::EmptyTrace(format!(
             "trace {:?} has no lookup",
             trace.name
         )));
@@ -242,7 +242,7 @@ pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
 }
 
 /// The oracle map of `window` (top-`hot_per_layer` per layer over those steps, ties to the lower
-/// id). Errors: as [`validate_trace`], and [`Error::EmptyTrace`] for an empty window.
+/// id). Errors: as [`validate_trace`], and [`ExpertError::EmptyTrace`] for an empty window.
 pub fn oracle_map(
     trace: &Trace,
     geometry: &Geometry,
@@ -358,7 +358,7 @@ impl Lru {
 /// boundary (adaptive: [`Controller::step`]; LRU: admissions). Deterministic.
 ///
 /// Errors: trace errors of [`validate_trace`]; map errors if a given map has another geometry;
-/// [`Error::InvalidConfig`] for bad options ([`ReplayOptions::validate`]), a bad config or a
+/// [`ExpertError::InvalidConfig`] for bad options ([`ReplayOptions::validate`]), a bad config or a
 /// [`MemoryExecutor`] too large for `verify_bytes`.
 pub fn replay_with(
     trace: &Trace,
