@@ -23,7 +23,7 @@ fn route(step: u64, token: u64, layer: u32, out: &mut Vec<u32>) {
     let busy = if step < 200 { 0 } else { 8 };
     for j in 0..TOP_K as u64 {
         // Three picks in four go to the 4 busy experts, the rest anywhere.
-        let e = if (h >> (j * 5)) % 4 != 0 {
+        let e = if !(h >> (j * 5)).is_multiple_of(4) {
             busy + (h >> (j * 3)) % 4
         } else {
             (h >> (j * 7)) % EXPERTS as u64

@@ -35,19 +35,14 @@ fn main() -> Result<(), KvError> {
     for step in 0..64u64 {
         let sessions: Vec<u64> = len.keys().copied().collect();
         let seq_lens: Vec<i32> = sessions.iter().map(|s| len[s] as i32).collect();
-        let qsl: Vec<i32> = (0..=sessions.len() as i32).collect(); // one query row per session
-                                                                   // The indexer's top-k: recent tokens plus a spread over the history (-1 = padding).
+        // One query row per session.
+        let qsl: Vec<i32> = (0..=sessions.len() as i32).collect();
+        // The indexer's top-k: recent tokens and a spread over the history, -1 padding last.
+        let pick =
+            |n: i32, j: i32| [(n - 1 - 3 * j * j).max(0), -1][usize::from(j + 1 == K as i32)];
         let topk: Vec<i32> = seq_lens
             .iter()
-            .flat_map(|&n| {
-                (0..K as i32).map(move |j| {
-                    if j == K as i32 - 1 {
-                        -1
-                    } else {
-                        (n - 1 - j * j * 3).max(0)
-                    }
-                })
-            })
+            .flat_map(|&n| (0..K as i32).map(move |j| pick(n, j)))
             .collect();
         let (mut indices, mut valid) = (vec![0i32; topk.len()], vec![0i32; sessions.len()]);
         let input = ResolveInput {
@@ -58,32 +53,30 @@ fn main() -> Result<(), KvError> {
             k: K,
             layer: 0,
         };
-        let done = pool.resolve(
-            &input,
-            &mut ResolveOutput {
-                indices: &mut indices,
-                valid_count: &mut valid,
-            },
-        )?;
+        let mut out = ResolveOutput {
+            indices: &mut indices,
+            valid_count: &mut valid,
+        };
+        let done = pool.resolve(&input, &mut out)?;
         for layer in 1..LAYERS as u32 {
             pool.replay(&done.plan, layer)?; // the same misses, fetched into the other layers
         }
-        for (i, (&pos, &row)) in topk.iter().zip(&indices).enumerate() {
-            if pos < 0 {
-                continue;
-            }
-            let s = sessions[i / K];
+        // "Attention": every resolved row holds the bytes a fully resident cache would.
+        for (i, (&pos, &row)) in topk
+            .iter()
+            .zip(&indices)
+            .enumerate()
+            .filter(|(_, (&p, _))| p >= 0)
+        {
+            let want = token(sessions[i / K], pos as u64);
             for layer in 0..LAYERS {
-                let want = &token(s, pos as u64)[layer * ROW..][..ROW];
                 assert_eq!(
                     pool.arena_row(layer as u32, row),
-                    Some(want),
-                    "attention would read wrong bytes"
+                    Some(&want[layer * ROW..][..ROW])
                 );
             }
         }
-        picks += done.stats.picks as u64;
-        misses += done.stats.misses as u64;
+        (picks, misses) = (picks + done.stats.picks, misses + done.stats.misses);
         done.ticket.complete(); // the kernels that read these rows have finished
         for &s in &sessions {
             let n = len[&s];
