@@ -3,14 +3,19 @@
 //!
 //! A [`Trace`] is a list of [`StepPicks`] (one forward pass each: the expert ids every routed token
 //! picked in every MoE layer) with its [`TraceShape`] and the steps at which the traffic is known
-//! to shift. It comes from one of four sources:
+//! to shift. It comes from one of these sources:
 //!
 //! | source | module | notes |
 //! | --- | --- | --- |
 //! | tierkit binary trace (`.tkt`) | [`binary`] | compact, little-endian, documented byte layout; for long traces |
 //! | Mixtral per-token decode JSONL | [`mixtral`] | `{"dataset","problem_id","layer","experts","gating_probs","token_idx"}` |
 //! | engine-logger JSONL | [`logger`] | `{"layer": l, "topk_ids": [...]}` per routed token, with step fields or boundary marker lines |
+//! | engine routing logs | [`vllm`] | vLLM MoE routing logger (`moe_layer{L}.jsonl`: meta line, `{"type": "route", "token_idx", "layer", "topk_ids"}`), raw `token_pos` layout; passes split where the row restarts, dummy passes dropped ([`passes`]) |
 //! | synthetic generator | [`synth`] | per-layer popularity fitted from the OLMoE counts, Mixtral-like step-to-step reuse, scheduled domain shifts |
+//!
+//! Engine expert-load counts (vLLM EPLB windows, SGLang expert-distribution dumps) are counts,
+//! not routes: [`counts`] reads them into an [`expert_residency::CounterDump`] for seed fitting.
+//! Every text reader is bounded ([`lines`]): line length, blank-line runs, total picks.
 //!
 //! A whole [`Trace`] also round-trips through JSON with `serde` (format [`TraceFormat::Json`]).
 //! [`read_trace`] reads any of them (auto-detected by magic bytes, extension or first line) and
