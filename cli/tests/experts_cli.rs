@@ -455,6 +455,17 @@ fn vllm_layer_log(layer: u32) -> String {
     s
 }
 
+/// Runs `fit-seed ARGS --out TEMP/map --json`: the printed summary and the written map.
+fn fit_seed_json(args: &[&str], map: &str) -> (serde_json::Value, serde_json::Value) {
+    let map = temp(map);
+    let mut all = vec!["experts", "fit-seed"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--out", map.to_str().unwrap(), "--json"]);
+    let summary = serde_json::from_str(&ok_stdout(&all)).unwrap();
+    let saved = serde_json::from_str(&std::fs::read_to_string(&map).unwrap()).unwrap();
+    (summary, saved)
+}
+
 #[test]
 fn per_layer_vllm_logs_inspect_as_one_trace_and_eplb_counts_fit_a_seed() {
     let dir = temp("vllm-logs");
@@ -484,18 +495,7 @@ fn per_layer_vllm_logs_inspect_as_one_trace_and_eplb_counts_fit_a_seed() {
     .unwrap();
     assert_eq!(keep["steps"], 5);
     // A seed map fitted on the logs serves all of the real picks, not the dummy experts.
-    let out = ok_stdout(&[
-        "experts",
-        "fit-seed",
-        "--trace",
-        d,
-        "--hot",
-        "4",
-        "--out",
-        temp("vllm-seed.json").to_str().unwrap(),
-        "--json",
-    ]);
-    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (s, _) = fit_seed_json(&["--trace", d, "--hot", "4"], "vllm-seed.json");
     assert_eq!(s["geometry"]["layers"], 4);
     assert_eq!(s["coverage"]["overall"], 1.0);
 
@@ -507,24 +507,12 @@ fn per_layer_vllm_logs_inspect_as_one_trace_and_eplb_counts_fit_a_seed() {
     )
     .unwrap();
     let c = counts.to_str().unwrap();
-    let out = ok_stdout(&[
-        "experts",
-        "fit-seed",
-        "--eplb-counts",
-        c,
-        "--experts",
-        "4",
-        "--hot",
-        "1",
-        "--out",
-        temp("eplb-seed.json").to_str().unwrap(),
-        "--json",
-    ]);
-    let s: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (s, map) = fit_seed_json(
+        &["--eplb-counts", c, "--experts", "4", "--hot", "1"],
+        "eplb-seed.json",
+    );
     assert_eq!(s["geometry"]["experts_per_layer"], 4);
-    let hot: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(temp("eplb-seed.json")).unwrap()).unwrap();
-    assert_eq!(hot["hot"], serde_json::json!([[0], [2]]));
+    assert_eq!(map["hot"], serde_json::json!([[0], [2]]));
     // A torch pickle says how to convert it.
     let pt = temp("dump.pt");
     std::fs::write(&pt, b"PK\x03\x04rest").unwrap();

@@ -72,6 +72,17 @@ struct State {
     budget: PickBudget,
 }
 
+impl State {
+    fn new(opts: &ReadOptions) -> Self {
+        State {
+            layers: opts.layers,
+            experts: opts.experts_per_layer,
+            top_k: opts.top_k,
+            ..State::default()
+        }
+    }
+}
+
 /// The layer a per-layer log's file name names: `moe_layer3.jsonl`, `layer_03.jsonl` → 3.
 pub fn layer_of_file(path: &Path) -> Option<u32> {
     if path.extension().and_then(|x| x.to_str()) != Some("jsonl") {
@@ -113,12 +124,7 @@ pub fn read_routes_files(
     paths: &[PathBuf],
     opts: &ReadOptions,
 ) -> Result<(Trace, PassCounts), TraceError> {
-    let mut st = State {
-        layers: opts.layers,
-        experts: opts.experts_per_layer,
-        top_k: opts.top_k,
-        ..State::default()
-    };
+    let mut st = State::new(opts);
     for path in paths {
         let p = path.display().to_string();
         let f = std::fs::File::open(path).map_err(|e| TraceError::io(&p, e))?;
@@ -148,12 +154,7 @@ pub fn read_routes_from<R: BufRead>(
     opts: &ReadOptions,
     name: String,
 ) -> Result<(Trace, PassCounts), TraceError> {
-    let mut st = State {
-        layers: opts.layers,
-        experts: opts.experts_per_layer,
-        top_k: opts.top_k,
-        ..State::default()
-    };
+    let mut st = State::new(opts);
     read_into(reader, path, None, &mut st)?;
     finish(st, opts, name)
 }
