@@ -55,6 +55,10 @@ enum FormatArg {
     Json,
     MixtralJsonl,
     LoggerJsonl,
+    /// vLLM MoE routing-logger JSONL (meta line, `"type": "route"` records, `token_idx`) or
+    /// the raw `token_pos` layout.
+    #[value(alias = "vllm-jsonl", alias = "token-pos-jsonl")]
+    RoutesJsonl,
 }
 
 impl From<FormatArg> for TraceFormat {
@@ -65,6 +69,7 @@ impl From<FormatArg> for TraceFormat {
             FormatArg::Json => TraceFormat::Json,
             FormatArg::MixtralJsonl => TraceFormat::MixtralJsonl,
             FormatArg::LoggerJsonl => TraceFormat::LoggerJsonl,
+            FormatArg::RoutesJsonl => TraceFormat::RoutesJsonl,
         }
     }
 }
@@ -81,7 +86,8 @@ enum MissingArg {
 #[derive(Debug, Args)]
 pub struct TraceFiles {
     /// Trace file or directory (every *.jsonl, *.tkt, *.json in it, by name); repeat to join
-    /// several, each join counting as a shift.
+    /// several, each join counting as a shift. Per-layer routing logs (`moe_layer{L}.jsonl`) are
+    /// merged into one trace instead.
     #[arg(long, value_name = "FILE|DIR")]
     trace: Vec<PathBuf>,
     /// Trace format.
@@ -102,6 +108,10 @@ pub struct TraceFiles {
     /// Missing (token, layer) rows in per-token traces.
     #[arg(long, value_enum, default_value_t = MissingArg::EmptyLayer)]
     missing_rows: MissingArg,
+    /// Keep the dummy profiling, warm-up and other non-counted passes of routing logs (dropped
+    /// by default: every row identical, or a `pass` kind other than prefill/decode).
+    #[arg(long)]
+    keep_dummy_passes: bool,
 }
 
 impl TraceFiles {
@@ -116,6 +126,7 @@ impl TraceFiles {
                 MissingArg::EmptyLayer => MissingRows::EmptyLayer,
                 MissingArg::DropToken => MissingRows::DropToken,
             },
+            keep_dummy_passes: self.keep_dummy_passes,
         }
     }
 }
@@ -520,7 +531,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
 
 /// `tierkit experts fit-seed` arguments.
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("input").required(true).args(["dump", "trace", "routing_counts"])))]
+#[command(group(clap::ArgGroup::new("input").required(true).args(["dump", "trace", "routing_counts", "eplb_counts"])))]
 pub struct FitSeedArgs {
     /// Counter dump JSON (`CounterDump`: name, layers, experts_per_layer, counts row-major).
     #[arg(long)]
@@ -534,6 +545,12 @@ pub struct FitSeedArgs {
     /// are derived from the measured ones as the synthetic generator does.
     #[arg(long)]
     routing_counts: Option<PathBuf>,
+    /// Engine expert-load counts, JSON: vLLM's EPLB `expert_load_window`/`expert_load_pass`
+    /// (`[window,] layers, physical experts`), SGLang's expert-distribution dump
+    /// (`logical_count` or `records`), or a bare `[layers, experts]` array. --experts gives the
+    /// logical experts per layer when the file has no physical-to-logical map.
+    #[arg(long, value_name = "FILE")]
+    eplb_counts: Option<PathBuf>,
     /// Model in --routing-counts (`olmoe`: 16 × 64; `mistral`: 32 × 8; others need --layers,
     /// --experts).
     #[arg(long, default_value = "olmoe")]
@@ -578,6 +595,12 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
         // Deserializing checks the dump (shape, lengths, counts).
         serde_json::from_str::<CounterDump>(&s).map_err(|e| format!("{}: {e}", p.display()))?
+    } else if let Some(p) = &a.eplb_counts {
+        let opts = trace::counts::CountsOptions {
+            experts_per_layer: a.files.experts,
+            layers: a.files.layers,
+        };
+        trace::counts::read_counts(p, &opts)?
     } else if let Some(p) = &a.routing_counts {
         let (dl, de) = match a.model.as_str() {
             "olmoe" | "olmoe-sft" | "olmoe-dpo" => (16, 64),
@@ -684,8 +707,9 @@ struct TraceSummary {
     /// Mean over layers of the previous-step reuse probability.
     mean_reuse: f64,
     reuse_per_layer: Vec<f64>,
-    /// Per segment (split at shifts): mean over layers of the share of picks taken by the
-    /// busiest quarter of the experts.
+    /// Per segment (split at shifts): mean over the layers with picks in the segment of the
+    /// share of picks taken by the busiest quarter of the experts (a layer a per-layer log did
+    /// not cover has no picks and is left out, not counted as 0).
     top_quarter_share_per_segment: Vec<f64>,
 }
 
@@ -705,7 +729,16 @@ fn summarize_trace(t: &Trace) -> CliResult<TraceSummary> {
         .windows(2)
         .map(|w| {
             let shares = stats::pick_shares(t, w[0]..w[1])?;
-            Ok(shares.iter().map(|s| stats::top_n_share(s, q)).sum::<f64>() / shares.len() as f64)
+            let busy: Vec<f64> = shares
+                .iter()
+                .filter(|s| s.iter().any(|&v| v > 0.0))
+                .map(|s| stats::top_n_share(s, q))
+                .collect();
+            Ok(if busy.is_empty() {
+                f64::NAN
+            } else {
+                busy.iter().sum::<f64>() / busy.len() as f64
+            })
         })
         .collect::<Result<_, trace::TraceError>>()?;
     Ok(TraceSummary {

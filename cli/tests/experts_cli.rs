@@ -431,3 +431,109 @@ fn short_synth_runs_files_and_messages() {
     let out = tierkit(&args);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("Os {"));
 }
+
+/// A vLLM routing-logger file of `layer` (16 experts, top-2): meta line, a 4,096-row dummy pass
+/// of identical rows, a 10-row prefill and 3 decode passes of 2 rows. Real rows pick only
+/// experts 0..4, the busiest quarter.
+fn vllm_layer_log(layer: u32) -> String {
+    let route = |row: u32, a: u32, b: u32| {
+        format!("{{\"type\":\"route\",\"req_id\":\"r0\",\"token_idx\":{row},\"layer\":{layer},\"topk_ids\":[{a},{b}],\"topk_weights\":[0.5,0.5]}}\n")
+    };
+    let mut s = "{\"type\":\"meta\",\"num_experts\":16,\"top_k\":2}\n".to_string();
+    for row in 0..4096 {
+        s += &route(row, 14, 15);
+    }
+    for row in 0..10 {
+        s += &route(row, row % 4, (row + 1) % 4);
+    }
+    s += "{\"type\":\"timing\",\"ms\":3}\n";
+    for pass in 0..3 {
+        for row in 0..2 {
+            s += &route(row, (pass + row) % 4, (pass + row + 2) % 4);
+        }
+    }
+    s
+}
+
+/// Runs `fit-seed ARGS --out TEMP/map --json`: the printed summary and the written map.
+fn fit_seed_json(args: &[&str], map: &str) -> (serde_json::Value, serde_json::Value) {
+    let map = temp(map);
+    let mut all = vec!["experts", "fit-seed"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--out", map.to_str().unwrap(), "--json"]);
+    let summary = serde_json::from_str(&ok_stdout(&all)).unwrap();
+    let saved = serde_json::from_str(&std::fs::read_to_string(&map).unwrap()).unwrap();
+    (summary, saved)
+}
+
+#[test]
+fn per_layer_vllm_logs_inspect_as_one_trace_and_eplb_counts_fit_a_seed() {
+    let dir = temp("vllm-logs");
+    std::fs::create_dir_all(&dir).unwrap();
+    for l in [0, 1, 3] {
+        std::fs::write(dir.join(format!("moe_layer{l}.jsonl")), vllm_layer_log(l)).unwrap();
+    }
+    let d = dir.to_str().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&ok_stdout(&["experts", "inspect", "--json", "--trace", d])).unwrap();
+    assert_eq!(v["shape"]["layers"], 4);
+    assert_eq!(
+        v["steps"], 4,
+        "prefill + 3 decode passes; the dummy pass dropped"
+    );
+    assert_eq!(v["shifts"], serde_json::json!([]));
+    // Layer 2 was not logged: the skew averages over the three logged layers only.
+    assert_eq!(v["top_quarter_share_per_segment"], serde_json::json!([1.0]));
+    let keep: serde_json::Value = serde_json::from_str(&ok_stdout(&[
+        "experts",
+        "inspect",
+        "--json",
+        "--trace",
+        d,
+        "--keep-dummy-passes",
+    ]))
+    .unwrap();
+    assert_eq!(keep["steps"], 5);
+    // A seed map fitted on the logs serves all of the real picks, not the dummy experts.
+    let (s, _) = fit_seed_json(&["--trace", d, "--hot", "4"], "vllm-seed.json");
+    assert_eq!(s["geometry"]["layers"], 4);
+    assert_eq!(s["coverage"]["overall"], 1.0);
+
+    // vLLM EPLB window: 2 passes × 2 layers × 5 physical experts (4 logical + 1 redundant copy).
+    let counts = temp("eplb.json");
+    std::fs::write(
+        &counts,
+        r#"{"expert_load_window": [[[9, 1, 0, 0, 1], [0, 0, 7, 1, 0]], [[8, 0, 1, 0, 2], [0, 1, 6, 0, 0]]]}"#,
+    )
+    .unwrap();
+    let c = counts.to_str().unwrap();
+    let (s, map) = fit_seed_json(
+        &["--eplb-counts", c, "--experts", "4", "--hot", "1"],
+        "eplb-seed.json",
+    );
+    assert_eq!(s["geometry"]["experts_per_layer"], 4);
+    assert_eq!(map["hot"], serde_json::json!([[0], [2]]));
+    // A torch pickle says how to convert it.
+    let pt = temp("dump.pt");
+    std::fs::write(&pt, b"PK\x03\x04rest").unwrap();
+    fails_with(
+        &["experts", "fit-seed", "--eplb-counts", pt.to_str().unwrap()],
+        "torch.load",
+    );
+    // /dev/zero as a trace fails at once with the file named.
+    if std::path::Path::new("/dev/zero").exists() {
+        for format in ["auto", "routes-jsonl", "binary", "json"] {
+            fails_with(
+                &[
+                    "experts",
+                    "inspect",
+                    "--trace",
+                    "/dev/zero",
+                    "--format",
+                    format,
+                ],
+                "/dev/zero",
+            );
+        }
+    }
+}

@@ -3,14 +3,19 @@
 //!
 //! A [`Trace`] is a list of [`StepPicks`] (one forward pass each: the expert ids every routed token
 //! picked in every MoE layer) with its [`TraceShape`] and the steps at which the traffic is known
-//! to shift. It comes from one of four sources:
+//! to shift. It comes from one of these sources:
 //!
 //! | source | module | notes |
 //! | --- | --- | --- |
 //! | tierkit binary trace (`.tkt`) | [`binary`] | compact, little-endian, documented byte layout; for long traces |
 //! | Mixtral per-token decode JSONL | [`mixtral`] | `{"dataset","problem_id","layer","experts","gating_probs","token_idx"}` |
 //! | engine-logger JSONL | [`logger`] | `{"layer": l, "topk_ids": [...]}` per routed token, with step fields or boundary marker lines |
+//! | engine routing logs | [`vllm`] | vLLM MoE routing logger (`moe_layer{L}.jsonl`: meta line, `{"type": "route", "token_idx", "layer", "topk_ids"}`), raw `token_pos` layout; passes split where the row restarts, dummy passes dropped ([`passes`]) |
 //! | synthetic generator | [`synth`] | per-layer popularity fitted from the OLMoE counts, Mixtral-like step-to-step reuse, scheduled domain shifts |
+//!
+//! Engine expert-load counts (vLLM EPLB windows, SGLang expert-distribution dumps) are counts,
+//! not routes: [`counts`] reads them into an [`expert_residency::CounterDump`] for seed fitting.
+//! Every text reader is bounded ([`lines`]): line length, blank-line runs, total picks.
 //!
 //! A whole [`Trace`] also round-trips through JSON with `serde` (format [`TraceFormat::Json`]).
 //! [`read_trace`] reads any of them (auto-detected by magic bytes, extension or first line) and
@@ -33,11 +38,15 @@
 //! ```
 
 pub mod binary;
+pub mod counts;
+pub mod lines;
 pub mod logger;
 pub mod mixtral;
 pub mod olmoe;
+pub mod passes;
 pub mod stats;
 pub mod synth;
+pub mod vllm;
 
 use std::path::Path;
 
@@ -272,7 +281,9 @@ impl TraceError {
     }
 }
 
-/// Parses the non-blank lines of a JSONL reader as `T`, yielding 1-based line numbers.
+/// Parses the non-blank lines of a JSONL reader as `T`, yielding 1-based line numbers. Lines
+/// are bounded ([`lines::MAX_LINE_BYTES`], [`lines::MAX_BLANK_RUN`]): `/dev/zero` or one huge
+/// line fails at line 1 without being held in memory.
 pub(crate) fn jsonl_lines<'a, T, R>(
     reader: R,
     path: &'a str,
@@ -281,17 +292,11 @@ where
     T: serde::de::DeserializeOwned,
     R: std::io::BufRead + 'a,
 {
-    reader.lines().enumerate().filter_map(move |(i, line)| {
-        let lineno = i as u64 + 1;
-        match line {
-            Err(e) => Some(Err(TraceError::io(path, e))),
-            Ok(l) if l.trim().is_empty() => None,
-            Ok(l) => Some(
-                serde_json::from_str(&l)
-                    .map(|v| (lineno, v))
-                    .map_err(|e| TraceError::malformed(path, lineno, e.to_string())),
-            ),
-        }
+    lines::BoundedLines::new(reader, path).map(move |item| {
+        let (lineno, l) = item?;
+        serde_json::from_str(&l)
+            .map(|v| (lineno, v))
+            .map_err(|e| TraceError::malformed(path, lineno, e.to_string()))
     })
 }
 
@@ -367,6 +372,10 @@ pub enum TraceFormat {
     MixtralJsonl,
     /// Engine-logger JSONL ([`logger`]).
     LoggerJsonl,
+    /// Engine routing logs numbering each row inside its forward pass ([`vllm`]): the vLLM
+    /// MoE routing logger (`{"type": "route", "token_idx", "layer", "topk_ids"}` after a meta
+    /// line) and the raw `token_pos` layout.
+    RoutesJsonl,
 }
 
 /// What to do with a (token, layer) row that a per-token trace lacks.
@@ -396,6 +405,10 @@ pub struct ReadOptions {
     pub skip_steps: u64,
     /// What to do with missing (token, layer) rows in per-token formats.
     pub missing_rows: MissingRows,
+    /// Keep dummy profiling, warm-up and other non-counted passes of routing logs
+    /// ([`passes`]); by default they are dropped.
+    #[serde(default)]
+    pub keep_dummy_passes: bool,
 }
 
 impl ReadOptions {
@@ -579,14 +592,19 @@ pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> 
     };
     let mut trace = match format {
         TraceFormat::Binary => {
-            let bytes = std::fs::read(path).map_err(|e| TraceError::io(&p, e))?;
+            let (head, rest) = lines::open_document(path, binary::MAGIC.len())?;
+            if head.len() == binary::MAGIC.len() && head != binary::MAGIC {
+                return Err(TraceError::BadMagic { path: p });
+            }
+            let bytes = lines::read_rest(head, rest, &p)?;
             let t = binary::read_binary_bytes(&bytes, &p)?;
             opts.check_shape(&t.shape, &p)?;
             t
         }
         TraceFormat::Json => {
-            let text = std::fs::read_to_string(path).map_err(|e| TraceError::io(&p, e))?;
-            let t: Trace = serde_json::from_str(&text).map_err(|e| TraceError::Malformed {
+            let (head, rest) = lines::open_document(path, 0)?;
+            let reader = std::io::Read::chain(std::io::Cursor::new(head), rest);
+            let t: Trace = serde_json::from_reader(reader).map_err(|e| TraceError::Malformed {
                 path: p.clone(),
                 line: e.line() as u64,
                 reason: e.to_string(),
@@ -596,6 +614,7 @@ pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> 
         }
         TraceFormat::MixtralJsonl => mixtral::read_mixtral(path, opts)?,
         TraceFormat::LoggerJsonl => logger::read_logger(path, opts)?,
+        TraceFormat::RoutesJsonl => vllm::read_routes(path, opts)?.0,
         TraceFormat::Auto => unreachable!("resolved above"),
     };
     trace.skip_steps(opts.skip_steps);
@@ -611,6 +630,12 @@ pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> 
 
 /// Reads several files (or every `*.jsonl`, `*.tkt` and `*.json` file of a directory, in name
 /// order) with [`read_trace`] and joins them with [`Trace::concat`]: each file boundary is a shift.
+///
+/// Per-layer routing logs are the exception: when every file is named `…layer{L}.jsonl`
+/// ([`vllm::layer_of_file`], e.g. vLLM's `moe_layer{L}.jsonl`) and is a routing log
+/// ([`TraceFormat::RoutesJsonl`], detected or given), they are merged pass by pass into ONE
+/// trace of `max L + 1` layers ([`vllm::read_routes_files`]), with no shift; a layer without a
+/// file has no picks.
 ///
 /// # Errors
 /// Any [`TraceError`] of a part; [`TraceError::Empty`] for an empty list or directory.
@@ -640,6 +665,19 @@ pub fn read_traces(paths: &[std::path::PathBuf], opts: &ReadOptions) -> Result<T
             files.push(path.clone());
         }
     }
+    if files.len() > 1 && is_per_layer_set(&files, opts)? {
+        let (mut t, _) = vllm::read_routes_files(&files, opts)?;
+        let name = t.name.clone();
+        t.skip_steps(opts.skip_steps);
+        if t.steps.is_empty() {
+            return Err(TraceError::Empty(format!(
+                "{name}: no step left after skipping {} warm-up steps",
+                opts.skip_steps
+            )));
+        }
+        t.validate()?;
+        return Ok(t);
+    }
     let parts = files
         .iter()
         .map(|f| read_trace(f, opts))
@@ -649,12 +687,27 @@ pub fn read_traces(paths: &[std::path::PathBuf], opts: &ReadOptions) -> Result<T
     Ok(t)
 }
 
+/// Whether `files` are per-layer routing logs to merge into one trace.
+fn is_per_layer_set(files: &[std::path::PathBuf], opts: &ReadOptions) -> Result<bool, TraceError> {
+    if !files.iter().all(|f| vllm::layer_of_file(f).is_some()) {
+        return Ok(false);
+    }
+    Ok(match opts.format {
+        TraceFormat::RoutesJsonl => true,
+        TraceFormat::Auto => detect_format(&files[0])? == TraceFormat::RoutesJsonl,
+        _ => false,
+    })
+}
+
 /// Detects the format of a file: binary magic bytes first, then a `.json` extension, then the
-/// keys of the first non-blank line (`token_idx` + `experts`: Mixtral; `topk_ids` or
-/// `tierkit_trace`: engine logger).
+/// keys of the first non-blank line: `"type": "meta"` or `"type": "route"` (vLLM routing
+/// logger), or `topk_ids` with `token_idx`/`token_pos` and no `step`/`forward_pass` (raw
+/// routing log): [`TraceFormat::RoutesJsonl`]; `token_idx` + `experts`: Mixtral; `topk_ids` or
+/// `tierkit_trace`: engine logger. Only the first MiB is read.
 ///
 /// # Errors
-/// [`TraceError::Io`], [`TraceError::UnknownFormat`].
+/// [`TraceError::Io`], [`TraceError::UnknownFormat`] (naming the keys looked for),
+/// [`TraceError::Empty`] for a file of blank lines.
 pub fn detect_format(path: &Path) -> Result<TraceFormat, TraceError> {
     use std::io::Read;
     let p = path.display().to_string();
@@ -683,7 +736,17 @@ pub fn detect_format(path: &Path) -> Result<TraceFormat, TraceError> {
             reason: format!("first line is not a JSON object ({e})"),
         })?;
     let has = |k: &str| v.get(k).is_some();
-    if has("token_idx") && has("experts") {
+    let typed = matches!(
+        v.get("type").and_then(|t| t.as_str()),
+        Some("meta" | "route")
+    );
+    let raw_route = has("topk_ids")
+        && (has("token_idx") || has("token_pos"))
+        && !has("step")
+        && !has("forward_pass");
+    if typed || raw_route {
+        Ok(TraceFormat::RoutesJsonl)
+    } else if has("token_idx") && has("experts") {
         Ok(TraceFormat::MixtralJsonl)
     } else if has("topk_ids") || has("tierkit_trace") || has("forward_pass_end") {
         Ok(TraceFormat::LoggerJsonl)
@@ -692,7 +755,9 @@ pub fn detect_format(path: &Path) -> Result<TraceFormat, TraceError> {
     } else {
         Err(TraceError::UnknownFormat {
             path: p,
-            reason: "first line has neither `token_idx`+`experts` (Mixtral) nor `topk_ids` (engine logger)"
+            reason: "first line has no `\"type\": \"meta\"`/`\"route\"` (vLLM routing logger), \
+                     `token_pos`/`token_idx`+`topk_ids` (routing log), `token_idx`+`experts` \
+                     (Mixtral) or `topk_ids` (engine logger); give --format"
                 .into(),
         })
     }
