@@ -3,7 +3,7 @@
 // ("KV resolve kernel contract"); the stand-ins of the decode-step benchmark live in tierkit-testkit.
 //
 // Semantics (kv-elastic's CPU reference implements the same contract):
-// tail -> scratch -> borrowed page -> hot cache -> miss; misses deduplicated per request in order of
+// tail -> scratch -> borrowed page -> hot cache -> miss; misses deduplicated per session in order of
 // first appearance over the request's rows; CLOCK (second chance) victims that skip slots pinned by
 // the current call; every output element written on every call.
 //
@@ -17,7 +17,7 @@
 #define KV_UNCLAIMED 0x7fffffff
 
 // Error counters (err[i], u32, cumulative until the host clears them).
-#define KV_ERR_BAD_REQUEST 0   // request slot out of range / not live, or seq_len out of range
+#define KV_ERR_BAD_SESSION 0   // session slot out of range / not live, or seq_len out of range
 #define KV_ERR_BAD_POSITION 1  // pick < -1 or >= seq_len (written as -1)
 #define KV_ERR_OVERFLOW 2      // more distinct misses than evictable hot rows (written as -1)
 #define KV_ERR_BAD_QSL 3       // query_start_loc malformed (every row written as -1)
@@ -268,10 +268,10 @@ __device__ __forceinline__ bool kv_owner(const KvDims& d, const KvTables& t, uns
     return true;
 }
 
-__device__ __forceinline__ bool kv_qsl_ok(const int* qsl, unsigned int reqs, unsigned int rows) {
+__device__ __forceinline__ bool kv_qsl_ok(const int* qsl, unsigned int sessions, unsigned int rows) {
     bool bad = false;
-    for (unsigned int i = threadIdx.x; i < reqs; i += blockDim.x) bad |= qsl[i + 1] < qsl[i];
-    if (threadIdx.x == 0) bad |= qsl[0] < 0 || (unsigned int)qsl[reqs] > rows;
+    for (unsigned int i = threadIdx.x; i < sessions; i += blockDim.x) bad |= qsl[i + 1] < qsl[i];
+    if (threadIdx.x == 0) bad |= qsl[0] < 0 || (unsigned int)qsl[sessions] > rows;
     return !__syncthreads_or(bad);
 }
 
@@ -282,12 +282,12 @@ __device__ void kv_fill_rows(int* indices, int* valid_count, unsigned int r0, un
     for (unsigned int r = r0 + threadIdx.x; r < r1; r += blockDim.x) valid_count[r] = 0;
 }
 
-// The fused resolve. Grid: reqs + 1 blocks (block `reqs` writes rows no request owns). Outputs:
-// indices int32 [rows, k], valid_count int32 [rows], plan [reqs][hot_rows] with plan_count [reqs],
-// stats [reqs][KV_STATS]. fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA).
+// The fused resolve. Grid: sessions + 1 blocks (block `sessions` writes rows no request owns). Outputs:
+// indices int32 [rows, k], valid_count int32 [rows], plan [sessions][hot_rows] with plan_count [sessions],
+// stats [sessions][KV_STATS]. fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA).
 extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
     KvDims d, KvTables t, const int* __restrict__ topk, const int* __restrict__ qsl, const int* __restrict__ seq_lens,
-    const int* __restrict__ req_slot, unsigned int reqs, unsigned int rows, unsigned int k, unsigned int layer,
+    const int* __restrict__ session_slot, unsigned int sessions, unsigned int rows, unsigned int k, unsigned int layer,
     unsigned int fetch, int* __restrict__ indices, int* __restrict__ valid_count, KvCopy* __restrict__ plan_all,
     unsigned int* __restrict__ plan_count, unsigned int* __restrict__ stats) {
     __shared__ unsigned long long sh_call;
@@ -300,17 +300,17 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
     const unsigned long long call = sh_call;
     const unsigned int r = blockIdx.x;
 
-    if (!kv_qsl_ok(qsl, reqs, rows)) {
+    if (!kv_qsl_ok(qsl, sessions, rows)) {
         for (unsigned int row = blockIdx.x; row < rows; row += gridDim.x) kv_fill_rows(indices, valid_count, row, row + 1, k);
-        if (r < reqs && threadIdx.x == 0) plan_count[r] = 0u;
-        if (r < reqs && threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
+        if (r < sessions && threadIdx.x == 0) plan_count[r] = 0u;
+        if (r < sessions && threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
         if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&t.err[KV_ERR_BAD_QSL], 1u);
-    } else if (r == reqs) {
+    } else if (r == sessions) {
         kv_fill_rows(indices, valid_count, 0, (unsigned int)qsl[0], k);
-        kv_fill_rows(indices, valid_count, (unsigned int)qsl[reqs], rows, k);
+        kv_fill_rows(indices, valid_count, (unsigned int)qsl[sessions], rows, k);
     } else {
         const unsigned int row0 = (unsigned int)qsl[r], row1 = (unsigned int)qsl[r + 1];
-        const int sl = req_slot[r];
+        const int sl = session_slot[r];
         const int limit = seq_lens[r];
         bool ok = sl >= 0 && (unsigned int)sl < d.max_slots;
         KvSlotDesc s = {};
@@ -322,7 +322,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             kv_fill_rows(indices, valid_count, row0, row1, k);
             if (threadIdx.x == 0) {
                 plan_count[r] = 0u;
-                atomicAdd(&t.err[KV_ERR_BAD_REQUEST], 1u);
+                atomicAdd(&t.err[KV_ERR_BAD_SESSION], 1u);
             }
             if (threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
         } else {
@@ -461,7 +461,7 @@ extern "C" __global__ void tierkit_kv_replay(KvDims d, KvTables t, const KvCopy*
     kv_fetch(d, t, p, n, l0, nl);
 }
 
-// Candidate-pool prefetch (side stream). Block b: request slot slots[b], candidates
+// Candidate-pool prefetch (side stream). Block b: session slot slots[b], candidates
 // cand[b * stride .. + cand_count[b]]; pins with the current call (no increment), hits first, then
 // misses in first-appearance order while victims last; copies into layers [l0, l0 + nl).
 extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
@@ -477,7 +477,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
     if (sl < 0 || (unsigned int)sl >= d.max_slots || t.desc[sl].live == 0u) {
         if (threadIdx.x == 0) {
             plan_count[blockIdx.x] = 0u;
-            atomicAdd(&t.err[KV_ERR_BAD_REQUEST], 1u);
+            atomicAdd(&t.err[KV_ERR_BAD_SESSION], 1u);
         }
         return;
     }
@@ -526,7 +526,7 @@ extern "C" __global__ void tierkit_kv_write_back(KvDims d, KvTables t, const KvC
     const unsigned int i = (unsigned int)(w % n), l = l0 + (unsigned int)(w / n);
     const KvCopy c = items[i];
     if (c.slot >= d.max_slots || c.position >= d.max_history || c.dst_row >= d.arena_rows) {
-        if (lane == 0) atomicAdd(&t.err[KV_ERR_BAD_REQUEST], 1u);
+        if (lane == 0) atomicAdd(&t.err[KV_ERR_BAD_SESSION], 1u);
         return;
     }
     kv_warp_copy(t.host + kv_host_off(d, c.slot, c.position, l),

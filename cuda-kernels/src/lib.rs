@@ -11,7 +11,9 @@
 //! - Indirection tables: [`TableUpdater`] (`tierkit_table_update`) and
 //!   [`apply_table_updates_cpu`]; [`ExpertStore`] holds an expert tier's memory (pinned host
 //!   experts, HBM slots, the table) for `expert-residency`'s GPU bank.
-//! - The KV resolve/dedup/fetch kernel: [`KvResolveGpu`].
+//! - The KV resolve/dedup/fetch, replay, prefetch and write-back kernels: [`KvKernels`], launched
+//!   on the caller's tables ([`KvTables`], [`KvDims`]); their semantics are the "KV resolve kernel
+//!   contract" of the crate's `DESIGN.md`.
 //! - Memory and sync: [`DeviceBuffer`], [`PinnedBuffer`], [`EventSignal`] (a CUDA event as a
 //!   `tier_core::CompletionSignal`), [`Gpu`] (context, step stream, NVRTC cache).
 //!
@@ -34,6 +36,8 @@
 //!     counter.drain_async(gpu.stream())?;
 //!     let snap = counter.wait_drain()?;
 //!     assert_eq!((snap.rejected, snap.counts), (rejected, &table[..]));
+//! } else {
+//!     println!("SKIP: no CUDA device (the CPU half ran)");
 //! }
 //! # Ok::<(), cuda_kernels::CudaError>(())
 //! ```

@@ -46,7 +46,6 @@ fn main() -> Result<()> {
     };
     let mut ctl = Controller::new(boot, cfg)?;
     let digest = exec.read_digest();
-    let (mut cold, mut lookups) = (0u64, 0u64);
     let mut picks = Vec::new();
     for step in 0..400u64 {
         for layer in 0..LAYERS {
@@ -56,25 +55,18 @@ fn main() -> Result<()> {
             }
             for &e in &picks {
                 let _weights = exec.read(layer, e)?; // the expert GEMM reads these bytes
-                cold += u64::from(!ctl.map().is_hot(layer, e));
             }
-            lookups += picks.len() as u64;
             counters.record_layer(layer, &picks)?;
         }
         let report = ctl.step(&counters, &mut exec)?; // commit ready swaps, drain, begin swaps
-        if (step + 1) % 50 == 0 {
+        if let Some(d) = report.drain.filter(|d| d.drain % 6 == 0) {
             println!(
-                "step {:>3}: cold share {:.3} over the last 50 steps, {} swaps applied so far{}",
-                step + 1,
-                cold as f64 / lookups as f64,
-                ctl.stats().applied,
-                if report.drain.is_some() {
-                    " (drained)"
-                } else {
-                    ""
-                }
+                "step {:>3}: cold share {:.3} over the last {} drains, {} swaps applied so far",
+                d.step,
+                d.cold_share_window,
+                ctl.config().window_drains,
+                d.totals.applied
             );
-            (cold, lookups) = (0, 0);
         }
     }
     exec.verify(ctl.map())?; // every hot slot holds exactly its host bytes

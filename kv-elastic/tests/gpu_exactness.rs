@@ -54,7 +54,7 @@ struct Case {
 }
 
 const MAX_HISTORY: u32 = 96;
-/// Request slots of the GPU pool (the test never admits more live sessions).
+/// Session slots of the GPU pool (the test never admits more live sessions).
 const MAX_SESSIONS: u32 = 8;
 
 impl Case {

@@ -123,15 +123,15 @@ fn call(gpu: &Arc<Gpu>, topk: &[i32], qsl: &[i32], seq: &[i32], slots: &[i32], k
     }
 }
 
-fn run(kv: &GpuArena, c: &Call, reqs: u32, layer: u32, backend: CopyBackend) {
+fn run(kv: &GpuArena, c: &Call, sessions: u32, layer: u32, backend: CopyBackend) {
     let gpu = kv.gpu();
     gpu.synchronize().unwrap();
     let a = KvResolveArgs {
         topk: c.topk.device_ptr(),
         query_start_loc: c.qsl.device_ptr(),
         seq_lens: c.seq.device_ptr(),
-        req_slot: c.slots.device_ptr(),
-        reqs,
+        session_slot: c.slots.device_ptr(),
+        sessions,
         rows: c.rows,
         k: c.k,
         layer,
@@ -229,7 +229,7 @@ fn bad_input_comes_out_as_minus_one_and_is_counted() {
     assert_eq!(c.valid.download().unwrap(), vec![2, 0, 0, 0, 0, 0]);
     assert!(idx[2..].iter().all(|&x| x == -1));
     let e = kv.errors().unwrap();
-    assert_eq!(e.bad_request, 2);
+    assert_eq!(e.bad_session, 2);
     assert_eq!(e.bad_position, 5);
     kv.clear_errors().unwrap();
     // Malformed query_start_loc: every row -1.
@@ -243,7 +243,7 @@ fn bad_input_comes_out_as_minus_one_and_is_counted() {
     let c = call(&gpu, &topk[..8], &[0, 1], &[5000], &[0], k);
     run(&kv, &c, 1, 0, CopyBackend::Gather);
     assert!(c.idx.download().unwrap().iter().all(|&x| x == -1));
-    assert_eq!(kv.errors().unwrap().bad_request, 1);
+    assert_eq!(kv.errors().unwrap().bad_session, 1);
     kv.clear_errors().unwrap();
     // Zero requests: the whole output is still written.
     let c = call(&gpu, &topk[..16], &[0], &[], &[], k);
@@ -416,8 +416,8 @@ fn resolve_captured_in_a_cuda_graph_equals_direct_launches() {
         topk: cg.topk.device_ptr(),
         query_start_loc: cg.qsl.device_ptr(),
         seq_lens: cg.seq.device_ptr(),
-        req_slot: cg.slots.device_ptr(),
-        reqs: 1,
+        session_slot: cg.slots.device_ptr(),
+        sessions: 1,
         rows: 1,
         k,
         layer: 0,

@@ -8,10 +8,10 @@
 extern "C" __global__ void tierkit_kv_resident_indices(const int* __restrict__ topk, const int* __restrict__ qsl,
                                                        const int* __restrict__ seq_lens,
                                                        const int* __restrict__ block_table, unsigned int max_blocks,
-                                                       unsigned int page_rows, unsigned int reqs, unsigned int k,
+                                                       unsigned int page_rows, unsigned int sessions, unsigned int k,
                                                        int* __restrict__ indices, int* __restrict__ valid_count) {
     const unsigned int r = blockIdx.x;
-    if (r >= reqs) return;
+    if (r >= sessions) return;
     const int limit = seq_lens[r];
     for (int row = qsl[r]; row < qsl[r + 1]; ++row) {
         unsigned int valid = 0;

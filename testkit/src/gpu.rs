@@ -6,7 +6,7 @@ use cuda_kernels::Gpu;
 
 /// The default GPU, or `None` after printing `SKIP: no CUDA device` to stdout where no libcuda,
 /// libnvrtc or device exists. CI counts a test that printed `SKIP` as skipped, not passed (see
-/// `.ci/run`).
+/// `.ci/test`).
 ///
 /// # Panics
 /// Where a device exists but cannot be opened (a real failure must not pass as a skip).

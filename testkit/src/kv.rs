@@ -72,11 +72,11 @@ impl KvStandins {
     }
 
     /// Baseline of a fully resident cache (what an engine without tiering runs): positions → rows
-    /// through a block table (`int32 [reqs][max_blocks]`), `-1` for invalid picks. Asynchronous.
+    /// through a block table (`int32 [sessions][max_blocks]`), `-1` for invalid picks. Asynchronous.
     ///
     /// # Safety
     /// Device buffers of the documented shapes (`topk` and `indices` `int32 [rows, k]`, `qsl`
-    /// `int32 [reqs + 1]`, `seq_lens` `int32 [reqs]`, `valid_count` `int32 [rows]`).
+    /// `int32 [sessions + 1]`, `seq_lens` `int32 [sessions]`, `valid_count` `int32 [rows]`).
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn resident_indices_async(
         &self,
@@ -87,12 +87,12 @@ impl KvStandins {
         block_table: u64,
         max_blocks: u32,
         page_rows: u32,
-        reqs: u32,
+        sessions: u32,
         k: u32,
         indices: u64,
         valid_count: u64,
     ) -> Result<(), CudaError> {
-        if reqs == 0 {
+        if sessions == 0 {
             return Ok(());
         }
         let mut b = stream.launch_builder(&self.resident);
@@ -102,12 +102,12 @@ impl KvStandins {
             .arg(&block_table)
             .arg(&max_blocks)
             .arg(&page_rows)
-            .arg(&reqs)
+            .arg(&sessions)
             .arg(&k)
             .arg(&indices)
             .arg(&valid_count);
         let cfg = LaunchConfig {
-            grid_dim: (reqs, 1, 1),
+            grid_dim: (sessions, 1, 1),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };

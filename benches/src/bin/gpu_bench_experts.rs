@@ -22,7 +22,7 @@ mod bench {
         TIMING_EVENT,
     };
 
-    /// The published H2D ceiling of the test machine (shared/limits/h200-pcie.md).
+    /// The published H2D ceiling of the test machine (docs/h200-ceilings.md).
     const H2D_CEILING_GBS: f64 = 55.6;
     /// One 17.93 MiB expert row (the GB300 recipe's expert size).
     const EXPERT_BYTES: u64 = 18_800_640;

@@ -5,7 +5,7 @@
 //! ```
 //!
 //! Batch 64, top-k 2048, 656-byte rows (DeepSeek fp8 MLA), 4 layers. Prints one table with the
-//! ratios to the measured ceilings of `shared/limits/h200-pcie.md` (zero-copy gather of 656 B rows:
+//! ratios to the measured ceilings of `docs/h200-ceilings.md` (zero-copy gather of 656 B rows:
 //! 46.4 GB/s; pinned H2D: 55.6 GB/s):
 //! 1. direct path: 64 × 2048 picks, whole history resident (borrowed pages) — resolve time, and
 //!    the block-table conversion a fully resident engine runs instead;
@@ -55,7 +55,7 @@ mod bench {
     const K: usize = 2048;
     const ROW: u32 = 656;
     const LAYERS: u32 = 4;
-    const GATHER_CEIL: f64 = 46.4; // GB/s, shared/limits/h200-pcie.md
+    const GATHER_CEIL: f64 = 46.4; // GB/s, docs/h200-ceilings.md
     const H2D_CEIL: f64 = 55.6; // GB/s
 
     fn cu(call: &'static str) -> impl Fn(cuda_kernels::cudarc_driver::DriverError) -> CudaError {
@@ -94,7 +94,7 @@ mod bench {
         }
     }
 
-    /// Per-request selection with controlled churn: each step replaces `rate` of the set with fresh
+    /// Per-session selection with controlled churn: each step replaces `rate` of the set with fresh
     /// positions (a running counter over `[0, limit)`, skipping positions in the set).
     struct Churn {
         sets: Vec<Vec<i32>>,
@@ -154,7 +154,7 @@ mod bench {
             }
             out
         }
-        /// `n` fresh positions per request (not in the current set), `[REQS][n]` flattened.
+        /// `n` fresh positions per session (not in the current set), `[REQS][n]` flattened.
         fn fresh_pool(&mut self, n: usize) -> Vec<i32> {
             let mut out = Vec::with_capacity(REQS * n);
             for r in 0..REQS {
@@ -259,8 +259,8 @@ mod bench {
                 topk,
                 query_start_loc: s.qsl.device_ptr(),
                 seq_lens: s.seq.device_ptr(),
-                req_slot: s.slots.device_ptr(),
-                reqs: REQS as u32,
+                session_slot: s.slots.device_ptr(),
+                sessions: REQS as u32,
                 rows: REQS as u32,
                 k: K as u32,
                 layer,

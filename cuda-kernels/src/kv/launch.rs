@@ -55,7 +55,7 @@ impl KvKernels {
     }
 
     /// Launches the fused resolve on `stream` (graph capturable: only `t` and the buffers of `a`
-    /// are read and written). Grid `a.reqs + 1` blocks of [`KV_BLOCK`] threads;
+    /// are read and written). Grid `a.sessions + 1` blocks of [`KV_BLOCK`] threads;
     /// `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma` leaves them in
     /// the plan for [`KvKernels::dma_copy_async`].
     ///
@@ -89,8 +89,8 @@ impl KvKernels {
             .arg(&a.topk)
             .arg(&a.query_start_loc)
             .arg(&a.seq_lens)
-            .arg(&a.req_slot)
-            .arg(&a.reqs)
+            .arg(&a.session_slot)
+            .arg(&a.sessions)
             .arg(&a.rows)
             .arg(&a.k)
             .arg(&a.layer)
@@ -101,7 +101,7 @@ impl KvKernels {
             .arg(&a.plan_count)
             .arg(&a.stats);
         let cfg = LaunchConfig {
-            grid_dim: (a.reqs + 1, 1, 1),
+            grid_dim: (a.sessions + 1, 1, 1),
             block_dim: (KV_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -208,9 +208,9 @@ impl KvKernels {
     /// `OutOfRange` for the layer range, the driver's launch error.
     ///
     /// # Safety
-    /// As [`KvKernels::resolve_async`] for `t`; `slots` `i32 [requests]`, `cand`
-    /// `i32 [requests][stride]`, `cand_count` `u32 [requests]`, `plan` `KvCopy [requests][hot_rows]`,
-    /// `plan_count` `u32 [requests]` on the device; no resolve of the same slots in flight.
+    /// As [`KvKernels::resolve_async`] for `t`; `slots` `i32 [sessions]`, `cand`
+    /// `i32 [sessions][stride]`, `cand_count` `u32 [sessions]`, `plan` `KvCopy [sessions][hot_rows]`,
+    /// `plan_count` `u32 [sessions]` on the device; no resolve of the same slots in flight.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn prefetch_async(
         &self,
@@ -220,7 +220,7 @@ impl KvKernels {
         slots: u64,
         cand: u64,
         cand_count: u64,
-        requests: u32,
+        sessions: u32,
         stride: u32,
         l0: u32,
         nl: u32,
@@ -228,7 +228,7 @@ impl KvKernels {
         plan_count: u64,
     ) -> Result<()> {
         check_layers(d, l0, nl)?;
-        if requests == 0 {
+        if sessions == 0 {
             return Ok(());
         }
         let mut b = stream.launch_builder(&self.prefetch);
@@ -243,7 +243,7 @@ impl KvKernels {
             .arg(&plan)
             .arg(&plan_count);
         let cfg = LaunchConfig {
-            grid_dim: (requests, 1, 1),
+            grid_dim: (sessions, 1, 1),
             block_dim: (KV_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -255,7 +255,7 @@ impl KvKernels {
     /// Writes arena rows back to the host store (ordered on `stream` after the kernels that
     /// produced them, no host sync): `items[i] = (slot, position, src arena row)`, layers
     /// `l0 .. l0 + nl`, a warp per row with 16-byte stores into mapped pinned memory. Entries out of
-    /// range are skipped and counted as `bad_request`.
+    /// range are skipped and counted as `bad_session`.
     ///
     /// # Errors
     /// `OutOfRange` for the layer range or more than `i32::MAX` blocks, the driver's launch error.

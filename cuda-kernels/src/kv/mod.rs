@@ -30,10 +30,10 @@ pub const KV_MODULE: KernelSource = KernelSource {
     code: include_str!("../../kernels/kv_resolve.cu"),
 };
 
-/// Threads per block of the resolve and prefetch kernels (one block per request).
+/// Threads per block of the resolve and prefetch kernels (one block per session).
 pub const KV_BLOCK: u32 = 512;
 
-/// Per-request counters written by the resolve kernel (`u32 [reqs][KV_STATS]`): picks, tail hits,
+/// Per-session counters written by the resolve kernel (`u32 [sessions][KV_STATS]`): picks, tail hits,
 /// scratch hits, page hits, hot hits (including picks of rows fetched this call), misses (distinct
 /// rows fetched), direct path (1 if the whole history is resident), invalid picks.
 pub const KV_STATS: usize = 8;
@@ -48,17 +48,17 @@ pub struct KvDims {
     pub layers: u32,
     /// Rows per page.
     pub page_rows: u32,
-    /// Hot-cache rows per request.
+    /// Hot-cache rows per session.
     pub hot_rows: u32,
-    /// Tail rows per request (position `p` at tail row `p % tail_rows`).
+    /// Tail rows per session (position `p` at tail row `p % tail_rows`).
     pub tail_rows: u32,
-    /// Scratch rows per request (draft tokens).
+    /// Scratch rows per session (draft tokens).
     pub scratch_rows: u32,
-    /// Fixed pages per request (`ceil((hot + tail + scratch) / page_rows)`).
+    /// Fixed pages per session (`ceil((hot + tail + scratch) / page_rows)`).
     pub fixed_pages: u32,
-    /// Request slots (rows of every per-request table).
+    /// Session slots (rows of every per-session table).
     pub max_slots: u32,
-    /// Positions per request slot in the host store and the `position → slot` table.
+    /// Positions per session slot in the host store and the `position → slot` table.
     pub max_history: u32,
     /// Entries of each slot's borrowed-page table (`ceil(max_history / page_rows)`).
     pub max_pages: u32,
@@ -148,7 +148,7 @@ impl KvDims {
     }
 }
 
-/// One request slot's placement as the host last published it (between steps).
+/// One session slot's placement as the host last published it (between steps).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct KvSlotDesc {
@@ -171,7 +171,7 @@ pub struct KvSlotDesc {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
 pub struct KvCopy {
-    /// Request slot.
+    /// Session slot.
     pub slot: u32,
     /// Position in the request's history.
     pub position: u32,
@@ -196,7 +196,7 @@ pub enum CopyBackend {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvErrors {
     /// Requests whose slot is out of range or not live, or whose `seq_len` is out of range.
-    pub bad_request: u32,
+    pub bad_session: u32,
     /// Picks `< -1` or `>= seq_len` (written as `-1`).
     pub bad_position: u32,
     /// Misses that found no evictable hot row (written as `-1`).
@@ -220,7 +220,7 @@ impl KvErrors {
     pub fn from_words(words: &[u32]) -> Self {
         let w = |i: usize| words.get(i).copied().unwrap_or(0);
         KvErrors {
-            bad_request: w(0),
+            bad_session: w(0),
             bad_position: w(1),
             overflow: w(2),
             bad_qsl: w(3),
@@ -293,14 +293,14 @@ pub const KV_UNCLAIMED: i32 = i32::MAX;
 pub struct KvResolveArgs {
     /// `int32 [rows, k]` picked positions (`-1` = padding).
     pub topk: u64,
-    /// `int32 [reqs + 1]` query rows per request.
+    /// `int32 [sessions + 1]` query rows per session.
     pub query_start_loc: u64,
-    /// `int32 [reqs]` visible positions per request.
+    /// `int32 [sessions]` visible positions per session.
     pub seq_lens: u64,
-    /// `int32 [reqs]` request slot of each request.
-    pub req_slot: u64,
+    /// `int32 [sessions]` session slot of each request.
+    pub session_slot: u64,
     /// Requests.
-    pub reqs: u32,
+    pub sessions: u32,
     /// Query rows.
     pub rows: u32,
     /// Picks per row.
@@ -311,11 +311,11 @@ pub struct KvResolveArgs {
     pub indices: u64,
     /// `int32 [rows]` output valid picks per row.
     pub valid_count: u64,
-    /// `KvCopy [reqs][hot_rows]` output plan (request `r`'s copies at `r * hot_rows`).
+    /// `KvCopy [sessions][hot_rows]` output plan (request `r`'s copies at `r * hot_rows`).
     pub plan: u64,
-    /// `u32 [reqs]` output plan entries per request.
+    /// `u32 [sessions]` output plan entries per session.
     pub plan_count: u64,
-    /// `u32 [reqs][KV_STATS]` output counters.
+    /// `u32 [sessions][KV_STATS]` output counters.
     pub stats: u64,
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cuda_kernels::cudarc_driver::CudaStream;
-use cuda_kernels::{EventSignal, ExpertStore, Gpu, StoreGeometry, TableUpdater};
+use cuda_kernels::{CudaError, EventSignal, ExpertStore, Gpu, StoreGeometry, TableUpdater};
 
 use super::placement::Placement;
 use crate::error::{ExpertError, Result};
@@ -425,10 +425,20 @@ impl ExpertBankGpu {
                 generation: placement.generation(swap.layer),
             });
         }
+        let mut synced = false;
         for c in &out {
             // Reader fence: everything queued on the step stream so far (the steps that could
             // read the old slot through the old table entry) completes before this event.
-            self.spare_fence[c.layer as usize].rerecord(stream)?;
+            if self.spare_fence[c.layer as usize].rerecord(stream).is_err() && !synced {
+                // The flips are enqueued and the placement has moved on, so the swaps are
+                // committed either way. Without a new event the layer's fence would be an older
+                // one that orders none of the steps still able to read the old slot: make them
+                // finish now instead, so every older event is a correct fence again.
+                stream
+                    .synchronize()
+                    .map_err(|e| ExpertError::Cuda(CudaError::driver("cuStreamSynchronize", e)))?;
+                synced = true;
+            }
         }
         Ok(out)
     }

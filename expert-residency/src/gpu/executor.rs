@@ -12,6 +12,13 @@ use crate::executor::{check_layer_idle, PlannedSwap, SwapCompletion, SwapExecuto
 use crate::rowmap::ResidencyMap;
 
 /// The GPU executor. See the module docs.
+///
+/// **Reader assumption.** Every kernel that reads expert weights through the table
+/// ([`GpuExecutor::table_ptr`]) runs on the step stream given to [`GpuExecutor::new`], or is
+/// ordered before the step stream's later work (an event the step stream waits on). The spare
+/// slot's reader fence is an event recorded on the step stream after each flip, so reads on an
+/// unordered second stream (two batches overlapped on two streams) are not covered: join such
+/// streams into the step stream before each step boundary.
 #[derive(Debug)]
 pub struct GpuExecutor {
     bank: ExpertBankGpu,

@@ -2,9 +2,9 @@
 //! ([`replay()`]), the oracle and LRU references, T90, and the one scoreboard ([`scoreboard`]) that
 //! the CLI and the examples print.
 
-pub mod replay;
+mod replay;
 pub mod scoreboard;
-pub mod t90;
+mod t90;
 pub mod trace;
 
 use expert_residency::{CounterDump, ExpertError, Result};
