@@ -28,6 +28,17 @@ __device__ __forceinline__ void tierkit_count4(const T (&v)[4], unsigned int i, 
     }
 }
 
+// Four picks from a 16-byte aligned address: one int4 load for int32, two longlong2 for int64.
+__device__ __forceinline__ void tierkit_load4(const int* __restrict__ p, int (&v)[4]) {
+    const int4 q = *reinterpret_cast<const int4*>(p);
+    v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+}
+__device__ __forceinline__ void tierkit_load4(const long long* __restrict__ p, long long (&v)[4]) {
+    const longlong2 a = *reinterpret_cast<const longlong2*>(p);
+    const longlong2 b = *reinterpret_cast<const longlong2*>(p + 2);
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+}
+
 // The counting loop of all four kernels. valid_per_layer: picks of each layer that are counted
 // (min(valid tokens, tokens) * k; picks_per_layer when uncontrolled).
 template <typename T>
@@ -35,46 +46,16 @@ __device__ __forceinline__ void tierkit_count_body(const T* __restrict__ ids, un
                                                    unsigned int picks_per_layer,
                                                    unsigned int valid_per_layer, unsigned int layer0,
                                                    unsigned int layers, unsigned int experts,
-                                                   unsigned int* table, unsigned int* err);
-
-template <>
-__device__ __forceinline__ void tierkit_count_body<int>(const int* __restrict__ ids, unsigned int n,
-                                                        unsigned int picks_per_layer,
-                                                        unsigned int valid_per_layer, unsigned int layer0,
-                                                        unsigned int layers, unsigned int experts,
-                                                        unsigned int* table, unsigned int* err) {
+                                                   unsigned int* table, unsigned int* err) {
     const unsigned int stride = gridDim.x * blockDim.x * 4u;
     const bool aligned = ((unsigned long long)ids & 15ull) == 0ull;
     for (unsigned int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4u; i < n; i += stride) {
-        int v[4];
+        T v[4];
         if (aligned && i + 4u <= n) {
-            const int4 q = *reinterpret_cast<const int4*>(ids + i);
-            v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+            tierkit_load4(ids + i, v);
         } else {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = (i + j < n) ? ids[i + j] : 0;
-        }
-        tierkit_count4(v, i, n, picks_per_layer, valid_per_layer, layer0, layers, experts, table, err);
-    }
-}
-
-template <>
-__device__ __forceinline__ void tierkit_count_body<long long>(const long long* __restrict__ ids, unsigned int n,
-                                                              unsigned int picks_per_layer,
-                                                              unsigned int valid_per_layer, unsigned int layer0,
-                                                              unsigned int layers, unsigned int experts,
-                                                              unsigned int* table, unsigned int* err) {
-    const unsigned int stride = gridDim.x * blockDim.x * 4u;
-    const bool aligned = ((unsigned long long)ids & 15ull) == 0ull;
-    for (unsigned int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4u; i < n; i += stride) {
-        long long v[4];
-        if (aligned && i + 4u <= n) {
-            const longlong2 a = *reinterpret_cast<const longlong2*>(ids + i);
-            const longlong2 b = *reinterpret_cast<const longlong2*>(ids + i + 2);
-            v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
-        } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] = (i + j < n) ? ids[i + j] : 0;
+            for (int j = 0; j < 4; ++j) v[j] = (i + j < n) ? ids[i + j] : (T)0;
         }
         tierkit_count4(v, i, n, picks_per_layer, valid_per_layer, layer0, layers, experts, table, err);
     }
@@ -110,14 +91,23 @@ extern "C" __global__ void tierkit_count_i64(const long long* __restrict__ ids, 
 
 // As tierkit_count_i32 / _i64, under the control block `ctl` (u32 [4], see the top of this file);
 // k: picks per token (picks_per_layer = tokens * k).
+template <typename T>
+__device__ __forceinline__ void tierkit_count_ctl(const T* __restrict__ ids, unsigned int n,
+                                                  unsigned int picks_per_layer, unsigned int k,
+                                                  unsigned int layer0, unsigned int layers,
+                                                  unsigned int experts, unsigned int* table,
+                                                  unsigned int* err, const unsigned int* ctl) {
+    const unsigned int valid = tierkit_count_valid_per_layer(ctl, picks_per_layer, k);
+    if (valid == 0u) return;
+    tierkit_count_body<T>(ids, n, picks_per_layer, valid, layer0, layers, experts, table, err);
+}
+
 extern "C" __global__ void tierkit_count_ctl_i32(const int* __restrict__ ids, unsigned int n,
                                                  unsigned int picks_per_layer, unsigned int k,
                                                  unsigned int layer0, unsigned int layers,
                                                  unsigned int experts, unsigned int* table,
                                                  unsigned int* err, const unsigned int* ctl) {
-    const unsigned int valid = tierkit_count_valid_per_layer(ctl, picks_per_layer, k);
-    if (valid == 0u) return;
-    tierkit_count_body<int>(ids, n, picks_per_layer, valid, layer0, layers, experts, table, err);
+    tierkit_count_ctl<int>(ids, n, picks_per_layer, k, layer0, layers, experts, table, err, ctl);
 }
 
 extern "C" __global__ void tierkit_count_ctl_i64(const long long* __restrict__ ids, unsigned int n,
@@ -125,9 +115,7 @@ extern "C" __global__ void tierkit_count_ctl_i64(const long long* __restrict__ i
                                                  unsigned int layer0, unsigned int layers,
                                                  unsigned int experts, unsigned int* table,
                                                  unsigned int* err, const unsigned int* ctl) {
-    const unsigned int valid = tierkit_count_valid_per_layer(ctl, picks_per_layer, k);
-    if (valid == 0u) return;
-    tierkit_count_body<long long>(ids, n, picks_per_layer, valid, layer0, layers, experts, table, err);
+    tierkit_count_ctl<long long>(ids, n, picks_per_layer, k, layer0, layers, experts, table, err, ctl);
 }
 
 // Writes the control block on the launch's stream (PickCounterGpu::set_enabled_async /

@@ -41,6 +41,14 @@ fn random_ids(rng: &mut ChaCha8Rng, n: usize, experts: i64, bad_every: usize) ->
         .collect()
 }
 
+/// [`random_ids`] as int32.
+fn random_ids_i32(rng: &mut ChaCha8Rng, n: usize, experts: i64, bad_every: usize) -> Vec<i32> {
+    random_ids(rng, n, experts, bad_every)
+        .into_iter()
+        .map(|v| v as i32)
+        .collect()
+}
+
 #[test]
 fn count_step_matches_cpu_reference_i32_and_i64() {
     let Some(gpu) = gpu_or_skip() else { return };
@@ -500,10 +508,7 @@ fn forked_count_is_exact_every_step_and_captures_in_a_graph() {
     let mut rng = ChaCha8Rng::seed_from_u64(13);
     let (layers, tokens, k, experts) = (5u32, 300u32, 6u32, 64u32);
     let shape = TopkShape::step(layers, tokens, k);
-    let ids: Vec<i32> = random_ids(&mut rng, shape.picks() as usize, experts as i64, 97)
-        .into_iter()
-        .map(|v| v as i32)
-        .collect();
+    let ids = random_ids_i32(&mut rng, shape.picks() as usize, experts as i64, 97);
     let mut one_step = vec![0u32; (layers * experts) as usize];
     let rejected = count_picks_cpu(&ids, shape, 0, layers, experts, &mut one_step).unwrap();
     assert!(rejected > 0);
@@ -943,10 +948,7 @@ fn count_controls_are_exact_in_a_graph_replayed_many_times() {
     let mut rng = ChaCha8Rng::seed_from_u64(22);
     let (layers, tokens, k, experts) = (5u32, 256u32, 6u32, 64u32);
     let shape = TopkShape::step(layers, tokens, k);
-    let ids: Vec<i32> = random_ids(&mut rng, shape.picks() as usize, experts as i64, 71)
-        .into_iter()
-        .map(|v| v as i32)
-        .collect();
+    let ids = random_ids_i32(&mut rng, shape.picks() as usize, experts as i64, 71);
     let d = DeviceBuffer::from_host(gpu.ctx(), &ids).unwrap();
     let per_layer = (tokens * k) as u64;
     let before_last = TopkIdsView {
