@@ -32,6 +32,29 @@
 // counts are only read after a stream-ordered drain.
 #pragma once
 
+// ---------------------------------------------------------------------------------------------
+// Counting controls: the counter's control block, u32 ctl[TIERKIT_CTL_WORDS] in device memory at
+// a fixed address (PickCounterGpu::control_ptr). Read at run time by every controlled call, so a
+// captured CUDA graph sees whatever was written before each replay (PickCounterGpu::
+// set_enabled_async / set_valid_tokens_async on the stream, or the engine's own write, e.g. a
+// torch copy_ into the block).
+//   ctl[TIERKIT_CTL_ENABLED]      0: count nothing (warm-up, profiling, draft passes); else count.
+//   ctl[TIERKIT_CTL_VALID_TOKENS] token rows t >= this value are padding or dummy rows: skipped in
+//                                 every layer (0xFFFFFFFF, the default: every row counts).
+//   ctl[2], ctl[3]                reserved, 0.
+// A skipped pick is neither counted nor rejected. After vLLM's EPLB recorder (a fused record
+// gated by a device flag, over the unpadded tokens) and TensorRT-LLM's MoE load balancer (its
+// statistics skip warm-up iterations).
+#define TIERKIT_CTL_WORDS 4u
+#define TIERKIT_CTL_ENABLED 0u
+#define TIERKIT_CTL_VALID_TOKENS 1u
+
+// Whether the picks of token row `token` are counted under `ctl` (ctl == nullptr: always). Hoist
+// it: call it once per token (or per warp) and skip the count calls when false.
+__device__ __forceinline__ bool tierkit_count_token_counted(const unsigned int* ctl, unsigned int token) {
+    return ctl == nullptr || (ctl[TIERKIT_CTL_ENABLED] != 0u && token < ctl[TIERKIT_CTL_VALID_TOKENS]);
+}
+
 // One pick added to the table directly: one bounds check and one relaxed add, branch-free. Every
 // warp of a layer adds to the same few cache lines, so the adds queue: prefer
 // tierkit_count_pick_striped (about half the cost inside the top-k loop, a quarter at the end).
@@ -133,7 +156,7 @@ __device__ __forceinline__ void tierkit_count_prev_layer(unsigned int* table, un
 // instead of the table. Memory and the drain's fold grow with num_stripes (layers x num_stripes x
 // experts x 4 bytes). Rejected picks (layer >= layers, expert < 0 or >= experts) are added to
 // `err`, never written to the table or a stripe. Padding rows of a graph-captured batch are
-// counted like real ones: do not call it for them.
+// counted like real ones: do not call it for them, or call tierkit_count_pick_striped_ctl (below).
 // Where: at the END of the router kernel, from every lane that holds a pick (for example right
 // after the kernel stores topk_ids), each lane once per pick. Measured on the H200 (stand-in
 // router, 40 layers x 256 tokens x top-6 of 64, CUDA graph): benches/README.md, "Fused header
@@ -153,6 +176,20 @@ __device__ __forceinline__ void tierkit_count_pick_striped(unsigned int* stripes
     tierkit_red_add_u32(p, 1u);
 }
 
+// tierkit_count_pick_striped under the control block: counts the pick of token row `token` only
+// if tierkit_count_token_counted(ctl, token) (two cached loads per call; with several picks per
+// lane, hoist tierkit_count_token_counted instead). The recommended fused call for graph-captured
+// batches with padding rows: pass PickCounterGpu::control_ptr() as `ctl`.
+__device__ __forceinline__ void tierkit_count_pick_striped_ctl(const unsigned int* ctl, unsigned int token,
+                                                               unsigned int* stripes, unsigned int num_stripes,
+                                                               unsigned int stripe, unsigned int* table,
+                                                               unsigned int* err, unsigned int layer,
+                                                               unsigned int layers, long long expert,
+                                                               unsigned int experts) {
+    if (tierkit_count_token_counted(ctl, token))
+        tierkit_count_pick_striped(stripes, num_stripes, stripe, table, err, layer, layers, expert, experts);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Step form: one router kernel (the LAST MoE layer's) counts the whole step, from the step's ids.
 //
@@ -170,7 +207,10 @@ __device__ __forceinline__ void tierkit_count_pick_striped(unsigned int* stripes
 // ceil(n / threads): picks beyond PER_THREAD * threads are counted by a slower loop (still
 // exact). Stripe: as in tierkit_count_pick_striped (the warp's index). Measured on the H200:
 // 2.2-3.9 us per 40-layer step on a router that also writes top-k weights, 4.2-5.8 us on an
-// ids-only router (benches/README.md).
+// ids-only router (benches/README.md). Controls: the step form has no controlled variant. Guard
+// both calls with `if (ctl[TIERKIT_CTL_ENABLED] != 0u)` for the enable flag; its padding rows are
+// counted, so where a captured batch has padding prefer the forked count, whose kernel applies
+// the whole control block.
 template <typename T, unsigned int PER_THREAD>
 struct TierkitStepPicks {
     T id[PER_THREAD];

@@ -55,8 +55,9 @@ mod table;
 mod kv;
 
 pub use count::{
-    count_picks_cpu, fold_stripes_cpu, DrainSnapshot, IdsDtype, PickCounterGpu, TopkId,
-    TopkIdsView, TopkShape, MAX_STRIPE_CELLS,
+    count_picks_cpu, count_picks_cpu_ctl, fold_stripes_cpu, CountControl, DrainSnapshot, IdsDtype,
+    PickCounterGpu, TopkId, TopkIdsView, TopkShape, COUNT_CONTROL_ENABLED,
+    COUNT_CONTROL_VALID_TOKENS, COUNT_CONTROL_WORDS, MAX_STRIPE_CELLS,
 };
 pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_CUH, TABLE_MODULE};
 pub use error::{CudaError, Result};

@@ -27,6 +27,34 @@ pub struct ControllerConfig {
     pub window_drains: u32,
     /// Optional response to a traffic shift (tierkit's extension beyond the seed policy).
     pub shift_response: Option<ShiftResponse>,
+    /// Start frozen ([`crate::Controller::freeze`]): counting and draining go on, nothing is
+    /// swapped until a [`crate::ControlMessage`] `{"freeze": false}` (or
+    /// [`crate::Controller::unfreeze`]). For engines whose warm-up and graph capture run
+    /// through the controller: boot frozen, then send `{"freeze": false, "baseline": true}`
+    /// when serving starts (the published GB300 recipe's control message). Default false.
+    pub boot_frozen: bool,
+    /// What a drain does when the counter table went backwards (a device table re-created or
+    /// zeroed under the controller would otherwise read as ~2^32 phantom picks per cell):
+    /// re-baseline (default) or a typed error. See [`OnCounterReset`].
+    pub on_counter_reset: OnCounterReset,
+}
+
+/// What a drain does with a counter snapshot in which some cell is below the previous snapshot
+/// (wrap-around delta ≥ [`crate::COUNTER_RESET_DELTA`]). JSON: `"rebaseline"` / `"error"`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCounterReset {
+    /// Take the snapshot as the new reference and drop the interval (no picks folded, nothing
+    /// planned; the EMA and the map are kept); counted in
+    /// [`DrainTelemetry::counter_resets`](crate::DrainTelemetry::counter_resets). The engine
+    /// needs to do nothing: at most one drain interval of counts is lost.
+    #[default]
+    Rebaseline,
+    /// Refuse the drain with [`crate::ExpertError::CounterReset`], changing nothing; the engine
+    /// calls [`crate::Controller::reset_baseline`] with the new table.
+    Error,
 }
 
 impl Default for ControllerConfig {
@@ -39,6 +67,8 @@ impl Default for ControllerConfig {
             max_swaps_per_step: 8,
             window_drains: 8,
             shift_response: None,
+            boot_frozen: false,
+            on_counter_reset: OnCounterReset::Rebaseline,
         }
     }
 }
@@ -213,5 +243,28 @@ mod tests {
         // Missing fields still default.
         let c: ControllerConfig = serde_json::from_str("{}").unwrap();
         assert_eq!(c, ControllerConfig::default());
+    }
+
+    #[test]
+    fn counting_controls_in_json_and_old_configs_still_load() {
+        // a config written before boot_frozen / on_counter_reset existed
+        let old = r#"{"drain_every": 16, "half_life_steps": 64.0, "ratio": 1.5,
+            "max_swaps_per_layer": 4, "max_swaps_per_step": 16, "window_drains": 8,
+            "shift_response": null}"#;
+        let c: ControllerConfig = serde_json::from_str(old).unwrap();
+        assert!(!c.boot_frozen);
+        assert_eq!(c.on_counter_reset, OnCounterReset::Rebaseline);
+        let c: ControllerConfig =
+            serde_json::from_str(r#"{"boot_frozen": true, "on_counter_reset": "error"}"#).unwrap();
+        assert!(c.boot_frozen);
+        assert_eq!(c.on_counter_reset, OnCounterReset::Error);
+        c.validate().unwrap();
+        // round trip
+        let back: ControllerConfig =
+            serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        let e = serde_json::from_str::<ControllerConfig>(r#"{"on_counter_reset": "ignore"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("ignore"), "{e}");
     }
 }

@@ -40,7 +40,9 @@ impl PassKind {
 /// counting never stops or resets. Relaxed ordering suffices: a drain only needs every add to
 /// land eventually, not any order between cells.
 ///
-/// Counting can be paused ([`PickCounters::pause`]) for passes that must not count.
+/// Counting can be paused ([`PickCounters::pause`]) for passes that must not count. The device
+/// counter (`cuda_kernels::PickCounterGpu`) has the same exclusion on the GPU: an enable flag and
+/// a valid-token count in device memory, read by the counting kernels (graph-capturable).
 #[derive(Debug)]
 pub struct PickCounters {
     layers: u32,
@@ -262,6 +264,35 @@ impl PickCounters {
     }
 }
 
+/// Smallest wrap-around delta (`new.wrapping_sub(old)`) of one cell that a drain reads as the
+/// table going backwards rather than as counting: 2^31. Counts only go up, so a cell below its
+/// previous snapshot shows up as a delta of 2^32 minus the drop, ≥ 2^31 for any drop up to
+/// 2^31; and 2^31 real picks of one expert in one drain interval (drain_every steps) is beyond
+/// any engine. A table re-created, zeroed or swapped for another under the controller is caught
+/// at the first drain where any cell is below its previous value (see
+/// [`ControllerConfig::on_counter_reset`](crate::ControllerConfig::on_counter_reset)).
+pub const COUNTER_RESET_DELTA: u32 = 1 << 31;
+
+/// The first cell (row-major `layer * experts + expert`) whose wrap-around delta `new - old` is
+/// at least [`COUNTER_RESET_DELTA`], i.e. that went backwards between the two snapshots; `None`
+/// if every cell moved forward (or not at all). A table that was reset and then overtook every
+/// old value before the drain is indistinguishable from counting and is not detected (that
+/// interval's deltas are then too small, never phantom).
+///
+/// Errors: [`ExpertError::LengthMismatch`] unless `new` and `old` have the same length.
+pub fn first_backwards_cell(new: &[u32], old: &[u32]) -> Result<Option<usize>> {
+    if new.len() != old.len() {
+        return Err(ExpertError::LengthMismatch {
+            expected: old.len(),
+            found: new.len(),
+        });
+    }
+    Ok(new
+        .iter()
+        .zip(old)
+        .position(|(&n, &o)| n.wrapping_sub(o) >= COUNTER_RESET_DELTA))
+}
+
 /// Wrap-around-safe deltas `new - old` of two u32 snapshots, widened to u64 into `out`. Correct as
 /// long as fewer than 2^32 picks landed in one cell between the two snapshots.
 ///
@@ -354,6 +385,34 @@ mod tests {
         ));
         let zero = Geometry { layers: 0, ..geo() };
         assert!(PickCounters::new(&zero).is_err());
+    }
+
+    #[test]
+    fn backwards_cells_are_found_and_wraps_are_not() {
+        // a wrap past 2^32 is counting, not a reset
+        assert_eq!(
+            first_backwards_cell(&[5, 3], &[u32::MAX - 1, 1]).unwrap(),
+            None
+        );
+        assert_eq!(first_backwards_cell(&[7, 7], &[7, 7]).unwrap(), None);
+        // one pick lost (a re-created table that has not caught up) is found
+        assert_eq!(
+            first_backwards_cell(&[9, 3, 0], &[9, 4, 100]).unwrap(),
+            Some(1)
+        );
+        // a jump of 2^31 or more is implausible: read as backwards
+        assert_eq!(
+            first_backwards_cell(&[COUNTER_RESET_DELTA], &[0]).unwrap(),
+            Some(0)
+        );
+        assert_eq!(
+            first_backwards_cell(&[COUNTER_RESET_DELTA - 1], &[0]).unwrap(),
+            None
+        );
+        assert!(matches!(
+            first_backwards_cell(&[1], &[1, 2]),
+            Err(ExpertError::LengthMismatch { .. })
+        ));
     }
 
     #[test]

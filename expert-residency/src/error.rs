@@ -87,6 +87,25 @@ pub enum ExpertError {
     #[cfg(feature = "cuda")]
     #[error("cuda: {0}")]
     Cuda(#[from] cuda_kernels::CudaError),
+    /// A drained counter table went backwards: `cell (layer, expert)` is below the previous
+    /// snapshot (wrap-around delta ≥ 2^31, [`crate::COUNTER_RESET_DELTA`]), so the table was
+    /// re-created, reset or replaced under the controller. Returned only with
+    /// [`crate::OnCounterReset::Error`] (the default re-baselines instead); nothing changed: call
+    /// [`crate::Controller::reset_baseline`] with the new table to go on.
+    #[error(
+        "counter table went backwards at layer {layer}, expert {expert}: {previous} -> {current} \
+         (re-created or reset under the controller)"
+    )]
+    CounterReset {
+        /// Layer of the first cell found backwards.
+        layer: u32,
+        /// Expert of that cell.
+        expert: u32,
+        /// The cell in the previous snapshot.
+        previous: u32,
+        /// The cell in this snapshot.
+        current: u32,
+    },
     /// A saved file could not be parsed or has an unsupported version.
     #[error("format: {0}")]
     Format(String),

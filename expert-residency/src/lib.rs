@@ -50,9 +50,11 @@ mod telemetry;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 
-pub use config::{ControllerConfig, ShiftResponse, MAX_WINDOW_DRAINS};
-pub use controller::{Controller, StepReport};
-pub use counters::{snapshot_deltas, PassKind, PauseGuard, PickCounters};
+pub use config::{ControllerConfig, OnCounterReset, ShiftResponse, MAX_WINDOW_DRAINS};
+pub use controller::{ControlMessage, Controller, StepReport};
+pub use counters::{
+    first_backwards_cell, snapshot_deltas, PassKind, PauseGuard, PickCounters, COUNTER_RESET_DELTA,
+};
 pub use error::{ExpertError, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 pub use geometry::{check_bank_size, Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};

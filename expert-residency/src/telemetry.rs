@@ -53,6 +53,13 @@ pub struct DrainTelemetry {
     pub shift_detected: bool,
     /// Drains of shift-response boost left (0 = normal policy).
     pub boost_drains_left: u32,
+    /// Whether this drain found the counter table gone backwards and re-baselined (its interval
+    /// was dropped: no picks folded, nothing planned). Absent in older lines: false.
+    #[serde(default)]
+    pub counter_reset: bool,
+    /// Counter resets re-baselined so far (running total). Absent in older lines: 0.
+    #[serde(default)]
+    pub counter_resets: u64,
 }
 
 impl DrainTelemetry {

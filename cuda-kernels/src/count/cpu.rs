@@ -1,6 +1,7 @@
-//! CPU references of the counting kernels (`tierkit_count_i32` / `_i64`, `tierkit_fold_stripes`).
+//! CPU references of the counting kernels (`tierkit_count_i32` / `_i64`, their controlled forms
+//! `tierkit_count_ctl_i32` / `_i64`, `tierkit_fold_stripes`).
 
-use super::{check_target, TopkId, TopkShape};
+use super::{check_target, CountControl, TopkId, TopkShape};
 use crate::error::{CudaError, Result};
 
 /// CPU reference of the counting kernel: adds the picks of `ids` (shape `shape`, covering layers
@@ -16,6 +17,34 @@ pub fn count_picks_cpu<I: TopkId>(
     layer0: u32,
     layers: u32,
     experts: u32,
+    table: &mut [u32],
+) -> Result<u32> {
+    count_picks_cpu_ctl(
+        ids,
+        shape,
+        layer0,
+        layers,
+        experts,
+        CountControl::ALL,
+        table,
+    )
+}
+
+/// CPU reference of the controlled counting kernels (`tierkit_count_ctl_i32` / `_i64`, what
+/// [`crate::PickCounterGpu`] launches): as [`count_picks_cpu`], but a pick of token row `t`
+/// (flat index `(l * tokens + t) * k + j`) is counted only if `control.enabled` and
+/// `t < control.valid_tokens`; skipped picks are neither counted nor rejected. Returns the
+/// rejected picks among the counted rows.
+///
+/// # Errors
+/// As [`count_picks_cpu`]; nothing is written on error.
+pub fn count_picks_cpu_ctl<I: TopkId>(
+    ids: &[I],
+    shape: TopkShape,
+    layer0: u32,
+    layers: u32,
+    experts: u32,
+    control: CountControl,
     table: &mut [u32],
 ) -> Result<u32> {
     check_target(shape, layer0, layers)?;
@@ -35,9 +64,14 @@ pub fn count_picks_cpu<I: TopkId>(
         });
     }
     let per_layer = shape.tokens as usize * shape.k as usize;
+    let k = shape.k as usize;
     let mut rejected = 0u32;
     for (i, id) in ids.iter().enumerate() {
         let layer = layer0 as usize + i / per_layer;
+        let token = (i % per_layer) / k;
+        if !control.counts_token(token as u32) {
+            continue;
+        }
         let e = id.as_i64();
         if e >= 0 && e < experts as i64 {
             let c = &mut table[layer * experts as usize + e as usize];
@@ -129,6 +163,50 @@ mod tests {
             Err(CudaError::Shape { .. })
         ));
         assert_eq!(table, before);
+    }
+
+    #[test]
+    fn cpu_reference_controls_skip_disabled_and_padding_rows() {
+        // 2 layers x 3 tokens x top-2, 4 experts; token 2 of each layer is padding
+        let shape = TopkShape::step(2, 3, 2);
+        let ids: Vec<i32> = vec![0, 1, 2, -1, 3, 3, /* layer 1 */ 1, 1, 9, 0, 2, 2];
+        let valid2 = CountControl {
+            enabled: true,
+            valid_tokens: 2,
+        };
+        let mut table = vec![0u32; 8];
+        let rej = count_picks_cpu_ctl(&ids, shape, 0, 2, 4, valid2, &mut table).unwrap();
+        assert_eq!(rej, 2);
+        assert_eq!(table, vec![1, 1, 1, 0, 1, 2, 0, 0]);
+        // disabled: nothing counted, nothing rejected
+        let off = CountControl {
+            enabled: false,
+            ..CountControl::ALL
+        };
+        let before = table.clone();
+        assert_eq!(
+            count_picks_cpu_ctl(&ids, shape, 0, 2, 4, off, &mut table).unwrap(),
+            0
+        );
+        assert_eq!(table, before);
+        // valid 0 counts nothing; valid >= tokens equals the uncontrolled reference
+        let zero = CountControl {
+            valid_tokens: 0,
+            ..CountControl::ALL
+        };
+        assert_eq!(
+            count_picks_cpu_ctl(&ids, shape, 0, 2, 4, zero, &mut table).unwrap(),
+            0
+        );
+        assert_eq!(table, before);
+        let (mut a, mut b) = (vec![0u32; 8], vec![0u32; 8]);
+        let wide = CountControl {
+            valid_tokens: 3,
+            ..CountControl::ALL
+        };
+        let ra = count_picks_cpu_ctl(&ids, shape, 0, 2, 4, wide, &mut a).unwrap();
+        let rb = count_picks_cpu(&ids, shape, 0, 2, 4, &mut b).unwrap();
+        assert_eq!((ra, a), (rb, b));
     }
 
     #[test]

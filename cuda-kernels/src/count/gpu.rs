@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
-use super::{check_target, IdsDtype, TopkId, TopkIdsView, TopkShape};
+use super::{check_target, CountControl, IdsDtype, TopkId, TopkIdsView, TopkShape};
 use crate::device::{Gpu, COUNT_MODULE};
 use crate::error::{drv, CudaError, Result};
 use crate::mem::{copy_dtoh_async, DeviceBuffer, PinnedBuffer};
@@ -23,6 +23,14 @@ pub struct DrainSnapshot<'a> {
 /// The GPU pick-counter table (`layers × experts` u32 + one rejected-picks word, one allocation)
 /// with the counting kernels and an asynchronous drain to pinned host memory on a side stream.
 ///
+/// Counting controls: a 4-word device control block at a fixed address
+/// ([`PickCounterGpu::control_ptr`], layout at [`CountControl`]) holds an enable flag and a
+/// valid-token count that every launch of [`PickCounterGpu::count_raw`] /
+/// [`PickCounterGpu::count_forked`] (and the header's `_ctl` calls) reads on the device, so a
+/// captured CUDA graph sees the values written before each replay
+/// ([`PickCounterGpu::set_enabled_async`], [`PickCounterGpu::set_valid_tokens_async`], or the
+/// engine's own write). A new counter counts everything ([`CountControl::ALL`]).
+///
 /// Source: the SGLang/EPLB expert-load recorders (a device table bumped per pick), redesigned
 /// after their faults: no batch-size cap (grid-stride loop), one launch per step, CUDA-graph-safe
 /// fixed addresses, bad ids counted instead of written.
@@ -39,6 +47,9 @@ pub struct PickCounterGpu {
     pub(super) drain_pending: bool,
     f_i32: CudaFunction,
     f_i64: CudaFunction,
+    /// The control block, u32 `[COUNT_CONTROL_WORDS]` (`[enabled, valid_tokens, 0, 0]`).
+    pub(super) control: DeviceBuffer<u32>,
+    pub(super) f_set_control: CudaFunction,
     /// Stripes of the fused path, u32 `[layers][num_stripes][experts]` (`None` when 0).
     pub(super) stripes: Option<DeviceBuffer<u32>>,
     pub(super) num_stripes: u32,
@@ -109,6 +120,7 @@ impl PickCounterGpu {
         }
         let ctx = gpu.ctx();
         let table = DeviceBuffer::<u32>::zeroed(ctx, cells as usize + 1)?;
+        let control = DeviceBuffer::<u32>::from_host(ctx, &CountControl::ALL.to_words())?;
         let snapshot = PinnedBuffer::<u32>::zeroed(ctx, cells as usize + 1)?;
         let drain_stream = gpu.new_stream()?;
         let step_mark = ctx.new_event(None).map_err(drv("cuEventCreate"))?;
@@ -120,8 +132,10 @@ impl PickCounterGpu {
             stripes: None,
             num_stripes: 0,
             f_fold: gpu.function(&COUNT_MODULE, "tierkit_fold_stripes")?,
-            f_i32: gpu.function(&COUNT_MODULE, "tierkit_count_i32")?,
-            f_i64: gpu.function(&COUNT_MODULE, "tierkit_count_i64")?,
+            f_i32: gpu.function(&COUNT_MODULE, "tierkit_count_ctl_i32")?,
+            f_i64: gpu.function(&COUNT_MODULE, "tierkit_count_ctl_i64")?,
+            f_set_control: gpu.function(&COUNT_MODULE, "tierkit_count_set_control")?,
+            control,
             gpu: gpu.clone(),
             layers,
             experts,
@@ -230,7 +244,9 @@ impl PickCounterGpu {
     }
 
     /// Counts a `topk_ids` buffer given by raw device pointer, in one launch on `stream`, into
-    /// layers `layer0 .. layer0 + ids.shape.layers`.
+    /// layers `layer0 .. layer0 + ids.shape.layers`, under the control block as it is when the
+    /// launch runs: nothing if disabled, and only token rows below the valid-token count
+    /// (CPU reference: [`crate::count_picks_cpu_ctl`]).
     ///
     /// # Errors
     /// [`CudaError::Shape`] if `ids.bytes` does not match the shape and dtype,
@@ -257,6 +273,7 @@ impl PickCounterGpu {
         let blocks = n.div_ceil(1024).clamp(1, 1024);
         let table = self.table_ptr();
         let rejected = self.rejected_ptr();
+        let (k, ctl) = (ids.shape.k, self.control_ptr());
         let cfg = LaunchConfig {
             grid_dim: (blocks, 1, 1),
             block_dim: (256, 1, 1),
@@ -266,16 +283,19 @@ impl PickCounterGpu {
         b.arg(&ids.ptr)
             .arg(&n)
             .arg(&per_layer)
+            .arg(&k)
             .arg(&layer0)
             .arg(&self.layers)
             .arg(&self.experts)
             .arg(&table)
-            .arg(&rejected);
-        // SAFETY: argument list matches `tierkit_count_{i32,i64}` (ptr, u32 x5, ptr, ptr);
-        // `ids` holds `n` elements of the declared dtype (bytes checked by check_ids), the kernel
-        // writes only table[layer * experts + e] with layer < layers, e < experts, or the
-        // rejected word, all inside our allocation of layers * experts + 1 words.
-        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_count)"))?;
+            .arg(&rejected)
+            .arg(&ctl);
+        // SAFETY: argument list matches `tierkit_count_ctl_{i32,i64}` (ptr, u32 x6, ptr, ptr,
+        // ptr); `ids` holds `n` elements of the declared dtype (bytes checked by check_ids), the
+        // kernel writes only table[layer * experts + e] with layer < layers, e < experts, or the
+        // rejected word, all inside our allocation of layers * experts + 1 words, and reads the
+        // 4-word control block, which lives as long as `self`.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_count_ctl)"))?;
         Ok(())
     }
 }

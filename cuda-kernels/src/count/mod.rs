@@ -42,14 +42,30 @@
 //! into a CUDA graph). Measured on the H200: 0.18–0.45 µs added per 40-layer step, exact after
 //! every step (`benches/README.md`, "Forked count").
 //!
-//! Modules: the CPU references (`cpu.rs`), the counter and its drain (`gpu.rs`), the count forked
-//! onto a branch stream (`forked.rs`).
+//! ## Counting controls (warm-up, padding)
+//!
+//! Every counter owns a device control block (`u32 [4]`: `enabled`, `valid_tokens`, two
+//! reserved words; [`CountControl`]) at a fixed address. The counting kernels read it on the
+//! device at each launch: a disabled launch counts nothing, and token rows at or above
+//! `valid_tokens` (the padding of a graph-captured batch, dummy rows) are skipped in every
+//! layer. Write it with [`PickCounterGpu::set_enabled_async`] /
+//! [`PickCounterGpu::set_valid_tokens_async`] on the step stream before the step (outside the
+//! graph: the graph then reads the new values at replay), or from the engine through
+//! [`PickCounterGpu::control_ptr`]. The fused header's `tierkit_count_pick_striped_ctl` takes the
+//! same pointer. Defaults count everything, so callers that never touch it see no change.
+//!
+//! Modules: the CPU references (`cpu.rs`), the counter and its drain (`gpu.rs`), the controls
+//! (`control.rs`), the count forked onto a branch stream (`forked.rs`).
 
+mod control;
 mod cpu;
 mod forked;
 mod gpu;
 
-pub use cpu::{count_picks_cpu, fold_stripes_cpu};
+pub use control::{
+    CountControl, COUNT_CONTROL_ENABLED, COUNT_CONTROL_VALID_TOKENS, COUNT_CONTROL_WORDS,
+};
+pub use cpu::{count_picks_cpu, count_picks_cpu_ctl, fold_stripes_cpu};
 pub use gpu::{DrainSnapshot, PickCounterGpu, MAX_STRIPE_CELLS};
 
 use crate::error::{CudaError, Result};

@@ -85,6 +85,25 @@ impl Controller {
         self.telemetry(elapsed, picks, cold_share, planned, cap, forget.is_some())
     }
 
+    /// A drain whose snapshot went backwards (a counter table re-created or zeroed under the
+    /// controller; found by `check_counter_reset`) under [`crate::OnCounterReset::Rebaseline`]:
+    /// `snap` becomes the reference and the interval is dropped. Nothing is folded (its deltas
+    /// would be ~2^32 phantom picks, or a part of a new table's counts), nothing is planned, and
+    /// the EMA, the window, the shift detector and the queue are kept: the traffic did not
+    /// change, only the table. Counted in `counter_resets`.
+    pub(super) fn rebaseline_drain(&mut self, snap: &[u32]) -> DrainTelemetry {
+        let elapsed = self.step - self.last_drain_step;
+        self.last_drain_step = self.step;
+        self.drains += 1;
+        self.counter_resets += 1;
+        self.prev.copy_from_slice(snap);
+        self.deltas.iter_mut().for_each(|d| *d = 0);
+        let cap = self.per_layer_cap();
+        let mut t = self.telemetry(elapsed, 0, 0.0, 0, cap, false);
+        t.counter_reset = true;
+        t
+    }
+
     /// One fused pass per layer: wrap-around-safe deltas (u32 → u64) into `deltas`, `snap` as the
     /// new reference snapshot, and the interval's (cold, total) picks with the map as it is now,
     /// recorded in the cold-share window. Returns (cold, total) over all layers.
@@ -209,6 +228,8 @@ impl Controller {
             max_swaps_per_layer: cap,
             shift_detected,
             boost_drains_left: self.shift.boost_left,
+            counter_reset: false,
+            counter_resets: self.counter_resets,
         }
     }
 }

@@ -5,9 +5,13 @@
 //! - `drain.rs`: one drain, one job per function (deltas, window, shift response, EMA fold,
 //!   planning through the policy, telemetry).
 //! - `swaps.rs`: the swap queue (commit, begin, cancel) and its accounting.
+//! - `control.rs`: the control message (freeze, baseline) and the counter-reset check.
 
+mod control;
 mod drain;
 mod swaps;
+
+pub use control::ControlMessage;
 
 use crate::config::ControllerConfig;
 use crate::counters::PickCounters;
@@ -80,11 +84,13 @@ pub struct Controller {
     policy: Box<dyn SwapPolicy>,
     /// Scratch for one layer's policy choices.
     choices: Vec<SwapChoice>,
+    /// Drains that found the counter table gone backwards and re-baselined.
+    counter_resets: u64,
 }
 
 impl Controller {
     /// A controller starting from `map` (the boot map: first-K, or a seed map) with the published
-    /// [`RatioPolicy`] at `cfg.ratio`.
+    /// [`RatioPolicy`] at `cfg.ratio`; frozen if `cfg.boot_frozen`.
     ///
     /// Errors: [`ExpertError::InvalidConfig`] for a bad config.
     pub fn new(map: ResidencyMap, cfg: ControllerConfig) -> Result<Self> {
@@ -115,7 +121,7 @@ impl Controller {
             step: 0,
             last_drain_step: 0,
             drains: 0,
-            frozen: false,
+            frozen: cfg.boot_frozen,
             queue: Vec::new(),
             busy: vec![0; layers],
             in_flight: vec![false; layers],
@@ -125,6 +131,7 @@ impl Controller {
             shift: ShiftState::default(),
             policy,
             choices: Vec::new(),
+            counter_resets: 0,
             cfg,
             map,
         })
@@ -250,10 +257,11 @@ impl Controller {
     }
 
     /// One step boundary with a host [`PickCounters`] table: commits what the executor has ready,
-    /// drains if due (snapshotting `counters`), and begins queued swaps.
+    /// drains if due (snapshotting `counters`), and begins queued swaps. A table that went
+    /// backwards is handled as [`ControllerConfig::on_counter_reset`] says.
     ///
-    /// Errors: [`ExpertError::GeometryMismatch`] if `counters` has another shape (nothing changed);
-    /// executor errors from `commit_ready`.
+    /// Errors: [`ExpertError::GeometryMismatch`] if `counters` has another shape, or
+    /// [`ExpertError::CounterReset`] (nothing changed); executor errors from `commit_ready`.
     pub fn step(
         &mut self,
         counters: &PickCounters,
@@ -266,20 +274,25 @@ impl Controller {
             counters.snapshot_into(&mut snap)?;
             self.snap = snap;
         }
-        self.step_inner(drain, executor)
+        let reset = drain && self.check_counter_reset(&self.snap)?;
+        self.step_inner(drain, reset, executor)
     }
 
     /// One step boundary with a counter table copied from the device: `snapshot` (`[layers ×
     /// experts]` u32, row-major) is read only if a drain is due; pass `None` to postpone the drain
-    /// to a later step (the elapsed steps are then folded together).
+    /// to a later step (the elapsed steps are then folded together). A snapshot with a cell below
+    /// the previous drain's (a device table re-created or zeroed under the controller) is
+    /// handled as [`ControllerConfig::on_counter_reset`] says: re-baselined by default
+    /// ([`DrainTelemetry::counter_reset`]), never read as ~2^32 phantom picks.
     ///
-    /// Errors: [`ExpertError::LengthMismatch`] for a wrong snapshot length (nothing changed).
+    /// Errors: [`ExpertError::LengthMismatch`] for a wrong snapshot length,
+    /// [`ExpertError::CounterReset`] under [`crate::OnCounterReset::Error`] (nothing changed).
     pub fn step_with(
         &mut self,
         snapshot: Option<&[u32]>,
         executor: &mut dyn SwapExecutor,
     ) -> Result<StepReport> {
-        let drain = match snapshot {
+        let (drain, reset) = match snapshot {
             Some(s) if self.drain_due() => {
                 if s.len() != self.snap.len() {
                     return Err(ExpertError::LengthMismatch {
@@ -287,22 +300,32 @@ impl Controller {
                         found: s.len(),
                     });
                 }
+                let reset = self.check_counter_reset(s)?;
                 self.snap.copy_from_slice(s);
-                true
+                (true, reset)
             }
-            _ => false,
+            _ => (false, false),
         };
-        self.step_inner(drain, executor)
+        self.step_inner(drain, reset, executor)
     }
 
-    fn step_inner(&mut self, drain: bool, executor: &mut dyn SwapExecutor) -> Result<StepReport> {
+    fn step_inner(
+        &mut self,
+        drain: bool,
+        reset: bool,
+        executor: &mut dyn SwapExecutor,
+    ) -> Result<StepReport> {
         let mut rep = StepReport::default();
         self.commit(executor, &mut rep)?;
         self.step += 1;
         rep.step = self.step;
         if drain {
             let snap = std::mem::take(&mut self.snap);
-            rep.drain = Some(self.drain_from(&snap));
+            rep.drain = Some(if reset {
+                self.rebaseline_drain(&snap)
+            } else {
+                self.drain_from(&snap)
+            });
             self.snap = snap;
         }
         self.begin(executor, &mut rep);
@@ -310,15 +333,19 @@ impl Controller {
     }
 
     /// Drains `snapshot` now (whatever the cadence) and plans swaps; returns the drain record.
-    /// This is the "drain + decide" the benches time.
+    /// This is the "drain + decide" the benches time. A table that went backwards is handled
+    /// as [`ControllerConfig::on_counter_reset`] says.
     ///
-    /// Errors: [`ExpertError::LengthMismatch`] (nothing changed).
+    /// Errors: [`ExpertError::LengthMismatch`], [`ExpertError::CounterReset`] (nothing changed).
     pub fn drain_now(&mut self, snapshot: &[u32]) -> Result<DrainTelemetry> {
         if snapshot.len() != self.snap.len() {
             return Err(ExpertError::LengthMismatch {
                 expected: self.snap.len(),
                 found: snapshot.len(),
             });
+        }
+        if self.check_counter_reset(snapshot)? {
+            return Ok(self.rebaseline_drain(snapshot));
         }
         Ok(self.drain_from(snapshot))
     }

@@ -1,0 +1,93 @@
+//! Run-time control of the controller: the [`ControlMessage`] an engine or operator sends
+//! (freeze / unfreeze, baseline reset), and the counter-reset check of every drain.
+
+use super::Controller;
+use crate::config::OnCounterReset;
+use crate::counters::first_backwards_cell;
+use crate::error::{ExpertError, Result};
+
+/// A control message, as JSON `{"freeze": false, "baseline": true}` (the published GB300
+/// expert-residency recipe's message: after warm-up, take the counter table as the new baseline
+/// and start swapping). Absent fields (and `null`) leave that control alone; an unknown field is
+/// an error, as in [`crate::ControllerConfig`].
+///
+/// Applied by [`Controller::apply_control`]: `baseline: true` first
+/// ([`Controller::reset_baseline`] with the snapshot given), then `freeze: true`
+/// ([`Controller::freeze`]) or `freeze: false` ([`Controller::unfreeze`]).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(default, deny_unknown_fields)]
+pub struct ControlMessage {
+    /// `Some(true)`: freeze the map (counting and draining go on, nothing is swapped; queued
+    /// swaps are cancelled). `Some(false)`: unfreeze. `None`: unchanged.
+    pub freeze: Option<bool>,
+    /// `Some(true)`: baseline reset (forget the EMA, the cold-share window and the shift
+    /// detector; the given counter snapshot becomes the reference, so counts before now, such as
+    /// warm-up, never reach the EMA). `Some(false)` / `None`: nothing.
+    pub baseline: Option<bool>,
+}
+
+impl ControlMessage {
+    /// Parses a JSON control message (e.g. `{"freeze": false, "baseline": true}`).
+    ///
+    /// Errors: [`ExpertError::Format`] for malformed JSON, a wrong type or an unknown field.
+    pub fn from_json(json: &str) -> Result<Self> {
+        serde_json::from_str(json).map_err(|e| ExpertError::Format(format!("control message: {e}")))
+    }
+
+    /// The message as one line of JSON (absent controls as `null`).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a control message serializes")
+    }
+}
+
+impl Controller {
+    /// Applies a [`ControlMessage`]. `snapshot` is the current counter table (`[layers ×
+    /// experts]` u32, row-major: [`crate::PickCounters::snapshot`], or a device table drained
+    /// just now); it is read only when the message asks for a baseline reset and may be `None`
+    /// otherwise.
+    ///
+    /// Errors (nothing changed): [`ExpertError::LengthMismatch`] if `baseline` is `true` and
+    /// `snapshot` is `None` (reported as found 0) or of the wrong length.
+    pub fn apply_control(&mut self, msg: &ControlMessage, snapshot: Option<&[u32]>) -> Result<()> {
+        if msg.baseline == Some(true) {
+            let snap = snapshot.unwrap_or(&[]);
+            // reset_baseline checks the length before changing anything
+            self.reset_baseline(snap)?;
+        }
+        match msg.freeze {
+            Some(true) => self.freeze(),
+            Some(false) => self.unfreeze(),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Counter resets found (and re-baselined) by drains so far.
+    pub fn counter_resets(&self) -> u64 {
+        self.counter_resets
+    }
+
+    /// The counter-reset check of a drain of `snap` (length checked by the caller), before any
+    /// state changes: `Ok(true)` if the table went backwards and the config re-baselines,
+    /// `Ok(false)` if it did not go backwards, [`ExpertError::CounterReset`] under
+    /// [`OnCounterReset::Error`].
+    pub(super) fn check_counter_reset(&self, snap: &[u32]) -> Result<bool> {
+        let Some(cell) = first_backwards_cell(snap, &self.prev)? else {
+            return Ok(false);
+        };
+        match self.cfg.on_counter_reset {
+            OnCounterReset::Rebaseline => Ok(true),
+            OnCounterReset::Error => {
+                let experts = self.map.geometry().experts_per_layer as usize;
+                Err(ExpertError::CounterReset {
+                    layer: (cell / experts) as u32,
+                    expert: (cell % experts) as u32,
+                    previous: self.prev[cell],
+                    current: snap[cell],
+                })
+            }
+        }
+    }
+}
