@@ -33,9 +33,6 @@ pub enum KvError {
     /// A session with this id already exists (or existed).
     #[error("session {0} already exists")]
     SessionExists(u64),
-    /// Session ids must be below 2^63 (the ids above are the pool's own page books).
-    #[error("session id {0} is reserved (ids must be < 2^63)")]
-    ReservedSessionId(u64),
     /// A session must be admitted with at least one committed token.
     #[error("zero-length history")]
     EmptyHistory,

@@ -113,6 +113,13 @@ pub enum CoreError {
         /// Logical page index.
         logical: u32,
     },
+    /// [`Lender::release`](crate::Lender::release) of a page that is not
+    /// reserved.
+    #[error("page {page} is not reserved")]
+    NotReserved {
+        /// Physical page id.
+        page: u32,
+    },
     /// A [`PageMap::move_page`](crate::PageMap::move_page) source entry
     /// `logical` has no page to move.
     #[error("logical entry {logical} is not mapped")]

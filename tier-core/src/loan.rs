@@ -5,7 +5,11 @@
 //! fence -> [`Lender::collect`] once readers left -> **free**. A finished
 //! borrower's pages go **lent** -> [`Lender::finish`] -> **queued** ->
 //! [`Lender::hand_back_step`] (at most `max_per_step` per call) -> **pending**
-//! -> **free**. `free + lent + queued + pending == capacity` always.
+//! -> **free**. A page can also be **reserved** ([`Lender::reserve`]): taken
+//! by the lender's owner for a use that is never revoked (e.g. a KV request's
+//! fixed hot-cache rows), invisible to the reclaim policy, and given back
+//! with [`Lender::release`] behind the same fence.
+//! `free + lent + reserved + queued + pending == capacity` always.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -132,6 +136,8 @@ pub struct Lender<P: ReclaimPolicy = ProportionalOldestFirst> {
     borrowers: BTreeMap<BorrowerId, Borrower>,
     queue: VecDeque<Loan>,
     lent: u32,
+    /// Reserved pages, by page id (the handle checks the generation on release).
+    reserved: BTreeMap<u32, PageHandle>,
     policy: P,
     scratch: Vec<PageHandle>,
 }
@@ -188,6 +194,7 @@ impl<P: ReclaimPolicy> Lender<P> {
             borrowers: BTreeMap::new(),
             queue: VecDeque::new(),
             lent: 0,
+            reserved: BTreeMap::new(),
             policy,
             scratch: Vec::new(),
         })
@@ -223,6 +230,11 @@ impl<P: ReclaimPolicy> Lender<P> {
     /// Pages held by active borrowers.
     pub fn lent_count(&self) -> u32 {
         self.lent
+    }
+
+    /// Pages reserved by the owner ([`reserve`](Self::reserve)).
+    pub fn reserved_count(&self) -> u32 {
+        self.reserved.len() as u32
     }
 
     /// Pages of finished borrowers waiting in the hand-back queue.
@@ -321,6 +333,49 @@ impl<P: ReclaimPolicy> Lender<P> {
         CoreError::DuplicateLogical {
             borrower: b.0,
             logical,
+        }
+    }
+
+    /// Takes `n` free pages for a use the lender never revokes (all or
+    /// nothing): they are no borrower's, so the reclaim policy never sees
+    /// them, and they count as [`reserved_count`](Self::reserved_count) until
+    /// [`release`](Self::release)d. Pages come out in the order
+    /// [`lend`](Self::lend) would hand them out.
+    ///
+    /// Source: the HiSparse-style KV pool, where a request's fixed hot-cache
+    /// pages and its revocable borrowed history pages share one arena.
+    ///
+    /// # Errors
+    /// [`CoreError::PoolExhausted`] if fewer than `n` pages are free.
+    pub fn reserve(&mut self, n: u32) -> Result<Vec<PageHandle>> {
+        let handles = self.pool.alloc_many(n)?;
+        for &h in &handles {
+            self.reserved.insert(h.page.0, h);
+        }
+        Ok(handles)
+    }
+
+    /// Gives a reserved page back: it goes behind the fence and becomes free
+    /// at a [`collect`](Self::collect) once no reader can see it.
+    ///
+    /// # Errors
+    /// [`CoreError::NotReserved`] if the page is not reserved;
+    /// [`CoreError::StaleHandle`] if it is reserved under another handle.
+    /// Nothing changes on error.
+    pub fn release(&mut self, handle: PageHandle) -> Result<()> {
+        match self.reserved.get(&handle.page.0) {
+            None => Err(CoreError::NotReserved {
+                page: handle.page.0,
+            }),
+            Some(&h) if h != handle => Err(CoreError::StaleHandle {
+                page: handle.page.0,
+                generation: handle.generation,
+            }),
+            Some(_) => {
+                self.reserved.remove(&handle.page.0);
+                self.retired.retire(&self.fence, handle);
+                Ok(())
+            }
         }
     }
 
@@ -558,9 +613,48 @@ mod tests {
 
     fn check<P: ReclaimPolicy>(l: &Lender<P>) {
         assert_eq!(
-            l.free_count() + l.lent_count() + l.queued_count() + l.pending_count(),
+            l.free_count()
+                + l.lent_count()
+                + l.reserved_count()
+                + l.queued_count()
+                + l.pending_count(),
             l.capacity()
         );
+    }
+
+    #[test]
+    fn reserved_pages_are_never_reclaimed_and_release_through_the_fence() {
+        let mut l = Lender::new(Tier::DeviceHbm, 4).unwrap();
+        let fixed = l.reserve(2).unwrap();
+        l.lend(BorrowerId(1), &[0, 1]).unwrap();
+        assert_eq!(
+            l.reserve(1),
+            Err(CoreError::PoolExhausted {
+                requested: 1,
+                free: 0
+            })
+        );
+        assert_eq!(l.reclaim(4).unwrap().len(), 2); // only the loans
+        check(&l);
+        let fence = l.shared_fence();
+        let reader = fence.enter();
+        l.release(fixed[0]).unwrap();
+        assert_eq!(
+            l.release(fixed[0]),
+            Err(CoreError::NotReserved {
+                page: fixed[0].page().0
+            })
+        );
+        let stale = PageHandle::from_raw(fixed[1].page(), fixed[1].generation() + 1);
+        assert!(matches!(
+            l.release(stale),
+            Err(CoreError::StaleHandle { .. })
+        ));
+        assert_eq!(l.collect(), 0); // the reader may still see the page
+        drop(reader);
+        assert_eq!(l.collect(), 3);
+        assert_eq!((l.reserved_count(), l.free_count()), (1, 3));
+        check(&l);
     }
 
     #[test]

@@ -8,8 +8,9 @@
 //! `> t`). Readers are asynchronous [`FlagSignal`]s on the real side.
 //! Reclaim picks are predicted with exact shares (largest remainder, ties to
 //! the lower id, oldest pages first). After every step:
-//! `free + lent + queued + pending == capacity`, counts match the model, no
-//! physical page is held twice, and errors change nothing.
+//! `free + lent + reserved + queued + pending == capacity`, counts match the
+//! model, no physical page is held (lent or reserved) twice, and errors change
+//! nothing.
 
 mod common;
 
@@ -39,6 +40,8 @@ struct Model {
     free: u32,
     borrowers: BTreeMap<u64, Borrower>,
     queue: VecDeque<(u64, u32)>,
+    /// Reservations made, by index (`true` while reserved).
+    reserved: Vec<bool>,
     epoch: u64,
     readers: Vec<u64>,
     unsealed: u32,
@@ -66,6 +69,10 @@ enum Op {
     Collect,
     EnterReader,
     LeaveReader(usize),
+    Reserve(u32),
+    /// Release reservation `i % made` (if any was made); `tamper` makes the handle's generation
+    /// wrong.
+    Release(usize, bool),
 }
 
 /// Reference reclaim: whole part of each exact share, then one more page for
@@ -130,6 +137,8 @@ impl ReferenceStateMachine for LenderRef {
             3 => Just(Op::Collect),
             1 => Just(Op::EnterReader),
             1 => any::<usize>().prop_map(Op::LeaveReader),
+            2 => (0u32..4).prop_map(Op::Reserve),
+            2 => (any::<usize>(), prop::bool::weighted(0.2)).prop_map(|(i, t)| Op::Release(i, t)),
         ]
         .boxed()
     }
@@ -262,6 +271,36 @@ fn step(s: &mut Model, op: &Op) -> Result<Out, CoreError> {
             }
             Ok(Out::Unit)
         }
+        Op::Reserve(n) => {
+            if *n > s.free {
+                return Err(CoreError::PoolExhausted {
+                    requested: *n,
+                    free: s.free,
+                });
+            }
+            s.free -= n;
+            s.reserved.extend((0..*n).map(|_| true));
+            Ok(Out::Count(*n))
+        }
+        Op::Release(i, tamper) => {
+            if s.reserved.is_empty() {
+                return Ok(Out::Unit); // nothing to release: no call made
+            }
+            let i = i % s.reserved.len();
+            if !s.reserved[i] {
+                // Released before: the page id may be free, reserved again or lent.
+                return Err(CoreError::NotReserved { page: u32::MAX });
+            }
+            if *tamper {
+                return Err(CoreError::StaleHandle {
+                    page: u32::MAX,
+                    generation: u32::MAX,
+                });
+            }
+            s.reserved[i] = false;
+            s.unsealed += 1;
+            Ok(Out::Unit)
+        }
     }
 }
 
@@ -269,16 +308,20 @@ struct Sut {
     lender: Lender,
     loans: HashMap<(u64, u32), Loan>,
     readers: Vec<FlagSignal>,
+    /// Every reservation made, in order, and whether it is still reserved (a released one
+    /// stays, as a stale handle to try).
+    reserved: Vec<(PageHandle, bool)>,
 }
 
-/// Counts (free, lent, queued, pending), fence epoch, loans per borrower.
-type Snapshot = (u32, u32, u32, u32, u64, Vec<(BorrowerId, Vec<Loan>)>);
+/// Counts (free, lent, reserved, queued, pending), fence epoch, loans per borrower.
+type Snapshot = (u32, u32, u32, u32, u32, u64, Vec<(BorrowerId, Vec<Loan>)>);
 
 /// Everything observable, to prove an error changed nothing.
 fn snapshot(l: &Lender) -> Snapshot {
     (
         l.free_count(),
         l.lent_count(),
+        l.reserved_count(),
         l.queued_count(),
         l.pending_count(),
         l.fence().epoch(),
@@ -301,6 +344,7 @@ impl StateMachineTest for LenderTest {
             lender: Lender::new(Tier::DeviceHbm, s.capacity).unwrap(),
             loans: HashMap::new(),
             readers: Vec::new(),
+            reserved: Vec::new(),
         }
     }
 
@@ -365,6 +409,43 @@ impl StateMachineTest for LenderTest {
                 }
                 Ok(Out::Unit)
             }
+            Op::Reserve(n) => l.reserve(*n).map(|v| {
+                sut.reserved.extend(v.iter().map(|&h| (h, true)));
+                Out::Count(v.len() as u32)
+            }),
+            Op::Release(i, tamper) => {
+                if sut.reserved.is_empty() {
+                    Ok(Out::Unit)
+                } else {
+                    let i = i % sut.reserved.len();
+                    let (mut h, live) = sut.reserved[i];
+                    // Tampering only applies to a live reservation (as in the model).
+                    let tamper = *tamper && live;
+                    if tamper {
+                        h = PageHandle::from_raw(h.page(), h.generation().wrapping_add(1));
+                    }
+                    match l.release(h) {
+                        Ok(()) => {
+                            sut.reserved[i].1 = false;
+                            Ok(Out::Unit)
+                        }
+                        // Normalise the details the model cannot know. A released handle whose
+                        // page was reserved again under a newer handle reads as stale: the model
+                        // calls both "not reserved".
+                        Err(CoreError::StaleHandle { .. }) if !tamper => {
+                            Err(CoreError::NotReserved { page: u32::MAX })
+                        }
+                        Err(CoreError::StaleHandle { .. }) => Err(CoreError::StaleHandle {
+                            page: u32::MAX,
+                            generation: u32::MAX,
+                        }),
+                        Err(CoreError::NotReserved { .. }) => {
+                            Err(CoreError::NotReserved { page: u32::MAX })
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            }
         };
         assert_eq!(Some(&got), s.expect.as_ref(), "{op:?}");
         if got.is_err() {
@@ -376,10 +457,18 @@ impl StateMachineTest for LenderTest {
     fn check_invariants(sut: &Sut, s: &Model) {
         let l = &sut.lender;
         assert_eq!(
-            l.free_count() + l.lent_count() + l.queued_count() + l.pending_count(),
+            l.free_count()
+                + l.lent_count()
+                + l.reserved_count()
+                + l.queued_count()
+                + l.pending_count(),
             l.capacity()
         );
         assert_eq!(l.free_count(), s.free);
+        assert_eq!(
+            l.reserved_count() as usize,
+            s.reserved.iter().filter(|&&r| r).count()
+        );
         assert_eq!(l.lent_count(), s.lent());
         assert_eq!(l.queued_count() as usize, s.queue.len());
         assert_eq!(l.pending_count(), s.pending());
@@ -397,6 +486,13 @@ impl StateMachineTest for LenderTest {
                     "page {:?} held twice",
                     x.handle.page()
                 );
+            }
+        }
+        assert_eq!(sut.reserved.len(), s.reserved.len());
+        for ((h, live), &model_live) in sut.reserved.iter().zip(&s.reserved) {
+            assert_eq!(*live, model_live);
+            if *live {
+                assert!(pages.insert(h.page()), "page {:?} held twice", h.page());
             }
         }
         assert_eq!(l.borrowers().count(), s.borrowers.len());

@@ -1,48 +1,19 @@
 //! [`ArenaPages`]: who holds each arena page. One `tier-core` [`Lender`] owns every page of the
-//! arena; a page moves between two uses: a session's *fixed* pages (hot cache, tail, scratch; held
-//! from admission to finish, never revoked) and *history* pages (borrowed, revocable, handed back
-//! in bounded chunks). Only history pages are ever offered to the reclaim policy.
-//!
-//! Why one lender for both: a page freed by a finished session must be usable for either role at
-//! once, so admissions see exactly the free + reclaimable pages of one pool (the admission count the
-//! simulation measures). `tier-core` has no way to take a page out of a lender's pool except as a
-//! loan, so fixed pages are loans of a private borrower per session that the policy wrapper
-//! ([`HistoryOnly`]) hides from reclaim. None of this is visible outside this module; see
-//! `kv-elastic/DESIGN.md` ("Pages") for the `tier-core` addition that would remove the wrapper.
+//! arena; a page moves between two uses: a session's *fixed* pages (hot cache, tail, scratch;
+//! reserved from admission to finish with [`Lender::reserve`], never revoked, invisible to the
+//! reclaim policy) and *history* pages (borrowed by the session's id, revocable oldest first in
+//! proportion to holdings, handed back in bounded chunks). Both come from, and go back through
+//! the reader fence to, the same free pages, so an admission sees exactly the free + reclaimable
+//! pages of one pool.
 
-use tier_core::{
-    BorrowerId, EpochFence, Lender, Loan, ProportionalOldestFirst, ReclaimPolicy, Tier,
-};
+use tier_core::{BorrowerId, EpochFence, Lender, Loan, PageHandle, Tier};
 
 use crate::data::SessionId;
 use crate::error::Result;
 
-/// Borrower ids at or above this hold fixed pages (session ids are below 2^63).
-const FIXED_BORROWERS: u64 = 1 << 63;
-
 #[inline]
 fn history_id(s: SessionId) -> BorrowerId {
     BorrowerId(s)
-}
-
-#[inline]
-fn fixed_id(s: SessionId) -> BorrowerId {
-    BorrowerId(s | FIXED_BORROWERS)
-}
-
-/// [`ProportionalOldestFirst`] over history pages only: fixed-page borrowers are never offered.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct HistoryOnly(ProportionalOldestFirst);
-
-impl ReclaimPolicy for HistoryOnly {
-    fn choose(&mut self, holdings: &[(BorrowerId, &[u32])], n: u32) -> Vec<(BorrowerId, u32)> {
-        let history: Vec<(BorrowerId, &[u32])> = holdings
-            .iter()
-            .filter(|(b, _)| b.0 < FIXED_BORROWERS)
-            .map(|&(b, l)| (b, l))
-            .collect();
-        self.0.choose(&history, n)
-    }
 }
 
 /// Page counts of a pool (see [`crate::ElasticPool::pages`]). `free + fixed + history + pending +
@@ -66,15 +37,13 @@ pub struct PageCounts {
 /// Who holds each arena page (see the module docs).
 #[derive(Debug)]
 pub(crate) struct ArenaPages {
-    lender: Lender<HistoryOnly>,
-    fixed: u32,
+    lender: Lender,
 }
 
 impl ArenaPages {
     pub(crate) fn new(pages: u32) -> Result<Self> {
         Ok(Self {
-            lender: Lender::with_policy(Tier::DeviceHbm, pages, HistoryOnly::default())?,
-            fixed: 0,
+            lender: Lender::new(Tier::DeviceHbm, pages)?,
         })
     }
 
@@ -88,8 +57,8 @@ impl ArenaPages {
         PageCounts {
             capacity: l.capacity(),
             free: l.free_count(),
-            fixed: self.fixed,
-            history: l.lent_count() - self.fixed,
+            fixed: l.reserved_count(),
+            history: l.lent_count(),
             pending: l.pending_count(),
             queued: l.queued_count(),
         }
@@ -117,23 +86,22 @@ impl ArenaPages {
         self.lender.hand_back_step(max).len() as u32
     }
 
-    /// Takes `n` free pages as `session`'s fixed pages (all or nothing).
-    pub(crate) fn take_fixed(&mut self, session: SessionId, n: u32) -> Result<Vec<Loan>> {
-        let logical: Vec<u32> = (0..n).collect();
-        let loans = self.lender.lend(fixed_id(session), &logical)?;
-        self.fixed += n;
-        Ok(loans)
+    /// Takes `n` free pages as a session's fixed pages (all or nothing).
+    pub(crate) fn take_fixed(&mut self, n: u32) -> Result<Vec<PageHandle>> {
+        Ok(self.lender.reserve(n)?)
     }
 
     /// Gives a finished session's fixed pages back through the reader fence at once.
-    pub(crate) fn release_fixed(&mut self, session: SessionId, loans: Vec<Loan>) -> Result<()> {
-        let n = loans.len() as u32;
-        for loan in loans {
-            self.lender.give_back(loan)?;
+    pub(crate) fn release_fixed(&mut self, pages: Vec<PageHandle>) -> Result<()> {
+        for h in pages {
+            self.lender.release(h)?;
         }
-        self.lender.finish(fixed_id(session))?;
-        self.fixed -= n;
         Ok(())
+    }
+
+    /// Pages reserved as fixed pages (all sessions).
+    pub(crate) fn fixed_count(&self) -> u32 {
+        self.lender.reserved_count()
     }
 
     /// Lends one free page per history page index in `logical` to `session` (all or nothing).
@@ -159,10 +127,6 @@ impl ArenaPages {
         Ok(())
     }
 
-    pub(crate) fn fixed_held(&self, session: SessionId) -> u32 {
-        self.lender.held_by(fixed_id(session))
-    }
-
     pub(crate) fn history_held(&self, session: SessionId) -> u32 {
         self.lender.held_by(history_id(session))
     }
@@ -171,15 +135,20 @@ impl ArenaPages {
         self.lender.loans_of(history_id(session))
     }
 
-    /// `free + lent + pending + queued == capacity`, or a description of the mismatch.
+    /// `free + lent + reserved + pending + queued == capacity`, or a description of the mismatch.
     pub(crate) fn check_books(&self) -> std::result::Result<(), String> {
         let l = &self.lender;
-        let total = l.free_count() + l.lent_count() + l.pending_count() + l.queued_count();
+        let total = l.free_count()
+            + l.lent_count()
+            + l.reserved_count()
+            + l.pending_count()
+            + l.queued_count();
         if total != l.capacity() {
             return Err(format!(
-                "free {} + lent {} + pending {} + queued {} != capacity {}",
+                "free {} + lent {} + reserved {} + pending {} + queued {} != capacity {}",
                 l.free_count(),
                 l.lent_count(),
+                l.reserved_count(),
                 l.pending_count(),
                 l.queued_count(),
                 l.capacity()

@@ -1,7 +1,7 @@
 //! [`SessionState`]: one live session's control state — its committed and draft lengths, its fixed
 //! pages (hot cache, tail, scratch), its borrowed-page table and its hot cache.
 
-use tier_core::{Loan, PageMap};
+use tier_core::{PageHandle, PageMap};
 
 use crate::control::HotCache;
 
@@ -12,8 +12,8 @@ pub(crate) struct SessionState {
     pub(crate) committed: u32,
     /// Draft tokens in scratch.
     pub(crate) scratch_len: u32,
-    /// The fixed pages' loans (private to [`crate::control::ArenaPages`]'s books).
-    pub(crate) fixed: Vec<Loan>,
+    /// The fixed pages, reserved from the arena's lender (released at finish).
+    pub(crate) fixed: Vec<PageHandle>,
     /// Physical page of each fixed page.
     pub(crate) fixed_pages: Vec<u32>,
     /// Borrowed history pages: logical page → physical page (`tier_core::NOT_RESIDENT` if none).

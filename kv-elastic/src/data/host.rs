@@ -4,7 +4,7 @@ use hashbrown::{HashMap, HashSet};
 
 use crate::error::{KvError, Result};
 
-/// Session id (the engine's request id; one word in this crate: session); must be `< 2^63`.
+/// Session id (the engine's request id; one word in this crate: session): any `u64`.
 pub type SessionId = u64;
 
 /// Every session's committed KV history in host memory (the GPU back-end pins it), append-only.
@@ -36,11 +36,8 @@ impl HostStore {
         self.row_bytes * self.layers
     }
 
-    /// Checks that a session id may be created (`ReservedSessionId`, `SessionExists`).
+    /// Checks that a session id may be created (`SessionExists`).
     pub fn check_new(&self, session: SessionId) -> Result<()> {
-        if session >= 1 << 63 {
-            return Err(KvError::ReservedSessionId(session));
-        }
         if self.live.contains_key(&session) || self.finished.contains(&session) {
             return Err(KvError::SessionExists(session));
         }
@@ -63,7 +60,7 @@ impl HostStore {
     }
 
     /// Creates a session with its first committed tokens (`[tokens][layers][row_bytes]`).
-    /// Errors: `ReservedSessionId`, `SessionExists`, `RaggedRows`, `EmptyHistory`.
+    /// Errors: `SessionExists`, `RaggedRows`, `EmptyHistory`.
     pub fn create(&mut self, session: SessionId, history: &[u8]) -> Result<u32> {
         self.check_new(session)?;
         let n = self.check_tokens(history, false)?;
@@ -165,10 +162,8 @@ mod tests {
                 actual: 7
             })
         );
-        assert_eq!(
-            h.create(1 << 63, &[0; 8]),
-            Err(KvError::ReservedSessionId(1 << 63))
-        );
+        // Every u64 is a session id (fixed pages are reserved, not lent under a tagged id).
+        assert_eq!(h.create(u64::MAX, &[0; 8]), Ok(1));
         assert_eq!(h.create(1, &[1; 16]), Ok(2));
         assert_eq!(h.create(1, &[1; 8]), Err(KvError::SessionExists(1)));
         assert_eq!(h.append(1, &[2; 8]), Ok(3));

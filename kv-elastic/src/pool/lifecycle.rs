@@ -48,7 +48,7 @@ impl ElasticPool {
     /// from finished sessions' queued pages, then by reclaiming borrowed pages of others — writes the tail, and — in elastic mode — borrows free pages for
     /// as much of its history as fits, newest first, copying that history in.
     ///
-    /// Errors (nothing changes): `ReservedSessionId`, `SessionExists`, `RaggedRows`, `EmptyHistory`,
+    /// Errors (nothing changes): `SessionExists`, `RaggedRows`, `EmptyHistory`,
     /// `NoRoom` (fixed rows do not fit even after reclaiming every borrowed page).
     /// [`Admission::Waiting`] is not an error: pages were reclaimed (a requested effect) but wait for
     /// readers in flight; the session was not created.
@@ -84,9 +84,9 @@ impl ElasticPool {
                 });
             }
         }
-        let fixed = self.ctl.pages.take_fixed(session, f)?;
+        let fixed = self.ctl.pages.take_fixed(f)?;
         self.host.create(session, history).expect("checked above");
-        let fixed_pages = fixed.iter().map(|l| l.handle.page().0).collect();
+        let fixed_pages = fixed.iter().map(|h| h.page().0).collect();
         let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
         let req = SessionState {
             committed: n,
@@ -193,7 +193,7 @@ impl ElasticPool {
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
         self.session(session)?;
         let r = self.ctl.sessions.remove(&session).expect("live");
-        self.ctl.pages.release_fixed(session, r.fixed)?;
+        self.ctl.pages.release_fixed(r.fixed)?;
         self.ctl.pages.finish_history(session)?;
         self.host.finish(session)?;
         self.ctl.counters.finished += 1;
@@ -268,12 +268,16 @@ impl ElasticPool {
         let l = &self.ctl.pages;
         l.check_books()?;
         let f = self.ctl.geometry.fixed_pages();
+        if l.fixed_count() as u64 != f as u64 * self.ctl.sessions.len() as u64 {
+            return Err(format!(
+                "{} fixed pages reserved for {} sessions of {f}",
+                l.fixed_count(),
+                self.ctl.sessions.len()
+            ));
+        }
         for (&s, r) in &self.ctl.sessions {
-            if l.fixed_held(s) != f || r.fixed.len() as u32 != f {
-                return Err(format!(
-                    "session {s}: fixed pages {} != {f}",
-                    l.fixed_held(s)
-                ));
+            if r.fixed.len() as u32 != f {
+                return Err(format!("session {s}: fixed pages {} != {f}", r.fixed.len()));
             }
             if l.history_held(s) != r.pages.mapped_count() {
                 return Err(format!(
