@@ -479,7 +479,7 @@ fn plot_runs(path: &Path, out: &ReplayOutput) -> CliResult {
     // Mean per step of each window (the last window may be short).
     let stall = plot::ChartSpec {
         title: format!(
-            "{}: modelled stall per step ({w}-step window mean), {}, {hot} of {experts} hot",
+            "{}: stall per step, {}, {w}-step windows, {hot}/{experts} hot",
             out.trace.name, out.link.name
         ),
         x_label: "step".into(),

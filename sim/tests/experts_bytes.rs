@@ -48,6 +48,15 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9 * b.abs().max(1.0)
 }
 
+/// `policy` on [`tiny`] at the default controller config.
+fn run(
+    policy: &PolicySpec,
+    o: &ReplayOptions,
+) -> expert_residency::Result<tierkit_sim::experts::ReplayReport> {
+    let (t, g) = tiny();
+    replay_with(&t, &g, policy, &ControllerConfig::default(), o)
+}
+
 /// What the H200 preset charges for a step: reads at 47 GB/s, copies at 55 GB/s + 26.2 µs each.
 fn h200_stall(unique: u64, copies: u64) -> f64 {
     (unique * EXPERT_BYTES) as f64 / 47e3
@@ -57,15 +66,7 @@ fn h200_stall(unique: u64, copies: u64) -> f64 {
 
 #[test]
 fn static_map_reads_each_cold_expert_once_per_step() {
-    let (t, g) = tiny();
-    let r = replay_with(
-        &t,
-        &g,
-        &PolicySpec::Static(None),
-        &ControllerConfig::default(),
-        &opts(),
-    )
-    .unwrap();
+    let r = run(&PolicySpec::Static(None), &opts()).unwrap();
     let b = &r.bytes;
     let unique: Vec<u64> = b.per_step.iter().map(|s| s.cold_unique_pairs).collect();
     assert_eq!(unique, [2, 4, 0]);
@@ -88,15 +89,7 @@ fn static_map_reads_each_cold_expert_once_per_step() {
 
 #[test]
 fn lru_counts_every_net_admission_as_a_copy() {
-    let (t, g) = tiny();
-    let r = replay_with(
-        &t,
-        &g,
-        &PolicySpec::Lru(None),
-        &ControllerConfig::default(),
-        &opts(),
-    )
-    .unwrap();
+    let r = run(&PolicySpec::Lru(None), &opts()).unwrap();
     let b = &r.bytes;
     // Worked by hand (LRU ties evict the lower id): admissions 3, 5, 3; within step 0 expert 0
     // is evicted and re-admitted, so the step's net change is one expert (1 → 2).
@@ -122,14 +115,7 @@ fn lru_counts_every_net_admission_as_a_copy() {
         link: LinkModel::gb300_c2c(),
         ..opts()
     };
-    let r = replay_with(
-        &t,
-        &g,
-        &PolicySpec::Lru(None),
-        &ControllerConfig::default(),
-        &gb,
-    )
-    .unwrap();
+    let r = run(&PolicySpec::Lru(None), &gb).unwrap();
     assert!(close(r.bytes.stall_us, 9000.0 / 340e3 + 6000.0 / 261.1e3));
 }
 
@@ -231,7 +217,6 @@ fn byte_json_is_deterministic_and_the_scoreboard_prices_it() {
 
 #[test]
 fn a_bad_link_is_a_typed_error() {
-    let (t, g) = tiny();
     let o = ReplayOptions {
         link: LinkModel {
             read_gbps: -1.0,
@@ -239,13 +224,6 @@ fn a_bad_link_is_a_typed_error() {
         },
         ..opts()
     };
-    let e = replay_with(
-        &t,
-        &g,
-        &PolicySpec::Static(None),
-        &ControllerConfig::default(),
-        &o,
-    )
-    .unwrap_err();
+    let e = run(&PolicySpec::Static(None), &o).unwrap_err();
     assert!(e.to_string().contains("read_gbps"), "{e}");
 }
