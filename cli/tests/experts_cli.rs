@@ -266,6 +266,30 @@ fn replay_bytes_link_and_boot_flags() {
 }
 
 #[test]
+fn inspect_skew_averages_over_layers_with_picks() {
+    // Two layers, layer 1 never picked: the busiest quarter (1 of 4) of layer 0 takes every pick.
+    let p = temp("one-layer.jsonl");
+    let mut lines = vec![
+        r#"{"tierkit_trace": 1, "layers": 2, "experts_per_layer": 4, "top_k": 1}"#.to_string(),
+    ];
+    for step in 0..4 {
+        lines.push(format!(
+            r#"{{"step": {step}, "layer": 0, "topk_ids": [1]}}"#
+        ));
+    }
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&ok_stdout(&[
+        "experts",
+        "inspect",
+        "--json",
+        "--trace",
+        p.to_str().unwrap(),
+    ]))
+    .unwrap();
+    assert_eq!(v["top_quarter_share_per_segment"], serde_json::json!([1.0]));
+}
+
+#[test]
 fn bad_inputs_fail_with_clear_errors() {
     let bad = temp("bad.jsonl");
     std::fs::write(
