@@ -8,11 +8,11 @@ use expert_residency::{
 };
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use tierkit_sim::experts::scoreboard::{self, Policy, Run, ScoreRow};
+use tierkit_sim::experts::scoreboard::{self, Boot, Policy, Run, ScoreRow};
 use tierkit_sim::experts::trace::{
     self, binary, logger, stats, synth, MissingRows, ReadOptions, Trace, TraceFormat,
 };
-use tierkit_sim::experts::ReplayOptions;
+use tierkit_sim::experts::{LinkModel, ReplayOptions};
 use tierkit_sim::table;
 
 type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -283,6 +283,26 @@ enum PolicyArg {
     All,
 }
 
+/// The map adaptive and LRU rows boot from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BootArg {
+    /// The uniform first-K map (the `static` row's).
+    FirstK,
+    /// The seed map (the `seed` row's: --seed-map, else fitted before the first shift).
+    Seed,
+}
+
+/// The link preset that prices host bytes as a stall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LinkArg {
+    /// H200 PCIe Gen5 as measured: in-place reads 47 GB/s, copies 55 GB/s overlapping the step
+    /// on the shared link, +26.2 µs per copy.
+    H200Pcie,
+    /// GB300 C2C as published: in-place reads 340 GB/s, a 17.93 MiB copy ~72 µs stopping the
+    /// step.
+    Gb300C2c,
+}
+
 /// `tierkit experts replay` arguments.
 #[derive(Debug, Args)]
 pub struct ReplayArgs {
@@ -320,10 +340,24 @@ pub struct ReplayArgs {
     /// expert and verify every byte at the end.
     #[arg(long)]
     verify_bytes: Option<usize>,
+    /// The map the adaptive, adaptive+shift-response and LRU rows boot from.
+    #[arg(long, value_enum, default_value_t = BootArg::FirstK)]
+    boot: BootArg,
+    /// The link that turns host bytes into a modelled stall per step.
+    #[arg(long, value_enum, default_value_t = LinkArg::H200Pcie)]
+    link: LinkArg,
+    /// Copy time per step that hides behind the step's off-link work, µs (links whose copies
+    /// overlap the step; default 0: nothing hidden).
+    #[arg(long, value_name = "US")]
+    hide_us: Option<f64>,
+    /// With --json: every step's bytes and stall too (the per-window series are always there).
+    #[arg(long)]
+    bytes_per_step: bool,
     /// Print the full report as JSON instead of the table.
     #[arg(long)]
     json: bool,
-    /// Draw cold share over steps per policy to this PNG.
+    /// Draw cold share over steps per policy to this PNG, and the modelled stall per step to a
+    /// second PNG beside it (`FILE-stall.png`).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
 }
@@ -345,6 +379,8 @@ struct ReplayOutput {
     geometry: Geometry,
     controller: ControllerConfig,
     seed_map: String,
+    boot: Boot,
+    link: LinkModel,
     summary: Vec<ScoreRow>,
     runs: Vec<Run>,
 }
@@ -407,50 +443,91 @@ fn seed_map(a: &ReplayArgs, trace: &Trace, g: &Geometry) -> CliResult<(Residency
     Ok(scoreboard::default_seed_map(trace, g)?)
 }
 
+/// `FILE.png` → `FILE-stall.png` (the stall chart beside the cold-share chart).
+fn stall_plot_path(path: &Path) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map_or("plot".into(), |s| s.to_string_lossy());
+    path.with_file_name(format!("{stem}-stall.png"))
+}
+
+/// Two charts: cold share per window at `path`, modelled stall per step (window mean, ms) at
+/// [`stall_plot_path`].
 fn plot_runs(path: &Path, out: &ReplayOutput) -> CliResult {
-    let w = out.runs.first().map_or(1, |r| r.report.window_steps.max(1)) as f64;
-    let series = out
-        .runs
+    let w = out.runs.first().map_or(1, |r| r.report.window_steps.max(1)) as u64;
+    let steps = out.trace.steps;
+    let series = |y: &dyn Fn(&Run, usize) -> Option<f64>| -> Vec<plot::Series> {
+        out.runs
+            .iter()
+            .map(|r| {
+                let pts = (0..r.report.cold_share_windows.len())
+                    .filter_map(|i| Some(((i as f64 + 0.5) * w as f64, y(r, i)?)))
+                    .collect();
+                (r.label.clone(), pts)
+            })
+            .collect()
+    };
+    let markers: Vec<(f64, String)> = out
+        .trace
+        .shifts
         .iter()
-        .map(|r| {
-            let pts = r
-                .report
-                .cold_share_windows
-                .iter()
-                .enumerate()
-                .map(|(i, &c)| ((i as f64 + 0.5) * w, c))
-                .collect();
-            (r.label.clone(), pts)
-        })
+        .map(|&s| (s as f64, format!(" shift @ {s}")))
         .collect();
-    let spec = plot::ChartSpec {
+    let (hot, experts) = (out.geometry.hot_per_layer, out.geometry.experts_per_layer);
+    let cold = plot::ChartSpec {
         title: format!(
-            "{}: cold share per {}-step window, {} of {} experts hot per layer",
-            out.trace.name, w as u64, out.geometry.hot_per_layer, out.geometry.experts_per_layer
+            "{}: cold share per {w}-step window, {hot} of {experts} experts hot per layer",
+            out.trace.name
         ),
         x_label: "step".into(),
         y_label: "cold share (lookups served from host)".into(),
-        series,
-        markers: out
-            .trace
-            .shifts
-            .iter()
-            .map(|&s| (s as f64, format!(" shift @ {s}")))
-            .collect(),
+        series: series(&|r, i| r.report.cold_share_windows.get(i).copied()),
+        markers: markers.clone(),
         size: (1400, 800),
         y_range: None,
     };
-    plot::draw(path, &spec)
+    plot::draw(path, &cold)?;
+    // Mean per step of each window (the last window may be short).
+    let stall = plot::ChartSpec {
+        title: format!(
+            "{}: stall per step, {}, {w}-step windows, {hot}/{experts} hot",
+            out.trace.name, out.link.name
+        ),
+        x_label: "step".into(),
+        y_label: "stall per step (ms)".into(),
+        series: series(&|r, i| {
+            let len = steps.saturating_sub(i as u64 * w).clamp(1, w);
+            let us = r.report.bytes.stall_us_windows.get(i)?;
+            Some(us / 1e3 / len as f64)
+        }),
+        markers,
+        size: (1400, 800),
+        y_range: None,
+    };
+    plot::draw(&stall_plot_path(path), &stall)
 }
 
 fn replay_cmd(a: ReplayArgs) -> CliResult {
     let quiet = a.json;
     let cfg = controller_config(&a)?;
+    let mut link = match a.link {
+        LinkArg::H200Pcie => LinkModel::h200_pcie(),
+        LinkArg::Gb300C2c => LinkModel::gb300_c2c(),
+    };
+    if let Some(h) = a.hide_us {
+        link.hide_us = h;
+    }
     let opts = ReplayOptions {
         window_steps: a.window_steps,
         step_time_s: a.step_time_s,
         verify_bytes: a.verify_bytes,
+        link,
+        per_step_bytes: a.bytes_per_step,
         ..ReplayOptions::default()
+    };
+    let boot = match a.boot {
+        BootArg::FirstK => Boot::FirstK,
+        BootArg::Seed => Boot::Seed,
     };
     // Reject bad knobs before reading or generating the trace.
     opts.validate()?;
@@ -465,7 +542,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         a.expert_bytes,
     )?;
     let (seed, seed_note) = seed_map(&a, &trace, &g)?;
-    let specs = scoreboard::policy_specs(&policies(&a.policy), &trace, &seed);
+    let specs = scoreboard::policy_specs_booted(&policies(&a.policy), &trace, &seed, boot);
     let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
     let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {
         if label.is_empty() {
@@ -488,6 +565,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         geometry: g,
         controller: cfg,
         seed_map: seed_note,
+        boot,
+        link: opts.link.clone(),
         summary: scoreboard::summarize(&runs),
         runs,
     };
@@ -520,11 +599,24 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         out.controller.max_swaps_per_step,
         out.seed_map
     );
+    println!(
+        "adaptive and lru boot from the {} map; expert {} bytes; link {}",
+        match boot {
+            Boot::FirstK => "first-k",
+            Boot::Seed => "seed",
+        },
+        g.expert_bytes,
+        out.link.name
+    );
     println!();
     println!("{}", scoreboard::render(&out.summary));
     println!("\n{}", scoreboard::legend(&opts, &trace));
     if let Some(p) = &a.plot {
-        println!("plot: {}", p.display());
+        println!(
+            "plot: {} (stall: {})",
+            p.display(),
+            stall_plot_path(p).display()
+        );
     }
     Ok(())
 }

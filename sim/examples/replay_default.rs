@@ -5,20 +5,26 @@
 //!
 //! ```text
 //! cargo run --release -p tierkit-sim --example replay_default [-- --json report.json] \
-//!     [--telemetry drains.jsonl]
+//!     [--telemetry drains.jsonl] [--link h200-pcie|gb300-c2c]
 //! ```
-//! T90 seconds assume a 20 ms decode step. `--json` writes every report (deterministic bytes);
-//! `--telemetry` writes the per-drain JSON lines of the adaptive + shift-response run.
+//! T90 seconds assume a 20 ms decode step. The byte columns price host reads and swap copies
+//! under the H200 PCIe link (`--link gb300-c2c` for the published GB300 C2C figures). `--json`
+//! writes every report (deterministic bytes); `--telemetry` writes the per-drain JSON lines of
+//! the adaptive + shift-response run.
 
 use expert_residency::{ControllerConfig, Geometry};
 use tierkit_sim::experts::scoreboard::{self, Policy};
 use tierkit_sim::experts::trace::synth::{generate, SynthConfig};
-use tierkit_sim::experts::ReplayOptions;
+use tierkit_sim::experts::{LinkModel, ReplayOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arg = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
     let json_out = arg("--json");
     let telemetry_out = arg("--telemetry");
+    let link = match arg("--link") {
+        Some(name) => LinkModel::preset(&name)?,
+        None => LinkModel::h200_pcie(),
+    };
     let trace = generate(&SynthConfig::default_scenario())?;
     let s = trace.shape;
     let g = Geometry::new(s.layers, s.experts_per_layer, 16, 6 << 20)?;
@@ -26,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = ReplayOptions {
         step_time_s: Some(0.020),
         telemetry: telemetry_out.is_some(),
+        link,
         ..ReplayOptions::default()
     };
     let cfg = ControllerConfig::default();

@@ -1,7 +1,10 @@
 //! The expert-residency lab: routing traces ([`trace`]), replays of traces through every policy
-//! ([`replay()`]), the oracle and LRU references, T90, and the one scoreboard ([`scoreboard`]) that
-//! the CLI and the examples print.
+//! ([`replay()`]), the oracle and LRU references, T90, the bytes on the host link ([`ByteReport`],
+//! priced by a [`LinkModel`]), and the one scoreboard ([`scoreboard`]) that the CLI and the
+//! examples print.
 
+mod bytes;
+mod link;
 mod replay;
 pub mod scoreboard;
 mod t90;
@@ -9,6 +12,8 @@ pub mod trace;
 
 use expert_residency::{CounterDump, ExpertError, Result};
 
+pub use bytes::{ByteReport, StepBytes};
+pub use link::{CopyMode, LinkModel, LINK_PRESETS};
 pub use replay::{
     oracle_map, replay, replay_with, validate_trace, OracleWindow, PolicySpec, ReplayOptions,
     ReplayReport, SteadyState,

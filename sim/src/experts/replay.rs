@@ -1,10 +1,13 @@
-//! Replays of routing traces through a residency policy, with the cold-share scoreboard.
+//! Replays of routing traces through a residency policy, with the cold-share scoreboard and the
+//! bytes the host link carries ([`ByteReport`]).
 
 use expert_residency::{
     fit_seed_map, Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry,
     MemoryExecutor, NullExecutor, PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
 };
 
+use crate::experts::bytes::{ByteReport, ByteTally, UniqueCold};
+use crate::experts::link::LinkModel;
 use crate::experts::t90::{mean, t90, T90};
 use crate::experts::trace::Trace;
 
@@ -59,6 +62,23 @@ impl PolicySpec {
             PolicySpec::Oracle(_) => "oracle",
         }
     }
+
+    /// The map the policy starts from: `first-k` (no map given), `seed` (a given map: the seed
+    /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too) or `oracle`.
+    pub fn boot_name(&self) -> &'static str {
+        match self {
+            PolicySpec::Static(None)
+            | PolicySpec::Adaptive(None)
+            | PolicySpec::AdaptiveShiftResponse(None)
+            | PolicySpec::Lru(None) => "first-k",
+            PolicySpec::Static(Some(_))
+            | PolicySpec::Seed(_)
+            | PolicySpec::Adaptive(Some(_))
+            | PolicySpec::AdaptiveShiftResponse(Some(_))
+            | PolicySpec::Lru(Some(_)) => "seed",
+            PolicySpec::Oracle(_) => "oracle",
+        }
+    }
 }
 
 /// Replay knobs besides the policy.
@@ -78,13 +98,21 @@ pub struct ReplayOptions {
     /// verify every byte at the end (`None`: a [`NullExecutor`]); ≥ 1, and the executor's buffers
     /// stay within [`MemoryExecutor::MAX_BYTES`].
     pub verify_bytes: Option<usize>,
+    /// The link that prices the step's host bytes ([`ByteReport::stall_us`]); default
+    /// [`LinkModel::h200_pcie`].
+    #[serde(default)]
+    pub link: LinkModel,
+    /// Keep every step's bytes in [`ByteReport::per_step`] (the per-window series are always
+    /// there).
+    #[serde(default)]
+    pub per_step_bytes: bool,
 }
 
 impl ReplayOptions {
     /// Checks the knobs: `window_steps ≥ 1`, `smooth_steps ≥ 1`, `steady_fraction` in `(0, 1]`,
     /// `step_time_s` finite and > 0 when given, `verify_bytes` in
     /// `1..=`[`MemoryExecutor::MAX_BYTES`] when given (the executor checks the whole size
-    /// against the geometry).
+    /// against the geometry), the link ([`LinkModel::validate`]).
     ///
     /// Errors: [`ExpertError::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
@@ -111,7 +139,7 @@ impl ReplayOptions {
                 ));
             }
         }
-        Ok(())
+        self.link.validate()
     }
 }
 
@@ -124,6 +152,8 @@ impl Default for ReplayOptions {
             step_time_s: None,
             telemetry: false,
             verify_bytes: None,
+            link: LinkModel::default(),
+            per_step_bytes: false,
         }
     }
 }
@@ -147,6 +177,9 @@ pub struct ReplayReport {
     pub trace: String,
     /// Policy name ([`PolicySpec::name`]).
     pub policy: String,
+    /// The map the policy started from ([`PolicySpec::boot_name`]).
+    #[serde(default)]
+    pub boot: String,
     /// Geometry replayed.
     pub geometry: Geometry,
     /// Controller config (for adaptive policies, as run).
@@ -175,6 +208,10 @@ pub struct ReplayReport {
     pub shift_detections: u64,
     /// Moves verified byte-exact by the [`MemoryExecutor`], if one ran.
     pub verified_moves: Option<u64>,
+    /// Bytes on the host link and the modelled stall, overall, per window and (if asked for) per
+    /// step.
+    #[serde(default)]
+    pub bytes: ByteReport,
     /// Per-drain telemetry, if asked for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub telemetry: Vec<DrainTelemetry>,
@@ -277,15 +314,10 @@ pub fn replay(
     replay_with(trace, geometry, policy, cfg, &ReplayOptions::default())
 }
 
-fn cold_lookups(map: &ResidencyMap, layers: &[Vec<u32>]) -> u64 {
-    map.layers()
-        .iter()
-        .zip(layers)
-        .map(|(row, picks)| {
-            let t = row.table();
-            picks.iter().filter(|&&e| t[e as usize] < 0).count() as u64
-        })
-        .sum()
+/// `(cold lookups, distinct cold pairs)` of a step under `map`.
+fn cold_under(map: &ResidencyMap, layers: &[Vec<u32>], uniq: &mut UniqueCold) -> (u64, u64) {
+    let rows = map.layers();
+    uniq.count(layers, |l, e| rows[l].table()[e] < 0)
 }
 
 /// Per-layer LRU state.
@@ -316,22 +348,26 @@ impl Lru {
         }
     }
 
-    fn cold(&self, layers: &[Vec<u32>]) -> u64 {
-        layers
-            .iter()
-            .zip(&self.is_hot)
-            .map(|(p, h)| p.iter().filter(|&&e| !h[e as usize]).count() as u64)
-            .sum()
+    /// `(cold lookups, distinct cold pairs)` of a step.
+    fn cold(&self, layers: &[Vec<u32>], uniq: &mut UniqueCold) -> (u64, u64) {
+        uniq.count(layers, |l, e| !self.is_hot[l][e])
     }
 
-    /// Touches every pick of the step in order; admits misses. Returns admissions.
-    fn update(&mut self, layers: &[Vec<u32>]) -> u32 {
+    /// Touches every pick of the step in order; admits misses. Returns (admissions, net hot-set
+    /// changes: experts hot after the step that were not before it).
+    fn update(&mut self, layers: &[Vec<u32>]) -> (u32, u64) {
         let mut swaps = 0;
+        let mut net = 0u64;
+        let mut before: Vec<u32> = Vec::new();
         for (l, picks) in layers.iter().enumerate() {
+            before.clear();
             for &e in picks {
                 self.tick += 1;
                 let e = e as usize;
                 if !self.is_hot[l][e] {
+                    if before.is_empty() {
+                        before.extend_from_slice(&self.hot[l]);
+                    }
                     let lu = &self.last_use[l];
                     let (slot, _) = self.hot[l]
                         .iter()
@@ -346,16 +382,23 @@ impl Lru {
                 }
                 self.last_use[l][e] = self.tick;
             }
+            // Sets of equal size: as many left as came in.
+            net += before
+                .iter()
+                .filter(|&&x| !self.is_hot[l][x as usize])
+                .count() as u64;
         }
-        swaps
+        (swaps, net)
     }
 }
 
 /// Replays `trace` through `policy` and scores it.
 ///
 /// Per step: the step's lookups are served with the map in force at the step's start (a lookup of
-/// a cold expert counts as cold), then its picks are counted and the policy acts at the step
-/// boundary (adaptive: [`Controller::step`]; LRU: admissions). Deterministic.
+/// a cold expert counts as cold; each distinct cold `(layer, expert)` is read in place once), then
+/// its picks are counted and the policy acts at the step boundary (adaptive: [`Controller::step`];
+/// LRU: admissions), the swaps committed there counting as this step's copies
+/// ([`ByteReport`], priced with [`ReplayOptions::link`]). Deterministic.
 ///
 /// Errors: trace errors of [`validate_trace`]; map errors if a given map has another geometry;
 /// [`ExpertError::InvalidConfig`] for bad options ([`ReplayOptions::validate`]), a bad config or a
@@ -382,6 +425,8 @@ pub fn replay_with(
     let mut cold_per_step = Vec::with_capacity(n);
     let mut total_per_step = Vec::with_capacity(n);
     let mut swaps_per_step = Vec::with_capacity(n);
+    let mut uniq = UniqueCold::new(geometry.experts_per_layer);
+    let mut tally = ByteTally::new(&opts.link, geometry.expert_bytes, n);
     let mut stats = SwapStats::default();
     let mut telemetry = Vec::new();
     let mut detections = 0;
@@ -390,8 +435,10 @@ pub fn replay_with(
 
     let mut fixed = |map: ResidencyMap| {
         for s in &trace.steps {
-            cold_per_step.push(cold_lookups(&map, &s.layers));
+            let (cold, unique) = cold_under(&map, &s.layers, &mut uniq);
+            cold_per_step.push(cold);
             swaps_per_step.push(0u32);
+            tally.push(unique, 0);
         }
     };
     match policy {
@@ -401,8 +448,10 @@ pub fn replay_with(
         PolicySpec::Lru(m) => {
             let mut lru = Lru::new(&boot(m)?);
             for s in &trace.steps {
-                cold_per_step.push(lru.cold(&s.layers));
-                let k = lru.update(&s.layers);
+                let (cold, unique) = lru.cold(&s.layers, &mut uniq);
+                cold_per_step.push(cold);
+                let (k, net) = lru.update(&s.layers);
+                tally.push(unique, net);
                 swaps_per_step.push(k);
                 stats.planned += k as u64;
                 stats.applied += k as u64;
@@ -423,13 +472,16 @@ pub fn replay_with(
             let mut ctl = Controller::new(map, c.clone())?;
             let counters = PickCounters::new(geometry)?;
             for s in &trace.steps {
-                cold_per_step.push(cold_lookups(ctl.map(), &s.layers));
+                let (cold, unique) = cold_under(ctl.map(), &s.layers, &mut uniq);
+                cold_per_step.push(cold);
                 counters.record_step(s)?;
                 let exec: &mut dyn SwapExecutor = match mem.as_mut() {
                     Some(m) => m,
                     None => &mut null,
                 };
                 let rep = ctl.step(&counters, exec)?;
+                // The swaps committed at this boundary: their copies ran during this step.
+                tally.push(unique, rep.applied as u64);
                 swaps_per_step.push(rep.applied);
                 if opts.telemetry {
                     telemetry.extend(rep.drain);
@@ -499,9 +551,11 @@ pub fn replay_with(
         })
         .collect();
     let cold_all: u64 = cold_per_step.iter().sum();
+    let bytes = tally.finish(w, n - tail..n, opts.per_step_bytes);
     Ok(ReplayReport {
         trace: trace.name.clone(),
         policy: policy.name().into(),
+        boot: policy.boot_name().into(),
         geometry: *geometry,
         config,
         steps: n as u64,
@@ -516,6 +570,7 @@ pub fn replay_with(
         mean_swaps_per_step: swaps_per_step.iter().map(|&x| x as f64).sum::<f64>() / n as f64,
         shift_detections: detections,
         verified_moves: verified,
+        bytes,
         telemetry,
     })
 }

@@ -7,10 +7,16 @@
 //! - a map that never moves (static, seed, oracles) has no T90 in the table (its JSON keeps the
 //!   raw figure);
 //! - the default seed map is fitted on the steps before the first shift, or on the first tenth of
-//!   a trace without a shift.
+//!   a trace without a shift;
+//! - adaptive and LRU rows boot from first-K unless [`Boot::Seed`] is asked for; the `boot`
+//!   column says which map each row started from;
+//! - bytes (host reads in place + swap copies, [`crate::experts::bytes`]) and the modelled stall
+//!   (under the replay's [`crate::experts::LinkModel`]) stand beside the cold share; their "vs
+//!   oracle" ratios divide steady-state bytes (stall) per step by the same reference oracle's.
 
 use expert_residency::{fit_seed_map, ControllerConfig, Geometry, ResidencyMap, Result};
 
+use crate::experts::link::CopyMode;
 use crate::experts::replay::{replay_with, OracleWindow, PolicySpec, ReplayOptions, ReplayReport};
 use crate::experts::trace::Trace;
 
@@ -45,6 +51,19 @@ impl Policy {
     ];
 }
 
+/// The map the adaptive and LRU rows boot from.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Boot {
+    /// The uniform first-K map (the `static` row's).
+    #[default]
+    FirstK,
+    /// The seed map (the `seed` row's).
+    Seed,
+}
+
 /// One replayed policy: its row label and report.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Run {
@@ -74,6 +93,30 @@ pub struct ScoreRow {
     pub max_swaps_per_step: u32,
     /// Swaps applied.
     pub swaps_applied: u64,
+    /// The map the row started from (`first-k`, `seed`, `oracle`).
+    #[serde(default)]
+    pub boot: String,
+    /// Name of the link the stall was modelled with.
+    #[serde(default)]
+    pub link: String,
+    /// Bytes read in place from host memory, all steps, GB (10⁹ bytes).
+    #[serde(default)]
+    pub host_read_gb: f64,
+    /// Bytes copied host → HBM by swaps (net hot-set changes), all steps, GB.
+    #[serde(default)]
+    pub swap_gb: f64,
+    /// `host_read_gb + swap_gb`.
+    #[serde(default)]
+    pub total_gb: f64,
+    /// Mean modelled stall per step under the link, ms.
+    #[serde(default)]
+    pub stall_ms_per_step: f64,
+    /// Steady-state bytes per step over the reference oracle's (see the module docs).
+    #[serde(default)]
+    pub bytes_vs_oracle: Option<f64>,
+    /// Steady-state stall per step over the reference oracle's.
+    #[serde(default)]
+    pub stall_vs_oracle: Option<f64>,
 }
 
 /// The default seed map of a comparison and a note saying how it was fitted: on the steps before
@@ -97,12 +140,26 @@ pub fn default_seed_map(trace: &Trace, geometry: &Geometry) -> Result<(Residency
 }
 
 /// The labelled policy specs of `policies` (duplicates dropped, order kept), with `seed` as the
-/// seed map.
+/// seed map; adaptive and LRU boot from first-K ([`policy_specs_booted`] with [`Boot::FirstK`]).
 pub fn policy_specs(
     policies: &[Policy],
     trace: &Trace,
     seed: &ResidencyMap,
 ) -> Vec<(String, PolicySpec)> {
+    policy_specs_booted(policies, trace, seed, Boot::FirstK)
+}
+
+/// [`policy_specs`] with the adaptive and LRU rows booting from `boot`.
+pub fn policy_specs_booted(
+    policies: &[Policy],
+    trace: &Trace,
+    seed: &ResidencyMap,
+    boot: Boot,
+) -> Vec<(String, PolicySpec)> {
+    let start = match boot {
+        Boot::FirstK => None,
+        Boot::Seed => Some(seed.clone()),
+    };
     let mut want: Vec<Policy> = Vec::new();
     for &p in policies {
         if !want.contains(&p) {
@@ -114,12 +171,12 @@ pub fn policy_specs(
         match p {
             Policy::Static => out.push(("static".into(), PolicySpec::Static(None))),
             Policy::Seed => out.push(("seed".into(), PolicySpec::Seed(seed.clone()))),
-            Policy::Adaptive => out.push(("adaptive".into(), PolicySpec::Adaptive(None))),
+            Policy::Adaptive => out.push(("adaptive".into(), PolicySpec::Adaptive(start.clone()))),
             Policy::AdaptiveShiftResponse => out.push((
                 "adaptive+shift-response".into(),
-                PolicySpec::AdaptiveShiftResponse(None),
+                PolicySpec::AdaptiveShiftResponse(start.clone()),
             )),
-            Policy::Lru => out.push(("lru".into(), PolicySpec::Lru(None))),
+            Policy::Lru => out.push(("lru".into(), PolicySpec::Lru(start.clone()))),
             Policy::Oracle => {
                 out.push(("oracle".into(), PolicySpec::Oracle(OracleWindow::Whole)));
                 if !trace.shifts.is_empty() {
@@ -190,14 +247,17 @@ pub fn run_policies(
 
 /// The rows of the comparison (see the module docs for the reference oracle).
 pub fn summarize(runs: &[Run]) -> Vec<ScoreRow> {
-    let reference = runs
+    let reference_run = runs
         .iter()
         .find(|r| r.label == "oracle-after-shift")
         .or_else(|| runs.iter().find(|r| r.label == "oracle"))
-        .map(|r| r.report.steady_state.cold_share);
+        .map(|r| &r.report);
+    let reference = reference_run.map(|r| r.steady_state.cold_share);
+    let ratio = |x: f64, of: Option<f64>| of.filter(|&o| o > 0.0).map(|o| x / o);
     runs.iter()
         .map(|r| {
             let rep = &r.report;
+            let b = &rep.bytes;
             ScoreRow {
                 label: r.label.clone(),
                 cold_share: rep.cold_share_overall,
@@ -209,6 +269,20 @@ pub fn summarize(runs: &[Run]) -> Vec<ScoreRow> {
                 mean_swaps_per_step: rep.mean_swaps_per_step,
                 max_swaps_per_step: rep.max_swaps_per_step,
                 swaps_applied: rep.swaps.applied,
+                boot: rep.boot.clone(),
+                link: b.link.name.clone(),
+                host_read_gb: b.host_read_bytes as f64 / 1e9,
+                swap_gb: b.swap_bytes as f64 / 1e9,
+                total_gb: b.total_bytes as f64 / 1e9,
+                stall_ms_per_step: b.mean_stall_us_per_step / 1e3,
+                bytes_vs_oracle: ratio(
+                    b.steady_bytes_per_step,
+                    reference_run.map(|o| o.bytes.steady_bytes_per_step),
+                ),
+                stall_vs_oracle: ratio(
+                    b.steady_stall_us_per_step,
+                    reference_run.map(|o| o.bytes.steady_stall_us_per_step),
+                ),
             }
         })
         .collect()
@@ -234,21 +308,30 @@ pub fn render(rows: &[ScoreRow]) -> String {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
+            let x = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}×"));
             vec![
                 r.label.clone(),
+                r.boot.clone(),
                 format!("{:.4}", r.cold_share),
                 format!("{:.4}", r.steady_state_cold_share),
-                r.vs_oracle.map_or("-".into(), |v| format!("{v:.3}×")),
+                x(r.vs_oracle),
                 t90,
                 format!("{:.3}", r.mean_swaps_per_step),
                 r.max_swaps_per_step.to_string(),
                 r.swaps_applied.to_string(),
+                format!("{:.1}", r.host_read_gb),
+                format!("{:.1}", r.swap_gb),
+                format!("{:.1}", r.total_gb),
+                format!("{:.2}", r.stall_ms_per_step),
+                x(r.bytes_vs_oracle),
+                x(r.stall_vs_oracle),
             ]
         })
         .collect();
     crate::table::render(
         &[
             "policy",
+            "boot",
             "cold share",
             "steady-state cold share",
             "vs oracle",
@@ -256,6 +339,12 @@ pub fn render(rows: &[ScoreRow]) -> String {
             "swaps/step",
             "max swaps/step",
             "swaps",
+            "host GB read",
+            "swap GB",
+            "total GB",
+            "stall ms/step",
+            "bytes vs oracle",
+            "stall vs oracle",
         ],
         &body,
     )
@@ -263,14 +352,27 @@ pub fn render(rows: &[ScoreRow]) -> String {
 
 /// The legend printed under [`render`]'s table.
 pub fn legend(opts: &ReplayOptions, trace: &Trace) -> String {
+    let l = &opts.link;
+    let copies = match l.copy_mode {
+        CopyMode::StopsStep => "copies stop the step".to_string(),
+        CopyMode::SharesLink => format!(
+            "copies overlap the step but share the link ({} µs of copy time hidden per step)",
+            l.hide_us
+        ),
+    };
     format!(
-        "cold share = fraction of expert lookups served from host; steady state = mean over the last {}% of the segment after the last shift; vs oracle = steady state / {}'s; T90 = steps until the excess cold share after a shift has decayed by 90%.",
+        "cold share = fraction of expert lookups served from host; steady state = mean over the last {}% of the segment after the last shift; vs oracle = steady state / {}'s; T90 = steps until the excess cold share after a shift has decayed by 90%.\n\
+         host GB read = distinct cold (layer, expert) pairs per step × expert bytes, read in place; swap GB = net hot-set changes × expert bytes; stall = modelled link wait per step under {}: reads at {} GB/s, copies at {} GB/s, {copies}, +{} µs per copy; bytes/stall vs oracle = steady-state per step / the same oracle's; boot = the map a row started from.",
         (opts.steady_fraction * 100.0).round(),
         if trace.shifts.is_empty() {
             "oracle"
         } else {
             "oracle-after-shift"
-        }
+        },
+        l.name,
+        l.read_gbps,
+        l.copy_gbps,
+        l.copy_fixed_us,
     )
 }
 
