@@ -214,7 +214,7 @@ impl ElasticPool {
     }
 
     /// Reclaims up to `n` borrowed pages under pressure: oldest history first, in proportion to
-    /// holdings ([`ProportionalOldestFirst`]). The owners stop mapping them at once; the pages become
+    /// holdings ([`tier_core::ProportionalOldestFirst`]). The owners stop mapping them at once; the pages become
     /// free only after every reader in flight has completed. Returns the pages reclaimed.
     pub fn reclaim(&mut self, n: u32) -> Result<u32> {
         let got = self.reclaim_pages(n)?;

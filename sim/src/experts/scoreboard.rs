@@ -10,7 +10,7 @@
 //!   a trace without a shift;
 //! - adaptive and LRU rows boot from first-K unless [`Boot::Seed`] is asked for; the `boot`
 //!   column says which map each row started from;
-//! - bytes (host reads in place + swap copies, [`crate::experts::bytes`]) and the modelled stall
+//! - bytes (host reads in place + swap copies, [`crate::experts::ByteReport`]) and the modelled stall
 //!   (under the replay's [`crate::experts::LinkModel`]) stand beside the cold share; their "vs
 //!   oracle" ratios divide steady-state bytes (stall) per step by the same reference oracle's.
 
