@@ -14,7 +14,7 @@ pub const MAX_CELLS: u64 = 1 << 24;
 
 /// Checks `layers` and `experts` against [`MAX_LAYERS`], [`MAX_EXPERTS_PER_LAYER`] and
 /// [`MAX_CELLS`]; the error names what is too large.
-pub fn check_bank_size(layers: u32, experts: u32) -> std::result::Result<(), String> {
+pub(crate) fn check_bank_size(layers: u32, experts: u32) -> std::result::Result<(), String> {
     if layers > MAX_LAYERS {
         return Err(format!("{layers} layers exceed the limit of {MAX_LAYERS}"));
     }
@@ -56,6 +56,14 @@ pub struct Geometry {
 }
 
 impl Geometry {
+    /// Checks a `layers × experts` shape against [`MAX_LAYERS`], [`MAX_EXPERTS_PER_LAYER`] and
+    /// [`MAX_CELLS`] before anything of that shape is allocated (trace readers, profiles, dumps).
+    ///
+    /// Errors: [`ExpertError::InvalidGeometry`] naming what is too large.
+    pub fn check_shape(layers: u32, experts: u32) -> Result<()> {
+        check_bank_size(layers, experts).map_err(ExpertError::InvalidGeometry)
+    }
+
     /// A validated geometry.
     ///
     /// Errors: [`ExpertError::InvalidGeometry`] for zero layers, zero experts, zero hot experts or zero

@@ -57,7 +57,7 @@ pub use counters::{
 };
 pub use error::{ExpertError, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
-pub use geometry::{check_bank_size, Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
+pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
 pub use policy::{LayerHeat, RatioPolicy, SwapChoice, SwapPolicy};

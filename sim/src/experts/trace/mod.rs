@@ -453,8 +453,8 @@ impl TraceShape {
                 self.layers, self.experts_per_layer
             )));
         }
-        expert_residency::check_bank_size(self.layers, self.experts_per_layer)
-            .map_err(|m| TraceError::TooLarge(format!("trace shape: {m}")))?;
+        expert_residency::Geometry::check_shape(self.layers, self.experts_per_layer)
+            .map_err(|e| TraceError::TooLarge(format!("trace shape: {e}")))?;
         if self.top_k == 0 || self.top_k > self.experts_per_layer {
             return Err(TraceError::TopKTooWide {
                 location: "trace shape".into(),

@@ -86,7 +86,9 @@ impl DomainProfile {
         // Bound the profile (`layers × experts` shares) before building it.
         u32::try_from(experts)
             .map_err(|_| format!("{experts} experts"))
-            .and_then(|e| expert_residency::check_bank_size(layers, e))
+            .and_then(|e| {
+                expert_residency::Geometry::check_shape(layers, e).map_err(|e| e.to_string())
+            })
             .map_err(|m| TraceError::TooLarge(format!("profile {name}: {m}")))?;
         let mut anchors: Vec<(u32, Vec<f64>)> = anchors.to_vec();
         anchors.sort_by_key(|a| a.0);
