@@ -348,12 +348,12 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let mut qsl = vec![0i32];
                 let mut seq_lens = Vec::new();
                 let mut topk = Vec::new();
-                let layout = if mix(&mut x) % 2 == 0 {
+                let layout = if mix(&mut x).is_multiple_of(2) {
                     OutputLayout::InPlace
                 } else {
                     OutputLayout::Packed
                 };
-                let bounded = mix(&mut x) % 3 == 0;
+                let bounded = mix(&mut x).is_multiple_of(3);
                 let mut row_bounds = Vec::new();
                 for &s in &batch {
                     let (c, d) = &m.sessions[&s];
@@ -377,7 +377,7 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let layer = (mix(&mut x) % g.layers as u64) as u32;
                 let n_rows = topk.len() / k;
                 // Sometimes a persistent max-size buffer: the extra entries are padding.
-                let (pad_idx, pad_rows) = if mix(&mut x) % 3 == 0 {
+                let (pad_idx, pad_rows) = if mix(&mut x).is_multiple_of(3) {
                     (
                         (mix(&mut x) % (2 * k as u64 + 1)) as usize,
                         (mix(&mut x) % 3) as usize,
@@ -479,8 +479,8 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                                 prop_assert!(out[..served].iter().all(|&i| i >= 0), "packed front");
                                 prop_assert!(out[served..].iter().all(|&i| i == -1), "packed tail");
                                 let mut next = picks.iter();
-                                for e in 0..served {
-                                    let got = pool.arena_row(layer, out[e]).expect("in range");
+                                for (e, &at) in out[..served].iter().enumerate() {
+                                    let got = pool.arena_row(layer, at).expect("in range");
                                     let hit = next.by_ref().find(|&&(_, p)| {
                                         &m.expected(s, p as u32)[l0 * rb..(l0 + 1) * rb] == got
                                     });
@@ -569,7 +569,7 @@ fn bad_input(pool: &mut ElasticPool, m: &Model, kind: u8, seed: u64) -> Result<(
         // seq_len beyond committed + scratch.
         7 => resolve_one(pool, sid, len + 100, &[0], &[0, 1]).0,
         // A per-query bound outside 1..=seq_len, a pick at its row's bound, a short bound list.
-        9 | 10 | 11 => {
+        9..=11 => {
             let (bounds, pick): (&[i32], i32) = match kind {
                 9 => (&[0], 0),
                 10 => (&[1], 1.min(len - 1).max(0) + i32::from(len == 1)),

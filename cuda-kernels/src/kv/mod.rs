@@ -1,5 +1,6 @@
 //! The fused KV resolve / dedup / fetch kernels (after HiSparse; outputs in FlashMLA's sparse
-//! `indices` + `topk_length` shape, batches in vLLM's `query_start_loc` shape): the `Pod` layouts
+//! `indices` shape, with `topk_length` in the packed layout ([`KV_LAYOUT_PACKED`]), batches in
+//! vLLM's `query_start_loc` shape): the `Pod` layouts
 //! shared with `kernels/kv_resolve.cu` and typed launchers. No tier state lives here: the caller
 //! (kv-elastic's GPU arena, or a test) owns the device tables, the arena and the mapped pinned host
 //! store, and passes them as a [`KvTables`] of device pointers with their [`KvDims`].
@@ -300,7 +301,8 @@ pub struct KvResolveArgs {
     pub topk: u64,
     /// `int32 [sessions + 1]` query rows per session.
     pub query_start_loc: u64,
-    /// `int32 [sessions]` visible positions per session.
+    /// `int32 [sessions]` visible positions per session (per query row:
+    /// [`KvResolveOptions::query_seq_lens`]).
     pub seq_lens: u64,
     /// `int32 [sessions]` session slot of each request. A slot named by more than one request is
     /// refused for every request naming it (rows `-1`, one `bad_session` each, its tables
@@ -314,9 +316,11 @@ pub struct KvResolveArgs {
     pub k: u32,
     /// Arena plane the misses are fetched into.
     pub layer: u32,
-    /// `int32 [rows, k]` output arena rows (`-1` padding).
+    /// `int32 [rows, k]` output arena rows (`-1` padding; layout and longer buffers:
+    /// [`KvResolveOptions`]).
     pub indices: u64,
-    /// `int32 [rows]` output valid picks per row.
+    /// `int32 [rows]` output valid picks per row (FlashMLA's `topk_length` only in the packed
+    /// layout, [`KV_LAYOUT_PACKED`]).
     pub valid_count: u64,
     /// `KvCopy [sessions][hot_rows]` output plan (request `r`'s copies at `r * hot_rows`).
     pub plan: u64,
