@@ -300,7 +300,7 @@ mod tests {
             "{r:?}"
         );
         // A line of exactly the limit is read; one byte more is refused.
-        let mut ok = format!("{{\"timestamp\": 1, \"input_length\": 3, \"output_length\": 4}}");
+        let mut ok = "{\"timestamp\": 1, \"input_length\": 3, \"output_length\": 4}".to_string();
         ok.push_str(&" ".repeat(64 - ok.len()));
         assert!(ArrivalTrace::from_reader_bounded("t", ok.as_bytes(), small).is_ok());
         let long = format!("{ok} \n");
