@@ -136,6 +136,12 @@ fn trace_and_output_errors_name_the_file() {
         &["kv", "simulate", QUIET, "--trace", b],
         &format!("{b}: line 1"),
     );
+    // An endless input: used to abort after allocating 8 GB on one unbounded line.
+    #[cfg(unix)]
+    fails_with(
+        &["kv", "simulate", QUIET, "--trace", "/dev/zero"],
+        "/dev/zero: line 1: longer than 1048576 bytes",
+    );
     let missing = temp("missing.jsonl");
     let m = missing.to_str().unwrap();
     fails_with(&["kv", "simulate", QUIET, "--trace", m], m);

@@ -17,9 +17,9 @@
 #define KV_UNCLAIMED 0x7fffffff
 
 // Error counters (err[i], u32, cumulative until the host clears them).
-#define KV_ERR_BAD_SESSION 0   // session slot out of range / not live, or seq_len out of range
-#define KV_ERR_BAD_POSITION 1  // pick < -1 or >= seq_len (written as -1)
-#define KV_ERR_OVERFLOW 2      // more distinct misses than evictable hot rows (written as -1)
+#define KV_ERR_BAD_SESSION 0   // session slot out of range / not live / named twice, or seq_len out of range
+#define KV_ERR_BAD_POSITION 1  // pick < -1 or >= its row's bound (written as -1)
+#define KV_ERR_OVERFLOW 2      // distinct misses without an evictable hot row (written as -1; served as far as rows last)
 #define KV_ERR_BAD_QSL 3       // query_start_loc malformed (every row written as -1)
 #define KV_ERR_STALE_PLAN 4    // replay check: destination row no longer holds the position
 
@@ -55,6 +55,7 @@ struct KvCopy {
 };
 
 #define KV_STATS 8  // picks, tail, scratch, page, hot, misses, direct, invalid
+#define KV_LAYOUT_PACKED 1  // output rows: valid entries packed to the front (FlashMLA topk_length)
 
 __device__ __forceinline__ unsigned long long kv_plane(const KvDims& d, unsigned int layer) {
     return (unsigned long long)layer * d.arena_rows * d.row_bytes;
@@ -282,14 +283,31 @@ __device__ void kv_fill_rows(int* indices, int* valid_count, unsigned int r0, un
     for (unsigned int r = r0 + threadIdx.x; r < r1; r += blockDim.x) valid_count[r] = 0;
 }
 
-// The fused resolve. Grid: sessions + 1 blocks (block `sessions` writes rows no request owns). Outputs:
-// indices int32 [rows, k], valid_count int32 [rows], plan [sessions][hot_rows] with plan_count [sessions],
-// stats [sessions][KV_STATS]. fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA).
+// Padding of oversized output buffers: indices[rows * k .. idx_len) = -1, valid_count[rows .. valid_len) = 0.
+__device__ void kv_fill_pad(int* indices, int* valid_count, unsigned int rows, unsigned int k,
+                            unsigned long long idx_len, unsigned long long valid_len) {
+    for (unsigned long long i = (unsigned long long)rows * k + threadIdx.x; i < idx_len; i += blockDim.x)
+        indices[i] = -1;
+    for (unsigned long long r = (unsigned long long)rows + threadIdx.x; r < valid_len; r += blockDim.x)
+        valid_count[r] = 0;
+}
+
+// Causal bound of one query row: the entry's seq_len, or min(query_seq_lens[row], seq_len).
+__device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, int limit) {
+    return qseq ? min(qseq[row], limit) : limit;
+}
+
+// The fused resolve. Grid: sessions + 1 blocks (block `sessions` writes rows no request owns and the padding
+// of oversized buffers). Outputs: indices int32 [idx_len >= rows * k] (row stride k), valid_count int32
+// [valid_len >= rows], plan [sessions][hot_rows] with plan_count [sessions], stats [sessions][KV_STATS].
+// fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA). layout: 0 in place, 1 packed.
+// qseq: int32 [rows] per-query causal bound, or null (the entry's seq_len for every row).
 extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
     KvDims d, KvTables t, const int* __restrict__ topk, const int* __restrict__ qsl, const int* __restrict__ seq_lens,
     const int* __restrict__ session_slot, unsigned int sessions, unsigned int rows, unsigned int k, unsigned int layer,
     unsigned int fetch, int* __restrict__ indices, int* __restrict__ valid_count, KvCopy* __restrict__ plan_all,
-    unsigned int* __restrict__ plan_count, unsigned int* __restrict__ stats) {
+    unsigned int* __restrict__ plan_count, unsigned int* __restrict__ stats, unsigned int layout,
+    const int* __restrict__ qseq, unsigned long long idx_len, unsigned long long valid_len) {
     __shared__ unsigned long long sh_call;
     __shared__ unsigned int warp_sums[32];
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
@@ -318,6 +336,13 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             s = t.desc[sl];
             ok = s.live != 0u && limit >= 1 && (unsigned int)limit <= s.committed + s.scratch_len;
         }
+        if (ok) {
+            // A slot named by another request of this call is refused for every request naming it:
+            // two blocks must never update one slot's hot cache (uniform: `ok` is block-wide).
+            bool dup = false;
+            for (unsigned int i = threadIdx.x; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
+            ok = !__syncthreads_or(dup);
+        }
         if (!ok) {
             kv_fill_rows(indices, valid_count, row0, row1, k);
             if (threadIdx.x == 0) {
@@ -332,23 +357,27 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             // Direct path: the whole history is resident (tail + borrowed pages), nothing to place.
             if (s.full == 0u) {
             // 1. touch hits, claim misses
-            for (unsigned int row = row0; row < row1; ++row)
+            for (unsigned int row = row0; row < row1; ++row) {
+                const int rl = kv_row_limit(qseq, row, limit);
                 for (unsigned int j = threadIdx.x; j < k; j += blockDim.x)
-                    kv_claim(d, t, slot, s, topk[(unsigned long long)row * k + j], limit, (int)((row - row0) * k + j),
+                    kv_claim(d, t, slot, s, topk[(unsigned long long)row * k + j], rl, (int)((row - row0) * k + j),
                              call, &bad);
+            }
             __syncthreads();
             // 2. ordered compaction of first appearances
-            for (unsigned int row = row0; row < row1; ++row)
+            for (unsigned int row = row0; row < row1; ++row) {
+                const int rl = kv_row_limit(qseq, row, limit);
                 for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
                     const unsigned int j = j0 + threadIdx.x;
                     const int f = (int)((row - row0) * k + j);
                     const int p = j < k ? topk[(unsigned long long)row * k + j] : -1;
-                    const bool own = j < k && kv_owner(d, t, slot, s, p, limit, f);
+                    const bool own = j < k && kv_owner(d, t, slot, s, p, rl, f);
                     unsigned int total;
                     const unsigned int at = misses + kv_block_scan(own, &total, warp_sums);
                     if (own && at < d.hot_rows) plan[at].position = (unsigned int)p;
                     misses += total;
                 }
+            }
             const unsigned int want = min(misses, d.hot_rows);
             __syncthreads();
             // 3. victims (warp 0), 4. installs, 5. sweep bookkeeping
@@ -363,11 +392,13 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
             } else {
                 // Direct path: only the invalid picks need counting (the output pass skips them).
-                for (unsigned int row = row0; row < row1; ++row)
+                for (unsigned int row = row0; row < row1; ++row) {
+                    const int rl = kv_row_limit(qseq, row, limit);
                     for (unsigned int j = threadIdx.x; j < k; j += blockDim.x) {
                         const int p = topk[(unsigned long long)row * k + j];
-                        bad += (p < -1 || p >= limit) ? 1u : 0u;
+                        bad += (p < -1 || (p >= 0 && p >= rl)) ? 1u : 0u;
                     }
+                }
             }
             if (threadIdx.x == 0) {
                 plan_count[r] = taken;
@@ -376,13 +407,15 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             // 7. outputs, every element written
             unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0;
             for (unsigned int row = row0; row < row1; ++row) {
+                const int rl = kv_row_limit(qseq, row, limit);
+                int* const orow = indices + (unsigned long long)row * k;
                 unsigned int valid = 0;
                 for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
                     const unsigned int j = j0 + threadIdx.x;
                     int out = -1;
                     if (j < k) {
                         const int p = topk[(unsigned long long)row * k + j];
-                        if (p >= 0 && p < limit) {
+                        if (p >= 0 && p < rl) {
                             int kind;
                             out = kv_resident(d, t, slot, s, (unsigned int)p, &kind);
                             if (out < 0) {
@@ -397,10 +430,21 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
                                 c_page += kind == 3;
                             }
                         }
-                        indices[(unsigned long long)row * k + j] = out;
                     }
-                    valid += (unsigned int)__syncthreads_count(out >= 0);
+                    if (layout == KV_LAYOUT_PACKED) {
+                        // Packed: valid entries at the front in column order (exclusive block scan).
+                        unsigned int total;
+                        const unsigned int at = kv_block_scan(out >= 0, &total, warp_sums);
+                        if (out >= 0) orow[valid + at] = out;
+                        valid += total;
+                    } else {
+                        if (j < k) orow[j] = out;
+                        valid += (unsigned int)__syncthreads_count(out >= 0);
+                    }
                 }
+                // Packed: -1 after the valid entries (columns no thread of this row wrote above).
+                if (layout == KV_LAYOUT_PACKED)
+                    for (unsigned int j = valid + threadIdx.x; j < k; j += blockDim.x) orow[j] = -1;
                 if (threadIdx.x == 0) valid_count[row] = (int)valid;
             }
             atomicAdd(&sh_count[1], c_tail);
@@ -424,6 +468,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             }
         }
     }
+    if (blockIdx.x == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
     // The last block to finish advances the call counter (all blocks have read it by then).
     __syncthreads();
     if (threadIdx.x == 0) {

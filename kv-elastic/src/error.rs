@@ -77,10 +77,23 @@ pub enum KvError {
         /// Committed + scratch tokens.
         available: u32,
     },
+    /// A per-query causal bound (`ResolveOptions::query_seq_lens`) is `< 1` or exceeds its batch
+    /// entry's `seq_len`.
+    #[error("row {row}: query_seq_len {query_seq_len} outside 1..={seq_len}")]
+    QuerySeqLenOutOfRange {
+        /// Query row.
+        row: usize,
+        /// The given bound.
+        query_seq_len: i32,
+        /// The row's batch entry's `seq_len`.
+        seq_len: i32,
+    },
     /// The same session appears twice in one batch.
     #[error("session {0} appears twice in one batch")]
     DuplicateSession(u64),
-    /// One session's distinct non-resident positions in a step exceed its hot cache.
+    /// One session's distinct non-resident positions in a step exceed its hot cache. No longer
+    /// returned by a resolve (such a step is served as far as the hot cache allows, the rest
+    /// counted in `ResolveStats::unserved`); kept so matching code still compiles.
     #[error("session {session}: {needed} distinct positions need the hot cache this step, it has {hot_rows} rows")]
     HotCacheOverflow {
         /// Session.

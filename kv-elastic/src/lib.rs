@@ -49,7 +49,7 @@ pub use pool::{
     Admission, ElasticPool, PoolConfig, PoolCounters, SessionPlacement, StepMaintenance,
 };
 pub use resolve::{
-    ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
-    MAX_CANDIDATES,
+    OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,
+    Resolver, RowCopy, MAX_CANDIDATES,
 };
 pub use ticket::ReadTicket;

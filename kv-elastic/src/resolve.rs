@@ -28,14 +28,52 @@ pub struct ResolveInput<'a> {
     pub layer: u32,
 }
 
+/// How a row of [`ResolveOutput::indices`] is laid out (the *KV resolve kernel contract*,
+/// "Outputs").
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum OutputLayout {
+    /// Each arena row stays in its pick's column, `-1` where the pick was `-1` (or could not be
+    /// served); `valid_count[row]` counts the non `-1` entries. Engines that read the whole row and
+    /// skip `-1` (FlashMLA's sparse decode without `topk_length`, vLLM's sparse-MLA path) take it
+    /// as is. `valid_count` is *not* FlashMLA's `topk_length` here: a `-1` may sit before a valid
+    /// entry.
+    #[default]
+    InPlace,
+    /// The valid entries of each row are packed to the front in column order, `-1` after them;
+    /// `valid_count[row]` is the packed length: FlashMLA's `topk_length` ("use the first N
+    /// entries of the row"), and vLLM's packed sparse-MLA indices with their valid count.
+    Packed,
+}
+
+/// Optional inputs of [`Resolver::resolve_with`]; the default is [`Resolver::resolve`]'s behaviour
+/// (in-place rows, per-session causal bound).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ResolveOptions<'a> {
+    /// Row layout of the outputs.
+    pub layout: OutputLayout,
+    /// Per-query causal bound, `int32 [rows]`: query row `row` may see positions
+    /// `0..query_seq_lens[row]` (speculative decoding: the draft at position `committed + i` sees
+    /// `committed + i + 1` positions, as vLLM's per-token `seq_lens` of a spec-decode batch). Each
+    /// value in `1..=seq_lens[r]` of the row's batch entry. `None`: every row of entry `r` sees
+    /// `seq_lens[r]` positions.
+    pub query_seq_lens: Option<&'a [i32]>,
+}
+
 /// Where the resolver writes; every element is written on every call (also on error, when the
-/// lengths are right: `-1` and `0`), so no stale index survives.
+/// lengths suffice: `-1` and `0`), so no stale index survives.
+///
+/// Buffers may be longer than the call needs (a persistent max-size buffer, CUDA-graph style):
+/// `indices` holds `rows × k` entries row-major with row stride `k`, every entry past them is
+/// padding and written `-1`; `valid_count` entries past `rows` are padding and written `0`.
 #[derive(Debug)]
 pub struct ResolveOutput<'a> {
-    /// Physical row indices into the device arena, `int32 [rows, k]`, same order as the input;
-    /// `-1` for padding.
+    /// Physical row indices into the device arena, `int32 [>= rows × k]` (row stride `k`), laid
+    /// out as [`ResolveOptions::layout`] says; `-1` for padding, invalid and unserved picks.
     pub indices: &'a mut [i32],
-    /// Valid (non `-1`) entries per row, `int32 [rows]` (FlashMLA's `topk_length`).
+    /// Valid (non `-1`) entries per row, `int32 [>= rows]`. FlashMLA's `topk_length` only with
+    /// [`OutputLayout::Packed`] (see [`OutputLayout::InPlace`]).
     pub valid_count: &'a mut [i32],
 }
 
@@ -86,6 +124,10 @@ pub struct ResolveStats {
     pub misses: u64,
     /// Sessions that took the direct path (whole history resident: no hot-cache bookkeeping).
     pub direct_sessions: u64,
+    /// Valid picks written `-1` because their position found no evictable hot row (a speculative
+    /// step whose rows together need more distinct positions than the hot cache holds; see the
+    /// contract's "Overflow"). Not counted in `picks`.
+    pub unserved: u64,
 }
 
 /// One resolve's result besides the outputs.
@@ -108,13 +150,33 @@ pub trait Resolver {
     /// misses are deduplicated per session across its rows and copied from the host store into
     /// victim hot-cache rows of `input.layer`. Writes every element of `out`.
     ///
-    /// Errors (nothing changes, `out` is filled with `-1` / `0` when its lengths are right):
+    /// In-place rows and per-session causal bounds: [`Resolver::resolve_with`] with
+    /// [`ResolveOptions::default`].
+    ///
+    /// Errors (nothing changes, `out` is filled with `-1` / `0` when its lengths suffice):
     /// `LengthMismatch`, `BadQueryStartLoc`, `UnknownSession`, `SessionFinished`,
-    /// `DuplicateSession`, `SeqLenOutOfRange`, `PositionOutOfRange`, `LayerOutOfRange`,
-    /// `HotCacheOverflow`.
+    /// `DuplicateSession`, `SeqLenOutOfRange`, `PositionOutOfRange`, `LayerOutOfRange`.
     fn resolve(
         &mut self,
         input: &ResolveInput<'_>,
+        out: &mut ResolveOutput<'_>,
+    ) -> Result<Resolved> {
+        self.resolve_with(input, &ResolveOptions::default(), out)
+    }
+
+    /// Resolves one step as [`Resolver::resolve`] does, with the output layout and per-query causal
+    /// bounds of `opts`. A step whose distinct non-resident positions exceed a session's hot cache
+    /// is served as far as evictable rows last (misses placed in first-appearance order); the
+    /// remaining picks come out `-1` and are counted in [`ResolveStats::unserved`] — never an error.
+    ///
+    /// Errors (nothing changes, `out` filled as above): [`Resolver::resolve`]'s, plus
+    /// `LengthMismatch` (`query_seq_lens` not `[rows]`), `QuerySeqLenOutOfRange` (a row bound
+    /// outside `1..=seq_len` of its entry), `PositionOutOfRange` (a pick at or beyond its row's
+    /// bound).
+    fn resolve_with(
+        &mut self,
+        input: &ResolveInput<'_>,
+        opts: &ResolveOptions<'_>,
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved>;
 

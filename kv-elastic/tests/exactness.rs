@@ -8,7 +8,8 @@
 use std::collections::BTreeMap;
 
 use kv_elastic::{
-    Admission, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput, Resolver,
+    Admission, ElasticPool, Geometry, KvError, OutputLayout, PoolConfig, ResolveInput,
+    ResolveOptions, ResolveOutput, Resolver,
 };
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -25,6 +26,12 @@ static DIRECT: AtomicU64 = AtomicU64::new(0);
 static RECLAIMED_IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
 static PENDING_AT_CHECK: AtomicU64 = AtomicU64::new(0);
 static WAITING_ADMISSIONS: AtomicU64 = AtomicU64::new(0);
+/// Picks left unserved by an overflowing step, packed-layout resolves, resolves with per-query
+/// bounds, resolves into oversized (padded) outputs.
+static UNSERVED: AtomicU64 = AtomicU64::new(0);
+static PACKED: AtomicU64 = AtomicU64::new(0);
+static ROW_BOUNDS: AtomicU64 = AtomicU64::new(0);
+static PADDED: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -101,7 +108,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (1u8..4, 1u8..3, 1u8..7, any::<u64>(), prop::collection::vec(mid_op(), 0..4))
             .prop_map(|(reqs, rows, k, seed, mid)| Op::Resolve { reqs, rows, k, seed, mid }),
         1 => (any::<u8>(), any::<u64>(), 1u8..12).prop_map(|(who, seed, n)| Op::Prefetch { who, seed, n }),
-        1 => (0u8..9, any::<u64>()).prop_map(|(kind, seed)| Op::Bad { kind, seed }),
+        1 => (0u8..12, any::<u64>()).prop_map(|(kind, seed)| Op::Bad { kind, seed }),
     ]
 }
 
@@ -341,20 +348,49 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let mut qsl = vec![0i32];
                 let mut seq_lens = Vec::new();
                 let mut topk = Vec::new();
+                let layout = if mix(&mut x).is_multiple_of(2) {
+                    OutputLayout::InPlace
+                } else {
+                    OutputLayout::Packed
+                };
+                let bounded = mix(&mut x).is_multiple_of(3);
+                let mut row_bounds = Vec::new();
                 for &s in &batch {
                     let (c, d) = &m.sessions[&s];
                     let nrows = 1 + (mix(&mut x) % rows as u64) as usize;
                     let seq = c.len() + (mix(&mut x) % (d.len() as u64 + 1)) as usize;
                     seq_lens.push(seq as i32);
                     qsl.push(qsl.last().unwrap() + nrows as i32);
-                    for _ in 0..nrows * k {
-                        topk.push((mix(&mut x) % (seq as u64 + 1)) as i32 - 1);
+                    for _ in 0..nrows {
+                        // Per-query causal bound: row i of a speculative entry sees fewer positions.
+                        let bound = if bounded {
+                            1 + (mix(&mut x) % seq as u64) as usize
+                        } else {
+                            seq
+                        };
+                        row_bounds.push(bound as i32);
+                        for _ in 0..k {
+                            topk.push((mix(&mut x) % (bound as u64 + 1)) as i32 - 1);
+                        }
                     }
                 }
                 let layer = (mix(&mut x) % g.layers as u64) as u32;
                 let n_rows = topk.len() / k;
-                let mut idx = vec![i32::MIN; topk.len()];
-                let mut valid = vec![i32::MIN; n_rows];
+                // Sometimes a persistent max-size buffer: the extra entries are padding.
+                let (pad_idx, pad_rows) = if mix(&mut x).is_multiple_of(3) {
+                    (
+                        (mix(&mut x) % (2 * k as u64 + 1)) as usize,
+                        (mix(&mut x) % 3) as usize,
+                    )
+                } else {
+                    (0, 0)
+                };
+                let mut idx = vec![i32::MIN; topk.len() + pad_idx];
+                let mut valid = vec![i32::MIN; n_rows + pad_rows];
+                let opts = ResolveOptions {
+                    layout,
+                    query_seq_lens: bounded.then_some(&row_bounds[..]),
+                };
                 let input = ResolveInput {
                     sessions: &batch,
                     query_start_loc: &qsl,
@@ -363,9 +399,9 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     k,
                     layer,
                 };
-                let before = digest(&pool);
-                let res = pool.resolve(
+                let res = pool.resolve_with(
                     &input,
+                    &opts,
                     &mut ResolveOutput {
                         indices: &mut idx,
                         valid_count: &mut valid,
@@ -376,15 +412,31 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         .all(|&i| i >= -1 && (i as i64) < g.arena_rows() as i64),
                     "every index defined"
                 );
+                // Overflow is served, never an error.
                 let done = match res {
-                    Err(KvError::HotCacheOverflow { .. }) => {
-                        prop_assert_eq!(before, digest(&pool));
-                        prop_assert!(idx.iter().all(|&i| i == -1) && valid.iter().all(|&v| v == 0));
-                        continue;
-                    }
                     Err(e) => return Err(TestCaseError::fail(format!("resolve: {e}"))),
                     Ok(d) => d,
                 };
+                prop_assert!(idx[topk.len()..].iter().all(|&i| i == -1), "index padding");
+                prop_assert!(valid[n_rows..].iter().all(|&v| v == 0), "valid padding");
+                PACKED.fetch_add(u64::from(layout == OutputLayout::Packed), Relaxed);
+                ROW_BOUNDS.fetch_add(u64::from(bounded), Relaxed);
+                PADDED.fetch_add(u64::from(pad_idx + pad_rows > 0), Relaxed);
+                UNSERVED.fetch_add(done.stats.unserved, Relaxed);
+                // Unserved picks only when some entry needs more distinct positions than hot rows.
+                let fits = batch.iter().enumerate().all(|(ri, _)| {
+                    let mut d: Vec<i32> = topk[qsl[ri] as usize * k..qsl[ri + 1] as usize * k]
+                        .iter()
+                        .copied()
+                        .filter(|&p| p >= 0)
+                        .collect();
+                    d.sort_unstable();
+                    d.dedup();
+                    d.len() <= g.hot_rows as usize
+                });
+                if fits {
+                    prop_assert_eq!(done.stats.unserved, 0);
+                }
                 PAGE_HITS.fetch_add(done.stats.page_hits, Relaxed);
                 HOT_HITS.fetch_add(done.stats.hot_hits, Relaxed);
                 MISSES.fetch_add(done.stats.misses, Relaxed);
@@ -395,24 +447,55 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     pool.replay(&done.plan, l)
                         .map_err(|e| TestCaseError::fail(format!("replay: {e}")))?;
                 }
-                // Expected bytes, captured before mid-step operations change the model.
+                // Expected bytes, captured before mid-step operations change the model: per output
+                // entry, the bytes of the pick it serves. In place: column j serves pick j (or is
+                // -1: padding or unserved). Packed: the served picks in column order, matched
+                // greedily (each position's bytes are distinct); the skipped picks are unserved.
                 let mut expect = Vec::new();
+                let mut unserved = 0u64;
+                let rb = g.row_bytes as usize;
+                let l0 = layer as usize;
                 for (ri, &s) in batch.iter().enumerate() {
                     for row in qsl[ri] as usize..qsl[ri + 1] as usize {
-                        let want = topk[row * k..(row + 1) * k]
-                            .iter()
-                            .filter(|&&p| p >= 0)
-                            .count();
-                        prop_assert_eq!(valid[row] as usize, want);
-                        for j in row * k..(row + 1) * k {
-                            if topk[j] < 0 {
-                                prop_assert_eq!(idx[j], -1);
-                            } else {
-                                expect.push((j, m.expected(s, topk[j] as u32).to_vec()));
+                        let picks: Vec<(usize, i32)> = (row * k..(row + 1) * k)
+                            .map(|j| (j, topk[j]))
+                            .filter(|&(_, p)| p >= 0)
+                            .collect();
+                        let out = &idx[row * k..(row + 1) * k];
+                        let served = out.iter().filter(|&&i| i >= 0).count();
+                        prop_assert_eq!(valid[row] as usize, served);
+                        unserved += (picks.len() - served) as u64;
+                        match layout {
+                            OutputLayout::InPlace => {
+                                for j in row * k..(row + 1) * k {
+                                    if topk[j] < 0 {
+                                        prop_assert_eq!(idx[j], -1);
+                                    } else if idx[j] >= 0 {
+                                        expect.push((j, m.expected(s, topk[j] as u32).to_vec()));
+                                    }
+                                }
+                            }
+                            OutputLayout::Packed => {
+                                prop_assert!(out[..served].iter().all(|&i| i >= 0), "packed front");
+                                prop_assert!(out[served..].iter().all(|&i| i == -1), "packed tail");
+                                let mut next = picks.iter();
+                                for (e, &at) in out[..served].iter().enumerate() {
+                                    let got = pool.arena_row(layer, at).expect("in range");
+                                    let hit = next.by_ref().find(|&&(_, p)| {
+                                        &m.expected(s, p as u32)[l0 * rb..(l0 + 1) * rb] == got
+                                    });
+                                    let Some(&(_, p)) = hit else {
+                                        return Err(TestCaseError::fail(format!(
+                                            "packed entry {e} of row {row} serves no pick"
+                                        )));
+                                    };
+                                    expect.push((row * k + e, m.expected(s, p as u32).to_vec()));
+                                }
                             }
                         }
                     }
                 }
+                prop_assert_eq!(unserved, done.stats.unserved, "unserved picks");
                 // Readers in flight: reclaim, admit, finish, hand back while the indices are read.
                 for mo in mid {
                     match mo {
@@ -485,6 +568,38 @@ fn bad_input(pool: &mut ElasticPool, m: &Model, kind: u8, seed: u64) -> Result<(
         6 => pool.append(sid, &vec![0; m.g.token_bytes() + 1]).err(),
         // seq_len beyond committed + scratch.
         7 => resolve_one(pool, sid, len + 100, &[0], &[0, 1]).0,
+        // A per-query bound outside 1..=seq_len, a pick at its row's bound, a short bound list.
+        9..=11 => {
+            let (bounds, pick): (&[i32], i32) = match kind {
+                9 => (&[0], 0),
+                10 => (&[1], 1.min(len - 1).max(0) + i32::from(len == 1)),
+                _ => (&[], 0),
+            };
+            let (mut i, mut v) = (vec![7; 3], vec![7; 2]);
+            let r = pool.resolve_with(
+                &ResolveInput {
+                    sessions: &[sid],
+                    query_start_loc: &[0, 1],
+                    seq_lens: &[len],
+                    topk: &[pick],
+                    k: 1,
+                    layer: 0,
+                },
+                &ResolveOptions {
+                    layout: OutputLayout::Packed,
+                    query_seq_lens: Some(bounds),
+                },
+                &mut ResolveOutput {
+                    indices: &mut i,
+                    valid_count: &mut v,
+                },
+            );
+            if s.is_some() {
+                // Oversized outputs are filled whole on error too.
+                prop_assert_eq!((i, v), (vec![-1; 3], vec![0; 2]));
+            }
+            r.err()
+        }
         _ => pool.finish(1 << 40).err(),
     };
     prop_assert!(err.is_some(), "bad input kind {} accepted", kind);
@@ -585,6 +700,13 @@ fn the_property_reaches_every_path() {
             "admissions waiting or refused",
             WAITING_ADMISSIONS.load(Relaxed),
         ),
+        (
+            "picks unserved by overflowing steps",
+            UNSERVED.load(Relaxed),
+        ),
+        ("packed-layout resolves", PACKED.load(Relaxed)),
+        ("resolves with per-query bounds", ROW_BOUNDS.load(Relaxed)),
+        ("resolves into padded buffers", PADDED.load(Relaxed)),
     ];
     eprintln!("{c:?}");
     for (what, n) in c {

@@ -13,7 +13,8 @@ use std::collections::BTreeMap;
 use cuda_kernels::CopyBackend;
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
 use kv_elastic::{
-    ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput, ResolvePlan, Resolver,
+    ElasticPool, Geometry, KvError, OutputLayout, PoolConfig, ResolveInput, ResolveOptions,
+    ResolveOutput, ResolvePlan, Resolver,
 };
 use tierkit_testkit::pattern_tokens;
 
@@ -51,6 +52,9 @@ struct Case {
     last_plan: Option<(ResolvePlan, u32)>,
     resolves: u64,
     misses: u64,
+    unserved: u64,
+    packed: u64,
+    bounded: u64,
 }
 
 const MAX_HISTORY: u32 = 96;
@@ -58,7 +62,24 @@ const MAX_HISTORY: u32 = 96;
 const MAX_SESSIONS: u32 = 8;
 
 impl Case {
-    fn check_bytes(
+    /// The token a position of a session holds (committed or draft), one layer's row.
+    fn token(&self, s: u64, p: i32, layer: u32) -> &[u8] {
+        let (committed, drafts) = &self.model.sessions[&s];
+        let tok = if (p as usize) < committed.len() {
+            &committed[p as usize]
+        } else {
+            &drafts[p as usize - committed.len()]
+        };
+        let rb = self.g.row_bytes as usize;
+        &tok[layer as usize * rb..(layer as usize + 1) * rb]
+    }
+
+    /// What each non `-1` output entry serves: `(arena row, session, position)`. In place: column
+    /// `j` serves pick `j` (a valid pick may be `-1`: unserved by an overflowing step). Packed: the
+    /// served picks in column order, matched greedily against the bytes at `layer` (each
+    /// position's bytes are distinct). Checks the layout's shape on the way.
+    #[allow(clippy::too_many_arguments)]
+    fn served(
         &self,
         layer: u32,
         sessions: &[u64],
@@ -66,40 +87,60 @@ impl Case {
         topk: &[i32],
         k: usize,
         idx: &[i32],
-    ) {
+        layout: OutputLayout,
+    ) -> Vec<(i32, u64, i32)> {
+        let plane = self.gpu.device().download_plane(layer).unwrap();
+        let rb = self.g.row_bytes as usize;
+        let mut out = Vec::new();
+        for (ri, &s) in sessions.iter().enumerate() {
+            for row in qsl[ri] as usize..qsl[ri + 1] as usize {
+                let cols = row * k..(row + 1) * k;
+                match layout {
+                    OutputLayout::InPlace => {
+                        for j in cols {
+                            if topk[j] < 0 {
+                                assert_eq!(idx[j], -1);
+                            } else if idx[j] >= 0 {
+                                out.push((idx[j], s, topk[j]));
+                            }
+                        }
+                    }
+                    OutputLayout::Packed => {
+                        let o = &idx[cols.clone()];
+                        let n = o.iter().filter(|&&i| i >= 0).count();
+                        assert!(o[..n].iter().all(|&i| i >= 0) && o[n..].iter().all(|&i| i == -1));
+                        let mut picks = topk[cols].iter().copied().filter(|&p| p >= 0);
+                        for &i in &o[..n] {
+                            let at = i as usize * rb;
+                            let p = picks
+                                .by_ref()
+                                .find(|&p| self.token(s, p, layer) == &plane[at..at + rb])
+                                .expect("a packed entry serves a pick, in column order");
+                            out.push((i, s, p));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    fn check_bytes(&self, layer: u32, served: &[(i32, u64, i32)]) {
         let plane = self.gpu.device().download_plane(layer).unwrap();
         let cpu_plane = self.cpu.plane(layer).unwrap();
         let rb = self.g.row_bytes as usize;
-        for (ri, s) in sessions.iter().enumerate() {
-            let (committed, drafts) = &self.model.sessions[s];
-            for row in qsl[ri] as usize..qsl[ri + 1] as usize {
-                for j in row * k..(row + 1) * k {
-                    let p = topk[j];
-                    if p < 0 {
-                        assert_eq!(idx[j], -1);
-                        continue;
-                    }
-                    let tok = if (p as usize) < committed.len() {
-                        &committed[p as usize]
-                    } else {
-                        &drafts[p as usize - committed.len()]
-                    };
-                    let want = &tok[layer as usize * rb..(layer as usize + 1) * rb];
-                    let at = idx[j] as usize * rb;
-                    assert_eq!(
-                        &plane[at..at + rb],
-                        &cpu_plane[at..at + rb],
-                        "GPU vs CPU arena: session {s} position {p} layer {layer} row {}",
-                        idx[j]
-                    );
-                    assert_eq!(
-                        &plane[at..at + rb],
-                        want,
-                        "session {s} position {p} layer {layer} row {}",
-                        idx[j]
-                    );
-                }
-            }
+        for &(i, s, p) in served {
+            let at = i as usize * rb;
+            assert_eq!(
+                &plane[at..at + rb],
+                &cpu_plane[at..at + rb],
+                "GPU vs CPU arena: session {s} position {p} layer {layer} row {i}"
+            );
+            assert_eq!(
+                &plane[at..at + rb],
+                self.token(s, p, layer),
+                "session {s} position {p} layer {layer} row {i}"
+            );
         }
     }
 
@@ -281,29 +322,58 @@ impl Case {
         let mut qsl = vec![0i32];
         let mut seq_lens = Vec::new();
         let mut topk = Vec::new();
+        let layout = if below(rng, 2) == 0 {
+            OutputLayout::InPlace
+        } else {
+            OutputLayout::Packed
+        };
+        let bounded = below(rng, 3) == 0;
+        let mut row_bounds = Vec::new();
         for &s in &sessions {
             let (c, d) = &self.model.sessions[&s];
             let visible = c.len() + below(rng, d.len() as u64 + 1) as usize;
             seq_lens.push(visible as i32);
             let rows = 1 + below(rng, 3) as i32;
-            // Keep distinct non-resident picks within the hot cache often enough; the rest exercise
-            // HotCacheOverflow (same error on both sides).
-            let span = if below(rng, 4) == 0 {
-                visible as u64
-            } else {
-                (g.hot_rows as u64).min(visible as u64)
-            };
-            let base = visible as u64 - span;
-            for _ in 0..rows * k as i32 {
-                let p = if below(rng, 8) == 0 {
-                    -1
+            for _ in 0..rows {
+                // Per-query causal bound (speculative rows see fewer drafts).
+                let bound = if bounded {
+                    1 + below(rng, visible as u64) as usize
                 } else {
-                    (base + below(rng, span)) as i32
+                    visible
                 };
-                topk.push(p);
+                row_bounds.push(bound as i32);
+                // Keep distinct non-resident picks within the hot cache often enough; the rest
+                // exercise overflowing steps (served as far as hot rows last, same on both sides).
+                let span = if below(rng, 4) == 0 {
+                    bound as u64
+                } else {
+                    (g.hot_rows as u64).min(bound as u64)
+                };
+                let base = bound as u64 - span;
+                for _ in 0..k {
+                    let p = if below(rng, 8) == 0 {
+                        -1
+                    } else {
+                        (base + below(rng, span)) as i32
+                    };
+                    topk.push(p);
+                }
             }
             qsl.push(qsl.last().unwrap() + rows);
         }
+        let opts = ResolveOptions {
+            layout,
+            query_seq_lens: bounded.then_some(&row_bounds[..]),
+        };
+        // Sometimes persistent max-size buffers (padding past rows × k and rows).
+        let (pad, pad_rows) = if below(rng, 3) == 0 {
+            (
+                below(rng, 2 * k as u64 + 1) as usize,
+                below(rng, 3) as usize,
+            )
+        } else {
+            (0, 0)
+        };
         let layer = below(rng, g.layers as u64) as u32;
         let input = ResolveInput {
             sessions: &sessions,
@@ -315,22 +385,25 @@ impl Case {
         };
         let n = topk.len();
         let rows = n / k;
-        let (mut i1, mut v1) = (vec![-7i32; n], vec![-7i32; rows]);
-        let (mut i2, mut v2) = (vec![-9i32; n], vec![-9i32; rows]);
-        let a = self.cpu.resolve(
+        let (mut i1, mut v1) = (vec![-7i32; n + pad], vec![-7i32; rows + pad_rows]);
+        let (mut i2, mut v2) = (vec![-9i32; n + pad], vec![-9i32; rows + pad_rows]);
+        let a = self.cpu.resolve_with(
             &input,
+            &opts,
             &mut ResolveOutput {
                 indices: &mut i1,
                 valid_count: &mut v1,
             },
         );
-        let b = self.gpu.resolve(
+        let b = self.gpu.resolve_with(
             &input,
+            &opts,
             &mut ResolveOutput {
                 indices: &mut i2,
                 valid_count: &mut v2,
             },
         );
+        assert!(i2[n..].iter().all(|&i| i == -1) && v2[rows..].iter().all(|&v| v == 0));
         assert_eq!(i1, i2, "indices");
         assert_eq!(v1, v2, "valid_count");
         match (a, b) {
@@ -339,10 +412,16 @@ impl Case {
                 assert_eq!(a.stats, b.stats, "stats");
                 self.resolves += 1;
                 self.misses += a.stats.misses;
-                self.check_bytes(layer, &sessions, &qsl, &topk, k, &i2);
+                self.unserved += a.stats.unserved;
+                self.packed += u64::from(layout == OutputLayout::Packed);
+                self.bounded += u64::from(bounded);
+                let served = self.served(layer, &sessions, &qsl, &topk, k, &i2, layout);
+                let wanted = topk.iter().filter(|&&p| p >= 0).count();
+                assert_eq!(served.len() as u64 + a.stats.unserved, wanted as u64);
+                self.check_bytes(layer, &served);
                 self.replay_others(&a.plan, layer);
                 for l in 0..g.layers {
-                    self.check_bytes(l, &sessions, &qsl, &topk, k, &i2);
+                    self.check_bytes(l, &served);
                 }
                 if !a.plan.copies.is_empty() && g.layers > 1 {
                     self.last_plan = Some((a.plan, layer));
@@ -363,7 +442,7 @@ fn gpu_resolver_equals_cpu_reference() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
-    let (mut resolves, mut misses) = (0, 0);
+    let (mut resolves, mut misses, mut unserved, mut packed, mut bounded) = (0, 0, 0, 0, 0);
     for case in 0..cases {
         let mut rng = case * 7919 + 1;
         let rbs = [16u32, 24, 32, 656];
@@ -399,16 +478,27 @@ fn gpu_resolver_equals_cpu_reference() {
             last_plan: None,
             resolves: 0,
             misses: 0,
+            unserved: 0,
+            packed: 0,
+            bounded: 0,
         };
         for _ in 0..120 {
             c.step(&mut rng);
         }
         resolves += c.resolves;
         misses += c.misses;
+        unserved += c.unserved;
+        packed += c.packed;
+        bounded += c.bounded;
     }
-    println!("{cases} cases: {resolves} successful resolves, {misses} misses fetched");
+    println!(
+        "{cases} cases: {resolves} successful resolves, {misses} misses fetched, {unserved} picks \
+         unserved by overflowing steps, {packed} packed, {bounded} with per-query bounds"
+    );
     assert!(resolves > cases * 5, "too few resolves exercised");
     assert!(misses > 0, "no miss path exercised");
+    assert!(unserved > 0, "no overflowing step exercised");
+    assert!(packed > 0 && bounded > 0, "new modes not exercised");
 }
 
 #[test]

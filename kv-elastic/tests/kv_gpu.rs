@@ -146,6 +146,58 @@ fn run(kv: &GpuArena, c: &Call, sessions: u32, layer: u32, backend: CopyBackend)
     gpu.stream().synchronize().unwrap();
 }
 
+/// [`call`] with output buffers of `extra` more index entries and `extra_rows` more valid counts
+/// (a persistent max-size buffer), poisoned.
+#[allow(clippy::too_many_arguments)]
+fn call_padded(
+    gpu: &Arc<Gpu>,
+    topk: &[i32],
+    qsl: &[i32],
+    seq: &[i32],
+    slots: &[i32],
+    k: u32,
+    extra: usize,
+    extra_rows: usize,
+) -> Call {
+    let mut c = call(gpu, topk, qsl, seq, slots, k);
+    let ctx = gpu.ctx();
+    c.idx = DeviceBuffer::from_host(ctx, &vec![12345; topk.len() + extra]).unwrap();
+    c.valid = DeviceBuffer::from_host(ctx, &vec![777; c.rows as usize + extra_rows]).unwrap();
+    c
+}
+
+/// [`run`] with options (layout, per-query bounds, output lengths).
+fn run_with(kv: &GpuArena, c: &Call, sessions: u32, o: &KvResolveOptions) {
+    let gpu = kv.gpu();
+    gpu.synchronize().unwrap();
+    let a = KvResolveArgs {
+        topk: c.topk.device_ptr(),
+        query_start_loc: c.qsl.device_ptr(),
+        seq_lens: c.seq.device_ptr(),
+        session_slot: c.slots.device_ptr(),
+        sessions,
+        rows: c.rows,
+        k: c.k,
+        layer: 0,
+        indices: c.idx.device_ptr(),
+        valid_count: c.valid.device_ptr(),
+        plan: c.plan.device_ptr(),
+        plan_count: c.count.device_ptr(),
+        stats: c.stats.device_ptr(),
+    };
+    // SAFETY: all buffers of `c` are live and sized for (reqs, rows, k, hot_rows = 64), the output
+    // buffers hold at least `o.indices_len` / `o.valid_len` entries, `o.query_seq_lens` is 0 or a
+    // live int32 [rows].
+    unsafe { kv.resolve_async_with(gpu.stream(), &a, o, CopyBackend::Gather) }.unwrap();
+    gpu.stream().synchronize().unwrap();
+}
+
+fn want_row(slot: u32, p: i32, layer: u32) -> Vec<u8> {
+    (0..ROW as usize)
+        .map(|i| byte(slot, p as u32, layer, i))
+        .collect()
+}
+
 fn row_bytes(plane: &[u8], row: i32) -> &[u8] {
     &plane[row as usize * ROW as usize..(row as usize + 1) * ROW as usize]
 }
@@ -474,5 +526,197 @@ fn cuda_failures_are_typed_with_the_cuda_name() {
     match GpuArena::new(&gpu, d) {
         Err(e) => assert_eq!(e.cuda_name(), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{e}"),
         Ok(_) => panic!("a 1.4 TB arena was allocated"),
+    }
+}
+
+#[test]
+fn a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut kv = setup(&gpu);
+    let k = 8u32;
+    let first: Vec<i32> = (0..k as i32).map(|j| 300 + j).collect();
+    let c = call(&gpu, &first, &[0, 1], &[1000], &[0], k);
+    run(&kv, &c, 1, 0, CopyBackend::Gather);
+    let hot_before = kv.download_hot(0).unwrap();
+    // Slot 0 named by both requests, with other misses: both refused, nothing placed or fetched.
+    let other: Vec<i32> = (0..2 * k as i32).map(|j| 600 + j).collect();
+    let c = call(&gpu, &other, &[0, 1, 2], &[1000, 1000], &[0, 0], k);
+    run(&kv, &c, 2, 0, CopyBackend::Gather);
+    assert!(c.idx.download().unwrap().iter().all(|&x| x == -1));
+    assert_eq!(c.valid.download().unwrap(), vec![0, 0]);
+    assert_eq!(c.count.download().unwrap(), vec![0, 0]);
+    assert_eq!(kv.errors().unwrap().bad_session, 2);
+    assert_eq!(
+        kv.download_hot(0).unwrap(),
+        hot_before,
+        "hot cache untouched"
+    );
+    kv.clear_errors().unwrap();
+    // Later resolves are exact: the first picks are still hits, the others fetched.
+    let mut picks = first.clone();
+    picks.extend(&other[..k as usize]);
+    let c = call(&gpu, &picks, &[0, 1], &[1000], &[0], 2 * k);
+    run(&kv, &c, 1, 0, CopyBackend::Gather);
+    assert!(kv.errors().unwrap().is_clean());
+    assert_eq!(c.count.download().unwrap()[0], k);
+    let idx = c.idx.download().unwrap();
+    let plane = kv.download_plane(0).unwrap();
+    for (j, &p) in picks.iter().enumerate() {
+        assert_eq!(
+            row_bytes(&plane, idx[j]),
+            &want_row(0, p, 0)[..],
+            "position {p}"
+        );
+    }
+    // A slot named twice next to a valid one: only the duplicates are refused.
+    let c = call(&gpu, &picks[..3], &[0, 1, 2, 3], &[1000; 3], &[0, 1, 0], 1);
+    run(&kv, &c, 3, 0, CopyBackend::Gather);
+    assert_eq!(
+        kv.errors().unwrap().bad_session,
+        3,
+        "two duplicates + slot 1 not live"
+    );
+    kv.clear_errors().unwrap();
+}
+
+#[test]
+fn packed_rows_per_query_bounds_and_padded_buffers() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut kv = setup(&gpu);
+    // Two speculative rows of k = 600 (> KV_BLOCK: the packing crosses chunks): page hits, tail,
+    // misses, -1 mid-row.
+    let k = 600u32;
+    let mut topk = Vec::new();
+    for r in 0..2i32 {
+        for j in 0..k as i32 {
+            topk.push(match (j + r) % 4 {
+                0 => -1,
+                1 => j % 160,
+                2 => 984 + j % 16,
+                _ => 200 + (j % 60) + r,
+            });
+        }
+    }
+    let inplace = call(&gpu, &topk, &[0, 2], &[1000], &[0], k);
+    run_with(&kv, &inplace, 1, &KvResolveOptions::default());
+    let packed = call_padded(&gpu, &topk, &[0, 2], &[1000], &[0], k, 37, 5);
+    let o = KvResolveOptions {
+        layout: KV_LAYOUT_PACKED,
+        indices_len: topk.len() as u64 + 37,
+        valid_len: 2 + 5,
+        ..Default::default()
+    };
+    run_with(&kv, &packed, 1, &o);
+    assert!(kv.errors().unwrap().is_clean());
+    let a = inplace.idx.download().unwrap();
+    let b = packed.idx.download().unwrap();
+    let va = inplace.valid.download().unwrap();
+    let vb = packed.valid.download().unwrap();
+    assert_eq!(vb[..2], va[..]);
+    assert_eq!(vb[2..], [0; 5], "valid padding");
+    assert!(b[topk.len()..].iter().all(|&x| x == -1), "index padding");
+    for r in 0..2 {
+        let row = &a[r * k as usize..(r + 1) * k as usize];
+        let compact: Vec<i32> = row.iter().copied().filter(|&x| x >= 0).collect();
+        assert_eq!(compact.len(), va[r] as usize);
+        let prow = &b[r * k as usize..(r + 1) * k as usize];
+        assert_eq!(prow[..compact.len()], compact[..], "packed row {r}");
+        assert!(prow[compact.len()..].iter().all(|&x| x == -1));
+    }
+    // Per-query bounds: row 0 sees 990 positions, row 1 all 1000: row 0's picks >= 990 are -1.
+    let bounds = DeviceBuffer::from_host(gpu.ctx(), &[990i32, 1000]).unwrap();
+    let c = call(&gpu, &topk, &[0, 2], &[1000], &[0], k);
+    run_with(
+        &kv,
+        &c,
+        1,
+        &KvResolveOptions {
+            query_seq_lens: bounds.device_ptr(),
+            ..Default::default()
+        },
+    );
+    let idx = c.idx.download().unwrap();
+    let beyond = topk[..k as usize].iter().filter(|&&p| p >= 990).count();
+    assert!(beyond > 0);
+    assert_eq!(kv.errors().unwrap().bad_position as usize, beyond);
+    let plane = kv.download_plane(0).unwrap();
+    for (j, &p) in topk.iter().enumerate() {
+        let bound = if j < k as usize { 990 } else { 1000 };
+        if p < 0 || p >= bound {
+            assert_eq!(idx[j], -1, "pick {j} position {p}");
+        } else {
+            assert_eq!(row_bytes(&plane, idx[j]), &want_row(0, p, 0)[..]);
+        }
+    }
+    kv.clear_errors().unwrap();
+    // Launch-time checks: unknown layout, buffers shorter than rows × k.
+    let a = KvResolveArgs {
+        k: 4,
+        rows: 2,
+        ..Default::default()
+    };
+    for o in [
+        KvResolveOptions {
+            layout: 2,
+            ..Default::default()
+        },
+        KvResolveOptions {
+            indices_len: 7,
+            ..Default::default()
+        },
+        KvResolveOptions {
+            valid_len: 1,
+            ..Default::default()
+        },
+    ] {
+        // SAFETY: refused before any launch.
+        let e = unsafe { kv.resolve_async_with(gpu.stream(), &a, &o, CopyBackend::Gather) };
+        assert!(e.is_err(), "{o:?}");
+    }
+}
+
+#[test]
+fn an_overflowing_speculative_step_is_served_as_far_as_hot_rows_last() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let mut kv = setup(&gpu);
+    // Three rows of 40 distinct misses (120 > 64 hot rows): the first 64 in first-appearance order
+    // are placed and served exactly, the other picks are -1 and counted as overflow.
+    let k = 40u32;
+    let topk: Vec<i32> = (0..3 * k as i32).map(|j| 200 + j).collect();
+    for layout in [KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED] {
+        let c = call(&gpu, &topk, &[0, 3], &[1000], &[0], k);
+        run_with(
+            &kv,
+            &c,
+            1,
+            &KvResolveOptions {
+                layout,
+                ..Default::default()
+            },
+        );
+        let e = kv.errors().unwrap();
+        assert!(e.overflow > 0 && e.bad_position == 0 && e.bad_session == 0);
+        kv.clear_errors().unwrap();
+        let idx = c.idx.download().unwrap();
+        let valid = c.valid.download().unwrap();
+        let st = c.stats.download().unwrap();
+        assert_eq!(valid.iter().sum::<i32>() as u32, st[0]);
+        assert_eq!(st[0] as usize + e.overflow as usize, topk.len());
+        let plane = kv.download_plane(0).unwrap();
+        let served: Vec<i32> = idx.iter().copied().filter(|&x| x >= 0).collect();
+        assert_eq!(served.len(), st[0] as usize);
+        // Served picks are a prefix of the picks (first appearance) and hold their bytes.
+        for (j, &row) in served.iter().enumerate() {
+            assert_eq!(row_bytes(&plane, row), &want_row(0, topk[j], 0)[..]);
+        }
+        // The next call is exact.
+        let c = call(&gpu, &topk[..k as usize], &[0, 1], &[1000], &[0], k);
+        run(&kv, &c, 1, 0, CopyBackend::Gather);
+        assert!(kv.errors().unwrap().is_clean());
+        let idx = c.idx.download().unwrap();
+        let plane = kv.download_plane(0).unwrap();
+        for (j, &p) in topk[..k as usize].iter().enumerate() {
+            assert_eq!(row_bytes(&plane, idx[j]), &want_row(0, p, 0)[..]);
+        }
     }
 }

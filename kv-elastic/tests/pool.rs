@@ -2,7 +2,8 @@
 //! oldest-first in proportion, bounded hand-back, prefetch, speculative scratch, typed errors.
 
 use kv_elastic::{
-    Admission, ElasticPool, Geometry, KvError, PoolConfig, ResolveInput, ResolveOutput, Resolver,
+    Admission, ElasticPool, Geometry, KvError, OutputLayout, PoolConfig, ResolveInput,
+    ResolveOptions, ResolveOutput, Resolver,
 };
 use tierkit_testkit::{pattern_row, pattern_tokens};
 
@@ -334,5 +335,314 @@ fn huge_geometries_are_typed_errors_not_aborts() {
             matches!(e, KvError::OutOfMemory { what: "arena plane", bytes } if bytes == g.plane_bytes() as u64),
             "{e:?}"
         ),
+    }
+}
+
+/// One resolve of `sessions` (rows per `qsl`) with options, into buffers of `extra` padding entries
+/// (`indices`) and `extra_rows` padding rows (`valid_count`), poisoned first.
+#[allow(clippy::too_many_arguments)]
+fn resolve_opts(
+    pool: &mut ElasticPool,
+    sessions: &[u64],
+    qsl: &[i32],
+    seq_lens: &[i32],
+    topk: &[i32],
+    k: usize,
+    opts: &ResolveOptions<'_>,
+    extra: usize,
+    extra_rows: usize,
+) -> (kv_elastic::Result<kv_elastic::Resolved>, Vec<i32>, Vec<i32>) {
+    let rows = topk.len() / k;
+    let mut idx = vec![i32::MIN; topk.len() + extra];
+    let mut valid = vec![i32::MIN; rows + extra_rows];
+    let input = ResolveInput {
+        sessions,
+        query_start_loc: qsl,
+        seq_lens,
+        topk,
+        k,
+        layer: 0,
+    };
+    let r = pool.resolve_with(
+        &input,
+        opts,
+        &mut ResolveOutput {
+            indices: &mut idx,
+            valid_count: &mut valid,
+        },
+    );
+    if let Ok(done) = &r {
+        for l in 1..pool.geometry().layers {
+            pool.replay(&done.plan, l).unwrap();
+        }
+    }
+    (r, idx, valid)
+}
+
+#[test]
+fn a_session_named_twice_is_refused_and_later_resolves_stay_exact() {
+    let g = geometry(4);
+    let mut pool = ElasticPool::new(g, PoolConfig { elastic: false }).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 40))
+        .unwrap();
+    let (idx, _) = resolve(&mut pool, 1, 40, &[3, 4, 5]);
+    assert_rows(&pool, 1, &[3, 4, 5], &idx);
+    let hot_before = pool.hot_cache(1).unwrap().slot_table().to_vec();
+    let (r, idx2, valid) = resolve_opts(
+        &mut pool,
+        &[1, 1],
+        &[0, 1, 2],
+        &[40, 40],
+        &[6, 7],
+        1,
+        &ResolveOptions::default(),
+        0,
+        0,
+    );
+    assert_eq!(r.err(), Some(KvError::DuplicateSession(1)));
+    assert_eq!((idx2, valid), (vec![-1, -1], vec![0, 0]));
+    assert_eq!(pool.hot_cache(1).unwrap().slot_table(), &hot_before[..]);
+    let (idx, st) = resolve(&mut pool, 1, 40, &[3, 4, 5, 6, 7]);
+    assert_eq!((st.hot_hits, st.misses), (5, 2));
+    assert_rows(&pool, 1, &[3, 4, 5, 6, 7], &idx);
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn packed_rows_put_valid_entries_first_as_flashmla_topk_length_reads_them() {
+    let g = geometry(20);
+    let mut pool = ElasticPool::new(g, PoolConfig::default()).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 30))
+        .unwrap();
+    let topk = [-1, 7, -1, 2, 29, -1, -1, -1, 0, -1, 1, -1];
+    let (r, inplace, v_in) = resolve_opts(
+        &mut pool,
+        &[1],
+        &[0, 2],
+        &[30],
+        &topk,
+        6,
+        &ResolveOptions::default(),
+        0,
+        0,
+    );
+    r.unwrap();
+    assert_eq!(v_in, vec![3, 2]);
+    assert_eq!(
+        inplace[0], -1,
+        "in place: -1 stays mid-row, valid_count is not topk_length"
+    );
+    let (r, packed, v) = resolve_opts(
+        &mut pool,
+        &[1],
+        &[0, 2],
+        &[30],
+        &topk,
+        6,
+        &ResolveOptions {
+            layout: OutputLayout::Packed,
+            query_seq_lens: None,
+        },
+        0,
+        0,
+    );
+    r.unwrap();
+    assert_eq!(v, vec![3, 2]);
+    // Row 0: the rows of 7, 2, 29 (column order), then -1; row 1: 0, 1, then -1.
+    let compact = |row: &[i32]| -> Vec<i32> { row.iter().copied().filter(|&i| i >= 0).collect() };
+    for row in 0..2 {
+        let n = v[row] as usize;
+        assert_eq!(
+            packed[row * 6..row * 6 + n],
+            compact(&inplace[row * 6..row * 6 + 6])[..]
+        );
+        assert!(packed[row * 6 + n..row * 6 + 6].iter().all(|&i| i == -1));
+    }
+    // What FlashMLA reads (the first topk_length entries) serves exactly the valid picks.
+    assert_rows(&pool, 1, &[7, 2, 29], &packed[..3]);
+    assert_rows(&pool, 1, &[0, 1], &packed[6..8]);
+}
+
+#[test]
+fn per_query_bounds_keep_draft_positions_from_earlier_queries() {
+    let g = geometry(20);
+    let mut pool = ElasticPool::new(g, PoolConfig::default()).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 15))
+        .unwrap();
+    // Drafts at 15, 16, 17: query row i (verifying draft i) sees 16 + i positions.
+    pool.write_scratch(1, &pattern_tokens(g.row_bytes, g.layers, 1, 15, 3))
+        .unwrap();
+    let bounds = [16, 17, 18];
+    let opts = ResolveOptions {
+        layout: OutputLayout::InPlace,
+        query_seq_lens: Some(&bounds),
+    };
+    let (r, idx, v) = resolve_opts(
+        &mut pool,
+        &[1],
+        &[0, 3],
+        &[18],
+        &[15, 3, 16, 15, 17, 16],
+        2,
+        &opts,
+        0,
+        0,
+    );
+    r.unwrap();
+    assert_eq!(v, vec![2, 2, 2]);
+    assert_rows(&pool, 1, &[15, 3, 16, 15, 17, 16], &idx);
+    // Row 0 picking draft 16 (visible only from row 1 on) is refused, outputs filled.
+    let (r, idx, v) = resolve_opts(
+        &mut pool,
+        &[1],
+        &[0, 3],
+        &[18],
+        &[16, -1, 16, 15, 17, 16],
+        2,
+        &opts,
+        1,
+        1,
+    );
+    assert_eq!(
+        r.err(),
+        Some(KvError::PositionOutOfRange {
+            row: 0,
+            position: 16,
+            seq_len: 16
+        })
+    );
+    assert!(idx.iter().all(|&i| i == -1) && v.iter().all(|&c| c == 0));
+    for (bad, at) in [([0, 17, 18], 0), ([16, 19, 18], 1)] {
+        let (r, ..) = resolve_opts(
+            &mut pool,
+            &[1],
+            &[0, 3],
+            &[18],
+            &[0; 6],
+            2,
+            &ResolveOptions {
+                layout: OutputLayout::InPlace,
+                query_seq_lens: Some(&bad),
+            },
+            0,
+            0,
+        );
+        assert_eq!(
+            r.err(),
+            Some(KvError::QuerySeqLenOutOfRange {
+                row: at,
+                query_seq_len: bad[at],
+                seq_len: 18
+            })
+        );
+    }
+    let (r, ..) = resolve_opts(
+        &mut pool,
+        &[1],
+        &[0, 3],
+        &[18],
+        &[0; 6],
+        2,
+        &ResolveOptions {
+            layout: OutputLayout::InPlace,
+            query_seq_lens: Some(&[16, 17]),
+        },
+        0,
+        0,
+    );
+    assert!(matches!(
+        r.err(),
+        Some(KvError::LengthMismatch {
+            what: "query_seq_lens",
+            ..
+        })
+    ));
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn an_overflowing_speculative_step_is_served_not_failed() {
+    // Hot cache of 8 rows, no borrowed pages, tail of 4: positions < 36 need the hot cache.
+    let g = geometry(4);
+    let mut pool = ElasticPool::new(g, PoolConfig { elastic: false }).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 40))
+        .unwrap();
+    // Three speculative rows of 5 distinct misses each: 15 distinct positions, 8 hot rows.
+    let topk: Vec<i32> = (0..15).collect();
+    for layout in [OutputLayout::InPlace, OutputLayout::Packed] {
+        let (r, idx, v) = resolve_opts(
+            &mut pool,
+            &[1],
+            &[0, 3],
+            &[40],
+            &topk,
+            5,
+            &ResolveOptions {
+                layout,
+                query_seq_lens: None,
+            },
+            0,
+            0,
+        );
+        let done = r.expect("served, never HotCacheOverflow");
+        // First appearance order: the first 8 positions get the 8 hot rows.
+        assert_eq!(done.stats.unserved, 7);
+        assert_eq!(done.stats.picks, 8);
+        assert_eq!(v, vec![5, 3, 0]);
+        if layout == OutputLayout::InPlace {
+            assert!(idx[8..].iter().all(|&i| i == -1));
+        } else {
+            assert!(idx[5..8].iter().all(|&i| i >= 0));
+            assert!(idx[8..10].iter().all(|&i| i == -1));
+        }
+        let served: Vec<i32> = idx.iter().copied().filter(|&i| i >= 0).collect();
+        assert_rows(&pool, 1, &topk[..8], &served);
+        // The next step is exact and everything served fits again.
+        let (idx, st) = resolve(&mut pool, 1, 40, &[20, 21, 39]);
+        assert_eq!(st.unserved, 0);
+        assert_rows(&pool, 1, &[20, 21, 39], &idx);
+    }
+    pool.check_invariants().unwrap();
+}
+
+#[test]
+fn oversized_output_buffers_are_padded() {
+    let g = geometry(20);
+    let mut pool = ElasticPool::new(g, PoolConfig::default()).unwrap();
+    pool.admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 30))
+        .unwrap();
+    for layout in [OutputLayout::InPlace, OutputLayout::Packed] {
+        let opts = ResolveOptions {
+            layout,
+            query_seq_lens: None,
+        };
+        let (r, idx, v) =
+            resolve_opts(&mut pool, &[1], &[0, 1], &[30], &[4, -1, 9], 3, &opts, 7, 3);
+        r.unwrap();
+        assert_eq!(idx.len(), 10);
+        assert!(idx[3..].iter().all(|&i| i == -1), "index padding");
+        assert_eq!(v, vec![2, 0, 0, 0]);
+        // Too short is still refused.
+        let mut short = [0; 2];
+        let mut valid = [0; 1];
+        let input = ResolveInput {
+            sessions: &[1],
+            query_start_loc: &[0, 1],
+            seq_lens: &[30],
+            topk: &[4, -1, 9],
+            k: 3,
+            layer: 0,
+        };
+        assert!(matches!(
+            pool.resolve_with(
+                &input,
+                &opts,
+                &mut ResolveOutput {
+                    indices: &mut short,
+                    valid_count: &mut valid
+                }
+            ),
+            Err(KvError::LengthMismatch { .. })
+        ));
     }
 }

@@ -6,7 +6,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
-use super::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvTables, KV_BLOCK, KV_MODULE};
+use super::{
+    CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, KV_BLOCK,
+    KV_LAYOUT_PACKED, KV_MODULE,
+};
 use crate::device::Gpu;
 use crate::error::{drv, CudaError, Result};
 use crate::raw;
@@ -54,18 +57,15 @@ impl KvKernels {
         &self.gpu
     }
 
-    /// Launches the fused resolve on `stream` (graph capturable: only `t` and the buffers of `a`
-    /// are read and written). Grid `a.sessions + 1` blocks of [`KV_BLOCK`] threads;
-    /// `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma` leaves them in
-    /// the plan for [`KvKernels::dma_copy_async`].
+    /// Launches the fused resolve on `stream` with the default options (in-place rows, per-session
+    /// bounds, outputs of exactly `rows × k` / `rows`): [`KvKernels::resolve_async_with`] with
+    /// [`KvResolveOptions::default`].
     ///
     /// # Errors
-    /// `OutOfRange` for `a.layer`, `Shape` for `a.k == 0`, the driver's launch error.
+    /// As [`KvKernels::resolve_async_with`].
     ///
     /// # Safety
-    /// `t` holds live device buffers of the shapes [`KvTables`] lists for `d`; every pointer of `a`
-    /// addresses a live device buffer of the documented shape; no other stream touches the tables
-    /// or the hot rows while the kernel runs.
+    /// As [`KvKernels::resolve_async_with`].
     pub unsafe fn resolve_async(
         &self,
         stream: &CudaStream,
@@ -74,12 +74,75 @@ impl KvKernels {
         a: &KvResolveArgs,
         backend: CopyBackend,
     ) -> Result<()> {
+        // SAFETY: forwarded; the default options name no extra buffer.
+        unsafe { self.resolve_async_with(stream, d, t, a, &KvResolveOptions::default(), backend) }
+    }
+
+    /// Launches the fused resolve on `stream` (graph capturable: only `t`, the buffers of `a` and
+    /// `o.query_seq_lens` are read and written). Grid `a.sessions + 1` blocks of [`KV_BLOCK`]
+    /// threads; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
+    /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
+    /// (FlashMLA `topk_length`-compatible packing or in place), per-query causal bounds and
+    /// oversized (padded) output buffers; see [`KvResolveOptions`] and the KV resolve kernel
+    /// contract in `DESIGN.md`.
+    ///
+    /// # Errors
+    /// `OutOfRange` for `a.layer` or `o.layout`, `Shape` for `a.k == 0` or output lengths
+    /// (`o.indices_len`, `o.valid_len`) below `rows × k` / `rows`, the driver's launch error.
+    ///
+    /// # Safety
+    /// `t` holds live device buffers of the shapes [`KvTables`] lists for `d`; every pointer of `a`
+    /// addresses a live device buffer of the documented shape (`indices` of `o.indices_len`
+    /// entries and `valid_count` of `o.valid_len` when those are non-zero); `o.query_seq_lens` is
+    /// 0 or a live `int32 [rows]`; no other stream touches the tables or the hot rows while the
+    /// kernel runs.
+    pub unsafe fn resolve_async_with(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        a: &KvResolveArgs,
+        o: &KvResolveOptions,
+        backend: CopyBackend,
+    ) -> Result<()> {
         check_layers(d, a.layer, 1)?;
         if a.k == 0 {
             return Err(CudaError::Shape {
                 what: "k",
                 expected: 1,
                 got: 0,
+            });
+        }
+        if o.layout > KV_LAYOUT_PACKED {
+            return Err(CudaError::OutOfRange {
+                what: "output layout",
+                value: o.layout as u64,
+                limit: KV_LAYOUT_PACKED as u64 + 1,
+            });
+        }
+        let picks = a.rows as u64 * a.k as u64;
+        let indices_len = if o.indices_len == 0 {
+            picks
+        } else {
+            o.indices_len
+        };
+        if indices_len < picks {
+            return Err(CudaError::Shape {
+                what: "indices entries (at least rows × k)",
+                expected: picks,
+                got: indices_len,
+            });
+        }
+        let valid_len = if o.valid_len == 0 {
+            a.rows as u64
+        } else {
+            o.valid_len
+        };
+        if valid_len < a.rows as u64 {
+            return Err(CudaError::Shape {
+                what: "valid_count entries (at least rows)",
+                expected: a.rows as u64,
+                got: valid_len,
             });
         }
         let fetch = u32::from(backend == CopyBackend::Gather);
@@ -99,7 +162,11 @@ impl KvKernels {
             .arg(&a.valid_count)
             .arg(&a.plan)
             .arg(&a.plan_count)
-            .arg(&a.stats);
+            .arg(&a.stats)
+            .arg(&o.layout)
+            .arg(&o.query_seq_lens)
+            .arg(&indices_len)
+            .arg(&valid_len);
         let cfg = LaunchConfig {
             grid_dim: (a.sessions + 1, 1, 1),
             block_dim: (KV_BLOCK, 1, 1),

@@ -1,5 +1,6 @@
 //! The fused KV resolve / dedup / fetch kernels (after HiSparse; outputs in FlashMLA's sparse
-//! `indices` + `topk_length` shape, batches in vLLM's `query_start_loc` shape): the `Pod` layouts
+//! `indices` shape, with `topk_length` in the packed layout ([`KV_LAYOUT_PACKED`]), batches in
+//! vLLM's `query_start_loc` shape): the `Pod` layouts
 //! shared with `kernels/kv_resolve.cu` and typed launchers. No tier state lives here: the caller
 //! (kv-elastic's GPU arena, or a test) owns the device tables, the arena and the mapped pinned host
 //! store, and passes them as a [`KvTables`] of device pointers with their [`KvDims`].
@@ -195,11 +196,15 @@ pub enum CopyBackend {
 /// Error counters the kernels keep on the device (cumulative until the owner of [`KvTables::err`] zeroes it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvErrors {
-    /// Requests whose slot is out of range or not live, or whose `seq_len` is out of range.
+    /// Requests whose slot is out of range, not live or named by another request of the same
+    /// call, or whose `seq_len` is out of range.
     pub bad_session: u32,
-    /// Picks `< -1` or `>= seq_len` (written as `-1`).
+    /// Picks `< -1` or at or beyond their row's bound (`seq_len`, or the per-query bound),
+    /// written as `-1`.
     pub bad_position: u32,
-    /// Misses that found no evictable hot row (written as `-1`).
+    /// Distinct positions of a call that found no evictable hot row (their picks are written
+    /// `-1`; a speculative step needing more rows than the hot cache has). Not a fault of the
+    /// input: the call is served as far as the hot cache allows.
     pub overflow: u32,
     /// Calls with a malformed `query_start_loc` (every row written as `-1`).
     pub bad_qsl: u32,
@@ -289,15 +294,19 @@ pub const KV_ERR_WORDS: usize = 8;
 pub const KV_UNCLAIMED: i32 = i32::MAX;
 
 /// Device buffers of one fused resolve call (raw device pointers, e.g. tensors' `data_ptr()`).
+/// Output layout, per-query bounds and oversized output buffers: [`KvResolveOptions`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvResolveArgs {
     /// `int32 [rows, k]` picked positions (`-1` = padding).
     pub topk: u64,
     /// `int32 [sessions + 1]` query rows per session.
     pub query_start_loc: u64,
-    /// `int32 [sessions]` visible positions per session.
+    /// `int32 [sessions]` visible positions per session (per query row:
+    /// [`KvResolveOptions::query_seq_lens`]).
     pub seq_lens: u64,
-    /// `int32 [sessions]` session slot of each request.
+    /// `int32 [sessions]` session slot of each request. A slot named by more than one request is
+    /// refused for every request naming it (rows `-1`, one `bad_session` each, its tables
+    /// untouched): two blocks must never update one slot's hot cache.
     pub session_slot: u64,
     /// Requests.
     pub sessions: u32,
@@ -307,9 +316,11 @@ pub struct KvResolveArgs {
     pub k: u32,
     /// Arena plane the misses are fetched into.
     pub layer: u32,
-    /// `int32 [rows, k]` output arena rows (`-1` padding).
+    /// `int32 [rows, k]` output arena rows (`-1` padding; layout and longer buffers:
+    /// [`KvResolveOptions`]).
     pub indices: u64,
-    /// `int32 [rows]` output valid picks per row.
+    /// `int32 [rows]` output valid picks per row (FlashMLA's `topk_length` only in the packed
+    /// layout, [`KV_LAYOUT_PACKED`]).
     pub valid_count: u64,
     /// `KvCopy [sessions][hot_rows]` output plan (request `r`'s copies at `r * hot_rows`).
     pub plan: u64,
@@ -317,6 +328,35 @@ pub struct KvResolveArgs {
     pub plan_count: u64,
     /// `u32 [sessions][KV_STATS]` output counters.
     pub stats: u64,
+}
+
+/// [`KvResolveOptions::layout`]: arena rows stay in their picks' columns, `-1` where invalid;
+/// `valid_count` counts the non `-1` entries (not FlashMLA's `topk_length`).
+pub const KV_LAYOUT_IN_PLACE: u32 = 0;
+/// [`KvResolveOptions::layout`]: valid entries packed to the front of each row in column order,
+/// `-1` after; `valid_count` is the packed length (FlashMLA's `topk_length`).
+pub const KV_LAYOUT_PACKED: u32 = 1;
+
+/// Optional inputs of one fused resolve ([`KvKernels::resolve_async_with`]); the default (all
+/// zero) is [`KvKernels::resolve_async`]'s behaviour. Kept apart from [`KvResolveArgs`] so that
+/// code building the arguments as a struct literal keeps compiling.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvResolveOptions {
+    /// Row layout: [`KV_LAYOUT_IN_PLACE`] (0, default) or [`KV_LAYOUT_PACKED`] (1); any other
+    /// value is refused at launch (`OutOfRange`).
+    pub layout: u32,
+    /// `int32 [rows]` per-query causal bound (device pointer; 0 = none): row `row` may see
+    /// positions `0..query_seq_lens[row]` (capped at its entry's `seq_len`); a pick at or beyond
+    /// it is written `-1` and counted in `bad_position`. vLLM's per-token `seq_lens` of a
+    /// speculative batch.
+    pub query_seq_lens: u64,
+    /// Entries of the `indices` buffer (0 = exactly `rows × k`). Larger: a persistent max-size
+    /// buffer (CUDA-graph style); entries past `rows × k` are padding and written `-1`. Smaller
+    /// than `rows × k` is refused at launch (`Shape`).
+    pub indices_len: u64,
+    /// Entries of the `valid_count` buffer (0 = exactly `rows`). Larger: entries past `rows` are
+    /// padding and written `0`. Smaller than `rows` is refused at launch (`Shape`).
+    pub valid_len: u64,
 }
 
 #[cfg(test)]

@@ -11,8 +11,8 @@ use cuda_kernels::{
     copy_dtoh_async, copy_htod_async, CudaError, DeviceBuffer, Gpu, PinnedBuffer, Result,
 };
 use cuda_kernels::{
-    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvSlotDesc, KvTables,
-    KV_ERR_WORDS, KV_UNCLAIMED,
+    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvResolveOptions, KvSlotDesc,
+    KvTables, KV_ERR_WORDS, KV_UNCLAIMED,
 };
 use tier_core::NOT_RESIDENT;
 
@@ -367,6 +367,30 @@ impl GpuArena {
         unsafe {
             self.kernels
                 .resolve_async(stream, &self.dims, &self.tables(), a, backend)
+        }
+    }
+
+    /// [`KvKernels::resolve_async_with`] on these tables: output layout (packed, FlashMLA
+    /// `topk_length`-compatible, or in place), per-query causal bounds and padded oversized output
+    /// buffers ([`KvResolveOptions`]).
+    ///
+    /// # Errors
+    /// As [`KvKernels::resolve_async_with`].
+    ///
+    /// # Safety
+    /// As [`GpuArena::resolve_async`]; `o.query_seq_lens` is 0 or a live `int32 [rows]`, and the
+    /// output buffers hold `o.indices_len` / `o.valid_len` entries when those are non-zero.
+    pub unsafe fn resolve_async_with(
+        &self,
+        stream: &CudaStream,
+        a: &KvResolveArgs,
+        o: &KvResolveOptions,
+        backend: CopyBackend,
+    ) -> Result<()> {
+        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        unsafe {
+            self.kernels
+                .resolve_async_with(stream, &self.dims, &self.tables(), a, o, backend)
         }
     }
 

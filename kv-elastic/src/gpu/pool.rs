@@ -26,7 +26,10 @@ use std::sync::Arc;
 
 use std::sync::OnceLock;
 
-use cuda_kernels::{CopyBackend, KvCopy, KvDims, KvResolveArgs, KvSlotDesc, KV_STATS};
+use cuda_kernels::{
+    CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvSlotDesc, KV_LAYOUT_IN_PLACE,
+    KV_LAYOUT_PACKED, KV_STATS,
+};
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu};
 use hashbrown::HashMap;
 use tier_core::CompletionSignal;
@@ -37,7 +40,8 @@ use crate::error::{KvError, Result};
 use crate::layout::Geometry;
 use crate::pool::{Admission, ElasticPool, PoolConfig, StepMaintenance};
 use crate::resolve::{
-    ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
+    OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,
+    Resolver, RowCopy,
 };
 use crate::ticket::{ReadTicket, TicketEnd};
 
@@ -443,7 +447,14 @@ impl GpuElasticPool {
     }
 
     fn device_errors_clean(&mut self, layer: u32) -> Result<()> {
-        let e = self.dev.errors().map_err(cuda)?;
+        let mut e = self.dev.errors().map_err(cuda)?;
+        // Overflow is not bad input: the step was served as far as the hot cache allowed (the
+        // unserved picks are in the stats); clear the word so it does not accumulate.
+        let overflowed = e.overflow > 0;
+        e.overflow = 0;
+        if overflowed && e.is_clean() {
+            self.dev.clear_errors().map_err(cuda)?;
+        }
         if !e.is_clean() {
             self.dev.clear_errors().map_err(cuda)?;
             return Err(KvError::Cuda(CudaError::Residency {
@@ -494,13 +505,14 @@ impl GpuElasticPool {
 }
 
 impl Resolver for GpuElasticPool {
-    fn resolve(
+    fn resolve_with(
         &mut self,
         input: &ResolveInput<'_>,
+        opts: &ResolveOptions<'_>,
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved> {
         // The same checks, errors and output fill as the CPU reference.
-        self.cpu.validate_resolve(input, out)?;
+        self.cpu.validate_resolve(input, opts, out)?;
         let rows = input.topk.len() / input.k;
         let reqs = input.sessions.len();
         let slots: Vec<i32> = input
@@ -517,15 +529,16 @@ impl Resolver for GpuElasticPool {
                 DeviceBuffer::from_host(ctx, input.query_start_loc)?,
                 DeviceBuffer::from_host(ctx, input.seq_lens)?,
                 DeviceBuffer::from_host(ctx, &slots)?,
-                DeviceBuffer::<i32>::zeroed(ctx, input.topk.len())?,
-                DeviceBuffer::<i32>::zeroed(ctx, rows)?,
+                DeviceBuffer::<i32>::zeroed(ctx, out.indices.len().max(1))?,
+                DeviceBuffer::<i32>::zeroed(ctx, out.valid_count.len().max(1))?,
+                DeviceBuffer::from_host(ctx, opts.query_seq_lens.unwrap_or(&[0]))?,
                 DeviceBuffer::<KvCopy>::zeroed(ctx, reqs * hot)?,
                 DeviceBuffer::<u32>::zeroed(ctx, reqs)?,
                 DeviceBuffer::<u32>::zeroed(ctx, reqs * KV_STATS)?,
             ))
         })()
         .map_err(cuda)?;
-        let (topk, qsl, seq, slot_buf, idx, valid, plan, plan_count, stats) = dev_in;
+        let (topk, qsl, seq, slot_buf, idx, valid, qseq, plan, plan_count, stats) = dev_in;
         gpu.synchronize().map_err(cuda)?;
         let args = KvResolveArgs {
             topk: topk.device_ptr(),
@@ -542,10 +555,28 @@ impl Resolver for GpuElasticPool {
             plan_count: plan_count.device_ptr(),
             stats: stats.device_ptr(),
         };
+        let o = KvResolveOptions {
+            layout: match opts.layout {
+                OutputLayout::InPlace => KV_LAYOUT_IN_PLACE,
+                OutputLayout::Packed => KV_LAYOUT_PACKED,
+            },
+            query_seq_lens: if opts.query_seq_lens.is_some() {
+                qseq.device_ptr()
+            } else {
+                0
+            },
+            indices_len: out.indices.len() as u64,
+            valid_len: out.valid_count.len() as u64,
+        };
         let stream = gpu.stream();
         // SAFETY: every pointer addresses a live buffer of the documented shape (allocated above,
-        // alive until after the synchronize below); the tables are only touched by this stream.
-        unsafe { self.dev.resolve_async(stream, &args, self.gcfg.backend) }.map_err(cuda)?;
+        // output buffers of the host outputs' lengths, alive until after the synchronize below);
+        // the tables are only touched by this stream.
+        unsafe {
+            self.dev
+                .resolve_async_with(stream, &args, &o, self.gcfg.backend)
+        }
+        .map_err(cuda)?;
         stream
             .synchronize()
             .map_err(|e| cuda(CudaError::driver("cuStreamSynchronize", e)))?;
@@ -558,9 +589,12 @@ impl Resolver for GpuElasticPool {
         if self.gcfg.backend == CopyBackend::Dma {
             self.copy_rows(&copies, input.layer)?;
         }
-        out.indices.copy_from_slice(&idx.download().map_err(cuda)?);
+        let n_idx = out.indices.len();
+        out.indices
+            .copy_from_slice(&idx.download().map_err(cuda)?[..n_idx]);
+        let n_valid = out.valid_count.len();
         out.valid_count
-            .copy_from_slice(&valid.download().map_err(cuda)?);
+            .copy_from_slice(&valid.download().map_err(cuda)?[..n_valid]);
         self.device_errors_clean(input.layer)?;
         let st = stats.download().map_err(cuda)?;
         let mut stats = ResolveStats::default();
@@ -573,6 +607,9 @@ impl Resolver for GpuElasticPool {
             stats.misses += r[5] as u64;
             stats.direct_sessions += r[6] as u64;
         }
+        // Valid picks (validated: all in range) the kernel could not serve (no evictable hot row).
+        let wanted = input.topk.iter().filter(|&&p| p >= 0).count() as u64;
+        stats.unserved = wanted.saturating_sub(stats.picks);
         self.miss_tokens += stats.misses;
         Ok(Resolved {
             plan: ResolvePlan {

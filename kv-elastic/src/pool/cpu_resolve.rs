@@ -8,7 +8,8 @@ use crate::control::SessionState;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
 use crate::resolve::{
-    ResolveInput, ResolveOutput, ResolvePlan, ResolveStats, Resolved, Resolver, RowCopy,
+    OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,
+    Resolver, RowCopy,
 };
 use crate::ticket::ReadTicket;
 
@@ -55,18 +56,22 @@ impl ElasticPool {
 }
 
 impl Resolver for ElasticPool {
-    fn resolve(
+    fn resolve_with(
         &mut self,
         input: &ResolveInput<'_>,
+        opts: &ResolveOptions<'_>,
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved> {
-        let hot_needed = self.validate_resolve(input, out)?;
+        let hot_needed = self.validate_resolve(input, opts, out)?;
         self.ctl.call += 1;
         let call = self.ctl.call;
         let mut stats = ResolveStats::default();
         let mut copies = Vec::new();
         let g = self.ctl.geometry;
-        // Hot-cache bookkeeping: pin hits, install misses into victims (never this call's rows).
+        // Hot-cache bookkeeping: pin hits, install misses into victims (never this call's rows),
+        // in first-appearance order while a victim exists (the contract's "Overflow": a step
+        // needing more rows than the cache has is served as far as evictable rows last; the
+        // kernel's sweep makes the same choices, including one failing sweep at the end).
         for (ri, need) in hot_needed.iter().enumerate() {
             let s = input.sessions[ri];
             if need.is_empty() {
@@ -84,10 +89,9 @@ impl Resolver for ElasticPool {
                 }
             }
             for &p in &misses {
-                let slot = r
-                    .hot
-                    .victim(call)
-                    .expect("validated: distinct hot positions <= hot_rows");
+                let Some(slot) = r.hot.victim(call) else {
+                    break;
+                };
                 r.hot.install(slot, p, call);
                 let pr = g.page_rows;
                 let dst_row = r.fixed_pages[(slot / pr) as usize] * pr + slot % pr;
@@ -96,31 +100,49 @@ impl Resolver for ElasticPool {
                     position: p,
                     dst_row,
                 });
+                stats.misses += 1;
             }
-            stats.misses += misses.len() as u64;
         }
         self.apply_copies(&copies, input.layer);
         self.ctl.counters.miss_tokens += stats.misses;
-        // Outputs: every element written.
+        // Outputs: every element written (padding past rows × k and rows too).
+        let k = input.k;
         for (ri, &s) in input.sessions.iter().enumerate() {
             let r = &self.ctl.sessions[&s];
             let tail_start = r.committed.saturating_sub(g.tail_rows);
             for row in input.query_start_loc[ri] as usize..input.query_start_loc[ri + 1] as usize {
-                let mut valid = 0;
-                for j in row * input.k..(row + 1) * input.k {
+                let mut valid = 0usize;
+                for j in row * k..(row + 1) * k {
                     let p = input.topk[j];
-                    out.indices[j] = if p < 0 {
+                    let at = if p < 0 {
                         -1
                     } else {
-                        valid += 1;
-                        self.locate(r, p as u32, tail_start, &mut stats)
-                            .expect("resident after install") as i32
+                        match self.locate(r, p as u32, tail_start, &mut stats) {
+                            Some(x) => x as i32,
+                            None => {
+                                stats.unserved += 1;
+                                -1
+                            }
+                        }
                     };
+                    match opts.layout {
+                        OutputLayout::InPlace => out.indices[j] = at,
+                        OutputLayout::Packed if at >= 0 => out.indices[row * k + valid] = at,
+                        OutputLayout::Packed => {}
+                    }
+                    valid += usize::from(at >= 0);
                 }
-                out.valid_count[row] = valid;
+                if opts.layout == OutputLayout::Packed {
+                    out.indices[row * k + valid..(row + 1) * k].fill(-1);
+                }
+                out.valid_count[row] = valid as i32;
                 stats.picks += valid as u64;
             }
         }
+        // Validated: query_start_loc covers rows 0..rows exactly; the rest is padding.
+        let rows = input.topk.len() / k;
+        out.indices[input.topk.len()..].fill(-1);
+        out.valid_count[rows..].fill(0);
         Ok(Resolved {
             plan: ResolvePlan { copies },
             stats,

@@ -236,6 +236,12 @@ impl ElasticPool {
         })
     }
 
+    /// A live session's hot cache (CLOCK state: `slot → position` table, lookups), read-only.
+    /// Errors: `UnknownSession`, `SessionFinished`.
+    pub fn hot_cache(&self, session: SessionId) -> Result<&crate::control::HotCache> {
+        self.session(session).map(|r| &r.hot)
+    }
+
     /// Elastic pages lent to live sessions.
     pub fn elastic_lent(&self) -> u32 {
         self.ctl

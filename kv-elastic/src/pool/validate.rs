@@ -6,10 +6,17 @@ use hashbrown::HashSet;
 use super::ElasticPool;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
-use crate::resolve::{ResolveInput, ResolveOutput, MAX_CANDIDATES};
+use crate::resolve::{ResolveInput, ResolveOptions, ResolveOutput, MAX_CANDIDATES};
 
 impl ElasticPool {
-    pub(crate) fn validate_batch(&self, input: &ResolveInput<'_>) -> Result<Vec<Vec<u32>>> {
+    /// Checks a batch; returns the distinct positions per batch entry that need the hot cache
+    /// (first appearance order). A step needing more than `hot_rows` of them is valid: it is
+    /// served as far as evictable rows last (see the resolvers).
+    pub(crate) fn validate_batch(
+        &self,
+        input: &ResolveInput<'_>,
+        opts: &ResolveOptions<'_>,
+    ) -> Result<Vec<Vec<u32>>> {
         let g = &self.ctl.geometry;
         let reqs = input.sessions.len();
         if input.layer >= g.layers {
@@ -61,6 +68,15 @@ impl ElasticPool {
                 "query_start_loc[reqs] must equal the number of topk rows",
             ));
         }
+        if let Some(q) = opts.query_seq_lens {
+            if q.len() != rows {
+                return Err(KvError::LengthMismatch {
+                    what: "query_seq_lens",
+                    expected: rows,
+                    actual: q.len(),
+                });
+            }
+        }
         let mut seen = HashSet::with_capacity(reqs);
         let mut hot_needed = Vec::with_capacity(reqs);
         for (ri, &s) in input.sessions.iter().enumerate() {
@@ -86,12 +102,25 @@ impl ElasticPool {
                 HashSet::with_capacity(2 * input.k)
             };
             for row in qsl[ri] as usize..qsl[ri + 1] as usize {
+                let bound = match opts.query_seq_lens {
+                    None => seq_len,
+                    Some(q) => {
+                        if q[row] < 1 || q[row] > seq_len {
+                            return Err(KvError::QuerySeqLenOutOfRange {
+                                row,
+                                query_seq_len: q[row],
+                                seq_len,
+                            });
+                        }
+                        q[row]
+                    }
+                };
                 for &p in &input.topk[row * input.k..(row + 1) * input.k] {
-                    if p < -1 || p >= seq_len {
+                    if p < -1 || p >= bound {
                         return Err(KvError::PositionOutOfRange {
                             row,
                             position: p,
-                            seq_len,
+                            seq_len: bound,
                         });
                     }
                     if p < 0 || full {
@@ -110,48 +139,40 @@ impl ElasticPool {
                     }
                 }
             }
-            if need.len() > g.hot_rows as usize {
-                return Err(KvError::HotCacheOverflow {
-                    session: s,
-                    needed: need.len(),
-                    hot_rows: g.hot_rows,
-                });
-            }
             hot_needed.push(need);
         }
         Ok(hot_needed)
     }
 
-    /// A resolve's checks, shared by every back-end: output shapes and [`Self::validate_batch`]'s
-    /// errors; on an input error the outputs are filled with `-1` / `0` when their lengths are right.
-    /// Returns the distinct non-resident positions per session.
+    /// A resolve's checks, shared by every back-end: output shapes (`indices` at least `rows × k`,
+    /// `valid_count` at least `rows`; longer buffers are padding) and [`Self::validate_batch`]'s
+    /// errors; on an input error the outputs are filled with `-1` / `0` when their lengths
+    /// suffice. Returns the distinct non-resident positions per session.
     pub(crate) fn validate_resolve(
         &self,
         input: &ResolveInput<'_>,
+        opts: &ResolveOptions<'_>,
         out: &mut ResolveOutput<'_>,
     ) -> Result<Vec<Vec<u32>>> {
         let rows = input.topk.len().checked_div(input.k).unwrap_or(0);
-        let shapes_ok = input.k > 0
-            && input.topk.len().is_multiple_of(input.k)
-            && out.indices.len() == input.topk.len()
-            && out.valid_count.len() == rows;
-        match self.validate_batch(input) {
-            Ok(h) if shapes_ok => Ok(h),
-            Ok(_) => Err(if out.indices.len() != input.topk.len() {
+        let lengths_ok = out.indices.len() >= input.topk.len() && out.valid_count.len() >= rows;
+        match self.validate_batch(input, opts) {
+            Ok(h) if lengths_ok => Ok(h),
+            Ok(_) => Err(if out.indices.len() < input.topk.len() {
                 KvError::LengthMismatch {
-                    what: "indices",
+                    what: "indices (at least rows × k)",
                     expected: input.topk.len(),
                     actual: out.indices.len(),
                 }
             } else {
                 KvError::LengthMismatch {
-                    what: "valid_count",
+                    what: "valid_count (at least rows)",
                     expected: rows,
                     actual: out.valid_count.len(),
                 }
             }),
             Err(e) => {
-                if out.valid_count.len() == rows && out.indices.len() == input.topk.len() {
+                if lengths_ok {
                     out.indices.fill(-1);
                     out.valid_count.fill(0);
                 }

@@ -1,7 +1,7 @@
 //! Arrival traces: request arrival times and input / output lengths (Mooncake JSONL or any
 //! compatible JSONL), plus a built-in synthetic scenario that needs no file.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 use rand::{Rng, SeedableRng};
@@ -12,6 +12,33 @@ use kv_elastic::{KvError, Result};
 /// Most tokens (input + output) of one trace request: 16 Mi, the selection model's
 /// [`crate::kv::selection::MAX_HISTORY`] (Mooncake's longest conversation is about 128 Ki tokens).
 pub const MAX_REQUEST_TOKENS: u32 = crate::kv::selection::MAX_HISTORY;
+
+/// Bounds of an arrival-trace read ([`ArrivalTrace::from_reader_bounded`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceLimits {
+    /// Most bytes of one line, without its newline.
+    pub max_line_bytes: usize,
+    /// Most lines, blank ones included.
+    pub max_lines: usize,
+    /// Most requests (lines with `input_length > 0`).
+    pub max_requests: usize,
+}
+
+impl TraceLimits {
+    /// 1 MiB per line (a Mooncake line is under 10 KiB), 64 Mi lines, 16 Mi requests (Mooncake's
+    /// conversation trace has about 12 K).
+    pub const DEFAULT: TraceLimits = TraceLimits {
+        max_line_bytes: 1 << 20,
+        max_lines: 1 << 26,
+        max_requests: 1 << 24,
+    };
+}
+
+impl Default for TraceLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
 
 /// One request of an arrival trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -38,26 +65,71 @@ impl ArrivalTrace {
     /// Reads JSONL with one object per line carrying `timestamp` (ms; or `arrival_ms`),
     /// `input_length` and `output_length` (tokens; other fields, e.g. Mooncake's `hash_ids`, are
     /// ignored). Requests with a zero input length are skipped (they have no history to place).
-    /// Errors: `KvError::Trace` with the line number for an unreadable or malformed line or a request
-    /// of more than [`MAX_REQUEST_TOKENS`] tokens (input + output); `KvError::Trace` when no request
-    /// with history remains (an empty trace).
+    /// The read is bounded by [`TraceLimits::DEFAULT`] (see [`ArrivalTrace::from_reader_bounded`]),
+    /// so an endless input (`/dev/zero`, a pipe) ends in an error, not an unbounded allocation.
+    /// Errors: `KvError::Trace` with the line number for an unreadable, malformed, non-UTF-8 or
+    /// over-long line or a request of more than [`MAX_REQUEST_TOKENS`] tokens (input + output);
+    /// `KvError::Trace` when the trace has more lines or requests than the limits allow, or when
+    /// no request with history remains (an empty trace).
     pub fn from_reader(name: &str, reader: impl BufRead) -> Result<Self> {
+        Self::from_reader_bounded(name, reader, TraceLimits::DEFAULT)
+    }
+
+    /// [`ArrivalTrace::from_reader`] under explicit `limits`: each line is read through a
+    /// `take(max_line_bytes + 1)` reader (at most `max_line_bytes + 1` bytes are buffered per
+    /// line), at most `max_lines` lines (blank ones included) and `max_requests` requests are read.
+    pub fn from_reader_bounded(
+        name: &str,
+        mut reader: impl BufRead,
+        limits: TraceLimits,
+    ) -> Result<Self> {
         let mut requests = Vec::new();
-        for (i, line) in reader.lines().enumerate() {
-            let line = line.map_err(|e| KvError::Trace(format!("line {}: {e}", i + 1)))?;
+        let mut buf = Vec::new();
+        let mut line_no = 0usize;
+        loop {
+            buf.clear();
+            let n = (&mut reader)
+                .take(limits.max_line_bytes as u64 + 1)
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| KvError::Trace(format!("line {}: {e}", line_no + 1)))?;
+            if n == 0 {
+                break;
+            }
+            line_no += 1;
+            if line_no > limits.max_lines {
+                return Err(KvError::Trace(format!(
+                    "more than {} lines (the trace limit)",
+                    limits.max_lines
+                )));
+            }
+            if buf.last() == Some(&b'\n') {
+                buf.pop();
+            } else if buf.len() > limits.max_line_bytes {
+                return Err(KvError::Trace(format!(
+                    "line {line_no}: longer than {} bytes (the line limit)",
+                    limits.max_line_bytes
+                )));
+            }
+            let line = std::str::from_utf8(&buf)
+                .map_err(|e| KvError::Trace(format!("line {line_no}: {e}")))?;
             if line.trim().is_empty() {
                 continue;
             }
-            let r: TraceRequest = serde_json::from_str(&line)
-                .map_err(|e| KvError::Trace(format!("line {}: {e}", i + 1)))?;
+            let r: TraceRequest = serde_json::from_str(line)
+                .map_err(|e| KvError::Trace(format!("line {line_no}: {e}")))?;
             let total = r.input_length as u64 + r.output_length as u64;
             if total > MAX_REQUEST_TOKENS as u64 {
                 return Err(KvError::Trace(format!(
-                    "line {}: request of {total} tokens (input + output), at most {MAX_REQUEST_TOKENS}",
-                    i + 1
+                    "line {line_no}: request of {total} tokens (input + output), at most {MAX_REQUEST_TOKENS}"
                 )));
             }
             if r.input_length > 0 {
+                if requests.len() >= limits.max_requests {
+                    return Err(KvError::Trace(format!(
+                        "line {line_no}: more than {} requests (the trace limit)",
+                        limits.max_requests
+                    )));
+                }
                 requests.push(r);
             }
         }
@@ -181,6 +253,77 @@ mod tests {
         std::fs::remove_file(&file).unwrap();
         assert!(
             matches!(&r, Err(KvError::Trace(m)) if m.contains(&file.display().to_string()) && m.contains("line 1")),
+            "{r:?}"
+        );
+    }
+
+    /// An endless reader cycling over `pattern`.
+    struct Cycle(&'static [u8], usize);
+
+    impl Read for Cycle {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            for b in out.iter_mut() {
+                *b = self.0[self.1 % self.0.len()];
+                self.1 += 1;
+            }
+            Ok(out.len())
+        }
+    }
+
+    #[test]
+    fn endless_inputs_end_in_typed_errors() {
+        // One endless line (what /dev/zero is): stops after the line limit.
+        let r = ArrivalTrace::from_reader("t", std::io::BufReader::new(std::io::repeat(0)));
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.starts_with("line 1: longer than 1048576")),
+            "{r:?}"
+        );
+        let small = TraceLimits {
+            max_line_bytes: 64,
+            max_lines: 1000,
+            max_requests: 10,
+        };
+        // Endless valid requests: stops at the request limit.
+        let line: &'static [u8] =
+            b"{\"timestamp\": 1, \"input_length\": 3, \"output_length\": 4}\n";
+        let r =
+            ArrivalTrace::from_reader_bounded("t", std::io::BufReader::new(Cycle(line, 0)), small);
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.contains("more than 10 requests")),
+            "{r:?}"
+        );
+        // Endless blank lines: stops at the line limit.
+        let r =
+            ArrivalTrace::from_reader_bounded("t", std::io::BufReader::new(Cycle(b"\n", 0)), small);
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.contains("more than 1000 lines")),
+            "{r:?}"
+        );
+        // A line of exactly the limit is read; one byte more is refused.
+        let mut ok = "{\"timestamp\": 1, \"input_length\": 3, \"output_length\": 4}".to_string();
+        ok.push_str(&" ".repeat(64 - ok.len()));
+        assert!(ArrivalTrace::from_reader_bounded("t", ok.as_bytes(), small).is_ok());
+        let long = format!("{ok} \n");
+        let r = ArrivalTrace::from_reader_bounded("t", long.as_bytes(), small);
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.contains("longer than 64")),
+            "{r:?}"
+        );
+        // Not UTF-8: a typed error with the line number.
+        let r = ArrivalTrace::from_reader("t", &b"\xff\xfe\n"[..]);
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.starts_with("line 1")),
+            "{r:?}"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn dev_zero_is_a_typed_error_naming_the_file() {
+        let p = Path::new("/dev/zero");
+        let r = ArrivalTrace::from_path(p);
+        assert!(
+            matches!(&r, Err(KvError::Trace(m)) if m.starts_with("/dev/zero: line 1: longer than")),
             "{r:?}"
         );
     }
