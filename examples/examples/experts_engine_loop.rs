@@ -1,9 +1,11 @@
 //! Reference integration of `expert-residency` in a CPU engine loop: each step the router picks
-//! top-k experts per token and layer, the engine reads every picked expert's weights through the
-//! executor (hot: an HBM slot; cold: the host copy, read in place), the picks are counted, and at
-//! the step boundary the controller drains the counts into its EMA and swaps busier experts in.
-//! The `MemoryExecutor` stands in for the GPU bank (same protocol: a spare slot per layer, copies
-//! begun at one boundary and committed at a later one) and proves every move lossless.
+//! top-k experts per token and layer, the grouped expert GEMM reads each picked expert's weights
+//! once through the executor's table (hot: an HBM slot; cold: the host copy, read in place), the
+//! picks are counted, and at the step boundary the controller drains the counts into its EMA and
+//! swaps busier experts in. The `MemoryExecutor` stands in for the GPU bank (same protocol: a
+//! spare slot per layer, copies begun at one boundary and committed at a later one) and proves
+//! every move lossless. Engines read weights through the executor's table (on the GPU:
+//! `GpuExecutor::table_ptr()`), which flips at commit; `Controller::map()` is the policy's view.
 //!
 //! Run: `cargo run --release -p tierkit-examples --example experts_engine_loop`
 use expert_residency::{Controller, ControllerConfig, Geometry, MemoryExecutor, PickCounters};
@@ -12,32 +14,34 @@ use expert_residency::{ResidencyMap, Result};
 const LAYERS: u32 = 4;
 const EXPERTS: u32 = 16;
 const HOT: u32 = 4;
-const TOP_K: usize = 2;
+const TOP_K: u64 = 2;
 const TOKENS: u64 = 8;
+const EXPERT_BYTES: u64 = 4096; // stand-in weights (real experts: MiBs)
 
-/// A toy router with skewed, shifting popularity: three picks in four go to 4 busy experts, which
-/// move from 0..4 to 8..12 at step 200; the rest spread over all experts. Appends the layer's
-/// picks of one token to `out`.
+/// A toy router with skewed, shifting popularity: three picks in four go to 4 busy experts,
+/// which move from 0..4 to 8..12 at step 200; the rest spread over all experts. Appends one
+/// token's distinct top-k picks to `out`.
 fn route(step: u64, token: u64, layer: u32, out: &mut Vec<u32>) {
     let h = (step * 31 + token * 17 + layer as u64 * 7).wrapping_mul(0x9E37_79B9) >> 7;
     let busy = if step < 200 { 0 } else { 8 };
-    for j in 0..TOP_K as u64 {
-        // Three picks in four go to the 4 busy experts, the rest anywhere.
+    let start = out.len();
+    for j in 0..TOP_K {
         let e = if !(h >> (j * 5)).is_multiple_of(4) {
             busy + (h >> (j * 3)) % 4
         } else {
             (h >> (j * 7)) % EXPERTS as u64
-        } as u32;
-        if !out.ends_with(&[e]) {
-            out.push(e);
+        };
+        if !out[start..].contains(&(e as u32)) {
+            out.push(e as u32);
         }
     }
 }
 
 fn main() -> Result<()> {
-    let geometry = Geometry::new(LAYERS, EXPERTS, HOT, 4096)?; // 4 KiB stand-in experts
+    let geometry = Geometry::new(LAYERS, EXPERTS, HOT, EXPERT_BYTES)?;
     let boot = ResidencyMap::first_k("toy-moe", geometry)?; // or a seed map fitted offline
-    let mut exec = MemoryExecutor::new(&boot, 4096, 7)?; // host copies + HBM slots + a spare
+    let seed = 7; // the stand-in weights' pseudo-random bytes
+    let mut exec = MemoryExecutor::new(&boot, EXPERT_BYTES as usize, seed)?; // host + HBM slots + spare
     let counters = PickCounters::new(&geometry)?; // the router's counting table
     let cfg = ControllerConfig {
         drain_every: 8,
@@ -53,19 +57,20 @@ fn main() -> Result<()> {
             for token in 0..TOKENS {
                 route(step, token, layer, &mut picks);
             }
-            for &e in &picks {
-                let _weights = exec.read(layer, e)?; // the expert GEMM reads these bytes
+            let mut touched = picks.clone();
+            touched.sort_unstable();
+            touched.dedup();
+            for &e in &touched {
+                let _weights = exec.read(layer, e)?; // the grouped GEMM reads each expert once
             }
-            counters.record_layer(layer, &picks)?;
+            counters.record_layer(layer, &picks)?; // one count per pick (the GPU kernel's layout)
         }
         let report = ctl.step(&counters, &mut exec)?; // commit ready swaps, drain, begin swaps
         if let Some(d) = report.drain.filter(|d| d.drain % 6 == 0) {
+            let window = ctl.config().window_drains;
             println!(
-                "step {:>3}: cold share {:.3} over the last {} drains, {} swaps applied so far",
-                d.step,
-                d.cold_share_window,
-                ctl.config().window_drains,
-                d.totals.applied
+                "step {:>3}: cold share {:.3} over the last {window} drains, {} swaps applied so far",
+                d.step, d.cold_share_window, d.totals.applied
             );
         }
     }

@@ -44,6 +44,29 @@ pub struct Geometry {
     pub scratch_rows: u32,
 }
 
+/// What [`Geometry::for_hbm_budget`] sizes a pool from, by name (seven integers a caller could
+/// otherwise swap). Units: `budget_bytes` in bytes of HBM for the arena (the GPU back-end's
+/// per-slot tables and the pinned host store come on top); `row_bytes` bytes per token row per
+/// layer (656 for DeepSeek fp8 MLA); `layers` arena planes; `page_rows` rows per page; per session
+/// `hot_rows` hot-cache rows, `tail_rows` newest-position rows and `scratch_rows` draft rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PoolSizing {
+    /// HBM for the arena, bytes.
+    pub budget_bytes: u64,
+    /// Bytes per token row per layer.
+    pub row_bytes: u32,
+    /// Layers (arena planes).
+    pub layers: u32,
+    /// Rows per page.
+    pub page_rows: u32,
+    /// Hot-cache rows per session.
+    pub hot_rows: u32,
+    /// Tail rows (newest positions) per session.
+    pub tail_rows: u32,
+    /// Draft (speculative) rows per session.
+    pub scratch_rows: u32,
+}
+
 impl Geometry {
     /// Checks every field; `KvError::InvalidGeometry` / `ArenaTooSmall` otherwise.
     ///
@@ -131,22 +154,27 @@ impl Geometry {
     /// [`KvError::BudgetTooSmall`] when the budget cannot hold even one session's fixed rows.
     ///
     /// ```
-    /// use kv_elastic::Geometry;
+    /// use kv_elastic::{Geometry, PoolSizing};
     /// // 1 GiB of HBM for DeepSeek fp8 MLA rows (656 B), 61 layers, pages of 64 rows.
-    /// let g = Geometry::for_hbm_budget(1 << 30, 656, 61, 64, 4096, 64, 0)?;
+    /// let sizing = PoolSizing {
+    ///     budget_bytes: 1 << 30, row_bytes: 656, layers: 61, page_rows: 64,
+    ///     hot_rows: 4096, tail_rows: 64, scratch_rows: 0,
+    /// };
+    /// let g = Geometry::for_hbm_budget(&sizing)?;
     /// assert_eq!(g.arena_pages, (1u64 << 30) as u32 / (64 * 61 * 656));
-    /// assert!(Geometry::for_hbm_budget(1 << 20, 656, 61, 64, 4096, 64, 0).is_err());
+    /// assert!(Geometry::for_hbm_budget(&PoolSizing { budget_bytes: 1 << 20, ..sizing }).is_err());
     /// # Ok::<(), kv_elastic::KvError>(())
     /// ```
-    pub fn for_hbm_budget(
-        budget_bytes: u64,
-        row_bytes: u32,
-        layers: u32,
-        page_rows: u32,
-        hot_rows: u32,
-        tail_rows: u32,
-        scratch_rows: u32,
-    ) -> Result<Geometry> {
+    pub fn for_hbm_budget(sizing: &PoolSizing) -> Result<Geometry> {
+        let PoolSizing {
+            budget_bytes,
+            row_bytes,
+            layers,
+            page_rows,
+            hot_rows,
+            tail_rows,
+            scratch_rows,
+        } = *sizing;
         let mut g = Geometry {
             row_bytes,
             layers,
@@ -333,34 +361,54 @@ mod tests {
         .unwrap();
     }
 
+    fn sizing(
+        budget_bytes: u64,
+        row_bytes: u32,
+        layers: u32,
+        page_rows: u32,
+        hot_rows: u32,
+        tail_rows: u32,
+        scratch_rows: u32,
+    ) -> PoolSizing {
+        PoolSizing {
+            budget_bytes,
+            row_bytes,
+            layers,
+            page_rows,
+            hot_rows,
+            tail_rows,
+            scratch_rows,
+        }
+    }
+
     #[test]
     fn for_hbm_budget_fills_the_budget_and_types_the_errors() {
         // 16-byte rows, 2 layers, 4-row pages: 128 bytes a page; fixed rows 6 + 4 + 2 = 3 pages.
-        let g = Geometry::for_hbm_budget(1000, 16, 2, 4, 6, 4, 2).unwrap();
+        let g = Geometry::for_hbm_budget(&sizing(1000, 16, 2, 4, 6, 4, 2)).unwrap();
         assert_eq!(g.arena_pages, 7);
         assert_eq!(g.fixed_pages(), 3);
         g.validate().unwrap();
         assert_eq!(
-            Geometry::for_hbm_budget(383, 16, 2, 4, 6, 4, 2),
+            Geometry::for_hbm_budget(&sizing(383, 16, 2, 4, 6, 4, 2)),
             Err(KvError::BudgetTooSmall {
                 budget_bytes: 383,
                 needed_bytes: 384
             })
         );
         assert_eq!(
-            Geometry::for_hbm_budget(384, 16, 2, 4, 6, 4, 2).map(|g| g.arena_pages),
+            Geometry::for_hbm_budget(&sizing(384, 16, 2, 4, 6, 4, 2)).map(|g| g.arena_pages),
             Ok(3)
         );
         assert!(matches!(
-            Geometry::for_hbm_budget(1 << 30, 0, 2, 4, 6, 4, 2),
+            Geometry::for_hbm_budget(&sizing(1 << 30, 0, 2, 4, 6, 4, 2)),
             Err(KvError::InvalidGeometry(_))
         ));
         assert!(matches!(
-            Geometry::for_hbm_budget(1 << 30, 16, 2, 4, 6, 0, 2),
+            Geometry::for_hbm_budget(&sizing(1 << 30, 16, 2, 4, 6, 0, 2)),
             Err(KvError::InvalidGeometry(_))
         ));
         // A huge budget is capped at the largest valid arena (int32 row indices).
-        let big = Geometry::for_hbm_budget(u64::MAX, 1, 1, 1, 1, 1, 0).unwrap();
+        let big = Geometry::for_hbm_budget(&sizing(u64::MAX, 1, 1, 1, 1, 1, 0)).unwrap();
         assert_eq!(big.arena_rows(), i32::MAX as u64);
         big.validate().unwrap();
     }

@@ -12,8 +12,11 @@
 //! (control plane vs data plane, loans and fences, the GPU back-end) is in `kv-elastic/DESIGN.md`.
 //!
 //! ```
-//! use kv_elastic::{ElasticPool, Geometry, PoolConfig, ResolveInput, ResolveOutput, Resolver};
-//! let g = Geometry::for_hbm_budget(16 * 4 * 16, 16, 1, 4, 8, 4, 0)?; // 16 pages of 4 rows
+//! use kv_elastic::{ElasticPool, Geometry, PoolConfig, PoolSizing, ResolveInput, ResolveOutput, Resolver};
+//! let g = Geometry::for_hbm_budget(&PoolSizing {
+//!     budget_bytes: 16 * 4 * 16, row_bytes: 16, layers: 1, page_rows: 4, // 16 pages of 4 rows
+//!     hot_rows: 8, tail_rows: 4, scratch_rows: 0,
+//! })?;
 //! let mut pool = ElasticPool::new(g, PoolConfig { elastic: true })?;
 //! let history: Vec<u8> = (0..20 * 16).map(|i| (i / 16) as u8).collect(); // token t: bytes t
 //! pool.admit(7, &history)?; // 20 tokens of history
@@ -44,7 +47,9 @@ mod ticket;
 pub use control::{HotCache, PageCounts};
 pub use data::{HostStore, SessionId};
 pub use error::{KvError, Result};
-pub use layout::{Geometry, MAX_ARENA_BYTES, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES};
+pub use layout::{
+    Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
+};
 pub use pool::{
     Admission, ElasticPool, PoolConfig, PoolCounters, SessionPlacement, StepMaintenance,
 };

@@ -27,7 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let trace = generate(&SynthConfig::default_scenario())?;
     let s = trace.shape;
-    let g = Geometry::new(s.layers, s.experts_per_layer, 16, 6 << 20)?;
+    // OLMoE-1B-7B experts: 3 matrices of 2048 × 1024 in bf16 (12 MiB), as `tierkit experts replay`.
+    let g = Geometry::new(s.layers, s.experts_per_layer, 16, 3 * 2048 * 1024 * 2)?;
     let (seed_map, seed_note) = scoreboard::default_seed_map(&trace, &g)?;
     let opts = ReplayOptions {
         step_time_s: Some(0.020),
