@@ -1,66 +1,6 @@
-//! The policy seam: which experts of a layer to swap, given their drained heat.
-//!
-//! The [`Controller`](crate::Controller) owns everything around a decision (counting, the EMA
-//! drain, the shift response, generation stamps, caps, one swap in flight per layer); a
-//! [`SwapPolicy`] only answers "which cold experts should replace which hot ones in this layer
-//! now". [`RatioPolicy`] is the published one.
+//! The published GB300 recipe's policy: "EMA drain + ratio hysteresis".
 
-use crate::rowmap::RowMap;
-
-/// What a policy sees of one layer at a drain.
-#[derive(Clone, Copy, Debug)]
-pub struct LayerHeat<'a> {
-    /// The MoE layer (`0..layers`).
-    pub layer: u32,
-    /// The drained EMA of the layer's picks, `[experts]` f64, indexed by expert id: picks per
-    /// step boundary, decayed with the controller's half-life (a pick `h` steps ago weighs `½`;
-    /// finite, ≥ 0). Only ratios and order between experts matter to a policy.
-    pub heat: &'a [f64],
-    /// The layer's rowmap as confirmed by the executor (which experts are hot, in which slot).
-    pub row: &'a RowMap,
-    /// Most swaps the controller takes from this layer at this drain (the per-layer cap in force:
-    /// [`ControllerConfig::max_swaps_per_layer`](crate::ControllerConfig::max_swaps_per_layer), or
-    /// the shift response's boosted cap); ≥ 1.
-    pub max_swaps: u32,
-    /// Most swaps begun per step, all layers together
-    /// ([`ControllerConfig::max_swaps_per_step`](crate::ControllerConfig::max_swaps_per_step)):
-    /// information only, the controller enforces it when it begins swaps.
-    pub max_swaps_per_step: u32,
-}
-
-/// One swap a policy asks for: cold expert `incoming` takes the hot slot of `outgoing`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub struct SwapChoice {
-    /// A cold expert of the layer (moves into HBM).
-    pub incoming: u32,
-    /// A hot expert of the layer (leaves HBM; its host copy stays valid).
-    pub outgoing: u32,
-}
-
-/// Decides which experts of a layer to swap at a drain.
-///
-/// The controller calls [`SwapPolicy::plan`] once per layer at every drain, after folding the
-/// interval's picks into the EMA, for layers that have no swap queued or in flight, and never
-/// while frozen. The policy appends its choices to `out` (empty on entry), most wanted first.
-///
-/// The controller then, in order: keeps at most `layer.max_swaps` choices; stops at the first
-/// choice whose `incoming` is not a cold expert of the layer, whose `outgoing` is not hot, or that
-/// repeats an expert of an earlier choice (it and the choices after it are ignored: a policy
-/// cannot corrupt the map); turns each kept choice into a [`PlannedSwap`](crate::PlannedSwap)
-/// (`slot` = the outgoing expert's slot, `generation` = the layer's generation + its index, as
-/// the choices apply one after the other); and queues them, to be begun under the per-step cap.
-/// Stale, failed and cancelled swaps are the controller's business too.
-///
-/// A policy holds whatever state it likes (`&mut self`), e.g. scratch buffers; it must not panic
-/// on any heat (all-zero, ties, huge values).
-pub trait SwapPolicy: std::fmt::Debug + Send {
-    /// A short name for reports and telemetry (e.g. `"ratio"`).
-    fn name(&self) -> &str;
-
-    /// Appends to `out` the swaps wanted in `layer` now (see the trait docs for what the
-    /// controller does with them).
-    fn plan(&mut self, layer: &LayerHeat<'_>, out: &mut Vec<SwapChoice>);
-}
+use super::{LayerHeat, SwapChoice, SwapPolicy};
 
 /// The published policy, "EMA drain + ratio hysteresis" (the GB300 expert-residency recipe):
 /// the busiest cold experts are paired with the least busy hot ones, busiest with least busy, and
@@ -191,12 +131,18 @@ mod tests {
     use super::*;
 
     fn plan(p: &mut RatioPolicy, heat: &[f64], hot: &[u32], cap: u32) -> Vec<SwapChoice> {
-        let row = RowMap::from_hot(heat.len() as u32, hot).unwrap();
+        let row = crate::RowMap::from_hot(heat.len() as u32, hot).unwrap();
         let mut out = Vec::new();
+        let last = vec![0; heat.len()];
         p.plan(
             &LayerHeat {
                 layer: 0,
                 heat,
+                touch: heat,
+                last_touch: &last,
+                step: 0,
+                half_life_steps: 500.0,
+                expert_bytes: 1 << 20,
                 row: &row,
                 max_swaps: cap,
                 max_swaps_per_step: 8,
