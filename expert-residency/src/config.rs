@@ -102,7 +102,8 @@ pub struct CostKnobs {
     /// future not repeating the past. Default 1.5.
     pub payback: f64,
     /// Sampling-noise margin in standard deviations of the touched-step heat difference (≥ 0,
-    /// finite): a swap must also clear `z · √(var_in + var_out)` touched steps. Default 2.
+    /// finite): a swap must also clear `z · √(var_in + var_out)` touched steps. Default 1
+    /// (picked on the Mixtral decode traces: z 0 churns, z 2 is slow; `docs/experts.md`).
     pub z: f64,
 }
 
@@ -110,7 +111,7 @@ impl Default for CostKnobs {
     fn default() -> Self {
         CostKnobs {
             payback: 1.5,
-            z: 2.0,
+            z: 1.0,
         }
     }
 }
