@@ -141,7 +141,9 @@ fn table_output_and_plot() {
     args.extend_from_slice(TINY);
     let out = ok_stdout(&args);
     assert!(out.contains("| policy"), "{out}");
-    assert!(out.contains("adaptive+shift-response"));
+    assert!(
+        out.contains("cost-aware (default)") && out.contains("ratio (best tuning), in hindsight")
+    );
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
     // The stall chart lands beside the cold-share chart.

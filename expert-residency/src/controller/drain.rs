@@ -1,7 +1,7 @@
 //! One drain, one job per function: deltas and the cold-share window, the shift response, the EMA
 //! fold, planning through the policy, telemetry.
 
-use super::touch::touch_prob;
+use super::touch::touch_prob_inv;
 use super::Controller;
 use crate::config::ShiftResponse;
 use crate::policy::LayerHeat;
@@ -90,7 +90,10 @@ impl Controller {
         let (cold, picks) = self.take_deltas(snap);
         let cold_share = share(cold, picks);
         // Touched steps of the interval (and the adapted half-life) before anything folds.
-        self.fold_touches(elapsed);
+        let touches = self.cfg.adaptive.is_some() || self.policy.uses_touch();
+        if touches {
+            self.fold_touches(elapsed);
+        }
         // Detect before folding so that a boosted half-life applies to this very fold.
         let forget = if picks > 0 {
             self.respond_to_shift(cold, picks)
@@ -105,9 +108,11 @@ impl Controller {
         self.ema
             .fold(&self.deltas, decay_steps)
             .expect("lengths fixed at new");
-        let f = self.ema.decay_factor(decay_steps);
-        for (t, x) in self.touch.iter_mut().zip(&self.touch_scratch) {
-            *t = *t * f + x;
+        if touches {
+            let f = self.ema.decay_factor(decay_steps);
+            for (t, x) in self.touch.iter_mut().zip(&self.touch_scratch) {
+                *t = *t * f + x;
+            }
         }
         let cap = self.per_layer_cap();
         let planned = if self.frozen { 0 } else { self.plan(cap) };
@@ -207,6 +212,7 @@ impl Controller {
     fn fold_touches(&mut self, elapsed: u64) {
         let experts = self.map.geometry().experts_per_layer as usize;
         let n = elapsed.max(1) as f64;
+        let inv_n = 1.0 / n;
         let step = self.step;
         let (mut sum_touched, mut layers_with_picks) = (0.0f64, 0u32);
         for ((d, x), last) in self
@@ -220,14 +226,27 @@ impl Controller {
                 x.iter_mut().for_each(|v| *v = 0.0);
                 continue;
             }
-            let tokens = (max_d as f64 / n).max(1.0);
+            let tokens = (max_d as f64 * inv_n).max(1.0);
+            let inv_tokens = 1.0 / tokens;
             let mut touched = 0.0;
+            // Small pick counts repeat across a layer's experts: memoise τ for d < MEMO (a NaN
+            // marks an empty entry), so most cells cost a table read rather than an exp.
+            const MEMO: usize = 64;
+            let mut memo = [f64::NAN; MEMO];
             for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
                 if d == 0 {
                     *x = 0.0;
                     continue;
                 }
-                let tau = touch_prob(d as f64 / n, tokens);
+                let tau = if (d as usize) < MEMO {
+                    let m = &mut memo[d as usize];
+                    if m.is_nan() {
+                        *m = touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens);
+                    }
+                    *m
+                } else {
+                    touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens)
+                };
                 touched += tau;
                 *x = n * tau;
                 *last = step;

@@ -9,14 +9,21 @@
 //! few points). The interval contributes `n · τ` touched steps.
 
 /// `τ = 1 − (1 − λ/T)^T` for `λ ≥ 0`, `T ≥ 1` (clamped to `[0, 1]`), to ~1e-6.
+#[inline]
 pub(super) fn touch_prob(lambda: f64, tokens: f64) -> f64 {
+    touch_prob_inv(lambda, tokens, 1.0 / tokens)
+}
+
+/// [`touch_prob`] with `1 / tokens` precomputed (the drain's inner loop).
+#[inline]
+pub(super) fn touch_prob_inv(lambda: f64, tokens: f64, inv_tokens: f64) -> f64 {
     if lambda <= 0.0 {
         return 0.0;
     }
     if tokens <= 1.0 {
         return lambda.min(1.0);
     }
-    let q = lambda / tokens;
+    let q = lambda * inv_tokens;
     if q >= 1.0 {
         return 1.0;
     }
@@ -31,21 +38,24 @@ pub(super) fn touch_prob(lambda: f64, tokens: f64) -> f64 {
 
 /// `e^{−y}` for `y ≥ 0`, relative error below 1e-7 (a bit-level `2^x` with a degree-7
 /// polynomial: a drain evaluates it once per touched cell and `exp` would dominate the drain).
+#[inline]
 pub(super) fn exp_neg(y: f64) -> f64 {
     let x = -y * std::f64::consts::LOG2_E;
     if x < -1000.0 || x.is_nan() {
         return 0.0;
     }
-    let i = x.round();
-    let r = x - i; // [-0.5, 0.5]
-                   // 2^r on [-0.5, 0.5]: Taylor of e^{r ln 2} to degree 7 (error < 1e-8 relative).
+    // Round to nearest by a truncating cast (one instruction; `f64::round` is a libm call on
+    // baseline x86-64): x ≤ 0, so trunc(x − 0.5) = ceil(x − 0.5) and r = x − i ∈ (−0.5, 0.5].
+    let i = (x - 0.5) as i64;
+    let r = x - i as f64;
+    // 2^r on [-0.5, 0.5]: Taylor of e^{r ln 2} to degree 7 (error < 1e-8 relative).
     let t = r * std::f64::consts::LN_2;
     let p = 1.0
         + t * (1.0
             + t * (0.5
                 + t * (1.0 / 6.0
                     + t * (1.0 / 24.0 + t * (1.0 / 120.0 + t * (1.0 / 720.0 + t / 5040.0))))));
-    let e = i as i64 + 1023;
+    let e = i + 1023;
     if e <= 0 {
         return 0.0;
     }

@@ -88,4 +88,11 @@ pub trait SwapPolicy: std::fmt::Debug + Send {
     /// Appends to `out` the swaps wanted in `layer` now (see the trait docs for what the
     /// controller does with them).
     fn plan(&mut self, layer: &LayerHeat<'_>, out: &mut Vec<SwapChoice>);
+
+    /// Whether the policy reads [`LayerHeat::touch`] (default true). A policy that answers
+    /// false (the ratio policy) spares the drain the touched-step estimate when the cadence is
+    /// fixed; its `touch` is then all zeros.
+    fn uses_touch(&self) -> bool {
+        true
+    }
 }

@@ -97,6 +97,10 @@ impl SwapPolicy for RatioPolicy {
         "ratio"
     }
 
+    fn uses_touch(&self) -> bool {
+        false
+    }
+
     fn plan(&mut self, layer: &LayerHeat<'_>, out: &mut Vec<SwapChoice>) {
         let (vals, row) = (layer.heat, layer.row);
         let cap = layer.max_swaps as usize;
