@@ -9,8 +9,8 @@
 //! few points). The interval contributes `n · τ` touched steps.
 
 /// `τ = 1 − (1 − λ/T)^T` for `λ ≥ 0`, `T ≥ 1` (clamped to `[0, 1]`), to ~1e-6.
-#[inline]
-pub(super) fn touch_prob(lambda: f64, tokens: f64) -> f64 {
+#[cfg(test)]
+fn touch_prob(lambda: f64, tokens: f64) -> f64 {
     touch_prob_inv(lambda, tokens, 1.0 / tokens)
 }
 
