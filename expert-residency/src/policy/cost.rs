@@ -1,6 +1,6 @@
 //! The cost-aware policy (tierkit's default): a swap must pay for its copy in host bytes saved.
 
-use super::{LayerHeat, SwapChoice, SwapPolicy};
+use super::{rank_cold, rank_hot, LayerHeat, SwapChoice, SwapPolicy};
 use crate::config::{CostKnobs, LinkCost};
 
 /// Swaps a cold expert in when the host reads it is expected to save over its expected residency
@@ -109,52 +109,21 @@ impl SwapPolicy for CostPolicy {
             return;
         }
         let needed = hot_min + price;
-        // The busiest cold experts with heat ≥ needed, descending (ties: lower id first).
-        let cold = &mut self.cold;
-        let mut floor = f64::NEG_INFINITY;
-        for (e, (&v, &slot)) in vals.iter().zip(row.table()).enumerate() {
-            if slot >= 0 || v < needed || v <= floor {
-                continue;
-            }
-            let mut i = if cold.len() < cap {
-                cold.push((v, e as u32));
-                cold.len() - 1
-            } else {
-                cold[cap - 1] = (v, e as u32);
-                cap - 1
-            };
-            while i > 0 && cold[i - 1].0 < cold[i].0 {
-                cold.swap(i - 1, i);
-                i -= 1;
-            }
-            if cold.len() == cap {
-                floor = cold[cap - 1].0;
-            }
-        }
-        let Some(&(cold_max, _)) = cold.first() else {
+        rank_cold(
+            &mut self.cold,
+            vals,
+            row.table(),
+            needed,
+            f64::NEG_INFINITY,
+            cap,
+        );
+        let Some(&(cold_max, _)) = self.cold.first() else {
             return;
         };
-        // The least busy hot experts that the busiest cold one can beat, ascending by (heat, id).
-        let hot = &mut self.hot;
-        for &e in row.hot_experts() {
-            let x = (vals[e as usize], e);
-            if x.0 + price > cold_max {
-                continue;
-            }
-            let mut i = if hot.len() < cap {
-                hot.push(x);
-                hot.len() - 1
-            } else if x < hot[cap - 1] {
-                hot[cap - 1] = x;
-                cap - 1
-            } else {
-                continue;
-            };
-            while i > 0 && hot[i] < hot[i - 1] {
-                hot.swap(i - 1, i);
-                i -= 1;
-            }
-        }
+        // The least busy hot experts that the busiest cold one can beat.
+        rank_hot(&mut self.hot, vals, row.hot_experts(), cap, |h| {
+            h + price <= cold_max
+        });
         for (&(cv, incoming), &(hv, outgoing)) in self.cold.iter().zip(&self.hot) {
             let noise = z
                 * (heat_var(cv, one_minus_f, inv_var_den) + heat_var(hv, one_minus_f, inv_var_den))

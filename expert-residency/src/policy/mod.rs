@@ -96,3 +96,66 @@ pub trait SwapPolicy: std::fmt::Debug + Send {
         true
     }
 }
+
+/// The busiest cold experts (`table[e] < 0`) with heat ≥ `needed` and > `floor`, descending by
+/// heat (ties: lower id first, as ids are scanned in order), at most `cap`, into `out` (cleared
+/// by the caller). Insertion sort into the short list; once full, `floor` rises to its smallest
+/// heat. Shared by the ratio and cost-aware policies.
+pub(crate) fn rank_cold(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    table: &[i32],
+    needed: f64,
+    mut floor: f64,
+    cap: usize,
+) {
+    for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
+        if slot >= 0 || v <= floor || v < needed {
+            continue;
+        }
+        let mut i = if out.len() < cap {
+            out.push((v, e as u32));
+            out.len() - 1
+        } else {
+            out[cap - 1] = (v, e as u32);
+            cap - 1
+        };
+        while i > 0 && out[i - 1].0 < out[i].0 {
+            out.swap(i - 1, i);
+            i -= 1;
+        }
+        if out.len() == cap {
+            floor = out[cap - 1].0;
+        }
+    }
+}
+
+/// The least busy hot experts whose heat `beatable` accepts, ascending by (heat, id), at most
+/// `cap`, into `out` (cleared by the caller).
+pub(crate) fn rank_hot(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    hot_experts: &[u32],
+    cap: usize,
+    beatable: impl Fn(f64) -> bool,
+) {
+    for &e in hot_experts {
+        let x = (vals[e as usize], e);
+        if !beatable(x.0) {
+            continue;
+        }
+        let mut i = if out.len() < cap {
+            out.push(x);
+            out.len() - 1
+        } else if x < out[cap - 1] {
+            out[cap - 1] = x;
+            cap - 1
+        } else {
+            continue;
+        };
+        while i > 0 && out[i] < out[i - 1] {
+            out.swap(i - 1, i);
+            i -= 1;
+        }
+    }
+}

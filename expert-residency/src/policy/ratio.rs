@@ -1,6 +1,6 @@
 //! The published GB300 recipe's policy: "EMA drain + ratio hysteresis".
 
-use super::{LayerHeat, SwapChoice, SwapPolicy};
+use super::{rank_cold, rank_hot, LayerHeat, SwapChoice, SwapPolicy};
 
 /// The published policy, "EMA drain + ratio hysteresis" (the GB300 expert-residency recipe):
 /// the busiest cold experts are paired with the least busy hot ones, busiest with least busy, and
@@ -39,57 +39,6 @@ impl RatioPolicy {
     pub fn ratio(&self) -> f64 {
         self.ratio
     }
-
-    /// The busiest cold experts with EMA ≥ `needed` (and > 0), descending by EMA (ties: lower id
-    /// first, as ids are scanned in order), at most `cap`. Insertion sort into the short list;
-    /// `floor` is the smallest EMA that can still enter it once full.
-    fn rank_cold(&mut self, vals: &[f64], table: &[i32], needed: f64, cap: usize) {
-        let cold = &mut self.cold;
-        let mut floor = 0.0;
-        for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
-            if slot >= 0 || v <= floor || v < needed {
-                continue;
-            }
-            let mut i = if cold.len() < cap {
-                cold.push((v, e as u32));
-                cold.len() - 1
-            } else {
-                cold[cap - 1] = (v, e as u32);
-                cap - 1
-            };
-            while i > 0 && cold[i - 1].0 < cold[i].0 {
-                cold.swap(i - 1, i);
-                i -= 1;
-            }
-            if cold.len() == cap {
-                floor = cold[cap - 1].0;
-            }
-        }
-    }
-
-    /// The least busy hot experts that `cold_max` beats, ascending by (EMA, id), at most `cap`.
-    fn rank_hot(&mut self, vals: &[f64], hot_experts: &[u32], cold_max: f64, cap: usize) {
-        let hot = &mut self.hot;
-        for &e in hot_experts {
-            let x = (vals[e as usize], e);
-            if x.0 * self.ratio > cold_max {
-                continue;
-            }
-            let mut i = if hot.len() < cap {
-                hot.push(x);
-                hot.len() - 1
-            } else if x < hot[cap - 1] {
-                hot[cap - 1] = x;
-                cap - 1
-            } else {
-                continue;
-            };
-            while i > 0 && hot[i] < hot[i - 1] {
-                hot.swap(i - 1, i);
-                i -= 1;
-            }
-        }
-    }
 }
 
 impl SwapPolicy for RatioPolicy {
@@ -116,11 +65,22 @@ impl SwapPolicy for RatioPolicy {
             .iter()
             .map(|&e| vals[e as usize])
             .fold(f64::INFINITY, f64::min);
-        self.rank_cold(vals, row.table(), self.ratio * hot_min, cap);
+        // Heat ≤ 0 never swaps in (floor 0).
+        rank_cold(
+            &mut self.cold,
+            vals,
+            row.table(),
+            self.ratio * hot_min,
+            0.0,
+            cap,
+        );
         let Some(&(cold_max, _)) = self.cold.first() else {
             return;
         };
-        self.rank_hot(vals, row.hot_experts(), cold_max, cap);
+        let ratio = self.ratio;
+        rank_hot(&mut self.hot, vals, row.hot_experts(), cap, |h| {
+            h * ratio <= cold_max
+        });
         for (&(cv, incoming), &(hv, outgoing)) in self.cold.iter().zip(&self.hot) {
             if cv < self.ratio * hv {
                 break;
