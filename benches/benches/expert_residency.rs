@@ -1,5 +1,6 @@
 //! Criterion benches for `expert-residency`: drain + decide at a large geometry (40 layers × 384
-//! experts, 96 hot per layer; goal ≤ 100 µs) and one counted pick, uncontended (goal ≤ 5 ns).
+//! experts, 96 hot per layer; goal ≤ 100 µs) with the default cost-aware policy and with the
+//! published ratio recipe (`_ratio`), and one counted pick, uncontended (goal ≤ 5 ns).
 //!
 //! `cargo bench -p tierkit-benches --bench expert_residency`; figures in
 //! `benches/README.md`.
@@ -11,9 +12,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// `n` cumulative counter snapshots: each adds a drain's worth (64 steps × 64 tokens × top-8
-/// picks per layer) of Zipf-like traffic whose ranking rotates slowly, so the policy keeps
-/// finding swaps to plan.
-fn snapshots(g: &Geometry, n: usize) -> Vec<Vec<u32>> {
+/// picks per layer, divided by `thin`) of Zipf-like traffic whose ranking rotates slowly, so the
+/// policy keeps finding swaps to plan. The cost-aware policy ranks by touched steps, and
+/// `drain_now` folds a drain as one step: its bench thins the traffic (`thin` 256, ~1 pick per
+/// expert per drain in the tail) so that experts differ in touched steps, not only in picks.
+fn snapshots(g: &Geometry, n: usize, thin: f64) -> Vec<Vec<u32>> {
     let e = g.experts_per_layer as usize;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let mut cur = vec![0u32; g.cells()];
@@ -22,7 +25,7 @@ fn snapshots(g: &Geometry, n: usize) -> Vec<Vec<u32>> {
             for l in 0..g.layers as usize {
                 for x in 0..e {
                     let rank = (x + k * 3 + l) % e;
-                    let mean = 32_768.0 / (rank + 1) as f64;
+                    let mean = 32_768.0 / thin / (rank + 1) as f64;
                     let d = (mean * rng.random_range(0.8..1.2)) as u32;
                     cur[l * e + x] = cur[l * e + x].wrapping_add(d);
                 }
@@ -33,13 +36,15 @@ fn snapshots(g: &Geometry, n: usize) -> Vec<Vec<u32>> {
 }
 
 fn drain_decide(c: &mut Criterion) {
+    // The default (cost-aware) policy, then the published ratio recipe.
+    drain_decide_with(c, "", ControllerConfig::default(), 256.0);
+    drain_decide_with(c, "_ratio", ControllerConfig::published_recipe(), 1.0);
+}
+
+fn drain_decide_with(c: &mut Criterion, suffix: &str, cfg: ControllerConfig, thin: f64) {
     let g = Geometry::new(40, 384, 96, 1 << 20).unwrap();
-    let snaps = snapshots(&g, 64);
-    let mut ctl = Controller::new(
-        ResidencyMap::first_k("bench", g).unwrap(),
-        ControllerConfig::default(),
-    )
-    .unwrap();
+    let snaps = snapshots(&g, 64, thin);
+    let mut ctl = Controller::new(ResidencyMap::first_k("bench", g).unwrap(), cfg).unwrap();
     // Warm the EMA over one cycle of snapshots and check that drains do plan swaps.
     let mut planned = 0u64;
     for s in &snaps {
@@ -47,12 +52,12 @@ fn drain_decide(c: &mut Criterion) {
         ctl.cancel_queued();
     }
     eprintln!(
-        "drain_decide_40x384: {:.1} swaps planned per drain (of at most 80)",
+        "drain_decide_40x384{suffix}: {:.1} swaps planned per drain (of at most 80)",
         planned as f64 / snaps.len() as f64
     );
     assert!(planned > 0, "the bench must exercise planning");
     let mut i = 0;
-    c.bench_function("drain_decide_40x384", |b| {
+    c.bench_function(&format!("drain_decide_40x384{suffix}"), |b| {
         b.iter(|| {
             i = (i + 1) % snaps.len();
             let t = ctl.drain_now(black_box(&snaps[i])).unwrap();
@@ -63,7 +68,7 @@ fn drain_decide(c: &mut Criterion) {
     });
     // The same drain with planning off (frozen): the split between counting work and policy.
     ctl.freeze();
-    c.bench_function("drain_only_frozen_40x384", |b| {
+    c.bench_function(&format!("drain_only_frozen_40x384{suffix}"), |b| {
         b.iter(|| {
             i = (i + 1) % snaps.len();
             black_box(ctl.drain_now(black_box(&snaps[i])).unwrap().cold_share)

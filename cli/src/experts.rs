@@ -131,9 +131,23 @@ impl TraceFiles {
     }
 }
 
+/// Synthetic scenario presets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PresetArg {
+    /// OLMoE-1B-7B shape, popularity from the real OLMoE routing counts, a domain shift
+    /// (--from, --to, --shift-at).
+    OlmoeShift,
+    /// 512 experts top-10 (48 layers), weak skew (Zipf 0.5), strong token-to-token reuse
+    /// (default 0.6), no shift: after a public llama.cpp report's traffic.
+    WideReuse,
+}
+
 /// The synthetic scenario (used when no --trace is given, and by `synth`).
 #[derive(Debug, Args, Clone)]
 pub struct ScenarioArgs {
+    /// Scenario preset.
+    #[arg(long, value_enum, default_value_t = PresetArg::OlmoeShift)]
+    preset: PresetArg,
     /// Domain before the shift (OLMoE: arxiv, book, c4, github, tulu, wikipedia).
     #[arg(long, default_value = "github")]
     from: String,
@@ -153,13 +167,22 @@ pub struct ScenarioArgs {
     /// RNG seed (the same seed gives byte-identical traces and reports).
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Previous-step reuse probability per token and layer (real Mixtral decode: 0.37).
-    #[arg(long, default_value_t = synth::MIXTRAL_DECODE_REUSE)]
-    reuse: f64,
+    /// Previous-step reuse probability per token and layer (default: real Mixtral decode's
+    /// 0.37; 0.6 for --preset wide-reuse).
+    #[arg(long)]
+    reuse: Option<f64>,
 }
 
 impl ScenarioArgs {
     fn config(&self) -> CliResult<synth::SynthConfig> {
+        if self.preset == PresetArg::WideReuse {
+            return Ok(scoreboard::wide_reuse_scenario(
+                self.steps,
+                self.tokens,
+                self.seed,
+                self.reuse.unwrap_or(scoreboard::WIDE_REUSE),
+            )?);
+        }
         // A third of the run, but never step 0 (a shift at 0 is no shift: `--steps 1` or 2 must
         // still run, on the first domain).
         let shift = self.shift_at.unwrap_or((self.steps / 3).max(1));
@@ -171,7 +194,7 @@ impl ScenarioArgs {
             self.tokens,
             self.seed,
         )?;
-        cfg.reuse = self.reuse;
+        cfg.reuse = self.reuse.unwrap_or(synth::MIXTRAL_DECODE_REUSE);
         cfg.validate()?;
         Ok(cfg)
     }
@@ -270,16 +293,25 @@ enum PolicyArg {
     Static,
     /// A seed map fitted offline (--seed-map, else on the steps before the first shift).
     Seed,
-    /// The adaptive controller (EMA drain, ratio policy, swap caps).
+    /// The cost-aware default policy (the crate's default config; no flag applies to it).
+    CostAware,
+    /// The published ratio recipe at its defaults (drain 64, half-life 500, ratio 1.5).
+    Ratio,
+    /// The published ratio recipe at its best tuning in hindsight (a sweep on the same trace).
+    RatioBest,
+    /// The capped recency policy (LRU on drained touches, ≤ 4 swaps per step).
+    Recency,
+    /// The controller with this command's config (--config, --drain-every, ...; by default the
+    /// cost-aware default). Not in `all`.
     Adaptive,
-    /// The adaptive controller with the shift response on.
+    /// The same with the shift response on. Not in `all`.
     #[value(name = "adaptive+shift-response", alias = "shift-response")]
     AdaptiveShiftResponse,
     /// Per-layer LRU admitting every miss (uncapped reference).
     Lru,
     /// The best static map in hindsight (whole trace; also after the last shift if any).
     Oracle,
-    /// All of the above.
+    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, oracle.
     All,
 }
 
@@ -413,6 +445,10 @@ fn policies(args: &[PolicyArg]) -> Vec<Policy> {
             PolicyArg::All => out.extend(Policy::ALL),
             PolicyArg::Static => out.push(Policy::Static),
             PolicyArg::Seed => out.push(Policy::Seed),
+            PolicyArg::CostAware => out.push(Policy::CostAware),
+            PolicyArg::Ratio => out.push(Policy::Ratio),
+            PolicyArg::RatioBest => out.push(Policy::RatioBest),
+            PolicyArg::Recency => out.push(Policy::Recency),
             PolicyArg::Adaptive => out.push(Policy::Adaptive),
             PolicyArg::AdaptiveShiftResponse => out.push(Policy::AdaptiveShiftResponse),
             PolicyArg::Lru => out.push(Policy::Lru),
@@ -611,6 +647,18 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     println!();
     println!("{}", scoreboard::render(&out.summary));
     println!("\n{}", scoreboard::legend(&opts, &trace));
+    for r in out
+        .runs
+        .iter()
+        .filter(|r| r.report.policy == "ratio-best-tuning")
+    {
+        if let Some(c) = &r.report.config {
+            println!(
+                "ratio (best tuning), in hindsight on this trace: drain every {} steps, EMA half-life {} steps, ratio {}",
+                c.drain_every, c.half_life_steps, c.ratio
+            );
+        }
+    }
     if let Some(p) = &a.plot {
         println!(
             "plot: {} (stall: {})",

@@ -42,9 +42,11 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
         [
             "static",
             "seed",
-            "adaptive",
-            "adaptive+shift-response",
-            "lru",
+            "cost-aware (default)",
+            "ratio (published defaults)",
+            "ratio (best tuning)",
+            "recency (capped 4)",
+            "lru (uncapped)",
             "oracle",
             "oracle-after-shift"
         ]
@@ -55,11 +57,14 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
         assert_eq!(r["t90_steps"].as_array().unwrap().len(), 1);
     }
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 7);
+    assert_eq!(runs.len(), 9);
     assert_eq!(runs[0]["report"]["lookups"], 240 * 4 * 8 * 16);
+    // The cost-aware row ignores --drain-every (no flags apply to it): its own config.
+    assert_eq!(runs[2]["report"]["config"]["policy"], "cost");
+    assert_eq!(runs[3]["report"]["config"]["drain_every"], 64);
     // The oracle after the shift is the best fixed map for the new domain.
     let s = |i: usize| v["summary"][i]["steady_state_cold_share"].as_f64().unwrap();
-    assert!(s(6) <= s(0) && s(6) <= s(1));
+    assert!(s(8) <= s(0) && s(8) <= s(1));
     let other_seed = {
         let mut args = vec!["experts", "replay", "--json", "--drain-every", "8"];
         args.extend_from_slice(&["--steps", "240", "--tokens", "4", "--seed", "6"]);
@@ -136,7 +141,9 @@ fn table_output_and_plot() {
     args.extend_from_slice(TINY);
     let out = ok_stdout(&args);
     assert!(out.contains("| policy"), "{out}");
-    assert!(out.contains("adaptive+shift-response"));
+    assert!(
+        out.contains("cost-aware (default)") && out.contains("ratio (best tuning), in hindsight")
+    );
     let bytes = std::fs::read(&png).unwrap();
     assert_eq!(&bytes[1..4], b"PNG");
     // The stall chart lands beside the cold-share chart.
@@ -371,21 +378,28 @@ fn real_mixtral_traces_replay_all_policies() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["trace"]["shape"]["experts_per_layer"], 8);
     assert_eq!(v["trace"]["steps"], 585);
-    assert_eq!(v["summary"].as_array().unwrap().len(), 7);
+    assert_eq!(v["summary"].as_array().unwrap().len(), 9);
     // Bytes: LRU has the lowest cold share but moves the most bytes (every cold read at batch 1
     // is followed by a full copy), 1.5× the first-K map's and more.
     let gb = |i: usize| v["summary"][i]["total_gb"].as_f64().unwrap();
     let cold = |i: usize| v["summary"][i]["cold_share"].as_f64().unwrap();
-    assert_eq!(v["summary"][4]["label"], "lru");
-    assert!((0..7).all(|i| i == 4 || cold(4) < cold(i)));
+    assert_eq!(v["summary"][6]["label"], "lru (uncapped)");
+    assert!((0..9).all(|i| i == 6 || cold(6) < cold(i)));
     assert!(
-        gb(4) > 1.5 * gb(0) && gb(4) > 1.8 * gb(5),
+        gb(6) > 1.5 * gb(0) && gb(6) > 1.8 * gb(7),
         "{} {} {}",
-        gb(4),
+        gb(6),
         gb(0),
-        gb(5)
+        gb(7)
     );
-    assert_eq!(v["summary"][4]["swap_gb"], v["summary"][4]["host_read_gb"]);
+    assert_eq!(v["summary"][6]["swap_gb"], v["summary"][6]["host_read_gb"]);
+    // The cost-aware default with no flags: stall within 1.10× the best static map in
+    // hindsight, under 0.6× uncapped LRU's, better than its boot map (first-K).
+    let stall = |i: usize| v["summary"][i]["stall_ms_per_step"].as_f64().unwrap();
+    assert_eq!(v["summary"][2]["label"], "cost-aware (default)");
+    assert!(stall(2) <= 1.10 * stall(7), "{} vs {}", stall(2), stall(7));
+    assert!(stall(2) <= 0.6 * stall(6), "{} vs {}", stall(2), stall(6));
+    assert!(stall(2) < stall(0));
 }
 
 #[test]

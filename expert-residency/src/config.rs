@@ -1,19 +1,27 @@
-//! Controller configuration: drain cadence, EMA half-life, the ratio, swap caps and the shift
-//! response.
+//! Controller configuration: the policy, drain cadence (fixed or adapted to the traffic), EMA
+//! half-life, the link's cost, swap caps and budgets, and the shift response.
 
 use crate::error::{ExpertError, Result};
 
-/// How the controller counts, decays and swaps. [`Default`] gives the seed defaults of the issue:
-/// drain every 64 steps, EMA half-life 500 steps, ratio 1.5, 2 swaps per layer per drain, 8 swaps
-/// begun per step, no shift response.
+/// How the controller counts, decays and swaps.
+///
+/// [`Default`] is the **cost-aware** default ([`PolicyKind::Cost`], [`crate::CostPolicy`]): heat in
+/// touched steps, a half-life and drain cadence that adapt to the observed traffic
+/// ([`AdaptiveCadence`]: the same defaults serve batch 1 and batch 256), the H200 PCIe link's
+/// costs ([`LinkCost::h200_pcie`]), a swap budget of 1 GiB per step, 2 swaps per layer per drain,
+/// 8 swaps begun per step, no shift response. [`ControllerConfig::published_recipe`] is the
+/// published GB300 recipe (ratio policy, drain every 64 steps, half-life 500 steps): the seed
+/// defaults of the issue, unchanged.
 /// Missing fields take their defaults when deserialized; an unknown field is an error (a typo
 /// must not silently fall back to a default).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ControllerConfig {
-    /// Steps between drains (≥ 1).
+    /// Steps between drains (≥ 1). With [`ControllerConfig::adaptive`] set, the most steps
+    /// between drains (the adapted cadence is never slower).
     pub drain_every: u32,
-    /// EMA half-life of pick counts, in steps (finite, > 0).
+    /// EMA half-life of pick counts, in steps (finite, > 0). With
+    /// [`ControllerConfig::adaptive`] set, the half-life before the first drain (then adapted).
     pub half_life_steps: f64,
     /// A cold expert replaces a hot one only if its EMA is at least `ratio` times the hot one's
     /// (≥ 1, finite): hysteresis against churn. The knob of [`crate::RatioPolicy`] (the policy of
@@ -37,6 +45,188 @@ pub struct ControllerConfig {
     /// zeroed under the controller would otherwise read as ~2^32 phantom picks per cell):
     /// re-baseline (default) or a typed error. See [`OnCounterReset`].
     pub on_counter_reset: OnCounterReset,
+    /// The policy [`crate::Controller::new`] builds: `"cost"` (default), `"ratio"` (the
+    /// published GB300 recipe) or `"recency"` (capped LRU). Absent in configs written before
+    /// it existed: the default, `"cost"`.
+    pub policy: PolicyKind,
+    /// The cost-aware policy's knobs ([`PolicyKind::Cost`]).
+    pub cost: CostKnobs,
+    /// What the host link charges for an in-place read and for a swap copy: the cost-aware
+    /// policy's prices. Default [`LinkCost::h200_pcie`].
+    pub link: LinkCost,
+    /// Drain cadence and half-life adapted to the observed traffic (`None`: fixed
+    /// `drain_every` and `half_life_steps`, as the published recipe).
+    pub adaptive: Option<AdaptiveCadence>,
+    /// Bytes of swap copies begun per step, all layers together (`None`: no byte budget, only
+    /// `max_swaps_per_step`). At least one swap per step is always allowed: the budget is
+    /// `max(1, budget / expert_bytes)` swaps, and never more than `max_swaps_per_step`.
+    pub swap_budget_bytes_per_step: Option<u64>,
+}
+
+/// Which [`crate::SwapPolicy`] [`crate::Controller::new`] builds. JSON: `"cost"`, `"ratio"`,
+/// `"recency"`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// [`crate::CostPolicy`]: swap when the host bytes saved over the expected residency exceed
+    /// the copy's cost on the link (tierkit's default).
+    #[default]
+    Cost,
+    /// [`crate::RatioPolicy`] at [`ControllerConfig::ratio`]: the published GB300 recipe's "EMA
+    /// drain + ratio hysteresis".
+    Ratio,
+    /// [`crate::RecencyPolicy`]: capped LRU on the drained touches (at most
+    /// `max_swaps_per_step` swaps per step).
+    Recency,
+}
+
+impl PolicyKind {
+    /// The name used in configs and reports (`cost`, `ratio`, `recency`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Cost => "cost",
+            PolicyKind::Ratio => "ratio",
+            PolicyKind::Recency => "recency",
+        }
+    }
+}
+
+/// The cost-aware policy's knobs ([`crate::CostPolicy`]). Missing fields take their defaults;
+/// an unknown field is an error.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CostKnobs {
+    /// A swap must save at least `payback ×` its copy cost (≥ 1, finite): a margin for the
+    /// future not repeating the past. Default 1.5.
+    pub payback: f64,
+    /// Sampling-noise margin in standard deviations of the touched-step heat difference (≥ 0,
+    /// finite): a swap must also clear `z · √(var_in + var_out)` touched steps. Default 1
+    /// (picked on the Mixtral decode traces: z 0 churns, z 2 is slow; `docs/experts.md`).
+    pub z: f64,
+}
+
+impl Default for CostKnobs {
+    fn default() -> Self {
+        CostKnobs {
+            payback: 1.5,
+            z: 1.0,
+        }
+    }
+}
+
+/// What a host link charges, as the cost-aware policy sees it: in-place reads of cold experts
+/// and swap copies. The numbers duplicate `tierkit-sim`'s link presets (this crate does not
+/// depend on the lab), with their sources. Missing fields take the H200 PCIe values; an unknown
+/// field is an error.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinkCost {
+    /// In-place reads of cold experts by the grouped GEMM, GB/s (10⁹ bytes/s; finite, > 0).
+    pub read_gbps: f64,
+    /// Swap copies host → HBM, GB/s (10⁹ bytes/s; finite, > 0).
+    pub copy_gbps: f64,
+    /// Fixed cost per swap copy besides its bytes, µs (finite, ≥ 0): table flip, contention.
+    pub copy_fixed_us: f64,
+}
+
+impl Default for LinkCost {
+    /// [`LinkCost::h200_pcie`].
+    fn default() -> Self {
+        Self::h200_pcie()
+    }
+}
+
+impl LinkCost {
+    /// The H200 test machine, PCIe Gen5 x16 (`../shared/limits/h200-pcie.md`; the same numbers
+    /// as `tierkit-sim`'s `h200-pcie` link preset): in-place reads **47 GB/s** (gather from
+    /// mapped pinned memory, 46.4–47.3 GB/s measured), copies **55 GB/s** (one 17.93 MiB expert
+    /// in 342 µs), **26.2 µs** added step time per applied swap (`gpu_bench_experts`,
+    /// `benches/README.md`).
+    pub fn h200_pcie() -> Self {
+        LinkCost {
+            read_gbps: 47.0,
+            copy_gbps: 55.0,
+            copy_fixed_us: 26.2,
+        }
+    }
+
+    /// GB300 NVLink-C2C as the published GB300 expert-residency recipe reports it: in-place
+    /// reads **340 GB/s**, a 17.93 MiB expert copy in **~72 µs** (261.1 GB/s), no fixed cost
+    /// besides (`tierkit-sim`'s `gb300-c2c` preset).
+    pub fn gb300_c2c() -> Self {
+        LinkCost {
+            read_gbps: 340.0,
+            copy_gbps: 261.1,
+            copy_fixed_us: 0.0,
+        }
+    }
+
+    /// µs to read `bytes` in place once.
+    pub fn read_us(&self, bytes: u64) -> f64 {
+        bytes as f64 / (self.read_gbps * 1e3)
+    }
+
+    /// µs one swap copy of `bytes` costs (bytes at `copy_gbps` + the fixed cost).
+    pub fn copy_us(&self, bytes: u64) -> f64 {
+        bytes as f64 / (self.copy_gbps * 1e3) + self.copy_fixed_us
+    }
+
+    /// A swap copy's cost in in-place reads of the same expert (`copy_us / read_us`): how many
+    /// more touched steps an incoming expert must serve from HBM than the outgoing one for the
+    /// copy to pay (0.86 for any expert size above a few MB on the H200 PCIe link).
+    pub fn copy_in_reads(&self, expert_bytes: u64) -> f64 {
+        let r = self.read_us(expert_bytes.max(1));
+        self.copy_us(expert_bytes.max(1)) / r
+    }
+
+    fn validate(&self) -> Result<()> {
+        positive("link.read_gbps", self.read_gbps)?;
+        positive("link.copy_gbps", self.copy_gbps)?;
+        if !(self.copy_fixed_us.is_finite() && self.copy_fixed_us >= 0.0) {
+            return Err(bad(format!(
+                "link.copy_fixed_us must be finite and ≥ 0, got {}",
+                self.copy_fixed_us
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Drain cadence and EMA half-life adapted to the traffic, so that the same defaults serve
+/// batch 1 and batch 256 (tierkit's; the published recipe's fixed 64 / 500 steps were chosen for
+/// a lane of 267,226 steps).
+///
+/// At each drain the controller measures the experts touched per step per layer `S` (from the
+/// picks, see [`crate::CostPolicy`]; smoothed over drains) and sets the half-life to
+/// `touches_per_half_life × experts_per_layer / S` steps (clamped to `[min_half_life_steps,
+/// max_half_life_steps]`): an average expert gathers `touches_per_half_life` touched steps per
+/// half-life, whatever the batch. The next drain comes `half-life / drains_per_half_life` steps
+/// later (at least 1, at most `drain_every`). The first drain comes after one step. Missing
+/// fields take their defaults; an unknown field is an error.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdaptiveCadence {
+    /// Touched steps of an average expert per half-life (finite, > 0). Default 4.
+    pub touches_per_half_life: f64,
+    /// Drains per half-life (finite, ≥ 1). Default 4.
+    pub drains_per_half_life: f64,
+    /// Shortest half-life, steps (finite, > 0). Default 2.
+    pub min_half_life_steps: f64,
+    /// Longest half-life, steps (finite, ≥ the shortest). Default 4,096.
+    pub max_half_life_steps: f64,
+}
+
+impl Default for AdaptiveCadence {
+    fn default() -> Self {
+        AdaptiveCadence {
+            touches_per_half_life: 4.0,
+            drains_per_half_life: 4.0,
+            min_half_life_steps: 2.0,
+            max_half_life_steps: 4096.0,
+        }
+    }
 }
 
 /// What a drain does with a counter snapshot in which some cell is below the previous snapshot
@@ -69,6 +259,11 @@ impl Default for ControllerConfig {
             shift_response: None,
             boot_frozen: false,
             on_counter_reset: OnCounterReset::Rebaseline,
+            policy: PolicyKind::Cost,
+            cost: CostKnobs::default(),
+            link: LinkCost::h200_pcie(),
+            adaptive: Some(AdaptiveCadence::default()),
+            swap_budget_bytes_per_step: Some(1 << 30),
         }
     }
 }
@@ -76,9 +271,12 @@ impl Default for ControllerConfig {
 /// Shift response: a cold-share jump detector that, for a while, shortens the EMA half-life and
 /// raises the per-layer swap cap so the hot set follows new traffic faster (per-step cap unchanged).
 ///
-/// At each drain the interval's cold share `c` is compared with a baseline (an EMA of past drains'
-/// cold shares, half-life `baseline_half_life_drains`): a jump is `c ≥ jump_ratio × baseline` and
-/// `c ≥ baseline + jump_min`. A jump decays the EMA as if `forget_steps` more steps had passed (at
+/// Drains are pooled until they hold at least `min_picks` picks (all layers), so that drain 1 and
+/// drain 8 see the same detector. The pooled cold share `c` is compared with a baseline `b` (an
+/// EMA of past pooled cold shares, half-life `baseline_half_life_drains` pooled tests): a jump is
+/// `c ≥ jump_ratio × b` and `c − b ≥ max(jump_min, z · √(b(1 − b) / picks))`, the last term
+/// being the binomial standard error of a cold share measured on `picks` lookups (sampling
+/// noise). A jump decays the EMA as if `forget_steps` more steps had passed (at
 /// the boosted half-life) and boosts for `boost_drains` drains (a new jump re-arms it); then the
 /// normal half-life and cap come back.
 /// Missing fields take their defaults when deserialized; an unknown field is an error.
@@ -100,6 +298,10 @@ pub struct ShiftResponse {
     /// Extra steps of decay applied to the EMA when a jump is detected (0 keeps the history;
     /// 200 at a 100-step half-life scales it by 1/4).
     pub forget_steps: u64,
+    /// Standard errors of sampling noise a jump must clear (finite, ≥ 0; 0 = off). Default 4.
+    pub z: f64,
+    /// Picks (all layers) a pooled test holds at least (≥ 1). Default 512.
+    pub min_picks: u64,
 }
 
 impl Default for ShiftResponse {
@@ -112,6 +314,8 @@ impl Default for ShiftResponse {
             boost_swaps_per_layer: 8,
             boost_drains: 12,
             forget_steps: 200,
+            z: 4.0,
+            min_picks: 512,
         }
     }
 }
@@ -171,15 +375,80 @@ impl ControllerConfig {
                     "boost_swaps_per_layer and boost_drains must be ≥ 1".into()
                 ));
             }
+            if !(s.z.is_finite() && s.z >= 0.0) {
+                return Err(bad(format!("shift z must be finite and ≥ 0, got {}", s.z)));
+            }
+            if s.min_picks == 0 {
+                return Err(bad("shift min_picks must be ≥ 1".into()));
+            }
+        }
+        let c = &self.cost;
+        if !(c.payback.is_finite() && c.payback >= 1.0) {
+            return Err(bad(format!(
+                "cost.payback must be finite and ≥ 1, got {}",
+                c.payback
+            )));
+        }
+        if !(c.z.is_finite() && c.z >= 0.0) {
+            return Err(bad(format!("cost.z must be finite and ≥ 0, got {}", c.z)));
+        }
+        self.link.validate()?;
+        if let Some(a) = &self.adaptive {
+            positive("adaptive.touches_per_half_life", a.touches_per_half_life)?;
+            positive("adaptive.min_half_life_steps", a.min_half_life_steps)?;
+            if !(a.drains_per_half_life.is_finite() && a.drains_per_half_life >= 1.0) {
+                return Err(bad(format!(
+                    "adaptive.drains_per_half_life must be finite and ≥ 1, got {}",
+                    a.drains_per_half_life
+                )));
+            }
+            if !(a.max_half_life_steps.is_finite()
+                && a.max_half_life_steps >= a.min_half_life_steps)
+            {
+                return Err(bad(format!(
+                    "adaptive.max_half_life_steps must be finite and ≥ min_half_life_steps, got {}",
+                    a.max_half_life_steps
+                )));
+            }
+        }
+        if self.swap_budget_bytes_per_step == Some(0) {
+            return Err(bad(
+                "swap_budget_bytes_per_step must be ≥ 1 when given".into()
+            ));
         }
         Ok(())
     }
 
-    /// The defaults with the default [`ShiftResponse`] switched on.
+    /// The published GB300 recipe ("EMA drain + ratio hysteresis"), the crate's defaults before
+    /// the cost-aware policy: [`PolicyKind::Ratio`] at ratio 1.5, drain every 64 steps, EMA
+    /// half-life 500 steps (fixed), 2 swaps per layer per drain, 8 swaps begun per step, no byte
+    /// budget, no shift response.
+    pub fn published_recipe() -> Self {
+        ControllerConfig {
+            policy: PolicyKind::Ratio,
+            adaptive: None,
+            swap_budget_bytes_per_step: None,
+            ..Self::default()
+        }
+    }
+
+    /// [`ControllerConfig::published_recipe`] with the default [`ShiftResponse`] switched on.
     pub fn with_shift_response() -> Self {
         ControllerConfig {
             shift_response: Some(ShiftResponse::default()),
-            ..Self::default()
+            ..Self::published_recipe()
+        }
+    }
+
+    /// Swaps begun per step: `max_swaps_per_step`, lowered to `max(1, budget / expert_bytes)`
+    /// under a byte budget.
+    pub fn swaps_per_step(&self, expert_bytes: u64) -> u32 {
+        match self.swap_budget_bytes_per_step {
+            Some(b) => {
+                let n = (b / expert_bytes.max(1)).clamp(1, u32::MAX as u64) as u32;
+                n.min(self.max_swaps_per_step)
+            }
+            None => self.max_swaps_per_step,
         }
     }
 }

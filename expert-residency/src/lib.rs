@@ -9,9 +9,10 @@
 //! Pieces: [`Geometry`] and per-layer [`RowMap`]s (on tier-core's `PageMap`, one generation per
 //! layer; [`ResidencyMap`], saved as versioned JSON); [`PickCounters`] (one relaxed atomic add per
 //! pick, the GPU counting kernel's layout); the [`Controller`] (EMA drain, generation-checked
-//! swaps under per-layer / per-step caps, freeze, optional shift response) asking a
-//! [`SwapPolicy`] what to swap ([`RatioPolicy`], the published "EMA drain + ratio hysteresis"
-//! recipe, by default); the [`SwapExecutor`] trait with [`MemoryExecutor`] and [`NullExecutor`]
+//! swaps under per-layer / per-step caps and a byte budget, a cadence adapted to the traffic,
+//! freeze, optional shift response) asking a [`SwapPolicy`] what to swap ([`CostPolicy`] by
+//! default: a swap must save more host bytes than its copy costs on the link; [`RatioPolicy`],
+//! the published "EMA drain + ratio hysteresis" recipe; [`RecencyPolicy`], capped LRU); the [`SwapExecutor`] trait with [`MemoryExecutor`] and [`NullExecutor`]
 //! (the GPU executor is `gpu::GpuExecutor`, `cuda` feature); seed maps fitted offline
 //! ([`fit_seed_map`]). Traces, replays, oracles and the scoreboard live in the `tierkit-sim`
 //! crate.
@@ -50,7 +51,10 @@ mod telemetry;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 
-pub use config::{ControllerConfig, OnCounterReset, ShiftResponse, MAX_WINDOW_DRAINS};
+pub use config::{
+    AdaptiveCadence, ControllerConfig, CostKnobs, LinkCost, OnCounterReset, PolicyKind,
+    ShiftResponse, MAX_WINDOW_DRAINS,
+};
 pub use controller::{ControlMessage, Controller, StepReport};
 pub use counters::{
     first_backwards_cell, snapshot_deltas, PassKind, PauseGuard, PickCounters, COUNTER_RESET_DELTA,
@@ -60,7 +64,7 @@ pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, Swap
 pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
-pub use policy::{LayerHeat, RatioPolicy, SwapChoice, SwapPolicy};
+pub use policy::{CostPolicy, LayerHeat, RatioPolicy, RecencyPolicy, SwapChoice, SwapPolicy};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION};
 pub use seed::{fit_seed_map, merge_dumps, seed_coverage, top_k_experts, CounterDump, Coverage};
 pub use telemetry::{DrainTelemetry, SwapStats};

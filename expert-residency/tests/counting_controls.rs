@@ -22,7 +22,7 @@ fn controller(cfg: ControllerConfig) -> Controller {
 fn cfg() -> ControllerConfig {
     ControllerConfig {
         drain_every: 4,
-        ..ControllerConfig::default()
+        ..ControllerConfig::published_recipe()
     }
 }
 

@@ -67,7 +67,7 @@ fn random_swaps_then_restore_are_lossless() {
     assert!(!map.same_hot_sets(&boot));
 
     // Restore the boot map through the controller (per-step cap, one swap in flight per layer).
-    let cfg = ControllerConfig::default();
+    let cfg = ControllerConfig::published_recipe();
     let mut ctl = Controller::new(map, cfg.clone()).unwrap();
     let queued = ctl.request_map(&boot).unwrap();
     assert!(queued > 0);

@@ -372,7 +372,7 @@ fn controller_drives_the_gpu_executor_and_maps_agree() {
     .unwrap();
     let cfg = ControllerConfig {
         drain_every: 4,
-        ..ControllerConfig::default()
+        ..ControllerConfig::published_recipe()
     };
     let mut ctl = Controller::new(map, cfg).unwrap();
     let mut counter = PickCounterGpu::new(&gpu, 4, 16).unwrap();

@@ -42,7 +42,7 @@ fn device_controls_and_counter_reset_drive_the_controller() {
     let cfg = ControllerConfig {
         drain_every: 4,
         boot_frozen: true,
-        ..ControllerConfig::default()
+        ..ControllerConfig::published_recipe()
     };
     let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg).unwrap();
     let mut ex = NullExecutor::new();

@@ -10,7 +10,7 @@
 //! T90 seconds assume a 20 ms decode step. The byte columns price host reads and swap copies
 //! under the H200 PCIe link (`--link gb300-c2c` for the published GB300 C2C figures). `--json`
 //! writes every report (deterministic bytes); `--telemetry` writes the per-drain JSON lines of
-//! the adaptive + shift-response run.
+//! the cost-aware default run.
 
 use expert_residency::{ControllerConfig, Geometry};
 use tierkit_sim::experts::scoreboard::{self, Policy};
@@ -58,8 +58,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = telemetry_out {
         let run = runs
             .iter()
-            .find(|r| r.label == "adaptive+shift-response")
-            .ok_or("no adaptive+shift-response run")?;
+            .find(|r| r.label == "cost-aware (default)")
+            .ok_or("no cost-aware (default) run")?;
         std::fs::write(&path, run.report.telemetry_json_lines())?;
         println!("wrote {path} ({} drains)", run.report.telemetry.len());
     }

@@ -130,7 +130,7 @@ fn adaptive_swap_bytes_are_the_committed_swaps() {
     let cfg = ControllerConfig {
         drain_every: 1,
         half_life_steps: 2.0,
-        ..ControllerConfig::default()
+        ..ControllerConfig::published_recipe()
     };
     let r = replay_with(&t, &g, &PolicySpec::Adaptive(None), &cfg, &opts()).unwrap();
     let b = &r.bytes;
@@ -172,15 +172,18 @@ fn byte_json_is_deterministic_and_the_scoreboard_prices_it() {
     let a = serde_json::to_string(&run()).unwrap();
     assert_eq!(a, serde_json::to_string(&run()).unwrap());
     let v: serde_json::Value = serde_json::from_str(&a).unwrap();
-    let lru = &v[4]["report"];
-    assert_eq!(v[4]["label"], "lru");
+    let lru = &v[6]["report"];
+    assert_eq!(v[6]["label"], "lru (uncapped)");
     assert_eq!(lru["boot"], "seed");
     assert_eq!(lru["bytes"]["link"]["name"], "h200-pcie");
     assert_eq!(lru["bytes"]["link"]["copy_mode"], "shares-link");
     assert_eq!(lru["bytes"]["per_step"].as_array().unwrap().len(), 3);
     let rows = scoreboard::summarize(&run());
     let boots: Vec<&str> = rows.iter().map(|r| r.boot.as_str()).collect();
-    assert_eq!(boots, ["first-k", "seed", "seed", "seed", "seed", "oracle"]);
+    assert_eq!(
+        boots,
+        ["first-k", "seed", "seed", "seed", "seed", "seed", "seed", "oracle"]
+    );
     let oracle = rows.iter().find(|r| r.label == "oracle").unwrap();
     assert_eq!(oracle.link, "h200-pcie");
     assert!(oracle.swap_gb == 0.0 && oracle.total_gb == oracle.host_read_gb);

@@ -23,7 +23,7 @@ fn default_scenario_meets_the_bar() {
         &tierkit_sim::experts::counter_dump(&trace, 0..shift).unwrap(),
     )
     .unwrap();
-    let cfg = ControllerConfig::default();
+    let cfg = ControllerConfig::published_recipe();
     let opts = ReplayOptions::default();
     let run = |p: PolicySpec| replay_with(&trace, &g, &p, &cfg, &opts).unwrap();
     let oracle = run(PolicySpec::Oracle(OracleWindow::AfterLastShift));

@@ -90,7 +90,7 @@ fn adaptive_tracks_the_shift_and_beats_the_old_seed() {
     let (n, shift) = (9000, 2000);
     let trace = shift_trace(n, shift, 11);
     let g = geometry();
-    let cfg = ControllerConfig::default();
+    let cfg = ControllerConfig::published_recipe();
     let opts = ReplayOptions {
         step_time_s: Some(0.025),
         ..ReplayOptions::default()
@@ -172,7 +172,7 @@ fn same_seed_same_json_and_bytes_verified() {
 #[test]
 fn bad_traces_are_typed_errors() {
     let g = geometry();
-    let cfg = ControllerConfig::default();
+    let cfg = ControllerConfig::published_recipe();
     let p = PolicySpec::Adaptive(None);
     let mut t = shift_trace(10, 5, 1);
     t.steps[3].layers[2][0] = EXPERTS;
@@ -226,7 +226,7 @@ fn shift_response_stays_quiet_without_a_shift() {
     let trace = shift_trace(4000, 4000, 3);
     assert_eq!(trace.shifts, vec![4000]); // outside the trace: no shift inside
     let g = geometry();
-    let cfg = ControllerConfig::default();
+    let cfg = ControllerConfig::published_recipe();
     let plain = replay(&trace, &g, &PolicySpec::Adaptive(None), &cfg).unwrap();
     let boosted = replay(&trace, &g, &PolicySpec::AdaptiveShiftResponse(None), &cfg).unwrap();
     assert!(plain.shifts.is_empty());

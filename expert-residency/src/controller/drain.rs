@@ -1,6 +1,7 @@
 //! One drain, one job per function: deltas and the cold-share window, the shift response, the EMA
 //! fold, planning through the policy, telemetry.
 
+use super::touch::touch_prob_inv;
 use super::Controller;
 use crate::config::ShiftResponse;
 use crate::policy::LayerHeat;
@@ -15,6 +16,8 @@ pub(super) struct ShiftState {
     pub(super) boost_left: u32,
     /// Jumps detected so far.
     pub(super) detections: u64,
+    /// Drains pooled since the last test: (cold, total) picks.
+    pub(super) pooled: (u64, u64),
 }
 
 /// What the shift detector did at one drain.
@@ -28,30 +31,45 @@ enum ShiftEvent {
 }
 
 impl ShiftState {
-    /// Feeds one drain's cold share to the detector (only drains with picks count): a jump is
-    /// `cold_share ≥ jump_ratio × baseline` and `≥ baseline + jump_min`.
-    fn observe(&mut self, sr: &ShiftResponse, cold_share: f64) -> ShiftEvent {
+    /// Feeds one drain's (cold, total) picks to the detector (only drains with picks count).
+    /// Drains are pooled until they hold `min_picks`; the pooled cold share `c` is a jump iff
+    /// `c ≥ jump_ratio × baseline` and `c − baseline ≥ max(jump_min, z·√(b(1−b)/picks))`.
+    /// While boosted, every drain counts down the boost whether or not it completed a pool.
+    fn observe(&mut self, sr: &ShiftResponse, cold: u64, total: u64) -> ShiftEvent {
+        self.pooled.0 += cold;
+        self.pooled.1 += total;
+        if self.pooled.1 < sr.min_picks {
+            return self.count_down();
+        }
+        let (c, t) = std::mem::take(&mut self.pooled);
+        let cold_share = share(c, t);
         let Some(b) = self.baseline else {
             self.baseline = Some(cold_share);
             return ShiftEvent::None;
         };
-        let event = if cold_share >= b * sr.jump_ratio && cold_share >= b + sr.jump_min {
+        let noise = sr.z * (b * (1.0 - b) / t as f64).sqrt();
+        let jump_min = sr.jump_min.max(noise);
+        let event = if cold_share >= b * sr.jump_ratio && cold_share >= b + jump_min {
             self.detections += 1;
             self.boost_left = sr.boost_drains;
             ShiftEvent::Jump
-        } else if self.boost_left > 0 {
-            self.boost_left -= 1;
-            if self.boost_left == 0 {
-                ShiftEvent::BoostOver
-            } else {
-                ShiftEvent::None
-            }
         } else {
-            ShiftEvent::None
+            self.count_down()
         };
         let a = 0.5f64.powf(1.0 / sr.baseline_half_life_drains);
         self.baseline = Some(b * a + cold_share * (1.0 - a));
         event
+    }
+
+    /// One drain of boost less; `BoostOver` when it runs out.
+    fn count_down(&mut self) -> ShiftEvent {
+        if self.boost_left > 0 {
+            self.boost_left -= 1;
+            if self.boost_left == 0 {
+                return ShiftEvent::BoostOver;
+            }
+        }
+        ShiftEvent::None
     }
 }
 
@@ -71,15 +89,31 @@ impl Controller {
         self.drains += 1;
         let (cold, picks) = self.take_deltas(snap);
         let cold_share = share(cold, picks);
+        // Touched steps of the interval (and the adapted half-life) before anything folds.
+        let touches = self.cfg.adaptive.is_some() || self.policy.uses_touch();
+        if touches {
+            self.fold_touches(elapsed);
+        }
         // Detect before folding so that a boosted half-life applies to this very fold.
         let forget = if picks > 0 {
-            self.respond_to_shift(cold_share)
+            self.respond_to_shift(cold, picks)
         } else {
             None
         };
+        let hl = self.half_life_in_force();
         self.ema
-            .fold(&self.deltas, elapsed.saturating_add(forget.unwrap_or(0)))
+            .set_half_life(hl)
+            .expect("validated, finite and > 0");
+        let decay_steps = elapsed.saturating_add(forget.unwrap_or(0));
+        self.ema
+            .fold(&self.deltas, decay_steps)
             .expect("lengths fixed at new");
+        if touches {
+            let f = self.ema.decay_factor(decay_steps);
+            for (t, x) in self.touch.iter_mut().zip(&self.touch_scratch) {
+                *t = *t * f + x;
+            }
+        }
         let cap = self.per_layer_cap();
         let planned = if self.frozen { 0 } else { self.plan(cap) };
         self.telemetry(elapsed, picks, cold_share, planned, cap, forget.is_some())
@@ -136,26 +170,107 @@ impl Controller {
         (cold_all, total_all)
     }
 
-    /// The shift response (if configured) for a drain with picks: on a jump, boosts the EMA
-    /// half-life and returns the extra steps to forget; when the boost runs out, restores the
-    /// normal half-life. `Some` iff a jump was detected.
-    fn respond_to_shift(&mut self, cold_share: f64) -> Option<u64> {
+    /// The shift response (if configured) for a drain with picks: on a jump, starts the boost
+    /// (a shorter half-life, [`Controller::half_life_in_force`]) and returns the extra steps to
+    /// forget (scaled with the half-life under the adaptive cadence). `Some` iff a jump was
+    /// detected.
+    fn respond_to_shift(&mut self, cold: u64, picks: u64) -> Option<u64> {
         let sr = self.cfg.shift_response.as_ref()?;
-        match self.shift.observe(sr, cold_share) {
-            ShiftEvent::None => None,
+        match self.shift.observe(sr, cold, picks) {
             ShiftEvent::Jump => {
-                self.ema
-                    .set_half_life(sr.boost_half_life_steps)
-                    .expect("validated");
-                Some(sr.forget_steps)
+                let scale = if self.cfg.adaptive.is_some() {
+                    self.base_half_life / self.cfg.half_life_steps
+                } else {
+                    1.0
+                };
+                Some((sr.forget_steps as f64 * scale).round() as u64)
             }
-            ShiftEvent::BoostOver => {
-                self.ema
-                    .set_half_life(self.cfg.half_life_steps)
-                    .expect("validated");
-                None
-            }
+            ShiftEvent::None | ShiftEvent::BoostOver => None,
         }
+    }
+
+    /// The EMA half-life in force, steps: the adapted (or configured) one, shortened while the
+    /// shift response is boosted (to `boost_half_life_steps`, or by the same factor
+    /// `boost_half_life_steps / half_life_steps` under the adaptive cadence).
+    pub(super) fn half_life_in_force(&self) -> f64 {
+        match &self.cfg.shift_response {
+            Some(sr) if self.shift.boost_left > 0 => {
+                if self.cfg.adaptive.is_some() {
+                    (self.base_half_life * sr.boost_half_life_steps / self.cfg.half_life_steps)
+                        .max(1e-3)
+                } else {
+                    sr.boost_half_life_steps
+                }
+            }
+            _ => self.base_half_life,
+        }
+    }
+
+    /// Estimates the interval's touched steps per cell into `touch_scratch` (see `touch.rs`),
+    /// stamps `last_touch`, and under the adaptive cadence re-derives the half-life and the
+    /// next drain's distance from the experts touched per step.
+    fn fold_touches(&mut self, elapsed: u64) {
+        let experts = self.map.geometry().experts_per_layer as usize;
+        let n = elapsed.max(1) as f64;
+        let inv_n = 1.0 / n;
+        let step = self.step;
+        let (mut sum_touched, mut layers_with_picks) = (0.0f64, 0u32);
+        for ((d, x), last) in self
+            .deltas
+            .chunks_exact(experts)
+            .zip(self.touch_scratch.chunks_exact_mut(experts))
+            .zip(self.last_touch.chunks_exact_mut(experts))
+        {
+            let max_d = d.iter().copied().max().unwrap_or(0);
+            if max_d == 0 {
+                x.iter_mut().for_each(|v| *v = 0.0);
+                continue;
+            }
+            let tokens = (max_d as f64 * inv_n).max(1.0);
+            let inv_tokens = 1.0 / tokens;
+            let mut touched = 0.0;
+            // Small pick counts repeat across a layer's experts: memoise τ for d < MEMO (a NaN
+            // marks an empty entry), so most cells cost a table read rather than an exp.
+            const MEMO: usize = 64;
+            let mut memo = [f64::NAN; MEMO];
+            for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
+                if d == 0 {
+                    *x = 0.0;
+                    continue;
+                }
+                let tau = if (d as usize) < MEMO {
+                    let m = &mut memo[d as usize];
+                    if m.is_nan() {
+                        *m = touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens);
+                    }
+                    *m
+                } else {
+                    touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens)
+                };
+                touched += tau;
+                *x = n * tau;
+                *last = step;
+            }
+            sum_touched += touched;
+            layers_with_picks += 1;
+        }
+        let Some(a) = self.cfg.adaptive else {
+            return;
+        };
+        if layers_with_picks == 0 {
+            return;
+        }
+        let s_now = sum_touched / layers_with_picks as f64;
+        let s = match self.touched_per_step {
+            Some(old) => 0.5 * old + 0.5 * s_now,
+            None => s_now,
+        };
+        self.touched_per_step = Some(s);
+        let hl = (a.touches_per_half_life * experts as f64 / s.max(1e-9))
+            .clamp(a.min_half_life_steps, a.max_half_life_steps);
+        self.base_half_life = hl;
+        self.drain_gap =
+            ((hl / a.drains_per_half_life).round() as u64).clamp(1, self.cfg.drain_every as u64);
     }
 
     /// The per-layer swap cap in force: the shift response's while boosted, else the config's.
@@ -170,18 +285,25 @@ impl Controller {
     /// chose; returns how many swaps were planned.
     fn plan(&mut self, cap: u32) -> u32 {
         let experts = self.map.geometry().experts_per_layer as usize;
+        let per_step = self.cfg.swaps_per_step(self.map.geometry().expert_bytes);
         let mut planned = 0;
         for l in 0..self.map.layers().len() {
             if self.busy[l] != 0 {
                 continue;
             }
             self.choices.clear();
+            let r = l * experts..(l + 1) * experts;
             let layer = LayerHeat {
                 layer: l as u32,
-                heat: &self.ema.values()[l * experts..(l + 1) * experts],
+                heat: &self.ema.values()[r.clone()],
+                touch: &self.touch[r.clone()],
+                last_touch: &self.last_touch[r],
+                step: self.step,
+                half_life_steps: self.ema.half_life_steps(),
+                expert_bytes: self.map.geometry().expert_bytes,
                 row: &self.map.layers()[l],
                 max_swaps: cap,
-                max_swaps_per_step: self.cfg.max_swaps_per_step,
+                max_swaps_per_step: per_step,
             };
             self.policy.plan(&layer, &mut self.choices);
             planned += self.queue_choices(l as u32, cap);

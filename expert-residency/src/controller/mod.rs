@@ -10,14 +10,15 @@
 mod control;
 mod drain;
 mod swaps;
+mod touch;
 
 pub use control::ControlMessage;
 
-use crate::config::ControllerConfig;
+use crate::config::{ControllerConfig, PolicyKind};
 use crate::counters::PickCounters;
 use crate::error::{ExpertError, Result};
 use crate::executor::{PlannedSwap, SwapExecutor};
-use crate::policy::{RatioPolicy, SwapChoice, SwapPolicy};
+use crate::policy::{CostPolicy, RatioPolicy, RecencyPolicy, SwapChoice, SwapPolicy};
 use crate::rowmap::ResidencyMap;
 use crate::telemetry::{DrainTelemetry, SwapStats};
 use drain::ShiftState;
@@ -50,10 +51,12 @@ pub struct StepReport {
 /// at most `max_swaps_per_step` queued swaps per step on the executor (one in flight per layer),
 /// and applies to the rowmap the swaps the executor confirms, after a generation check.
 ///
-/// The default policy is [`RatioPolicy`]: "EMA drain + ratio hysteresis", the published GB300
-/// expert-residency recipe (busiest cold vs least busy hot, swap iff `cold ≥ ratio × hot`),
-/// moving only the few experts that matter rather than re-planning every expert as EPLB-style
-/// rebalancers do. The optional shift response
+/// The policy is the config's [`ControllerConfig::policy`]: by default [`CostPolicy`] (swap when
+/// the host bytes saved over the expected residency exceed the copy's cost on the link, heat in
+/// touched steps, a cadence adapted to the traffic); [`RatioPolicy`] is "EMA drain + ratio
+/// hysteresis", the published GB300 expert-residency recipe (busiest cold vs least busy hot, swap
+/// iff `cold ≥ ratio × hot`, [`ControllerConfig::published_recipe`]); both move only the few
+/// experts that matter rather than re-planning every expert as EPLB-style rebalancers do. The optional shift response
 /// ([`ControllerConfig::shift_response`](crate::ControllerConfig::shift_response)) lives here, not
 /// in the policy: it shortens the EMA half-life and raises the per-layer cap for a while, which
 /// any policy sees through [`LayerHeat`](crate::LayerHeat).
@@ -86,22 +89,40 @@ pub struct Controller {
     choices: Vec<SwapChoice>,
     /// Drains that found the counter table gone backwards and re-baselined.
     counter_resets: u64,
+    /// EMA of touched steps per cell (same half-life as `ema`).
+    touch: Vec<f64>,
+    /// One drain's touched steps per cell (scratch).
+    touch_scratch: Vec<f64>,
+    /// Per cell: step count of the last drain whose interval touched it (0: never).
+    last_touch: Vec<u64>,
+    /// Experts touched per step per layer, smoothed over drains (adaptive cadence).
+    touched_per_step: Option<f64>,
+    /// The half-life chosen by the adaptive cadence (or the config's), steps.
+    base_half_life: f64,
+    /// Steps from one drain to the next (`drain_every`, or the adapted cadence).
+    drain_gap: u64,
 }
 
 impl Controller {
-    /// A controller starting from `map` (the boot map: first-K, or a seed map) with the published
-    /// [`RatioPolicy`] at `cfg.ratio`; frozen if `cfg.boot_frozen`.
+    /// A controller starting from `map` (the boot map: first-K, or a seed map) with the policy
+    /// `cfg.policy` names: [`CostPolicy`] (default) at `cfg.cost` and `cfg.link`, the published
+    /// [`RatioPolicy`] at `cfg.ratio`, or [`RecencyPolicy`]; frozen if `cfg.boot_frozen`.
     ///
     /// Errors: [`ExpertError::InvalidConfig`] for a bad config.
     pub fn new(map: ResidencyMap, cfg: ControllerConfig) -> Result<Self> {
         cfg.validate()?;
-        let policy = Box::new(RatioPolicy::new(cfg.ratio)?);
+        let policy: Box<dyn SwapPolicy> = match cfg.policy {
+            PolicyKind::Cost => Box::new(CostPolicy::new(cfg.cost, cfg.link.clone())?),
+            PolicyKind::Ratio => Box::new(RatioPolicy::new(cfg.ratio)?),
+            PolicyKind::Recency => Box::new(RecencyPolicy::new()),
+        };
         Self::with_policy(map, cfg, policy)
     }
 
-    /// A controller starting from `map` that asks `policy` what to swap. `cfg.ratio` is the
-    /// ratio policy's knob and unused by other policies; everything else in `cfg` (drain cadence,
-    /// half-life, caps, window, shift response) applies whatever the policy.
+    /// A controller starting from `map` that asks `policy` what to swap. `cfg.policy`,
+    /// `cfg.ratio`, `cfg.cost` and `cfg.link` choose and tune the policy [`Controller::new`]
+    /// builds and are unused here; everything else in `cfg` (drain cadence, half-life, caps,
+    /// budget, window, shift response) applies whatever the policy.
     ///
     /// Errors: [`ExpertError::InvalidConfig`] for a bad config.
     pub fn with_policy(
@@ -132,9 +153,25 @@ impl Controller {
             policy,
             choices: Vec::new(),
             counter_resets: 0,
+            touch: vec![0.0; cells],
+            touch_scratch: vec![0.0; cells],
+            last_touch: vec![0; cells],
+            touched_per_step: None,
+            base_half_life: cfg.half_life_steps,
+            drain_gap: Self::first_gap(&cfg),
             cfg,
             map,
         })
+    }
+
+    /// Steps to the first drain: 1 under the adaptive cadence (to measure the traffic), else
+    /// `drain_every`.
+    fn first_gap(cfg: &ControllerConfig) -> u64 {
+        if cfg.adaptive.is_some() {
+            1
+        } else {
+            cfg.drain_every as u64
+        }
     }
 
     /// The rowmap as confirmed by the executor.
@@ -163,9 +200,27 @@ impl Controller {
     }
 
     /// The EMA of pick counts, `[layers × experts]` row-major f64 (picks per step boundary,
-    /// decayed with the half-life in force): the heat the policy plans with.
+    /// decayed with the half-life in force): the heat the ratio policy plans with.
     pub fn ema_values(&self) -> &[f64] {
         self.ema.values()
+    }
+
+    /// The EMA of touched steps, `[layers × experts]` row-major f64 (steps in which an expert was
+    /// picked at all, estimated from the picks; decayed with the half-life in force): the heat
+    /// the cost-aware policy plans with.
+    pub fn touch_values(&self) -> &[f64] {
+        &self.touch
+    }
+
+    /// The EMA half-life in force, steps (adapted to the traffic under
+    /// [`ControllerConfig::adaptive`], shortened while the shift response is boosted).
+    pub fn half_life_steps(&self) -> f64 {
+        self.ema.half_life_steps()
+    }
+
+    /// Steps from one drain to the next now (`drain_every`, or the adapted cadence).
+    pub fn drain_gap(&self) -> u64 {
+        self.drain_gap
     }
 
     /// Swaps queued (planned, not yet begun).
@@ -178,10 +233,11 @@ impl Controller {
         self.in_flight.iter().filter(|&&b| b).count() as u32
     }
 
-    /// Whether the next [`Controller::step`] drains (`drain_every` steps since the last drain):
-    /// an engine copying a device counter table copies it only then.
+    /// Whether the next [`Controller::step`] drains (`drain_every` steps since the last drain,
+    /// or the adapted cadence, [`Controller::drain_gap`]): an engine copying a device counter
+    /// table copies it only then.
     pub fn drain_due(&self) -> bool {
-        self.step + 1 - self.last_drain_step >= self.cfg.drain_every as u64
+        self.step + 1 - self.last_drain_step >= self.drain_gap
     }
 
     /// Shift-response detections so far.
@@ -222,6 +278,11 @@ impl Controller {
         self.prev.copy_from_slice(snapshot);
         self.ema.reset();
         self.ema.set_half_life(self.cfg.half_life_steps)?;
+        self.touch.iter_mut().for_each(|t| *t = 0.0);
+        self.last_touch.iter_mut().for_each(|t| *t = 0);
+        self.touched_per_step = None;
+        self.base_half_life = self.cfg.half_life_steps;
+        self.drain_gap = Self::first_gap(&self.cfg);
         self.window.iter_mut().for_each(|w| *w = (0, 0));
         self.shift = ShiftState {
             detections: self.shift.detections,

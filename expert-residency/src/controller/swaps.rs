@@ -87,14 +87,15 @@ impl Controller {
         Ok(())
     }
 
-    /// Begins queued swaps in queue order: at most `max_swaps_per_step`, one in flight per layer,
+    /// Begins queued swaps in queue order: at most `max_swaps_per_step` (lowered by the byte
+    /// budget, [`crate::ControllerConfig::swaps_per_step`]), one in flight per layer,
     /// only where the executor `can_begin`. A stale or refused swap kills the rest of its layer's
     /// chain (planned with consecutive generations).
     pub(super) fn begin(&mut self, executor: &mut dyn SwapExecutor, rep: &mut StepReport) {
         if self.frozen || self.queue.is_empty() {
             return;
         }
-        let cap = self.cfg.max_swaps_per_step;
+        let cap = self.cfg.swaps_per_step(self.map.geometry().expert_bytes);
         let mut keep = Vec::with_capacity(self.queue.len());
         // Layers whose queued chain died this step (a stale or failed swap invalidates the rest of
         // that layer's chain, which was planned with consecutive generations).

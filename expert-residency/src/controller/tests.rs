@@ -14,7 +14,7 @@ fn geo() -> Geometry {
 fn cfg() -> ControllerConfig {
     ControllerConfig {
         drain_every: 4,
-        ..ControllerConfig::default()
+        ..ControllerConfig::published_recipe()
     }
 }
 
@@ -228,6 +228,8 @@ fn huge_forget_steps_saturate() {
         forget_steps: u64::MAX,
         jump_ratio: 1.01,
         jump_min: 0.0,
+        // every drain is a test (a toy drain holds 32 picks)
+        min_picks: 1,
         ..crate::ShiftResponse::default()
     };
     let mut ctl = Controller::new(
@@ -350,7 +352,7 @@ mod machine {
                 max_swaps_per_step: 2,
                 max_swaps_per_layer: 2,
                 shift_response: Some(crate::ShiftResponse::default()),
-                ..ControllerConfig::default()
+                ..ControllerConfig::published_recipe()
             };
             let mut ctl = Controller::new(ResidencyMap::first_k("m", g).unwrap(), cfg).unwrap();
             let mut ex = MemoryExecutor::new(ctl.map(), 8, 1).unwrap();

@@ -15,8 +15,8 @@ use expert_residency::{CounterDump, ExpertError, Result};
 pub use bytes::{ByteReport, StepBytes};
 pub use link::{CopyMode, LinkModel, LINK_PRESETS};
 pub use replay::{
-    oracle_map, replay, replay_with, validate_trace, OracleWindow, PolicySpec, ReplayOptions,
-    ReplayReport, SteadyState,
+    oracle_map, ratio_tuning_grid, replay, replay_with, validate_trace, OracleWindow, PolicySpec,
+    ReplayOptions, ReplayReport, SteadyState,
 };
 pub use t90::{t90, T90};
 

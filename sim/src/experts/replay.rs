@@ -47,11 +47,40 @@ pub enum PolicySpec {
     Lru(Option<ResidencyMap>),
     /// The best static map in hindsight: top-`hot_per_layer` per layer over a window of the trace.
     Oracle(OracleWindow),
+    /// The [`Controller`] with exactly this config (the config passed to the replay is ignored),
+    /// from the given boot map (first-K if `None`): the cost-aware default, the published ratio
+    /// recipe, the capped recency policy, each at its own config.
+    Controller(Option<ResidencyMap>, Box<ControllerConfig>),
+    /// The published ratio policy at its best tuning **in hindsight**: every config of
+    /// [`ratio_tuning_grid`] is replayed on this same trace and the one with the least mean
+    /// stall per step under the replay's link is reported (its config in the report).
+    RatioBestTuning(Option<ResidencyMap>),
+}
+
+/// The sweep behind [`PolicySpec::RatioBestTuning`]: the published recipe
+/// ([`ControllerConfig::published_recipe`]) at drain every {1, 8, 64} steps × EMA half-life
+/// {16, 64, 500} steps × ratio {1.25, 1.5} (18 replays).
+pub fn ratio_tuning_grid() -> Vec<ControllerConfig> {
+    let mut out = Vec::new();
+    for drain_every in [1, 8, 64] {
+        for half_life_steps in [16.0, 64.0, 500.0] {
+            for ratio in [1.25, 1.5] {
+                out.push(ControllerConfig {
+                    drain_every,
+                    half_life_steps,
+                    ratio,
+                    ..ControllerConfig::published_recipe()
+                });
+            }
+        }
+    }
+    out
 }
 
 impl PolicySpec {
     /// The policy's short name (`static`, `seed`, `adaptive`, `adaptive+shift-response`, `lru`,
-    /// `oracle`).
+    /// `oracle`; a [`PolicySpec::Controller`] by its config's policy: `cost`, `ratio`,
+    /// `recency`; `ratio-best-tuning`).
     pub fn name(&self) -> &'static str {
         match self {
             PolicySpec::Static(_) => "static",
@@ -60,6 +89,8 @@ impl PolicySpec {
             PolicySpec::AdaptiveShiftResponse(_) => "adaptive+shift-response",
             PolicySpec::Lru(_) => "lru",
             PolicySpec::Oracle(_) => "oracle",
+            PolicySpec::Controller(_, c) => c.policy.name(),
+            PolicySpec::RatioBestTuning(_) => "ratio-best-tuning",
         }
     }
 
@@ -70,11 +101,15 @@ impl PolicySpec {
             PolicySpec::Static(None)
             | PolicySpec::Adaptive(None)
             | PolicySpec::AdaptiveShiftResponse(None)
+            | PolicySpec::Controller(None, _)
+            | PolicySpec::RatioBestTuning(None)
             | PolicySpec::Lru(None) => "first-k",
             PolicySpec::Static(Some(_))
             | PolicySpec::Seed(_)
             | PolicySpec::Adaptive(Some(_))
             | PolicySpec::AdaptiveShiftResponse(Some(_))
+            | PolicySpec::Controller(Some(_), _)
+            | PolicySpec::RatioBestTuning(Some(_))
             | PolicySpec::Lru(Some(_)) => "seed",
             PolicySpec::Oracle(_) => "oracle",
         }
@@ -412,6 +447,21 @@ pub fn replay_with(
 ) -> Result<ReplayReport> {
     let lookups = validate_trace(trace, geometry)?;
     opts.validate()?;
+    if let PolicySpec::RatioBestTuning(m) = policy {
+        let mut best: Option<ReplayReport> = None;
+        for c in ratio_tuning_grid() {
+            let spec = PolicySpec::Controller(m.clone(), Box::new(c));
+            let mut r = replay_with(trace, geometry, &spec, cfg, opts)?;
+            if best
+                .as_ref()
+                .is_none_or(|b| r.bytes.mean_stall_us_per_step < b.bytes.mean_stall_us_per_step)
+            {
+                r.policy = policy.name().into();
+                best = Some(r);
+            }
+        }
+        return best.ok_or_else(|| ExpertError::InvalidConfig("empty tuning grid".into()));
+    }
     let boot = |m: &Option<ResidencyMap>| -> Result<ResidencyMap> {
         match m {
             Some(m) => {
@@ -457,11 +507,20 @@ pub fn replay_with(
                 stats.applied += k as u64;
             }
         }
-        PolicySpec::Adaptive(m) | PolicySpec::AdaptiveShiftResponse(m) => {
-            let mut c = cfg.clone();
-            c.shift_response = match policy {
-                PolicySpec::Adaptive(_) => None,
-                _ => Some(c.shift_response.unwrap_or_default()),
+        PolicySpec::RatioBestTuning(_) => unreachable!("handled above"),
+        PolicySpec::Adaptive(m)
+        | PolicySpec::AdaptiveShiftResponse(m)
+        | PolicySpec::Controller(m, _) => {
+            let c = match policy {
+                PolicySpec::Adaptive(_) => ControllerConfig {
+                    shift_response: None,
+                    ..cfg.clone()
+                },
+                PolicySpec::Controller(_, c) => (**c).clone(),
+                _ => ControllerConfig {
+                    shift_response: Some(cfg.shift_response.clone().unwrap_or_default()),
+                    ..cfg.clone()
+                },
             };
             let map = boot(m)?;
             let mut mem = match opts.verify_bytes {

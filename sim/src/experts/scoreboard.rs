@@ -10,6 +10,11 @@
 //!   a trace without a shift;
 //! - adaptive and LRU rows boot from first-K unless [`Boot::Seed`] is asked for; the `boot`
 //!   column says which map each row started from;
+//! - the policy rows: `cost-aware (default)` ([`ControllerConfig::default`], whatever the
+//!   command's flags), `ratio (published defaults)` ([`ControllerConfig::published_recipe`]),
+//!   `ratio (best tuning)` (the least stall over [`crate::experts::ratio_tuning_grid`] on the
+//!   same trace: in hindsight), `recency (capped 4)` ([`recency_config`]), `lru (uncapped)`;
+//!   `adaptive` and `adaptive+shift-response` run the command's own config when asked for;
 //! - bytes (host reads in place + swap copies, [`crate::experts::ByteReport`]) and the modelled stall
 //!   (under the replay's [`crate::experts::LinkModel`]) stand beside the cold share; their "vs
 //!   oracle" ratios divide steady-state bytes (stall) per step by the same reference oracle's.
@@ -18,7 +23,7 @@ use expert_residency::{fit_seed_map, ControllerConfig, Geometry, ResidencyMap, R
 
 use crate::experts::link::CopyMode;
 use crate::experts::replay::{replay_with, OracleWindow, PolicySpec, ReplayOptions, ReplayReport};
-use crate::experts::trace::Trace;
+use crate::experts::trace::{synth, Trace};
 
 /// A policy family of the comparison (one or two rows each: the oracle adds an
 /// "oracle-after-shift" row on a trace with shifts).
@@ -29,26 +34,59 @@ pub enum Policy {
     Static,
     /// The seed map fitted offline, never swapped.
     Seed,
-    /// The adaptive controller (EMA drain, ratio policy, swap caps).
+    /// The controller with the comparison's own config (by default the cost-aware default).
     Adaptive,
-    /// The adaptive controller with the shift response on.
+    /// The controller with the comparison's own config and the shift response on.
     AdaptiveShiftResponse,
-    /// Per-layer LRU admitting every miss (uncapped reference).
+    /// The cost-aware default, [`ControllerConfig::default`] (no flags), row
+    /// `cost-aware (default)`.
+    CostAware,
+    /// The published ratio recipe at its defaults, [`ControllerConfig::published_recipe`], row
+    /// `ratio (published defaults)`.
+    Ratio,
+    /// The published ratio recipe at its best tuning in hindsight on the same trace
+    /// ([`PolicySpec::RatioBestTuning`]), row `ratio (best tuning)`.
+    RatioBest,
+    /// The capped recency policy ([`recency_config`]), row `recency (capped 4)`.
+    Recency,
+    /// Per-layer LRU admitting every miss (uncapped reference), row `lru (uncapped)`.
     Lru,
     /// The best static maps in hindsight (whole trace; after the last shift if any).
     Oracle,
 }
 
 impl Policy {
-    /// Every policy, in table order.
-    pub const ALL: [Policy; 6] = [
+    /// Every policy of the default comparison, in table order (`adaptive` and
+    /// `adaptive+shift-response`, the command's own config, only when asked for).
+    pub const ALL: [Policy; 8] = [
         Policy::Static,
         Policy::Seed,
-        Policy::Adaptive,
-        Policy::AdaptiveShiftResponse,
+        Policy::CostAware,
+        Policy::Ratio,
+        Policy::RatioBest,
+        Policy::Recency,
         Policy::Lru,
         Policy::Oracle,
     ];
+}
+
+/// Swaps per step of the `recency (capped N)` row.
+pub const RECENCY_CAP: u32 = 4;
+
+/// The config of the `recency (capped N)` row: [`expert_residency::PolicyKind::Recency`],
+/// drained every step (recency at one-step resolution), at most [`RECENCY_CAP`] swaps per step
+/// and per layer per drain, a fixed 8-step half-life for its frequency tie-break, no byte budget.
+pub fn recency_config() -> ControllerConfig {
+    ControllerConfig {
+        policy: expert_residency::PolicyKind::Recency,
+        drain_every: 1,
+        half_life_steps: 8.0,
+        max_swaps_per_layer: RECENCY_CAP,
+        max_swaps_per_step: RECENCY_CAP,
+        adaptive: None,
+        swap_budget_bytes_per_step: None,
+        ..ControllerConfig::default()
+    }
 }
 
 /// The map the adaptive and LRU rows boot from.
@@ -64,11 +102,74 @@ pub enum Boot {
     Seed,
 }
 
+/// Experts per layer of the [`wide_reuse_scenario`] (Qwen3-Next-80B-A3B's routed experts).
+pub const WIDE_EXPERTS: u32 = 512;
+/// Top-k of the [`wide_reuse_scenario`].
+pub const WIDE_TOP_K: u32 = 10;
+/// MoE layers of the [`wide_reuse_scenario`].
+pub const WIDE_LAYERS: u32 = 48;
+/// Zipf exponent of the [`wide_reuse_scenario`]'s popularity (weak skew: the busiest quarter of
+/// the experts takes ~40% of the picks).
+pub const WIDE_ZIPF: f64 = 0.5;
+/// Default previous-step reuse of the [`wide_reuse_scenario`] ("strong token-to-token reuse";
+/// the report gives no number, 0.6 is our choice, against 0.37 measured on Mixtral decode).
+pub const WIDE_REUSE: f64 = 0.6;
+
+/// The `wide-reuse` synthetic scenario, after a public llama.cpp report's traffic: 512 experts,
+/// top-10 ([`WIDE_LAYERS`] layers, Qwen3-Next's shape), weak skew (Zipf popularity with exponent
+/// [`WIDE_ZIPF`], expert ids relabelled per layer), strong token-to-token reuse (`reuse`,
+/// default [`WIDE_REUSE`]), `tokens` per step, no shift. Built with the synthetic generator's
+/// config ([`synth::SynthConfig`]).
+///
+/// Errors: [`crate::experts::trace::TraceError`] from [`synth::SynthConfig::validate`] (zero
+/// steps or tokens, reuse outside `[0, 1]`, sizes above the generator's bounds).
+pub fn wide_reuse_scenario(
+    steps: u64,
+    tokens: u32,
+    seed: u64,
+    reuse: f64,
+) -> std::result::Result<synth::SynthConfig, crate::experts::trace::TraceError> {
+    let e = WIDE_EXPERTS as usize;
+    let shares = (0..WIDE_LAYERS as usize)
+        .map(|l| {
+            let mut row = vec![0.0; e];
+            let norm: f64 = (1..=e).map(|r| (r as f64).powf(-WIDE_ZIPF)).sum();
+            for (rank, slot) in (0..e).map(|r| (r, (r * 389 + l * 97 + 13) % e)) {
+                row[slot] = ((rank + 1) as f64).powf(-WIDE_ZIPF) / norm;
+            }
+            row
+        })
+        .collect();
+    let cfg = synth::SynthConfig {
+        name: format!("wide-reuse-{WIDE_EXPERTS}x{WIDE_TOP_K}-b{tokens}"),
+        shape: crate::experts::trace::TraceShape {
+            layers: WIDE_LAYERS,
+            experts_per_layer: WIDE_EXPERTS,
+            top_k: WIDE_TOP_K,
+        },
+        tokens_per_step: tokens,
+        steps,
+        reuse,
+        seed,
+        domains: vec![synth::DomainProfile {
+            name: "wide".into(),
+            shares,
+        }],
+        phases: vec![synth::Phase {
+            start_step: 0,
+            domain: 0,
+        }],
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
 /// One replayed policy: its row label and report.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Run {
-    /// Row label (`static`, `seed`, `adaptive`, `adaptive+shift-response`, `lru`, `oracle`,
-    /// `oracle-after-shift`).
+    /// Row label (`static`, `seed`, `cost-aware (default)`, `ratio (published defaults)`,
+    /// `ratio (best tuning)`, `recency (capped 4)`, `lru (uncapped)`, `adaptive`,
+    /// `adaptive+shift-response`, `oracle`, `oracle-after-shift`).
     pub label: String,
     /// The replay's report.
     pub report: ReplayReport,
@@ -176,7 +277,26 @@ pub fn policy_specs_booted(
                 "adaptive+shift-response".into(),
                 PolicySpec::AdaptiveShiftResponse(start.clone()),
             )),
-            Policy::Lru => out.push(("lru".into(), PolicySpec::Lru(start.clone()))),
+            Policy::CostAware => out.push((
+                "cost-aware (default)".into(),
+                PolicySpec::Controller(start.clone(), Box::default()),
+            )),
+            Policy::Ratio => out.push((
+                "ratio (published defaults)".into(),
+                PolicySpec::Controller(
+                    start.clone(),
+                    Box::new(ControllerConfig::published_recipe()),
+                ),
+            )),
+            Policy::RatioBest => out.push((
+                "ratio (best tuning)".into(),
+                PolicySpec::RatioBestTuning(start.clone()),
+            )),
+            Policy::Recency => out.push((
+                format!("recency (capped {RECENCY_CAP})"),
+                PolicySpec::Controller(start.clone(), Box::new(recency_config())),
+            )),
+            Policy::Lru => out.push(("lru (uncapped)".into(), PolicySpec::Lru(start.clone()))),
             Policy::Oracle => {
                 out.push(("oracle".into(), PolicySpec::Oracle(OracleWindow::Whole)));
                 if !trace.shifts.is_empty() {

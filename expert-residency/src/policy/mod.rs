@@ -1,0 +1,161 @@
+//! The policy seam: which experts of a layer to swap, given their drained heat.
+//!
+//! The [`Controller`](crate::Controller) owns everything around a decision (counting, the EMA
+//! drain, the shift response, generation stamps, caps, one swap in flight per layer); a
+//! [`SwapPolicy`] only answers "which cold experts should replace which hot ones in this layer
+//! now". Three policies come with the crate:
+//! - [`CostPolicy`] (`cost.rs`, the default): swap when the host bytes an expert is expected to
+//!   save over its expected residency exceed what the copy costs on the link; heat in touched
+//!   steps, the unit the link pays for;
+//! - [`RatioPolicy`] (`ratio.rs`): the published GB300 recipe's "EMA drain + ratio hysteresis";
+//! - [`RecencyPolicy`] (`recency.rs`): capped LRU on the drained touches, for comparison and for
+//!   traffic where recency wins.
+
+mod cost;
+mod ratio;
+mod recency;
+
+pub use cost::CostPolicy;
+pub use ratio::RatioPolicy;
+pub use recency::RecencyPolicy;
+
+use crate::rowmap::RowMap;
+
+/// What a policy sees of one layer at a drain.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerHeat<'a> {
+    /// The MoE layer (`0..layers`).
+    pub layer: u32,
+    /// The drained EMA of the layer's picks, `[experts]` f64, indexed by expert id: picks per
+    /// step boundary, decayed with the controller's half-life (a pick `h` steps ago weighs `½`;
+    /// finite, ≥ 0). Only ratios and order between experts matter to a policy.
+    pub heat: &'a [f64],
+    /// The drained EMA of the layer's **touched steps**, `[experts]` f64: steps in which the
+    /// expert was picked at least once (the unit the link pays for: a cold expert is read once
+    /// per step however many tokens picked it), decayed with the same half-life as `heat`
+    /// (finite, ≥ 0). Estimated from the picks of each drain interval (see [`CostPolicy`]).
+    pub touch: &'a [f64],
+    /// Per expert, the step count of the last drain whose interval touched it (0: never),
+    /// `[experts]`: the recency a [`RecencyPolicy`] ranks by.
+    pub last_touch: &'a [u64],
+    /// Step count at this drain.
+    pub step: u64,
+    /// The EMA half-life in force, steps (finite, > 0).
+    pub half_life_steps: f64,
+    /// Bytes of one expert (the geometry's): what a swap copies and a cold touch reads.
+    pub expert_bytes: u64,
+    /// The layer's rowmap as confirmed by the executor (which experts are hot, in which slot).
+    pub row: &'a RowMap,
+    /// Most swaps the controller takes from this layer at this drain (the per-layer cap in force:
+    /// [`ControllerConfig::max_swaps_per_layer`](crate::ControllerConfig::max_swaps_per_layer), or
+    /// the shift response's boosted cap); ≥ 1.
+    pub max_swaps: u32,
+    /// Most swaps begun per step, all layers together
+    /// ([`ControllerConfig::max_swaps_per_step`](crate::ControllerConfig::max_swaps_per_step)):
+    /// information only, the controller enforces it when it begins swaps.
+    pub max_swaps_per_step: u32,
+}
+
+/// One swap a policy asks for: cold expert `incoming` takes the hot slot of `outgoing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct SwapChoice {
+    /// A cold expert of the layer (moves into HBM).
+    pub incoming: u32,
+    /// A hot expert of the layer (leaves HBM; its host copy stays valid).
+    pub outgoing: u32,
+}
+
+/// Decides which experts of a layer to swap at a drain.
+///
+/// The controller calls [`SwapPolicy::plan`] once per layer at every drain, after folding the
+/// interval's picks into the EMA, for layers that have no swap queued or in flight, and never
+/// while frozen. The policy appends its choices to `out` (empty on entry), most wanted first.
+///
+/// The controller then, in order: keeps at most `layer.max_swaps` choices; stops at the first
+/// choice whose `incoming` is not a cold expert of the layer, whose `outgoing` is not hot, or that
+/// repeats an expert of an earlier choice (it and the choices after it are ignored: a policy
+/// cannot corrupt the map); turns each kept choice into a [`PlannedSwap`](crate::PlannedSwap)
+/// (`slot` = the outgoing expert's slot, `generation` = the layer's generation + its index, as
+/// the choices apply one after the other); and queues them, to be begun under the per-step cap.
+/// Stale, failed and cancelled swaps are the controller's business too.
+///
+/// A policy holds whatever state it likes (`&mut self`), e.g. scratch buffers; it must not panic
+/// on any heat (all-zero, ties, huge values).
+pub trait SwapPolicy: std::fmt::Debug + Send {
+    /// A short name for reports and telemetry (e.g. `"ratio"`).
+    fn name(&self) -> &str;
+
+    /// Appends to `out` the swaps wanted in `layer` now (see the trait docs for what the
+    /// controller does with them).
+    fn plan(&mut self, layer: &LayerHeat<'_>, out: &mut Vec<SwapChoice>);
+
+    /// Whether the policy reads [`LayerHeat::touch`] (default true). A policy that answers
+    /// false (the ratio policy) spares the drain the touched-step estimate when the cadence is
+    /// fixed; its `touch` is then all zeros.
+    fn uses_touch(&self) -> bool {
+        true
+    }
+}
+
+/// The busiest cold experts (`table[e] < 0`) with heat ≥ `needed` and > `floor`, descending by
+/// heat (ties: lower id first, as ids are scanned in order), at most `cap`, into `out` (cleared
+/// by the caller). Insertion sort into the short list; once full, `floor` rises to its smallest
+/// heat. Shared by the ratio and cost-aware policies.
+pub(crate) fn rank_cold(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    table: &[i32],
+    needed: f64,
+    mut floor: f64,
+    cap: usize,
+) {
+    for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
+        if slot >= 0 || v <= floor || v < needed {
+            continue;
+        }
+        let mut i = if out.len() < cap {
+            out.push((v, e as u32));
+            out.len() - 1
+        } else {
+            out[cap - 1] = (v, e as u32);
+            cap - 1
+        };
+        while i > 0 && out[i - 1].0 < out[i].0 {
+            out.swap(i - 1, i);
+            i -= 1;
+        }
+        if out.len() == cap {
+            floor = out[cap - 1].0;
+        }
+    }
+}
+
+/// The least busy hot experts whose heat `beatable` accepts, ascending by (heat, id), at most
+/// `cap`, into `out` (cleared by the caller).
+pub(crate) fn rank_hot(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    hot_experts: &[u32],
+    cap: usize,
+    beatable: impl Fn(f64) -> bool,
+) {
+    for &e in hot_experts {
+        let x = (vals[e as usize], e);
+        if !beatable(x.0) {
+            continue;
+        }
+        let mut i = if out.len() < cap {
+            out.push(x);
+            out.len() - 1
+        } else if x < out[cap - 1] {
+            out[cap - 1] = x;
+            cap - 1
+        } else {
+            continue;
+        };
+        while i > 0 && out[i] < out[i - 1] {
+            out.swap(i - 1, i);
+            i -= 1;
+        }
+    }
+}
