@@ -16,7 +16,8 @@ const EXPERTS: u32 = 16;
 const HOT: u32 = 4;
 const TOP_K: u64 = 2;
 const TOKENS: u64 = 8;
-const EXPERT_BYTES: u64 = 4096; // stand-in weights (real experts: MiBs)
+const EXPERT_BYTES: u64 = 16 << 20; // what the policy prices a read and a copy by
+const STAND_IN_BYTES: usize = 4096; // the bytes this example actually moves per expert
 
 /// A toy router with skewed, shifting popularity: three picks in four go to 4 busy experts,
 /// which move from 0..4 to 8..12 at step 200; the rest spread over all experts. Appends one
@@ -41,13 +42,11 @@ fn main() -> Result<()> {
     let geometry = Geometry::new(LAYERS, EXPERTS, HOT, EXPERT_BYTES)?;
     let boot = ResidencyMap::first_k("toy-moe", geometry)?; // or a seed map fitted offline
     let seed = 7; // the stand-in weights' pseudo-random bytes
-    let mut exec = MemoryExecutor::new(&boot, EXPERT_BYTES as usize, seed)?; // host + HBM slots + spare
+    let mut exec = MemoryExecutor::new(&boot, STAND_IN_BYTES, seed)?; // host + HBM slots + spare
     let counters = PickCounters::new(&geometry)?; // the router's counting table
-    let cfg = ControllerConfig {
-        drain_every: 8,
-        half_life_steps: 32.0,
-        ..ControllerConfig::default()
-    };
+                                                  // The default policy is cost-aware and sizes its drain cadence and half-life from the
+                                                  // traffic it sees; `ControllerConfig::published_recipe()` is the GB300 ratio recipe.
+    let cfg = ControllerConfig::default();
     let mut ctl = Controller::new(boot, cfg)?;
     let digest = exec.read_digest();
     let mut picks = Vec::new();
