@@ -63,7 +63,7 @@ pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_C
 pub use error::{CudaError, Result};
 pub use geometry::StoreGeometry;
 pub use kv::{
-    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvResolveOptions, KvSlotDesc,
+    CopyBackend, KvCopy, KvDims, KvFill, KvErrors, KvKernels, KvResolveArgs, KvResolveOptions, KvSlotDesc,
     KvTables, KV_BLOCK, KV_ERR_WORDS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE, KV_STATS,
     KV_UNCLAIMED,
 };
