@@ -160,7 +160,10 @@ impl Case {
     fn check_host_store(&self) {
         self.gpu.device().gpu().synchronize().unwrap();
         for (&s, (committed, _)) in &self.model.sessions {
-            assert_eq!(self.gpu.cpu().committed_len(s).unwrap(), committed.len() as u32);
+            assert_eq!(
+                self.gpu.cpu().committed_len(s).unwrap(),
+                committed.len() as u32
+            );
             for (p, tok) in committed.iter().enumerate() {
                 assert_eq!(
                     self.gpu.cpu().host().token(s, p as u32).unwrap(),
@@ -642,7 +645,7 @@ fn publish_work_is_o_changed_and_exact() {
     };
     let history = 2048u32;
     g.arena_pages = 4 * (g.fixed_pages() + history / 64) + 16;
-    let arena_bytes = g.arena_rows() as u64 * g.token_bytes() as u64;
+    let arena_bytes = g.arena_rows() * g.token_bytes() as u64;
     let gcfg = GpuPoolConfig {
         max_sessions: 4,
         max_history: 4096,
@@ -764,7 +767,10 @@ fn publish_work_is_o_changed_and_exact() {
     let c4 = gp.flush_counters();
     assert_eq!(gp.reclaim(6).unwrap(), cpu.reclaim(6).unwrap());
     let c5 = gp.flush_counters();
-    assert_eq!(c5.rows_filled + c5.rows_copied, c4.rows_filled + c4.rows_copied);
+    assert_eq!(
+        c5.rows_filled + c5.rows_copied,
+        c4.rows_filled + c4.rows_copied
+    );
     assert!(c5.words_patched - c4.words_patched <= 6 + 4 * 8);
     assert!(c5.staged_bytes - c4.staged_bytes <= 2048);
     assert_eq!(c5.host_syncs - c4.host_syncs, 0);
@@ -787,7 +793,10 @@ fn publish_work_is_o_changed_and_exact() {
     gp.finish(4).unwrap();
     cpu.finish(4).unwrap();
     let c9 = gp.flush_counters();
-    assert_eq!(c9.rows_filled + c9.rows_copied, c8.rows_filled + c8.rows_copied);
+    assert_eq!(
+        c9.rows_filled + c9.rows_copied,
+        c8.rows_filled + c8.rows_copied
+    );
     assert!(c9.staged_bytes - c8.staged_bytes <= 1024);
     let total = c9.staged_bytes - c1.staged_bytes;
     assert!(

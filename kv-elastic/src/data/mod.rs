@@ -78,7 +78,13 @@ impl CpuData {
     }
 
     /// Copies `(session, position, layer)` from the host store into `row` of plane `layer`.
-    pub(crate) fn copy_host_row(&mut self, session: SessionId, position: u32, layer: u32, row: u32) {
+    pub(crate) fn copy_host_row(
+        &mut self,
+        session: SessionId,
+        position: u32,
+        layer: u32,
+        row: u32,
+    ) {
         self.arena
             .copy_host_row(&self.host, session, position, layer, row);
     }

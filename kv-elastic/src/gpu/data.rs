@@ -91,10 +91,16 @@ impl PinnedBytes {
         self.blocked[slot as usize] = false;
     }
 
-    fn store(&mut self) -> &mut [u8] {
-        // SAFETY: `base .. base + len` is the live pinned allocation (see the `Send` impl);
-        // `&mut self` makes this the only host reference to it for the borrow.
-        unsafe { std::slice::from_raw_parts_mut(self.base, self.len) }
+    /// Copies `bytes` to byte offset `off` of the store (no reference to the rest of it is made:
+    /// kernels may be reading or writing other rows meanwhile).
+    fn write(&mut self, off: usize, bytes: &[u8]) {
+        assert!(off + bytes.len() <= self.len, "inside the pinned store");
+        // SAFETY: `off .. off + bytes.len()` lies inside the live pinned allocation (checked
+        // above; see the `Send` impl); `bytes` is a host slice that cannot overlap it mutably
+        // borrowed, and `&mut self` excludes other host writers. No kernel reads these rows
+        // before the publish that follows (they are past the committed history or in a slot
+        // created now).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
     }
 
     /// Writes `token` at `position` of a live session's slot (drafts: past its committed bytes,
@@ -102,7 +108,7 @@ impl PinnedBytes {
     pub(crate) fn write_at(&mut self, session: SessionId, position: u32, token: &[u8]) {
         let b = self.slot_of[&session] as usize;
         let off = b * self.slot_bytes() + position as usize * self.token_bytes;
-        self.store()[off..off + token.len()].copy_from_slice(token);
+        self.write(off, token);
     }
 
     fn capacity_error(&self, what: &'static str, value: u64, limit: u64) -> KvError {
@@ -137,7 +143,7 @@ impl HostBytes for PinnedBytes {
             .find(|&b| self.session_of[b].is_none() && !self.blocked[b])
             .expect("checked room");
         let off = b * self.slot_bytes();
-        self.store()[off..off + history.len()].copy_from_slice(history);
+        self.write(off, history);
         self.slot_of.insert(session, b as u32);
         self.session_of[b] = Some(session);
         self.used[b] = history.len();
@@ -156,7 +162,7 @@ impl HostBytes for PinnedBytes {
             ));
         }
         let off = b * self.slot_bytes() + used;
-        self.store()[off..off + bytes.len()].copy_from_slice(bytes);
+        self.write(off, bytes);
         self.used[b] += bytes.len();
         Ok(())
     }
@@ -293,7 +299,9 @@ impl DataPlane for GpuData {
 
     fn unmap_page(&mut self, session: SessionId, logical: u32) {
         let slot = self.slot(session);
-        self.log.pages.push((slot, logical, tier_core::NOT_RESIDENT));
+        self.log
+            .pages
+            .push((slot, logical, tier_core::NOT_RESIDENT));
         self.touch(session);
     }
 

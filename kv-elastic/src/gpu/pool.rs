@@ -559,7 +559,10 @@ impl GpuElasticPool {
         }
         for &(b, logical, page) in &log.pages {
             if self.pinned().session_at(b).is_some() && (logical as u64) < mp {
-                put(t.page_tab + 4 * (b as u64 * mp + logical as u64), page as u32);
+                put(
+                    t.page_tab + 4 * (b as u64 * mp + logical as u64),
+                    page as u32,
+                );
             }
         }
         let mut touched = log.touched.clone();
@@ -739,7 +742,6 @@ impl GpuElasticPool {
         Ok(())
     }
 
-
     /// Registers a GPU reader in the pool's fence (see [`ReadTicket`]'s orderings).
     fn register_reader(&self) -> ReadTicket {
         let reader = DeviceReader::default();
@@ -891,7 +893,9 @@ impl Resolver for GpuElasticPool {
         // output buffers of the host outputs' lengths, alive until after the synchronize below);
         // the tables are only touched by this stream.
         unsafe {
-            self.cpu.data.dev
+            self.cpu
+                .data
+                .dev
                 .resolve_async_with(stream, &args, &o, self.gcfg.backend)
         }
         .map_err(cuda)?;
@@ -953,7 +957,8 @@ impl Resolver for GpuElasticPool {
             let slot = self.slot_of(c.session)?;
             let pl = self.cpu.placement(c.session)?;
             let ok = c.position < self.gcfg.max_history
-                && self.cpu
+                && self
+                    .cpu
                     .data
                     .dev
                     .hot_slot_of(slot, c.position)

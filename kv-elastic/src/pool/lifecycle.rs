@@ -165,7 +165,13 @@ impl<D: DataPlane> ElasticPool<D> {
 
     /// The control plane's side of an append of `old .. new`: lengths, tables, tail rows (unless
     /// they already hold the tokens), the scratch cleared.
-    fn appended(&mut self, session: SessionId, old: u32, new: u32, write_tail: bool) -> Result<u32> {
+    fn appended(
+        &mut self,
+        session: SessionId,
+        old: u32,
+        new: u32,
+        write_tail: bool,
+    ) -> Result<u32> {
         let pr = self.ctl.geometry.page_rows;
         {
             let r = self.ctl.sessions.get_mut(&session).expect("live");

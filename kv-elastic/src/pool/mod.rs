@@ -138,10 +138,13 @@ impl ElasticPool {
 
     /// One layer's arena plane (`u8 [arena_rows][row_bytes]`). Errors: `LayerOutOfRange`.
     pub fn plane(&self, layer: u32) -> Result<&[u8]> {
-        self.data.arena().plane(layer).ok_or(KvError::LayerOutOfRange {
-            layer,
-            layers: self.ctl.geometry.layers,
-        })
+        self.data
+            .arena()
+            .plane(layer)
+            .ok_or(KvError::LayerOutOfRange {
+                layer,
+                layers: self.ctl.geometry.layers,
+            })
     }
 
     /// One arena row of one layer (`row_bytes` bytes), or `None` when out of range.
