@@ -549,6 +549,22 @@ fn gpu_resolver_equals_cpu_reference() {
     assert!(written_back > 0, "no device write-back exercised");
 }
 
+/// A CPU reference and a GPU pool of 4 sessions of up to 4096 positions (gather back-end).
+fn four_session_pools(
+    gpu: &std::sync::Arc<cuda_kernels::Gpu>,
+    g: Geometry,
+) -> (ElasticPool, GpuElasticPool) {
+    let gcfg = GpuPoolConfig {
+        max_sessions: 4,
+        max_history: 4096,
+        backend: CopyBackend::Gather,
+    };
+    (
+        ElasticPool::new(g, PoolConfig::default()).unwrap(),
+        GpuElasticPool::new(gpu, g, PoolConfig::default(), gcfg).unwrap(),
+    )
+}
+
 #[test]
 fn gpu_pool_large_geometry_matches_cpu() {
     // Realistic row size and top-k: 656-byte rows, k = 256, hot cache 512, 4 requests x 2 rows.
@@ -564,13 +580,7 @@ fn gpu_pool_large_geometry_matches_cpu() {
         tail_rows: 64,
         scratch_rows: 4,
     };
-    let gcfg = GpuPoolConfig {
-        max_sessions: 4,
-        max_history: 4096,
-        backend: CopyBackend::Gather,
-    };
-    let mut cpu = ElasticPool::new(g, PoolConfig::default()).unwrap();
-    let mut gp = GpuElasticPool::new(&gpu, g, PoolConfig::default(), gcfg).unwrap();
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
     gp.set_settle_readers(true);
     let sessions = [11u64, 12, 13, 14];
     for &s in &sessions {
@@ -646,13 +656,7 @@ fn publish_work_is_o_changed_and_exact() {
     let history = 2048u32;
     g.arena_pages = 4 * (g.fixed_pages() + history / 64) + 16;
     let arena_bytes = g.arena_rows() * g.token_bytes() as u64;
-    let gcfg = GpuPoolConfig {
-        max_sessions: 4,
-        max_history: 4096,
-        backend: CopyBackend::Gather,
-    };
-    let mut cpu = ElasticPool::new(g, PoolConfig::default()).unwrap();
-    let mut gp = GpuElasticPool::new(&gpu, g, PoolConfig::default(), gcfg).unwrap();
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
     let sessions = [1u64, 2, 3, 4];
     let hists: Vec<Vec<u8>> = sessions
         .iter()

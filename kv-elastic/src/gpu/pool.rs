@@ -168,6 +168,34 @@ fn segments(copies: &[KvCopy]) -> (Vec<KvCopy>, Vec<u32>) {
     (copies.to_vec(), counts)
 }
 
+/// Copies the staged replay segments at `base + at.0` (plan) / `base + at.1` (counts) from the
+/// pinned store into every layer of their rows, on `stream`.
+///
+/// # Safety
+/// As [`GpuArena::replay_async`]: the staging stays readable until `stream` passes the launch.
+unsafe fn copy_segments(
+    dev: &GpuArena,
+    stream: &CudaStream,
+    base: u64,
+    at: (usize, usize),
+    segments: usize,
+) -> Result<()> {
+    let layers = dev.dims().layers;
+    // SAFETY: forwarded to the caller's contract.
+    unsafe {
+        dev.replay_async(
+            stream,
+            base + at.0 as u64,
+            base + at.1 as u64,
+            segments as u32,
+            SEGMENT,
+            0,
+            layers,
+        )
+    }
+    .map_err(cuda)
+}
+
 /// The elastic pool with its data plane and resolver on the GPU (see the module docs).
 pub struct GpuElasticPool {
     cpu: ElasticPool<GpuData>,
@@ -370,17 +398,27 @@ impl GpuElasticPool {
     /// each attempted admission.
     pub fn admit_batch(&mut self, sessions: &[(SessionId, &[u8])]) -> Result<Vec<Admission>> {
         self.settle_readers()?;
-        let mut out = Vec::with_capacity(sessions.len());
+        self.each_then_publish(sessions, |p, (session, history)| {
+            p.check_admission(history)?;
+            let a = p.cpu.admit(session, history)?;
+            Ok((a, matches!(a, Admission::Waiting { .. })))
+        })
+    }
+
+    /// Runs `op` on each item until the first error or until `op` says stop, then publishes
+    /// once; returns the outcomes, or the first error (what ran before it stays published).
+    fn each_then_publish<I: Copy, T>(
+        &mut self,
+        items: &[I],
+        mut op: impl FnMut(&mut Self, I) -> Result<(T, bool)>,
+    ) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(items.len());
         let mut first_err = None;
-        for &(session, history) in sessions {
-            if let Err(e) = self.check_admission(history) {
-                first_err = Some(e);
-                break;
-            }
-            match self.cpu.admit(session, history) {
-                Ok(a) => {
-                    out.push(a);
-                    if matches!(a, Admission::Waiting { .. }) {
+        for &item in items {
+            match op(self, item) {
+                Ok((t, stop)) => {
+                    out.push(t);
+                    if stop {
                         break;
                     }
                 }
@@ -391,10 +429,16 @@ impl GpuElasticPool {
             }
         }
         self.publish()?;
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
+        first_err.map_or(Ok(out), Err)
+    }
+
+    /// Capacity check: `n` more committed tokens of `session` fit in `max_history`.
+    fn check_history_room(&self, session: SessionId, n: u32) -> Result<()> {
+        let now = self.cpu.committed_len(session)?;
+        if now as u64 + n as u64 > self.gcfg.max_history as u64 {
+            return Err(self.capacity("history length (max_history)", now as u64 + n as u64));
         }
+        Ok(())
     }
 
     /// [`ElasticPool::append`] (the CPU path: the tokens' bytes come from the host), then
@@ -402,10 +446,7 @@ impl GpuElasticPool {
     /// Extra error: history beyond `max_history`.
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         let n = self.cpu.host().check_tokens(tokens, true)?;
-        let now = self.cpu.committed_len(session)?;
-        if now as u64 + n as u64 > self.gcfg.max_history as u64 {
-            return Err(self.capacity("history length (max_history)", now as u64 + n as u64));
-        }
+        self.check_history_room(session, n)?;
         let r = self.cpu.append(session, tokens)?;
         self.publish()?;
         Ok(r)
@@ -427,29 +468,13 @@ impl GpuElasticPool {
     /// launch for the step). Stops at the first error (what was committed before stays
     /// committed and published). Returns the new committed lengths.
     pub fn append_written_batch(&mut self, appends: &[(SessionId, u32)]) -> Result<Vec<u32>> {
-        let mut out = Vec::with_capacity(appends.len());
-        let mut first_err = None;
-        for &(s, n) in appends {
-            match self.append_written_one(s, n) {
-                Ok(r) => out.push(r),
-                Err(e) => {
-                    first_err = Some(e);
-                    break;
-                }
-            }
-        }
-        self.publish()?;
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        self.each_then_publish(appends, |p, (s, n)| {
+            Ok((p.append_written_one(s, n)?, false))
+        })
     }
 
     fn append_written_one(&mut self, session: SessionId, n: u32) -> Result<u32> {
-        let now = self.cpu.committed_len(session)?;
-        if now as u64 + n as u64 > self.gcfg.max_history as u64 {
-            return Err(self.capacity("history length (max_history)", now as u64 + n as u64));
-        }
+        self.check_history_room(session, n)?;
         self.cpu.append_written(session, n)
     }
 
@@ -640,18 +665,7 @@ impl GpuElasticPool {
             // event, which the step stream records after waiting for this stream's fill event);
             // the destination rows belong to pages no reader or other stream's queued work
             // touches (free pages, fence; see the module docs).
-            unsafe {
-                dev.replay_async(
-                    &copy,
-                    base + at_fill as u64,
-                    base + at_fill_n as u64,
-                    fill_counts.len() as u32,
-                    SEGMENT,
-                    0,
-                    d.layers,
-                )
-            }
-            .map_err(cuda)?;
+            unsafe { copy_segments(dev, &copy, base, (at_fill, at_fill_n), fill_counts.len()) }?;
             ev(&copy)?.wait_on(&step).map_err(cuda)?;
         }
         // 3. Table patches (step stream, after the fills they map).
@@ -668,18 +682,7 @@ impl GpuElasticPool {
         if !log.step_copies.is_empty() {
             // SAFETY: as the fills; the rows are the sessions' own tail / scratch rows, and every
             // earlier reader of them is earlier on this stream.
-            unsafe {
-                dev.replay_async(
-                    &step,
-                    base + at_step as u64,
-                    base + at_step_n as u64,
-                    step_counts.len() as u32,
-                    SEGMENT,
-                    0,
-                    d.layers,
-                )
-            }
-            .map_err(cuda)?;
+            unsafe { copy_segments(dev, &step, base, (at_step, at_step_n), step_counts.len()) }?;
         }
         let done = ev(&step)?;
         // The staging buffer is free again once the step stream passes `done` (which follows the
