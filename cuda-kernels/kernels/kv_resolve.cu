@@ -54,6 +54,12 @@ struct KvCopy {
     unsigned int slot, position, dst_row, pad;
 };
 
+// A table patch: `count` u32 words at device address `dst` set to `value`.
+struct KvFill {
+    unsigned long long dst;
+    unsigned int count, value;
+};
+
 #define KV_STATS 8  // picks, tail, scratch, page, hot, misses, direct, invalid
 #define KV_LAYOUT_PACKED 1  // output rows: valid entries packed to the front (FlashMLA topk_length)
 
@@ -576,4 +582,15 @@ extern "C" __global__ void tierkit_kv_write_back(KvDims d, KvTables t, const KvC
     }
     kv_warp_copy(t.host + kv_host_off(d, c.slot, c.position, l),
                  t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes, d.row_bytes, lane);
+}
+
+// Table patches (kv-elastic's GPU pool, between steps, on the step stream): block b sets
+// fills[b].count u32 words at fills[b].dst to fills[b].value. Blocks run in any order: one launch
+// must not name a word twice with different values (the host deduplicates; ranges of one launch
+// are disjoint or equal-valued).
+extern "C" __global__ void tierkit_kv_fill_words(const KvFill* __restrict__ fills, unsigned int n) {
+    if (blockIdx.x >= n) return;
+    const KvFill f = fills[blockIdx.x];
+    unsigned int* dst = (unsigned int*)f.dst;
+    for (unsigned int i = threadIdx.x; i < f.count; i += blockDim.x) dst[i] = f.value;
 }

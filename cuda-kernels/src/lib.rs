@@ -63,9 +63,9 @@ pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_C
 pub use error::{CudaError, Result};
 pub use geometry::StoreGeometry;
 pub use kv::{
-    CopyBackend, KvCopy, KvDims, KvErrors, KvKernels, KvResolveArgs, KvResolveOptions, KvSlotDesc,
-    KvTables, KV_BLOCK, KV_ERR_WORDS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE, KV_STATS,
-    KV_UNCLAIMED,
+    CopyBackend, KvCopy, KvDims, KvErrors, KvFill, KvKernels, KvResolveArgs, KvResolveOptions,
+    KvSlotDesc, KvTables, KV_BLOCK, KV_ERR_WORDS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE,
+    KV_STATS, KV_UNCLAIMED,
 };
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
 pub use signal::EventSignal;

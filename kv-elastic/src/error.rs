@@ -158,6 +158,9 @@ pub enum KvError {
     /// A simulation or selection-model parameter is out of range (the message names it and its bounds).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
+    /// The operation needs another back-end (e.g. device-written appends on the CPU pool).
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
     /// A trace file could not be read or parsed.
     #[error("trace: {0}")]
     Trace(String),

@@ -45,7 +45,7 @@ mod resolve;
 mod ticket;
 
 pub use control::{HotCache, PageCounts};
-pub use data::{HostStore, SessionId};
+pub use data::{CpuData, DataPlane, HostBytes, HostStore, SessionId, VecBytes};
 pub use error::{KvError, Result};
 pub use layout::{
     Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,

@@ -55,6 +55,7 @@ struct Case {
     unserved: u64,
     packed: u64,
     bounded: u64,
+    written_back: u64,
 }
 
 const MAX_HISTORY: u32 = 96;
@@ -154,6 +155,25 @@ impl Case {
         }
     }
 
+    /// The history lives once, in the pinned store: after the device passed every write-back,
+    /// the GPU pool's host store holds every committed token of every live session.
+    fn check_host_store(&self) {
+        self.gpu.device().gpu().synchronize().unwrap();
+        for (&s, (committed, _)) in &self.model.sessions {
+            assert_eq!(
+                self.gpu.cpu().committed_len(s).unwrap(),
+                committed.len() as u32
+            );
+            for (p, tok) in committed.iter().enumerate() {
+                assert_eq!(
+                    self.gpu.cpu().host().token(s, p as u32).unwrap(),
+                    &tok[..],
+                    "pinned store: session {s} position {p}"
+                );
+            }
+        }
+    }
+
     fn step(&mut self, rng: &mut u64) {
         let g = self.g;
         let live: Vec<u64> = self.model.sessions.keys().copied().collect();
@@ -184,7 +204,25 @@ impl Case {
                     return;
                 }
                 let t = pattern_tokens(g.row_bytes, g.layers, s, committed, n);
-                assert_eq!(self.cpu.append(s, &t), self.gpu.append(s, &t));
+                if n <= g.tail_rows && below(rng, 2) == 0 {
+                    // The engine path: the step wrote the new rows into the tail rows on the
+                    // device; a write-back kernel puts them into the pinned host store.
+                    let tb = g.token_bytes();
+                    let rb = g.row_bytes as usize;
+                    for i in 0..n {
+                        let row = self.gpu.tail_row_of(s, committed + i).unwrap();
+                        assert_eq!(row, self.cpu.tail_row_of(s, committed + i).unwrap());
+                        let tok = &t[i as usize * tb..(i as usize + 1) * tb];
+                        for l in 0..g.layers {
+                            let bytes = &tok[l as usize * rb..(l as usize + 1) * rb];
+                            self.gpu.device_mut().upload_rows(l, row, bytes).unwrap();
+                        }
+                    }
+                    assert_eq!(self.cpu.append(s, &t), self.gpu.append_written(s, n));
+                    self.written_back += n as u64;
+                } else {
+                    assert_eq!(self.cpu.append(s, &t), self.gpu.append(s, &t));
+                }
                 let m = self.model.sessions.get_mut(&s).unwrap();
                 m.0.extend(tokens(&g, &t));
                 m.1.clear();
@@ -306,6 +344,10 @@ impl Case {
             _ => {}
         }
         self.cpu.check_invariants().unwrap();
+        self.gpu.cpu().check_invariants().unwrap();
+        if below(rng, 16) == 0 {
+            self.check_host_store();
+        }
     }
 
     fn resolve(&mut self, rng: &mut u64, live: &[u64]) {
@@ -443,6 +485,7 @@ fn gpu_resolver_equals_cpu_reference() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
     let (mut resolves, mut misses, mut unserved, mut packed, mut bounded) = (0, 0, 0, 0, 0);
+    let mut written_back = 0;
     for case in 0..cases {
         let mut rng = case * 7919 + 1;
         let rbs = [16u32, 24, 32, 656];
@@ -481,10 +524,14 @@ fn gpu_resolver_equals_cpu_reference() {
             unserved: 0,
             packed: 0,
             bounded: 0,
+            written_back: 0,
         };
+        c.gpu.set_settle_readers(true);
         for _ in 0..120 {
             c.step(&mut rng);
         }
+        c.check_host_store();
+        written_back += c.written_back;
         resolves += c.resolves;
         misses += c.misses;
         unserved += c.unserved;
@@ -499,6 +546,23 @@ fn gpu_resolver_equals_cpu_reference() {
     assert!(misses > 0, "no miss path exercised");
     assert!(unserved > 0, "no overflowing step exercised");
     assert!(packed > 0 && bounded > 0, "new modes not exercised");
+    assert!(written_back > 0, "no device write-back exercised");
+}
+
+/// A CPU reference and a GPU pool of 4 sessions of up to 4096 positions (gather back-end).
+fn four_session_pools(
+    gpu: &std::sync::Arc<cuda_kernels::Gpu>,
+    g: Geometry,
+) -> (ElasticPool, GpuElasticPool) {
+    let gcfg = GpuPoolConfig {
+        max_sessions: 4,
+        max_history: 4096,
+        backend: CopyBackend::Gather,
+    };
+    (
+        ElasticPool::new(g, PoolConfig::default()).unwrap(),
+        GpuElasticPool::new(gpu, g, PoolConfig::default(), gcfg).unwrap(),
+    )
 }
 
 #[test]
@@ -516,13 +580,8 @@ fn gpu_pool_large_geometry_matches_cpu() {
         tail_rows: 64,
         scratch_rows: 4,
     };
-    let gcfg = GpuPoolConfig {
-        max_sessions: 4,
-        max_history: 4096,
-        backend: CopyBackend::Gather,
-    };
-    let mut cpu = ElasticPool::new(g, PoolConfig::default()).unwrap();
-    let mut gp = GpuElasticPool::new(&gpu, g, PoolConfig::default(), gcfg).unwrap();
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
+    gp.set_settle_readers(true);
     let sessions = [11u64, 12, 13, 14];
     for &s in &sessions {
         let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
@@ -572,6 +631,191 @@ fn gpu_pool_large_geometry_matches_cpu() {
         for &r in i2.iter().filter(|&&r| r >= 0) {
             let at = r as usize * 656;
             assert_eq!(plane[at..at + 656], cplane[at..at + 656]);
+        }
+    }
+}
+
+/// A step after admissions, reclaims, growth and write-backs costs what a step without them
+/// costs: each control operation publishes O(changed) work — rows copied, table words patched,
+/// bytes staged for the device — never the arena, and waits for nothing on the host. The bytes
+/// stay equal to the CPU reference's throughout (timing: the bench).
+#[test]
+fn publish_work_is_o_changed_and_exact() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let mut g = Geometry {
+        row_bytes: 656,
+        layers: 2,
+        page_rows: 64,
+        arena_pages: 0,
+        hot_rows: 128,
+        tail_rows: 64,
+        scratch_rows: 0,
+    };
+    let history = 2048u32;
+    g.arena_pages = 4 * (g.fixed_pages() + history / 64) + 16;
+    let arena_bytes = g.arena_rows() * g.token_bytes() as u64;
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
+    let sessions = [1u64, 2, 3, 4];
+    let hists: Vec<Vec<u8>> = sessions
+        .iter()
+        .map(|&s| pattern_tokens(g.row_bytes, g.layers, s, 0, history))
+        .collect();
+    let batch: Vec<(u64, &[u8])> = sessions
+        .iter()
+        .zip(&hists)
+        .map(|(&s, h)| (s, h.as_slice()))
+        .collect();
+    for &(s, h) in &batch {
+        cpu.admit(s, h).unwrap();
+    }
+    let c0 = gp.flush_counters();
+    gp.admit_batch(&batch).unwrap();
+    let c1 = gp.flush_counters();
+    let lent = gp.cpu().elastic_lent() as u64;
+    assert_eq!(lent, cpu.elastic_lent() as u64);
+    // Admissions: the lent pages and the tails, once, on the copy stream; one publish.
+    assert_eq!(c1.rows_filled - c0.rows_filled, lent * 64 + 4 * 64);
+    assert_eq!(c1.rows_copied - c0.rows_copied, 0);
+    assert_eq!(c1.host_syncs - c0.host_syncs, 0);
+    assert_eq!(c1.flushes - c0.flushes, 1);
+
+    let mut rng = 9u64;
+    let step = |gp: &mut GpuElasticPool, cpu: &mut ElasticPool, rng: &mut u64| {
+        let k = 64;
+        let len = cpu.committed_len(1).unwrap() as i32;
+        let topk: Vec<i32> = (0..sessions.len() * k)
+            .map(|_| below(rng, len as u64) as i32)
+            .collect();
+        let seq: Vec<i32> = sessions
+            .iter()
+            .map(|&s| cpu.committed_len(s).unwrap() as i32)
+            .collect();
+        let topk: Vec<i32> = topk
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| p.min(seq[i / k] - 1))
+            .collect();
+        let input = ResolveInput {
+            sessions: &sessions,
+            query_start_loc: &[0, 1, 2, 3, 4],
+            seq_lens: &seq,
+            topk: &topk,
+            k,
+            layer: 0,
+        };
+        let (mut i1, mut v1) = (vec![0; topk.len()], vec![0; 4]);
+        let (mut i2, mut v2) = (vec![0; topk.len()], vec![0; 4]);
+        let a = cpu
+            .resolve(
+                &input,
+                &mut ResolveOutput {
+                    indices: &mut i1,
+                    valid_count: &mut v1,
+                },
+            )
+            .unwrap();
+        let b = gp
+            .resolve(
+                &input,
+                &mut ResolveOutput {
+                    indices: &mut i2,
+                    valid_count: &mut v2,
+                },
+            )
+            .unwrap();
+        assert_eq!((&i1, &v1), (&i2, &v2));
+        assert_eq!(a.plan, b.plan);
+        assert_eq!(a.stats, b.stats);
+        let plane = gp.device().download_plane(0).unwrap();
+        let cplane = cpu.plane(0).unwrap();
+        for &r in i2.iter().filter(|&&r| r >= 0) {
+            let at = r as usize * 656;
+            assert_eq!(plane[at..at + 656], cplane[at..at + 656], "row {r}");
+        }
+    };
+    step(&mut gp, &mut cpu, &mut rng);
+
+    // A step's append through the device: one write-back row per session, one descriptor each.
+    let c2 = gp.flush_counters();
+    let mut appends = Vec::new();
+    for &s in &sessions {
+        let p = cpu.committed_len(s).unwrap();
+        let t = pattern_tokens(g.row_bytes, g.layers, s, p, 1);
+        let row = gp.tail_row_of(s, p).unwrap();
+        for l in 0..g.layers {
+            let at = l as usize * 656;
+            gp.device_mut()
+                .upload_rows(l, row, &t[at..at + 656])
+                .unwrap();
+        }
+        cpu.append(s, &t).unwrap();
+        appends.push((s, 1));
+    }
+    gp.append_written_batch(&appends).unwrap();
+    let c3 = gp.flush_counters();
+    assert_eq!(c3.rows_written_back - c2.rows_written_back, 4);
+    assert_eq!(c3.rows_copied - c2.rows_copied, 0);
+    assert_eq!(c3.rows_filled - c2.rows_filled, 0);
+    assert_eq!(c3.words_patched - c2.words_patched, 4 * 8);
+    assert_eq!(c3.ranges_reset - c2.ranges_reset, 0);
+    assert_eq!(c3.host_syncs - c2.host_syncs, 0);
+    assert!(c3.staged_bytes - c2.staged_bytes <= 1024);
+    step(&mut gp, &mut cpu, &mut rng);
+
+    // Reclaim: page-table entries and descriptors only, no row moves. (The test lets the step's
+    // readers pass first so both pools free the reclaimed pages at the same call and lend the
+    // same pages later; the pool itself does not wait.)
+    gp.device().gpu().synchronize().unwrap();
+    let c4 = gp.flush_counters();
+    assert_eq!(gp.reclaim(6).unwrap(), cpu.reclaim(6).unwrap());
+    let c5 = gp.flush_counters();
+    assert_eq!(
+        c5.rows_filled + c5.rows_copied,
+        c4.rows_filled + c4.rows_copied
+    );
+    assert!(c5.words_patched - c4.words_patched <= 6 + 4 * 8);
+    assert!(c5.staged_bytes - c4.staged_bytes <= 2048);
+    assert_eq!(c5.host_syncs - c4.host_syncs, 0);
+    step(&mut gp, &mut cpu, &mut rng);
+
+    // Growth between steps: the grown pages' rows, on the copy stream.
+    gp.device().gpu().synchronize().unwrap();
+    let c6 = gp.flush_counters();
+    let m = gp.between_steps(4).unwrap();
+    assert_eq!(m, cpu.between_steps(4).unwrap());
+    let c7 = gp.flush_counters();
+    assert_eq!(c7.rows_filled - c6.rows_filled, m.grown as u64 * 64);
+    assert_eq!(c7.rows_copied - c6.rows_copied, 0);
+    assert!(c7.words_patched - c6.words_patched <= m.grown as u64 + 4 * 8);
+    assert_eq!(c7.host_syncs - c6.host_syncs, 0);
+    step(&mut gp, &mut cpu, &mut rng);
+
+    // Finish and re-admit: the slot reset is a few ranges, not an upload.
+    let c8 = gp.flush_counters();
+    gp.finish(4).unwrap();
+    cpu.finish(4).unwrap();
+    let c9 = gp.flush_counters();
+    assert_eq!(
+        c9.rows_filled + c9.rows_copied,
+        c8.rows_filled + c8.rows_copied
+    );
+    assert!(c9.staged_bytes - c8.staged_bytes <= 1024);
+    let total = c9.staged_bytes - c1.staged_bytes;
+    assert!(
+        total * 100 < arena_bytes,
+        "{total} bytes staged after the admissions vs a {arena_bytes}-byte arena"
+    );
+    // The history lives once, in the pinned store, with the written-back rows.
+    gp.device().gpu().synchronize().unwrap();
+    for &s in &sessions[..3] {
+        let n = cpu.committed_len(s).unwrap();
+        for p in [0, n / 2, n - 1] {
+            assert_eq!(
+                gp.cpu().host().token(s, p).unwrap(),
+                cpu.host().token(s, p).unwrap()
+            );
         }
     }
 }

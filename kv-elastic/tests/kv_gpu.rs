@@ -720,3 +720,58 @@ fn an_overflowing_speculative_step_is_served_as_far_as_hot_rows_last() {
         }
     }
 }
+
+#[test]
+fn table_patches_read_from_mapped_staging_fill_words_in_stream_order() {
+    let Some(gpu) = gpu_or_skip() else {
+        return;
+    };
+    let kv = setup(&gpu);
+    let ctx = gpu.ctx();
+    let buf = DeviceBuffer::<u32>::from_host(ctx, &[7u32; 300]).unwrap();
+    // Two launches on one stream: a range, then single words over it (the GPU pool's order:
+    // slot resets first, then the entries that set them).
+    let mut ranges = PinnedBuffer::<KvFill>::zeroed(ctx, 1).unwrap();
+    ranges.as_mut_slice()[0] = KvFill {
+        dst: buf.device_ptr(),
+        count: 266,
+        value: u32::MAX,
+    };
+    let mut points = PinnedBuffer::<KvFill>::zeroed(ctx, 3).unwrap();
+    points.as_mut_slice().copy_from_slice(&[
+        KvFill {
+            dst: buf.device_ptr_at(3).unwrap(),
+            count: 1,
+            value: 11,
+        },
+        KvFill {
+            dst: buf.device_ptr_at(280).unwrap(),
+            count: 1,
+            value: 5,
+        },
+        KvFill {
+            dst: buf.device_ptr_at(299).unwrap(),
+            count: 1,
+            value: 9,
+        },
+    ]);
+    let s = gpu.stream();
+    // SAFETY: the lists live in mapped pinned memory until the synchronize below; every entry
+    // names words of `buf`; the point words are distinct.
+    unsafe {
+        kv.fill_words_async(s, ranges.device_ptr(), 1).unwrap();
+        kv.fill_words_async(s, points.device_ptr(), 3).unwrap();
+    }
+    gpu.synchronize().unwrap();
+    let got = buf.download().unwrap();
+    for (i, &v) in got.iter().enumerate() {
+        let want = match i {
+            3 => 11,
+            280 => 5,
+            299 => 9,
+            i if i < 266 => u32::MAX,
+            _ => 7,
+        };
+        assert_eq!(v, want, "word {i}");
+    }
+}

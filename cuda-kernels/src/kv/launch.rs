@@ -23,6 +23,7 @@ pub struct KvKernels {
     replay: CudaFunction,
     prefetch: CudaFunction,
     write_back: CudaFunction,
+    fill_words: CudaFunction,
 }
 
 /// Checks a layer range `l0 .. l0 + nl` against `d.layers` (`OutOfRange` otherwise, and for `nl == 0`).
@@ -48,6 +49,7 @@ impl KvKernels {
             replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
             prefetch: gpu.function(&KV_MODULE, "tierkit_kv_prefetch")?,
             write_back: gpu.function(&KV_MODULE, "tierkit_kv_write_back")?,
+            fill_words: gpu.function(&KV_MODULE, "tierkit_kv_fill_words")?,
             gpu: gpu.clone(),
         })
     }
@@ -363,6 +365,41 @@ impl KvKernels {
         };
         // SAFETY: argument list matches tierkit_kv_write_back; buffers per the caller's contract.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_write_back)"))?;
+        Ok(())
+    }
+
+    /// Table patches (`tierkit_kv_fill_words`): block `b` sets `fills[b].count` `u32` words at
+    /// `fills[b].dst` to `fills[b].value`, in any order across blocks, ordered on `stream` with
+    /// the kernels before and after it (graph capturable). `fills` may live in mapped pinned host
+    /// memory (its device address): nothing is uploaded first.
+    ///
+    /// # Errors
+    /// `OutOfRange` for `n > i32::MAX`, the driver's launch error.
+    ///
+    /// # Safety
+    /// `fills` holds `n` [`super::KvFill`] readable by the device until the stream passes the launch;
+    /// each names words inside a live device allocation no other stream touches meanwhile; no two
+    /// entries name one word with different values.
+    pub unsafe fn fill_words_async(&self, stream: &CudaStream, fills: u64, n: u32) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        if n > i32::MAX as u32 {
+            return Err(CudaError::OutOfRange {
+                what: "table patches",
+                value: n as u64,
+                limit: i32::MAX as u64,
+            });
+        }
+        let mut b = stream.launch_builder(&self.fill_words);
+        b.arg(&fills).arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_fill_words; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_fill_words)"))?;
         Ok(())
     }
 

@@ -13,7 +13,8 @@
 //!
 //! - [`KvKernels`]: the loaded kernels and their launchers (resolve, replay / check-plan, prefetch,
 //!   write-back) plus the DMA batch copy back-end.
-//! - Layouts: [`KvDims`], [`KvSlotDesc`], [`KvCopy`], [`KvTables`], [`KvResolveArgs`], [`KvErrors`].
+//! - Layouts: [`KvDims`], [`KvSlotDesc`], [`KvCopy`], [`KvFill`], [`KvTables`], [`KvResolveArgs`],
+//!   [`KvErrors`].
 
 use bytemuck::{Pod, Zeroable};
 use cudarc::driver::DeviceRepr;
@@ -180,6 +181,19 @@ pub struct KvCopy {
     pub dst_row: u32,
     /// Padding (0).
     pub pad: u32,
+}
+
+/// One table patch of [`KvKernels::fill_words_async`]: `count` `u32` words at device address
+/// `dst` set to `value` (a single `i32` table entry: `count = 1`; a table range reset: its length).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Pod, Zeroable)]
+pub struct KvFill {
+    /// Device address of the first word (4-byte aligned).
+    pub dst: u64,
+    /// Words to write.
+    pub count: u32,
+    /// The value of each word.
+    pub value: u32,
 }
 
 /// How misses are copied from the host store into the arena.
@@ -368,6 +382,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<KvDims>(), 48);
         assert_eq!(std::mem::size_of::<KvSlotDesc>(), 32);
         assert_eq!(std::mem::size_of::<KvCopy>(), 16);
+        assert_eq!(std::mem::size_of::<KvFill>(), 16);
         assert_eq!(std::mem::size_of::<KvTables>(), 13 * 8);
     }
 

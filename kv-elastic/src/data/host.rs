@@ -1,4 +1,9 @@
-//! The host store: every session's committed history, append-only, in host memory.
+//! The host store: every session's committed history, append-only, in host memory, once.
+//!
+//! [`HostStore`] keeps the books (which sessions are live or finished, their lengths, the checks
+//! and typed errors); where the bytes live is its [`HostBytes`] backing: [`VecBytes`] (one `Vec`
+//! per session, the CPU pool) or the GPU pool's mapped pinned store (`gpu::PinnedBytes`, feature
+//! `cuda`), which the kernels read in place, so the GPU pool holds the history once.
 
 use hashbrown::{HashMap, HashSet};
 
@@ -7,28 +12,112 @@ use crate::error::{KvError, Result};
 /// Session id (the engine's request id; one word in this crate: session): any `u64`.
 pub type SessionId = u64;
 
+pub(crate) mod sealed {
+    /// Seals [`super::HostBytes`] and `crate::DataPlane`: the pool's invariants depend on them.
+    pub trait Sealed {}
+}
+
+/// Where a [`HostStore`] keeps the bytes of each live session's committed history
+/// (`[tokens][layers][row_bytes]`, token-major). Sealed: implemented by [`VecBytes`] and, with
+/// feature `cuda`, by the GPU pool's pinned store. The store checks every call first (session
+/// live or new, whole tokens), so implementations only move bytes.
+pub trait HostBytes: sealed::Sealed + Send + std::fmt::Debug {
+    /// Whether a new session of `history_bytes` committed bytes fits (the pinned store's slots and
+    /// per-slot capacity). Errors: a capacity error naming the limit.
+    fn check_room(&self, history_bytes: usize) -> Result<()>;
+    /// A new session with its first committed bytes (after [`HostBytes::check_room`]).
+    fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()>;
+    /// Appends committed bytes.
+    fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()>;
+    /// Grows the committed history by `bytes` bytes whose contents a device kernel writes
+    /// (write-back); a backing that cannot be written by the device refuses (`Unsupported`).
+    fn extend_device_written(&mut self, session: SessionId, bytes: usize) -> Result<()>;
+    /// The committed bytes of a live session.
+    fn bytes(&self, session: SessionId) -> &[u8];
+    /// Drops a finished session's bytes.
+    fn remove(&mut self, session: SessionId);
+}
+
+/// The CPU backing of a [`HostStore`]: one `Vec<u8>` per live session.
+#[derive(Debug, Clone, Default)]
+pub struct VecBytes(HashMap<SessionId, Vec<u8>>);
+
+impl sealed::Sealed for VecBytes {}
+
+impl HostBytes for VecBytes {
+    fn check_room(&self, _history_bytes: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()> {
+        self.0.insert(session, history.to_vec());
+        Ok(())
+    }
+
+    fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()> {
+        self.0
+            .get_mut(&session)
+            .expect("checked live")
+            .extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn extend_device_written(&mut self, _session: SessionId, _bytes: usize) -> Result<()> {
+        Err(KvError::Unsupported(
+            "device-written appends need the GPU pool's pinned store",
+        ))
+    }
+
+    fn bytes(&self, session: SessionId) -> &[u8] {
+        &self.0[&session]
+    }
+
+    fn remove(&mut self, session: SessionId) {
+        self.0.remove(&session);
+    }
+}
+
 /// Every session's committed KV history in host memory (the GPU back-end pins it), append-only.
 ///
 /// Layout per session: `[tokens][layers][row_bytes]` bytes, token-major, so one token's rows for
 /// all layers are contiguous (one write-back per token). Finished sessions drop their bytes but
 /// stay known, so late calls get [`KvError::SessionFinished`] instead of `UnknownSession`.
 #[derive(Debug, Clone)]
-pub struct HostStore {
+pub struct HostStore<B: HostBytes = VecBytes> {
     row_bytes: usize,
     layers: usize,
-    live: HashMap<SessionId, Vec<u8>>,
+    /// Committed tokens of each live session.
+    live: HashMap<SessionId, u32>,
     finished: HashSet<SessionId>,
+    bytes: B,
 }
 
 impl HostStore {
     /// An empty store for rows of `row_bytes` bytes and `layers` layers.
     pub fn new(row_bytes: u32, layers: u32) -> Self {
+        Self::with_backing(row_bytes, layers, VecBytes::default())
+    }
+}
+
+impl<B: HostBytes> HostStore<B> {
+    /// An empty store on `bytes` (which holds no session).
+    pub(crate) fn with_backing(row_bytes: u32, layers: u32, bytes: B) -> Self {
         Self {
             row_bytes: row_bytes as usize,
             layers: layers as usize,
             live: HashMap::new(),
             finished: HashSet::new(),
+            bytes,
         }
+    }
+
+    /// The byte backing.
+    pub fn backing(&self) -> &B {
+        &self.bytes
+    }
+
+    pub(crate) fn backing_mut(&mut self) -> &mut B {
+        &mut self.bytes
     }
 
     /// Bytes per token (`layers × row_bytes`).
@@ -64,7 +153,8 @@ impl HostStore {
     pub fn create(&mut self, session: SessionId, history: &[u8]) -> Result<u32> {
         self.check_new(session)?;
         let n = self.check_tokens(history, false)?;
-        self.live.insert(session, history.to_vec());
+        self.bytes.create(session, history)?;
+        self.live.insert(session, n);
         Ok(n)
     }
 
@@ -83,16 +173,29 @@ impl HostStore {
     /// Errors: `UnknownSession`, `SessionFinished`, `RaggedRows`.
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         self.check_live(session)?;
-        self.check_tokens(tokens, true)?;
-        let v = self.live.get_mut(&session).expect("checked live");
-        v.extend_from_slice(tokens);
-        Ok((v.len() / self.token_bytes()) as u32)
+        let n = self.check_tokens(tokens, true)?;
+        self.bytes.append(session, tokens)?;
+        let len = self.live.get_mut(&session).expect("checked live");
+        *len += n;
+        Ok(*len)
+    }
+
+    /// Appends `tokens` committed tokens whose bytes a device kernel writes into the backing
+    /// (the GPU pool's write-back); returns the new length. Their bytes may be read only once
+    /// that kernel has run. Errors: session errors, `Unsupported` on the CPU backing.
+    pub fn append_device_written(&mut self, session: SessionId, tokens: u32) -> Result<u32> {
+        self.check_live(session)?;
+        self.bytes
+            .extend_device_written(session, tokens as usize * self.token_bytes())?;
+        let len = self.live.get_mut(&session).expect("checked live");
+        *len += tokens;
+        Ok(*len)
     }
 
     /// Committed length of a live session, in tokens.
     pub fn len(&self, session: SessionId) -> Result<u32> {
         self.check_live(session)?;
-        Ok((self.live[&session].len() / self.token_bytes()) as u32)
+        Ok(self.live[&session])
     }
 
     /// Whether no session is live.
@@ -115,7 +218,7 @@ impl HostStore {
                 layers: self.layers as u32,
             });
         }
-        let v = &self.live[&session];
+        let v = self.bytes.bytes(session);
         let off = (position as usize * self.layers + layer as usize) * self.row_bytes;
         v.get(off..off + self.row_bytes)
             .ok_or(KvError::PositionOutOfRange {
@@ -128,7 +231,7 @@ impl HostStore {
     /// All layers of one token (`layers × row_bytes` bytes).
     pub fn token(&self, session: SessionId, position: u32) -> Result<&[u8]> {
         self.check_live(session)?;
-        let v = &self.live[&session];
+        let v = self.bytes.bytes(session);
         let tb = self.token_bytes();
         let off = position as usize * tb;
         v.get(off..off + tb).ok_or(KvError::PositionOutOfRange {
@@ -142,6 +245,7 @@ impl HostStore {
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
         self.check_live(session)?;
         self.live.remove(&session);
+        self.bytes.remove(session);
         self.finished.insert(session);
         Ok(())
     }

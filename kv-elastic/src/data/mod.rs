@@ -1,9 +1,136 @@
 //! The data plane: bytes, and nothing about where they should be. The host store holds every
-//! session's committed history (the source of truth); the CPU arena holds the arena rows the CPU
-//! back-end reads. The GPU back-end's arena is [`crate::gpu::GpuArena`] (feature `cuda`).
+//! session's committed history (the source of truth, once); the arena holds the rows resolves
+//! return. A [`DataPlane`] executes the control plane's decisions: [`CpuData`] copies bytes on the
+//! host (the CPU reference); the GPU back-end's `gpu::GpuData` (feature `cuda`) records what
+//! changed and enqueues O(changed) asynchronous copies and table patches on the device.
 
 mod arena;
 mod host;
 
 pub(crate) use arena::CpuArena;
-pub use host::{HostStore, SessionId};
+pub(crate) use host::sealed;
+pub use host::{HostBytes, HostStore, SessionId, VecBytes};
+
+use crate::error::Result;
+use crate::layout::Geometry;
+
+/// What executes the control plane's decisions on bytes (see the module docs). Sealed: the
+/// pool's exactness depends on every implementation moving exactly these bytes.
+///
+/// Every call names rows the control plane has already decided (pages it lent, tail and scratch
+/// rows of live sessions); a call never fails except where it says so. The GPU implementation
+/// applies them to the device asynchronously, in the order of the calls, when its pool flushes.
+pub trait DataPlane: sealed::Sealed + Send {
+    /// Where the host store keeps the history's bytes.
+    type Bytes: HostBytes;
+
+    /// The host store (committed history of every live session).
+    fn host(&self) -> &HostStore<Self::Bytes>;
+
+    /// Mutable host store.
+    fn host_mut(&mut self) -> &mut HostStore<Self::Bytes>;
+
+    /// Copies history page `logical` of `session` (positions `logical × page_rows ..`, all
+    /// layers, committed) into physical page `page`; the control plane maps it right after.
+    fn fill_page(&mut self, session: SessionId, logical: u32, page: u32);
+
+    /// The control plane unmapped history page `logical` of `session` (reclaim); no bytes move.
+    fn unmap_page(&mut self, session: SessionId, logical: u32);
+
+    /// Copies committed token `position` of `session` (all layers) into arena row `row` (tail).
+    fn write_tail(&mut self, session: SessionId, position: u32, row: u32);
+
+    /// Writes draft `token` (all layers; history position `position` if accepted) into scratch
+    /// row `row`.
+    fn write_draft(&mut self, session: SessionId, position: u32, row: u32, token: &[u8]);
+
+    /// Appends the tokens held in arena rows `rows` (all layers; drafts in scratch) to the
+    /// session's committed history, in order; returns the new committed length.
+    fn commit_rows(&mut self, session: SessionId, rows: &[u32]) -> Result<u32>;
+
+    /// As [`DataPlane::commit_rows`] for rows the engine wrote on the device (new tokens in the
+    /// tail); `Unsupported` where the arena is not the engine's (the CPU pool). Nothing changes on
+    /// an error.
+    fn commit_written_rows(&mut self, session: SessionId, rows: &[u32]) -> Result<u32>;
+
+    /// The session's placement (lengths, pages) changed; the GPU republishes its descriptor.
+    fn placement_changed(&mut self, session: SessionId);
+}
+
+/// The CPU back-end's data plane: the host store in `Vec`s and the CPU arena
+/// (`u8 [layers][arena_rows][row_bytes]`).
+#[derive(Debug)]
+pub struct CpuData {
+    host: HostStore,
+    arena: CpuArena,
+}
+
+impl CpuData {
+    pub(crate) fn new(geometry: &Geometry) -> Result<Self> {
+        Ok(Self {
+            host: HostStore::new(geometry.row_bytes, geometry.layers),
+            arena: CpuArena::new(geometry)?,
+        })
+    }
+
+    pub(crate) fn arena(&self) -> &CpuArena {
+        &self.arena
+    }
+
+    /// Copies `(session, position, layer)` from the host store into `row` of plane `layer`.
+    pub(crate) fn copy_host_row(
+        &mut self,
+        session: SessionId,
+        position: u32,
+        layer: u32,
+        row: u32,
+    ) {
+        self.arena
+            .copy_host_row(&self.host, session, position, layer, row);
+    }
+}
+
+impl sealed::Sealed for CpuData {}
+
+impl DataPlane for CpuData {
+    type Bytes = VecBytes;
+
+    fn host(&self) -> &HostStore {
+        &self.host
+    }
+
+    fn host_mut(&mut self) -> &mut HostStore {
+        &mut self.host
+    }
+
+    fn fill_page(&mut self, session: SessionId, logical: u32, page: u32) {
+        self.arena.fill_page(&self.host, session, logical, page);
+    }
+
+    fn unmap_page(&mut self, _session: SessionId, _logical: u32) {}
+
+    fn write_tail(&mut self, session: SessionId, position: u32, row: u32) {
+        let token = self.host.token(session, position).expect("committed");
+        self.arena.write_token(row, token);
+    }
+
+    fn write_draft(&mut self, _session: SessionId, _position: u32, row: u32, token: &[u8]) {
+        self.arena.write_token(row, token);
+    }
+
+    fn commit_rows(&mut self, session: SessionId, rows: &[u32]) -> Result<u32> {
+        let mut tokens = Vec::with_capacity(rows.len() * self.host.token_bytes());
+        for &row in rows {
+            self.arena.read_token(row, &mut tokens);
+        }
+        self.host.append(session, &tokens)
+    }
+
+    fn commit_written_rows(&mut self, _session: SessionId, _rows: &[u32]) -> Result<u32> {
+        Err(crate::KvError::Unsupported(
+            "rows written on the device: the CPU pool's arena is its own (use append)",
+        ))
+    }
+
+    fn placement_changed(&mut self, _session: SessionId) {}
+}

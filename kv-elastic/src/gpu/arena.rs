@@ -150,6 +150,22 @@ impl GpuArena {
         self.host.as_mut_slice()
     }
 
+    /// The host store's base pointer (the allocation's own pointer, not a reborrow) and length,
+    /// for the GPU pool's `PinnedBytes` view. Valid while `self` lives.
+    pub(crate) fn host_base(&self) -> (*mut u8, usize) {
+        (self.host.host_ptr() as *mut u8, self.host.len())
+    }
+
+    /// [`KvKernels::fill_words_async`] (table patches) on `stream`.
+    ///
+    /// # Safety
+    /// As [`KvKernels::fill_words_async`]: `fills` holds `n` [`cuda_kernels::KvFill`] readable by
+    /// the device until the stream passes the launch, naming words of these tables only.
+    pub unsafe fn fill_words_async(&self, stream: &CudaStream, fills: u64, n: u32) -> Result<()> {
+        // SAFETY: forwarded to the caller's contract.
+        unsafe { self.kernels.fill_words_async(stream, fills, n) }
+    }
+
     fn check_layers(&self, l0: u32, nl: u32) -> Result<()> {
         if nl == 0 || l0 as u64 + nl as u64 > self.dims.layers as u64 {
             return Err(CudaError::OutOfRange {

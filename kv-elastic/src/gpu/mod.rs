@@ -1,11 +1,16 @@
-//! The GPU back-end (feature `cuda`): [`GpuElasticPool`] resolves on the device with the kernels
-//! of `cuda_kernels::KvKernels`, behind the same [`crate::Resolver`] trait as the CPU reference, on the
-//! device state of [`GpuArena`] (session-slot tables, arena, mapped pinned host store).
+//! The GPU back-end (feature `cuda`): [`GpuElasticPool`] runs the control plane of
+//! [`crate::ElasticPool`] on the data plane [`GpuData`] — the history once, in the mapped pinned
+//! store ([`PinnedBytes`]), and the device state of [`GpuArena`] (session-slot tables, arena) —
+//! publishing each control operation as O(changed) asynchronous work, and resolves on the device
+//! with the kernels of `cuda_kernels::KvKernels`, behind the same [`crate::Resolver`] trait as the
+//! CPU reference.
 
 mod arena;
+mod data;
 mod pool;
 
 pub use arena::GpuArena;
 /// The copy back-ends of the GPU pool (re-exported from `cuda_kernels`).
 pub use cuda_kernels::CopyBackend;
-pub use pool::{GpuElasticPool, GpuPoolConfig};
+pub use data::{GpuData, PinnedBytes};
+pub use pool::{GpuElasticPool, GpuFlushCounters, GpuPoolConfig};

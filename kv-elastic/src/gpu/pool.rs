@@ -1,39 +1,60 @@
-//! [`GpuElasticPool`]: the elastic pool with its resolver on the GPU.
+//! [`GpuElasticPool`]: the elastic pool with its data plane and its resolver on the GPU.
 //!
-//! Split of work: the [`ElasticPool`] inside stays the control plane (admissions, loans, reclaim,
-//! hand-back, appends, drafts: everything between steps). After each control operation the pool
-//! publishes each live session's placement ([`ElasticPool::placement`]) into the device tables of
-//! a session slot, copies new committed history into the mapped pinned host store, and re-uploads
-//! every arena row outside the live sessions' hot caches (tail, scratch, borrowed pages; the hot
-//! rows belong to the device). That upload is O(arena) per control operation, synchronous: simple
-//! and exact, fine for admission bursts (see [`GpuElasticPool::admit_batch`]), too slow to run
-//! every step; uploading only the rows an operation wrote is a later issue. New KV rows produced
-//! on the device go to the pinned host store with [`GpuArena::write_back_async`]. Every step's
-//! work — resolve, deduplicated miss fetch, hot-cache replacement, replay, prefetch — runs on the
-//! device. The device's replacement decisions equal the CPU reference's (same contract: same
-//! CLOCK sweep, same pins), so a GPU pool and a CPU pool fed the same operations return identical
-//! indices, valid counts, plans and stats, and the bytes at every returned row equal a fully
-//! resident cache's (`tests/gpu_exactness.rs`).
+//! Split of work. The control plane is the CPU pool's ([`ElasticPool`], generic over its data
+//! plane): admissions, loans, reclaim, hand-back, appends, drafts — everything between steps. Its
+//! data plane here is [`GpuData`]: the history lives once, in the mapped pinned store the kernels
+//! read ([`PinnedBytes`] is the host store's backing), and the device state is a [`GpuArena`].
+//! The control plane's calls record *what changed*; after each control operation
+//! [`GpuElasticPool::publish`] enqueues O(changed) asynchronous work and returns without waiting:
+//!
+//! | work | stream | ordered by |
+//! | --- | --- | --- |
+//! | page fills (pages just lent) and the tail rows of sessions admitted since the last publish: host store → arena rows (`tierkit_kv_replay` gather, a warp per row) | copy stream | waits for the last write-back event (history the device wrote), then runs beside the step in flight |
+//! | write-backs: arena rows → host store (`tierkit_kv_write_back`; accepted drafts, rows the engine wrote, [`GpuElasticPool::append_written`]) | step stream | after the kernels that wrote the rows; records the write-back event |
+//! | table patches (`tierkit_kv_fill_words`): slot resets, descriptors, fixed pages, page-table entries of pages mapped (after their fill) and unmapped (reclaim) | step stream | waits for this publish's fill event, so a page is mapped only once its rows hold its bytes; before every later resolve |
+//! | tail / draft rows of live sessions: host store → arena rows | step stream | after the resolves queued before (which may read the rows they overwrite) |
+//!
+//! The lists (copies, patches) are staged in mapped pinned memory that the kernels read in place
+//! (no upload); a staging buffer is reused only after the event recorded after its last reader.
+//! No publish synchronizes with the host; the bytes it stages are counted ([`GpuFlushCounters`]).
+//!
+//! Reader fences. Every page the step stream's data-plane work touches stays allocated until that
+//! work has run: each publish that queues step-stream copies registers a reader (its event) in the
+//! pool's fence, like a resolve's [`ReadTicket`], so a page reclaimed or released after it is
+//! reused (by a fill on the copy stream) only once the step stream passed it. Pages taken by a
+//! fill were free (every reader before passed), so the copy stream never waits for the step
+//! stream except for the write-back event. A finished session's slot (its host store bytes,
+//! which queued kernels may still read or write) is reused only once the step stream passes the
+//! publish that freed it.
+//!
+//! The device's replacement decisions equal the CPU reference's (same contract: same CLOCK sweep,
+//! same pins), so a GPU pool and a CPU pool fed the same operations return identical indices,
+//! valid counts, plans and stats, and the bytes at every returned row equal a fully resident
+//! cache's (`tests/gpu_exactness.rs`, with [`GpuElasticPool::set_settle_readers`] so both pools
+//! free pages at the same calls).
 //!
 //! The [`Resolver`] methods are synchronous (inputs and outputs are host slices): they upload,
 //! launch on the GPU's step stream, and download. Their [`ReadTicket`] is a CUDA event recorded on
 //! the step stream when the ticket ends (see `ReadTicket`'s orderings). Engines use the
 //! asynchronous device-pointer API of [`GpuElasticPool::device`] ([`GpuArena::resolve_async`]
 //! etc.) with fixed buffers, which is CUDA-graph capturable; [`GpuElasticPool::slot_of`] gives the
-//! session slot of a session.
+//! session slot of a session, [`GpuElasticPool::tail_row_of`] the row a new token's KV goes to.
 
 use std::sync::Arc;
 
 use std::sync::OnceLock;
 
+use bytemuck::Pod;
+use cuda_kernels::cudarc_driver::CudaStream;
 use cuda_kernels::{
-    CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvSlotDesc, KV_LAYOUT_IN_PLACE,
-    KV_LAYOUT_PACKED, KV_STATS,
+    CopyBackend, KvCopy, KvDims, KvFill, KvResolveArgs, KvResolveOptions, KvSlotDesc,
+    KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
-use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu};
+use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
 use hashbrown::HashMap;
 use tier_core::CompletionSignal;
 
+use super::data::{GpuData, PinnedBytes};
 use super::GpuArena;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
@@ -93,15 +114,101 @@ pub struct GpuPoolConfig {
     pub backend: CopyBackend,
 }
 
-/// The elastic pool with its resolver on the GPU (see the module docs).
+/// What the publishes of a [`GpuElasticPool`] did, cumulative (see
+/// [`GpuElasticPool::flush_counters`]). Rows count arena rows of one token (all layers each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuFlushCounters {
+    /// Publishes that queued any work.
+    pub flushes: u64,
+    /// Rows copied host store → arena on the copy stream (page fills, new sessions' tails).
+    pub rows_filled: u64,
+    /// Rows copied host store → arena on the step stream (tail rows of appends, drafts).
+    pub rows_copied: u64,
+    /// Rows written back arena → host store on the step stream.
+    pub rows_written_back: u64,
+    /// Single table words patched (descriptors, fixed pages, page-table entries).
+    pub words_patched: u64,
+    /// Table ranges reset (a new or finished session's slot: hot cache, position table).
+    pub ranges_reset: u64,
+    /// Bytes the device read from host staging (copy lists, counts, patches): the upload.
+    pub staged_bytes: u64,
+    /// Host waits in control operations (settling readers, waiting for a slot).
+    pub host_syncs: u64,
+}
+
+/// A mapped pinned staging buffer and the event after its last reader.
+#[derive(Debug)]
+struct Staging {
+    buf: PinnedBuffer<u8>,
+    done: EventSignal,
+}
+
+/// Builds one publish's staging image: 16-byte aligned sections.
+#[derive(Default)]
+struct Image(Vec<u8>);
+
+impl Image {
+    fn push<T: Pod>(&mut self, items: &[T]) -> usize {
+        let at = self.0.len().next_multiple_of(16);
+        self.0.resize(at, 0);
+        self.0.extend_from_slice(bytemuck::cast_slice(items));
+        at
+    }
+}
+
+/// Rows per segment of the copy lists handed to the replay kernel (one block per segment).
+const SEGMENT: u32 = 64;
+
+/// A copy list as replay segments: the plan (`segments × SEGMENT`, last one short) and counts.
+fn segments(copies: &[KvCopy]) -> (Vec<KvCopy>, Vec<u32>) {
+    let n = copies.len() as u32;
+    let counts = (0..n.div_ceil(SEGMENT))
+        .map(|b| (n - b * SEGMENT).min(SEGMENT))
+        .collect();
+    (copies.to_vec(), counts)
+}
+
+/// Copies the staged replay segments at `base + at.0` (plan) / `base + at.1` (counts) from the
+/// pinned store into every layer of their rows, on `stream`.
+///
+/// # Safety
+/// As [`GpuArena::replay_async`]: the staging stays readable until `stream` passes the launch.
+unsafe fn copy_segments(
+    dev: &GpuArena,
+    stream: &CudaStream,
+    base: u64,
+    at: (usize, usize),
+    segments: usize,
+) -> Result<()> {
+    let layers = dev.dims().layers;
+    // SAFETY: forwarded to the caller's contract.
+    unsafe {
+        dev.replay_async(
+            stream,
+            base + at.0 as u64,
+            base + at.1 as u64,
+            segments as u32,
+            SEGMENT,
+            0,
+            layers,
+        )
+    }
+    .map_err(cuda)
+}
+
+/// The elastic pool with its data plane and resolver on the GPU (see the module docs).
 pub struct GpuElasticPool {
-    cpu: ElasticPool,
-    dev: GpuArena,
+    cpu: ElasticPool<GpuData>,
     gcfg: GpuPoolConfig,
-    slot_of: HashMap<SessionId, u32>,
-    session_of: Vec<Option<SessionId>>,
-    synced: Vec<u32>,
+    copy: Arc<CudaStream>,
+    staging: Vec<Staging>,
+    /// Event after the last write-back (the copy stream waits for it before reading history).
+    last_write_back: Option<EventSignal>,
+    /// Freed session slots and the event after which nothing queued touches them.
+    quarantine: Vec<(u32, EventSignal)>,
+    settle: bool,
     miss_tokens: u64,
+    counters: GpuFlushCounters,
 }
 
 impl std::fmt::Debug for GpuElasticPool {
@@ -109,7 +216,7 @@ impl std::fmt::Debug for GpuElasticPool {
         f.debug_struct("GpuElasticPool")
             .field("cpu", &self.cpu)
             .field("config", &self.gcfg)
-            .field("live_slots", &self.slot_of.len())
+            .field("counters", &self.counters)
             .finish()
     }
 }
@@ -120,14 +227,15 @@ fn cuda(e: CudaError) -> KvError {
 
 impl GpuElasticPool {
     /// A pool for `geometry` on `gpu`: the control plane (`ElasticPool::new`'s errors) plus the device
-    /// tables, arena and pinned host store for `gcfg` (CUDA errors as [`KvError::Cuda`]).
+    /// tables, arena and pinned host store for `gcfg` (CUDA errors as [`KvError::Cuda`]), and a
+    /// copy stream.
     pub fn new(
         gpu: &Arc<Gpu>,
         geometry: Geometry,
         config: PoolConfig,
         gcfg: GpuPoolConfig,
     ) -> Result<Self> {
-        let cpu = ElasticPool::new(geometry, config)?;
+        geometry.validate()?;
         let dims = KvDims {
             row_bytes: geometry.row_bytes,
             layers: geometry.layers,
@@ -143,30 +251,38 @@ impl GpuElasticPool {
             pad0: 0,
         };
         let dev = GpuArena::new(gpu, dims).map_err(cuda)?;
+        let cpu = ElasticPool::with_data(geometry, config, GpuData::new(dev))?;
         Ok(Self {
             cpu,
-            dev,
             gcfg,
-            slot_of: HashMap::new(),
-            session_of: vec![None; gcfg.max_sessions as usize],
-            synced: vec![0; gcfg.max_sessions as usize],
+            copy: gpu.new_stream().map_err(cuda)?,
+            staging: Vec::new(),
+            last_write_back: None,
+            quarantine: Vec::new(),
+            settle: false,
             miss_tokens: 0,
+            counters: GpuFlushCounters::default(),
         })
     }
 
     /// The control plane (read-only: change it through this pool's methods so the device follows).
-    pub fn cpu(&self) -> &ElasticPool {
+    pub fn cpu(&self) -> &ElasticPool<GpuData> {
         &self.cpu
     }
 
     /// The device state and kernels (asynchronous, graph-capturable API).
     pub fn device(&self) -> &GpuArena {
-        &self.dev
+        &self.cpu.data.dev
     }
 
     /// Mutable device state (e.g. to clear error counters).
     pub fn device_mut(&mut self) -> &mut GpuArena {
-        &mut self.dev
+        &mut self.cpu.data.dev
+    }
+
+    /// The copy stream page fills run on (see the module docs).
+    pub fn copy_stream(&self) -> &Arc<CudaStream> {
+        &self.copy
     }
 
     /// The copy back-end.
@@ -179,18 +295,41 @@ impl GpuElasticPool {
         self.gcfg.backend = backend;
     }
 
+    /// With `true`, every control operation that frees pages (admit, reclaim, between steps)
+    /// first waits for the device, so every ticket ended before it is complete and the pool
+    /// frees exactly the pages the CPU reference frees for the same calls (tests comparing the
+    /// two). Default `false`: no host wait; pages free when the GPU passed their readers.
+    pub fn set_settle_readers(&mut self, settle: bool) {
+        self.settle = settle;
+    }
+
     /// The session slot of a live session (index into the device tables).
     pub fn slot_of(&self, session: SessionId) -> Result<u32> {
         self.cpu.host().check_live(session)?;
-        self.slot_of
-            .get(&session)
-            .copied()
+        self.pinned()
+            .slot_of(session)
             .ok_or(KvError::UnknownSession(session))
+    }
+
+    /// The arena row (same row in every layer's plane) of a live session's tail slot for
+    /// `position`: where the engine writes a new token's KV before
+    /// [`GpuElasticPool::append_written`].
+    pub fn tail_row_of(&self, session: SessionId, position: u32) -> Result<u32> {
+        self.cpu.tail_row_of(session, position)
     }
 
     /// Distinct rows fetched from the host store by device resolves.
     pub fn miss_tokens(&self) -> u64 {
         self.miss_tokens
+    }
+
+    /// What the publishes did so far (rows copied, words patched, bytes staged, host waits).
+    pub fn flush_counters(&self) -> GpuFlushCounters {
+        self.counters
+    }
+
+    fn pinned(&self) -> &PinnedBytes {
+        self.cpu.host().backing()
     }
 
     fn capacity(&self, what: &'static str, value: u64) -> KvError {
@@ -201,58 +340,85 @@ impl GpuElasticPool {
         })
     }
 
-    /// [`ElasticPool::admit`], then publishes the session to a free session slot.
-    /// Extra errors (nothing changes): `Cuda(OutOfRange)` when no slot is free or the history
-    /// exceeds `max_history`.
-    pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
+    /// Checks an admission against the device capacity, making a freed slot reusable when the
+    /// device has passed it (waiting for it only when no other slot is free).
+    fn check_admission(&mut self, history: &[u8]) -> Result<()> {
         let n = self.cpu.host().check_tokens(history, false)?;
         if n > self.gcfg.max_history {
             return Err(self.capacity("history length (max_history)", n as u64));
         }
-        if self.slot_of.len() >= self.gcfg.max_sessions as usize {
+        if self.cpu.active_sessions() >= self.gcfg.max_sessions as usize {
             return Err(KvError::Cuda(CudaError::OutOfRange {
                 what: "live sessions (max_sessions)",
-                value: self.slot_of.len() as u64 + 1,
+                value: self.cpu.active_sessions() as u64 + 1,
                 limit: self.gcfg.max_sessions as u64 + 1,
             }));
         }
-        self.settle_readers()?;
-        let a = self.cpu.admit(session, history)?;
-        self.publish()?;
-        Ok(a)
+        self.release_slots(false)?;
+        if !self.pinned().has_free_slot() {
+            self.release_slots(true)?;
+        }
+        Ok(())
     }
 
-    /// Admits several sessions with one publish at the end (one arena upload instead of one per
-    /// session). Stops at the first error or `Waiting` admission; what was admitted before stays
-    /// admitted and published. Returns the outcome of each attempted admission.
+    /// Unblocks quarantined slots whose event passed (`wait`: waits for the oldest one first).
+    fn release_slots(&mut self, wait: bool) -> Result<()> {
+        if wait {
+            if let Some((_, ev)) = self.quarantine.first() {
+                ev.event()
+                    .synchronize()
+                    .map_err(|e| cuda(CudaError::driver("cuEventSynchronize", e)))?;
+                self.counters.host_syncs += 1;
+            }
+        }
+        let mut i = 0;
+        while i < self.quarantine.len() {
+            if self.quarantine[i].1.is_complete() {
+                let (slot, _) = self.quarantine.swap_remove(i);
+                self.cpu.data.pinned_mut().unblock(slot);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`ElasticPool::admit`], then publishes (asynchronous). Extra errors (nothing changes):
+    /// `Cuda(OutOfRange)` when no slot is free or the history exceeds `max_history`.
+    pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
+        self.check_admission(history)?;
+        self.settle_readers()?;
+        let a = self.cpu.admit(session, history);
+        self.publish()?;
+        a
+    }
+
+    /// Admits several sessions with one publish at the end. Stops at the first error or `Waiting`
+    /// admission; what was admitted before stays admitted and published. Returns the outcome of
+    /// each attempted admission.
     pub fn admit_batch(&mut self, sessions: &[(SessionId, &[u8])]) -> Result<Vec<Admission>> {
         self.settle_readers()?;
-        let mut out = Vec::with_capacity(sessions.len());
+        self.each_then_publish(sessions, |p, (session, history)| {
+            p.check_admission(history)?;
+            let a = p.cpu.admit(session, history)?;
+            Ok((a, matches!(a, Admission::Waiting { .. })))
+        })
+    }
+
+    /// Runs `op` on each item until the first error or until `op` says stop, then publishes
+    /// once; returns the outcomes, or the first error (what ran before it stays published).
+    fn each_then_publish<I: Copy, T>(
+        &mut self,
+        items: &[I],
+        mut op: impl FnMut(&mut Self, I) -> Result<(T, bool)>,
+    ) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(items.len());
         let mut first_err = None;
-        for &(session, history) in sessions {
-            let n = match self.cpu.host().check_tokens(history, false) {
-                Ok(n) => n,
-                Err(e) => {
-                    first_err = Some(e);
-                    break;
-                }
-            };
-            if n > self.gcfg.max_history {
-                first_err = Some(self.capacity("history length (max_history)", n as u64));
-                break;
-            }
-            if self.cpu.active_sessions() >= self.gcfg.max_sessions as usize {
-                first_err = Some(KvError::Cuda(CudaError::OutOfRange {
-                    what: "live sessions (max_sessions)",
-                    value: self.cpu.active_sessions() as u64 + 1,
-                    limit: self.gcfg.max_sessions as u64 + 1,
-                }));
-                break;
-            }
-            match self.cpu.admit(session, history) {
-                Ok(a) => {
-                    out.push(a);
-                    if matches!(a, Admission::Waiting { .. }) {
+        for &item in items {
+            match op(self, item) {
+                Ok((t, stop)) => {
+                    out.push(t);
+                    if stop {
                         break;
                     }
                 }
@@ -263,22 +429,53 @@ impl GpuElasticPool {
             }
         }
         self.publish()?;
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        first_err.map_or(Ok(out), Err)
     }
 
-    /// [`ElasticPool::append`], then publishes. Extra error: history beyond `max_history`.
-    pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
-        let n = self.cpu.host().check_tokens(tokens, true)?;
+    /// Capacity check: `n` more committed tokens of `session` fit in `max_history`.
+    fn check_history_room(&self, session: SessionId, n: u32) -> Result<()> {
         let now = self.cpu.committed_len(session)?;
         if now as u64 + n as u64 > self.gcfg.max_history as u64 {
             return Err(self.capacity("history length (max_history)", now as u64 + n as u64));
         }
+        Ok(())
+    }
+
+    /// [`ElasticPool::append`] (the CPU path: the tokens' bytes come from the host), then
+    /// publishes: the bytes go into the pinned store, the tail rows are copied on the step stream.
+    /// Extra error: history beyond `max_history`.
+    pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
+        let n = self.cpu.host().check_tokens(tokens, true)?;
+        self.check_history_room(session, n)?;
         let r = self.cpu.append(session, tokens)?;
         self.publish()?;
         Ok(r)
+    }
+
+    /// The engine path of an append: the step's kernels wrote the new tokens' KV into the
+    /// session's tail rows ([`GpuElasticPool::tail_row_of`] of positions `committed ..
+    /// committed + n`, every layer, `n <= tail_rows`); commits them and publishes: a write-back
+    /// kernel on the step stream, after those kernels, copies the rows into the pinned host
+    /// store (no host sync). Errors: as [`ElasticPool::append_written`], history beyond
+    /// `max_history`.
+    pub fn append_written(&mut self, session: SessionId, n: u32) -> Result<u32> {
+        let r = self.append_written_one(session, n)?;
+        self.publish()?;
+        Ok(r)
+    }
+
+    /// [`GpuElasticPool::append_written`] for several sessions with one publish (one write-back
+    /// launch for the step). Stops at the first error (what was committed before stays
+    /// committed and published). Returns the new committed lengths.
+    pub fn append_written_batch(&mut self, appends: &[(SessionId, u32)]) -> Result<Vec<u32>> {
+        self.each_then_publish(appends, |p, (s, n)| {
+            Ok((p.append_written_one(s, n)?, false))
+        })
+    }
+
+    fn append_written_one(&mut self, session: SessionId, n: u32) -> Result<u32> {
+        self.check_history_room(session, n)?;
+        self.cpu.append_written(session, n)
     }
 
     /// [`ElasticPool::write_scratch`], then publishes. Extra error: drafts beyond `max_history`.
@@ -295,20 +492,23 @@ impl GpuElasticPool {
         self.publish()
     }
 
-    /// [`ElasticPool::accept`], then publishes.
+    /// [`ElasticPool::accept`], then publishes: the accepted drafts are written back from their
+    /// scratch rows on the step stream and copied into the tail rows after.
     pub fn accept(&mut self, session: SessionId, n: u32) -> Result<u32> {
         let r = self.cpu.accept(session, n)?;
         self.publish()?;
         Ok(r)
     }
 
-    /// [`ElasticPool::finish`], then frees the session's slot.
+    /// [`ElasticPool::finish`], then publishes (the slot is marked not live; it is reused once
+    /// the step stream passed this point).
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
         self.cpu.finish(session)?;
         self.publish()
     }
 
-    /// [`ElasticPool::reclaim`], then publishes (the owners stop mapping the pages at once).
+    /// [`ElasticPool::reclaim`], then publishes: the owners' page-table entries are patched on
+    /// the step stream (no row moves).
     pub fn reclaim(&mut self, n: u32) -> Result<u32> {
         self.settle_readers()?;
         let r = self.cpu.reclaim(n)?;
@@ -316,7 +516,9 @@ impl GpuElasticPool {
         Ok(r)
     }
 
-    /// [`ElasticPool::between_steps`], then publishes (grown pages are uploaded).
+    /// [`ElasticPool::between_steps`], then publishes (hand-backs patch nothing on the device:
+    /// the finished sessions' slots are not live; grown pages are filled on the copy stream and
+    /// mapped after their fill).
     pub fn between_steps(&mut self, chunk: u32) -> Result<StepMaintenance> {
         self.settle_readers()?;
         let r = self.cpu.between_steps(chunk)?;
@@ -324,60 +526,82 @@ impl GpuElasticPool {
         Ok(r)
     }
 
-    /// Publishes the control plane to the device: session slots of new and finished sessions, each
-    /// live session's descriptor and page tables, new committed history into the pinned host
-    /// store, and every arena row except live sessions' hot rows. Synchronous (between steps).
+    /// Publishes what the control plane changed since the last publish: O(changed) asynchronous
+    /// work on the copy and step streams (see the module docs); no host wait. The control
+    /// operations call it; calling it again with nothing changed does nothing.
     pub fn publish(&mut self) -> Result<()> {
-        let live: Vec<SessionId> = self.cpu.sessions().collect();
-        let gone: Vec<(SessionId, u32)> = self
-            .slot_of
-            .iter()
-            .filter(|(s, _)| self.cpu.host().check_live(**s).is_err())
-            .map(|(&s, &b)| (s, b))
-            .collect();
-        for (s, b) in gone {
-            self.dev.reset_slot(b).map_err(cuda)?;
-            self.slot_of.remove(&s);
-            self.session_of[b as usize] = None;
-            self.synced[b as usize] = 0;
+        let log = std::mem::take(&mut self.cpu.data.log);
+        let (created, freed) = {
+            let p = self.cpu.data.pinned_mut();
+            (std::mem::take(&mut p.created), std::mem::take(&mut p.freed))
+        };
+        if log.is_empty() && created.is_empty() && freed.is_empty() {
+            return Ok(());
         }
-        for &s in &live {
-            if !self.slot_of.contains_key(&s) {
-                let b = self
-                    .session_of
-                    .iter()
-                    .position(Option::is_none)
-                    .ok_or(KvError::Cuda(CudaError::OutOfRange {
-                        what: "live sessions (max_sessions)",
-                        value: self.slot_of.len() as u64 + 1,
-                        limit: self.gcfg.max_sessions as u64 + 1,
-                    }))? as u32;
-                self.dev.reset_slot(b).map_err(cuda)?;
-                self.slot_of.insert(s, b);
-                self.session_of[b as usize] = Some(s);
-                self.synced[b as usize] = 0;
-            }
-        }
+        let d = *self.device().dims();
+        let t = self.device().tables();
         let g = *self.cpu.geometry();
-        let dims = *self.dev.dims();
-        let pr = g.page_rows;
-        let mut hot_row = vec![false; g.arena_rows() as usize];
-        for &s in &live {
-            let b = self.slot_of[&s];
-            let pl = self.cpu.placement(s)?;
-            // New committed history -> pinned host store.
-            let from = self.synced[b as usize];
-            if pl.committed > from {
-                let tb = g.token_bytes();
-                let dst0 = dims.host_offset(b, from, 0);
-                let store = self.dev.host_store_mut();
-                for p in from..pl.committed {
-                    let tok = self.cpu.host().token(s, p)?;
-                    let off = dst0 + (p - from) as usize * tb;
-                    store[off..off + tb].copy_from_slice(tok);
-                }
-                self.synced[b as usize] = pl.committed;
+        // Table patches: ranges (slot resets) in one launch, then single words (last one wins).
+        let mut ranges: Vec<KvFill> = Vec::new();
+        let range = |ranges: &mut Vec<KvFill>, base: u64, word: u64, count: usize, value: u32| {
+            ranges.push(KvFill {
+                dst: base + 4 * word,
+                count: count as u32,
+                value,
+            })
+        };
+        let (h, nh, mp, fp) = (
+            d.hot_rows as u64,
+            d.max_history as u64,
+            d.max_pages as u64,
+            d.fixed_pages as u64,
+        );
+        let desc_words = (std::mem::size_of::<KvSlotDesc>() / 4) as u64;
+        for &b in created.iter().chain(&freed) {
+            let b = b as u64;
+            range(&mut ranges, t.desc, b * desc_words, desc_words as usize, 0);
+            range(&mut ranges, t.slot_pos, b * h, h as usize, u32::MAX);
+            range(&mut ranges, t.referenced, b * h, h as usize, 0);
+            range(&mut ranges, t.stamp, 2 * b * h, 2 * h as usize, 0);
+            range(&mut ranges, t.hand, b, 1, 0);
+            range(&mut ranges, t.pos_slot, b * nh, nh as usize, u32::MAX);
+            range(&mut ranges, t.page_tab, b * mp, mp as usize, u32::MAX);
+        }
+        ranges.dedup();
+        let mut words: HashMap<u64, u32> = HashMap::new();
+        let mut order: Vec<u64> = Vec::new();
+        let mut put = |addr: u64, value: u32| {
+            if words.insert(addr, value).is_none() {
+                order.push(addr);
             }
+        };
+        for &b in &created {
+            let s = self.pinned().session_at(b).expect("created this window");
+            let pl = self.cpu.placement(s)?;
+            for (i, &p) in pl.fixed_pages.iter().enumerate() {
+                put(t.fixed_pages + 4 * (b as u64 * fp + i as u64), p);
+            }
+        }
+        for &(b, logical, page) in &log.pages {
+            if self.pinned().session_at(b).is_some() && (logical as u64) < mp {
+                put(
+                    t.page_tab + 4 * (b as u64 * mp + logical as u64),
+                    page as u32,
+                );
+            }
+        }
+        let mut touched = log.touched.clone();
+        for &b in &created {
+            let s = self.pinned().session_at(b).expect("created this window");
+            if !touched.contains(&s) {
+                touched.push(s);
+            }
+        }
+        for s in touched {
+            let Some(b) = self.pinned().slot_of(s) else {
+                continue; // finished since
+            };
+            let pl = self.cpu.placement(s)?;
             let desc = KvSlotDesc {
                 live: 1,
                 committed: pl.committed,
@@ -386,43 +610,139 @@ impl GpuElasticPool {
                 tail_start: pl.committed.saturating_sub(g.tail_rows),
                 pad: [0; 3],
             };
-            let fixed: Vec<i32> = pl.fixed_pages.iter().map(|&p| p as i32).collect();
-            for local in 0..g.hot_rows {
-                let row = pl.fixed_pages[(local / pr) as usize] * pr + local % pr;
-                hot_row[row as usize] = true;
+            let w: &[u32] = bytemuck::cast_slice(std::slice::from_ref(&desc));
+            for (i, &v) in w.iter().enumerate() {
+                put(t.desc + 4 * (b as u64 * desc_words + i as u64), v);
             }
-            self.dev
-                .set_slot(b, desc, &fixed, pl.page_table)
+        }
+        let points: Vec<KvFill> = order
+            .iter()
+            .map(|&a| KvFill {
+                dst: a,
+                count: 1,
+                value: words[&a],
+            })
+            .collect();
+        // One staging image for every list of this publish.
+        let mut img = Image::default();
+        let (fill_plan, fill_counts) = segments(&log.fills);
+        let (step_plan, step_counts) = segments(&log.step_copies);
+        let at_fill = img.push(&fill_plan);
+        let at_fill_n = img.push(&fill_counts);
+        let at_wb = img.push(&log.write_backs);
+        let at_ranges = img.push(&ranges);
+        let at_points = img.push(&points);
+        let at_step = img.push(&step_plan);
+        let at_step_n = img.push(&step_counts);
+        let base = self.stage(&img.0)?;
+        let gpu = self.device().gpu().clone();
+        let step = gpu.stream().clone();
+        let copy = self.copy.clone();
+        let ev = |s: &CudaStream| EventSignal::record(&gpu, s).map_err(cuda);
+        let dev = &self.cpu.data.dev;
+        // 1. Write-backs (step stream, after the kernels that wrote the rows).
+        if !log.write_backs.is_empty() {
+            // SAFETY: `n` KvCopy staged at `base + at_wb` (mapped pinned, readable until the
+            // staging event recorded below passes); their rows and slots are live (control plane).
+            unsafe {
+                dev.write_back_async(
+                    &step,
+                    base + at_wb as u64,
+                    log.write_backs.len() as u32,
+                    0,
+                    d.layers,
+                )
+            }
+            .map_err(cuda)?;
+            self.last_write_back = Some(ev(&step)?);
+        }
+        // 2. Fills (copy stream; after the last write-back; pages just taken were free).
+        if !log.fills.is_empty() {
+            if let Some(wb) = &self.last_write_back {
+                wb.wait_on(&copy).map_err(cuda)?;
+            }
+            // SAFETY: segments staged at `base + at_fill` / `at_fill_n` (live until the staging
+            // event, which the step stream records after waiting for this stream's fill event);
+            // the destination rows belong to pages no reader or other stream's queued work
+            // touches (free pages, fence; see the module docs).
+            unsafe { copy_segments(dev, &copy, base, (at_fill, at_fill_n), fill_counts.len()) }?;
+            ev(&copy)?.wait_on(&step).map_err(cuda)?;
+        }
+        // 3. Table patches (step stream, after the fills they map).
+        // SAFETY: every entry names words of our tables (addresses built from `tables()` with
+        // in-range indices above); ranges are disjoint or equal-valued, points are deduplicated;
+        // staged until the staging event.
+        unsafe {
+            dev.fill_words_async(&step, base + at_ranges as u64, ranges.len() as u32)
+                .map_err(cuda)?;
+            dev.fill_words_async(&step, base + at_points as u64, points.len() as u32)
                 .map_err(cuda)?;
         }
-        // Arena rows the control plane owns (everything but live hot rows), in maximal runs.
-        let rb = g.row_bytes as usize;
-        for layer in 0..g.layers {
-            let plane = self.cpu.plane(layer)?;
-            let mut row = 0usize;
-            while row < hot_row.len() {
-                if hot_row[row] {
-                    row += 1;
-                    continue;
-                }
-                let start = row;
-                while row < hot_row.len() && !hot_row[row] {
-                    row += 1;
-                }
-                self.dev
-                    .upload_rows(layer, start as u32, &plane[start * rb..row * rb])
-                    .map_err(cuda)?;
-            }
+        // 4. Tail and draft rows of live sessions (step stream, after the write-backs).
+        if !log.step_copies.is_empty() {
+            // SAFETY: as the fills; the rows are the sessions' own tail / scratch rows, and every
+            // earlier reader of them is earlier on this stream.
+            unsafe { copy_segments(dev, &step, base, (at_step, at_step_n), step_counts.len()) }?;
         }
-        self.dev.gpu().synchronize().map_err(cuda)
+        let done = ev(&step)?;
+        // The staging buffer is free again once the step stream passes `done` (which follows the
+        // wait for the copy stream's fills).
+        self.staging
+            .iter_mut()
+            .find(|s| s.buf.device_ptr() == base)
+            .expect("staged above")
+            .done = done.clone();
+        if !log.write_backs.is_empty() || !log.step_copies.is_empty() {
+            // Pages the step-stream copies touch stay allocated until they ran.
+            self.cpu.fence().enter_signal(Box::new(done.clone()));
+        }
+        for b in freed {
+            self.quarantine.push((b, done.clone()));
+        }
+        let c = &mut self.counters;
+        c.flushes += 1;
+        c.rows_filled += log.fills.len() as u64;
+        c.rows_copied += log.step_copies.len() as u64;
+        c.rows_written_back += log.write_backs.len() as u64;
+        c.words_patched += points.len() as u64;
+        c.ranges_reset += ranges.len() as u64;
+        c.staged_bytes += img.0.len() as u64;
+        Ok(())
     }
 
-    /// Waits for the device, so every ticket ended before this call is complete when the control
-    /// plane collects pages (the GPU passed the event it recorded): the pool then frees exactly the
-    /// pages the CPU reference frees for the same calls. Control operations are synchronous anyway
-    /// (`publish` waits for the device too).
-    fn settle_readers(&self) -> Result<()> {
-        self.dev.gpu().synchronize().map_err(cuda)
+    /// Copies `image` into a free staging buffer (mapped pinned memory); returns its device
+    /// address. A buffer is free once the event after its last reader passed (no host wait; a
+    /// new buffer is allocated when none is free or large enough).
+    fn stage(&mut self, image: &[u8]) -> Result<u64> {
+        let need = image.len().max(16);
+        let i = match self
+            .staging
+            .iter()
+            .position(|s| s.buf.len() >= need && s.done.is_complete())
+        {
+            Some(i) => i,
+            None => {
+                let ctx = self.device().gpu().ctx().clone();
+                let buf = PinnedBuffer::zeroed(&ctx, need.next_power_of_two().max(64 << 10))
+                    .map_err(cuda)?;
+                let done = EventSignal::unrecorded(self.device().gpu()).map_err(cuda)?;
+                self.staging.push(Staging { buf, done });
+                self.staging.len() - 1
+            }
+        };
+        let s = &mut self.staging[i];
+        s.buf.as_mut_slice()[..image.len()].copy_from_slice(image);
+        Ok(s.buf.device_ptr())
+    }
+
+    /// With [`GpuElasticPool::set_settle_readers`]: waits for the device, so every ticket ended
+    /// before this call is complete when the control plane collects pages. Otherwise nothing.
+    fn settle_readers(&mut self) -> Result<()> {
+        if self.settle {
+            self.counters.host_syncs += 1;
+            self.device().gpu().synchronize().map_err(cuda)?;
+        }
+        Ok(())
     }
 
     /// Registers a GPU reader in the pool's fence (see [`ReadTicket`]'s orderings).
@@ -430,7 +750,7 @@ impl GpuElasticPool {
         let reader = DeviceReader::default();
         self.cpu.fence().enter_signal(Box::new(reader.clone()));
         ReadTicket::with_end(Box::new(DeviceEnd {
-            gpu: self.dev.gpu().clone(),
+            gpu: self.cpu.data.dev.gpu().clone(),
             reader,
         }))
     }
@@ -439,7 +759,10 @@ impl GpuElasticPool {
         copies
             .iter()
             .map(|c| RowCopy {
-                session: self.session_of[c.slot as usize].expect("plan rows name live slots"),
+                session: self
+                    .pinned()
+                    .session_at(c.slot)
+                    .expect("plan rows name live slots"),
                 position: c.position,
                 dst_row: c.dst_row,
             })
@@ -447,16 +770,16 @@ impl GpuElasticPool {
     }
 
     fn device_errors_clean(&mut self, layer: u32) -> Result<()> {
-        let mut e = self.dev.errors().map_err(cuda)?;
+        let mut e = self.cpu.data.dev.errors().map_err(cuda)?;
         // Overflow is not bad input: the step was served as far as the hot cache allowed (the
         // unserved picks are in the stats); clear the word so it does not accumulate.
         let overflowed = e.overflow > 0;
         e.overflow = 0;
         if overflowed && e.is_clean() {
-            self.dev.clear_errors().map_err(cuda)?;
+            self.cpu.data.dev.clear_errors().map_err(cuda)?;
         }
         if !e.is_clean() {
-            self.dev.clear_errors().map_err(cuda)?;
+            self.cpu.data.dev.clear_errors().map_err(cuda)?;
             return Err(KvError::Cuda(CudaError::Residency {
                 layer,
                 reason: "device kernel reported bad input that passed host validation",
@@ -470,10 +793,10 @@ impl GpuElasticPool {
         if copies.is_empty() {
             return Ok(());
         }
-        let gpu = self.dev.gpu().clone();
+        let gpu = self.cpu.data.dev.gpu().clone();
         let stream = gpu.stream();
         match self.gcfg.backend {
-            CopyBackend::Dma => self.dev.dma_copy_async(stream, copies, layer, 1),
+            CopyBackend::Dma => self.cpu.data.dev.dma_copy_async(stream, copies, layer, 1),
             CopyBackend::Gather => {
                 let ctx = gpu.ctx();
                 let plan = DeviceBuffer::from_host(ctx, copies)?;
@@ -482,7 +805,7 @@ impl GpuElasticPool {
                 // SAFETY: one segment of `copies.len()` entries in live device buffers that outlive
                 // the launch (we synchronize below); the plan's rows were checked fresh.
                 unsafe {
-                    self.dev.replay_async(
+                    self.cpu.data.dev.replay_async(
                         stream,
                         plan.device_ptr(),
                         count.device_ptr(),
@@ -520,9 +843,9 @@ impl Resolver for GpuElasticPool {
             .iter()
             .map(|&s| self.slot_of(s).map(|b| b as i32))
             .collect::<Result<_>>()?;
-        let gpu = self.dev.gpu().clone();
+        let gpu = self.cpu.data.dev.gpu().clone();
         let ctx = gpu.ctx();
-        let hot = self.dev.dims().hot_rows as usize;
+        let hot = self.cpu.data.dev.dims().hot_rows as usize;
         let dev_in = (|| -> cuda_kernels::Result<_> {
             Ok((
                 DeviceBuffer::from_host(ctx, input.topk)?,
@@ -573,7 +896,9 @@ impl Resolver for GpuElasticPool {
         // output buffers of the host outputs' lengths, alive until after the synchronize below);
         // the tables are only touched by this stream.
         unsafe {
-            self.dev
+            self.cpu
+                .data
+                .dev
                 .resolve_async_with(stream, &args, &o, self.gcfg.backend)
         }
         .map_err(cuda)?;
@@ -636,6 +961,8 @@ impl Resolver for GpuElasticPool {
             let pl = self.cpu.placement(c.session)?;
             let ok = c.position < self.gcfg.max_history
                 && self
+                    .cpu
+                    .data
                     .dev
                     .hot_slot_of(slot, c.position)
                     .map_err(cuda)?
@@ -668,9 +995,9 @@ impl Resolver for GpuElasticPool {
     ) -> Result<ResolvePlan> {
         self.cpu.validate_prefetch(session, candidates, layer)?;
         let slot = self.slot_of(session)? as i32;
-        let gpu = self.dev.gpu().clone();
+        let gpu = self.cpu.data.dev.gpu().clone();
         let ctx = gpu.ctx();
-        let hot = self.dev.dims().hot_rows as usize;
+        let hot = self.cpu.data.dev.dims().hot_rows as usize;
         let n = candidates.len().max(1);
         let mut cand = candidates.to_vec();
         cand.resize(n, -1);
@@ -691,7 +1018,7 @@ impl Resolver for GpuElasticPool {
         // compute; the back-end switch applies to resolve and replay).
         // SAFETY: live buffers of the documented shapes, alive until the synchronize below.
         unsafe {
-            self.dev.prefetch_async(
+            self.cpu.data.dev.prefetch_async(
                 stream,
                 slots.device_ptr(),
                 cand_d.device_ptr(),

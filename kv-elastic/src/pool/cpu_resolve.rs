@@ -49,8 +49,8 @@ impl ElasticPool {
 
     fn apply_copies(&mut self, copies: &[RowCopy], layer: u32) {
         for c in copies {
-            self.arena
-                .copy_host_row(&self.host, c.session, c.position, layer, c.dst_row);
+            self.data
+                .copy_host_row(c.session, c.position, layer, c.dst_row);
         }
     }
 }

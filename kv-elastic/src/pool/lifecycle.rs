@@ -6,10 +6,10 @@ use tier_core::PageMap;
 
 use super::{Admission, ElasticPool, StepMaintenance};
 use crate::control::{HotCache, SessionState};
-use crate::data::SessionId;
+use crate::data::{DataPlane, HostBytes, SessionId};
 use crate::error::{KvError, Result};
 
-impl ElasticPool {
+impl<D: DataPlane> ElasticPool<D> {
     /// Lends up to `max` free pages to `session` for its newest unheld wanted pages; copies them in.
     fn borrow_newest(&mut self, session: SessionId, max: u32) -> Result<u32> {
         let r = &self.ctl.sessions[&session];
@@ -35,8 +35,7 @@ impl ElasticPool {
                 .expect("live")
                 .pages
                 .set(loan.logical, page)?;
-            self.arena
-                .fill_page(&self.host, session, loan.logical, page.0);
+            self.data.fill_page(session, loan.logical, page.0);
             self.ctl.counters.page_fill_tokens += self.ctl.geometry.page_rows as u64;
         }
         self.ctl.counters.pages_lent += loans.len() as u64;
@@ -53,8 +52,9 @@ impl ElasticPool {
     /// [`Admission::Waiting`] is not an error: pages were reclaimed (a requested effect) but wait for
     /// readers in flight; the session was not created.
     pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
-        self.host.check_new(session)?;
-        let n = self.host.check_tokens(history, false)?;
+        self.data.host().check_new(session)?;
+        let n = self.data.host().check_tokens(history, false)?;
+        self.data.host().backing().check_room(history.len())?;
         let f = self.ctl.geometry.fixed_pages();
         self.ctl.pages.collect();
         if self.ctl.pages.free_count() < f {
@@ -85,7 +85,10 @@ impl ElasticPool {
             }
         }
         let fixed = self.ctl.pages.take_fixed(f)?;
-        self.host.create(session, history).expect("checked above");
+        self.data
+            .host_mut()
+            .create(session, history)
+            .expect("checked above (check_new, check_room)");
         let fixed_pages = fixed.iter().map(|h| h.page().0).collect();
         let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
         let req = SessionState {
@@ -104,6 +107,7 @@ impl ElasticPool {
         } else {
             0
         };
+        self.data.placement_changed(session);
         Ok(Admission::Admitted {
             borrowed_pages: borrowed,
         })
@@ -114,8 +118,7 @@ impl ElasticPool {
         let start = from.max(to.saturating_sub(self.ctl.geometry.tail_rows));
         for p in start..to {
             let row = self.tail_row(&self.ctl.sessions[&session], p);
-            let token = self.host.token(session, p).expect("committed").to_vec();
-            self.arena.write_token(row, &token);
+            self.data.write_tail(session, p, row);
         }
     }
 
@@ -124,9 +127,51 @@ impl ElasticPool {
     /// Errors (nothing changes): `UnknownSession`, `SessionFinished`, `RaggedRows`.
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         self.session(session)?;
-        self.host.check_tokens(tokens, true)?;
+        self.data.host().check_tokens(tokens, true)?;
         let old = self.ctl.sessions[&session].committed;
-        let new = self.host.append(session, tokens)?;
+        let new = self.data.host_mut().append(session, tokens)?;
+        self.appended(session, old, new, true)
+    }
+
+    /// Appends `n` committed tokens whose rows the engine already wrote into the session's tail
+    /// rows on the device ([`ElasticPool::tail_row`] of positions `committed .. committed + n`,
+    /// `n <= tail_rows`); the data plane writes them back to the host store (GPU: a write-back
+    /// kernel on the step stream, no host sync). Clears the scratch. Errors: session errors,
+    /// `ScratchOverflow` when `n > tail_rows` (named as the tail's rows), `Unsupported` on the CPU
+    /// pool (its arena is the host's: use [`ElasticPool::append`]).
+    pub fn append_written(&mut self, session: SessionId, n: u32) -> Result<u32> {
+        self.session(session)?;
+        let tail = self.ctl.geometry.tail_rows;
+        if n > tail {
+            return Err(KvError::ScratchOverflow {
+                session,
+                scratch_rows: tail,
+                requested: n,
+            });
+        }
+        let old = self.ctl.sessions[&session].committed;
+        let r = &self.ctl.sessions[&session];
+        let rows: Vec<u32> = (old..old + n).map(|p| self.tail_row(r, p)).collect();
+        let new = self.data.commit_written_rows(session, &rows)?;
+        self.appended(session, old, new, false)
+    }
+
+    /// The arena row (all layers, same row in every plane) of a live session's tail slot for
+    /// `position` (`position % tail_rows`): where the engine writes a new token's KV before
+    /// [`ElasticPool::append_written`]. Errors: `UnknownSession`, `SessionFinished`.
+    pub fn tail_row_of(&self, session: SessionId, position: u32) -> Result<u32> {
+        self.session(session).map(|r| self.tail_row(r, position))
+    }
+
+    /// The control plane's side of an append of `old .. new`: lengths, tables, tail rows (unless
+    /// they already hold the tokens), the scratch cleared.
+    fn appended(
+        &mut self,
+        session: SessionId,
+        old: u32,
+        new: u32,
+        write_tail: bool,
+    ) -> Result<u32> {
         let pr = self.ctl.geometry.page_rows;
         {
             let r = self.ctl.sessions.get_mut(&session).expect("live");
@@ -135,7 +180,10 @@ impl ElasticPool {
             r.hot.grow(new);
             r.pages.resize(new / pr)?;
         }
-        self.write_tail(session, old, new);
+        if write_tail {
+            self.write_tail(session, old, new);
+        }
+        self.data.placement_changed(session);
         Ok(new)
     }
 
@@ -145,7 +193,7 @@ impl ElasticPool {
     /// `ScratchOverflow`.
     pub fn write_scratch(&mut self, session: SessionId, tokens: &[u8]) -> Result<()> {
         let r = self.session(session)?;
-        let n = self.host.check_tokens(tokens, true)?;
+        let n = self.data.host().check_tokens(tokens, true)?;
         if r.scratch_len + n > self.ctl.geometry.scratch_rows {
             return Err(KvError::ScratchOverflow {
                 session,
@@ -157,14 +205,20 @@ impl ElasticPool {
         for i in 0..n {
             let r = &self.ctl.sessions[&session];
             let row = self.scratch_row(r, r.scratch_len + i);
-            self.arena
-                .write_token(row, &tokens[i as usize * tb..(i as usize + 1) * tb]);
+            let position = r.committed + r.scratch_len + i;
+            self.data.write_draft(
+                session,
+                position,
+                row,
+                &tokens[i as usize * tb..(i as usize + 1) * tb],
+            );
         }
         self.ctl
             .sessions
             .get_mut(&session)
             .expect("live")
             .scratch_len += n;
+        self.data.placement_changed(session);
         Ok(())
     }
 
@@ -180,11 +234,10 @@ impl ElasticPool {
                 requested: n,
             });
         }
-        let mut tokens = Vec::with_capacity(n as usize * self.ctl.geometry.token_bytes());
-        for i in 0..n {
-            self.arena.read_token(self.scratch_row(r, i), &mut tokens);
-        }
-        self.append(session, &tokens)
+        let rows: Vec<u32> = (0..n).map(|i| self.scratch_row(r, i)).collect();
+        let old = r.committed;
+        let new = self.data.commit_rows(session, &rows)?;
+        self.appended(session, old, new, true)
     }
 
     /// Finishes a session: its fixed pages go back through the reader fence at once, its borrowed
@@ -195,7 +248,7 @@ impl ElasticPool {
         let r = self.ctl.sessions.remove(&session).expect("live");
         self.ctl.pages.release_fixed(r.fixed)?;
         self.ctl.pages.finish_history(session)?;
-        self.host.finish(session)?;
+        self.data.host_mut().finish(session)?;
         self.ctl.counters.finished += 1;
         Ok(())
     }
@@ -207,6 +260,7 @@ impl ElasticPool {
         for loan in &loans {
             if let Some(r) = self.ctl.sessions.get_mut(&loan.borrower.0) {
                 r.pages.clear(loan.logical)?;
+                self.data.unmap_page(loan.borrower.0, loan.logical);
             }
         }
         self.ctl.counters.pages_reclaimed += loans.len() as u64;

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::control::{ArenaPages, Control, PageCounts, SessionState};
-use crate::data::{CpuArena, HostStore, SessionId};
+use crate::data::{CpuData, DataPlane, HostStore, SessionId};
 use crate::error::{KvError, Result};
 use crate::layout::Geometry;
 #[cfg(doc)]
@@ -102,16 +102,18 @@ pub struct SessionPlacement<'a> {
 /// rows; they live in the session's fixed pages. History page `j` (positions
 /// `j × page_rows..(j + 1) × page_rows`, complete pages only) may be borrowed: physical row
 /// `page × page_rows + p % page_rows`.
-pub struct ElasticPool {
+///
+/// `D` is the data plane that executes the control plane's decisions: [`CpuData`] (the default,
+/// the exact CPU reference with its arena in host memory) or the GPU back-end's `gpu::GpuData`
+/// (feature `cuda`), which `gpu::GpuElasticPool` drives.
+pub struct ElasticPool<D: DataPlane = CpuData> {
     /// Control plane: sessions, loans, page tables, hot caches, counters.
     pub(crate) ctl: Control,
-    /// Data plane: committed history (source of truth).
-    pub(crate) host: HostStore,
-    /// Data plane: the arena's bytes.
-    pub(crate) arena: CpuArena,
+    /// Data plane: committed history (source of truth) and the arena's bytes.
+    pub(crate) data: D,
 }
 
-impl std::fmt::Debug for ElasticPool {
+impl<D: DataPlane> std::fmt::Debug for ElasticPool<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ElasticPool")
             .field("geometry", &self.ctl.geometry)
@@ -130,8 +132,32 @@ impl ElasticPool {
     /// cannot allocate them: `OutOfMemory`.
     pub fn new(geometry: Geometry, config: PoolConfig) -> Result<Self> {
         geometry.validate()?;
+        let data = CpuData::new(&geometry)?;
+        Self::with_data(geometry, config, data)
+    }
+
+    /// One layer's arena plane (`u8 [arena_rows][row_bytes]`). Errors: `LayerOutOfRange`.
+    pub fn plane(&self, layer: u32) -> Result<&[u8]> {
+        self.data
+            .arena()
+            .plane(layer)
+            .ok_or(KvError::LayerOutOfRange {
+                layer,
+                layers: self.ctl.geometry.layers,
+            })
+    }
+
+    /// One arena row of one layer (`row_bytes` bytes), or `None` when out of range.
+    pub fn arena_row(&self, layer: u32, row: i32) -> Option<&[u8]> {
+        self.data.arena().row(layer, row)
+    }
+}
+
+impl<D: DataPlane> ElasticPool<D> {
+    /// A pool for a validated `geometry` on the data plane `data` (which holds no session yet).
+    pub(crate) fn with_data(geometry: Geometry, config: PoolConfig, data: D) -> Result<Self> {
+        geometry.validate()?;
         let pages = ArenaPages::new(geometry.arena_pages)?;
-        let arena = CpuArena::new(&geometry)?;
         Ok(Self {
             ctl: Control {
                 geometry,
@@ -142,8 +168,7 @@ impl ElasticPool {
                 grow_cursor: 0,
                 counters: PoolCounters::default(),
             },
-            host: HostStore::new(geometry.row_bytes, geometry.layers),
-            arena,
+            data,
         })
     }
 
@@ -158,8 +183,13 @@ impl ElasticPool {
     }
 
     /// The host store.
-    pub fn host(&self) -> &HostStore {
-        &self.host
+    pub fn host(&self) -> &HostStore<D::Bytes> {
+        self.data.host()
+    }
+
+    /// The data plane.
+    pub fn data(&self) -> &D {
+        &self.data
     }
 
     /// Page counts (free, fixed, history, pending behind the reader fence, queued for hand-back).
@@ -176,19 +206,6 @@ impl ElasticPool {
     /// Running totals.
     pub fn counters(&self) -> &PoolCounters {
         &self.ctl.counters
-    }
-
-    /// One layer's arena plane (`u8 [arena_rows][row_bytes]`). Errors: `LayerOutOfRange`.
-    pub fn plane(&self, layer: u32) -> Result<&[u8]> {
-        self.arena.plane(layer).ok_or(KvError::LayerOutOfRange {
-            layer,
-            layers: self.ctl.geometry.layers,
-        })
-    }
-
-    /// One arena row of one layer (`row_bytes` bytes), or `None` when out of range.
-    pub fn arena_row(&self, layer: u32, row: i32) -> Option<&[u8]> {
-        self.arena.row(layer, row)
     }
 
     /// Sessions admitted and not finished.
@@ -252,7 +269,7 @@ impl ElasticPool {
     }
 
     fn session(&self, session: SessionId) -> Result<&SessionState> {
-        self.host.check_live(session)?;
+        self.data.host().check_live(session)?;
         self.ctl
             .sessions
             .get(&session)

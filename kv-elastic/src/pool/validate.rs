@@ -4,11 +4,12 @@
 use hashbrown::HashSet;
 
 use super::ElasticPool;
+use crate::data::DataPlane;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
 use crate::resolve::{ResolveInput, ResolveOptions, ResolveOutput, MAX_CANDIDATES};
 
-impl ElasticPool {
+impl<D: DataPlane> ElasticPool<D> {
     /// Checks a batch; returns the distinct positions per batch entry that need the hot cache
     /// (first appearance order). A step needing more than `hot_rows` of them is valid: it is
     /// served as far as evictable rows last (see the resolvers).

@@ -1,0 +1,361 @@
+//! [`GpuData`]: the GPU back-end's data plane. It holds the history once — the host store's
+//! bytes are the mapped pinned store the kernels read ([`PinnedBytes`]) — and the device state
+//! ([`GpuArena`]). It moves no byte when the control plane calls it: it records *what changed*
+//! (page fills, tail and draft rows, write-backs, page-table entries, descriptors, session slots)
+//! in a [`ChangeLog`], which `GpuElasticPool::publish` turns into O(changed) asynchronous work on
+//! the device (see `gpu/pool.rs` for the streams and events).
+
+use cuda_kernels::KvCopy;
+use hashbrown::HashMap;
+
+use super::GpuArena;
+use crate::data::{sealed, DataPlane, HostBytes, HostStore, SessionId};
+use crate::error::{KvError, Result};
+
+/// The GPU pool's host-store backing: a view of the mapped pinned store of its [`GpuArena`]
+/// (`u8 [max_slots][max_history][layers][row_bytes]`), one session slot per live session. The
+/// history's only host copy: kernels read misses and page fills from it in place and write new
+/// rows back into it.
+///
+/// Bytes of positions appended by a device write-back (`ElasticPool::append_written`, `accept`)
+/// land when the step stream passes that write-back; reading them on the host earlier returns
+/// whatever has landed.
+#[derive(Debug)]
+pub struct PinnedBytes {
+    base: *mut u8,
+    len: usize,
+    token_bytes: usize,
+    max_history: u32,
+    slot_of: HashMap<SessionId, u32>,
+    session_of: Vec<Option<SessionId>>,
+    /// Committed bytes of each slot.
+    used: Vec<usize>,
+    /// Freed slots not reusable yet (device work queued before the free may still touch them).
+    blocked: Vec<bool>,
+    /// Slots created / freed since the last publish.
+    pub(crate) created: Vec<u32>,
+    pub(crate) freed: Vec<u32>,
+}
+
+// SAFETY: `base` points into the pinned allocation owned by the `GpuArena` that sits beside this
+// value in the same `GpuData` (so it outlives every use); the bytes are only reached through
+// `&self` / `&mut self` of the pool, so Rust's aliasing rules apply as for a `Vec<u8>` field.
+unsafe impl Send for PinnedBytes {}
+// SAFETY: as above; `&self` hands out shared slices only.
+unsafe impl Sync for PinnedBytes {}
+
+impl PinnedBytes {
+    fn new(dev: &GpuArena) -> Self {
+        let d = *dev.dims();
+        let (base, len) = dev.host_base();
+        Self {
+            base,
+            len,
+            token_bytes: d.token_bytes(),
+            max_history: d.max_history,
+            slot_of: HashMap::new(),
+            session_of: vec![None; d.max_slots as usize],
+            used: vec![0; d.max_slots as usize],
+            blocked: vec![false; d.max_slots as usize],
+            created: Vec::new(),
+            freed: Vec::new(),
+        }
+    }
+
+    fn slot_bytes(&self) -> usize {
+        self.max_history as usize * self.token_bytes
+    }
+
+    /// The session slot of a live session.
+    pub fn slot_of(&self, session: SessionId) -> Option<u32> {
+        self.slot_of.get(&session).copied()
+    }
+
+    /// The session holding a slot.
+    pub fn session_at(&self, slot: u32) -> Option<SessionId> {
+        self.session_of.get(slot as usize).copied().flatten()
+    }
+
+    /// Live sessions.
+    pub fn live(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    /// Whether a slot is free for a new session now.
+    pub(crate) fn has_free_slot(&self) -> bool {
+        (0..self.session_of.len()).any(|b| self.session_of[b].is_none() && !self.blocked[b])
+    }
+
+    /// Makes a freed slot reusable (the device passed the work queued before its free).
+    pub(crate) fn unblock(&mut self, slot: u32) {
+        self.blocked[slot as usize] = false;
+    }
+
+    /// Copies `bytes` to byte offset `off` of the store (no reference to the rest of it is made:
+    /// kernels may be reading or writing other rows meanwhile).
+    fn write(&mut self, off: usize, bytes: &[u8]) {
+        assert!(off + bytes.len() <= self.len, "inside the pinned store");
+        // SAFETY: `off .. off + bytes.len()` lies inside the live pinned allocation (checked
+        // above; see the `Send` impl); `bytes` is a host slice that cannot overlap it mutably
+        // borrowed, and `&mut self` excludes other host writers. No kernel reads these rows
+        // before the publish that follows (they are past the committed history or in a slot
+        // created now).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
+    }
+
+    /// Writes `token` at `position` of a live session's slot (drafts: past its committed bytes,
+    /// below `max_history`; the pool checks the bound first).
+    pub(crate) fn write_at(&mut self, session: SessionId, position: u32, token: &[u8]) {
+        let b = self.slot_of[&session] as usize;
+        let off = b * self.slot_bytes() + position as usize * self.token_bytes;
+        self.write(off, token);
+    }
+
+    fn capacity_error(&self, what: &'static str, value: u64, limit: u64) -> KvError {
+        KvError::Cuda(cuda_kernels::CudaError::OutOfRange { what, value, limit })
+    }
+}
+
+impl sealed::Sealed for PinnedBytes {}
+
+impl HostBytes for PinnedBytes {
+    fn check_room(&self, history_bytes: usize) -> Result<()> {
+        if history_bytes > self.slot_bytes() {
+            return Err(self.capacity_error(
+                "history length (max_history)",
+                (history_bytes / self.token_bytes.max(1)) as u64,
+                self.max_history as u64 + 1,
+            ));
+        }
+        if !self.has_free_slot() {
+            return Err(self.capacity_error(
+                "live sessions (max_sessions)",
+                self.slot_of.len() as u64 + 1,
+                self.session_of.len() as u64 + 1,
+            ));
+        }
+        Ok(())
+    }
+
+    fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()> {
+        self.check_room(history.len())?;
+        let b = (0..self.session_of.len())
+            .find(|&b| self.session_of[b].is_none() && !self.blocked[b])
+            .expect("checked room");
+        let off = b * self.slot_bytes();
+        self.write(off, history);
+        self.slot_of.insert(session, b as u32);
+        self.session_of[b] = Some(session);
+        self.used[b] = history.len();
+        self.created.push(b as u32);
+        Ok(())
+    }
+
+    fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()> {
+        let b = self.slot_of[&session] as usize;
+        let used = self.used[b];
+        if used + bytes.len() > self.slot_bytes() {
+            return Err(self.capacity_error(
+                "history length (max_history)",
+                ((used + bytes.len()) / self.token_bytes.max(1)) as u64,
+                self.max_history as u64 + 1,
+            ));
+        }
+        let off = b * self.slot_bytes() + used;
+        self.write(off, bytes);
+        self.used[b] += bytes.len();
+        Ok(())
+    }
+
+    fn extend_device_written(&mut self, session: SessionId, bytes: usize) -> Result<()> {
+        let b = self.slot_of[&session] as usize;
+        if self.used[b] + bytes > self.slot_bytes() {
+            return Err(self.capacity_error(
+                "history length (max_history)",
+                ((self.used[b] + bytes) / self.token_bytes.max(1)) as u64,
+                self.max_history as u64 + 1,
+            ));
+        }
+        self.used[b] += bytes;
+        Ok(())
+    }
+
+    fn bytes(&self, session: SessionId) -> &[u8] {
+        let b = self.slot_of[&session] as usize;
+        let off = b * self.slot_bytes();
+        // SAFETY: `off .. off + used[b]` lies inside the live pinned allocation (slot `b` of
+        // `max_slots`, `used[b] <= slot_bytes`); `&self` gives shared access only.
+        unsafe { std::slice::from_raw_parts(self.base.add(off), self.used[b]) }
+    }
+
+    fn remove(&mut self, session: SessionId) {
+        if let Some(b) = self.slot_of.remove(&session) {
+            self.session_of[b as usize] = None;
+            self.used[b as usize] = 0;
+            self.blocked[b as usize] = true;
+            self.freed.push(b);
+        }
+    }
+}
+
+/// What the control plane changed since the last publish (see the module docs), in call order.
+#[derive(Debug, Default)]
+pub(crate) struct ChangeLog {
+    /// Host store → arena rows of pages and rows nobody can be reading (pages just lent, fixed
+    /// rows of sessions created in this window): the copy stream.
+    pub(crate) fills: Vec<KvCopy>,
+    /// Arena rows → host store (accepted drafts, rows the engine wrote): the step stream, first.
+    pub(crate) write_backs: Vec<KvCopy>,
+    /// Host store → arena rows of live sessions' tail and scratch: the step stream, after the
+    /// write-backs (a resolve queued before may still read the rows they overwrite).
+    pub(crate) step_copies: Vec<KvCopy>,
+    /// Page-table entries `(slot, logical page, physical page or -1)`, last one wins.
+    pub(crate) pages: Vec<(u32, u32, i32)>,
+    /// Sessions whose descriptor (lengths, direct path) changed.
+    pub(crate) touched: Vec<SessionId>,
+}
+
+impl ChangeLog {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.fills.is_empty()
+            && self.write_backs.is_empty()
+            && self.step_copies.is_empty()
+            && self.pages.is_empty()
+            && self.touched.is_empty()
+    }
+}
+
+/// The GPU back-end's data plane (see the module docs): the host store on [`PinnedBytes`], the
+/// device state, and the log of what changed.
+#[derive(Debug)]
+pub struct GpuData {
+    host: HostStore<PinnedBytes>,
+    pub(crate) dev: GpuArena,
+    pub(crate) log: ChangeLog,
+    page_rows: u32,
+}
+
+impl GpuData {
+    pub(crate) fn new(dev: GpuArena) -> Self {
+        let d = *dev.dims();
+        Self {
+            host: HostStore::with_backing(d.row_bytes, d.layers, PinnedBytes::new(&dev)),
+            dev,
+            log: ChangeLog::default(),
+            page_rows: d.page_rows,
+        }
+    }
+
+    /// The device state.
+    pub fn device(&self) -> &GpuArena {
+        &self.dev
+    }
+
+    pub(crate) fn pinned_mut(&mut self) -> &mut PinnedBytes {
+        self.host.backing_mut()
+    }
+
+    fn slot(&self, session: SessionId) -> u32 {
+        self.host
+            .backing()
+            .slot_of(session)
+            .expect("the control plane names live sessions")
+    }
+
+    fn touch(&mut self, session: SessionId) {
+        if !self.log.touched.contains(&session) {
+            self.log.touched.push(session);
+        }
+    }
+}
+
+impl sealed::Sealed for GpuData {}
+
+impl DataPlane for GpuData {
+    type Bytes = PinnedBytes;
+
+    fn host(&self) -> &HostStore<PinnedBytes> {
+        &self.host
+    }
+
+    fn host_mut(&mut self) -> &mut HostStore<PinnedBytes> {
+        &mut self.host
+    }
+
+    fn fill_page(&mut self, session: SessionId, logical: u32, page: u32) {
+        let slot = self.slot(session);
+        let pr = self.page_rows;
+        for i in 0..pr {
+            self.log.fills.push(KvCopy {
+                slot,
+                position: logical * pr + i,
+                dst_row: page * pr + i,
+                pad: 0,
+            });
+        }
+        self.log.pages.push((slot, logical, page as i32));
+        self.touch(session);
+    }
+
+    fn unmap_page(&mut self, session: SessionId, logical: u32) {
+        let slot = self.slot(session);
+        self.log
+            .pages
+            .push((slot, logical, tier_core::NOT_RESIDENT));
+        self.touch(session);
+    }
+
+    fn write_tail(&mut self, session: SessionId, position: u32, row: u32) {
+        let slot = self.slot(session);
+        let c = KvCopy {
+            slot,
+            position,
+            dst_row: row,
+            pad: 0,
+        };
+        // A session created in this window: its fixed pages were free (nobody reads them).
+        if self.host.backing().created.contains(&slot) {
+            self.log.fills.push(c);
+        } else {
+            self.log.step_copies.push(c);
+        }
+    }
+
+    fn write_draft(&mut self, session: SessionId, position: u32, row: u32, token: &[u8]) {
+        // The draft goes where it would be committed (past the committed bytes, unused until an
+        // accept writes the same bytes back), so one copy kernel moves it like a tail row.
+        self.host.backing_mut().write_at(session, position, token);
+        let slot = self.slot(session);
+        self.log.step_copies.push(KvCopy {
+            slot,
+            position,
+            dst_row: row,
+            pad: 0,
+        });
+    }
+
+    fn commit_rows(&mut self, session: SessionId, rows: &[u32]) -> Result<u32> {
+        let old = self.host.len(session)?;
+        let new = self
+            .host
+            .append_device_written(session, rows.len() as u32)?;
+        let slot = self.slot(session);
+        for (i, &row) in rows.iter().enumerate() {
+            self.log.write_backs.push(KvCopy {
+                slot,
+                position: old + i as u32,
+                dst_row: row,
+                pad: 0,
+            });
+        }
+        Ok(new)
+    }
+
+    fn commit_written_rows(&mut self, session: SessionId, rows: &[u32]) -> Result<u32> {
+        self.commit_rows(session, rows)
+    }
+
+    fn placement_changed(&mut self, session: SessionId) {
+        self.touch(session);
+    }
+}
