@@ -1,0 +1,3 @@
+//! placeholder
+use numpy as _;
+use pyo3 as _;
