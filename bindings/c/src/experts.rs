@@ -6,9 +6,9 @@ use std::sync::Mutex;
 
 use expert_residency::{
     fit_seed_map, ControlMessage, Controller, CounterDump, Geometry, MemoryExecutor, NullExecutor,
-    PickCounters, ResidencyMap, SwapExecutor,
+    PickCounters, ResidencyMap,
 };
-use tierkit_bindings::{gather_ids, strided_len, Code};
+use tierkit_bindings::{gather_ids, strided_len, Code, Executor as Exec};
 
 use crate::ffi::{
     c_str, c_string, call, fail, free_handle, live, lock, new_handle, out, out_opt, view, view_mut,
@@ -102,29 +102,13 @@ pub struct TierkitController(Mutex<Controller>);
 #[derive(Debug)]
 pub struct TierkitExecutor(Mutex<Exec>);
 
-#[derive(Debug)]
-enum Exec {
-    Memory(MemoryExecutor),
-    Null(NullExecutor),
-}
-
-impl Exec {
-    fn as_dyn(&mut self) -> &mut dyn SwapExecutor {
-        match self {
-            Exec::Memory(m) => m,
-            Exec::Null(n) => n,
-        }
-    }
-
-    fn memory(&self) -> R<&MemoryExecutor> {
-        match self {
-            Exec::Memory(m) => Ok(m),
-            Exec::Null(_) => Err(fail(
-                Code::InvalidArgument,
-                "a null executor holds no bytes (use tierkit_executor_new_memory)",
-            )),
-        }
-    }
+fn memory(e: &Exec) -> R<&MemoryExecutor> {
+    e.memory().ok_or_else(|| {
+        fail(
+            Code::InvalidArgument,
+            "a null executor holds no bytes (use tierkit_executor_new_memory)",
+        )
+    })
 }
 
 impl Object for TierkitResidencyMap {
@@ -733,7 +717,7 @@ pub unsafe extern "C" fn tierkit_executor_read(
         call(err, || {
             let live = live();
             let exec = lock(&live.get(executor, "executor")?.0, "executor")?;
-            let bytes = exec.memory()?.read(layer, expert)?;
+            let bytes = memory(&exec)?.read(layer, expert)?;
             out(len, bytes.len(), "len")?;
             out(data, bytes.as_ptr(), "data")
         })
@@ -758,7 +742,7 @@ pub unsafe extern "C" fn tierkit_executor_verify(
         call(err, || {
             let live = live();
             let exec = lock(&live.get(executor, "executor")?.0, "executor")?;
-            let m = exec.memory()?;
+            let m = memory(&exec)?;
             m.verify(&live.get(map, "map")?.0)?;
             out_opt(verified_moves, m.verified_moves(), "verified_moves")
         })

@@ -7,7 +7,7 @@ use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{LazyLock, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use tierkit_bindings::Code;
+use tierkit_bindings::{panic_message, Code};
 
 /// A status code: `TIERKIT_OK` (0) or one of the `TIERKIT_ERR_*` classes. Every fallible entry
 /// point returns one; the `tierkit_error` written to its `err` argument carries the same code
@@ -82,14 +82,6 @@ impl From<kv_elastic::KvError> for Fail {
     fn from(e: kv_elastic::KvError) -> Self {
         fail(tierkit_bindings::classify_kv(&e), e.to_string())
     }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }
 
 /// Runs the body of an entry point: catches a panic (never unwinds into C), turns a failure

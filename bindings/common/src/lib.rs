@@ -9,10 +9,12 @@
 //!   defaults, unknown fields are refused, the values are validated).
 //! - [`gather_ids`]: a router's `[tokens, k]` expert ids, possibly strided and signed, checked and
 //!   gathered into the `u32` picks [`expert_residency::PickCounters::record_layer`] takes.
+//! - [`Executor`]: the executors both front ends let a controller drive.
+//! - [`panic_message`]: the text of a panic caught at a boundary.
 //!
 //! No FFI type lives here: this crate is plain Rust with plain tests.
 
-use expert_residency::{ControllerConfig, ExpertError};
+use expert_residency::{ControllerConfig, ExpertError, MemoryExecutor, NullExecutor, SwapExecutor};
 use kv_elastic::KvError;
 
 /// The class of an error, as both front ends report it. The C ABI returns these numbers
@@ -152,6 +154,43 @@ pub fn gather_ids<T: Copy + Into<i64>>(
         }
     }
     Ok(())
+}
+
+/// The executors a front end hands to a controller: the in-memory one (checksummed byte moves,
+/// standing in for the GPU bank) or the null one (moves nothing).
+#[derive(Debug)]
+pub enum Executor {
+    /// [`MemoryExecutor`].
+    Memory(MemoryExecutor),
+    /// [`NullExecutor`].
+    Null(NullExecutor),
+}
+
+impl Executor {
+    /// The executor as the controller takes it.
+    pub fn as_dyn(&mut self) -> &mut dyn SwapExecutor {
+        match self {
+            Executor::Memory(m) => m,
+            Executor::Null(n) => n,
+        }
+    }
+
+    /// The in-memory executor, or `None` for the null one.
+    pub fn memory(&self) -> Option<&MemoryExecutor> {
+        match self {
+            Executor::Memory(m) => Some(m),
+            Executor::Null(_) => None,
+        }
+    }
+}
+
+/// The text of a caught panic's payload (`&str` or `String`; a fixed text otherwise).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }
 
 /// Elements a strided `[rows, k]` view spans: `(rows - 1) * row_stride + k` (0 for no rows), or

@@ -3,7 +3,7 @@
 
 use expert_residency::{
     fit_seed_map, seed_coverage, ControlMessage, Controller, CounterDump, Geometry, MemoryExecutor,
-    NullExecutor, PickCounters, ResidencyMap, SwapExecutor,
+    NullExecutor, PickCounters, ResidencyMap,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyTypeError;
@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{counts, ints};
 use crate::{expert_err, guard, json_arg, raise, to_py, Slot};
+use tierkit_bindings::Executor as Exec;
 
 /// A MoE model's expert bank and its hot set: `layers` × `experts_per_layer` experts of
 /// `expert_bytes` bytes, `hot_per_layer` of them in HBM per layer.
@@ -214,21 +215,6 @@ impl PyPickCounters {
         _tb: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         self.close()
-    }
-}
-
-/// Executors the controller drives.
-pub(crate) enum Exec {
-    Memory(MemoryExecutor),
-    Null(NullExecutor),
-}
-
-impl Exec {
-    fn as_dyn(&mut self) -> &mut dyn SwapExecutor {
-        match self {
-            Exec::Memory(m) => m,
-            Exec::Null(n) => n,
-        }
     }
 }
 

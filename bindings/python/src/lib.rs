@@ -8,7 +8,7 @@
 //! Boundaries, the same for every method:
 //! - **Arrays** come in as numpy arrays, CPU tensors through DLPack (torch, jax, cupy-on-host...)
 //!   or buffer-protocol objects; dtype, shape, alignment and (for outputs) contiguity and
-//!   writability are checked: `TypeError` for a dtype, `ValueError` for the rest ([`arrays`]).
+//!   writability are checked: `TypeError` for a dtype, `ValueError` for the rest (`src/arrays.rs`).
 //! - **Errors** of the tiers become `ValueError` (bad input) or `RuntimeError` (state, room),
 //!   after the classes shared with the C ABI (`tierkit_bindings::Code`).
 //! - **Panics** are caught in every method and raised as `tierkit.InternalError` (a
@@ -26,7 +26,7 @@ use std::sync::{Mutex, TryLockError};
 
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use tierkit_bindings::Code;
+use tierkit_bindings::{panic_message, Code};
 
 mod arrays;
 mod experts;
@@ -65,14 +65,6 @@ pub(crate) fn expert_err(e: expert_residency::ExpertError) -> PyErr {
 /// A `kv-elastic` error as a Python exception.
 pub(crate) fn kv_err(e: kv_elastic::KvError) -> PyErr {
     raise(tierkit_bindings::classify_kv(&e), e.to_string())
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }
 
 /// Runs `f`, turning a panic into `InternalError` (never PyO3's `PanicException`, which is a
