@@ -1,0 +1,602 @@
+//! The KV tier's C API: pool sizing, the elastic pool's session lifecycle, the CPU resolver.
+//!
+//! A resolve hands back a *read id* instead of a plan and a ticket object: the pool keeps the
+//! plan (for `tierkit_kv_pool_replay` into the group's other layers) and the reader registration
+//! until `tierkit_kv_pool_end_read`, so no per-step handle is allocated and a read id used after
+//! its end is an error, never a dangling pointer.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kv_elastic::{
+    Admission, ElasticPool, Geometry, OutputLayout, PoolConfig, ReadTicket, ResolveInput,
+    ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
+};
+use tierkit_bindings::{strided_len, Code};
+
+use crate::ffi::{
+    call, fail, free_handle, live, lock, new_handle, out, out_opt, view, view_mut, Kind, Object,
+    TierkitCode, TierkitError, R,
+};
+
+/// `tierkit_kv_batch::flags`: write each row's valid entries packed to the front (FlashMLA's
+/// `topk_length` layout); without it each entry stays in its pick's column.
+pub const TIERKIT_KV_PACKED: u32 = 1;
+
+/// Most reads a pool keeps open at once (resolves not yet ended by `tierkit_kv_pool_end_read`).
+pub const TIERKIT_KV_MAX_OPEN_READS: usize = 4096;
+
+/// The pool's arena shape, by value (see `tierkit_kv_geometry_for_hbm_budget`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierkitKvGeometry {
+    /// Bytes of one token's row in one layer.
+    pub row_bytes: u32,
+    /// Layers (arena planes).
+    pub layers: u32,
+    /// Rows per page.
+    pub page_rows: u32,
+    /// Pages in the arena.
+    pub arena_pages: u32,
+    /// Hot-cache rows per session.
+    pub hot_rows: u32,
+    /// Tail rows (newest positions) per session.
+    pub tail_rows: u32,
+    /// Draft (scratch) rows per session.
+    pub scratch_rows: u32,
+}
+
+impl From<Geometry> for TierkitKvGeometry {
+    fn from(g: Geometry) -> Self {
+        TierkitKvGeometry {
+            row_bytes: g.row_bytes,
+            layers: g.layers,
+            page_rows: g.page_rows,
+            arena_pages: g.arena_pages,
+            hot_rows: g.hot_rows,
+            tail_rows: g.tail_rows,
+            scratch_rows: g.scratch_rows,
+        }
+    }
+}
+
+impl From<TierkitKvGeometry> for Geometry {
+    fn from(g: TierkitKvGeometry) -> Self {
+        Geometry {
+            row_bytes: g.row_bytes,
+            layers: g.layers,
+            page_rows: g.page_rows,
+            arena_pages: g.arena_pages,
+            hot_rows: g.hot_rows,
+            tail_rows: g.tail_rows,
+            scratch_rows: g.scratch_rows,
+        }
+    }
+}
+
+/// One decode step's selections (vLLM's batch description, FlashMLA's `int32 [rows, k]` top-k).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TierkitKvBatch {
+    /// Session of each batch entry, `[reqs]` (each at most once).
+    pub sessions: *const u64,
+    /// Batch entries.
+    pub reqs: usize,
+    /// Query rows of each entry, `int32 [reqs + 1]`, from 0 to `rows`.
+    pub query_start_loc: *const i32,
+    /// Positions visible to each entry, `int32 [reqs]`.
+    pub seq_lens: *const i32,
+    /// The indexer's top-k positions, `int32 [rows, k]`, `-1` = padding; row `r` starts at
+    /// element `r * topk_row_stride`.
+    pub topk: *const i32,
+    /// Query rows (`query_start_loc[reqs]`).
+    pub rows: usize,
+    /// Picks per row.
+    pub k: usize,
+    /// Elements between rows of `topk` (`>= k`; `k` for a contiguous array).
+    pub topk_row_stride: usize,
+    /// Optional per-query causal bounds, `int32 [rows]`, or NULL.
+    pub query_seq_lens: *const i32,
+    /// The layer whose plane the misses are copied into.
+    pub layer: u32,
+    /// `TIERKIT_KV_PACKED` or 0.
+    pub flags: u32,
+}
+
+/// What one resolve found (per pick unless said otherwise).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierkitKvStats {
+    /// Valid (non `-1`) picks.
+    pub picks: u64,
+    /// Picks served by the tail.
+    pub tail_hits: u64,
+    /// Picks served by the scratch (drafts).
+    pub scratch_hits: u64,
+    /// Picks served by borrowed elastic pages.
+    pub page_hits: u64,
+    /// Picks served by the hot cache.
+    pub hot_hits: u64,
+    /// Distinct positions fetched from host memory.
+    pub misses: u64,
+    /// Sessions on the direct path (whole history resident).
+    pub direct_sessions: u64,
+    /// Valid picks written `-1` because the hot cache could not hold them this step.
+    pub unserved: u64,
+    /// Copies in the read's plan (what `tierkit_kv_pool_replay` applies to another layer).
+    pub plan_copies: u64,
+}
+
+/// The outcome of an admission.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierkitKvAdmission {
+    /// Whether the session was admitted. If not, pages wait behind reads still open: end them,
+    /// call `tierkit_kv_pool_between_steps`, and admit again.
+    pub admitted: bool,
+    /// Elastic pages borrowed at admission (admitted).
+    pub borrowed_pages: u32,
+    /// Pages waiting behind reader fences (not admitted).
+    pub pending: u32,
+}
+
+/// What `tierkit_kv_pool_between_steps` did.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TierkitKvMaintenance {
+    /// Pages of finished sessions handed back.
+    pub handed_back: u32,
+    /// Pending pages freed now that their readers completed.
+    pub collected: u32,
+    /// Pages lent to sessions missing history.
+    pub grown: u32,
+}
+
+#[derive(Debug)]
+struct OpenRead {
+    plan: ResolvePlan,
+    /// Ended (the pages may be reused) when dropped.
+    _ticket: ReadTicket,
+}
+
+#[derive(Debug)]
+struct PoolState {
+    pool: ElasticPool,
+    reads: HashMap<u64, OpenRead>,
+    next_read: u64,
+}
+
+/// The elastic KV pool (CPU arena). Free with `tierkit_kv_pool_free` (which ends its open reads).
+#[derive(Debug)]
+pub struct TierkitKvPool(Mutex<PoolState>);
+
+impl Object for TierkitKvPool {
+    const KIND: Kind = Kind::Pool;
+    const NAME: &'static str = "tierkit_kv_pool";
+}
+
+/// Sizes a pool from an HBM budget (bytes of arena), as `Geometry::for_hbm_budget`.
+///
+/// # Safety
+/// `out_geometry` valid for a write; `err` NULL or valid for a pointer write.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn tierkit_kv_geometry_for_hbm_budget(
+    budget_bytes: u64,
+    row_bytes: u32,
+    layers: u32,
+    page_rows: u32,
+    hot_rows: u32,
+    tail_rows: u32,
+    scratch_rows: u32,
+    out_geometry: *mut TierkitKvGeometry,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let g = Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
+                budget_bytes,
+                row_bytes,
+                layers,
+                page_rows,
+                hot_rows,
+                tail_rows,
+                scratch_rows,
+            })?;
+            out(out_geometry, g.into(), "out_geometry")
+        })
+    }
+}
+
+/// A new pool of `geometry`; `elastic` lends free HBM as history pages (Adaptive HiSparse),
+/// false keeps the fixed hot cache only (HiSparse).
+///
+/// # Safety
+/// `geometry` points to a readable geometry; `out_pool` valid for a pointer write; `err` NULL or
+/// valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_new(
+    geometry: *const TierkitKvGeometry,
+    elastic: bool,
+    out_pool: *mut *mut TierkitKvPool,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let g: Geometry = view(geometry, 1, "geometry")?[0].into();
+            let pool = ElasticPool::new(g, PoolConfig { elastic })?;
+            let state = PoolState {
+                pool,
+                reads: HashMap::new(),
+                next_read: 1,
+            };
+            out(
+                out_pool,
+                new_handle(TierkitKvPool(Mutex::new(state))),
+                "out_pool",
+            )
+        })
+    }
+}
+
+/// Runs `f` on the locked pool state.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle.
+unsafe fn with_pool<T>(pool: *const TierkitKvPool, f: impl FnOnce(&mut PoolState) -> R<T>) -> R<T> {
+    let live = live();
+    let mut state = lock(&live.get(pool, "pool")?.0, "pool")?;
+    f(&mut state)
+}
+
+/// Admits a session with its committed history (`len` bytes: whole tokens of
+/// `layers * row_bytes` bytes, layer-major per token). `admission` may be NULL.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `history` points to `len` readable bytes; `admission` NULL or
+/// valid for a write; `err` NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_admit(
+    pool: *const TierkitKvPool,
+    session: u64,
+    history: *const u8,
+    len: usize,
+    admission: *mut TierkitKvAdmission,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let history = view(history, len, "history")?;
+            let a = with_pool(pool, |s| Ok(s.pool.admit(session, history)?))?;
+            let a = match a {
+                Admission::Admitted { borrowed_pages } => TierkitKvAdmission {
+                    admitted: true,
+                    borrowed_pages,
+                    pending: 0,
+                },
+                Admission::Waiting { pending } => TierkitKvAdmission {
+                    admitted: false,
+                    borrowed_pages: 0,
+                    pending,
+                },
+            };
+            out_opt(admission, a, "admission")
+        })
+    }
+}
+
+/// Appends committed tokens (whole tokens, as in admit) to a session; `committed` (may be NULL)
+/// receives its new length in tokens.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `tokens` points to `len` readable bytes; `committed` NULL or
+/// valid for a write; `err` NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_append(
+    pool: *const TierkitKvPool,
+    session: u64,
+    tokens: *const u8,
+    len: usize,
+    committed: *mut u32,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let tokens = view(tokens, len, "tokens")?;
+            let n = with_pool(pool, |s| Ok(s.pool.append(session, tokens)?))?;
+            out_opt(committed, n, "committed")
+        })
+    }
+}
+
+/// Finishes a session: its pages go back in bounded chunks at `tierkit_kv_pool_between_steps`.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_finish(
+    pool: *const TierkitKvPool,
+    session: u64,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe { call(err, || with_pool(pool, |s| Ok(s.pool.finish(session)?))) }
+}
+
+/// Between steps: hands back up to `chunk` pages of finished sessions, frees pages whose readers
+/// completed, lends free pages to sessions missing history. `maintenance` may be NULL.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `maintenance` NULL or valid for a write; `err` NULL or valid
+/// for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_between_steps(
+    pool: *const TierkitKvPool,
+    chunk: u32,
+    maintenance: *mut TierkitKvMaintenance,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let m = with_pool(pool, |s| Ok(s.pool.between_steps(chunk)?))?;
+            let m = TierkitKvMaintenance {
+                handed_back: m.handed_back,
+                collected: m.collected,
+                grown: m.grown,
+            };
+            out_opt(maintenance, m, "maintenance")
+        })
+    }
+}
+
+/// Resolves one step's top-k positions to arena rows (the exact CPU resolver): writes
+/// `indices` (`int32 [>= rows * k]`, row stride `k`; entries past `rows * k` are written `-1`)
+/// and `valid_count` (`int32 [>= rows]`, entries past `rows` written 0), fetches misses into the
+/// layer `batch->layer`, and opens a read: `*read` receives its id. Replay the read into the
+/// group's other layers with `tierkit_kv_pool_replay`, and end it with
+/// `tierkit_kv_pool_end_read` once the attention that reads the rows is done: until then the
+/// rows' pages are not reused. `stats` may be NULL. On error nothing changes and no read is
+/// opened (the outputs are filled with `-1` / 0 when long enough).
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `batch` points to a readable batch whose pointers are
+/// valid for the lengths it gives; `indices` and `valid_count` point to `indices_len` and
+/// `valid_len` writable `int32_t`; `stats` NULL or valid for a write; `read` valid for a write;
+/// `err` NULL or valid for a pointer write.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn tierkit_kv_pool_resolve(
+    pool: *const TierkitKvPool,
+    batch: *const TierkitKvBatch,
+    indices: *mut i32,
+    indices_len: usize,
+    valid_count: *mut i32,
+    valid_len: usize,
+    stats: *mut TierkitKvStats,
+    read: *mut u64,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let b = view(batch, 1, "batch")?[0];
+            if b.flags & !TIERKIT_KV_PACKED != 0 {
+                return Err(fail(
+                    Code::InvalidArgument,
+                    format!("unknown flags {:#x}", b.flags),
+                ));
+            }
+            if b.rows > 0 && b.k > 0 && b.topk_row_stride < b.k {
+                return Err(fail(
+                    Code::Layout,
+                    format!("topk_row_stride {} is below k {}", b.topk_row_stride, b.k),
+                ));
+            }
+            let sessions = view(b.sessions, b.reqs, "batch.sessions")?;
+            let qsl_len = b
+                .reqs
+                .checked_add(1)
+                .ok_or_else(|| fail(Code::InvalidArgument, "batch.reqs overflows"))?;
+            let qsl = view(b.query_start_loc, qsl_len, "batch.query_start_loc")?;
+            let seq_lens = view(b.seq_lens, b.reqs, "batch.seq_lens")?;
+            let span = strided_len(b.rows, b.k, b.topk_row_stride.max(b.k))
+                .ok_or_else(|| fail(Code::InvalidArgument, "batch.topk size overflows"))?;
+            let topk_view = view(b.topk, span, "batch.topk")?;
+            // A strided top-k is gathered into rows of stride k (the pool's input layout).
+            let gathered: Vec<i32>;
+            let topk = if b.topk_row_stride == b.k || b.rows <= 1 {
+                &topk_view[..b.rows * b.k]
+            } else {
+                gathered = (0..b.rows)
+                    .flat_map(|r| &topk_view[r * b.topk_row_stride..][..b.k])
+                    .copied()
+                    .collect();
+                &gathered
+            };
+            let qsls = match b.query_seq_lens.is_null() {
+                true => None,
+                false => Some(view(b.query_seq_lens, b.rows, "batch.query_seq_lens")?),
+            };
+            let indices = view_mut(indices, indices_len, "indices")?;
+            let valid_count = view_mut(valid_count, valid_len, "valid_count")?;
+            let input = ResolveInput {
+                sessions,
+                query_start_loc: qsl,
+                seq_lens,
+                topk,
+                k: b.k,
+                layer: b.layer,
+            };
+            let opts = ResolveOptions {
+                layout: match b.flags & TIERKIT_KV_PACKED {
+                    0 => OutputLayout::InPlace,
+                    _ => OutputLayout::Packed,
+                },
+                query_seq_lens: qsls,
+            };
+            let (id, s, copies) = with_pool(pool, |st| {
+                if st.reads.len() >= TIERKIT_KV_MAX_OPEN_READS {
+                    return Err(fail(
+                        Code::NoRoom,
+                        format!(
+                            "{TIERKIT_KV_MAX_OPEN_READS} reads are open: end them with \
+                             tierkit_kv_pool_end_read"
+                        ),
+                    ));
+                }
+                let mut outs = ResolveOutput {
+                    indices,
+                    valid_count,
+                };
+                let done = st.pool.resolve_with(&input, &opts, &mut outs)?;
+                let id = st.next_read;
+                st.next_read += 1;
+                let copies = done.plan.copies.len() as u64;
+                st.reads.insert(
+                    id,
+                    OpenRead {
+                        plan: done.plan,
+                        _ticket: done.ticket,
+                    },
+                );
+                Ok((id, done.stats, copies))
+            })?;
+            let s = TierkitKvStats {
+                picks: s.picks,
+                tail_hits: s.tail_hits,
+                scratch_hits: s.scratch_hits,
+                page_hits: s.page_hits,
+                hot_hits: s.hot_hits,
+                misses: s.misses,
+                direct_sessions: s.direct_sessions,
+                unserved: s.unserved,
+                plan_copies: copies,
+            };
+            out_opt(stats, s, "stats")?;
+            out(read, id, "read")
+        })
+    }
+}
+
+/// Applies an open read's copies to another layer's plane (the other layers of a layer group
+/// that shares indices).
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_replay(
+    pool: *const TierkitKvPool,
+    read: u64,
+    layer: u32,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            with_pool(pool, |st| {
+                let plan = &st.reads.get(&read).ok_or_else(|| unknown_read(read))?.plan;
+                Ok(st.pool.replay(plan, layer)?)
+            })
+        })
+    }
+}
+
+fn unknown_read(read: u64) -> crate::ffi::Fail {
+    fail(
+        Code::InvalidHandle,
+        format!("read {read} is not open: it was never opened or already ended"),
+    )
+}
+
+/// Ends a read: the attention that reads its rows is done; its pages may be reused from now on.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_end_read(
+    pool: *const TierkitKvPool,
+    read: u64,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            with_pool(pool, |st| {
+                st.reads
+                    .remove(&read)
+                    .map(drop)
+                    .ok_or_else(|| unknown_read(read))
+            })
+        })
+    }
+}
+
+/// The bytes of arena row `row` in `layer` (what attention reads at a resolved index). `*data`
+/// stays valid until the next call that changes the pool, or its free.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `data` and `len` valid for writes; `err` NULL or valid for a
+/// pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_arena_row(
+    pool: *const TierkitKvPool,
+    layer: u32,
+    row: i32,
+    data: *mut *const u8,
+    len: *mut usize,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let (p, n) = with_pool(pool, |st| {
+                let bytes = st.pool.arena_row(layer, row).ok_or_else(|| {
+                    fail(
+                        Code::InvalidArgument,
+                        format!("no arena row {row} in layer {layer}"),
+                    )
+                })?;
+                Ok((bytes.as_ptr(), bytes.len()))
+            })?;
+            out(len, n, "len")?;
+            out(data, p, "data")
+        })
+    }
+}
+
+/// Checks the pool's invariants (pages, loans and tables agree); `TIERKIT_ERR_INTERNAL` with
+/// the first violation otherwise.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_check_invariants(
+    pool: *const TierkitKvPool,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            with_pool(pool, |st| {
+                st.pool
+                    .check_invariants()
+                    .map_err(|m| fail(Code::Internal, m))
+            })
+        })
+    }
+}
+
+/// Frees a pool (its open reads end). NULL, a freed pool or another handle type is ignored.
+///
+/// # Safety
+/// `pool` is NULL or a pointer tierkit returned; pointers from `tierkit_kv_pool_arena_row` are
+/// invalid afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_free(pool: *mut TierkitKvPool) {
+    free_handle(pool);
+}

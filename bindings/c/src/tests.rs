@@ -1,0 +1,323 @@
+//! The C ABI called from Rust: the happy paths and the error classes. The C programs under
+//! `examples/` and `tests/` (built by `.ci/test` with the system compiler) do the same from C.
+
+use std::ptr::{null, null_mut};
+use std::sync::Mutex;
+
+use super::*;
+
+fn message(e: *const TierkitError) -> String {
+    // SAFETY: `tierkit_error_message` returns a NUL-terminated string (static for NULL/freed).
+    unsafe { std::ffi::CStr::from_ptr(tierkit_error_message(e)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Calls `f` with an error slot; returns the code and the message (freeing the error).
+fn check(f: impl FnOnce(*mut *mut TierkitError) -> TierkitCode) -> (TierkitCode, String) {
+    let mut err = null_mut();
+    let code = f(&mut err);
+    let msg = message(err);
+    if code == TIERKIT_OK {
+        assert!(err.is_null(), "error written on success");
+    } else {
+        // SAFETY: `err` came from the failed call.
+        assert_eq!(unsafe { tierkit_error_code(err) }, code);
+    }
+    // SAFETY: NULL or the error just returned.
+    unsafe { tierkit_error_free(err) };
+    (code, msg)
+}
+
+const G: TierkitExpertGeometry = TierkitExpertGeometry {
+    layers: 2,
+    experts_per_layer: 8,
+    hot_per_layer: 2,
+    expert_bytes: 64,
+};
+
+#[test]
+fn expert_loop_swaps_busy_experts_in_losslessly() {
+    let (mut map, mut ctl, mut counters, mut exec) =
+        (null_mut(), null_mut(), null_mut(), null_mut());
+    // SAFETY: every pointer below is a live handle or a valid local.
+    unsafe {
+        assert_eq!(
+            check(|e| tierkit_residency_map_first_k(c"toy".as_ptr(), &G, &mut map, e)).0,
+            0
+        );
+        let cfg = c"{\"drain_every\": 4}";
+        assert_eq!(
+            check(|e| tierkit_controller_new(map, cfg.as_ptr(), &mut ctl, e)).0,
+            0
+        );
+        assert_eq!(
+            check(|e| tierkit_pick_counters_new(&G, &mut counters, e)).0,
+            0
+        );
+        assert_eq!(
+            check(|e| tierkit_executor_new_memory(map, 64, 7, &mut exec, e)).0,
+            0
+        );
+        // Tokens pick experts 6 and 7, as a strided [tokens, 2] view of a [tokens, 3] array.
+        let ids: [i32; 12] = [6, 7, -9, 7, 6, -9, 6, 7, -9, 7, 6, -9];
+        let mut report = TierkitStepReport::default();
+        for _ in 0..32 {
+            for layer in 0..2 {
+                let r = tierkit_pick_counters_record_layer(
+                    counters,
+                    layer,
+                    ids.as_ptr(),
+                    4,
+                    2,
+                    3,
+                    null_mut(),
+                );
+                assert_eq!(r, TIERKIT_OK);
+            }
+            assert_eq!(
+                check(|e| tierkit_controller_step(ctl, counters, exec, &mut report, e)).0,
+                0
+            );
+        }
+        assert_eq!(report.step, 32);
+        assert!(report.applied_total >= 4);
+        let mut hot = false;
+        assert_eq!(
+            check(|e| tierkit_controller_is_hot(ctl, 1, 6, &mut hot, e)).0,
+            0
+        );
+        assert!(hot);
+        let mut now = null_mut();
+        assert_eq!(check(|e| tierkit_controller_map(ctl, &mut now, e)).0, 0);
+        let mut moves = 0;
+        assert_eq!(
+            check(|e| tierkit_executor_verify(exec, now, &mut moves, e)).0,
+            0
+        );
+        assert!(moves >= 4);
+        let (mut buf, mut n) = ([0u32; 2], 0usize);
+        assert_eq!(
+            check(|e| tierkit_residency_map_hot_experts(now, 0, buf.as_mut_ptr(), 2, &mut n, e)).0,
+            0
+        );
+        buf.sort();
+        assert_eq!((buf, n), ([6, 7], 2));
+        let mut json = null_mut();
+        assert_eq!(
+            check(|e| tierkit_residency_map_to_json(now, &mut json, e)).0,
+            0
+        );
+        let mut back = null_mut();
+        assert_eq!(
+            check(|e| tierkit_residency_map_from_json(json, &G, &mut back, e)).0,
+            0
+        );
+        tierkit_string_free(json);
+        tierkit_residency_map_free(back);
+        tierkit_residency_map_free(now);
+        tierkit_executor_free(exec);
+        tierkit_pick_counters_free(counters);
+        tierkit_controller_free(ctl);
+        tierkit_residency_map_free(map);
+    }
+}
+
+#[test]
+fn bad_input_is_a_code_and_a_message() {
+    let mut counters = null_mut();
+    // SAFETY: as above; the bad pointers are what is being tested and are never dereferenced.
+    unsafe {
+        let bad = TierkitExpertGeometry {
+            hot_per_layer: 9,
+            ..G
+        };
+        let (c, m) = check(|e| tierkit_pick_counters_new(&bad, &mut counters, e));
+        assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT, "{m}");
+        assert_eq!(
+            check(|e| tierkit_pick_counters_new(null(), &mut counters, e)).0,
+            TIERKIT_ERR_NULL_ARGUMENT
+        );
+        assert_eq!(
+            check(|e| tierkit_pick_counters_new(&G, &mut counters, e)).0,
+            0
+        );
+        let ids = [1i32, 2, 3, 8];
+        let (c, m) =
+            check(|e| tierkit_pick_counters_record_layer(counters, 0, ids.as_ptr(), 2, 2, 2, e));
+        assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT);
+        assert!(m.contains("[1, 1]"), "{m}");
+        let (c, _) =
+            check(|e| tierkit_pick_counters_record_layer(counters, 0, ids.as_ptr(), 2, 2, 1, e));
+        assert_eq!(c, TIERKIT_ERR_LAYOUT); // stride below k
+        let misaligned = ids.as_ptr().cast::<u8>().wrapping_add(1).cast::<i32>();
+        let (c, m) =
+            check(|e| tierkit_pick_counters_record_layer(counters, 0, misaligned, 1, 1, 1, e));
+        assert_eq!(c, TIERKIT_ERR_LAYOUT, "{m}");
+        let (c, _) = check(|e| tierkit_pick_counters_record_layer(counters, 0, null(), 1, 1, 1, e));
+        assert_eq!(c, TIERKIT_ERR_NULL_ARGUMENT);
+        assert_eq!(
+            tierkit_pick_counters_record_layer(counters, 0, null(), 0, 2, 2, null_mut()),
+            0
+        );
+        // Nothing was counted by the failed calls.
+        let mut snap = [0u32; 16];
+        assert_eq!(
+            check(|e| tierkit_pick_counters_snapshot(counters, snap.as_mut_ptr(), 16, e)).0,
+            0
+        );
+        assert_eq!(snap, [0; 16]);
+        // A handle of another type, then a freed one.
+        let wrong = counters.cast::<TierkitController>();
+        let (c, m) = check(|e| tierkit_controller_step(wrong, counters, null(), null_mut(), e));
+        assert_eq!(c, TIERKIT_ERR_INVALID_HANDLE, "{m}");
+        tierkit_pick_counters_free(counters);
+        let (c, m) =
+            check(|e| tierkit_pick_counters_record_layer(counters, 0, ids.as_ptr(), 1, 1, 1, e));
+        assert_eq!(c, TIERKIT_ERR_INVALID_HANDLE);
+        assert!(m.contains("freed"), "{m}");
+        tierkit_pick_counters_free(counters); // double free: ignored
+        let (c, m) = check(|e| tierkit_test_panic(e));
+        assert_eq!(c, TIERKIT_ERR_PANIC);
+        assert!(m.contains("test panic"), "{m}");
+        assert_eq!(tierkit_error_code(null()), TIERKIT_ERR_NULL_ARGUMENT);
+    }
+}
+
+#[test]
+fn codes_match_the_shared_classes() {
+    use tierkit_bindings::Code;
+    let pairs = [
+        (Code::Ok, TIERKIT_OK),
+        (Code::NullArgument, TIERKIT_ERR_NULL_ARGUMENT),
+        (Code::InvalidArgument, TIERKIT_ERR_INVALID_ARGUMENT),
+        (Code::TypeMismatch, TIERKIT_ERR_TYPE_MISMATCH),
+        (Code::Layout, TIERKIT_ERR_LAYOUT),
+        (Code::InvalidHandle, TIERKIT_ERR_INVALID_HANDLE),
+        (Code::State, TIERKIT_ERR_STATE),
+        (Code::NoRoom, TIERKIT_ERR_NO_ROOM),
+        (Code::Panic, TIERKIT_ERR_PANIC),
+        (Code::Poisoned, TIERKIT_ERR_POISONED),
+        (Code::Internal, TIERKIT_ERR_INTERNAL),
+    ];
+    for (class, code) in pairs {
+        assert_eq!(ffi::code_of(class), code, "{class:?}");
+    }
+}
+
+#[test]
+fn a_poisoned_handle_is_refused() {
+    let m = Mutex::new(0);
+    let _ = std::panic::catch_unwind(|| {
+        let _g = m.lock().unwrap();
+        panic!("poison it");
+    });
+    let e = ffi::lock(&m, "pool").unwrap_err();
+    assert_eq!(e.code as TierkitCode, TIERKIT_ERR_POISONED);
+}
+
+#[test]
+fn kv_resolve_reads_replay_and_end() {
+    let mut g = TierkitKvGeometry::default();
+    let mut pool = null_mut();
+    // SAFETY: as above.
+    unsafe {
+        assert_eq!(
+            check(|e| tierkit_kv_geometry_for_hbm_budget(
+                16 * 4 * 16 * 2,
+                16,
+                2,
+                4,
+                8,
+                4,
+                0,
+                &mut g,
+                e
+            ))
+            .0,
+            0
+        );
+        assert_eq!(check(|e| tierkit_kv_pool_new(&g, true, &mut pool, e)).0, 0);
+        let history: Vec<u8> = (0..20 * 32).map(|i| (i / 32) as u8).collect();
+        let mut adm = TierkitKvAdmission::default();
+        assert_eq!(
+            check(|e| tierkit_kv_pool_admit(pool, 7, history.as_ptr(), history.len(), &mut adm, e))
+                .0,
+            0
+        );
+        assert!(adm.admitted);
+        // One row, k = 4, as a strided view (stride 5).
+        let topk = [0, 5, 19, -1, 99];
+        let (sessions, qsl, seq) = ([7u64], [0i32, 1], [20i32]);
+        let batch = TierkitKvBatch {
+            sessions: sessions.as_ptr(),
+            reqs: 1,
+            query_start_loc: qsl.as_ptr(),
+            seq_lens: seq.as_ptr(),
+            topk: topk.as_ptr(),
+            rows: 1,
+            k: 4,
+            topk_row_stride: 5,
+            query_seq_lens: null(),
+            layer: 0,
+            flags: 0,
+        };
+        let (mut idx, mut valid, mut stats, mut read) =
+            ([0i32; 4], [0i32; 1], TierkitKvStats::default(), 0u64);
+        let (c, m) = check(|e| {
+            tierkit_kv_pool_resolve(
+                pool,
+                &batch,
+                idx.as_mut_ptr(),
+                4,
+                valid.as_mut_ptr(),
+                1,
+                &mut stats,
+                &mut read,
+                e,
+            )
+        });
+        assert_eq!(c, 0, "{m}");
+        assert_eq!((valid[0], stats.picks, idx[3]), (3, 3, -1));
+        let (mut p, mut n) = (null(), 0usize);
+        assert_eq!(
+            check(|e| tierkit_kv_pool_arena_row(pool, 1, idx[1], &mut p, &mut n, e)).0,
+            0
+        );
+        assert_eq!(std::slice::from_raw_parts(p, n), &[5u8; 16]);
+        assert_eq!(check(|e| tierkit_kv_pool_replay(pool, read, 1, e)).0, 0);
+        assert_eq!(check(|e| tierkit_kv_pool_end_read(pool, read, e)).0, 0);
+        assert_eq!(
+            check(|e| tierkit_kv_pool_end_read(pool, read, e)).0,
+            TIERKIT_ERR_INVALID_HANDLE
+        );
+        // A position past seq_len: an argument error, no read opened.
+        let bad = [0, 20, -1, -1];
+        let b2 = TierkitKvBatch {
+            topk: bad.as_ptr(),
+            topk_row_stride: 4,
+            ..batch
+        };
+        let (c, m) = check(|e| {
+            tierkit_kv_pool_resolve(
+                pool,
+                &b2,
+                idx.as_mut_ptr(),
+                4,
+                valid.as_mut_ptr(),
+                1,
+                null_mut(),
+                &mut read,
+                e,
+            )
+        });
+        assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT, "{m}");
+        assert_eq!(idx, [-1; 4]);
+        assert_eq!(check(|e| tierkit_kv_pool_check_invariants(pool, e)).0, 0);
+        tierkit_kv_pool_free(pool);
+        assert_eq!(
+            check(|e| tierkit_kv_pool_finish(pool, 7, e)).0,
+            TIERKIT_ERR_INVALID_HANDLE
+        );
+    }
+}

@@ -1,0 +1,164 @@
+/* Bad input through the C ABI: every case is an error code with a message, never a crash.
+ * Prints one line per case and closes with `c-abi: N passed, N failed`; exits 1 on a failure.
+ *
+ * Build (from the repository root, after `cargo build -p tierkit-c`):
+ *   cc -std=c11 -Wall -Wextra -Werror -Ibindings/c/include bindings/c/tests/test_abi.c \
+ *      -Ltarget/debug -ltierkit_c -Wl,-rpath,target/debug -o target/test_abi
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "tierkit.h"
+
+static int passed, failed;
+
+/* Checks that `code` is `want` and that the error carries the same code and a message
+ * containing `needle` (NULL: any non-empty message); frees the error. */
+static void expect(const char *name, tierkit_code code, tierkit_error *err, tierkit_code want,
+                   const char *needle) {
+    int good = code == want;
+    const char *msg = "";
+    if (want != TIERKIT_OK) {
+        msg = tierkit_error_message(err);
+        good = good && err != NULL && tierkit_error_code(err) == want && msg[0] != '\0' &&
+               (needle == NULL || strstr(msg, needle) != NULL);
+    } else {
+        good = good && err == NULL;
+    }
+    printf("%s %s (code %d%s%s)\n", good ? "ok  " : "FAIL", name, (int)code, msg[0] ? ": " : "",
+           msg);
+    good ? passed++ : failed++;
+    tierkit_error_free(err);
+}
+
+#define EXPECT(name, call, want, needle) \
+    do { tierkit_error *err_ = NULL; tierkit_code c_ = (call); expect(name, c_, err_, want, needle); } while (0)
+
+int main(void) {
+    tierkit_expert_geometry g = {2, 8, 2, 64};
+    tierkit_expert_geometry bad_g = {2, 8, 9, 64};
+    tierkit_residency_map *map = NULL;
+    tierkit_pick_counters *counters = NULL;
+    tierkit_controller *ctl = NULL;
+    tierkit_executor *exec = NULL;
+
+    EXPECT("geometry: hot above experts", tierkit_expert_geometry_validate(&bad_g, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "hot_per_layer");
+    EXPECT("geometry: NULL", tierkit_pick_counters_new(NULL, &counters, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "geometry");
+    EXPECT("counters: new", tierkit_pick_counters_new(&g, &counters, &err_), TIERKIT_OK, NULL);
+    EXPECT("map: new", tierkit_residency_map_first_k("m", &g, &map, &err_), TIERKIT_OK, NULL);
+    EXPECT("map: NULL model", tierkit_residency_map_first_k(NULL, &g, &map, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "model");
+    EXPECT("map: bad JSON", tierkit_residency_map_from_json("{", &g, &map, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, NULL);
+    EXPECT("controller: unknown config field",
+           tierkit_controller_new(map, "{\"drain_evry\": 4}", &ctl, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "drain_evry");
+    EXPECT("controller: new", tierkit_controller_new(map, NULL, &ctl, &err_), TIERKIT_OK, NULL);
+    EXPECT("executor: new", tierkit_executor_new_memory(map, 64, 1, &exec, &err_), TIERKIT_OK, NULL);
+
+    /* Strided ids: 2 tokens, top-2, row stride 3; the third column is not read. */
+    int32_t ids[6] = {1, 2, 99, 3, 4, -7};
+    EXPECT("record: strided view", tierkit_pick_counters_record_layer(counters, 0, ids, 2, 2, 3, &err_),
+           TIERKIT_OK, NULL);
+    int32_t bad_ids[4] = {1, 2, 3, 8};
+    EXPECT("record: expert out of range",
+           tierkit_pick_counters_record_layer(counters, 0, bad_ids, 2, 2, 2, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "[1, 1]");
+    int32_t neg_ids[2] = {1, -1};
+    EXPECT("record: negative id", tierkit_pick_counters_record_layer(counters, 0, neg_ids, 1, 2, 2, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "-1");
+    EXPECT("record: layer out of range", tierkit_pick_counters_record_layer(counters, 5, ids, 1, 2, 2, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "layer 5");
+    EXPECT("record: stride below k", tierkit_pick_counters_record_layer(counters, 0, ids, 2, 2, 1, &err_),
+           TIERKIT_ERR_LAYOUT, "row_stride");
+    EXPECT("record: NULL ids", tierkit_pick_counters_record_layer(counters, 0, NULL, 2, 2, 2, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "ids");
+    EXPECT("record: NULL ids, no tokens", tierkit_pick_counters_record_layer(counters, 0, NULL, 0, 2, 2, &err_),
+           TIERKIT_OK, NULL);
+    int64_t wide[3] = {0, 0, 0};
+    const int32_t *misaligned = (const int32_t *)((const char *)wide + 1);
+    EXPECT("record: misaligned ids", tierkit_pick_counters_record_layer(counters, 0, misaligned, 1, 2, 2, &err_),
+           TIERKIT_ERR_LAYOUT, "aligned");
+    int64_t ids64[2] = {7, 1LL << 40};
+    EXPECT("record i64: id above u32", tierkit_pick_counters_record_layer_i64(counters, 0, ids64, 1, 2, 2, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "out of range");
+    uint32_t snap[16];
+    EXPECT("snapshot", tierkit_pick_counters_snapshot(counters, snap, 16, &err_), TIERKIT_OK, NULL);
+    int counted = snap[1] == 1 && snap[2] == 1 && snap[3] == 1 && snap[4] == 1 && snap[7] == 0;
+    printf("%s failed records counted nothing\n", counted ? "ok  " : "FAIL");
+    counted ? passed++ : failed++;
+    EXPECT("snapshot: short buffer", tierkit_pick_counters_snapshot(counters, snap, 3, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "length");
+
+    uint32_t hot[1];
+    size_t n = 0;
+    EXPECT("hot experts: capacity too small",
+           tierkit_residency_map_hot_experts(map, 0, hot, 1, &n, &err_), TIERKIT_ERR_INVALID_ARGUMENT, "capacity");
+    EXPECT("step: a map where a controller is expected",
+           tierkit_controller_step((const tierkit_controller *)map, counters, exec, NULL, &err_),
+           TIERKIT_ERR_INVALID_HANDLE, "tierkit_controller");
+    EXPECT("step", tierkit_controller_step(ctl, counters, exec, NULL, &err_), TIERKIT_OK, NULL);
+
+    /* KV: bad batches. */
+    tierkit_kv_geometry kg;
+    EXPECT("kv: budget too small", tierkit_kv_geometry_for_hbm_budget(100, 16, 2, 4, 8, 4, 0, &kg, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "budget");
+    EXPECT("kv: geometry", tierkit_kv_geometry_for_hbm_budget(16 * 4 * 32, 16, 2, 4, 8, 4, 0, &kg, &err_),
+           TIERKIT_OK, NULL);
+    tierkit_kv_pool *pool = NULL;
+    EXPECT("kv: pool", tierkit_kv_pool_new(&kg, true, &pool, &err_), TIERKIT_OK, NULL);
+    uint8_t hist[20 * 32];
+    for (size_t i = 0; i < sizeof hist; i++) hist[i] = (uint8_t)(i / 32);
+    EXPECT("kv: ragged history", tierkit_kv_pool_admit(pool, 7, hist, 33, NULL, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "whole number");
+    EXPECT("kv: admit", tierkit_kv_pool_admit(pool, 7, hist, sizeof hist, NULL, &err_), TIERKIT_OK, NULL);
+    uint64_t sessions[1] = {7};
+    int32_t qsl[2] = {0, 1}, seq[1] = {20}, topk[4] = {0, 5, 19, -1}, idx[4], valid[1];
+    uint64_t read = 0;
+    tierkit_kv_batch b = {sessions, 1, qsl, seq, topk, 1, 4, 4, NULL, 0, 0};
+    int32_t past[4] = {0, 20, -1, -1};
+    tierkit_kv_batch b_past = b;
+    b_past.topk = past;
+    EXPECT("resolve: position past seq_len",
+           tierkit_kv_pool_resolve(pool, &b_past, idx, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "position 20");
+    EXPECT("resolve: output too short", tierkit_kv_pool_resolve(pool, &b, idx, 3, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "indices");
+    tierkit_kv_batch b_unknown = b;
+    uint64_t other[1] = {8};
+    b_unknown.sessions = other;
+    EXPECT("resolve: unknown session",
+           tierkit_kv_pool_resolve(pool, &b_unknown, idx, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "unknown session 8");
+    tierkit_kv_batch b_flags = b;
+    b_flags.flags = 8;
+    EXPECT("resolve: unknown flag", tierkit_kv_pool_resolve(pool, &b_flags, idx, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "flags");
+    EXPECT("resolve", tierkit_kv_pool_resolve(pool, &b, idx, 4, valid, 1, NULL, &read, &err_), TIERKIT_OK, NULL);
+    EXPECT("end read", tierkit_kv_pool_end_read(pool, read, &err_), TIERKIT_OK, NULL);
+    EXPECT("end read twice", tierkit_kv_pool_end_read(pool, read, &err_), TIERKIT_ERR_INVALID_HANDLE, "not open");
+    EXPECT("replay an ended read", tierkit_kv_pool_replay(pool, read, 1, &err_), TIERKIT_ERR_INVALID_HANDLE,
+           "not open");
+
+    /* Handles used after free, double free, a panic inside Rust. */
+    tierkit_pick_counters_free(counters);
+    EXPECT("counters used after free", tierkit_pick_counters_record_layer(counters, 0, ids, 1, 2, 2, &err_),
+           TIERKIT_ERR_INVALID_HANDLE, "freed");
+    tierkit_pick_counters_free(counters); /* double free: ignored */
+    tierkit_kv_pool_free(pool);
+    EXPECT("pool used after free", tierkit_kv_pool_finish(pool, 7, &err_), TIERKIT_ERR_INVALID_HANDLE, "freed");
+    EXPECT("panic inside Rust", tierkit_test_panic(&err_), TIERKIT_ERR_PANIC, "test panic");
+    EXPECT("still working after the panic", tierkit_controller_step(ctl, NULL, exec, NULL, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "counters");
+    int code_alone = tierkit_expert_geometry_validate(&bad_g, NULL) == TIERKIT_ERR_INVALID_ARGUMENT;
+    printf("%s no err argument: the code alone\n", code_alone ? "ok  " : "FAIL");
+    code_alone ? passed++ : failed++;
+
+    tierkit_executor_free(exec);
+    tierkit_controller_free(ctl);
+    tierkit_residency_map_free(map);
+    printf("c-abi: %d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}

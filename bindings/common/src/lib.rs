@@ -1,0 +1,266 @@
+//! # tierkit-bindings
+//!
+//! What the Python package (`bindings/python`, PyO3) and the C ABI (`bindings/c`) share, so that
+//! both front ends classify errors and read inputs the same way:
+//!
+//! - [`Code`]: the error classes of both front ends (the C ABI's `tierkit_code`, a Python exception
+//!   type each), and [`classify_expert`] / [`classify_kv`], which put every tier error in one.
+//! - [`controller_config`]: a [`ControllerConfig`] from optional JSON (missing fields take their
+//!   defaults, unknown fields are refused, the values are validated).
+//! - [`gather_ids`]: a router's `[tokens, k]` expert ids, possibly strided and signed, checked and
+//!   gathered into the `u32` picks [`expert_residency::PickCounters::record_layer`] takes.
+//! - [`Executor`]: the executors both front ends let a controller drive.
+//! - [`panic_message`]: the text of a panic caught at a boundary.
+//!
+//! No FFI type lives here: this crate is plain Rust with plain tests.
+
+use expert_residency::{ControllerConfig, ExpertError, MemoryExecutor, NullExecutor, SwapExecutor};
+use kv_elastic::KvError;
+
+/// The class of an error, as both front ends report it. The C ABI returns these numbers
+/// (`tierkit_code`); Python raises `TypeError` ([`Code::TypeMismatch`]), `ValueError` (the input
+/// classes), `tierkit.ClosedError`, `tierkit.InternalError` (panics) or `RuntimeError` (the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum Code {
+    /// Success.
+    Ok = 0,
+    /// A required pointer argument was NULL (C only).
+    NullArgument = 1,
+    /// An argument is out of range or inconsistent (a bad id, length, shape, geometry, config,
+    /// session, position...). Nothing changed.
+    InvalidArgument = 2,
+    /// An array has the wrong element type (Python: dtype; C: a type tag).
+    TypeMismatch = 3,
+    /// An array's data or strides are misaligned or not laid out as required (contiguity).
+    Layout = 4,
+    /// A handle that was closed or freed, or that is not a handle of the expected type.
+    InvalidHandle = 5,
+    /// The call is valid but the object's state refuses it now (a stale swap or plan, an
+    /// executor that refused a move, a counter table gone backwards).
+    State = 6,
+    /// Not enough room (HBM pages, host memory).
+    NoRoom = 7,
+    /// A panic inside tierkit was caught at the boundary; the handle it happened in is poisoned.
+    Panic = 8,
+    /// The handle was poisoned by an earlier panic: free or close it.
+    Poisoned = 9,
+    /// Anything else.
+    Internal = 10,
+}
+
+/// The class of an `expert-residency` error.
+pub fn classify_expert(e: &ExpertError) -> Code {
+    use ExpertError as E;
+    match e {
+        E::InvalidGeometry(_)
+        | E::HotExceedsExperts { .. }
+        | E::ExpertOutOfRange { .. }
+        | E::LayerOutOfRange { .. }
+        | E::TopKTooWide { .. }
+        | E::GeometryMismatch { .. }
+        | E::LengthMismatch { .. }
+        | E::InvalidRowMap(_)
+        | E::EmptyTrace(_)
+        | E::InvalidConfig(_)
+        | E::Format(_) => Code::InvalidArgument,
+        E::StaleSwap { .. } | E::InvalidSwap(_) | E::Executor(_) | E::CounterReset { .. } => {
+            Code::State
+        }
+        _ => Code::Internal,
+    }
+}
+
+/// The class of a `kv-elastic` error.
+pub fn classify_kv(e: &KvError) -> Code {
+    use KvError as E;
+    match e {
+        E::InvalidGeometry(_)
+        | E::ArenaTooSmall { .. }
+        | E::BudgetTooSmall { .. }
+        | E::UnknownSession(_)
+        | E::SessionFinished(_)
+        | E::SessionExists(_)
+        | E::EmptyHistory
+        | E::RaggedRows { .. }
+        | E::LengthMismatch { .. }
+        | E::BadQueryStartLoc(_)
+        | E::PositionOutOfRange { .. }
+        | E::SeqLenOutOfRange { .. }
+        | E::QuerySeqLenOutOfRange { .. }
+        | E::DuplicateSession(_)
+        | E::ScratchOverflow { .. }
+        | E::TooManyCandidates { .. }
+        | E::LayerOutOfRange { .. }
+        | E::InvalidConfig(_) => Code::InvalidArgument,
+        E::StalePlan { .. } | E::HotCacheOverflow { .. } => Code::State,
+        E::NoRoom { .. } | E::OutOfMemory { .. } => Code::NoRoom,
+        _ => Code::Internal,
+    }
+}
+
+/// A controller configuration from JSON (`None` or an empty string: the defaults). Missing fields
+/// take their defaults; an unknown field, a wrong type or an out-of-range value is an
+/// [`ExpertError::InvalidConfig`] naming it.
+pub fn controller_config(json: Option<&str>) -> Result<ControllerConfig, ExpertError> {
+    let cfg = match json.map(str::trim) {
+        None | Some("") => ControllerConfig::default(),
+        Some(j) => serde_json::from_str(j)
+            .map_err(|e| ExpertError::InvalidConfig(format!("controller config JSON: {e}")))?,
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Gathers a router's `[tokens, k]` expert ids into `out` (cleared first), row `t` starting at
+/// element `t * row_stride` (`row_stride ≥ k`, in elements). Every id must be in `0..experts`;
+/// the error names the first one that is not (`[token, column] = id`), and `out` is then left
+/// empty. `ids` must hold at least `(tokens - 1) * row_stride + k` elements (the caller checks
+/// the pointer side; here a short slice is a [`Code::InvalidArgument`] message).
+pub fn gather_ids<T: Copy + Into<i64>>(
+    ids: &[T],
+    tokens: usize,
+    k: usize,
+    row_stride: usize,
+    experts: u32,
+    out: &mut Vec<u32>,
+) -> Result<(), String> {
+    out.clear();
+    if tokens == 0 || k == 0 {
+        return Ok(());
+    }
+    if row_stride < k {
+        return Err(format!("row_stride {row_stride} is below k {k}"));
+    }
+    let need = strided_len(tokens, k, row_stride)
+        .ok_or_else(|| format!("{tokens} rows of stride {row_stride} overflow"))?;
+    if ids.len() < need {
+        return Err(format!(
+            "ids hold {} elements, {tokens} rows of stride {row_stride} and width {k} need {need}",
+            ids.len()
+        ));
+    }
+    out.reserve(tokens * k);
+    for t in 0..tokens {
+        for (j, &id) in ids[t * row_stride..][..k].iter().enumerate() {
+            let id: i64 = id.into();
+            if !(0..experts as i64).contains(&id) {
+                out.clear();
+                return Err(format!(
+                    "expert id {id} at [{t}, {j}] is out of range (experts per layer: {experts})"
+                ));
+            }
+            out.push(id as u32);
+        }
+    }
+    Ok(())
+}
+
+/// The executors a front end hands to a controller: the in-memory one (checksummed byte moves,
+/// standing in for the GPU bank) or the null one (moves nothing).
+#[derive(Debug)]
+pub enum Executor {
+    /// [`MemoryExecutor`].
+    Memory(MemoryExecutor),
+    /// [`NullExecutor`].
+    Null(NullExecutor),
+}
+
+impl Executor {
+    /// The executor as the controller takes it.
+    pub fn as_dyn(&mut self) -> &mut dyn SwapExecutor {
+        match self {
+            Executor::Memory(m) => m,
+            Executor::Null(n) => n,
+        }
+    }
+
+    /// The in-memory executor, or `None` for the null one.
+    pub fn memory(&self) -> Option<&MemoryExecutor> {
+        match self {
+            Executor::Memory(m) => Some(m),
+            Executor::Null(_) => None,
+        }
+    }
+}
+
+/// The text of a caught panic's payload (`&str` or `String`; a fixed text otherwise).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".into())
+}
+
+/// Elements a strided `[rows, k]` view spans: `(rows - 1) * row_stride + k` (0 for no rows), or
+/// `None` on overflow.
+pub fn strided_len(rows: usize, k: usize, row_stride: usize) -> Option<usize> {
+    match rows {
+        0 => Some(0),
+        r => (r - 1).checked_mul(row_stride)?.checked_add(k),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gathers_strided_rows_and_names_the_bad_id() {
+        // Two tokens, top-2, row stride 3 (a view into [tokens, 3]).
+        let ids: [i32; 5] = [1, 2, 99, 3, 0];
+        let mut out = Vec::new();
+        gather_ids(&ids, 2, 2, 3, 4, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 0]);
+        let bad: [i64; 5] = [1, 2, 0, -1, 0];
+        let e = gather_ids(&bad, 2, 2, 3, 4, &mut out).unwrap_err();
+        assert!(e.contains("[1, 0]") && e.contains("-1"), "{e}");
+        assert!(out.is_empty());
+        assert!(gather_ids(&ids, 2, 2, 1, 4, &mut out).is_err()); // stride < k
+        assert!(gather_ids(&ids, 3, 2, 3, 4, &mut out).is_err()); // too short
+        assert_eq!(strided_len(usize::MAX, 2, 2), None);
+    }
+
+    #[test]
+    fn config_json_defaults_unknown_fields_and_ranges() {
+        assert_eq!(
+            controller_config(None).unwrap(),
+            ControllerConfig::default()
+        );
+        assert_eq!(
+            controller_config(Some(" ")).unwrap(),
+            ControllerConfig::default()
+        );
+        let c = controller_config(Some(r#"{"drain_every": 4}"#)).unwrap();
+        assert_eq!(c.drain_every, 4);
+        for bad in [
+            r#"{"drain_evry": 4}"#,
+            r#"{"drain_every": 0}"#,
+            "[",
+            r#"{"ratio": "x"}"#,
+        ] {
+            let e = controller_config(Some(bad)).unwrap_err();
+            assert_eq!(classify_expert(&e), Code::InvalidArgument, "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn classes() {
+        assert_eq!(
+            classify_kv(&KvError::UnknownSession(3)),
+            Code::InvalidArgument
+        );
+        assert_eq!(
+            classify_kv(&KvError::NoRoom {
+                needed: 1,
+                available: 0
+            }),
+            Code::NoRoom
+        );
+        assert_eq!(
+            classify_expert(&ExpertError::Executor("busy".into())),
+            Code::State
+        );
+    }
+}

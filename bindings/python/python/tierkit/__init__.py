@@ -1,0 +1,24 @@
+"""tierkit: memory tiering for LLM inference engines (CPU API).
+
+Submodules:
+
+- ``tierkit.experts``: MoE expert residency (``Geometry``, ``ResidencyMap``, ``PickCounters``,
+  ``Controller``, ``MemoryExecutor``, ``NullExecutor``, ``fit_seed_map``, ``seed_coverage``).
+- ``tierkit.kv``: the elastic sparse-attention KV pool and its exact CPU resolver
+  (``Geometry.for_hbm_budget``, ``ElasticPool``, ``Resolved``, ``ResolvePlan``).
+- ``tierkit.sim``: the expert replay scoreboard on a synthetic scenario.
+- ``tierkit.torch``: the GPU ops (torch custom ops) are a later step; importing it raises
+  ``ImportError`` in this build.
+
+Arrays are numpy arrays, CPU tensors through DLPack (torch) or buffer-protocol objects, with
+dtype (``TypeError``), shape, alignment and contiguity (``ValueError``) checked. Errors of bad
+input are ``ValueError``; refusals of state or room are ``RuntimeError``; an object used after
+``close()`` raises ``ClosedError``; a panic inside the Rust core raises ``InternalError`` (both
+``RuntimeError`` subclasses) and never takes the interpreter down. Nothing here starts a thread
+that outlives the call that started it.
+"""
+
+from tierkit._native import ClosedError, InternalError, __version__
+from tierkit import experts, kv, sim
+
+__all__ = ["ClosedError", "InternalError", "__version__", "experts", "kv", "sim"]

@@ -1,0 +1,216 @@
+//! Array arguments: numpy arrays, CPU tensors through DLPack, buffer-protocol objects; dtype,
+//! shape, alignment, contiguity and writability checked before any Rust code reads them.
+
+use numpy::{
+    PyArrayDyn, PyArrayMethods, PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
+
+/// DLPack's device type of host memory (`kDLCPU`).
+const DL_CPU: i64 = 1;
+
+/// `obj` as a numpy array (no copy): a numpy array as is; an object with `__dlpack__` (torch,
+/// jax, ...) through `numpy.from_dlpack` if it lives on the CPU; a buffer-protocol object through
+/// `numpy.asarray(memoryview(obj))`. Anything else is a `TypeError`.
+pub(crate) fn ndarray<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<Bound<'py, PyUntypedArray>> {
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        return Ok(a.clone());
+    }
+    let py = obj.py();
+    let np = py.import("numpy")?;
+    if obj.hasattr("__dlpack__")? {
+        if obj.hasattr("__dlpack_device__")? {
+            let (kind, id): (i64, i64) = obj.call_method0("__dlpack_device__")?.extract()?;
+            if kind != DL_CPU {
+                return Err(PyValueError::new_err(format!(
+                    "{what} lives on DLPack device ({kind}, {id}), not the CPU: the CPU API takes \
+                     host memory (tierkit.torch, the GPU ops, is not built yet)"
+                )));
+            }
+        }
+        let a = np.call_method1("from_dlpack", (obj,))?;
+        return Ok(a.cast_into::<PyUntypedArray>()?);
+    }
+    let view = match py.import("builtins")?.getattr("memoryview")?.call1((obj,)) {
+        Ok(v) => v,
+        Err(_) => {
+            return Err(PyTypeError::new_err(format!(
+                "{what} must be a numpy array, a CPU tensor (DLPack) or a buffer, not {}",
+                obj.get_type().name()?
+            )))
+        }
+    };
+    Ok(np
+        .call_method1("asarray", (view,))?
+        .cast_into::<PyUntypedArray>()?)
+}
+
+fn check_shape(a: &Bound<'_, PyUntypedArray>, what: &str, ndim: usize, dims: &str) -> PyResult<()> {
+    if a.ndim() != ndim {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be {ndim}-D {dims}, got shape {:?}",
+            a.shape()
+        )));
+    }
+    if !a.is_aligned() {
+        return Err(PyValueError::new_err(format!(
+            "{what} is not aligned for its dtype {} (copy it: numpy.ascontiguousarray)",
+            a.dtype()
+        )));
+    }
+    Ok(())
+}
+
+fn dtype_error(a: &Bound<'_, PyUntypedArray>, what: &str, want: &str) -> PyErr {
+    PyTypeError::new_err(format!("{what} has dtype {}, expected {want}", a.dtype()))
+}
+
+/// An integer array of `ndim` dimensions (`dims` names them in messages), any strides, dtype
+/// int32, int64, uint32 or uint64, read in logical (row-major) order. A 1-D argument may also
+/// be a list or tuple of ints.
+pub(crate) fn ints(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    ndim: usize,
+    dims: &str,
+) -> PyResult<(Vec<i64>, Vec<usize>)> {
+    if ndim == 1 && (obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
+        let v: Vec<i64> = obj.extract().map_err(|_| {
+            PyTypeError::new_err(format!("{what} must hold ints (each fitting an int64)"))
+        })?;
+        let n = v.len();
+        return Ok((v, vec![n]));
+    }
+    let a = ndarray(obj, what)?;
+    check_shape(&a, what, ndim, dims)?;
+    let shape = a.shape().to_vec();
+    macro_rules! read {
+        ($t:ty) => {
+            if let Ok(t) = a.cast::<PyArrayDyn<$t>>() {
+                let r = t
+                    .try_readonly()
+                    .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+                let mut out = Vec::with_capacity(r.len());
+                for &v in r.as_array().iter() {
+                    out.push(i64::try_from(v).map_err(|_| {
+                        PyValueError::new_err(format!("{what}: {v} does not fit an int64"))
+                    })?);
+                }
+                return Ok((out, shape));
+            }
+        };
+    }
+    read!(i32);
+    read!(i64);
+    read!(u32);
+    read!(u64);
+    Err(dtype_error(&a, what, "int32 or int64"))
+}
+
+/// Narrows ints to `T`, naming the first value out of range.
+pub(crate) fn narrow<T: TryFrom<i64>>(v: &[i64], what: &str) -> PyResult<Vec<T>> {
+    v.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            T::try_from(x).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{what}[{i}] = {x} is out of range for {}",
+                    std::any::type_name::<T>()
+                ))
+            })
+        })
+        .collect()
+}
+
+/// Non-negative counts as f64: a 2-D numeric array (`[layers, experts]`) of any int or float
+/// dtype.
+pub(crate) fn counts(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Vec<f64>, Vec<usize>)> {
+    let a = ndarray(obj, what)?;
+    check_shape(&a, what, 2, "[layers, experts]")?;
+    let shape = a.shape().to_vec();
+    macro_rules! read {
+        ($t:ty) => {
+            if let Ok(t) = a.cast::<PyArrayDyn<$t>>() {
+                let r = t
+                    .try_readonly()
+                    .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+                return Ok((r.as_array().iter().map(|&v| v as f64).collect(), shape));
+            }
+        };
+    }
+    read!(f64);
+    read!(f32);
+    read!(i32);
+    read!(i64);
+    read!(u32);
+    read!(u64);
+    Err(dtype_error(&a, what, "a float or int dtype"))
+}
+
+/// Bytes: `bytes`, `bytearray`, or a uint8 array / tensor of any shape (copied in row-major
+/// order).
+pub(crate) fn bytes(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return Ok(b.to_vec());
+    }
+    let a = ndarray(obj, what)?;
+    if !a.is_aligned() {
+        return Err(PyValueError::new_err(format!("{what} is not aligned")));
+    }
+    let t = a
+        .cast::<PyArrayDyn<u8>>()
+        .map_err(|_| dtype_error(&a, what, "uint8"))?;
+    let r = t
+        .try_readonly()
+        .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+    Ok(match r.as_slice() {
+        Ok(s) => s.to_vec(),
+        Err(_) => r.as_array().iter().copied().collect(),
+    })
+}
+
+/// A caller-provided int32 output array: a numpy array of dtype int32, C-contiguous, aligned,
+/// writeable, with at least `min_len` elements.
+pub(crate) fn out_i32<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    min_len: usize,
+) -> PyResult<PyReadwriteArrayDyn<'py, i32>> {
+    let a = obj.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{what} must be a numpy int32 array (outputs are written in place), not {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
+    let t = a
+        .cast::<PyArrayDyn<i32>>()
+        .map_err(|_| dtype_error(a, what, "int32"))?;
+    if !a.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be C-contiguous"
+        )));
+    }
+    if !a.is_aligned() {
+        return Err(PyValueError::new_err(format!("{what} is not aligned")));
+    }
+    if a.len() < min_len {
+        return Err(PyValueError::new_err(format!(
+            "{what} has {} elements, the call writes {min_len}",
+            a.len()
+        )));
+    }
+    t.try_readwrite().map_err(|e| {
+        PyValueError::new_err(format!("{what} is not writeable (or is borrowed): {e}"))
+    })
+}

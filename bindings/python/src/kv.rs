@@ -1,0 +1,485 @@
+//! `tierkit.kv`: pool sizing, the elastic pool's session lifecycle, the exact CPU resolver.
+
+use std::sync::Mutex;
+
+use kv_elastic::{
+    Admission, ElasticPool, Geometry, OutputLayout, PoolConfig, ReadTicket, ResolveInput,
+    ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
+};
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::arrays::{bytes, ints, narrow, out_i32};
+use crate::{guard, kv_err, to_py, Slot};
+
+/// The pool's arena shape. Build it with `Geometry.for_hbm_budget(...)` (or the constructor,
+/// which validates the fields).
+#[pyclass(name = "KvGeometry", module = "tierkit.kv", frozen, eq)]
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) struct PyKvGeometry(Geometry);
+
+#[pymethods]
+impl PyKvGeometry {
+    #[new]
+    #[pyo3(signature = (row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows = 0))]
+    fn new(
+        row_bytes: u32,
+        layers: u32,
+        page_rows: u32,
+        arena_pages: u32,
+        hot_rows: u32,
+        tail_rows: u32,
+        scratch_rows: u32,
+    ) -> PyResult<Self> {
+        let g = Geometry {
+            row_bytes,
+            layers,
+            page_rows,
+            arena_pages,
+            hot_rows,
+            tail_rows,
+            scratch_rows,
+        };
+        guard(|| g.validate().map(|()| PyKvGeometry(g)).map_err(kv_err))
+    }
+    /// Sizes the arena from an HBM budget in bytes (`budget_bytes`), as many pages of
+    /// `page_rows × layers × row_bytes` bytes as fit.
+    #[staticmethod]
+    #[pyo3(signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = 0))]
+    fn for_hbm_budget(
+        budget_bytes: u64,
+        row_bytes: u32,
+        layers: u32,
+        page_rows: u32,
+        hot_rows: u32,
+        tail_rows: u32,
+        scratch_rows: u32,
+    ) -> PyResult<Self> {
+        guard(|| {
+            Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
+                budget_bytes,
+                row_bytes,
+                layers,
+                page_rows,
+                hot_rows,
+                tail_rows,
+                scratch_rows,
+            })
+            .map(PyKvGeometry)
+            .map_err(kv_err)
+        })
+    }
+    #[getter]
+    fn row_bytes(&self) -> u32 {
+        self.0.row_bytes
+    }
+    #[getter]
+    fn layers(&self) -> u32 {
+        self.0.layers
+    }
+    #[getter]
+    fn page_rows(&self) -> u32 {
+        self.0.page_rows
+    }
+    #[getter]
+    fn arena_pages(&self) -> u32 {
+        self.0.arena_pages
+    }
+    #[getter]
+    fn hot_rows(&self) -> u32 {
+        self.0.hot_rows
+    }
+    #[getter]
+    fn tail_rows(&self) -> u32 {
+        self.0.tail_rows
+    }
+    #[getter]
+    fn scratch_rows(&self) -> u32 {
+        self.0.scratch_rows
+    }
+    /// Bytes of one token over all layers (`layers × row_bytes`): history is whole tokens.
+    #[getter]
+    fn token_bytes(&self) -> usize {
+        self.0.token_bytes()
+    }
+    /// Pages one session's fixed rows (hot cache + tail + scratch) take.
+    #[getter]
+    fn fixed_pages(&self) -> u32 {
+        self.0.fixed_pages()
+    }
+    /// Rows in the arena.
+    #[getter]
+    fn arena_rows(&self) -> u64 {
+        self.0.arena_rows()
+    }
+    fn __repr__(&self) -> String {
+        let g = self.0;
+        format!(
+            "Geometry(row_bytes={}, layers={}, page_rows={}, arena_pages={}, hot_rows={}, tail_rows={}, scratch_rows={})",
+            g.row_bytes, g.layers, g.page_rows, g.arena_pages, g.hot_rows, g.tail_rows, g.scratch_rows
+        )
+    }
+}
+
+/// The copies one resolve or prefetch made (the deduplicated miss list); `ElasticPool.replay`
+/// applies them to another layer of the group.
+#[pyclass(name = "ResolvePlan", module = "tierkit.kv", frozen)]
+pub(crate) struct PyResolvePlan(ResolvePlan);
+
+#[pymethods]
+impl PyResolvePlan {
+    fn __len__(&self) -> usize {
+        self.0.copies.len()
+    }
+    /// The copies as `(session, position, dst_row)` tuples.
+    fn copies(&self) -> Vec<(u64, u32, u32)> {
+        self.0
+            .copies
+            .iter()
+            .map(|c| (c.session, c.position, c.dst_row))
+            .collect()
+    }
+    fn __repr__(&self) -> String {
+        format!("ResolvePlan({} copies)", self.0.copies.len())
+    }
+}
+
+/// One resolve's result: `indices` (`int32 [rows, k]`, or the caller's array), `valid_count`
+/// (`int32 [rows]`), `stats` (a dict), `plan` (replay it into the group's other layers). The
+/// rows stay valid (their pages are not reused) until `complete()` (or the end of a `with`
+/// block, or garbage collection): call it once the attention that reads them is done.
+#[pyclass(name = "Resolved", module = "tierkit.kv", frozen)]
+pub(crate) struct PyResolved {
+    #[pyo3(get)]
+    indices: Py<PyAny>,
+    #[pyo3(get)]
+    valid_count: Py<PyAny>,
+    #[pyo3(get)]
+    stats: Py<PyAny>,
+    #[pyo3(get)]
+    plan: Py<PyResolvePlan>,
+    ticket: Mutex<Option<ReadTicket>>,
+}
+
+#[pymethods]
+impl PyResolved {
+    /// Ends the read: the rows' pages may be reused from now on (idempotent).
+    fn complete(&self) {
+        let t = self.ticket.lock().ok().and_then(|mut g| g.take());
+        drop(t);
+    }
+    /// Whether `complete()` was called.
+    #[getter]
+    fn completed(&self) -> bool {
+        self.ticket.lock().map(|g| g.is_none()).unwrap_or(true)
+    }
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+    fn __exit__(
+        &self,
+        _t: Option<&Bound<'_, PyAny>>,
+        _v: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) {
+        self.complete()
+    }
+    /// `indices, valid_count, stats = pool.resolve(...)` also works.
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let t = (
+            self.indices.clone_ref(py),
+            self.valid_count.clone_ref(py),
+            self.stats.clone_ref(py),
+        );
+        t.into_pyobject(py)?
+            .into_any()
+            .try_iter()
+            .map(|i| i.into_any())
+    }
+}
+
+fn admission<'py>(py: Python<'py>, a: Admission) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    match a {
+        Admission::Admitted { borrowed_pages } => {
+            d.set_item("admitted", true)?;
+            d.set_item("borrowed_pages", borrowed_pages)?;
+        }
+        Admission::Waiting { pending } => {
+            d.set_item("admitted", false)?;
+            d.set_item("pending", pending)?;
+        }
+    }
+    Ok(d)
+}
+
+/// The elastic sparse-attention KV pool with its exact CPU resolver. `elastic=False` keeps the
+/// fixed hot cache only (HiSparse); the default lends free HBM as history pages.
+#[pyclass(name = "ElasticPool", module = "tierkit.kv", frozen)]
+pub(crate) struct PyElasticPool(Slot<ElasticPool>);
+
+#[pymethods]
+impl PyElasticPool {
+    #[new]
+    #[pyo3(signature = (geometry, elastic = true))]
+    fn new(geometry: &PyKvGeometry, elastic: bool) -> PyResult<Self> {
+        guard(|| {
+            let p = ElasticPool::new(geometry.0, PoolConfig { elastic }).map_err(kv_err)?;
+            Ok(PyElasticPool(Slot::new("ElasticPool", p)))
+        })
+    }
+    #[getter]
+    fn geometry(&self) -> PyResult<PyKvGeometry> {
+        self.0.with(|p| Ok(PyKvGeometry(*p.geometry())))
+    }
+    /// Admits a session with its committed history (`bytes`, `bytearray` or a uint8 array /
+    /// tensor; whole tokens of `geometry.token_bytes`). Returns `{"admitted": True,
+    /// "borrowed_pages": n}` or, while pages wait behind open reads, `{"admitted": False,
+    /// "pending": n}` (complete the reads, call `between_steps`, admit again).
+    fn admit<'py>(
+        &self,
+        py: Python<'py>,
+        session: u64,
+        history: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let h = bytes(history, "history")?;
+        let a = self.0.with(|p| p.admit(session, &h).map_err(kv_err))?;
+        admission(py, a)
+    }
+    /// Appends committed tokens (whole tokens) to a session; returns its new length in tokens.
+    fn append(&self, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let t = bytes(tokens, "tokens")?;
+        self.0.with(|p| p.append(session, &t).map_err(kv_err))
+    }
+    /// Writes draft tokens into the session's scratch (speculative decoding).
+    fn write_scratch(&self, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let t = bytes(tokens, "tokens")?;
+        self.0
+            .with(|p| p.write_scratch(session, &t).map_err(kv_err))
+    }
+    /// Accepts the first `n` draft tokens as committed; returns the new length.
+    fn accept(&self, session: u64, n: u32) -> PyResult<u32> {
+        self.0.with(|p| p.accept(session, n).map_err(kv_err))
+    }
+    /// Finishes a session; its pages go back in bounded chunks at `between_steps`.
+    fn finish(&self, session: u64) -> PyResult<()> {
+        self.0.with(|p| p.finish(session).map_err(kv_err))
+    }
+    /// Between steps: hands back up to `chunk` pages of finished sessions, frees pages whose
+    /// readers completed, lends free pages to sessions missing history. Returns the counts.
+    #[pyo3(signature = (chunk = 8))]
+    fn between_steps<'py>(&self, py: Python<'py>, chunk: u32) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.0.with(|p| p.between_steps(chunk).map_err(kv_err))?;
+        let d = PyDict::new(py);
+        d.set_item("handed_back", m.handed_back)?;
+        d.set_item("collected", m.collected)?;
+        d.set_item("grown", m.grown)?;
+        Ok(d)
+    }
+    /// Resolves one step's top-k positions to arena rows.
+    ///
+    /// `sessions` (`[reqs]`), `query_start_loc` (`[reqs + 1]`) and `seq_lens` (`[reqs]`) are
+    /// int arrays or lists, as vLLM describes a batch; `topk` is the indexer's `[rows, k]`
+    /// positions (int32/int64, any strides, `-1` padding). Outputs go to `indices` /
+    /// `valid_count` when given (int32, C-contiguous, writeable, at least `rows × k` / `rows`
+    /// elements; the rest is written `-1` / 0), else to new arrays. `packed=True` packs each
+    /// row's valid entries to the front (FlashMLA's `topk_length`); `query_seq_lens` (`[rows]`)
+    /// bounds each query row (speculative rows).
+    #[pyo3(signature = (sessions, query_start_loc, seq_lens, topk, layer = 0, *, k = None, indices = None, valid_count = None, packed = false, query_seq_lens = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn resolve<'py>(
+        &self,
+        py: Python<'py>,
+        sessions: &Bound<'py, PyAny>,
+        query_start_loc: &Bound<'py, PyAny>,
+        seq_lens: &Bound<'py, PyAny>,
+        topk: &Bound<'py, PyAny>,
+        layer: u32,
+        k: Option<usize>,
+        indices: Option<&Bound<'py, PyAny>>,
+        valid_count: Option<&Bound<'py, PyAny>>,
+        packed: bool,
+        query_seq_lens: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<PyResolved> {
+        let sessions: Vec<u64> = narrow(&ints(sessions, "sessions", 1, "[reqs]")?.0, "sessions")?;
+        let qsl: Vec<i32> = narrow(
+            &ints(query_start_loc, "query_start_loc", 1, "[reqs + 1]")?.0,
+            "query_start_loc",
+        )?;
+        let seq: Vec<i32> = narrow(&ints(seq_lens, "seq_lens", 1, "[reqs]")?.0, "seq_lens")?;
+        let (flat, shape) = ints(topk, "topk", 2, "[rows, k]")?;
+        let (rows, kk) = (shape[0], shape[1]);
+        if let Some(k) = k.filter(|&k| k != kk) {
+            return Err(PyValueError::new_err(format!(
+                "k = {k} but topk has {kk} columns"
+            )));
+        }
+        let topk: Vec<i32> = narrow(&flat, "topk")?;
+        let qsls: Option<Vec<i32>> = match query_seq_lens {
+            Some(q) if !q.is_none() => Some(narrow(
+                &ints(q, "query_seq_lens", 1, "[rows]")?.0,
+                "query_seq_lens",
+            )?),
+            _ => None,
+        };
+        // Outputs: the caller's (checked) or new ones.
+        let idx_arr: Bound<'py, PyAny> = match indices {
+            Some(a) if !a.is_none() => a.clone(),
+            _ => PyArray1::<i32>::zeros(py, [rows * kk], false)
+                .reshape([rows, kk])?
+                .into_any(),
+        };
+        let val_arr: Bound<'py, PyAny> = match valid_count {
+            Some(a) if !a.is_none() => a.clone(),
+            _ => PyArray1::<i32>::zeros(py, [rows], false).into_any(),
+        };
+        if idx_arr.is(&val_arr) {
+            return Err(PyValueError::new_err(
+                "indices and valid_count must be different arrays",
+            ));
+        }
+        let (plan, stats, ticket) = {
+            let mut idx = out_i32(&idx_arr, "indices", rows * kk)?;
+            let mut val = out_i32(&val_arr, "valid_count", rows)?;
+            let idx_s = idx
+                .as_slice_mut()
+                .map_err(|e| PyValueError::new_err(format!("indices: {e}")))?;
+            let val_s = val
+                .as_slice_mut()
+                .map_err(|e| PyValueError::new_err(format!("valid_count: {e}")))?;
+            self.0.with(|p| {
+                let input = ResolveInput {
+                    sessions: &sessions,
+                    query_start_loc: &qsl,
+                    seq_lens: &seq,
+                    topk: &topk,
+                    k: kk,
+                    layer,
+                };
+                let opts = ResolveOptions {
+                    layout: if packed {
+                        OutputLayout::Packed
+                    } else {
+                        OutputLayout::InPlace
+                    },
+                    query_seq_lens: qsls.as_deref(),
+                };
+                let done = p
+                    .resolve_with(
+                        &input,
+                        &opts,
+                        &mut ResolveOutput {
+                            indices: idx_s,
+                            valid_count: val_s,
+                        },
+                    )
+                    .map_err(kv_err)?;
+                Ok((done.plan, done.stats, done.ticket))
+            })?
+        };
+        Ok(PyResolved {
+            indices: idx_arr.unbind(),
+            valid_count: val_arr.unbind(),
+            stats: to_py(py, &stats)?.unbind(),
+            plan: Py::new(py, PyResolvePlan(plan))?,
+            ticket: Mutex::new(Some(ticket)),
+        })
+    }
+    /// Applies a plan (or a `Resolved`'s plan) to another layer's plane.
+    fn replay(&self, plan: &Bound<'_, PyAny>, layer: u32) -> PyResult<()> {
+        let plan: Py<PyResolvePlan> = if let Ok(r) = plan.cast::<PyResolved>() {
+            r.get().plan.clone_ref(plan.py())
+        } else if let Ok(p) = plan.cast::<PyResolvePlan>() {
+            p.clone().unbind()
+        } else {
+            return Err(PyTypeError::new_err(
+                "plan must be a ResolvePlan or a Resolved",
+            ));
+        };
+        let plan = plan.get();
+        self.0.with(|p| p.replay(&plan.0, layer).map_err(kv_err))
+    }
+    /// Prefetches candidate positions of a session into its hot cache (up to 16,384); returns
+    /// the plan of copies made into `layer`.
+    fn prefetch(
+        &self,
+        session: u64,
+        candidates: &Bound<'_, PyAny>,
+        layer: u32,
+    ) -> PyResult<PyResolvePlan> {
+        let c: Vec<i32> = narrow(&ints(candidates, "candidates", 1, "[n]")?.0, "candidates")?;
+        self.0.with(|p| {
+            p.prefetch(session, &c, layer)
+                .map(PyResolvePlan)
+                .map_err(kv_err)
+        })
+    }
+    /// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), or
+    /// None for `-1` / out of range.
+    fn arena_row<'py>(
+        &self,
+        py: Python<'py>,
+        layer: u32,
+        row: i32,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let v = self
+            .0
+            .with(|p| Ok(p.arena_row(layer, row).map(<[u8]>::to_vec)))?;
+        Ok(v.map(|b| PyBytes::new(py, &b)))
+    }
+    /// Committed tokens of a session.
+    fn committed_len(&self, session: u64) -> PyResult<u32> {
+        self.0.with(|p| p.committed_len(session).map_err(kv_err))
+    }
+    /// Sessions admitted and not finished.
+    #[getter]
+    fn active_sessions(&self) -> PyResult<usize> {
+        self.0.with(|p| Ok(p.active_sessions()))
+    }
+    /// Page counts: free, fixed, history, pending, queued, capacity.
+    fn pages<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.0.with(|p| Ok(p.pages()))?;
+        to_py(py, &c)
+    }
+    /// Running totals (admitted, finished, pages lent / reclaimed / handed back, tokens moved).
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.0.with(|p| Ok(*p.counters()))?;
+        to_py(py, &c)
+    }
+    /// Checks pages, loans and tables agree; `RuntimeError` naming the first violation.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.0.with(|p| {
+            p.check_invariants()
+                .map_err(|m| crate::raise(tierkit_bindings::Code::Internal, m))
+        })
+    }
+    /// Releases the pool; later calls raise `ClosedError`.
+    fn close(&self) -> PyResult<()> {
+        self.0.close()
+    }
+    #[getter]
+    fn closed(&self) -> bool {
+        self.0.is_closed()
+    }
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+    fn __exit__(
+        &self,
+        _t: Option<&Bound<'_, PyAny>>,
+        _v: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        self.close()
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyKvGeometry>()?;
+    m.add_class::<PyElasticPool>()?;
+    m.add_class::<PyResolved>()?;
+    m.add_class::<PyResolvePlan>()?;
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! # tierkit-python
+//!
+//! The native module `tierkit._native` of the `tierkit` Python package (PyO3, abi3 for CPython
+//! ≥ 3.9, built by maturin: `pip install ./bindings/python`). The Python modules
+//! `tierkit.experts`, `tierkit.kv` and `tierkit.sim` re-export its classes under their public
+//! names; see `bindings/python/README.md`.
+//!
+//! Boundaries, the same for every method:
+//! - **Arrays** come in as numpy arrays, CPU tensors through DLPack (torch, jax, cupy-on-host...)
+//!   or buffer-protocol objects; dtype, shape, alignment and (for outputs) contiguity and
+//!   writability are checked: `TypeError` for a dtype, `ValueError` for the rest (`src/arrays.rs`).
+//! - **Errors** of the tiers become `ValueError` (bad input) or `RuntimeError` (state, room),
+//!   after the classes shared with the C ABI (`tierkit_bindings::Code`).
+//! - **Panics** are caught in every method and raised as `tierkit.InternalError` (a
+//!   `RuntimeError`); the object that panicked is poisoned (closed), every other object goes on.
+//! - **Lifetimes**: every resource object has `close()` (and is a context manager); a closed
+//!   object raises `tierkit.ClosedError`. No method starts a thread that outlives it (the
+//!   scoreboard's replay threads are scoped and joined before it returns), so nothing of ours
+//!   runs after `close()` or at interpreter exit.
+//! - **Concurrency**: an object used by two Python threads at once raises `RuntimeError` in the
+//!   second instead of blocking (objects are locked with `try_lock`, never while Python code may
+//!   run).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, TryLockError};
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use tierkit_bindings::{panic_message, Code};
+
+mod arrays;
+mod experts;
+mod kv;
+mod sim;
+
+pyo3::create_exception!(
+    tierkit,
+    ClosedError,
+    PyRuntimeError,
+    "An object used after close() (or poisoned by an earlier internal error)."
+);
+pyo3::create_exception!(
+    tierkit,
+    InternalError,
+    PyRuntimeError,
+    "A panic inside tierkit, caught at the boundary; the object it happened in is closed."
+);
+
+/// The Python exception of an error class.
+pub(crate) fn raise(code: Code, message: String) -> PyErr {
+    match code {
+        Code::TypeMismatch => PyTypeError::new_err(message),
+        Code::NullArgument | Code::InvalidArgument | Code::Layout => PyValueError::new_err(message),
+        Code::InvalidHandle | Code::Poisoned => ClosedError::new_err(message),
+        Code::Panic => InternalError::new_err(message),
+        Code::Ok | Code::State | Code::NoRoom | Code::Internal => PyRuntimeError::new_err(message),
+    }
+}
+
+/// An `expert-residency` error as a Python exception.
+pub(crate) fn expert_err(e: expert_residency::ExpertError) -> PyErr {
+    raise(tierkit_bindings::classify_expert(&e), e.to_string())
+}
+
+/// A `kv-elastic` error as a Python exception.
+pub(crate) fn kv_err(e: kv_elastic::KvError) -> PyErr {
+    raise(tierkit_bindings::classify_kv(&e), e.to_string())
+}
+
+/// Runs `f`, turning a panic into `InternalError` (never PyO3's `PanicException`, which is a
+/// `BaseException` that `except Exception` would not catch).
+pub(crate) fn guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        Err(InternalError::new_err(format!(
+            "panic inside tierkit: {}",
+            panic_message(&*p)
+        )))
+    })
+}
+
+enum State<T> {
+    Open(T),
+    Closed,
+    Poisoned(String),
+}
+
+/// The Rust object behind a Python resource object: open, closed, or poisoned by a panic.
+pub(crate) struct Slot<T> {
+    name: &'static str,
+    state: Mutex<State<T>>,
+}
+
+impl<T> Slot<T> {
+    pub(crate) fn new(name: &'static str, value: T) -> Self {
+        Slot {
+            name,
+            state: Mutex::new(State::Open(value)),
+        }
+    }
+
+    /// Runs `f` on the open object. Closed or poisoned: `ClosedError`; in use by another thread:
+    /// `RuntimeError`; a panic in `f`: `InternalError`, and the object is poisoned (dropped).
+    /// `f` must not run Python code that could release the GIL (the lock is held).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> PyResult<R>) -> PyResult<R> {
+        let mut state = match self.state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                return Err(PyRuntimeError::new_err(format!(
+                    "{} is in use by another thread",
+                    self.name
+                )))
+            }
+        };
+        let value = match &mut *state {
+            State::Open(v) => v,
+            State::Closed => return Err(ClosedError::new_err(format!("{} is closed", self.name))),
+            State::Poisoned(m) => {
+                return Err(ClosedError::new_err(format!(
+                    "{} was closed by an earlier internal error ({m})",
+                    self.name
+                )))
+            }
+        };
+        match catch_unwind(AssertUnwindSafe(|| f(value))) {
+            Ok(r) => r,
+            Err(p) => {
+                let msg = panic_message(&*p);
+                let old = std::mem::replace(&mut *state, State::Poisoned(msg.clone()));
+                // A destructor that panics too must not unwind into Python.
+                let _ = catch_unwind(AssertUnwindSafe(move || drop(old)));
+                Err(InternalError::new_err(format!(
+                    "panic inside tierkit: {msg}; {} is closed",
+                    self.name
+                )))
+            }
+        }
+    }
+
+    /// Drops the object (idempotent).
+    pub(crate) fn close(&self) -> PyResult<()> {
+        let old = match self.state.try_lock() {
+            Ok(mut g) => std::mem::replace(&mut *g, State::Closed),
+            Err(TryLockError::Poisoned(p)) => {
+                std::mem::replace(&mut *p.into_inner(), State::Closed)
+            }
+            Err(TryLockError::WouldBlock) => {
+                return Err(PyRuntimeError::new_err(format!(
+                    "{} is in use by another thread",
+                    self.name
+                )))
+            }
+        };
+        guard(move || {
+            drop(old);
+            Ok(())
+        })
+    }
+
+    /// Whether the object is closed (or poisoned).
+    pub(crate) fn is_closed(&self) -> bool {
+        match self.state.try_lock() {
+            Ok(g) => !matches!(*g, State::Open(_)),
+            Err(TryLockError::Poisoned(_)) => true,
+            Err(TryLockError::WouldBlock) => false,
+        }
+    }
+}
+
+/// A JSON-serialisable value as the matching Python object (dicts, lists, numbers...).
+pub(crate) fn to_py<'py>(
+    py: Python<'py>,
+    v: &impl serde::Serialize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let s = serde_json::to_string(v).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    py.import("json")?.call_method1("loads", (s,))
+}
+
+/// A JSON argument given as a string, a dict (or any JSON-serialisable object), or None.
+pub(crate) fn json_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => match o.extract::<String>() {
+            Ok(s) => Ok(Some(s)),
+            Err(_) => Ok(Some(
+                o.py()
+                    .import("json")?
+                    .call_method1("dumps", (o,))?
+                    .extract()?,
+            )),
+        },
+    }
+}
+
+/// Panics on purpose inside tierkit (for tests of the panic boundary): raises `InternalError`.
+#[pyfunction]
+fn _test_panic() -> PyResult<()> {
+    guard(|| {
+        let table: Vec<u32> = Vec::new();
+        let i = table.len() + 3;
+        panic!("test panic: index {i} of an empty table")
+    })
+}
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("ClosedError", py.get_type::<ClosedError>())?;
+    m.add("InternalError", py.get_type::<InternalError>())?;
+    m.add_function(wrap_pyfunction!(_test_panic, m)?)?;
+    experts::register(m)?;
+    kv::register(m)?;
+    sim::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,114 @@
+"""The KV tier from Python: the engine loop of examples/kv_engine_loop.rs, outputs, DLPack."""
+
+import numpy as np
+import pytest
+
+from tierkit import kv
+
+ROW, LAYERS, K = 64, 2, 16
+
+
+def token(s, t):
+    """Token t of session s: every layer's row filled with a byte derived from (s, t, layer)."""
+    return np.repeat((s * 31 + t * 7 + np.arange(LAYERS)) % 256, ROW).astype(np.uint8)
+
+
+def test_engine_loop_resolves_exactly():
+    g = kv.Geometry.for_hbm_budget(128 << 10, ROW, LAYERS, 16, 32, 16)
+    assert g.token_bytes == LAYERS * ROW
+    pool = kv.ElasticPool(g)
+    length = {}
+    for s in range(1, 5):
+        n = 400 + 100 * s
+        hist = np.concatenate([token(s, t) for t in range(n)])
+        assert pool.admit(s, hist)["admitted"]
+        length[s] = n
+    picks = misses = 0
+    for step in range(64):
+        sessions = np.array(sorted(length), dtype=np.uint64)
+        seq = np.array([length[s] for s in sessions], dtype=np.int32)
+        qsl = np.arange(len(sessions) + 1, dtype=np.int32)
+        j = np.arange(K)
+        topk = np.maximum(seq[:, None] - 1 - 3 * j * j, 0).astype(np.int32)
+        topk[:, K - 1] = -1
+        with pool.resolve(sessions, qsl, seq, topk, layer=0) as r:
+            pool.replay(r, 1)
+            for i, s in enumerate(sessions):
+                for c in range(K):
+                    if topk[i, c] < 0:
+                        assert r.indices[i, c] == -1
+                        continue
+                    want = token(int(s), int(topk[i, c])).tobytes()
+                    for layer in range(LAYERS):
+                        assert pool.arena_row(layer, int(r.indices[i, c])) == want[layer * ROW:(layer + 1) * ROW]
+            picks += r.stats["picks"]
+            misses += r.stats["misses"]
+        assert r.completed
+        for s in list(length):
+            assert pool.append(s, token(s, length[s]).tobytes()) == length[s] + 1
+            length[s] += 1
+        if step == 31:
+            pool.finish(1)
+            del length[1]
+        pool.between_steps(8)
+    assert picks > 0 and 0 < misses < picks
+    pool.check_invariants()
+    pool.close()
+
+
+def small_pool():
+    g = kv.Geometry.for_hbm_budget(16 * 4 * 16 * 2, 16, 2, 4, 8, 4)
+    pool = kv.ElasticPool(g)
+    history = bytes(b for t in range(20) for b in [t] * 32)
+    assert pool.admit(7, history) == {"admitted": True, "borrowed_pages": pool.pages()["history"]}
+    return pool
+
+
+def test_caller_outputs_packed_layout_padding_and_tuple_unpacking():
+    pool = small_pool()
+    idx = np.full((2, 4), 99, dtype=np.int32)  # longer than rows * k: padding written -1
+    valid = np.full(3, 99, dtype=np.int32)
+    r = pool.resolve([7], [0, 1], [20], np.array([[0, -1, 19, 5]], dtype=np.int32),
+                     indices=idx, valid_count=valid, packed=True)
+    assert r.indices is idx and r.valid_count is valid
+    assert valid.tolist() == [3, 0, 0] and idx[0, 3] == -1 and (idx[1] == -1).all()
+    assert pool.arena_row(0, int(idx[0, 2])) == bytes([5] * 16)
+    indices, valid_count, stats = r
+    assert stats["picks"] == 3 and len(r.plan) == stats["misses"]
+    r.complete()
+
+
+class FakeTensor:
+    """Stands in for a torch tensor: exposes only the DLPack protocol."""
+
+    def __init__(self, array, device=(1, 0)):
+        self._a, self._device = array, device
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._device
+
+
+def test_dlpack_cpu_tensors_are_taken_and_gpu_ones_refused():
+    pool = small_pool()
+    topk = FakeTensor(np.array([[0, 5, 19, -1]], dtype=np.int64))
+    r = pool.resolve(FakeTensor(np.array([7], dtype=np.uint64)), [0, 1], [20], topk)
+    assert r.valid_count.tolist() == [3]
+    r.complete()
+    with pytest.raises(ValueError, match="not the CPU"):
+        pool.resolve([7], [0, 1], [20], FakeTensor(np.zeros((1, 4), np.int32), device=(2, 0)))
+
+
+def test_torch_cpu_tensors_if_torch_is_installed():
+    torch = pytest.importorskip("torch")
+    from tierkit import experts
+    c = experts.PickCounters(experts.Geometry(1, 8, 2))
+    ids = torch.topk(torch.rand(4, 8), 2).indices  # int64 [4, 2]
+    c.record_layer(0, ids)
+    assert c.snapshot().sum() == 8
+    pool = small_pool()
+    r = pool.resolve(torch.tensor([7]), torch.tensor([0, 1]), torch.tensor([20]),
+                     torch.tensor([[0, 5, 19, -1]], dtype=torch.int32))
+    assert r.valid_count.tolist() == [3]
