@@ -134,7 +134,7 @@ impl<D: DataPlane> ElasticPool<D> {
     }
 
     /// Appends `n` committed tokens whose rows the engine already wrote into the session's tail
-    /// rows on the device ([`ElasticPool::tail_row`] of positions `committed .. committed + n`,
+    /// rows on the device ([`ElasticPool::tail_row_of`] of positions `committed .. committed + n`,
     /// `n <= tail_rows`); the data plane writes them back to the host store (GPU: a write-back
     /// kernel on the step stream, no host sync). Clears the scratch. Errors: session errors,
     /// `ScratchOverflow` when `n > tail_rows` (named as the tail's rows), `Unsupported` on the CPU
