@@ -52,7 +52,9 @@ static void experts_loop(void) {
     OK(tierkit_residency_map_first_k("toy-moe", &g, &boot, &err_));
     OK(tierkit_executor_new_memory(boot, 4096, 7, &exec, &err_));
     OK(tierkit_pick_counters_new(&g, &counters, &err_));
-    OK(tierkit_controller_new(boot, "{\"drain_every\": 8, \"half_life_steps\": 32}", &ctl, &err_));
+    /* The published ratio recipe at a fast cadence: the default cost-aware policy prices swaps by
+       the geometry's expert bytes and would (rightly) not move these toy experts. */
+    OK(tierkit_controller_new(boot, "{\"policy\": \"ratio\", \"adaptive\": null, \"drain_every\": 8, \"half_life_steps\": 32}", &ctl, &err_));
     int32_t ids[TOKENS][STRIDE];
     tierkit_step_report rep;
     for (uint64_t step = 0; step < 400; step++) {

@@ -46,7 +46,7 @@ fn expert_loop_swaps_busy_experts_in_losslessly() {
             check(|e| tierkit_residency_map_first_k(c"toy".as_ptr(), &G, &mut map, e)).0,
             0
         );
-        let cfg = c"{\"drain_every\": 4}";
+        let cfg = c"{\"policy\": \"ratio\", \"adaptive\": null, \"drain_every\": 4}";
         assert_eq!(
             check(|e| tierkit_controller_new(map, cfg.as_ptr(), &mut ctl, e)).0,
             0

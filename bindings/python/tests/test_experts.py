@@ -24,7 +24,8 @@ def test_engine_loop_follows_the_shift_and_moves_bytes_losslessly():
     g = experts.Geometry(LAYERS, EXPERTS, HOT, 4096)
     boot = experts.ResidencyMap.first_k("toy-moe", g)
     with experts.MemoryExecutor(boot, 4096, seed=7) as ex, experts.PickCounters(g) as counters, \
-            experts.Controller(boot, {"drain_every": 8, "half_life_steps": 32}) as ctl:
+            experts.Controller(boot, {"policy": "ratio", "adaptive": None, "drain_every": 8,
+                                      "half_life_steps": 32}) as ctl:
         digest = ex.read_digest()
         drains = 0
         for step in range(400):
