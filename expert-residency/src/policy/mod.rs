@@ -101,6 +101,10 @@ pub trait SwapPolicy: std::fmt::Debug + Send {
 /// heat (ties: lower id first, as ids are scanned in order), at most `cap`, into `out` (cleared
 /// by the caller). Insertion sort into the short list; once full, `floor` rises to its smallest
 /// heat. Shared by the ratio and cost-aware policies.
+///
+/// The scan tests a chunk of experts at a time without branching and looks at the chunk one
+/// expert at a time only if one of them passes (`floor` only rises, so a chunk that fails as a
+/// whole fails expert by expert too); the short list lives in `out`'s buffer, sized once.
 pub(crate) fn rank_cold(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
@@ -109,29 +113,48 @@ pub(crate) fn rank_cold(
     mut floor: f64,
     cap: usize,
 ) {
-    for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
-        if slot >= 0 || v <= floor || v < needed {
+    const CHUNK: usize = 8;
+    let n = vals.len().min(table.len());
+    let (vals, table) = (&vals[..n], &table[..n]);
+    // The list never holds more than `cap` nor more than `n` entries.
+    out.clear();
+    out.resize(cap.min(n), (0.0, 0));
+    let buf = &mut out[..];
+    let mut len = 0usize;
+    for (c, (vc, tc)) in vals.chunks(CHUNK).zip(table.chunks(CHUNK)).enumerate() {
+        let mut any = false;
+        for (&v, &slot) in vc.iter().zip(tc) {
+            // The per-expert test below, without short-circuits.
+            any |= !((slot >= 0) | (v <= floor) | (v < needed));
+        }
+        if !any {
             continue;
         }
-        let mut i = if out.len() < cap {
-            out.push((v, e as u32));
-            out.len() - 1
-        } else {
-            out[cap - 1] = (v, e as u32);
-            cap - 1
-        };
-        while i > 0 && out[i - 1].0 < out[i].0 {
-            out.swap(i - 1, i);
-            i -= 1;
-        }
-        if out.len() == cap {
-            floor = out[cap - 1].0;
+        for (j, (&v, &slot)) in vc.iter().zip(tc).enumerate() {
+            if slot >= 0 || v <= floor || v < needed {
+                continue;
+            }
+            let mut i = if len < cap {
+                len += 1;
+                len - 1
+            } else {
+                cap - 1
+            };
+            while i > 0 && buf[i - 1].0 < v {
+                buf[i] = buf[i - 1];
+                i -= 1;
+            }
+            buf[i] = (v, (c * CHUNK + j) as u32);
+            if len == cap {
+                floor = buf[cap - 1].0;
+            }
         }
     }
+    out.truncate(len);
 }
 
 /// The least busy hot experts whose heat `beatable` accepts, ascending by (heat, id), at most
-/// `cap`, into `out` (cleared by the caller).
+/// `cap`, into `out` (cleared by the caller). The short list lives in `out`'s buffer, sized once.
 pub(crate) fn rank_hot(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
@@ -139,23 +162,150 @@ pub(crate) fn rank_hot(
     cap: usize,
     beatable: impl Fn(f64) -> bool,
 ) {
+    out.clear();
+    out.resize(cap.min(hot_experts.len()), (0.0, 0));
+    let buf = &mut out[..];
+    let mut len = 0usize;
     for &e in hot_experts {
         let x = (vals[e as usize], e);
         if !beatable(x.0) {
             continue;
         }
-        let mut i = if out.len() < cap {
-            out.push(x);
-            out.len() - 1
-        } else if x < out[cap - 1] {
-            out[cap - 1] = x;
+        let mut i = if len < cap {
+            len += 1;
+            len - 1
+        } else if x < buf[cap - 1] {
             cap - 1
         } else {
             continue;
         };
-        while i > 0 && out[i] < out[i - 1] {
-            out.swap(i - 1, i);
+        while i > 0 && x < buf[i - 1] {
+            buf[i] = buf[i - 1];
             i -= 1;
+        }
+        buf[i] = x;
+    }
+    out.truncate(len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The straightforward versions the ranking functions must match entry for entry.
+    fn rank_cold_ref(
+        out: &mut Vec<(f64, u32)>,
+        vals: &[f64],
+        table: &[i32],
+        needed: f64,
+        mut floor: f64,
+        cap: usize,
+    ) {
+        for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
+            if slot >= 0 || v <= floor || v < needed {
+                continue;
+            }
+            let mut i = if out.len() < cap {
+                out.push((v, e as u32));
+                out.len() - 1
+            } else {
+                out[cap - 1] = (v, e as u32);
+                cap - 1
+            };
+            while i > 0 && out[i - 1].0 < out[i].0 {
+                out.swap(i - 1, i);
+                i -= 1;
+            }
+            if out.len() == cap {
+                floor = out[cap - 1].0;
+            }
+        }
+    }
+
+    fn rank_hot_ref(
+        out: &mut Vec<(f64, u32)>,
+        vals: &[f64],
+        hot_experts: &[u32],
+        cap: usize,
+        beatable: impl Fn(f64) -> bool,
+    ) {
+        for &e in hot_experts {
+            let x = (vals[e as usize], e);
+            if !beatable(x.0) {
+                continue;
+            }
+            let mut i = if out.len() < cap {
+                out.push(x);
+                out.len() - 1
+            } else if x < out[cap - 1] {
+                out[cap - 1] = x;
+                cap - 1
+            } else {
+                continue;
+            };
+            while i > 0 && out[i] < out[i - 1] {
+                out.swap(i - 1, i);
+                i -= 1;
+            }
+        }
+    }
+
+    fn bits(v: &[(f64, u32)]) -> Vec<(u64, u32)> {
+        v.iter().map(|&(h, e)| (h.to_bits(), e)).collect()
+    }
+
+    #[test]
+    fn ranking_matches_the_plain_insertion_sort() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for round in 0..4000 {
+            // Mostly short layers; now and then one past the chunked path's reach.
+            let n = if round % 50 == 7 {
+                1020 + (rnd() % 20) as usize
+            } else {
+                (rnd() % 70) as usize + (round % 3) * 100
+            };
+            let palette = [0.0, -0.0, 1.0, 2.5, 3.0, f64::NAN, 7.0, f64::INFINITY];
+            let vals: Vec<f64> = (0..n)
+                .map(|i| match rnd() % 4 {
+                    0 => palette[(rnd() % palette.len() as u64) as usize],
+                    1 => i as f64 * 0.5,
+                    2 => (n - i) as f64,
+                    _ => (rnd() % 1000) as f64 / 10.0,
+                })
+                .collect();
+            let table: Vec<i32> = (0..n)
+                .map(|_| {
+                    if rnd() % 3 == 0 {
+                        (rnd() % 50) as i32
+                    } else {
+                        -1
+                    }
+                })
+                .collect();
+            let hot: Vec<u32> = (0..n as u32).filter(|&e| table[e as usize] >= 0).collect();
+            let cap = if round % 7 == 3 {
+                15 + (rnd() % 5) as usize
+            } else {
+                (rnd() % 6) as usize + 1
+            };
+            let needed = [f64::NEG_INFINITY, 0.0, 2.0, 30.0][(rnd() % 4) as usize];
+            let floor = [f64::NEG_INFINITY, 0.0, 1.0][(rnd() % 3) as usize];
+            a.clear();
+            rank_cold_ref(&mut a, &vals, &table, needed, floor, cap);
+            rank_cold(&mut b, &vals, &table, needed, floor, cap);
+            assert_eq!(bits(&a), bits(&b), "cold, round {round}");
+            let bound = (rnd() % 100) as f64;
+            a.clear();
+            rank_hot_ref(&mut a, &vals, &hot, cap, |h| h + 0.5 <= bound);
+            rank_hot(&mut b, &vals, &hot, cap, |h| h + 0.5 <= bound);
+            assert_eq!(bits(&a), bits(&b), "hot, round {round}");
         }
     }
 }
