@@ -162,6 +162,45 @@ pub(crate) fn rank_hot(
     cap: usize,
     beatable: impl Fn(f64) -> bool,
 ) {
+    rank_least(out, vals, hot_experts, cap, beatable);
+}
+
+/// The least busy hot experts of a layer in one pass, for a policy whose "beatable" test is
+/// monotone in the heat (`h + price ≤ c` with a finite price, `h × ratio ≤ c` with a finite ratio
+/// ≥ 0): the `cap` least busy by (heat, id) into `out`, and `fold(+∞, f64::min)` of the hot heats
+/// (the policies' `hot_min`). Returns `(hot_min, exact)`; when `exact` (no hot heat is NaN),
+/// [`keep_beatable`] then leaves exactly what [`rank_hot`] would (the beatable experts are a
+/// prefix of the list ordered by heat), sparing a second pass over the hot set.
+pub(crate) fn rank_least_hot(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    hot_experts: &[u32],
+    cap: usize,
+) -> (f64, bool) {
+    let mut hot_min = f64::INFINITY;
+    let mut nan = false;
+    rank_least(out, vals, hot_experts, cap, |h| {
+        hot_min = hot_min.min(h);
+        nan |= h.is_nan();
+        true
+    });
+    (hot_min, !nan)
+}
+
+/// Keeps the beatable prefix of the list [`rank_least_hot`] made.
+pub(crate) fn keep_beatable(out: &mut Vec<(f64, u32)>, beatable: impl Fn(f64) -> bool) {
+    let k = out.iter().take_while(|&&(h, _)| beatable(h)).count();
+    out.truncate(k);
+}
+
+/// [`rank_hot`]'s scan (`beatable` may keep state: it sees every hot heat once, in order).
+fn rank_least(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    hot_experts: &[u32],
+    cap: usize,
+    mut beatable: impl FnMut(f64) -> bool,
+) {
     out.clear();
     out.resize(cap.min(hot_experts.len()), (0.0, 0));
     let buf = &mut out[..];
@@ -306,6 +345,25 @@ mod tests {
             rank_hot_ref(&mut a, &vals, &hot, cap, |h| h + 0.5 <= bound);
             rank_hot(&mut b, &vals, &hot, cap, |h| h + 0.5 <= bound);
             assert_eq!(bits(&a), bits(&b), "hot, round {round}");
+            // One pass: the same list when no hot heat is NaN, and the same `hot_min`.
+            let (hot_min, exact) = rank_least_hot(&mut b, &vals, &hot, cap);
+            let m = hot
+                .iter()
+                .map(|&e| vals[e as usize])
+                .fold(f64::INFINITY, f64::min);
+            assert_eq!(hot_min.to_bits(), m.to_bits(), "hot_min, round {round}");
+            assert_eq!(exact, !hot.iter().any(|&e| vals[e as usize].is_nan()));
+            if exact {
+                keep_beatable(&mut b, |h| h + 0.5 <= bound);
+                assert_eq!(bits(&a), bits(&b), "one pass, round {round}");
+                for ratio in [1.0, 1.5] {
+                    a.clear();
+                    rank_hot_ref(&mut a, &vals, &hot, cap, |h| h * ratio <= bound);
+                    rank_least_hot(&mut b, &vals, &hot, cap);
+                    keep_beatable(&mut b, |h| h * ratio <= bound);
+                    assert_eq!(bits(&a), bits(&b), "one pass × {ratio}, round {round}");
+                }
+            }
         }
     }
 }
