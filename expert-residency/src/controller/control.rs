@@ -3,7 +3,7 @@
 
 use super::Controller;
 use crate::config::OnCounterReset;
-use crate::counters::first_backwards_cell;
+use crate::counters::{first_backwards_cell, COUNTER_RESET_DELTA};
 use crate::error::{ExpertError, Result};
 
 /// A control message, as JSON `{"freeze": false, "baseline": true}` (the published GB300
@@ -74,6 +74,12 @@ impl Controller {
     /// `Ok(false)` if it did not go backwards, [`ExpertError::CounterReset`] under
     /// [`OnCounterReset::Error`].
     pub(super) fn check_counter_reset(&self, snap: &[u32]) -> Result<bool> {
+        // Every drain pays this scan: a branch-free pass (the high bit of the wrap-around deltas,
+        // OR-ed over a chunk) answers the usual "no"; only a table that went backwards is searched
+        // for its first cell.
+        if snap.len() == self.prev.len() && !any_backwards(snap, &self.prev) {
+            return Ok(false);
+        }
         let Some(cell) = first_backwards_cell(snap, &self.prev)? else {
             return Ok(false);
         };
@@ -90,4 +96,17 @@ impl Controller {
             }
         }
     }
+}
+
+/// Whether some cell of `new` went backwards from `old` (wrap-around delta ≥
+/// [`COUNTER_RESET_DELTA`] = 2^31, i.e. the delta's high bit), as [`first_backwards_cell`] finds,
+/// without stopping at each cell (so the loop vectorises).
+fn any_backwards(new: &[u32], old: &[u32]) -> bool {
+    const _: () = assert!(COUNTER_RESET_DELTA == 1 << 31);
+    new.chunks(256).zip(old.chunks(256)).any(|(n, o)| {
+        n.iter()
+            .zip(o)
+            .fold(0u32, |acc, (&n, &o)| acc | n.wrapping_sub(o))
+            >= COUNTER_RESET_DELTA
+    })
 }

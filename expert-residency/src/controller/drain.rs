@@ -87,12 +87,12 @@ impl Controller {
         let elapsed = self.step - self.last_drain_step;
         self.last_drain_step = self.step;
         self.drains += 1;
-        let (cold, picks) = self.take_deltas(snap);
-        let cold_share = share(cold, picks);
         // Touched steps of the interval (and the adapted half-life) before anything folds.
         let touches = self.cfg.adaptive.is_some() || self.policy.uses_touch();
-        if touches {
-            self.fold_touches(elapsed);
+        let (cold, picks, touched) = self.take_deltas(snap, touches.then_some(elapsed));
+        let cold_share = share(cold, picks);
+        if let Some((sum_touched, layers_with_picks)) = touched {
+            self.adapt_cadence(sum_touched, layers_with_picks);
         }
         // Detect before folding so that a boosted half-life applies to this very fold.
         let forget = if picks > 0 {
@@ -140,11 +140,21 @@ impl Controller {
 
     /// One fused pass per layer: wrap-around-safe deltas (u32 → u64) into `deltas`, `snap` as the
     /// new reference snapshot, and the interval's (cold, total) picks with the map as it is now,
-    /// recorded in the cold-share window. Returns (cold, total) over all layers.
-    fn take_deltas(&mut self, snap: &[u32]) -> (u64, u64) {
+    /// recorded in the cold-share window. With `touch_elapsed` (the interval's steps), the
+    /// layer's touched steps are then estimated from its deltas while they are still in cache
+    /// ([`touch_layer`]). Returns (cold, total) over all layers and, with `touch_elapsed`, the
+    /// sum of the layers' touched experts per step and the number of layers with picks.
+    fn take_deltas(
+        &mut self,
+        snap: &[u32],
+        touch_elapsed: Option<u64>,
+    ) -> (u64, u64, Option<(f64, u32)>) {
         let experts = self.map.geometry().experts_per_layer as usize;
         let layers = self.map.layers().len();
         let wbase = self.window_pos * layers;
+        let n = touch_elapsed.map(|e| e.max(1) as f64);
+        let step = self.step;
+        let (mut sum_touched, mut layers_with_picks) = (0.0f64, 0u32);
         let (mut cold_all, mut total_all) = (0u64, 0u64);
         for (l, row) in self.map.layers().iter().enumerate() {
             let r = l * experts..(l + 1) * experts;
@@ -152,7 +162,7 @@ impl Controller {
             for (((d, p), &s), &slot) in self.deltas[r.clone()]
                 .iter_mut()
                 .zip(&mut self.prev[r.clone()])
-                .zip(&snap[r])
+                .zip(&snap[r.clone()])
                 .zip(row.table())
             {
                 let x = s.wrapping_sub(*p) as u64;
@@ -165,9 +175,22 @@ impl Controller {
             self.window[wbase + l] = (cold, total);
             cold_all += cold;
             total_all += total;
+            if let Some(n) = n {
+                if let Some(touched) = touch_layer(
+                    &self.deltas[r.clone()],
+                    &mut self.touch_scratch[r.clone()],
+                    &mut self.last_touch[r],
+                    n,
+                    step,
+                ) {
+                    sum_touched += touched;
+                    layers_with_picks += 1;
+                }
+            }
         }
         self.window_pos = (self.window_pos + 1) % self.cfg.window_drains as usize;
-        (cold_all, total_all)
+        let touched = n.map(|_| (sum_touched, layers_with_picks));
+        (cold_all, total_all, touched)
     }
 
     /// The shift response (if configured) for a drain with picks: on a jump, starts the boost
@@ -206,54 +229,11 @@ impl Controller {
         }
     }
 
-    /// Estimates the interval's touched steps per cell into `touch_scratch` (see `touch.rs`),
-    /// stamps `last_touch`, and under the adaptive cadence re-derives the half-life and the
-    /// next drain's distance from the experts touched per step.
-    fn fold_touches(&mut self, elapsed: u64) {
+    /// Under the adaptive cadence, re-derives the half-life and the next drain's distance from
+    /// the experts touched per step (`sum_touched` over `layers_with_picks` layers, from
+    /// [`touch_layer`]).
+    fn adapt_cadence(&mut self, sum_touched: f64, layers_with_picks: u32) {
         let experts = self.map.geometry().experts_per_layer as usize;
-        let n = elapsed.max(1) as f64;
-        let inv_n = 1.0 / n;
-        let step = self.step;
-        let (mut sum_touched, mut layers_with_picks) = (0.0f64, 0u32);
-        for ((d, x), last) in self
-            .deltas
-            .chunks_exact(experts)
-            .zip(self.touch_scratch.chunks_exact_mut(experts))
-            .zip(self.last_touch.chunks_exact_mut(experts))
-        {
-            let max_d = d.iter().copied().max().unwrap_or(0);
-            if max_d == 0 {
-                x.iter_mut().for_each(|v| *v = 0.0);
-                continue;
-            }
-            let tokens = (max_d as f64 * inv_n).max(1.0);
-            let inv_tokens = 1.0 / tokens;
-            let mut touched = 0.0;
-            // Small pick counts repeat across a layer's experts: memoise τ for d < MEMO (a NaN
-            // marks an empty entry), so most cells cost a table read rather than an exp.
-            const MEMO: usize = 64;
-            let mut memo = [f64::NAN; MEMO];
-            for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
-                if d == 0 {
-                    *x = 0.0;
-                    continue;
-                }
-                let tau = if (d as usize) < MEMO {
-                    let m = &mut memo[d as usize];
-                    if m.is_nan() {
-                        *m = touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens);
-                    }
-                    *m
-                } else {
-                    touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens)
-                };
-                touched += tau;
-                *x = n * tau;
-                *last = step;
-            }
-            sum_touched += touched;
-            layers_with_picks += 1;
-        }
         let Some(a) = self.cfg.adaptive else {
             return;
         };
@@ -354,4 +334,62 @@ impl Controller {
             counter_resets: self.counter_resets,
         }
     }
+}
+
+/// One layer's touched steps of an interval of `n` steps (see `touch.rs`): `n · τ(d)` per cell
+/// into `x` (0 where `d` is 0), `step` stamped into `last` where `d > 0`. Returns the sum of `τ`
+/// over the layer (in expert order), or `None` (and `x` all zeros) if it had no picks.
+///
+/// Small pick counts repeat across a layer's experts: a first pass over the (cached) deltas finds
+/// the largest and which counts below `MEMO` (64) occur, `τ` is evaluated once for each of those
+/// (independent evaluations, no branch per cell), and the cells read it from the table.
+fn touch_layer(d: &[u64], x: &mut [f64], last: &mut [u64], n: f64, step: u64) -> Option<f64> {
+    const MEMO: usize = 64;
+    // Four accumulators: the maxima and the bitmask do not chain cell after cell.
+    let (mut mx, mut seen) = ([0u64; 4], [0u64; 4]);
+    let chunks = d.chunks_exact(4);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for k in 0..4 {
+            mx[k] = mx[k].max(c[k]);
+            seen[k] |= ((c[k] < MEMO as u64) as u64) << (c[k] & (MEMO as u64 - 1));
+        }
+    }
+    for &v in rest {
+        mx[0] = mx[0].max(v);
+        seen[0] |= ((v < MEMO as u64) as u64) << (v & (MEMO as u64 - 1));
+    }
+    let max_d = mx[0].max(mx[1]).max(mx[2].max(mx[3]));
+    if max_d == 0 {
+        x.iter_mut().for_each(|v| *v = 0.0);
+        return None;
+    }
+    let inv_n = 1.0 / n;
+    let tokens = (max_d as f64 * inv_n).max(1.0);
+    let inv_tokens = 1.0 / tokens;
+    let tau_of = |d: u64| touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens);
+    let mut memo = [0.0f64; MEMO];
+    // d = 0 is never read from the table.
+    let mut m = (seen[0] | seen[1] | seen[2] | seen[3]) & !1;
+    while m != 0 {
+        let k = m.trailing_zeros() as usize;
+        memo[k] = tau_of(k as u64);
+        m &= m - 1;
+    }
+    let mut touched = 0.0;
+    for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
+        if d == 0 {
+            *x = 0.0;
+            continue;
+        }
+        let tau = if d < MEMO as u64 {
+            memo[d as usize]
+        } else {
+            tau_of(d)
+        };
+        touched += tau;
+        *x = n * tau;
+        *last = step;
+    }
+    Some(touched)
 }

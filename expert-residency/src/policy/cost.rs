@@ -1,6 +1,8 @@
 //! The cost-aware policy (tierkit's default): a swap must pay for its copy in host bytes saved.
 
-use super::{rank_cold, rank_hot, LayerHeat, SwapChoice, SwapPolicy};
+use super::{
+    keep_beatable, rank_cold, rank_hot, rank_least_hot, LayerHeat, SwapChoice, SwapPolicy,
+};
 use crate::config::{CostKnobs, LinkCost};
 
 /// Swaps a cold expert in when the host reads it is expected to save over its expected residency
@@ -99,13 +101,20 @@ impl SwapPolicy for CostPolicy {
         let price = self.knobs.payback * self.link.copy_in_reads(layer.expert_bytes);
         let z = self.knobs.z;
         // Only a cold expert at least `price` touched steps hotter than the least busy hot one
-        // can pay: find that bound first (one short pass over the hot set).
-        let hot_min = row
-            .hot_experts()
-            .iter()
-            .map(|&e| vals[e as usize])
-            .fold(f64::INFINITY, f64::min);
+        // can pay: find that bound first (one short pass over the hot set, which also ranks the
+        // least busy hot experts when the "beatable" test below is monotone in the heat).
+        let (hot_min, one_pass) = if price.is_finite() {
+            rank_least_hot(&mut self.hot, vals, row.hot_experts(), cap)
+        } else {
+            let m = row
+                .hot_experts()
+                .iter()
+                .map(|&e| vals[e as usize])
+                .fold(f64::INFINITY, f64::min);
+            (m, false)
+        };
         if !hot_min.is_finite() {
+            self.hot.clear();
             return;
         }
         let needed = hot_min + price;
@@ -118,12 +127,17 @@ impl SwapPolicy for CostPolicy {
             cap,
         );
         let Some(&(cold_max, _)) = self.cold.first() else {
+            self.hot.clear();
             return;
         };
         // The least busy hot experts that the busiest cold one can beat.
-        rank_hot(&mut self.hot, vals, row.hot_experts(), cap, |h| {
-            h + price <= cold_max
-        });
+        let beatable = |h: f64| h + price <= cold_max;
+        if one_pass {
+            keep_beatable(&mut self.hot, beatable);
+        } else {
+            self.hot.clear();
+            rank_hot(&mut self.hot, vals, row.hot_experts(), cap, beatable);
+        }
         for (&(cv, incoming), &(hv, outgoing)) in self.cold.iter().zip(&self.hot) {
             let noise = z
                 * (heat_var(cv, one_minus_f, inv_var_den) + heat_var(hv, one_minus_f, inv_var_den))

@@ -101,6 +101,10 @@ pub trait SwapPolicy: std::fmt::Debug + Send {
 /// heat (ties: lower id first, as ids are scanned in order), at most `cap`, into `out` (cleared
 /// by the caller). Insertion sort into the short list; once full, `floor` rises to its smallest
 /// heat. Shared by the ratio and cost-aware policies.
+///
+/// The scan tests a chunk of experts at a time without branching and looks at the chunk one
+/// expert at a time only if one of them passes (`floor` only rises, so a chunk that fails as a
+/// whole fails expert by expert too); the short list lives in `out`'s buffer, sized once.
 pub(crate) fn rank_cold(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
@@ -109,29 +113,48 @@ pub(crate) fn rank_cold(
     mut floor: f64,
     cap: usize,
 ) {
-    for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
-        if slot >= 0 || v <= floor || v < needed {
+    const CHUNK: usize = 8;
+    let n = vals.len().min(table.len());
+    let (vals, table) = (&vals[..n], &table[..n]);
+    // The list never holds more than `cap` nor more than `n` entries.
+    out.clear();
+    out.resize(cap.min(n), (0.0, 0));
+    let buf = &mut out[..];
+    let mut len = 0usize;
+    for (c, (vc, tc)) in vals.chunks(CHUNK).zip(table.chunks(CHUNK)).enumerate() {
+        let mut any = false;
+        for (&v, &slot) in vc.iter().zip(tc) {
+            // The per-expert test below, without short-circuits.
+            any |= !((slot >= 0) | (v <= floor) | (v < needed));
+        }
+        if !any {
             continue;
         }
-        let mut i = if out.len() < cap {
-            out.push((v, e as u32));
-            out.len() - 1
-        } else {
-            out[cap - 1] = (v, e as u32);
-            cap - 1
-        };
-        while i > 0 && out[i - 1].0 < out[i].0 {
-            out.swap(i - 1, i);
-            i -= 1;
-        }
-        if out.len() == cap {
-            floor = out[cap - 1].0;
+        for (j, (&v, &slot)) in vc.iter().zip(tc).enumerate() {
+            if slot >= 0 || v <= floor || v < needed {
+                continue;
+            }
+            let mut i = if len < cap {
+                len += 1;
+                len - 1
+            } else {
+                cap - 1
+            };
+            while i > 0 && buf[i - 1].0 < v {
+                buf[i] = buf[i - 1];
+                i -= 1;
+            }
+            buf[i] = (v, (c * CHUNK + j) as u32);
+            if len == cap {
+                floor = buf[cap - 1].0;
+            }
         }
     }
+    out.truncate(len);
 }
 
 /// The least busy hot experts whose heat `beatable` accepts, ascending by (heat, id), at most
-/// `cap`, into `out` (cleared by the caller).
+/// `cap`, into `out` (cleared by the caller). The short list lives in `out`'s buffer, sized once.
 pub(crate) fn rank_hot(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
@@ -139,23 +162,208 @@ pub(crate) fn rank_hot(
     cap: usize,
     beatable: impl Fn(f64) -> bool,
 ) {
+    rank_least(out, vals, hot_experts, cap, beatable);
+}
+
+/// The least busy hot experts of a layer in one pass, for a policy whose "beatable" test is
+/// monotone in the heat (`h + price ≤ c` with a finite price, `h × ratio ≤ c` with a finite ratio
+/// ≥ 0): the `cap` least busy by (heat, id) into `out`, and `fold(+∞, f64::min)` of the hot heats
+/// (the policies' `hot_min`). Returns `(hot_min, exact)`; when `exact` (no hot heat is NaN),
+/// [`keep_beatable`] then leaves exactly what [`rank_hot`] would (the beatable experts are a
+/// prefix of the list ordered by heat), sparing a second pass over the hot set.
+pub(crate) fn rank_least_hot(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    hot_experts: &[u32],
+    cap: usize,
+) -> (f64, bool) {
+    let mut hot_min = f64::INFINITY;
+    let mut nan = false;
+    rank_least(out, vals, hot_experts, cap, |h| {
+        hot_min = hot_min.min(h);
+        nan |= h.is_nan();
+        true
+    });
+    (hot_min, !nan)
+}
+
+/// Keeps the beatable prefix of the list [`rank_least_hot`] made.
+pub(crate) fn keep_beatable(out: &mut Vec<(f64, u32)>, beatable: impl Fn(f64) -> bool) {
+    let k = out.iter().take_while(|&&(h, _)| beatable(h)).count();
+    out.truncate(k);
+}
+
+/// [`rank_hot`]'s scan (`beatable` may keep state: it sees every hot heat once, in order).
+fn rank_least(
+    out: &mut Vec<(f64, u32)>,
+    vals: &[f64],
+    hot_experts: &[u32],
+    cap: usize,
+    mut beatable: impl FnMut(f64) -> bool,
+) {
+    out.clear();
+    out.resize(cap.min(hot_experts.len()), (0.0, 0));
+    let buf = &mut out[..];
+    let mut len = 0usize;
     for &e in hot_experts {
         let x = (vals[e as usize], e);
         if !beatable(x.0) {
             continue;
         }
-        let mut i = if out.len() < cap {
-            out.push(x);
-            out.len() - 1
-        } else if x < out[cap - 1] {
-            out[cap - 1] = x;
+        let mut i = if len < cap {
+            len += 1;
+            len - 1
+        } else if x < buf[cap - 1] {
             cap - 1
         } else {
             continue;
         };
-        while i > 0 && out[i] < out[i - 1] {
-            out.swap(i - 1, i);
+        while i > 0 && x < buf[i - 1] {
+            buf[i] = buf[i - 1];
             i -= 1;
+        }
+        buf[i] = x;
+    }
+    out.truncate(len);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The straightforward versions the ranking functions must match entry for entry.
+    fn rank_cold_ref(
+        out: &mut Vec<(f64, u32)>,
+        vals: &[f64],
+        table: &[i32],
+        needed: f64,
+        mut floor: f64,
+        cap: usize,
+    ) {
+        for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
+            if slot >= 0 || v <= floor || v < needed {
+                continue;
+            }
+            let mut i = if out.len() < cap {
+                out.push((v, e as u32));
+                out.len() - 1
+            } else {
+                out[cap - 1] = (v, e as u32);
+                cap - 1
+            };
+            while i > 0 && out[i - 1].0 < out[i].0 {
+                out.swap(i - 1, i);
+                i -= 1;
+            }
+            if out.len() == cap {
+                floor = out[cap - 1].0;
+            }
+        }
+    }
+
+    fn rank_hot_ref(
+        out: &mut Vec<(f64, u32)>,
+        vals: &[f64],
+        hot_experts: &[u32],
+        cap: usize,
+        beatable: impl Fn(f64) -> bool,
+    ) {
+        for &e in hot_experts {
+            let x = (vals[e as usize], e);
+            if !beatable(x.0) {
+                continue;
+            }
+            let mut i = if out.len() < cap {
+                out.push(x);
+                out.len() - 1
+            } else if x < out[cap - 1] {
+                out[cap - 1] = x;
+                cap - 1
+            } else {
+                continue;
+            };
+            while i > 0 && out[i] < out[i - 1] {
+                out.swap(i - 1, i);
+                i -= 1;
+            }
+        }
+    }
+
+    fn bits(v: &[(f64, u32)]) -> Vec<(u64, u32)> {
+        v.iter().map(|&(h, e)| (h.to_bits(), e)).collect()
+    }
+
+    #[test]
+    fn ranking_matches_the_plain_insertion_sort() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for round in 0..4000 {
+            // Mostly short layers; now and then one past the chunked path's reach.
+            let n = if round % 50 == 7 {
+                1020 + (rnd() % 20) as usize
+            } else {
+                (rnd() % 70) as usize + (round % 3) * 100
+            };
+            let palette = [0.0, -0.0, 1.0, 2.5, 3.0, f64::NAN, 7.0, f64::INFINITY];
+            let vals: Vec<f64> = (0..n)
+                .map(|i| match rnd() % 4 {
+                    0 => palette[(rnd() % palette.len() as u64) as usize],
+                    1 => i as f64 * 0.5,
+                    2 => (n - i) as f64,
+                    _ => (rnd() % 1000) as f64 / 10.0,
+                })
+                .collect();
+            let table: Vec<i32> = (0..n)
+                .map(|_| {
+                    if rnd() % 3 == 0 {
+                        (rnd() % 50) as i32
+                    } else {
+                        -1
+                    }
+                })
+                .collect();
+            let hot: Vec<u32> = (0..n as u32).filter(|&e| table[e as usize] >= 0).collect();
+            let cap = if round % 7 == 3 {
+                15 + (rnd() % 5) as usize
+            } else {
+                (rnd() % 6) as usize + 1
+            };
+            let needed = [f64::NEG_INFINITY, 0.0, 2.0, 30.0][(rnd() % 4) as usize];
+            let floor = [f64::NEG_INFINITY, 0.0, 1.0][(rnd() % 3) as usize];
+            a.clear();
+            rank_cold_ref(&mut a, &vals, &table, needed, floor, cap);
+            rank_cold(&mut b, &vals, &table, needed, floor, cap);
+            assert_eq!(bits(&a), bits(&b), "cold, round {round}");
+            let bound = (rnd() % 100) as f64;
+            a.clear();
+            rank_hot_ref(&mut a, &vals, &hot, cap, |h| h + 0.5 <= bound);
+            rank_hot(&mut b, &vals, &hot, cap, |h| h + 0.5 <= bound);
+            assert_eq!(bits(&a), bits(&b), "hot, round {round}");
+            // One pass: the same list when no hot heat is NaN, and the same `hot_min`.
+            let (hot_min, exact) = rank_least_hot(&mut b, &vals, &hot, cap);
+            let m = hot
+                .iter()
+                .map(|&e| vals[e as usize])
+                .fold(f64::INFINITY, f64::min);
+            assert_eq!(hot_min.to_bits(), m.to_bits(), "hot_min, round {round}");
+            assert_eq!(exact, !hot.iter().any(|&e| vals[e as usize].is_nan()));
+            if exact {
+                keep_beatable(&mut b, |h| h + 0.5 <= bound);
+                assert_eq!(bits(&a), bits(&b), "one pass, round {round}");
+                for ratio in [1.0, 1.5] {
+                    a.clear();
+                    rank_hot_ref(&mut a, &vals, &hot, cap, |h| h * ratio <= bound);
+                    rank_least_hot(&mut b, &vals, &hot, cap);
+                    keep_beatable(&mut b, |h| h * ratio <= bound);
+                    assert_eq!(bits(&a), bits(&b), "one pass × {ratio}, round {round}");
+                }
+            }
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The published GB300 recipe's policy: "EMA drain + ratio hysteresis".
 
-use super::{rank_cold, rank_hot, LayerHeat, SwapChoice, SwapPolicy};
+use super::{
+    keep_beatable, rank_cold, rank_hot, rank_least_hot, LayerHeat, SwapChoice, SwapPolicy,
+};
 
 /// The published policy, "EMA drain + ratio hysteresis" (the GB300 expert-residency recipe):
 /// the busiest cold experts are paired with the least busy hot ones, busiest with least busy, and
@@ -60,11 +62,9 @@ impl SwapPolicy for RatioPolicy {
         }
         // Only a cold expert at least `ratio` × the least busy hot one can swap in: find that
         // bound first (one short pass), so that in steady state the scans below insert nothing.
-        let hot_min = row
-            .hot_experts()
-            .iter()
-            .map(|&e| vals[e as usize])
-            .fold(f64::INFINITY, f64::min);
+        // (The ratio is finite and ≥ 1, so "beatable" below is monotone in the heat and the same
+        // pass ranks the least busy hot experts; see `rank_least_hot`.)
+        let (hot_min, one_pass) = rank_least_hot(&mut self.hot, vals, row.hot_experts(), cap);
         // Heat ≤ 0 never swaps in (floor 0).
         rank_cold(
             &mut self.cold,
@@ -75,12 +75,17 @@ impl SwapPolicy for RatioPolicy {
             cap,
         );
         let Some(&(cold_max, _)) = self.cold.first() else {
+            self.hot.clear();
             return;
         };
         let ratio = self.ratio;
-        rank_hot(&mut self.hot, vals, row.hot_experts(), cap, |h| {
-            h * ratio <= cold_max
-        });
+        let beatable = |h: f64| h * ratio <= cold_max;
+        if one_pass {
+            keep_beatable(&mut self.hot, beatable);
+        } else {
+            self.hot.clear();
+            rank_hot(&mut self.hot, vals, row.hot_experts(), cap, beatable);
+        }
         for (&(cv, incoming), &(hv, outgoing)) in self.cold.iter().zip(&self.hot) {
             if cv < self.ratio * hv {
                 break;
