@@ -24,8 +24,8 @@ pub struct ControllerConfig {
     /// [`ControllerConfig::adaptive`] set, the half-life before the first drain (then adapted).
     pub half_life_steps: f64,
     /// A cold expert replaces a hot one only if its EMA is at least `ratio` times the hot one's
-    /// (≥ 1, finite): hysteresis against churn. The knob of [`crate::RatioPolicy`] (the policy of
-    /// [`crate::Controller::new`]); unused by other policies.
+    /// (≥ 1, finite): hysteresis against churn. The knob of [`crate::RatioPolicy`]
+    /// ([`PolicyKind::Ratio`], the published recipe); unused by other policies.
     pub ratio: f64,
     /// Swaps planned per layer per drain (≥ 1).
     pub max_swaps_per_layer: u32,
@@ -69,6 +69,7 @@ pub struct ControllerConfig {
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum PolicyKind {
     /// [`crate::CostPolicy`]: swap when the host bytes saved over the expected residency exceed
     /// the copy's cost on the link (tierkit's default).
@@ -139,7 +140,7 @@ impl Default for LinkCost {
 }
 
 impl LinkCost {
-    /// The H200 test machine, PCIe Gen5 x16 (`../shared/limits/h200-pcie.md`; the same numbers
+    /// The H200 test machine, PCIe Gen5 x16 (`docs/h200-ceilings.md` in the repository; the same numbers
     /// as `tierkit-sim`'s `h200-pcie` link preset): in-place reads **47 GB/s** (gather from
     /// mapped pinned memory, 46.4–47.3 GB/s measured), copies **55 GB/s** (one 17.93 MiB expert
     /// in 342 µs), **26.2 µs** added step time per applied swap (`gpu_bench_experts`,
@@ -235,6 +236,7 @@ impl Default for AdaptiveCadence {
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OnCounterReset {
     /// Take the snapshot as the new reference and drop the interval (no picks folded, nothing
     /// planned; the EMA and the map are kept); counted in
