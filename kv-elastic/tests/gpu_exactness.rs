@@ -819,3 +819,67 @@ fn publish_work_is_o_changed_and_exact() {
         }
     }
 }
+
+/// Bug 1 (two fills into one page in one replay launch): in one `admit_batch`, A borrows every
+/// free page (fills logged, not published); B's admission reclaims A's pages, `collect` frees
+/// them at once (no reader) and B's fixed pages — its tail rows — are those pages. A's pending
+/// fills into them must be dropped, so B's tail rows hold B's bytes, not A's history.
+#[test]
+fn admit_batch_reclaimed_page_holds_only_the_new_owners_fills() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let mut g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 0,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 0,
+    };
+    let f = g.fixed_pages();
+    // A's fixed pages + every other page borrowed by A: B's fixed pages all come from A's loans.
+    g.arena_pages = 2 * f + 2;
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
+    let (a, b) = (21u64, 22u64);
+    let ha = pattern_tokens(g.row_bytes, g.layers, a, 0, 32 * g.page_rows);
+    let hb = pattern_tokens(g.row_bytes, g.layers, b, 0, 5 * g.page_rows - 3);
+    let want = vec![cpu.admit(a, &ha), cpu.admit(b, &hb)];
+    assert_eq!(
+        want[0],
+        Ok(kv_elastic::Admission::Admitted {
+            borrowed_pages: f + 2
+        })
+    );
+    let got = gp.admit_batch(&[(a, &ha[..]), (b, &hb[..])]).unwrap();
+    assert_eq!(
+        want.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        got
+    );
+    assert!(
+        gp.cpu().counters().pages_reclaimed >= f as u64,
+        "B reclaimed A's pages"
+    );
+    gpu.synchronize().unwrap();
+    let tb = g.token_bytes();
+    let rb = g.row_bytes as usize;
+    let nb = (hb.len() / tb) as u32;
+    for layer in 0..g.layers {
+        let plane = gp.device().download_plane(layer).unwrap();
+        let cplane = cpu.plane(layer).unwrap();
+        for p in nb - g.tail_rows..nb {
+            let row = gp.tail_row_of(b, p).unwrap() as usize;
+            let at = p as usize * tb + layer as usize * rb;
+            assert_eq!(
+                plane[row * rb..(row + 1) * rb],
+                hb[at..at + rb],
+                "B's tail row {p}"
+            );
+            assert_eq!(
+                plane[row * rb..(row + 1) * rb],
+                cplane[row * rb..(row + 1) * rb]
+            );
+        }
+    }
+}

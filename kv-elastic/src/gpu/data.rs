@@ -216,6 +216,14 @@ pub(crate) struct ChangeLog {
 }
 
 impl ChangeLog {
+    /// Drops the pending fills whose destination rows lie in physical page `page` (the control
+    /// plane unmapped it; a later fill may target it in the same window). Only reclaim unmaps a
+    /// page with fills pending: a finished session's pages (hand-back, fixed-page release) were
+    /// filled in earlier windows, as `finish` publishes at once.
+    pub(crate) fn drop_fills_into(&mut self, page: u32, page_rows: u32) {
+        self.fills.retain(|c| c.dst_row / page_rows != page);
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.fills.is_empty()
             && self.write_backs.is_empty()
@@ -297,7 +305,11 @@ impl DataPlane for GpuData {
         self.touch(session);
     }
 
-    fn unmap_page(&mut self, session: SessionId, logical: u32) {
+    fn unmap_page(&mut self, session: SessionId, logical: u32, page: u32) {
+        // The page may be taken again in this publish window (another admission of the same
+        // `admit_batch` reserves or borrows it once `collect` frees it): its pending fills must
+        // not run beside the new owner's in the same launch.
+        self.log.drop_fills_into(page, self.page_rows);
         let slot = self.slot(session);
         self.log
             .pages
@@ -357,5 +369,41 @@ impl DataPlane for GpuData {
 
     fn placement_changed(&mut self, session: SessionId) {
         self.touch(session);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(slot: u32, position: u32, dst_row: u32) -> KvCopy {
+        KvCopy {
+            slot,
+            position,
+            dst_row,
+            pad: 0,
+        }
+    }
+
+    /// Bug: session A's fills into page 2 were still pending when B reclaimed page 2 and logged
+    /// its tail fills into it; both ran in one replay launch. Unmapping drops A's fills only.
+    #[test]
+    fn unmapped_page_drops_its_pending_fills() {
+        let pr = 4;
+        let mut log = ChangeLog::default();
+        for i in 0..pr {
+            log.fills.push(fill(0, 8 + i, 2 * pr + i)); // A, logical page 2 -> page 2
+            log.fills.push(fill(0, 12 + i, 3 * pr + i)); // A, logical page 3 -> page 3
+        }
+        log.drop_fills_into(2, pr);
+        assert!(log.fills.iter().all(|c| c.dst_row / pr == 3));
+        assert_eq!(log.fills.len(), pr as usize);
+        // B's tail rows land in page 2 afterwards and stay the only fills there.
+        log.fills.push(fill(1, 40, 2 * pr));
+        assert_eq!(
+            log.fills.iter().filter(|c| c.dst_row / pr == 2).count(),
+            1,
+            "one writer per row"
+        );
     }
 }
