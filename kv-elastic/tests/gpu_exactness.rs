@@ -883,3 +883,89 @@ fn admit_batch_reclaimed_page_holds_only_the_new_owners_fills() {
         }
     }
 }
+
+/// Resolves `positions` of one session on both pools and checks the GPU arena's bytes at every
+/// returned row against the CPU reference's.
+fn resolve_same(cpu: &mut ElasticPool, gp: &mut GpuElasticPool, s: u64, positions: &[i32]) {
+    let seq = (cpu.committed_len(s).unwrap() + cpu.scratch_len(s).unwrap()) as i32;
+    let input = ResolveInput {
+        sessions: &[s],
+        query_start_loc: &[0, 1],
+        seq_lens: &[seq],
+        topk: positions,
+        k: positions.len(),
+        layer: 0,
+    };
+    let (mut i1, mut v1) = (vec![0; positions.len()], vec![0; 1]);
+    let (mut i2, mut v2) = (vec![0; positions.len()], vec![0; 1]);
+    let mut o1 = ResolveOutput {
+        indices: &mut i1,
+        valid_count: &mut v1,
+    };
+    let mut o2 = ResolveOutput {
+        indices: &mut i2,
+        valid_count: &mut v2,
+    };
+    let (a, b) = (cpu.resolve(&input, &mut o1), gp.resolve(&input, &mut o2));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((i1.clone(), v1), (i2, v2));
+    assert_eq!(a.stats, b.stats);
+    let rb = cpu.geometry().row_bytes as usize;
+    let plane = gp.device().download_plane(0).unwrap();
+    let cplane = cpu.plane(0).unwrap();
+    for &r in i1.iter().filter(|&&r| r >= 0) {
+        let at = r as usize * rb;
+        assert_eq!(plane[at..at + rb], cplane[at..at + rb], "row {r}");
+    }
+}
+
+/// Bug 2 (host rewrites pinned draft bytes a queued step copy still reads): drafts, a partial
+/// accept, then new drafts or an append at the rejected drafts' positions, with no host wait in
+/// between; the scratch, tail and host store must hold what the CPU reference holds.
+#[test]
+fn drafts_after_partial_accept_keep_their_bytes() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 64,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 8,
+    };
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
+    let s = 31u64;
+    let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 40);
+    assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
+    let mut seed = 100u32;
+    for round in 0..24u64 {
+        let c = cpu.committed_len(s).unwrap();
+        let drafts = pattern_tokens(g.row_bytes, g.layers, s, seed, 6);
+        seed += 6;
+        assert_eq!(cpu.write_scratch(s, &drafts), gp.write_scratch(s, &drafts));
+        assert_eq!(cpu.accept(s, 1), gp.accept(s, 1));
+        if round % 2 == 0 {
+            let more = pattern_tokens(g.row_bytes, g.layers, s, seed, 5);
+            seed += 5;
+            assert_eq!(cpu.write_scratch(s, &more), gp.write_scratch(s, &more));
+        } else {
+            let tok = pattern_tokens(g.row_bytes, g.layers, s, seed, 1);
+            seed += 1;
+            assert_eq!(cpu.append(s, &tok), gp.append(s, &tok));
+        }
+        let seq = cpu.committed_len(s).unwrap() + cpu.scratch_len(s).unwrap();
+        let picks: Vec<i32> = (c as i32..seq as i32).collect();
+        resolve_same(&mut cpu, &mut gp, s, &picks);
+        gpu.synchronize().unwrap();
+        for p in 0..cpu.committed_len(s).unwrap() {
+            assert_eq!(
+                cpu.host().token(s, p).unwrap(),
+                gp.cpu().host().token(s, p).unwrap(),
+                "committed token {p}"
+            );
+        }
+    }
+}

@@ -97,9 +97,11 @@ impl PinnedBytes {
         assert!(off + bytes.len() <= self.len, "inside the pinned store");
         // SAFETY: `off .. off + bytes.len()` lies inside the live pinned allocation (checked
         // above; see the `Send` impl); `bytes` is a host slice that cannot overlap it mutably
-        // borrowed, and `&mut self` excludes other host writers. No kernel reads these rows
-        // before the publish that follows (they are past the committed history or in a slot
-        // created now).
+        // borrowed, and `&mut self` excludes other host writers. No queued kernel reads these
+        // bytes: they are past the committed history (no fill, miss or write-back touches them)
+        // and the GPU pool waited for the last publish whose step copies read draft bytes there
+        // (`DraftReads`, before `write_scratch` / `append`), or they are in a slot created now
+        // (reused only after the step stream passed the publish that freed it).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
     }
 
@@ -195,6 +197,52 @@ impl HostBytes for PinnedBytes {
             self.blocked[b as usize] = true;
             self.freed.push(b);
         }
+    }
+}
+
+/// Draft positions of the pinned store that queued step-stream copies may still read: per
+/// session slot, positions `lo..hi` and the signal (a publish's event) after the last copy that
+/// reads them. A host write over those positions (`write_scratch` after `accept(k < drafts)`, or
+/// `append`) must wait for the signal first.
+#[derive(Debug)]
+pub(crate) struct DraftReads<S>(HashMap<u32, (u32, u32, S)>);
+
+impl<S> Default for DraftReads<S> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<S: tier_core::CompletionSignal + Clone> DraftReads<S> {
+    /// A publish after `signal` queued copies reading positions `lo..hi` of `slot`. The signal
+    /// of a later publish on the same stream covers the earlier ones, so ranges merge.
+    pub(crate) fn record(&mut self, slot: u32, lo: u32, hi: u32, signal: S) {
+        let e = self.0.entry(slot).or_insert((lo, hi, signal.clone()));
+        if e.2.is_complete() {
+            *e = (lo, hi, signal);
+        } else {
+            *e = (e.0.min(lo), e.1.max(hi), signal);
+        }
+    }
+
+    /// The signal a host write over positions `lo..hi` of `slot` must wait for (incomplete and
+    /// overlapping), if any; once it passed every recorded read of the slot has run, so the
+    /// slot's entry is dropped (`take` semantics: call, wait for the result, write).
+    pub(crate) fn take_conflict(&mut self, slot: u32, lo: u32, hi: u32) -> Option<S> {
+        let &(a, b, ref s) = self.0.get(&slot)?;
+        if s.is_complete() {
+            self.0.remove(&slot);
+            return None;
+        }
+        if a < hi && lo < b {
+            return self.0.remove(&slot).map(|e| e.2);
+        }
+        None
+    }
+
+    /// Forgets a freed slot (its reuse waits for the publish that freed it, after every copy).
+    pub(crate) fn forget(&mut self, slot: u32) {
+        self.0.remove(&slot);
     }
 }
 
@@ -383,6 +431,36 @@ mod tests {
             dst_row,
             pad: 0,
         }
+    }
+
+    /// Bug 2: drafts at positions 10..14 of slot 0 are read by a queued step copy; after
+    /// `accept(1)` the next drafts (or an append) go to 11.. and must wait for that copy; writes
+    /// elsewhere, or after the copy ran, do not wait.
+    #[test]
+    fn host_writes_over_queued_draft_reads_wait() {
+        let mut d = DraftReads::default();
+        let copy = tier_core::FlagSignal::new();
+        d.record(0, 10, 14, copy.clone());
+        assert!(d.take_conflict(1, 10, 14).is_none(), "other slot");
+        assert!(d.take_conflict(0, 14, 16).is_none(), "past the drafts");
+        assert!(
+            d.take_conflict(0, 11, 14).is_some(),
+            "rewrites queued draft bytes"
+        );
+        // A second window: drafts 14..16 read after `later`; merged with 10..14 while pending.
+        let later = tier_core::FlagSignal::new();
+        d.record(0, 10, 14, copy.clone());
+        d.record(0, 14, 16, later.clone());
+        assert!(
+            d.take_conflict(0, 10, 11).is_some(),
+            "merged range, latest signal"
+        );
+        d.record(0, 10, 14, copy.clone());
+        copy.complete();
+        assert!(d.take_conflict(0, 11, 14).is_none(), "the copy ran");
+        d.record(0, 10, 12, later);
+        d.forget(0);
+        assert!(d.take_conflict(0, 10, 12).is_none());
     }
 
     /// Bug: session A's fills into page 2 were still pending when B reclaimed page 2 and logged

@@ -54,7 +54,7 @@ use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
 use hashbrown::HashMap;
 use tier_core::CompletionSignal;
 
-use super::data::{GpuData, PinnedBytes};
+use super::data::{DraftReads, GpuData, PinnedBytes};
 use super::GpuArena;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
@@ -206,6 +206,11 @@ pub struct GpuElasticPool {
     last_write_back: Option<EventSignal>,
     /// Freed session slots and the event after which nothing queued touches them.
     quarantine: Vec<(u32, EventSignal)>,
+    /// Draft bytes in the pinned store that queued step copies may still read (see
+    /// [`DraftReads`]): a host write over them waits first.
+    draft_reads: DraftReads<EventSignal>,
+    /// The event recorded at the end of the last publish that queued work.
+    last_publish: Option<EventSignal>,
     settle: bool,
     miss_tokens: u64,
     counters: GpuFlushCounters,
@@ -259,6 +264,8 @@ impl GpuElasticPool {
             staging: Vec::new(),
             last_write_back: None,
             quarantine: Vec::new(),
+            draft_reads: DraftReads::default(),
+            last_publish: None,
             settle: false,
             miss_tokens: 0,
             counters: GpuFlushCounters::default(),
@@ -447,6 +454,8 @@ impl GpuElasticPool {
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         let n = self.cpu.host().check_tokens(tokens, true)?;
         self.check_history_room(session, n)?;
+        let at = self.cpu.committed_len(session)?;
+        self.wait_draft_reads(session, at, at + n)?;
         let r = self.cpu.append(session, tokens)?;
         self.publish()?;
         Ok(r)
@@ -488,8 +497,30 @@ impl GpuElasticPool {
                 now as u64 + n as u64,
             ));
         }
+        self.wait_draft_reads(session, now, now + n)?;
         self.cpu.write_scratch(session, tokens)?;
-        self.publish()
+        self.publish()?;
+        if n > 0 {
+            // This publish's step copies read the drafts' pinned bytes until its event.
+            let slot = self.slot_of(session)?;
+            let ev = self.last_publish.clone().expect("drafts were published");
+            self.draft_reads.record(slot, now, now + n, ev);
+        }
+        Ok(())
+    }
+
+    /// Before the host rewrites pinned positions `lo..hi` of `session` (drafts, appends): waits
+    /// for the last publish whose step copies read draft bytes there, if it has not run yet (a
+    /// host wait, only on this path: `write_scratch` / `append` after `accept(k < drafts)`).
+    fn wait_draft_reads(&mut self, session: SessionId, lo: u32, hi: u32) -> Result<()> {
+        let slot = self.slot_of(session)?;
+        if let Some(ev) = self.draft_reads.take_conflict(slot, lo, hi) {
+            self.counters.host_syncs += 1;
+            ev.event()
+                .synchronize()
+                .map_err(|e| cuda(CudaError::driver("cuEventSynchronize", e)))?;
+        }
+        Ok(())
     }
 
     /// [`ElasticPool::accept`], then publishes: the accepted drafts are written back from their
@@ -503,7 +534,9 @@ impl GpuElasticPool {
     /// [`ElasticPool::finish`], then publishes (the slot is marked not live; it is reused once
     /// the step stream passed this point).
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
+        let slot = self.slot_of(session)?;
         self.cpu.finish(session)?;
+        self.draft_reads.forget(slot);
         self.publish()
     }
 
@@ -685,6 +718,7 @@ impl GpuElasticPool {
             unsafe { copy_segments(dev, &step, base, (at_step, at_step_n), step_counts.len()) }?;
         }
         let done = ev(&step)?;
+        self.last_publish = Some(done.clone());
         // The staging buffer is free again once the step stream passes `done` (which follows the
         // wait for the copy stream's fills).
         self.staging
