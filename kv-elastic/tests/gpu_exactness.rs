@@ -969,3 +969,43 @@ fn drafts_after_partial_accept_keep_their_bytes() {
         }
     }
 }
+
+/// Bug 3 (a safe `&[u8]` over pinned bytes a queued write-back still writes): right after
+/// `append_written` (no host wait), `cpu().host().token()` must return the rows the engine wrote.
+#[test]
+fn host_view_waits_for_queued_write_backs() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 64,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 4,
+    };
+    let (_, mut gp) = four_session_pools(&gpu, g);
+    let s = 41u64;
+    let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 40);
+    gp.admit(s, &h).unwrap();
+    let rb = g.row_bytes as usize;
+    for round in 0..32u32 {
+        let p = gp.cpu().committed_len(s).unwrap();
+        let tok = pattern_tokens(g.row_bytes, g.layers, s + 1000, p, 1);
+        let row = gp.tail_row_of(s, p).unwrap();
+        for layer in 0..g.layers {
+            let at = layer as usize * rb;
+            gp.device_mut()
+                .upload_rows(layer, row, &tok[at..at + rb])
+                .unwrap();
+        }
+        assert_eq!(gp.append_written(s, 1).unwrap(), p + 1, "round {round}");
+        assert_eq!(
+            gp.cpu().host().token(s, p).unwrap(),
+            &tok[..],
+            "round {round}"
+        );
+    }
+}

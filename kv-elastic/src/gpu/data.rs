@@ -5,8 +5,11 @@
 //! in a [`ChangeLog`], which `GpuElasticPool::publish` turns into O(changed) asynchronous work on
 //! the device (see `gpu/pool.rs` for the streams and events).
 
-use cuda_kernels::KvCopy;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cuda_kernels::{EventSignal, KvCopy};
 use hashbrown::HashMap;
+use tier_core::CompletionSignal;
 
 use super::GpuArena;
 use crate::data::{sealed, DataPlane, HostBytes, HostStore, SessionId};
@@ -18,8 +21,9 @@ use crate::error::{KvError, Result};
 /// rows back into it.
 ///
 /// Bytes of positions appended by a device write-back (`ElasticPool::append_written`, `accept`)
-/// land when the step stream passes that write-back; reading them on the host earlier returns
-/// whatever has landed.
+/// land when the step stream passes that write-back; the byte view ([`HostBytes::bytes`], under
+/// `HostStore::row` / `token`) first waits on the host for the last write-back event, so no
+/// slice it hands out covers bytes a queued kernel still writes.
 #[derive(Debug)]
 pub struct PinnedBytes {
     base: *mut u8,
@@ -32,6 +36,10 @@ pub struct PinnedBytes {
     used: Vec<usize>,
     /// Freed slots not reusable yet (device work queued before the free may still touch them).
     blocked: Vec<bool>,
+    /// Event after the last write-back queued (set by the publish that queued it).
+    last_write_back: Option<EventSignal>,
+    /// Host waits the byte view made for it.
+    pub(crate) host_waits: AtomicU64,
     /// Slots created / freed since the last publish.
     pub(crate) created: Vec<u32>,
     pub(crate) freed: Vec<u32>,
@@ -41,7 +49,8 @@ pub struct PinnedBytes {
 // value in the same `GpuData` (so it outlives every use); the bytes are only reached through
 // `&self` / `&mut self` of the pool, so Rust's aliasing rules apply as for a `Vec<u8>` field.
 unsafe impl Send for PinnedBytes {}
-// SAFETY: as above; `&self` hands out shared slices only.
+// SAFETY: as above; `&self` hands out shared slices only, each after waiting for every
+// write-back queued into the store (`HostBytes::bytes`); the wait counter is atomic.
 unsafe impl Sync for PinnedBytes {}
 
 impl PinnedBytes {
@@ -57,6 +66,8 @@ impl PinnedBytes {
             session_of: vec![None; d.max_slots as usize],
             used: vec![0; d.max_slots as usize],
             blocked: vec![false; d.max_slots as usize],
+            last_write_back: None,
+            host_waits: AtomicU64::new(0),
             created: Vec::new(),
             freed: Vec::new(),
         }
@@ -84,6 +95,11 @@ impl PinnedBytes {
     /// Whether a slot is free for a new session now.
     pub(crate) fn has_free_slot(&self) -> bool {
         (0..self.session_of.len()).any(|b| self.session_of[b].is_none() && !self.blocked[b])
+    }
+
+    /// A publish queued write-backs into the store, complete after `event`.
+    pub(crate) fn set_last_write_back(&mut self, event: EventSignal) {
+        self.last_write_back = Some(event);
     }
 
     /// Makes a freed slot reusable (the device passed the work queued before its free).
@@ -182,12 +198,24 @@ impl HostBytes for PinnedBytes {
         Ok(())
     }
 
-    fn bytes(&self, session: SessionId) -> &[u8] {
+    fn bytes(&self, session: SessionId) -> Result<&[u8]> {
+        if let Some(ev) = &self.last_write_back {
+            if !ev.is_complete() {
+                self.host_waits.fetch_add(1, Ordering::Relaxed);
+                ev.event().synchronize().map_err(|e| {
+                    KvError::Cuda(cuda_kernels::CudaError::driver("cuEventSynchronize", e))
+                })?;
+            }
+        }
         let b = self.slot_of[&session] as usize;
         let off = b * self.slot_bytes();
         // SAFETY: `off .. off + used[b]` lies inside the live pinned allocation (slot `b` of
-        // `max_slots`, `used[b] <= slot_bytes`); `&self` gives shared access only.
-        unsafe { std::slice::from_raw_parts(self.base.add(off), self.used[b]) }
+        // `max_slots`, `used[b] <= slot_bytes`). No device work writes these bytes while the
+        // slice lives: every write-back queued so far has run (waited above; device kernels
+        // write the store only through write-backs), a new one is queued only by a publish,
+        // which needs `&mut` of the pool that this `&self` borrow excludes, and host writes go
+        // past `used[b]` or need `&mut self`. Kernels may read the bytes meanwhile (fine).
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(off), self.used[b]) })
     }
 
     fn remove(&mut self, session: SessionId) {

@@ -273,6 +273,8 @@ impl GpuElasticPool {
     }
 
     /// The control plane (read-only: change it through this pool's methods so the device follows).
+    /// Its host store's `row` / `token` wait on the host for the last queued write-back before
+    /// handing out bytes (counted in [`GpuFlushCounters::host_syncs`]).
     pub fn cpu(&self) -> &ElasticPool<GpuData> {
         &self.cpu
     }
@@ -332,7 +334,12 @@ impl GpuElasticPool {
 
     /// What the publishes did so far (rows copied, words patched, bytes staged, host waits).
     pub fn flush_counters(&self) -> GpuFlushCounters {
-        self.counters
+        let mut c = self.counters;
+        c.host_syncs += self
+            .pinned()
+            .host_waits
+            .load(std::sync::atomic::Ordering::Relaxed);
+        c
     }
 
     fn pinned(&self) -> &PinnedBytes {
@@ -719,6 +726,10 @@ impl GpuElasticPool {
         }
         let done = ev(&step)?;
         self.last_publish = Some(done.clone());
+        if let (false, Some(wb)) = (log.write_backs.is_empty(), &self.last_write_back) {
+            // The host store's byte view waits for it (no slice over bytes still being written).
+            self.cpu.data.pinned_mut().set_last_write_back(wb.clone());
+        }
         // The staging buffer is free again once the step stream passes `done` (which follows the
         // wait for the copy stream's fills).
         self.staging
