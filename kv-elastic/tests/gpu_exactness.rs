@@ -1009,3 +1009,63 @@ fn host_view_waits_for_queued_write_backs() {
         );
     }
 }
+
+/// Bug 4 (a failed publish left the pool inconsistent): a publish failing after it took the
+/// change log poisons the pool; that call returns the failure, every later call `Poisoned`.
+#[test]
+fn failed_publish_poisons_the_pool() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 64,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 4,
+    };
+    let (_, mut gp) = four_session_pools(&gpu, g);
+    let h = pattern_tokens(g.row_bytes, g.layers, 51, 0, 40);
+    gp.admit(51, &h).unwrap();
+    gp.inject_publish_failure();
+    let tok = pattern_tokens(g.row_bytes, g.layers, 51, 40, 1);
+    assert_eq!(
+        gp.append(51, &tok),
+        Err(KvError::Unsupported("injected publish failure"))
+    );
+    let poisoned =
+        |r: Result<(), KvError>| assert!(matches!(r, Err(KvError::Poisoned(_))), "{r:?}");
+    poisoned(gp.publish());
+    poisoned(gp.append(51, &tok).map(drop));
+    poisoned(gp.admit(52, &h).map(drop));
+    poisoned(gp.admit_batch(&[(53, &h[..])]).map(drop));
+    poisoned(gp.append_written(51, 1).map(drop));
+    poisoned(gp.append_written_batch(&[(51, 1)]).map(drop));
+    poisoned(gp.write_scratch(51, &tok));
+    poisoned(gp.accept(51, 0).map(drop));
+    poisoned(gp.reclaim(1).map(drop));
+    poisoned(gp.between_steps(1).map(drop));
+    poisoned(gp.slot_of(51).map(drop));
+    poisoned(gp.tail_row_of(51, 0).map(drop));
+    poisoned(gp.finish(51));
+    let (mut idx, mut valid) = (vec![0; 1], vec![0; 1]);
+    let r = gp.resolve(
+        &ResolveInput {
+            sessions: &[51],
+            query_start_loc: &[0, 1],
+            seq_lens: &[40],
+            topk: &[0],
+            k: 1,
+            layer: 0,
+        },
+        &mut ResolveOutput {
+            indices: &mut idx,
+            valid_count: &mut valid,
+        },
+    );
+    assert!(matches!(r, Err(KvError::Poisoned(_))));
+    poisoned(gp.replay(&ResolvePlan::default(), 0));
+    poisoned(gp.prefetch(51, &[0], 0).map(drop));
+}
