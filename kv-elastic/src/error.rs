@@ -161,6 +161,10 @@ pub enum KvError {
     /// The operation needs another back-end (e.g. device-written appends on the CPU pool).
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
+    /// A GPU pool's publish failed after taking its change log: the device no longer follows the
+    /// control plane, so every later call fails; drop the pool (the error names the failure).
+    #[error("GPU pool poisoned by a failed publish ({0}); drop it and build a new one")]
+    Poisoned(String),
     /// A trace file could not be read or parsed.
     #[error("trace: {0}")]
     Trace(String),

@@ -819,3 +819,253 @@ fn publish_work_is_o_changed_and_exact() {
         }
     }
 }
+
+/// Bug 1 (two fills into one page in one replay launch): in one `admit_batch`, A borrows every
+/// free page (fills logged, not published); B's admission reclaims A's pages, `collect` frees
+/// them at once (no reader) and B's fixed pages — its tail rows — are those pages. A's pending
+/// fills into them must be dropped, so B's tail rows hold B's bytes, not A's history.
+#[test]
+fn admit_batch_reclaimed_page_holds_only_the_new_owners_fills() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let mut g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 0,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 0,
+    };
+    let f = g.fixed_pages();
+    // A's fixed pages + every other page borrowed by A: B's fixed pages all come from A's loans.
+    g.arena_pages = 2 * f + 2;
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
+    let (a, b) = (21u64, 22u64);
+    let ha = pattern_tokens(g.row_bytes, g.layers, a, 0, 32 * g.page_rows);
+    let hb = pattern_tokens(g.row_bytes, g.layers, b, 0, 5 * g.page_rows - 3);
+    let want = vec![cpu.admit(a, &ha), cpu.admit(b, &hb)];
+    assert_eq!(
+        want[0],
+        Ok(kv_elastic::Admission::Admitted {
+            borrowed_pages: f + 2
+        })
+    );
+    let got = gp.admit_batch(&[(a, &ha[..]), (b, &hb[..])]).unwrap();
+    assert_eq!(
+        want.into_iter().map(Result::unwrap).collect::<Vec<_>>(),
+        got
+    );
+    assert!(
+        gp.cpu().counters().pages_reclaimed >= f as u64,
+        "B reclaimed A's pages"
+    );
+    gpu.synchronize().unwrap();
+    let tb = g.token_bytes();
+    let rb = g.row_bytes as usize;
+    let nb = (hb.len() / tb) as u32;
+    for layer in 0..g.layers {
+        let plane = gp.device().download_plane(layer).unwrap();
+        let cplane = cpu.plane(layer).unwrap();
+        for p in nb - g.tail_rows..nb {
+            let row = gp.tail_row_of(b, p).unwrap() as usize;
+            let at = p as usize * tb + layer as usize * rb;
+            assert_eq!(
+                plane[row * rb..(row + 1) * rb],
+                hb[at..at + rb],
+                "B's tail row {p}"
+            );
+            assert_eq!(
+                plane[row * rb..(row + 1) * rb],
+                cplane[row * rb..(row + 1) * rb]
+            );
+        }
+    }
+}
+
+/// Resolves `positions` of one session on both pools and checks the GPU arena's bytes at every
+/// returned row against the CPU reference's.
+fn resolve_same(cpu: &mut ElasticPool, gp: &mut GpuElasticPool, s: u64, positions: &[i32]) {
+    let seq = (cpu.committed_len(s).unwrap() + cpu.scratch_len(s).unwrap()) as i32;
+    let input = ResolveInput {
+        sessions: &[s],
+        query_start_loc: &[0, 1],
+        seq_lens: &[seq],
+        topk: positions,
+        k: positions.len(),
+        layer: 0,
+    };
+    let (mut i1, mut v1) = (vec![0; positions.len()], vec![0; 1]);
+    let (mut i2, mut v2) = (vec![0; positions.len()], vec![0; 1]);
+    let mut o1 = ResolveOutput {
+        indices: &mut i1,
+        valid_count: &mut v1,
+    };
+    let mut o2 = ResolveOutput {
+        indices: &mut i2,
+        valid_count: &mut v2,
+    };
+    let (a, b) = (cpu.resolve(&input, &mut o1), gp.resolve(&input, &mut o2));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!((i1.clone(), v1), (i2, v2));
+    assert_eq!(a.stats, b.stats);
+    let rb = cpu.geometry().row_bytes as usize;
+    let plane = gp.device().download_plane(0).unwrap();
+    let cplane = cpu.plane(0).unwrap();
+    for &r in i1.iter().filter(|&&r| r >= 0) {
+        let at = r as usize * rb;
+        assert_eq!(plane[at..at + rb], cplane[at..at + rb], "row {r}");
+    }
+}
+
+/// Bug 2 (host rewrites pinned draft bytes a queued step copy still reads): drafts, a partial
+/// accept, then new drafts or an append at the rejected drafts' positions, with no host wait in
+/// between; the scratch, tail and host store must hold what the CPU reference holds.
+#[test]
+fn drafts_after_partial_accept_keep_their_bytes() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 64,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 8,
+    };
+    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
+    let s = 31u64;
+    let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 40);
+    assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
+    let mut seed = 100u32;
+    for round in 0..24u64 {
+        let c = cpu.committed_len(s).unwrap();
+        let drafts = pattern_tokens(g.row_bytes, g.layers, s, seed, 6);
+        seed += 6;
+        assert_eq!(cpu.write_scratch(s, &drafts), gp.write_scratch(s, &drafts));
+        assert_eq!(cpu.accept(s, 1), gp.accept(s, 1));
+        if round % 2 == 0 {
+            let more = pattern_tokens(g.row_bytes, g.layers, s, seed, 5);
+            seed += 5;
+            assert_eq!(cpu.write_scratch(s, &more), gp.write_scratch(s, &more));
+        } else {
+            let tok = pattern_tokens(g.row_bytes, g.layers, s, seed, 1);
+            seed += 1;
+            assert_eq!(cpu.append(s, &tok), gp.append(s, &tok));
+        }
+        let seq = cpu.committed_len(s).unwrap() + cpu.scratch_len(s).unwrap();
+        let picks: Vec<i32> = (c as i32..seq as i32).collect();
+        resolve_same(&mut cpu, &mut gp, s, &picks);
+        gpu.synchronize().unwrap();
+        for p in 0..cpu.committed_len(s).unwrap() {
+            assert_eq!(
+                cpu.host().token(s, p).unwrap(),
+                gp.cpu().host().token(s, p).unwrap(),
+                "committed token {p}"
+            );
+        }
+    }
+}
+
+/// Bug 3 (a safe `&[u8]` over pinned bytes a queued write-back still writes): right after
+/// `append_written` (no host wait), `cpu().host().token()` must return the rows the engine wrote.
+#[test]
+fn host_view_waits_for_queued_write_backs() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 64,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 4,
+    };
+    let (_, mut gp) = four_session_pools(&gpu, g);
+    let s = 41u64;
+    let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 40);
+    gp.admit(s, &h).unwrap();
+    let rb = g.row_bytes as usize;
+    for round in 0..32u32 {
+        let p = gp.cpu().committed_len(s).unwrap();
+        let tok = pattern_tokens(g.row_bytes, g.layers, s + 1000, p, 1);
+        let row = gp.tail_row_of(s, p).unwrap();
+        for layer in 0..g.layers {
+            let at = layer as usize * rb;
+            gp.device_mut()
+                .upload_rows(layer, row, &tok[at..at + rb])
+                .unwrap();
+        }
+        assert_eq!(gp.append_written(s, 1).unwrap(), p + 1, "round {round}");
+        assert_eq!(
+            gp.cpu().host().token(s, p).unwrap(),
+            &tok[..],
+            "round {round}"
+        );
+    }
+}
+
+/// Bug 4 (a failed publish left the pool inconsistent): a publish failing after it took the
+/// change log poisons the pool; that call returns the failure, every later call `Poisoned`.
+#[test]
+fn failed_publish_poisons_the_pool() {
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    let g = Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 64,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 4,
+    };
+    let (_, mut gp) = four_session_pools(&gpu, g);
+    let h = pattern_tokens(g.row_bytes, g.layers, 51, 0, 40);
+    gp.admit(51, &h).unwrap();
+    gp.inject_publish_failure();
+    let tok = pattern_tokens(g.row_bytes, g.layers, 51, 40, 1);
+    assert_eq!(
+        gp.append(51, &tok),
+        Err(KvError::Unsupported("injected publish failure"))
+    );
+    let poisoned =
+        |r: Result<(), KvError>| assert!(matches!(r, Err(KvError::Poisoned(_))), "{r:?}");
+    poisoned(gp.publish());
+    poisoned(gp.append(51, &tok).map(drop));
+    poisoned(gp.admit(52, &h).map(drop));
+    poisoned(gp.admit_batch(&[(53, &h[..])]).map(drop));
+    poisoned(gp.append_written(51, 1).map(drop));
+    poisoned(gp.append_written_batch(&[(51, 1)]).map(drop));
+    poisoned(gp.write_scratch(51, &tok));
+    poisoned(gp.accept(51, 0).map(drop));
+    poisoned(gp.reclaim(1).map(drop));
+    poisoned(gp.between_steps(1).map(drop));
+    poisoned(gp.slot_of(51).map(drop));
+    poisoned(gp.tail_row_of(51, 0).map(drop));
+    poisoned(gp.finish(51));
+    let (mut idx, mut valid) = (vec![0; 1], vec![0; 1]);
+    let r = gp.resolve(
+        &ResolveInput {
+            sessions: &[51],
+            query_start_loc: &[0, 1],
+            seq_lens: &[40],
+            topk: &[0],
+            k: 1,
+            layer: 0,
+        },
+        &mut ResolveOutput {
+            indices: &mut idx,
+            valid_count: &mut valid,
+        },
+    );
+    assert!(matches!(r, Err(KvError::Poisoned(_))));
+    poisoned(gp.replay(&ResolvePlan::default(), 0));
+    poisoned(gp.prefetch(51, &[0], 0).map(drop));
+}

@@ -32,8 +32,9 @@ pub trait HostBytes: sealed::Sealed + Send + std::fmt::Debug {
     /// Grows the committed history by `bytes` bytes whose contents a device kernel writes
     /// (write-back); a backing that cannot be written by the device refuses (`Unsupported`).
     fn extend_device_written(&mut self, session: SessionId, bytes: usize) -> Result<()>;
-    /// The committed bytes of a live session.
-    fn bytes(&self, session: SessionId) -> &[u8];
+    /// The committed bytes of a live session, once no queued device work writes them (the
+    /// pinned store waits for its last write-back). Errors: the wait's CUDA error.
+    fn bytes(&self, session: SessionId) -> Result<&[u8]>;
     /// Drops a finished session's bytes.
     fn remove(&mut self, session: SessionId);
 }
@@ -68,8 +69,8 @@ impl HostBytes for VecBytes {
         ))
     }
 
-    fn bytes(&self, session: SessionId) -> &[u8] {
-        &self.0[&session]
+    fn bytes(&self, session: SessionId) -> Result<&[u8]> {
+        Ok(&self.0[&session])
     }
 
     fn remove(&mut self, session: SessionId) {
@@ -219,7 +220,7 @@ impl<B: HostBytes> HostStore<B> {
                 layers: self.layers as u32,
             });
         }
-        let v = self.bytes.bytes(session);
+        let v = self.bytes.bytes(session)?;
         let off = (position as usize * self.layers + layer as usize) * self.row_bytes;
         v.get(off..off + self.row_bytes)
             .ok_or(KvError::PositionOutOfRange {
@@ -232,7 +233,7 @@ impl<B: HostBytes> HostStore<B> {
     /// All layers of one token (`layers × row_bytes` bytes).
     pub fn token(&self, session: SessionId, position: u32) -> Result<&[u8]> {
         self.check_live(session)?;
-        let v = self.bytes.bytes(session);
+        let v = self.bytes.bytes(session)?;
         let tb = self.token_bytes();
         let off = position as usize * tb;
         v.get(off..off + tb).ok_or(KvError::PositionOutOfRange {

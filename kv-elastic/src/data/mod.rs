@@ -34,8 +34,10 @@ pub trait DataPlane: sealed::Sealed + Send {
     /// layers, committed) into physical page `page`; the control plane maps it right after.
     fn fill_page(&mut self, session: SessionId, logical: u32, page: u32);
 
-    /// The control plane unmapped history page `logical` of `session` (reclaim); no bytes move.
-    fn unmap_page(&mut self, session: SessionId, logical: u32);
+    /// The control plane unmapped history page `logical` of `session`, held in physical page
+    /// `page` (reclaim); no bytes move. The page may be lent or reserved again before the next
+    /// publish, so a data plane that defers fills drops those still pending into `page`.
+    fn unmap_page(&mut self, session: SessionId, logical: u32, page: u32);
 
     /// Copies committed token `position` of `session` (all layers) into arena row `row` (tail).
     fn write_tail(&mut self, session: SessionId, position: u32, row: u32);
@@ -107,7 +109,7 @@ impl DataPlane for CpuData {
         self.arena.fill_page(&self.host, session, logical, page);
     }
 
-    fn unmap_page(&mut self, _session: SessionId, _logical: u32) {}
+    fn unmap_page(&mut self, _session: SessionId, _logical: u32, _page: u32) {}
 
     fn write_tail(&mut self, session: SessionId, position: u32, row: u32) {
         let token = self.host.token(session, position).expect("committed");

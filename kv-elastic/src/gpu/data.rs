@@ -5,8 +5,11 @@
 //! in a [`ChangeLog`], which `GpuElasticPool::publish` turns into O(changed) asynchronous work on
 //! the device (see `gpu/pool.rs` for the streams and events).
 
-use cuda_kernels::KvCopy;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cuda_kernels::{EventSignal, KvCopy};
 use hashbrown::HashMap;
+use tier_core::CompletionSignal;
 
 use super::GpuArena;
 use crate::data::{sealed, DataPlane, HostBytes, HostStore, SessionId};
@@ -18,8 +21,9 @@ use crate::error::{KvError, Result};
 /// rows back into it.
 ///
 /// Bytes of positions appended by a device write-back (`ElasticPool::append_written`, `accept`)
-/// land when the step stream passes that write-back; reading them on the host earlier returns
-/// whatever has landed.
+/// land when the step stream passes that write-back; the byte view ([`HostBytes::bytes`], under
+/// `HostStore::row` / `token`) first waits on the host for the last write-back event, so no
+/// slice it hands out covers bytes a queued kernel still writes.
 #[derive(Debug)]
 pub struct PinnedBytes {
     base: *mut u8,
@@ -32,6 +36,10 @@ pub struct PinnedBytes {
     used: Vec<usize>,
     /// Freed slots not reusable yet (device work queued before the free may still touch them).
     blocked: Vec<bool>,
+    /// Event after the last write-back queued (set by the publish that queued it).
+    last_write_back: Option<EventSignal>,
+    /// Host waits the byte view made for it.
+    pub(crate) host_waits: AtomicU64,
     /// Slots created / freed since the last publish.
     pub(crate) created: Vec<u32>,
     pub(crate) freed: Vec<u32>,
@@ -41,7 +49,8 @@ pub struct PinnedBytes {
 // value in the same `GpuData` (so it outlives every use); the bytes are only reached through
 // `&self` / `&mut self` of the pool, so Rust's aliasing rules apply as for a `Vec<u8>` field.
 unsafe impl Send for PinnedBytes {}
-// SAFETY: as above; `&self` hands out shared slices only.
+// SAFETY: as above; `&self` hands out shared slices only, each after waiting for every
+// write-back queued into the store (`HostBytes::bytes`); the wait counter is atomic.
 unsafe impl Sync for PinnedBytes {}
 
 impl PinnedBytes {
@@ -57,6 +66,8 @@ impl PinnedBytes {
             session_of: vec![None; d.max_slots as usize],
             used: vec![0; d.max_slots as usize],
             blocked: vec![false; d.max_slots as usize],
+            last_write_back: None,
+            host_waits: AtomicU64::new(0),
             created: Vec::new(),
             freed: Vec::new(),
         }
@@ -86,6 +97,11 @@ impl PinnedBytes {
         (0..self.session_of.len()).any(|b| self.session_of[b].is_none() && !self.blocked[b])
     }
 
+    /// A publish queued write-backs into the store, complete after `event`.
+    pub(crate) fn set_last_write_back(&mut self, event: EventSignal) {
+        self.last_write_back = Some(event);
+    }
+
     /// Makes a freed slot reusable (the device passed the work queued before its free).
     pub(crate) fn unblock(&mut self, slot: u32) {
         self.blocked[slot as usize] = false;
@@ -97,9 +113,11 @@ impl PinnedBytes {
         assert!(off + bytes.len() <= self.len, "inside the pinned store");
         // SAFETY: `off .. off + bytes.len()` lies inside the live pinned allocation (checked
         // above; see the `Send` impl); `bytes` is a host slice that cannot overlap it mutably
-        // borrowed, and `&mut self` excludes other host writers. No kernel reads these rows
-        // before the publish that follows (they are past the committed history or in a slot
-        // created now).
+        // borrowed, and `&mut self` excludes other host writers. No queued kernel reads these
+        // bytes: they are past the committed history (no fill, miss or write-back touches them)
+        // and the GPU pool waited for the last publish whose step copies read draft bytes there
+        // (`DraftReads`, before `write_scratch` / `append`), or they are in a slot created now
+        // (reused only after the step stream passed the publish that freed it).
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
     }
 
@@ -180,12 +198,24 @@ impl HostBytes for PinnedBytes {
         Ok(())
     }
 
-    fn bytes(&self, session: SessionId) -> &[u8] {
+    fn bytes(&self, session: SessionId) -> Result<&[u8]> {
+        if let Some(ev) = &self.last_write_back {
+            if !ev.is_complete() {
+                self.host_waits.fetch_add(1, Ordering::Relaxed);
+                ev.event().synchronize().map_err(|e| {
+                    KvError::Cuda(cuda_kernels::CudaError::driver("cuEventSynchronize", e))
+                })?;
+            }
+        }
         let b = self.slot_of[&session] as usize;
         let off = b * self.slot_bytes();
         // SAFETY: `off .. off + used[b]` lies inside the live pinned allocation (slot `b` of
-        // `max_slots`, `used[b] <= slot_bytes`); `&self` gives shared access only.
-        unsafe { std::slice::from_raw_parts(self.base.add(off), self.used[b]) }
+        // `max_slots`, `used[b] <= slot_bytes`). No device work writes these bytes while the
+        // slice lives: every write-back queued so far has run (waited above; device kernels
+        // write the store only through write-backs), a new one is queued only by a publish,
+        // which needs `&mut` of the pool that this `&self` borrow excludes, and host writes go
+        // past `used[b]` or need `&mut self`. Kernels may read the bytes meanwhile (fine).
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(off), self.used[b]) })
     }
 
     fn remove(&mut self, session: SessionId) {
@@ -195,6 +225,52 @@ impl HostBytes for PinnedBytes {
             self.blocked[b as usize] = true;
             self.freed.push(b);
         }
+    }
+}
+
+/// Draft positions of the pinned store that queued step-stream copies may still read: per
+/// session slot, positions `lo..hi` and the signal (a publish's event) after the last copy that
+/// reads them. A host write over those positions (`write_scratch` after `accept(k < drafts)`, or
+/// `append`) must wait for the signal first.
+#[derive(Debug)]
+pub(crate) struct DraftReads<S>(HashMap<u32, (u32, u32, S)>);
+
+impl<S> Default for DraftReads<S> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<S: tier_core::CompletionSignal + Clone> DraftReads<S> {
+    /// A publish after `signal` queued copies reading positions `lo..hi` of `slot`. The signal
+    /// of a later publish on the same stream covers the earlier ones, so ranges merge.
+    pub(crate) fn record(&mut self, slot: u32, lo: u32, hi: u32, signal: S) {
+        let e = self.0.entry(slot).or_insert((lo, hi, signal.clone()));
+        if e.2.is_complete() {
+            *e = (lo, hi, signal);
+        } else {
+            *e = (e.0.min(lo), e.1.max(hi), signal);
+        }
+    }
+
+    /// The signal a host write over positions `lo..hi` of `slot` must wait for (incomplete and
+    /// overlapping), if any; once it passed every recorded read of the slot has run, so the
+    /// slot's entry is dropped (`take` semantics: call, wait for the result, write).
+    pub(crate) fn take_conflict(&mut self, slot: u32, lo: u32, hi: u32) -> Option<S> {
+        let &(a, b, ref s) = self.0.get(&slot)?;
+        if s.is_complete() {
+            self.0.remove(&slot);
+            return None;
+        }
+        if a < hi && lo < b {
+            return self.0.remove(&slot).map(|e| e.2);
+        }
+        None
+    }
+
+    /// Forgets a freed slot (its reuse waits for the publish that freed it, after every copy).
+    pub(crate) fn forget(&mut self, slot: u32) {
+        self.0.remove(&slot);
     }
 }
 
@@ -216,6 +292,14 @@ pub(crate) struct ChangeLog {
 }
 
 impl ChangeLog {
+    /// Drops the pending fills whose destination rows lie in physical page `page` (the control
+    /// plane unmapped it; a later fill may target it in the same window). Only reclaim unmaps a
+    /// page with fills pending: a finished session's pages (hand-back, fixed-page release) were
+    /// filled in earlier windows, as `finish` publishes at once.
+    pub(crate) fn drop_fills_into(&mut self, page: u32, page_rows: u32) {
+        self.fills.retain(|c| c.dst_row / page_rows != page);
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.fills.is_empty()
             && self.write_backs.is_empty()
@@ -297,7 +381,11 @@ impl DataPlane for GpuData {
         self.touch(session);
     }
 
-    fn unmap_page(&mut self, session: SessionId, logical: u32) {
+    fn unmap_page(&mut self, session: SessionId, logical: u32, page: u32) {
+        // The page may be taken again in this publish window (another admission of the same
+        // `admit_batch` reserves or borrows it once `collect` frees it): its pending fills must
+        // not run beside the new owner's in the same launch.
+        self.log.drop_fills_into(page, self.page_rows);
         let slot = self.slot(session);
         self.log
             .pages
@@ -357,5 +445,71 @@ impl DataPlane for GpuData {
 
     fn placement_changed(&mut self, session: SessionId) {
         self.touch(session);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(slot: u32, position: u32, dst_row: u32) -> KvCopy {
+        KvCopy {
+            slot,
+            position,
+            dst_row,
+            pad: 0,
+        }
+    }
+
+    /// Bug 2: drafts at positions 10..14 of slot 0 are read by a queued step copy; after
+    /// `accept(1)` the next drafts (or an append) go to 11.. and must wait for that copy; writes
+    /// elsewhere, or after the copy ran, do not wait.
+    #[test]
+    fn host_writes_over_queued_draft_reads_wait() {
+        let mut d = DraftReads::default();
+        let copy = tier_core::FlagSignal::new();
+        d.record(0, 10, 14, copy.clone());
+        assert!(d.take_conflict(1, 10, 14).is_none(), "other slot");
+        assert!(d.take_conflict(0, 14, 16).is_none(), "past the drafts");
+        assert!(
+            d.take_conflict(0, 11, 14).is_some(),
+            "rewrites queued draft bytes"
+        );
+        // A second window: drafts 14..16 read after `later`; merged with 10..14 while pending.
+        let later = tier_core::FlagSignal::new();
+        d.record(0, 10, 14, copy.clone());
+        d.record(0, 14, 16, later.clone());
+        assert!(
+            d.take_conflict(0, 10, 11).is_some(),
+            "merged range, latest signal"
+        );
+        d.record(0, 10, 14, copy.clone());
+        copy.complete();
+        assert!(d.take_conflict(0, 11, 14).is_none(), "the copy ran");
+        d.record(0, 10, 12, later);
+        d.forget(0);
+        assert!(d.take_conflict(0, 10, 12).is_none());
+    }
+
+    /// Bug: session A's fills into page 2 were still pending when B reclaimed page 2 and logged
+    /// its tail fills into it; both ran in one replay launch. Unmapping drops A's fills only.
+    #[test]
+    fn unmapped_page_drops_its_pending_fills() {
+        let pr = 4;
+        let mut log = ChangeLog::default();
+        for i in 0..pr {
+            log.fills.push(fill(0, 8 + i, 2 * pr + i)); // A, logical page 2 -> page 2
+            log.fills.push(fill(0, 12 + i, 3 * pr + i)); // A, logical page 3 -> page 3
+        }
+        log.drop_fills_into(2, pr);
+        assert!(log.fills.iter().all(|c| c.dst_row / pr == 3));
+        assert_eq!(log.fills.len(), pr as usize);
+        // B's tail rows land in page 2 afterwards and stay the only fills there.
+        log.fills.push(fill(1, 40, 2 * pr));
+        assert_eq!(
+            log.fills.iter().filter(|c| c.dst_row / pr == 2).count(),
+            1,
+            "one writer per row"
+        );
     }
 }

@@ -54,7 +54,7 @@ use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
 use hashbrown::HashMap;
 use tier_core::CompletionSignal;
 
-use super::data::{GpuData, PinnedBytes};
+use super::data::{DraftReads, GpuData, PinnedBytes};
 use super::GpuArena;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
@@ -141,6 +141,9 @@ pub struct GpuFlushCounters {
 struct Staging {
     buf: PinnedBuffer<u8>,
     done: EventSignal,
+    /// Taken by a publish that has not recorded `done` yet (stays set if that publish fails:
+    /// queued kernels may read the buffer, and the pool is poisoned anyway).
+    busy: bool,
 }
 
 /// Builds one publish's staging image: 16-byte aligned sections.
@@ -206,7 +209,15 @@ pub struct GpuElasticPool {
     last_write_back: Option<EventSignal>,
     /// Freed session slots and the event after which nothing queued touches them.
     quarantine: Vec<(u32, EventSignal)>,
+    /// Draft bytes in the pinned store that queued step copies may still read (see
+    /// [`DraftReads`]): a host write over them waits first.
+    draft_reads: DraftReads<EventSignal>,
+    /// The event recorded at the end of the last publish that queued work.
+    last_publish: Option<EventSignal>,
     settle: bool,
+    /// Set by a failed publish: every later call fails with [`KvError::Poisoned`].
+    poisoned: Option<String>,
+    fail_next_publish: bool,
     miss_tokens: u64,
     counters: GpuFlushCounters,
 }
@@ -259,13 +270,19 @@ impl GpuElasticPool {
             staging: Vec::new(),
             last_write_back: None,
             quarantine: Vec::new(),
+            draft_reads: DraftReads::default(),
+            last_publish: None,
             settle: false,
+            poisoned: None,
+            fail_next_publish: false,
             miss_tokens: 0,
             counters: GpuFlushCounters::default(),
         })
     }
 
     /// The control plane (read-only: change it through this pool's methods so the device follows).
+    /// Its host store's `row` / `token` wait on the host for the last queued write-back before
+    /// handing out bytes (counted in [`GpuFlushCounters::host_syncs`]).
     pub fn cpu(&self) -> &ElasticPool<GpuData> {
         &self.cpu
     }
@@ -305,6 +322,7 @@ impl GpuElasticPool {
 
     /// The session slot of a live session (index into the device tables).
     pub fn slot_of(&self, session: SessionId) -> Result<u32> {
+        self.check_poison()?;
         self.cpu.host().check_live(session)?;
         self.pinned()
             .slot_of(session)
@@ -315,6 +333,7 @@ impl GpuElasticPool {
     /// `position`: where the engine writes a new token's KV before
     /// [`GpuElasticPool::append_written`].
     pub fn tail_row_of(&self, session: SessionId, position: u32) -> Result<u32> {
+        self.check_poison()?;
         self.cpu.tail_row_of(session, position)
     }
 
@@ -325,7 +344,12 @@ impl GpuElasticPool {
 
     /// What the publishes did so far (rows copied, words patched, bytes staged, host waits).
     pub fn flush_counters(&self) -> GpuFlushCounters {
-        self.counters
+        let mut c = self.counters;
+        c.host_syncs += self
+            .pinned()
+            .host_waits
+            .load(std::sync::atomic::Ordering::Relaxed);
+        c
     }
 
     fn pinned(&self) -> &PinnedBytes {
@@ -386,6 +410,7 @@ impl GpuElasticPool {
     /// [`ElasticPool::admit`], then publishes (asynchronous). Extra errors (nothing changes):
     /// `Cuda(OutOfRange)` when no slot is free or the history exceeds `max_history`.
     pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
+        self.check_poison()?;
         self.check_admission(history)?;
         self.settle_readers()?;
         let a = self.cpu.admit(session, history);
@@ -397,6 +422,7 @@ impl GpuElasticPool {
     /// admission; what was admitted before stays admitted and published. Returns the outcome of
     /// each attempted admission.
     pub fn admit_batch(&mut self, sessions: &[(SessionId, &[u8])]) -> Result<Vec<Admission>> {
+        self.check_poison()?;
         self.settle_readers()?;
         self.each_then_publish(sessions, |p, (session, history)| {
             p.check_admission(history)?;
@@ -445,8 +471,11 @@ impl GpuElasticPool {
     /// publishes: the bytes go into the pinned store, the tail rows are copied on the step stream.
     /// Extra error: history beyond `max_history`.
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
+        self.check_poison()?;
         let n = self.cpu.host().check_tokens(tokens, true)?;
         self.check_history_room(session, n)?;
+        let at = self.cpu.committed_len(session)?;
+        self.wait_draft_reads(session, at, at + n)?;
         let r = self.cpu.append(session, tokens)?;
         self.publish()?;
         Ok(r)
@@ -459,6 +488,7 @@ impl GpuElasticPool {
     /// store (no host sync). Errors: as [`ElasticPool::append_written`], history beyond
     /// `max_history`.
     pub fn append_written(&mut self, session: SessionId, n: u32) -> Result<u32> {
+        self.check_poison()?;
         let r = self.append_written_one(session, n)?;
         self.publish()?;
         Ok(r)
@@ -468,6 +498,7 @@ impl GpuElasticPool {
     /// launch for the step). Stops at the first error (what was committed before stays
     /// committed and published). Returns the new committed lengths.
     pub fn append_written_batch(&mut self, appends: &[(SessionId, u32)]) -> Result<Vec<u32>> {
+        self.check_poison()?;
         self.each_then_publish(appends, |p, (s, n)| {
             Ok((p.append_written_one(s, n)?, false))
         })
@@ -480,6 +511,7 @@ impl GpuElasticPool {
 
     /// [`ElasticPool::write_scratch`], then publishes. Extra error: drafts beyond `max_history`.
     pub fn write_scratch(&mut self, session: SessionId, tokens: &[u8]) -> Result<()> {
+        self.check_poison()?;
         let n = self.cpu.host().check_tokens(tokens, true)?;
         let now = self.cpu.committed_len(session)? + self.cpu.scratch_len(session)?;
         if now as u64 + n as u64 > self.gcfg.max_history as u64 {
@@ -488,13 +520,36 @@ impl GpuElasticPool {
                 now as u64 + n as u64,
             ));
         }
+        self.wait_draft_reads(session, now, now + n)?;
         self.cpu.write_scratch(session, tokens)?;
-        self.publish()
+        self.publish()?;
+        if n > 0 {
+            // This publish's step copies read the drafts' pinned bytes until its event.
+            let slot = self.slot_of(session)?;
+            let ev = self.last_publish.clone().expect("drafts were published");
+            self.draft_reads.record(slot, now, now + n, ev);
+        }
+        Ok(())
+    }
+
+    /// Before the host rewrites pinned positions `lo..hi` of `session` (drafts, appends): waits
+    /// for the last publish whose step copies read draft bytes there, if it has not run yet (a
+    /// host wait, only on this path: `write_scratch` / `append` after `accept(k < drafts)`).
+    fn wait_draft_reads(&mut self, session: SessionId, lo: u32, hi: u32) -> Result<()> {
+        let slot = self.slot_of(session)?;
+        if let Some(ev) = self.draft_reads.take_conflict(slot, lo, hi) {
+            self.counters.host_syncs += 1;
+            ev.event()
+                .synchronize()
+                .map_err(|e| cuda(CudaError::driver("cuEventSynchronize", e)))?;
+        }
+        Ok(())
     }
 
     /// [`ElasticPool::accept`], then publishes: the accepted drafts are written back from their
     /// scratch rows on the step stream and copied into the tail rows after.
     pub fn accept(&mut self, session: SessionId, n: u32) -> Result<u32> {
+        self.check_poison()?;
         let r = self.cpu.accept(session, n)?;
         self.publish()?;
         Ok(r)
@@ -503,13 +558,17 @@ impl GpuElasticPool {
     /// [`ElasticPool::finish`], then publishes (the slot is marked not live; it is reused once
     /// the step stream passed this point).
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
+        self.check_poison()?;
+        let slot = self.slot_of(session)?;
         self.cpu.finish(session)?;
+        self.draft_reads.forget(slot);
         self.publish()
     }
 
     /// [`ElasticPool::reclaim`], then publishes: the owners' page-table entries are patched on
     /// the step stream (no row moves).
     pub fn reclaim(&mut self, n: u32) -> Result<u32> {
+        self.check_poison()?;
         self.settle_readers()?;
         let r = self.cpu.reclaim(n)?;
         self.publish()?;
@@ -520,6 +579,7 @@ impl GpuElasticPool {
     /// the finished sessions' slots are not live; grown pages are filled on the copy stream and
     /// mapped after their fill).
     pub fn between_steps(&mut self, chunk: u32) -> Result<StepMaintenance> {
+        self.check_poison()?;
         self.settle_readers()?;
         let r = self.cpu.between_steps(chunk)?;
         self.publish()?;
@@ -529,7 +589,31 @@ impl GpuElasticPool {
     /// Publishes what the control plane changed since the last publish: O(changed) asynchronous
     /// work on the copy and step streams (see the module docs); no host wait. The control
     /// operations call it; calling it again with nothing changed does nothing.
+    ///
+    /// A failure after the change log was taken poisons the pool (the device no longer follows
+    /// the control plane): this call returns the failure and every later one
+    /// [`KvError::Poisoned`]; drop the pool.
     pub fn publish(&mut self) -> Result<()> {
+        self.check_poison()?;
+        self.publish_inner()
+            .inspect_err(|e| self.poisoned = Some(e.to_string()))
+    }
+
+    /// `Err(Poisoned)` once a publish failed.
+    fn check_poison(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(KvError::Poisoned(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the next publish fail after staging (tests of the failure path).
+    #[doc(hidden)]
+    pub fn inject_publish_failure(&mut self) {
+        self.fail_next_publish = true;
+    }
+
+    fn publish_inner(&mut self) -> Result<()> {
         let log = std::mem::take(&mut self.cpu.data.log);
         let (created, freed) = {
             let p = self.cpu.data.pinned_mut();
@@ -635,6 +719,9 @@ impl GpuElasticPool {
         let at_step = img.push(&step_plan);
         let at_step_n = img.push(&step_counts);
         let base = self.stage(&img.0)?;
+        if std::mem::take(&mut self.fail_next_publish) {
+            return Err(KvError::Unsupported("injected publish failure"));
+        }
         let gpu = self.device().gpu().clone();
         let step = gpu.stream().clone();
         let copy = self.copy.clone();
@@ -685,13 +772,20 @@ impl GpuElasticPool {
             unsafe { copy_segments(dev, &step, base, (at_step, at_step_n), step_counts.len()) }?;
         }
         let done = ev(&step)?;
+        self.last_publish = Some(done.clone());
+        if let (false, Some(wb)) = (log.write_backs.is_empty(), &self.last_write_back) {
+            // The host store's byte view waits for it (no slice over bytes still being written).
+            self.cpu.data.pinned_mut().set_last_write_back(wb.clone());
+        }
         // The staging buffer is free again once the step stream passes `done` (which follows the
         // wait for the copy stream's fills).
-        self.staging
+        let staged = self
+            .staging
             .iter_mut()
             .find(|s| s.buf.device_ptr() == base)
-            .expect("staged above")
-            .done = done.clone();
+            .expect("staged above");
+        staged.done = done.clone();
+        staged.busy = false;
         if !log.write_backs.is_empty() || !log.step_copies.is_empty() {
             // Pages the step-stream copies touch stay allocated until they ran.
             self.cpu.fence().enter_signal(Box::new(done.clone()));
@@ -718,7 +812,7 @@ impl GpuElasticPool {
         let i = match self
             .staging
             .iter()
-            .position(|s| s.buf.len() >= need && s.done.is_complete())
+            .position(|s| !s.busy && s.buf.len() >= need && s.done.is_complete())
         {
             Some(i) => i,
             None => {
@@ -726,11 +820,17 @@ impl GpuElasticPool {
                 let buf = PinnedBuffer::zeroed(&ctx, need.next_power_of_two().max(64 << 10))
                     .map_err(cuda)?;
                 let done = EventSignal::unrecorded(self.device().gpu()).map_err(cuda)?;
-                self.staging.push(Staging { buf, done });
+                self.staging.push(Staging {
+                    buf,
+                    done,
+                    busy: false,
+                });
                 self.staging.len() - 1
             }
         };
         let s = &mut self.staging[i];
+        // Busy before anything is launched from it; `publish` frees it with its `done` event.
+        s.busy = true;
         s.buf.as_mut_slice()[..image.len()].copy_from_slice(image);
         Ok(s.buf.device_ptr())
     }
@@ -834,6 +934,7 @@ impl Resolver for GpuElasticPool {
         opts: &ResolveOptions<'_>,
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved> {
+        self.check_poison()?;
         // The same checks, errors and output fill as the CPU reference.
         self.cpu.validate_resolve(input, opts, out)?;
         let rows = input.topk.len() / input.k;
@@ -946,6 +1047,7 @@ impl Resolver for GpuElasticPool {
     }
 
     fn replay(&mut self, plan: &ResolvePlan, layer: u32) -> Result<()> {
+        self.check_poison()?;
         let g = *self.cpu.geometry();
         if layer >= g.layers {
             return Err(KvError::LayerOutOfRange {
@@ -993,6 +1095,7 @@ impl Resolver for GpuElasticPool {
         candidates: &[i32],
         layer: u32,
     ) -> Result<ResolvePlan> {
+        self.check_poison()?;
         self.cpu.validate_prefetch(session, candidates, layer)?;
         let slot = self.slot_of(session)? as i32;
         let gpu = self.cpu.data.dev.gpu().clone();

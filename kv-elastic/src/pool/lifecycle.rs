@@ -260,7 +260,8 @@ impl<D: DataPlane> ElasticPool<D> {
         for loan in &loans {
             if let Some(r) = self.ctl.sessions.get_mut(&loan.borrower.0) {
                 r.pages.clear(loan.logical)?;
-                self.data.unmap_page(loan.borrower.0, loan.logical);
+                self.data
+                    .unmap_page(loan.borrower.0, loan.logical, loan.handle.page().0);
             }
         }
         self.ctl.counters.pages_reclaimed += loans.len() as u64;
