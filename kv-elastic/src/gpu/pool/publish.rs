@@ -1,0 +1,255 @@
+//! [`GpuElasticPool::publish`]: the change log turned into O(changed) asynchronous work (see
+//! the parent module's table of streams and orderings).
+
+use super::*;
+
+impl GpuElasticPool {
+    /// Publishes what the control plane changed since the last publish: O(changed) asynchronous
+    /// work on the copy and step streams (see the module docs); no host wait. The control
+    /// operations call it; calling it again with nothing changed does nothing.
+    ///
+    /// A failure after the change log was taken poisons the pool (the device no longer follows
+    /// the control plane): this call returns the failure and every later one
+    /// [`KvError::Poisoned`]; drop the pool.
+    pub fn publish(&mut self) -> Result<()> {
+        self.check_poison()?;
+        self.publish_inner()
+            .inspect_err(|e| self.poisoned = Some(e.to_string()))
+    }
+
+    /// `Err(Poisoned)` once a publish failed.
+    pub(super) fn check_poison(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(why) => Err(KvError::Poisoned(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes the next publish fail after staging (tests of the failure path).
+    #[doc(hidden)]
+    pub fn inject_publish_failure(&mut self) {
+        self.fail_next_publish = true;
+    }
+
+    pub(super) fn publish_inner(&mut self) -> Result<()> {
+        let log = std::mem::take(&mut self.cpu.data.log);
+        let (created, freed) = {
+            let p = self.cpu.data.pinned_mut();
+            (std::mem::take(&mut p.created), std::mem::take(&mut p.freed))
+        };
+        if log.is_empty() && created.is_empty() && freed.is_empty() {
+            return Ok(());
+        }
+        let d = *self.device().dims();
+        let t = self.device().tables();
+        let g = *self.cpu.geometry();
+        // Table patches: ranges (slot resets) in one launch, then single words (last one wins).
+        let mut ranges: Vec<KvFill> = Vec::new();
+        let range = |ranges: &mut Vec<KvFill>, base: u64, word: u64, count: usize, value: u32| {
+            ranges.push(KvFill {
+                dst: base + 4 * word,
+                count: count as u32,
+                value,
+            })
+        };
+        let (h, nh, mp, fp) = (
+            d.hot_rows as u64,
+            d.max_history as u64,
+            d.max_pages as u64,
+            d.fixed_pages as u64,
+        );
+        let desc_words = (std::mem::size_of::<KvSlotDesc>() / 4) as u64;
+        for &b in created.iter().chain(&freed) {
+            let b = b as u64;
+            range(&mut ranges, t.desc, b * desc_words, desc_words as usize, 0);
+            range(&mut ranges, t.slot_pos, b * h, h as usize, u32::MAX);
+            range(&mut ranges, t.referenced, b * h, h as usize, 0);
+            range(&mut ranges, t.stamp, 2 * b * h, 2 * h as usize, 0);
+            range(&mut ranges, t.hand, b, 1, 0);
+            range(&mut ranges, t.pos_slot, b * nh, nh as usize, u32::MAX);
+            range(&mut ranges, t.page_tab, b * mp, mp as usize, u32::MAX);
+        }
+        ranges.dedup();
+        let mut words: HashMap<u64, u32> = HashMap::new();
+        let mut order: Vec<u64> = Vec::new();
+        let mut put = |addr: u64, value: u32| {
+            if words.insert(addr, value).is_none() {
+                order.push(addr);
+            }
+        };
+        for &b in &created {
+            let s = self.pinned().session_at(b).expect("created this window");
+            let pl = self.cpu.placement(s)?;
+            for (i, &p) in pl.fixed_pages.iter().enumerate() {
+                put(t.fixed_pages + 4 * (b as u64 * fp + i as u64), p);
+            }
+        }
+        for &(b, logical, page) in &log.pages {
+            if self.pinned().session_at(b).is_some() && (logical as u64) < mp {
+                put(
+                    t.page_tab + 4 * (b as u64 * mp + logical as u64),
+                    page as u32,
+                );
+            }
+        }
+        let mut touched = log.touched.clone();
+        for &b in &created {
+            let s = self.pinned().session_at(b).expect("created this window");
+            if !touched.contains(&s) {
+                touched.push(s);
+            }
+        }
+        for s in touched {
+            let Some(b) = self.pinned().slot_of(s) else {
+                continue; // finished since
+            };
+            let pl = self.cpu.placement(s)?;
+            let desc = KvSlotDesc {
+                live: 1,
+                committed: pl.committed,
+                scratch_len: pl.scratch_len,
+                full: u32::from(pl.full),
+                tail_start: pl.committed.saturating_sub(g.tail_rows),
+                pad: [0; 3],
+            };
+            let w: &[u32] = bytemuck::cast_slice(std::slice::from_ref(&desc));
+            for (i, &v) in w.iter().enumerate() {
+                put(t.desc + 4 * (b as u64 * desc_words + i as u64), v);
+            }
+        }
+        let points: Vec<KvFill> = order
+            .iter()
+            .map(|&a| KvFill {
+                dst: a,
+                count: 1,
+                value: words[&a],
+            })
+            .collect();
+        // One staging image for every list of this publish.
+        let mut img = Image::default();
+        let (fill_plan, fill_counts) = segments(&log.fills);
+        let (step_plan, step_counts) = segments(&log.step_copies);
+        let at_fill = img.push(&fill_plan);
+        let at_fill_n = img.push(&fill_counts);
+        let at_wb = img.push(&log.write_backs);
+        let at_ranges = img.push(&ranges);
+        let at_points = img.push(&points);
+        let at_step = img.push(&step_plan);
+        let at_step_n = img.push(&step_counts);
+        let base = self.stage(&img.0)?;
+        if std::mem::take(&mut self.fail_next_publish) {
+            return Err(KvError::Unsupported("injected publish failure"));
+        }
+        let gpu = self.device().gpu().clone();
+        let step = gpu.stream().clone();
+        let copy = self.copy.clone();
+        let ev = |s: &CudaStream| EventSignal::record(&gpu, s).map_err(cuda);
+        let dev = &self.cpu.data.dev;
+        // 1. Write-backs (step stream, after the kernels that wrote the rows).
+        if !log.write_backs.is_empty() {
+            // SAFETY: `n` KvCopy staged at `base + at_wb` (mapped pinned, readable until the
+            // staging event recorded below passes); their rows and slots are live (control plane).
+            unsafe {
+                dev.write_back_async(
+                    &step,
+                    base + at_wb as u64,
+                    log.write_backs.len() as u32,
+                    0,
+                    d.layers,
+                )
+            }
+            .map_err(cuda)?;
+            self.last_write_back = Some(ev(&step)?);
+        }
+        // 2. Fills (copy stream; after the last write-back; pages just taken were free).
+        if !log.fills.is_empty() {
+            if let Some(wb) = &self.last_write_back {
+                wb.wait_on(&copy).map_err(cuda)?;
+            }
+            // SAFETY: segments staged at `base + at_fill` / `at_fill_n` (live until the staging
+            // event, which the step stream records after waiting for this stream's fill event);
+            // the destination rows belong to pages no reader or other stream's queued work
+            // touches (free pages, fence; see the module docs).
+            unsafe { copy_segments(dev, &copy, base, (at_fill, at_fill_n), fill_counts.len()) }?;
+            ev(&copy)?.wait_on(&step).map_err(cuda)?;
+        }
+        // 3. Table patches (step stream, after the fills they map).
+        // SAFETY: every entry names words of our tables (addresses built from `tables()` with
+        // in-range indices above); ranges are disjoint or equal-valued, points are deduplicated;
+        // staged until the staging event.
+        unsafe {
+            dev.fill_words_async(&step, base + at_ranges as u64, ranges.len() as u32)
+                .map_err(cuda)?;
+            dev.fill_words_async(&step, base + at_points as u64, points.len() as u32)
+                .map_err(cuda)?;
+        }
+        // 4. Tail and draft rows of live sessions (step stream, after the write-backs).
+        if !log.step_copies.is_empty() {
+            // SAFETY: as the fills; the rows are the sessions' own tail / scratch rows, and every
+            // earlier reader of them is earlier on this stream.
+            unsafe { copy_segments(dev, &step, base, (at_step, at_step_n), step_counts.len()) }?;
+        }
+        let done = ev(&step)?;
+        self.last_publish = Some(done.clone());
+        if let (false, Some(wb)) = (log.write_backs.is_empty(), &self.last_write_back) {
+            // The host store's byte view waits for it (no slice over bytes still being written).
+            self.cpu.data.pinned_mut().set_last_write_back(wb.clone());
+        }
+        // The staging buffer is free again once the step stream passes `done` (which follows the
+        // wait for the copy stream's fills).
+        let staged = self
+            .staging
+            .iter_mut()
+            .find(|s| s.buf.device_ptr() == base)
+            .expect("staged above");
+        staged.done = done.clone();
+        staged.busy = false;
+        if !log.write_backs.is_empty() || !log.step_copies.is_empty() {
+            // Pages the step-stream copies touch stay allocated until they ran.
+            self.cpu.fence().enter_signal(Box::new(done.clone()));
+        }
+        for b in freed {
+            self.quarantine.push((b, done.clone()));
+        }
+        let c = &mut self.counters;
+        c.flushes += 1;
+        c.rows_filled += log.fills.len() as u64;
+        c.rows_copied += log.step_copies.len() as u64;
+        c.rows_written_back += log.write_backs.len() as u64;
+        c.words_patched += points.len() as u64;
+        c.ranges_reset += ranges.len() as u64;
+        c.staged_bytes += img.0.len() as u64;
+        Ok(())
+    }
+
+    /// Copies `image` into a free staging buffer (mapped pinned memory); returns its device
+    /// address. A buffer is free once the event after its last reader passed (no host wait; a
+    /// new buffer is allocated when none is free or large enough).
+    pub(super) fn stage(&mut self, image: &[u8]) -> Result<u64> {
+        let need = image.len().max(16);
+        let i = match self
+            .staging
+            .iter()
+            .position(|s| !s.busy && s.buf.len() >= need && s.done.is_complete())
+        {
+            Some(i) => i,
+            None => {
+                let ctx = self.device().gpu().ctx().clone();
+                let buf = PinnedBuffer::zeroed(&ctx, need.next_power_of_two().max(64 << 10))
+                    .map_err(cuda)?;
+                let done = EventSignal::unrecorded(self.device().gpu()).map_err(cuda)?;
+                self.staging.push(Staging {
+                    buf,
+                    done,
+                    busy: false,
+                });
+                self.staging.len() - 1
+            }
+        };
+        let s = &mut self.staging[i];
+        // Busy before anything is launched from it; `publish` frees it with its `done` event.
+        s.busy = true;
+        s.buf.as_mut_slice()[..image.len()].copy_from_slice(image);
+        Ok(s.buf.device_ptr())
+    }
+}
