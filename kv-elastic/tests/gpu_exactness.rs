@@ -977,15 +977,7 @@ fn host_view_waits_for_queued_write_backs() {
     let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
         return;
     };
-    let g = Geometry {
-        row_bytes: 64,
-        layers: 2,
-        page_rows: 16,
-        arena_pages: 64,
-        hot_rows: 32,
-        tail_rows: 16,
-        scratch_rows: 4,
-    };
+    let g = small_geometry();
     let (_, mut gp) = four_session_pools(&gpu, g);
     let s = 41u64;
     let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 40);
@@ -1017,15 +1009,7 @@ fn failed_publish_poisons_the_pool() {
     let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
         return;
     };
-    let g = Geometry {
-        row_bytes: 64,
-        layers: 2,
-        page_rows: 16,
-        arena_pages: 64,
-        hot_rows: 32,
-        tail_rows: 16,
-        scratch_rows: 4,
-    };
+    let g = small_geometry();
     let (_, mut gp) = four_session_pools(&gpu, g);
     let h = pattern_tokens(g.row_bytes, g.layers, 51, 0, 40);
     gp.admit(51, &h).unwrap();
@@ -1068,4 +1052,17 @@ fn failed_publish_poisons_the_pool() {
     assert!(matches!(r, Err(KvError::Poisoned(_))));
     poisoned(gp.replay(&ResolvePlan::default(), 0));
     poisoned(gp.prefetch(51, &[0], 0).map(drop));
+}
+
+/// The 64-page, 2-layer geometry of the publish-window tests (4 draft rows per session).
+fn small_geometry() -> Geometry {
+    Geometry {
+        row_bytes: 64,
+        layers: 2,
+        page_rows: 16,
+        arena_pages: 64,
+        hot_rows: 32,
+        tail_rows: 16,
+        scratch_rows: 4,
+    }
 }
