@@ -303,21 +303,340 @@ __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, i
     return qseq ? min(qseq[row], limit) : limit;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The fast engine (`tierkit_kv_resolve_fast`): the same contract and the same decisions as the
+// classic body below, with the bookkeeping reorganised so that no phase is serial (see DESIGN.md,
+// "Fast resolve engine"):
+// - each thread holds KV_FAST_PER consecutive picks of its entry in registers from the first
+//   global read to the output write (one lookup chain per pick instead of three);
+// - one block-wide scan orders the first appearances, one orders the outputs;
+// - CLOCK victims are chosen by the whole block from two candidate bitmaps of the hot slots (one
+//   coalesced pass over the slot state, a scan over hand-rotated ranges), instead of warp 0
+//   walking up to 2 × hot_rows slots 32 at a time.
+// Entries with more than KV_FAST_PER × blockDim picks or KV_FAST_MAX_ROWS query rows take the
+// classic body (same results). Dynamic shared memory: 2 × ceil(hot_rows / 32) u32 (the bitmaps).
+#define KV_FAST_PER 4
+#define KV_FAST_MAX_ROWS 64
+#define KV_OUT_PENDING (-2)
+
+// Exclusive block-wide prefix sum of a u32 (blockDim.x a multiple of 32, <= 1024).
+__device__ __forceinline__ unsigned int kv_block_scan_u32(unsigned int v, unsigned int* total,
+                                                          unsigned int* warp_sums) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned int x = v;
+#pragma unroll
+    for (unsigned int o = 1; o < 32u; o <<= 1) {
+        const unsigned int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();  // warp_sums may still be read by the previous call
+    if (lane == 31u) warp_sums[warp] = x;
+    __syncthreads();
+    unsigned int before = 0, sum = 0;
+    for (unsigned int w = 0; w < nw; ++w) {
+        const unsigned int s = warp_sums[w];
+        if (w < warp) before += s;
+        sum += s;
+    }
+    *total = sum;
+    return before + x - v;
+}
+
+__device__ __forceinline__ unsigned int kv_warp_sum(unsigned int v) {
+#pragma unroll
+    for (unsigned int o = 16; o > 0u; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ unsigned int kv_bit(const unsigned int* bits, unsigned int s) {
+    return (bits[s >> 5] >> (s & 31u)) & 1u;
+}
+
+// Adds one thread's (or warp's) pick counters to the block's (shared) counters.
+__device__ __forceinline__ void kv_add_counts(unsigned int* sh_count, unsigned int c_tail, unsigned int c_scr,
+                                              unsigned int c_page, unsigned int c_hot, unsigned int bad) {
+    atomicAdd(&sh_count[1], c_tail);
+    atomicAdd(&sh_count[2], c_scr);
+    atomicAdd(&sh_count[3], c_page);
+    atomicAdd(&sh_count[4], c_hot);
+    atomicAdd(&sh_count[7], bad);
+}
+
+// Thread 0 of an entry's block: its stats row from the block's counters (sh_count[1..5), [7]) and
+// its bad positions into the error word.
+__device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* st, const unsigned int* sh_count,
+                                               unsigned int taken, bool direct) {
+    st[0] = sh_count[1] + sh_count[2] + sh_count[3] + sh_count[4];
+    st[1] = sh_count[1];
+    st[2] = sh_count[2];
+    st[3] = sh_count[3];
+    st[4] = sh_count[4];
+    st[5] = taken;
+    st[6] = direct ? 1u : 0u;
+    st[7] = sh_count[7];
+    if (sh_count[7]) atomicAdd(&t.err[KV_ERR_BAD_POSITION], sh_count[7]);
+}
+
+// Victim selection by the whole block, exactly kv_pick_victims' result: the first `want` scan
+// indices i in [0, 2n) whose take predicate holds (i < n: slot (hand + i) % n unpinned and empty
+// or unreferenced; i >= n: slot (hand + i - n) % n unpinned, occupied and referenced), in scan order,
+// into plan[rank].dst_row (slot numbers); *sh_taken, *sh_last (scan index of the last victim, -1 if
+// none). `bits` holds 2 × ceil(n / 32) u32 of shared memory. Ends with the results in shared
+// memory written by some thread: the caller synchronizes before reading them.
+__device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
+                                      unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
+                                      unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last) {
+    const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
+    const unsigned long long base = (unsigned long long)slot * n;
+    // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map.
+    for (unsigned int s0 = threadIdx.x & ~31u; s0 < words * 32u; s0 += blockDim.x) {
+        const unsigned int s = s0 + lane;
+        bool l1 = false, l2 = false;
+        if (s < n) {
+            const bool pin = t.stamp[base + s] == call;
+            const bool empty = t.slot_pos[base + s] < 0;
+            const bool ref = t.referenced[base + s] != 0u;
+            l1 = !pin && (empty || !ref);
+            l2 = !pin && !empty && ref;
+        }
+        const unsigned int b1 = __ballot_sync(0xffffffffu, l1), b2 = __ballot_sync(0xffffffffu, l2);
+        if (lane == 0u) {
+            bits[s0 >> 5] = b1;
+            bits[words + (s0 >> 5)] = b2;
+        }
+    }
+    __syncthreads();
+    // 2. each thread counts a contiguous range of hand-rotated positions q (slot (hand + q) % n).
+    const unsigned int hand = t.hand[slot];
+    const unsigned int per = (n + blockDim.x - 1u) / blockDim.x;
+    const unsigned int q0 = min(threadIdx.x * per, n), q1 = min(q0 + per, n);
+    unsigned int c1 = 0, c2 = 0;
+    unsigned int s = hand + q0 >= n ? hand + q0 - n : hand + q0;
+    for (unsigned int q = q0; q < q1; ++q) {
+        c1 += kv_bit(bits, s);
+        c2 += kv_bit(bits + words, s);
+        if (++s == n) s = 0;
+    }
+    unsigned int t1, t2;
+    unsigned int r1 = kv_block_scan_u32(c1, &t1, warp_sums);
+    unsigned int r2 = kv_block_scan_u32(c2, &t2, warp_sums) + t1;
+    const unsigned int taken = min(want, t1 + t2);
+    // 3. lap-1 victims take ranks 0 .. t1, lap-2 victims t1 .. t1 + t2 (scan index n + q).
+    if (r1 < taken || r2 < taken) {
+        s = hand + q0 >= n ? hand + q0 - n : hand + q0;
+        for (unsigned int q = q0; q < q1; ++q) {
+            if (kv_bit(bits, s)) {
+                if (r1 < taken) {
+                    plan[r1].dst_row = s;
+                    if (r1 == taken - 1u) *sh_last = (int)q;
+                }
+                ++r1;
+            }
+            if (kv_bit(bits + words, s)) {
+                if (r2 < taken) {
+                    plan[r2].dst_row = s;
+                    if (r2 == taken - 1u) *sh_last = (int)(n + q);
+                }
+                ++r2;
+            }
+            if (++s == n) s = 0;
+        }
+    }
+    if (threadIdx.x == 0) {
+        *sh_taken = taken;
+        if (taken == 0u) *sh_last = -1;
+    }
+}
+
+// One entry of the fast engine (slot validated, not shared with another entry of the call; rows
+// row0 .. row1 with (row1 - row0) × k <= KV_FAST_PER × blockDim and row1 - row0 <= KV_FAST_MAX_ROWS).
+// Writes the entry's rows, valid counts, plan, plan count, stats and error words like the classic body.
+__device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int slot, const KvSlotDesc& s, int limit,
+                              const int* __restrict__ topk, const int* __restrict__ qseq, unsigned int row0,
+                              unsigned int row1, unsigned int k, unsigned int layer, unsigned int fetch,
+                              int* __restrict__ indices, int* __restrict__ valid_count, KvCopy* __restrict__ plan,
+                              unsigned int* __restrict__ plan_count_r, unsigned int* __restrict__ stats_r,
+                              unsigned int layout, unsigned long long call, unsigned int* bits, unsigned int* warp_sums,
+                              unsigned int* sh_rowstart, unsigned int* sh_count, unsigned int* sh_taken, int* sh_last) {
+    const unsigned int R = row1 - row0;
+    const unsigned int F = R * k;
+    const unsigned int f0 = threadIdx.x * KV_FAST_PER;
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    const int* const tk = topk + (unsigned long long)row0 * k;
+    int p[KV_FAST_PER], out[KV_FAST_PER];
+    unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
+    // A. picks, causal bounds, resident rows (tail / scratch / borrowed page)
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = f0 + i < F ? tk[f0 + i] : -1;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        out[i] = -1;
+        const unsigned int f = f0 + i;
+        if (f >= F || p[i] == -1) continue;
+        const int rl = kv_row_limit(qseq, row0 + f / k, limit);
+        if (p[i] < 0 || p[i] >= rl) {
+            bad += 1u;
+            continue;
+        }
+        int kind;
+        const int rr = kv_resident(d, t, slot, s, (unsigned int)p[i], &kind);
+        if (rr >= 0) {
+            out[i] = rr;
+            c_scr += kind == 1;
+            c_tail += kind == 2;
+            c_page += kind == 3;
+        } else {
+            out[i] = KV_OUT_PENDING;
+        }
+    }
+    // B. hot cache: pin hits, claim misses (direct path: look up only, no bookkeeping)
+    int hs[KV_FAST_PER];
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) hs[i] = out[i] == KV_OUT_PENDING ? t.pos_slot[pb + p[i]] : -1;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        if (out[i] != KV_OUT_PENDING) continue;
+        if (hs[i] >= 0) {
+            if (s.full == 0u) {
+                t.referenced[hb + hs[i]] = 1u;
+                t.stamp[hb + hs[i]] = call;
+            }
+            out[i] = kv_fixed_row(d, t, slot, (unsigned int)hs[i]);
+            c_hot++;
+        } else if (s.full == 0u) {
+            atomicMin(&t.first[pb + p[i]], (int)(f0 + i));
+        } else {
+            out[i] = -1;
+        }
+    }
+    unsigned int misses = 0, taken = 0;
+    if (s.full == 0u) {
+        __syncthreads();
+        // C. owners of the first appearances, ordered by one block scan (each thread's picks are
+        //    consecutive, so thread order is flat order); owners release their claims.
+        bool own[KV_FAST_PER];
+        unsigned int cnt = 0;
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+            own[i] = out[i] == KV_OUT_PENDING && t.first[pb + p[i]] == (int)(f0 + i);
+            cnt += own[i];
+        }
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (own[i]) t.first[pb + p[i]] = KV_UNCLAIMED;
+        unsigned int at = kv_block_scan_u32(cnt, &misses, warp_sums);
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+            if (!own[i]) continue;
+            if (at < d.hot_rows) plan[at].position = (unsigned int)p[i];
+            ++at;
+        }
+        const unsigned int want = min(misses, d.hot_rows);
+        __syncthreads();
+        // D. victims (whole block), E. installs, F. sweep bookkeeping
+        if (want > 0u) kv_pick_victims_block(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last);
+        else if (threadIdx.x == 0) {
+            *sh_taken = 0u;
+            *sh_last = -1;
+        }
+        __syncthreads();
+        taken = *sh_taken;
+        kv_install(d, t, slot, call, plan, taken);
+        __syncthreads();
+        if (misses > 0u) {
+            kv_finish_sweep(d, t, slot, call, misses, taken, *sh_last);
+            __syncthreads();
+        }
+        // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved)
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+            if (out[i] != KV_OUT_PENDING) continue;
+            const int h = t.pos_slot[pb + p[i]];
+            out[i] = h >= 0 ? kv_fixed_row(d, t, slot, (unsigned int)h) : -1;
+            c_hot += h >= 0;
+        }
+    }
+    // H. outputs: one scan ranks the valid entries (packed position, per-row counts)
+    unsigned int nv = 0;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) nv += (f0 + i < F && out[i] >= 0) ? 1u : 0u;
+    unsigned int total;
+    const unsigned int rank = kv_block_scan_u32(nv, &total, warp_sums);
+    unsigned int loc = 0;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        const unsigned int f = f0 + i;
+        if (f < F && f % k == 0u) sh_rowstart[f / k] = rank + loc;
+        loc += (f < F && out[i] >= 0) ? 1u : 0u;
+    }
+    if (threadIdx.x == 0) sh_rowstart[R] = total;
+    __syncthreads();
+    loc = 0;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        const unsigned int f = f0 + i;
+        if (f >= F) continue;
+        const unsigned int rr = f / k;
+        int* const orow = indices + (unsigned long long)(row0 + rr) * k;
+        if (layout == KV_LAYOUT_PACKED) {
+            if (out[i] >= 0) orow[rank + loc - sh_rowstart[rr]] = out[i];
+        } else {
+            orow[f % k] = out[i];
+        }
+        loc += out[i] >= 0 ? 1u : 0u;
+    }
+    for (unsigned int rr = 0; rr < R; ++rr) {
+        const unsigned int v = sh_rowstart[rr + 1] - sh_rowstart[rr];
+        if (layout == KV_LAYOUT_PACKED) {
+            int* const orow = indices + (unsigned long long)(row0 + rr) * k;
+            for (unsigned int j = v + threadIdx.x; j < k; j += blockDim.x) orow[j] = -1;
+        }
+        if (threadIdx.x == 0) valid_count[row0 + rr] = (int)v;
+    }
+    // The copy last: the outputs above are plain stores that need nothing from it.
+    if (fetch && taken > 0u) kv_fetch(d, t, plan, taken, layer, 1u);
+    // Stats (warp sums, then one shared add per warp).
+    c_tail = kv_warp_sum(c_tail);
+    c_scr = kv_warp_sum(c_scr);
+    c_page = kv_warp_sum(c_page);
+    c_hot = kv_warp_sum(c_hot);
+    bad = kv_warp_sum(bad);
+    if ((threadIdx.x & 31u) == 0u) kv_add_counts(sh_count, c_tail, c_scr, c_page, c_hot, bad);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *plan_count_r = taken;
+        if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
+        kv_write_stats(t, stats_r, sh_count, taken, s.full != 0u && misses == 0u);
+    }
+}
+
 // The fused resolve. Grid: sessions + 1 blocks (block `sessions` writes rows no request owns and the padding
 // of oversized buffers). Outputs: indices int32 [idx_len >= rows * k] (row stride k), valid_count int32
 // [valid_len >= rows], plan [sessions][hot_rows] with plan_count [sessions], stats [sessions][KV_STATS].
 // fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA). layout: 0 in place, 1 packed.
 // qseq: int32 [rows] per-query causal bound, or null (the entry's seq_len for every row).
-extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
-    KvDims d, KvTables t, const int* __restrict__ topk, const int* __restrict__ qsl, const int* __restrict__ seq_lens,
-    const int* __restrict__ session_slot, unsigned int sessions, unsigned int rows, unsigned int k, unsigned int layer,
-    unsigned int fetch, int* __restrict__ indices, int* __restrict__ valid_count, KvCopy* __restrict__ plan_all,
-    unsigned int* __restrict__ plan_count, unsigned int* __restrict__ stats, unsigned int layout,
-    const int* __restrict__ qseq, unsigned long long idx_len, unsigned long long valid_len) {
+// FAST = false: the classic body (`tierkit_kv_resolve`); true: entries that fit take kv_entry_fast
+// (`tierkit_kv_resolve_fast`, dynamic shared memory 2 × ceil(hot_rows / 32) u32).
+#define KV_RESOLVE_PARAMS                                                                                     \
+    KvDims d, KvTables t, const int* __restrict__ topk, const int* __restrict__ qsl,                          \
+        const int* __restrict__ seq_lens, const int* __restrict__ session_slot, unsigned int sessions,         \
+        unsigned int rows, unsigned int k, unsigned int layer, unsigned int fetch, int* __restrict__ indices,  \
+        int* __restrict__ valid_count, KvCopy* __restrict__ plan_all, unsigned int* __restrict__ plan_count,   \
+        unsigned int* __restrict__ stats, unsigned int layout, const int* __restrict__ qseq,                   \
+        unsigned long long idx_len, unsigned long long valid_len
+#define KV_RESOLVE_ARGS                                                                                        \
+    d, t, topk, qsl, seq_lens, session_slot, sessions, rows, k, layer, fetch, indices, valid_count, plan_all,  \
+        plan_count, stats, layout, qseq, idx_len, valid_len
+
+template <bool FAST>
+__device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned long long sh_call;
     __shared__ unsigned int warp_sums[32];
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
+    __shared__ unsigned int sh_rowstart[KV_FAST_MAX_ROWS + 1];
+    extern __shared__ unsigned int kv_dyn[];
     if (threadIdx.x == 0) sh_call = t.call[0] + 1ull;
     if (threadIdx.x < KV_STATS) sh_count[threadIdx.x] = 0u;
     __syncthreads();
@@ -356,6 +675,12 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
                 atomicAdd(&t.err[KV_ERR_BAD_SESSION], 1u);
             }
             if (threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
+        } else if (FAST && (row1 - row0) <= KV_FAST_MAX_ROWS &&
+                   (unsigned long long)(row1 - row0) * k <= (unsigned long long)KV_FAST_PER * blockDim.x) {
+            kv_entry_fast(d, t, (unsigned int)sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices,
+                          valid_count, plan_all + (unsigned long long)r * d.hot_rows, plan_count + r,
+                          stats + r * KV_STATS, layout, call, kv_dyn, warp_sums, sh_rowstart, sh_count, &sh_taken,
+                          &sh_last);
         } else {
             const unsigned int slot = (unsigned int)sl;
             KvCopy* plan = plan_all + (unsigned long long)r * d.hot_rows;
@@ -453,24 +778,10 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
                     for (unsigned int j = valid + threadIdx.x; j < k; j += blockDim.x) orow[j] = -1;
                 if (threadIdx.x == 0) valid_count[row] = (int)valid;
             }
-            atomicAdd(&sh_count[1], c_tail);
-            atomicAdd(&sh_count[2], c_scr);
-            atomicAdd(&sh_count[3], c_page);
-            atomicAdd(&sh_count[4], c_hot);
-            atomicAdd(&sh_count[7], bad);
+            kv_add_counts(sh_count, c_tail, c_scr, c_page, c_hot, bad);
             __syncthreads();
             if (threadIdx.x == 0) {
-                const unsigned int picks = sh_count[1] + sh_count[2] + sh_count[3] + sh_count[4];
-                unsigned int* st = stats + r * KV_STATS;
-                st[0] = picks;
-                st[1] = sh_count[1];
-                st[2] = sh_count[2];
-                st[3] = sh_count[3];
-                st[4] = sh_count[4];
-                st[5] = taken;
-                st[6] = (s.full != 0u && misses == 0u) ? 1u : 0u;
-                st[7] = sh_count[7];
-                if (sh_count[7]) atomicAdd(&t.err[KV_ERR_BAD_POSITION], sh_count[7]);
+                kv_write_stats(t, stats + r * KV_STATS, sh_count, taken, s.full != 0u && misses == 0u);
             }
         }
     }
@@ -486,6 +797,14 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(
             __threadfence();
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(KV_RESOLVE_PARAMS) {
+    kv_resolve_body<false>(KV_RESOLVE_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RESOLVE_PARAMS) {
+    kv_resolve_body<true>(KV_RESOLVE_ARGS);
 }
 
 // Plan replay into layers [l0, l0 + nl): block b copies plan[b * stride .. + count[b]].

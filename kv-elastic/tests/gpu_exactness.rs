@@ -3,14 +3,15 @@
 //! resolves with several query rows per session, duplicates and `-1` padding, replays, prefetches,
 //! bad input) applied to an [`ElasticPool`] and a [`GpuElasticPool`] give identical results: indices,
 //! valid counts, plans, stats and errors; and the bytes the GPU arena holds at every returned row equal
-//! the fully resident reference (the committed or draft token at that position). Both copy back-ends.
+//! the fully resident reference (the committed or draft token at that position). Both copy back-ends
+//! and both resolve kernels (`ResolveEngine::Fast` and `Classic`).
 //!
 //! Prints `SKIP: no CUDA device` and passes where no device exists. Cases: `KV_GPU_CASES` (default 40).
 #![cfg(feature = "cuda")]
 
 use std::collections::BTreeMap;
 
-use cuda_kernels::CopyBackend;
+use cuda_kernels::{CopyBackend, ResolveEngine};
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
 use kv_elastic::{
     ElasticPool, Geometry, KvError, OutputLayout, PoolConfig, ResolveInput, ResolveOptions,
@@ -486,6 +487,7 @@ fn gpu_resolver_equals_cpu_reference() {
         .unwrap_or(40);
     let (mut resolves, mut misses, mut unserved, mut packed, mut bounded) = (0, 0, 0, 0, 0);
     let mut written_back = 0;
+    let mut engines = [0u64; 2];
     for case in 0..cases {
         let mut rng = case * 7919 + 1;
         let rbs = [16u32, 24, 32, 656];
@@ -527,10 +529,18 @@ fn gpu_resolver_equals_cpu_reference() {
             written_back: 0,
         };
         c.gpu.set_settle_readers(true);
+        // Cases 0, 1 (mod 4): the fast kernel; 2, 3: the classic one (each with both back-ends).
+        let engine = if case % 4 < 2 {
+            ResolveEngine::Fast
+        } else {
+            ResolveEngine::Classic
+        };
+        c.gpu.set_resolve_engine(engine);
         for _ in 0..120 {
             c.step(&mut rng);
         }
         c.check_host_store();
+        engines[usize::from(engine == ResolveEngine::Classic)] += c.resolves;
         written_back += c.written_back;
         resolves += c.resolves;
         misses += c.misses;
@@ -547,6 +557,12 @@ fn gpu_resolver_equals_cpu_reference() {
     assert!(unserved > 0, "no overflowing step exercised");
     assert!(packed > 0 && bounded > 0, "new modes not exercised");
     assert!(written_back > 0, "no device write-back exercised");
+    if cases >= 4 {
+        assert!(
+            engines[0] > 0 && engines[1] > 0,
+            "both resolve kernels must be exercised: {engines:?}"
+        );
+    }
 }
 
 /// A CPU reference and a GPU pool of 4 sessions of up to 4096 positions (gather back-end).
@@ -567,10 +583,17 @@ fn four_session_pools(
 
 #[test]
 fn gpu_pool_large_geometry_matches_cpu() {
-    // Realistic row size and top-k: 656-byte rows, k = 256, hot cache 512, 4 requests x 2 rows.
+    // Realistic row size and top-k: 656-byte rows, k = 256, hot cache 512, 4 requests x 2 rows;
+    // each resolve kernel on its own pool pair.
     let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
         return;
     };
+    for engine in [ResolveEngine::Fast, ResolveEngine::Classic] {
+        large_geometry_case(&gpu, engine);
+    }
+}
+
+fn large_geometry_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveEngine) {
     let g = Geometry {
         row_bytes: 656,
         layers: 2,
@@ -580,8 +603,9 @@ fn gpu_pool_large_geometry_matches_cpu() {
         tail_rows: 64,
         scratch_rows: 4,
     };
-    let (mut cpu, mut gp) = four_session_pools(&gpu, g);
+    let (mut cpu, mut gp) = four_session_pools(gpu, g);
     gp.set_settle_readers(true);
+    gp.set_resolve_engine(engine);
     let sessions = [11u64, 12, 13, 14];
     for &s in &sessions {
         let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);

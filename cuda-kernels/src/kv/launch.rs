@@ -7,8 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::{
-    CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, KV_BLOCK,
-    KV_LAYOUT_PACKED, KV_MODULE,
+    CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, ResolveEngine,
+    KV_BLOCK, KV_FAST_BLOCK, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_PACKED, KV_MODULE,
 };
 use crate::device::Gpu;
 use crate::error::{drv, CudaError, Result};
@@ -20,6 +20,7 @@ use crate::raw;
 pub struct KvKernels {
     gpu: Arc<Gpu>,
     resolve: CudaFunction,
+    resolve_fast: CudaFunction,
     replay: CudaFunction,
     prefetch: CudaFunction,
     write_back: CudaFunction,
@@ -46,6 +47,7 @@ impl KvKernels {
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(KvKernels {
             resolve: gpu.function(&KV_MODULE, "tierkit_kv_resolve")?,
+            resolve_fast: gpu.function(&KV_MODULE, "tierkit_kv_resolve_fast")?,
             replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
             prefetch: gpu.function(&KV_MODULE, "tierkit_kv_prefetch")?,
             write_back: gpu.function(&KV_MODULE, "tierkit_kv_write_back")?,
@@ -81,8 +83,10 @@ impl KvKernels {
     }
 
     /// Launches the fused resolve on `stream` (graph capturable: only `t`, the buffers of `a` and
-    /// `o.query_seq_lens` are read and written). Grid `a.sessions + 1` blocks of [`KV_BLOCK`]
-    /// threads; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
+    /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel
+    /// ([`ResolveEngine::Fast`]: [`KV_FAST_BLOCK`] threads per block and `8 × ceil(hot_rows / 32)`
+    /// bytes of dynamic shared memory; `Classic`: [`KV_BLOCK`] threads); results are identical.
+    /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
     /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
     /// (FlashMLA `topk_length`-compatible packing or in place), per-query causal bounds and
     /// oversized (padded) output buffers; see [`KvResolveOptions`] and the KV resolve kernel
@@ -148,7 +152,17 @@ impl KvKernels {
             });
         }
         let fetch = u32::from(backend == CopyBackend::Gather);
-        let mut b = stream.launch_builder(&self.resolve);
+        let fast = o.engine == ResolveEngine::Fast && d.hot_rows <= KV_FAST_MAX_HOT_ROWS;
+        let (func, block, smem) = if fast {
+            (
+                &self.resolve_fast,
+                KV_FAST_BLOCK,
+                8 * d.hot_rows.div_ceil(32),
+            )
+        } else {
+            (&self.resolve, KV_BLOCK, 0)
+        };
+        let mut b = stream.launch_builder(func);
         b.arg(d)
             .arg(t)
             .arg(&a.topk)
@@ -171,10 +185,12 @@ impl KvKernels {
             .arg(&valid_len);
         let cfg = LaunchConfig {
             grid_dim: (a.sessions + 1, 1, 1),
-            block_dim: (KV_BLOCK, 1, 1),
-            shared_mem_bytes: 0,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem,
         };
-        // SAFETY: argument list matches tierkit_kv_resolve; buffers per the caller's contract.
+        // SAFETY: argument list matches tierkit_kv_resolve / tierkit_kv_resolve_fast (same
+        // parameters); the fast kernel's dynamic shared memory holds its two bitmaps of
+        // ceil(hot_rows / 32) words; buffers per the caller's contract.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_resolve)"))?;
         Ok(())
     }

@@ -32,8 +32,33 @@ pub const KV_MODULE: KernelSource = KernelSource {
     code: include_str!("../../kernels/kv_resolve.cu"),
 };
 
-/// Threads per block of the resolve and prefetch kernels (one block per session).
+/// Threads per block of the classic resolve and the prefetch kernels (one block per session).
 pub const KV_BLOCK: u32 = 512;
+
+/// Threads per block of the fast resolve engine ([`ResolveEngine::Fast`]).
+pub const KV_FAST_BLOCK: u32 = 1024;
+
+/// Most hot rows per session the fast engine takes (its candidate bitmaps, `2 × ceil(hot_rows /
+/// 32)` u32 = 16 KiB at this size, stay well inside the default 48 KiB of shared memory); above it
+/// the launch uses the classic kernel (same results).
+pub const KV_FAST_MAX_HOT_ROWS: u32 = 65536;
+
+/// Which resolve kernel runs. Both implement the same contract (`DESIGN.md`, KV resolve kernel
+/// contract) and give identical outputs, plans, stats and table updates; they differ in how the
+/// bookkeeping is organised on the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResolveEngine {
+    /// `tierkit_kv_resolve_fast` (default): 1024 threads per entry, each holding 4 consecutive
+    /// picks in registers from lookup to output, one block scan per ordering, CLOCK victims chosen
+    /// by the whole block from candidate bitmaps. Entries over 4096 picks or 64 query rows, and
+    /// hot caches over [`KV_FAST_MAX_HOT_ROWS`] rows, take the classic path.
+    #[default]
+    Fast,
+    /// `tierkit_kv_resolve` (the first kernel, kept for comparison): three passes over the picks,
+    /// each repeating the lookups, and victims chosen by one warp walking the clock.
+    Classic,
+}
 
 /// Per-session counters written by the resolve kernel (`u32 [sessions][KV_STATS]`): picks, tail hits,
 /// scratch hits, page hits, hot hits (including picks of rows fetched this call), misses (distinct
@@ -371,6 +396,8 @@ pub struct KvResolveOptions {
     /// Entries of the `valid_count` buffer (0 = exactly `rows`). Larger: entries past `rows` are
     /// padding and written `0`. Smaller than `rows` is refused at launch (`Shape`).
     pub valid_len: u64,
+    /// Which kernel runs ([`ResolveEngine::Fast`] by default); results are identical.
+    pub engine: ResolveEngine,
 }
 
 #[cfg(test)]

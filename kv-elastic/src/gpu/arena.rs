@@ -298,10 +298,26 @@ impl GpuArena {
     /// leaves the slot.
     pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
         self.check_slot(slot)?;
+        self.put(
+            self.desc.device_ptr_at(slot as usize)?,
+            &[KvSlotDesc::default()],
+        )?;
+        self.clear_hot(slot)
+    }
+
+    /// Empties one live slot's hot cache (all hot slots free, reference bits and stamps 0, hand 0,
+    /// position table [`NOT_RESIDENT`]) and keeps its descriptor, fixed pages and page table
+    /// (synchronous; nothing in flight may read the slot). Resident rows (tail, scratch, borrowed
+    /// pages) are unaffected; the next resolve fetches every hot-cache position again. Used to
+    /// start comparisons from the same cold state without rebuilding the pool.
+    ///
+    /// # Errors
+    /// `OutOfRange` for the slot; driver errors.
+    pub fn clear_hot(&mut self, slot: u32) -> Result<()> {
+        self.check_slot(slot)?;
         let d = self.dims;
         let (h, n) = (d.hot_rows as usize, d.max_history as usize);
         let s = slot as usize;
-        self.put(self.desc.device_ptr_at(s)?, &[KvSlotDesc::default()])?;
         self.put(self.slot_pos.device_ptr_at(s * h)?, &vec![-1i32; h])?;
         self.put(self.referenced.device_ptr_at(s * h)?, &vec![0u32; h])?;
         self.put(self.stamp.device_ptr_at(s * h)?, &vec![0u64; h])?;

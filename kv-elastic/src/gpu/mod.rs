@@ -12,5 +12,7 @@ mod pool;
 pub use arena::GpuArena;
 /// The copy back-ends of the GPU pool (re-exported from `cuda_kernels`).
 pub use cuda_kernels::CopyBackend;
+/// The resolve kernels of the GPU pool (re-exported from `cuda_kernels`).
+pub use cuda_kernels::ResolveEngine;
 pub use data::{GpuData, PinnedBytes};
 pub use pool::{GpuElasticPool, GpuFlushCounters, GpuPoolConfig};

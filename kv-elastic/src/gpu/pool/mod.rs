@@ -51,7 +51,7 @@ use bytemuck::Pod;
 use cuda_kernels::cudarc_driver::CudaStream;
 use cuda_kernels::{
     CopyBackend, KvCopy, KvDims, KvFill, KvResolveArgs, KvResolveOptions, KvSlotDesc,
-    KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
+    ResolveEngine, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
 use hashbrown::HashMap;
@@ -218,6 +218,8 @@ pub struct GpuElasticPool {
     /// The event recorded at the end of the last publish that queued work.
     last_publish: Option<EventSignal>,
     settle: bool,
+    /// The resolve kernel ([`ResolveEngine::Fast`] unless set).
+    engine: ResolveEngine,
     /// Set by a failed publish: every later call fails with [`KvError::Poisoned`].
     poisoned: Option<String>,
     fail_next_publish: bool,
@@ -276,6 +278,7 @@ impl GpuElasticPool {
             draft_reads: DraftReads::default(),
             last_publish: None,
             settle: false,
+            engine: ResolveEngine::default(),
             poisoned: None,
             fail_next_publish: false,
             miss_tokens: 0,
@@ -313,6 +316,17 @@ impl GpuElasticPool {
     /// Switches the copy back-end.
     pub fn set_backend(&mut self, backend: CopyBackend) {
         self.gcfg.backend = backend;
+    }
+
+    /// The resolve kernel [`Resolver::resolve`] launches.
+    pub fn resolve_engine(&self) -> ResolveEngine {
+        self.engine
+    }
+
+    /// Switches the resolve kernel (both give identical results; [`ResolveEngine::Classic`] is
+    /// kept so benchmarks and tests can compare the two).
+    pub fn set_resolve_engine(&mut self, engine: ResolveEngine) {
+        self.engine = engine;
     }
 
     /// With `true`, every control operation that frees pages (admit, reclaim, between steps)
