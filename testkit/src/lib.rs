@@ -8,6 +8,7 @@ mod experts;
 mod gpu;
 mod kv;
 mod routers;
+mod sglang;
 
 pub use experts::{
     check_expert_pattern, pattern_store, verify_store, write_expert_pattern, ExpertReaders,
@@ -16,3 +17,6 @@ pub use experts::{
 pub use gpu::{gpu_or_skip, TIMING_EVENT};
 pub use kv::{pattern_row, pattern_tokens, KvStandins, KV_STANDINS};
 pub use routers::{launch_count_ids_striped, launch_standin_router, router_standins};
+pub use sglang::{
+    sglang_smem_bytes, SglangHisparse, SglangShape, SGLANG_BLOCK, SGLANG_HISPARSE, SGLANG_TOP_K,
+};

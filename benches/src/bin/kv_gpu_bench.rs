@@ -1,8 +1,13 @@
 //! kv_gpu_bench: the kv-elastic GPU resolver on a real device (release build, CUDA events, medians).
 //!
 //! ```text
-//! cargo run --release -p tierkit-benches --features cuda --bin kv_gpu_bench [-- --reps N]
+//! cargo run --release -p tierkit-benches --features cuda --bin kv_gpu_bench [-- --reps N] [--mode peer]
 //! ```
+//!
+//! `--mode peer`: our resolve kernels (fast and classic) against SGLang HiSparse's swap-in kernel
+//! on the issue-13 cases (hot 2048 / 4096 / 8192, history 16K-128K, hit-only first-set and scattered
+//! steps, 9.5% and 25.9% misses, all resident), plain launch, CUDA graph and bookkeeping (the copy left
+//! out); see `kv_gpu_bench/peer.rs`. Default (`--mode all`): the table below.
 //!
 //! Batch 64, top-k 2048, 656-byte rows (DeepSeek fp8 MLA), 4 layers. Prints one table with the
 //! ratios to the measured ceilings of `docs/h200-ceilings.md` (zero-copy gather of 656 B rows:
@@ -37,6 +42,10 @@ fn main() {
 }
 
 #[cfg(feature = "cuda")]
+#[path = "kv_gpu_bench/peer.rs"]
+mod peer;
+
+#[cfg(feature = "cuda")]
 mod bench {
     use std::collections::HashSet;
     use std::sync::Arc;
@@ -49,42 +58,44 @@ mod bench {
     use kv_elastic::{Geometry, PoolConfig};
     use tierkit_testkit::{pattern_tokens, KvStandins};
 
-    type Res<T> = Result<T, Box<dyn std::error::Error>>;
+    pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-    const REQS: usize = 64;
-    const K: usize = 2048;
-    const ROW: u32 = 656;
+    pub(crate) const REQS: usize = 64;
+    pub(crate) const K: usize = 2048;
+    pub(crate) const ROW: u32 = 656;
     const LAYERS: u32 = 4;
-    const GATHER_CEIL: f64 = 46.4; // GB/s, docs/h200-ceilings.md
-    const H2D_CEIL: f64 = 55.6; // GB/s
+    pub(crate) const GATHER_CEIL: f64 = 46.4; // GB/s, docs/h200-ceilings.md
+    pub(crate) const H2D_CEIL: f64 = 55.6; // GB/s
 
-    fn cu(call: &'static str) -> impl Fn(cuda_kernels::cudarc_driver::DriverError) -> CudaError {
+    pub(crate) fn cu(
+        call: &'static str,
+    ) -> impl Fn(cuda_kernels::cudarc_driver::DriverError) -> CudaError {
         move |e| CudaError::driver(call, e)
     }
 
-    fn median(v: &mut [f64]) -> f64 {
+    pub(crate) fn median(v: &mut [f64]) -> f64 {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     }
 
-    struct Ev {
+    pub(crate) struct Ev {
         a: CudaEvent,
         b: CudaEvent,
     }
     impl Ev {
-        fn new(gpu: &Gpu) -> Res<Self> {
+        pub(crate) fn new(gpu: &Gpu) -> Res<Self> {
             let f = Some(CUevent_flags::CU_EVENT_DEFAULT);
             Ok(Ev {
                 a: gpu.ctx().new_event(f).map_err(cu("cuEventCreate"))?,
                 b: gpu.ctx().new_event(f).map_err(cu("cuEventCreate"))?,
             })
         }
-        fn start(&self, s: &CudaStream) -> Res<()> {
+        pub(crate) fn start(&self, s: &CudaStream) -> Res<()> {
             self.a.record(s).map_err(cu("cuEventRecord"))?;
             Ok(())
         }
         /// Records the end and returns the elapsed microseconds (waits for the end event).
-        fn stop_us(&self, s: &CudaStream) -> Res<f64> {
+        pub(crate) fn stop_us(&self, s: &CudaStream) -> Res<f64> {
             self.b.record(s).map_err(cu("cuEventRecord"))?;
             Ok(self
                 .a
@@ -96,14 +107,14 @@ mod bench {
 
     /// Per-session selection with controlled churn: each step replaces `rate` of the set with fresh
     /// positions (a running counter over `[0, limit)`, skipping positions in the set).
-    struct Churn {
+    pub(crate) struct Churn {
         sets: Vec<Vec<i32>>,
         next: Vec<u32>,
         limit: u32,
         rng: u64,
     }
 
-    fn mix(x: &mut u64) -> u64 {
+    pub(crate) fn mix(x: &mut u64) -> u64 {
         *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = *x;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -112,7 +123,7 @@ mod bench {
     }
 
     impl Churn {
-        fn new(limit: u32, seed: u64) -> Self {
+        pub(crate) fn new(limit: u32, seed: u64) -> Self {
             let mut c = Churn {
                 sets: vec![Vec::new(); REQS],
                 next: (0..REQS as u32).map(|r| (r * 7919) % limit).collect(),
@@ -135,7 +146,7 @@ mod bench {
             }
         }
         /// Next step's picks, `[REQS][K]` flattened.
-        fn step(&mut self, rate: f64) -> Vec<i32> {
+        pub(crate) fn step(&mut self, rate: f64) -> Vec<i32> {
             let n = (rate * K as f64).round() as usize;
             let mut out = Vec::with_capacity(REQS * K);
             for r in 0..REQS {
@@ -167,20 +178,28 @@ mod bench {
         }
     }
 
-    struct Setup {
-        pool: GpuElasticPool,
-        slots: DeviceBuffer<i32>,
-        qsl: DeviceBuffer<i32>,
-        seq: DeviceBuffer<i32>,
-        history: u32,
-        block_table: DeviceBuffer<i32>,
-        max_blocks: u32,
+    pub(crate) struct Setup {
+        pub(crate) pool: GpuElasticPool,
+        pub(crate) slots: DeviceBuffer<i32>,
+        pub(crate) qsl: DeviceBuffer<i32>,
+        pub(crate) seq: DeviceBuffer<i32>,
+        pub(crate) history: u32,
+        pub(crate) block_table: DeviceBuffer<i32>,
+        pub(crate) max_blocks: u32,
     }
 
-    fn setup(gpu: &Arc<Gpu>, hot_rows: u32, history: u32, elastic: bool) -> Res<Setup> {
+    /// A pool of `REQS` sessions of `history` tokens over `layers` layers (elastic: the whole
+    /// history in borrowed pages). Admitted 8 sessions at a time (bounded host memory).
+    pub(crate) fn setup(
+        gpu: &Arc<Gpu>,
+        hot_rows: u32,
+        history: u32,
+        elastic: bool,
+        layers: u32,
+    ) -> Res<Setup> {
         let mut g = Geometry {
             row_bytes: ROW,
-            layers: LAYERS,
+            layers,
             page_rows: 64,
             arena_pages: 0,
             hot_rows,
@@ -196,17 +215,18 @@ mod bench {
         };
         let mut pool = GpuElasticPool::new(gpu, g, PoolConfig { elastic }, gcfg)?;
         let t0 = std::time::Instant::now();
-        let hists: Vec<Vec<u8>> = (0..REQS as u64)
-            .map(|s| pattern_tokens(g.row_bytes, g.layers, s + 1, 0, history))
-            .collect();
-        let batch: Vec<(u64, &[u8])> = hists
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (i as u64 + 1, h.as_slice()))
-            .collect();
-        pool.admit_batch(&batch)?;
-        drop(batch);
-        drop(hists);
+        for chunk in (1..=REQS as u64).collect::<Vec<_>>().chunks(8) {
+            let hists: Vec<Vec<u8>> = chunk
+                .iter()
+                .map(|&s| pattern_tokens(g.row_bytes, g.layers, s, 0, history))
+                .collect();
+            let batch: Vec<(u64, &[u8])> = chunk
+                .iter()
+                .zip(&hists)
+                .map(|(&s, h)| (s, h.as_slice()))
+                .collect();
+            pool.admit_batch(&batch)?;
+        }
         eprintln!(
             "setup: hot {hot_rows}, history {history}, elastic {elastic}: {:.1} s",
             t0.elapsed().as_secs_f64()
@@ -236,15 +256,15 @@ mod bench {
     }
 
     /// Output buffers of one resolve.
-    struct Out {
-        idx: DeviceBuffer<i32>,
-        valid: DeviceBuffer<i32>,
-        plan: DeviceBuffer<KvCopy>,
-        count: DeviceBuffer<u32>,
-        stats: DeviceBuffer<u32>,
+    pub(crate) struct Out {
+        pub(crate) idx: DeviceBuffer<i32>,
+        pub(crate) valid: DeviceBuffer<i32>,
+        pub(crate) plan: DeviceBuffer<KvCopy>,
+        pub(crate) count: DeviceBuffer<u32>,
+        pub(crate) stats: DeviceBuffer<u32>,
     }
     impl Out {
-        fn new(gpu: &Gpu, hot: u32) -> Res<Self> {
+        pub(crate) fn new(gpu: &Gpu, hot: u32) -> Res<Self> {
             let ctx = gpu.ctx();
             Ok(Out {
                 idx: DeviceBuffer::zeroed(ctx, REQS * K)?,
@@ -254,7 +274,7 @@ mod bench {
                 stats: DeviceBuffer::zeroed(ctx, REQS * KV_STATS)?,
             })
         }
-        fn args(&self, s: &Setup, topk: u64, layer: u32) -> KvResolveArgs {
+        pub(crate) fn args(&self, s: &Setup, topk: u64, layer: u32) -> KvResolveArgs {
             KvResolveArgs {
                 topk,
                 query_start_loc: s.qsl.device_ptr(),
@@ -271,38 +291,60 @@ mod bench {
                 stats: self.stats.device_ptr(),
             }
         }
-        fn misses(&self) -> Res<u64> {
+        pub(crate) fn misses(&self) -> Res<u64> {
             Ok(self.count.download()?.iter().map(|&c| c as u64).sum())
         }
     }
 
-    fn upload_steps(gpu: &Gpu, steps: &[Vec<i32>]) -> Res<DeviceBuffer<i32>> {
+    /// Four steps of `REQS × K` distinct random positions below `limit` each (seeded).
+    pub(crate) fn resident_sets(limit: u32, seed: u64) -> Vec<Vec<i32>> {
+        let mut rng = seed;
+        (0..4)
+            .map(|_| {
+                let mut v = Vec::with_capacity(REQS * K);
+                for _ in 0..REQS {
+                    let mut seen = HashSet::new();
+                    while seen.len() < K {
+                        seen.insert((mix(&mut rng) % limit as u64) as i32);
+                    }
+                    v.extend(seen);
+                }
+                v
+            })
+            .collect()
+    }
+
+    pub(crate) fn upload_steps(gpu: &Gpu, steps: &[Vec<i32>]) -> Res<DeviceBuffer<i32>> {
         let flat: Vec<i32> = steps.iter().flatten().copied().collect();
         Ok(DeviceBuffer::from_host(gpu.ctx(), &flat)?)
     }
 
-    fn at(buf: &DeviceBuffer<i32>, step: usize) -> u64 {
+    pub(crate) fn at(buf: &DeviceBuffer<i32>, step: usize) -> u64 {
         buf.device_ptr() + (step * REQS * K * 4) as u64
     }
 
-    struct Table(Vec<[String; 4]>);
+    /// A markdown table; the first row is the header.
+    pub(crate) struct Table(pub(crate) Vec<Vec<String>>);
     impl Table {
         fn row(&mut self, what: &str, time: String, figure: String, note: String) {
-            self.0.push([what.into(), time, figure, note]);
+            self.0.push(vec![what.into(), time, figure, note]);
         }
-        fn print(&self) {
-            let w: Vec<usize> = (0..4)
+        pub(crate) fn print(&self) {
+            let cols = self.0.iter().map(Vec::len).max().unwrap_or(0);
+            let cell = |r: &Vec<String>, c: usize| r.get(c).cloned().unwrap_or_default();
+            let w: Vec<usize> = (0..cols)
                 .map(|c| {
                     self.0
                         .iter()
-                        .map(|r| r[c].chars().count())
+                        .map(|r| cell(r, c).chars().count())
                         .max()
                         .unwrap_or(0)
                 })
                 .collect();
             for (i, r) in self.0.iter().enumerate() {
-                let cells: Vec<String> =
-                    (0..4).map(|c| format!("{:<w$}", r[c], w = w[c])).collect();
+                let cells: Vec<String> = (0..cols)
+                    .map(|c| format!("{:<w$}", cell(r, c), w = w[c]))
+                    .collect();
                 println!("| {} |", cells.join(" | "));
                 if i == 0 {
                     let dashes: Vec<String> = w.iter().map(|&n| "-".repeat(n)).collect();
@@ -321,6 +363,15 @@ mod bench {
             .nth(1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
+        let mode = std::env::args()
+            .skip_while(|a| a != "--mode")
+            .nth(1)
+            .unwrap_or_else(|| "all".into());
+        match mode.as_str() {
+            "all" => {}
+            "peer" => return crate::peer::run(&gpu, reps),
+            other => return Err(format!("unknown --mode {other} (all, peer)").into()),
+        }
         let warm = 3;
         let standins = KvStandins::new(&gpu)?;
         let s = gpu.stream().clone();
@@ -330,7 +381,7 @@ mod bench {
             gpu.name()?,
             gpu.arch()
         );
-        let mut t = Table(vec![[
+        let mut t = Table(vec![vec![
             "measurement".into(),
             "median".into(),
             "figure".into(),
@@ -338,22 +389,9 @@ mod bench {
         ]]);
 
         // ---------- 1. direct path + 3. low-load decode step (whole history resident) ----------
-        let full = setup(&gpu, 2048, 4096, true)?;
+        let full = setup(&gpu, 2048, 4096, true, LAYERS)?;
         let tail_start = full.history - 64;
-        let mut rng = 42u64;
-        let sets: Vec<Vec<i32>> = (0..4)
-            .map(|_| {
-                let mut v = Vec::with_capacity(REQS * K);
-                for _ in 0..REQS {
-                    let mut seen = HashSet::new();
-                    while seen.len() < K {
-                        seen.insert((mix(&mut rng) % tail_start as u64) as i32);
-                    }
-                    v.extend(seen);
-                }
-                v
-            })
-            .collect();
+        let sets = resident_sets(tail_start, 42);
         let picks = upload_steps(&gpu, &sets)?;
         let out = Out::new(&gpu, 2048)?;
         let dev = full.pool.device();
@@ -521,7 +559,7 @@ mod bench {
         drop(full);
 
         // ---------- 2. miss fetch, 3. high-load step, 4. prefetch (fixed hot cache) ----------
-        let hot = setup(&gpu, 8192, 16384, false)?;
+        let hot = setup(&gpu, 8192, 16384, false, LAYERS)?;
         let dev = hot.pool.device();
         let out = Out::new(&gpu, 8192)?;
         let mut churn = Churn::new(hot.history - 64, 7);

@@ -1,0 +1,393 @@
+//! `kv_gpu_bench --mode peer`: our resolve kernels (fast and classic) against SGLang HiSparse's
+//! swap-in kernel (`load_cache_to_device_buffer_kernel`, ported in
+//! `testkit/kernels/sglang_hisparse.cu`, launched as SGLang's coordinator does: one block of 960
+//! threads per request) on identical inputs: batch 64, top-k 2048, 656 B rows, one layer, the full
+//! history in mapped pinned host memory read in place by both, the same selection sequence
+//! (`Churn`, seed 7). Each kernel starts cold and runs the same phases in order:
+//!
+//! 1. *hits only, first set*: the first set (loaded by one untimed step) repeated;
+//! 2. *9.5% misses*: 10% of each set replaced per step (≈ 9.5% distinct fresh positions);
+//! 3. *25.9% misses*: 30% replaced per step;
+//! 4. *hits only, scattered*: the last set repeated (its hot slots now scattered by the churn).
+//!
+//! Each phase: `warm` untimed steps, then `reps` timed ones (CUDA events, median). Three runs per
+//! kernel from the same cold state: plain launch, the launch captured once in a CUDA graph and
+//! replayed, and *bookkeeping* (plain launch with the byte copy left out: SGLang's kernel without
+//! its final copy loop, ours with the DMA back-end's placement and no copy). Copy GB/s: the step's
+//! distinct misses × 656 B over (step − bookkeeping) time. Also the all-resident case: SGLang's
+//! short-sequence path (history 4096 ≤ hot 4096) against our direct path (history in borrowed pages).
+
+use std::sync::Arc;
+
+use cuda_kernels::cudarc_driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cuda_kernels::cudarc_driver::{CudaGraph, CudaStream};
+use cuda_kernels::{CopyBackend, DeviceBuffer, Gpu, KvResolveOptions, ResolveEngine};
+use tierkit_testkit::{SglangHisparse, SglangShape};
+
+use crate::bench::{
+    cu, median, resident_sets, setup, Churn, Ev, Out, Res, Setup, Table, K, REQS, ROW,
+};
+
+/// The kernels compared.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kernel {
+    Sglang,
+    Ours(ResolveEngine),
+}
+
+const KERNELS: [Kernel; 3] = [
+    Kernel::Sglang,
+    Kernel::Ours(ResolveEngine::Fast),
+    Kernel::Ours(ResolveEngine::Classic),
+];
+
+/// How a run launches and whether it copies.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Run {
+    Plain,
+    Graph,
+    Bookkeeping,
+}
+
+const RUNS: [Run; 3] = [Run::Plain, Run::Graph, Run::Bookkeeping];
+
+/// One phase of the sequence: steps `start .. start + warm + reps`, the last `reps` timed.
+struct Phase {
+    label: &'static str,
+    start: usize,
+}
+
+/// The selection sequence of one configuration: step 0 loads the first set, then the phases.
+struct Sequence {
+    steps: Vec<Vec<i32>>,
+    phases: Vec<Phase>,
+}
+
+fn sequence(history: u32, warm: usize, reps: usize) -> Sequence {
+    let mut churn = Churn::new(history - 64, 7);
+    let mut steps = vec![churn.step(0.0)];
+    let mut phases = Vec::new();
+    for (label, rate) in [
+        ("hits only, first set", 0.0),
+        ("9.5% misses (10% churn)", 0.10),
+        ("25.9% misses (30% churn)", 0.30),
+        ("hits only, scattered", 0.0),
+    ] {
+        phases.push(Phase {
+            label,
+            start: steps.len(),
+        });
+        for _ in 0..warm + reps {
+            steps.push(churn.step(rate));
+        }
+    }
+    Sequence { steps, phases }
+}
+
+/// The state both sides keep for one configuration, plus fixed input/output buffers (graph-safe).
+struct Bed {
+    ours: Setup,
+    out: Out,
+    sg: SglangHisparse,
+    cur: DeviceBuffer<i32>,
+}
+
+impl Bed {
+    fn new(gpu: &Arc<Gpu>, hot: u32, history: u32, elastic: bool, sg_hot: u32) -> Res<Self> {
+        let ours = setup(gpu, hot, history, elastic, 1)?;
+        let d = *ours.pool.device().dims();
+        let t = ours.pool.device().tables();
+        // SGLang's host_cache_locs: token p of request r lives at our host row (slot, p, layer 0).
+        let mut locs = Vec::with_capacity(REQS * history as usize);
+        for r in 0..REQS {
+            let slot = ours.pool.slot_of(r as u64 + 1)? as u64;
+            for p in 0..history as u64 {
+                locs.push(((slot * d.max_history as u64 + p) * d.layers as u64) as i64);
+            }
+        }
+        let sg = SglangHisparse::new(
+            gpu,
+            SglangShape {
+                reqs: REQS as u32,
+                hot: sg_hot,
+                seq_len: history,
+                item_bytes: ROW,
+            },
+            t.host,
+            &locs,
+            history,
+        )?;
+        Ok(Bed {
+            out: Out::new(gpu, hot)?,
+            cur: DeviceBuffer::zeroed(gpu.ctx(), REQS * K)?,
+            ours,
+            sg,
+        })
+    }
+
+    /// Both sides back to a cold hot cache.
+    fn reset(&mut self) -> Res<()> {
+        self.sg.reset()?;
+        for r in 0..REQS as u64 {
+            let slot = self.ours.pool.slot_of(r + 1)?;
+            self.ours.pool.device_mut().clear_hot(slot)?;
+        }
+        self.ours.pool.device_mut().clear_errors()?;
+        Ok(())
+    }
+
+    /// Enqueues one step of `kernel` reading `self.cur`.
+    fn launch(&self, s: &CudaStream, kernel: Kernel, copy: bool) -> Res<()> {
+        match kernel {
+            Kernel::Sglang => {
+                // SAFETY: `cur` holds REQS x 2048 positions below the history; the host cache (the
+                // pool's pinned store) outlives the launch.
+                unsafe { self.sg.launch(s, self.cur.device_ptr(), copy)? }
+            }
+            Kernel::Ours(engine) => {
+                let a = self.out.args(&self.ours, self.cur.device_ptr(), 0);
+                let o = KvResolveOptions {
+                    engine,
+                    ..Default::default()
+                };
+                let backend = if copy {
+                    CopyBackend::Gather
+                } else {
+                    CopyBackend::Dma
+                };
+                // SAFETY: the buffers of `out` and `ours` are live and shaped for REQS x K.
+                unsafe {
+                    self.ours
+                        .pool
+                        .device()
+                        .resolve_async_with(s, &a, &o, backend)?
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// The port reads the right bytes: every pick of the last step maps to a device-buffer row
+    /// holding the host row of its position (the setup's `host_cache_locs` mapping is correct).
+    fn check_sglang_rows(&self, step: &[i32]) -> Res<()> {
+        let locs = self.sg.out().download()?;
+        let buf = self.sg.buffer().download()?;
+        let dev = self.ours.pool.device();
+        let (d, host) = (*dev.dims(), dev.host_store());
+        let rb = ROW as usize;
+        for r in 0..REQS {
+            let slot = self.ours.pool.slot_of(r as u64 + 1)? as usize;
+            for j in 0..K {
+                let (p, loc) = (step[r * K + j] as usize, locs[r * K + j] as usize);
+                let h = (slot * d.max_history as usize + p) * d.layers as usize * rb;
+                if buf[loc * rb..(loc + 1) * rb] != host[h..h + rb] {
+                    return Err(format!(
+                        "SGLang port: request {r} pick {j} (position {p}) wrong row"
+                    )
+                    .into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn capture(&self, s: &Arc<CudaStream>, kernel: Kernel) -> Res<CudaGraph> {
+        s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(cu("cuStreamBeginCapture"))?;
+        let launched = self.launch(s, kernel, true);
+        let graph = s
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(cu("cuStreamEndCapture"))?;
+        launched?;
+        Ok(graph.ok_or("empty graph")?)
+    }
+}
+
+/// Per-step times (µs) of one run over the whole sequence, and our distinct misses per step.
+fn run_sequence(
+    gpu: &Arc<Gpu>,
+    bed: &mut Bed,
+    seq: &Sequence,
+    kernel: Kernel,
+    run: Run,
+) -> Res<(Vec<f64>, Vec<u64>)> {
+    let s = gpu.stream().clone();
+    let ev = Ev::new(gpu)?;
+    bed.reset()?;
+    let graph = match run {
+        Run::Graph => Some(bed.capture(&s, kernel)?),
+        _ => None,
+    };
+    let (mut us, mut misses) = (Vec::new(), Vec::new());
+    for step in &seq.steps {
+        bed.cur.upload(step)?;
+        ev.start(&s)?;
+        match &graph {
+            Some(g) => g.launch().map_err(cu("cuGraphLaunch"))?,
+            None => bed.launch(&s, kernel, run != Run::Bookkeeping)?,
+        }
+        us.push(ev.stop_us(&s)?);
+        misses.push(match kernel {
+            Kernel::Ours(_) => bed.out.misses()?,
+            Kernel::Sglang => 0,
+        });
+    }
+    // (The short-sequence path of the all-resident case assumes its buffer already filled.)
+    if kernel == Kernel::Sglang && run == Run::Plain && !seq.phases.is_empty() {
+        if let Some(last) = seq.steps.last() {
+            bed.check_sglang_rows(last)?;
+        }
+    }
+    if let Kernel::Ours(_) = kernel {
+        let e = bed.ours.pool.device().errors()?;
+        if e != Default::default() {
+            return Err(format!("device error counters after {kernel:?} {run:?}: {e:?}").into());
+        }
+    }
+    Ok((us, misses))
+}
+
+fn fmt_ratio(a: f64, b: f64) -> String {
+    format!("{:.2}", a / b)
+}
+
+/// Runs every configuration and prints one table row per (configuration, phase).
+pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
+    let warm = 3;
+    println!(
+        "peer mode: device {} ({}), batch {REQS}, top-k {K}, rows {ROW} B, 1 layer, history in \
+         mapped pinned host memory (read in place), {reps} timed steps per phase (median); \
+         SGLang = load_cache_to_device_buffer_kernel (960 threads/block); ours fast / classic = \
+         tierkit_kv_resolve_fast / tierkit_kv_resolve",
+        gpu.name()?,
+        gpu.arch()
+    );
+    let mut t = Table(vec![[
+        "hot / history",
+        "step",
+        "misses/step",
+        "SGLang us",
+        "fast us",
+        "classic us",
+        "fast / SGLang",
+        "SGLang graph",
+        "fast graph",
+        "classic graph",
+        "graph fast / SGLang",
+        "SGLang bookkeeping",
+        "fast bookkeeping",
+        "classic bookkeeping",
+        "SGLang copy GB/s",
+        "fast copy GB/s",
+    ]
+    .iter()
+    .map(|h| h.to_string())
+    .collect()]);
+    for (hot, history) in [
+        (4096u32, 32768u32),
+        (2048, 32768),
+        (8192, 16384),
+        (4096, 131072),
+    ] {
+        let seq = sequence(history, warm, reps);
+        let mut bed = Bed::new(gpu, hot, history, false, hot)?;
+        // times[kernel][run] = per-step µs; misses from our fast kernel's plain run.
+        let mut times = vec![vec![Vec::new(); RUNS.len()]; KERNELS.len()];
+        let mut misses = Vec::new();
+        for (ki, &kernel) in KERNELS.iter().enumerate() {
+            for (ri, &run) in RUNS.iter().enumerate() {
+                let (us, m) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+                if kernel == Kernel::Ours(ResolveEngine::Fast) && run == Run::Plain {
+                    misses = m;
+                }
+                times[ki][ri] = us;
+            }
+        }
+        for ph in &seq.phases {
+            let timed = ph.start + warm..ph.start + warm + reps;
+            let med = |ki: usize, ri: usize| median(&mut times[ki][ri][timed.clone()].to_vec());
+            let m = median(
+                &mut misses[timed.clone()]
+                    .iter()
+                    .map(|&m| m as f64)
+                    .collect::<Vec<_>>(),
+            );
+            let bytes = m * ROW as f64;
+            let gbs = |ki: usize| {
+                let net = med(ki, 0) - med(ki, 2);
+                if bytes > 0.0 && net > 0.0 {
+                    format!("{:.1}", bytes / (net * 1e3))
+                } else {
+                    "-".into()
+                }
+            };
+            t.0.push(vec![
+                format!("{hot} / {}K", history / 1024),
+                ph.label.into(),
+                format!("{m:.0} ({:.1}%)", m / (REQS * K) as f64 * 100.0),
+                format!("{:.1}", med(0, 0)),
+                format!("{:.1}", med(1, 0)),
+                format!("{:.1}", med(2, 0)),
+                fmt_ratio(med(1, 0), med(0, 0)),
+                format!("{:.1}", med(0, 1)),
+                format!("{:.1}", med(1, 1)),
+                format!("{:.1}", med(2, 1)),
+                fmt_ratio(med(1, 1), med(0, 1)),
+                format!("{:.1}", med(0, 2)),
+                format!("{:.1}", med(1, 2)),
+                format!("{:.1}", med(2, 2)),
+                gbs(0),
+                gbs(1),
+            ]);
+        }
+        eprintln!("peer: hot {hot}, history {history} done");
+    }
+    all_resident(gpu, reps, warm, &mut t)?;
+    t.print();
+    println!(
+        "bookkeeping target (issue 13): <= 10 us everywhere; copy: >= 45 GB/s (in-place gather \
+         ceiling 47 GB/s); misses/step: our distinct misses (SGLang's are the same fresh positions)"
+    );
+    Ok(())
+}
+
+/// The all-resident case: SGLang's short-sequence path (history 4096 ≤ its hot 4096: every token
+/// already in its device buffer) against our direct path (history in borrowed pages, hot 2048).
+fn all_resident(gpu: &Arc<Gpu>, reps: usize, warm: usize, t: &mut Table) -> Res<()> {
+    let history = 4096u32;
+    let mut bed = Bed::new(gpu, 2048, history, true, 4096)?;
+    let steps = resident_sets(history - 64, 42);
+    let seq = Sequence {
+        steps: (0..warm + reps).map(|i| steps[i % 4].clone()).collect(),
+        phases: Vec::new(),
+    };
+    let mut med = vec![[0.0; 2]; KERNELS.len()];
+    for (ki, &kernel) in KERNELS.iter().enumerate() {
+        for (ri, run) in [Run::Plain, Run::Graph].into_iter().enumerate() {
+            let (us, m) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+            if m.iter().any(|&m| m > 0) {
+                return Err("all-resident case fetched rows".into());
+            }
+            med[ki][ri] = median(&mut us[warm..].to_vec());
+        }
+    }
+    t.0.push(vec![
+        "all resident (4K history)".into(),
+        "SGLang short path vs our direct path".into(),
+        "0".into(),
+        format!("{:.1}", med[0][0]),
+        format!("{:.1}", med[1][0]),
+        format!("{:.1}", med[2][0]),
+        fmt_ratio(med[1][0], med[0][0]),
+        format!("{:.1}", med[0][1]),
+        format!("{:.1}", med[1][1]),
+        format!("{:.1}", med[2][1]),
+        fmt_ratio(med[1][1], med[0][1]),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+    ]);
+    Ok(())
+}
