@@ -63,8 +63,8 @@ pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_C
 pub use error::{CudaError, Result};
 pub use geometry::StoreGeometry;
 pub use kv::{
-    CopyBackend, KvCopy, KvDims, KvErrors, KvFill, KvKernels, KvResolveArgs, KvResolveOptions,
-    KvSlotDesc, KvTables, ResolveEngine, KV_BLOCK, KV_ERR_WORDS, KV_FAST_BLOCK,
+    coalesce_runs, CopyBackend, KvCopy, KvDims, KvErrors, KvFill, KvKernels, KvResolveArgs,
+    KvResolveOptions, KvSlotDesc, KvTables, ResolveEngine, KV_BLOCK, KV_ERR_WORDS, KV_FAST_BLOCK,
     KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE, KV_STATS, KV_UNCLAIMED,
 };
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};

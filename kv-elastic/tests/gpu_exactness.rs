@@ -488,6 +488,7 @@ fn gpu_resolver_equals_cpu_reference() {
     let (mut resolves, mut misses, mut unserved, mut packed, mut bounded) = (0, 0, 0, 0, 0);
     let mut written_back = 0;
     let mut engines = [0u64; 2];
+    let (mut fills_dma, mut fills_gather) = (0u64, 0u64);
     for case in 0..cases {
         let mut rng = case * 7919 + 1;
         let rbs = [16u32, 24, 32, 656];
@@ -541,6 +542,10 @@ fn gpu_resolver_equals_cpu_reference() {
         }
         c.check_host_store();
         engines[usize::from(engine == ResolveEngine::Classic)] += c.resolves;
+        // Page fills: copy-engine runs where the store has one layer, the gather kernel otherwise.
+        let fc = c.gpu.flush_counters();
+        fills_dma += fc.rows_filled_dma;
+        fills_gather += fc.rows_filled - fc.rows_filled_dma;
         written_back += c.written_back;
         resolves += c.resolves;
         misses += c.misses;
@@ -561,6 +566,10 @@ fn gpu_resolver_equals_cpu_reference() {
         assert!(
             engines[0] > 0 && engines[1] > 0,
             "both resolve kernels must be exercised: {engines:?}"
+        );
+        assert!(
+            fills_dma > 0 && fills_gather > 0,
+            "both page-fill paths must be exercised: {fills_dma} DMA rows, {fills_gather} gathered"
         );
     }
 }

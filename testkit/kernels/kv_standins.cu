@@ -1,7 +1,8 @@
 // tierkit-testkit: stand-in kernels for the KV decode-step benchmark and tests (never part of a
 // library): the block-table conversion a fully resident engine runs (`tierkit_kv_resident_indices`,
 // the baseline the resolve is compared with) and a gather-and-dot sparse-attention stand-in
-// (`tierkit_kv_attend`). Moved verbatim from cuda-kernels/kernels/kv_resolve.cu.
+// (`tierkit_kv_attend`), moved verbatim from cuda-kernels/kernels/kv_resolve.cu; and a stream gate
+// for timing (`tierkit_spin_until`).
 
 // Baseline of a fully resident cache: positions -> rows through a block table
 // (row = block_table[slot][p / page_rows] * page_rows + p % page_rows), -1 for invalid picks.
@@ -64,5 +65,18 @@ extern "C" __global__ void tierkit_kv_attend(const unsigned char* __restrict__ p
         for (unsigned int w = 0; w < nw; ++w) s += partial[w];
         const int v = valid_count[row];
         out[row] = v > 0 ? s / (float)v : 0.f;
+    }
+}
+
+// Holds a stream until the host writes a non-zero word at `flag` (mapped pinned memory), or until
+// `max_ns` nanoseconds passed (never a hang if the host cannot release it). One thread. Benchmarks
+// queue work behind it on several streams, then release them together.
+extern "C" __global__ void tierkit_spin_until(const volatile unsigned int* flag, unsigned long long max_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    while (*flag == 0u) {
+        __nanosleep(2000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 > max_ns) break;
     }
 }

@@ -60,6 +60,7 @@ const BLOCK: u32 = 512;
 pub struct KvStandins {
     resident: CudaFunction,
     attend: CudaFunction,
+    spin: CudaFunction,
 }
 
 impl KvStandins {
@@ -68,6 +69,7 @@ impl KvStandins {
         Ok(KvStandins {
             resident: gpu.function(&KV_STANDINS, "tierkit_kv_resident_indices")?,
             attend: gpu.function(&KV_STANDINS, "tierkit_kv_attend")?,
+            spin: gpu.function(&KV_STANDINS, "tierkit_spin_until")?,
         })
     }
 
@@ -164,6 +166,33 @@ impl KvStandins {
         // SAFETY: argument list matches tierkit_kv_attend; buffers per the caller's contract.
         unsafe { b.launch(cfg) }
             .map_err(|e| CudaError::driver("cuLaunchKernel(tierkit_kv_attend)", e))?;
+        Ok(())
+    }
+}
+
+impl KvStandins {
+    /// A gate: holds `stream` until the host writes a non-zero `u32` at `flag` (the device address
+    /// of mapped pinned memory, e.g. a `PinnedBuffer<u32>`), or `max_ns` passed. Work queued on
+    /// several gated streams starts together when the host releases the flag. Asynchronous.
+    ///
+    /// # Safety
+    /// `flag` addresses a `u32` readable by the device until the kernel ends.
+    pub unsafe fn spin_until_async(
+        &self,
+        stream: &CudaStream,
+        flag: u64,
+        max_ns: u64,
+    ) -> Result<(), CudaError> {
+        let mut b = stream.launch_builder(&self.spin);
+        b.arg(&flag).arg(&max_ns);
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_spin_until; `flag` per the caller's contract.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| CudaError::driver("cuLaunchKernel(tierkit_spin_until)", e))?;
         Ok(())
     }
 }

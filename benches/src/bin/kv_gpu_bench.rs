@@ -7,7 +7,10 @@
 //! `--mode peer`: our resolve kernels (fast and classic) against SGLang HiSparse's swap-in kernel
 //! on the issue-13 cases (hot 2048 / 4096 / 8192, history 16K-128K, hit-only first-set and scattered
 //! steps, 9.5% and 25.9% misses, all resident), plain launch, CUDA graph and bookkeeping (the copy left
-//! out); see `kv_gpu_bench/peer.rs`. Default (`--mode all`): the table below.
+//! out); see `kv_gpu_bench/peer.rs`. `--mode admit`: a 500K-token history admitted on the copy
+//! stream while decode steps run (copy time, GB/s, step time with and without it; see
+//! `kv_gpu_bench/admit.rs`; `--reps` caps at 5 admissions per fill back-end). Default
+//! (`--mode all`): the table below.
 //!
 //! Batch 64, top-k 2048, 656-byte rows (DeepSeek fp8 MLA), 4 layers. Prints one table with the
 //! ratios to the measured ceilings of `docs/h200-ceilings.md` (zero-copy gather of 656 B rows:
@@ -44,6 +47,10 @@ fn main() {
 #[cfg(feature = "cuda")]
 #[path = "kv_gpu_bench/peer.rs"]
 mod peer;
+
+#[cfg(feature = "cuda")]
+#[path = "kv_gpu_bench/admit.rs"]
+mod admit;
 
 #[cfg(feature = "cuda")]
 mod bench {
@@ -370,7 +377,8 @@ mod bench {
         match mode.as_str() {
             "all" => {}
             "peer" => return crate::peer::run(&gpu, reps),
-            other => return Err(format!("unknown --mode {other} (all, peer)").into()),
+            "admit" => return crate::admit::run(&gpu, reps),
+            other => return Err(format!("unknown --mode {other} (all, peer, admit)").into()),
         }
         let warm = 3;
         let standins = KvStandins::new(&gpu)?;

@@ -481,4 +481,129 @@ impl KvKernels {
         // context is bound above.
         unsafe { raw::memcpy_batch_async(&mut dsts, &mut srcs, &mut sizes, stream, prefer_overlap) }
     }
+
+    /// Page fills by the copy engines: `copies` (host list of `(slot, position, dst_row)`, every
+    /// layer of each row) coalesced into runs of consecutive positions of one slot landing on
+    /// consecutive arena rows ([`coalesce_runs`]), each run one descriptor of `rows × row_bytes`
+    /// bytes in one `cuMemcpyBatchAsync` on `stream` (with the overlap-with-compute hint). With one
+    /// layer the host store holds a run's rows back to back, exactly as the arena plane does; with
+    /// more layers a token's layers are interleaved in the host store, so this returns
+    /// `Ok(None)` without copying and the caller uses the gather kernel
+    /// ([`KvKernels::replay_async`]). Returns the number of descriptors.
+    ///
+    /// # Errors
+    /// `OutOfRange` for entries outside the tables (nothing is copied); the driver's error.
+    ///
+    /// # Safety
+    /// As [`KvKernels::dma_copy_async`].
+    pub unsafe fn dma_runs_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        host_store: *const u8,
+        copies: &[KvCopy],
+    ) -> Result<Option<usize>> {
+        if d.layers != 1 {
+            return Ok(None);
+        }
+        if copies.is_empty() {
+            return Ok(Some(0));
+        }
+        let runs = coalesce_runs(copies);
+        let (mut dsts, mut srcs, mut sizes) = (
+            Vec::with_capacity(runs.len()),
+            Vec::with_capacity(runs.len()),
+            Vec::with_capacity(runs.len()),
+        );
+        let host = host_store as u64;
+        for &(c, rows) in &runs {
+            if c.slot >= d.max_slots
+                || c.position as u64 + rows as u64 > d.max_history as u64
+                || c.dst_row as u64 + rows as u64 > d.arena_rows as u64
+            {
+                return Err(CudaError::OutOfRange {
+                    what: "DMA fill run (slot, positions or rows)",
+                    value: c.dst_row as u64 + rows as u64,
+                    limit: d.arena_rows as u64,
+                });
+            }
+            dsts.push(t.arena + c.dst_row as u64 * d.row_bytes as u64);
+            srcs.push(host + d.host_offset(c.slot, c.position, 0) as u64);
+            sizes.push(rows as usize * d.row_bytes as usize);
+        }
+        self.gpu
+            .ctx()
+            .bind_to_thread()
+            .map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: three arrays of `runs.len()` entries; every run lies inside the pinned host
+        // store (one layer: positions position .. + rows of one slot are contiguous) and inside
+        // plane 0 of the arena (checked above); alive per the caller's contract.
+        unsafe { raw::memcpy_batch_async(&mut dsts, &mut srcs, &mut sizes, stream, true) }?;
+        Ok(Some(runs.len()))
+    }
+}
+
+/// Groups row copies into maximal runs `(first copy, rows)`: after sorting by `(slot, position)`,
+/// a copy extends the run before it when it has the same slot, the next position and the next
+/// arena row. The copies' order does not matter to a fill (distinct destinations); duplicates
+/// (the same slot and position twice) start a new run.
+pub fn coalesce_runs(copies: &[KvCopy]) -> Vec<(KvCopy, u32)> {
+    let mut sorted = copies.to_vec();
+    sorted.sort_by_key(|c| (c.slot, c.position, c.dst_row));
+    let mut runs: Vec<(KvCopy, u32)> = Vec::new();
+    for c in sorted {
+        if let Some((first, rows)) = runs.last_mut() {
+            if first.slot == c.slot
+                && first.position as u64 + *rows as u64 == c.position as u64
+                && first.dst_row as u64 + *rows as u64 == c.dst_row as u64
+            {
+                *rows += 1;
+                continue;
+            }
+        }
+        runs.push((c, 1));
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn c(slot: u32, position: u32, dst_row: u32) -> KvCopy {
+        KvCopy::new(slot, position, dst_row)
+    }
+
+    #[test]
+    fn runs_join_consecutive_positions_on_consecutive_rows_only() {
+        // Page 5 (rows 320..) then page 2 (rows 128..) of slot 1, listed out of order; slot 0's
+        // two rows on consecutive positions but not consecutive rows; a duplicate position.
+        let mut copies = Vec::new();
+        for i in 0..64 {
+            copies.push(c(1, 64 + i, 128 + i));
+        }
+        for i in 0..64 {
+            copies.push(c(1, i, 320 + i));
+        }
+        copies.push(c(0, 7, 10));
+        copies.push(c(0, 8, 12));
+        copies.push(c(0, 7, 10));
+        copies.reverse();
+        let runs = coalesce_runs(&copies);
+        assert_eq!(
+            runs,
+            vec![
+                (c(0, 7, 10), 1),
+                (c(0, 7, 10), 1),
+                (c(0, 8, 12), 1),
+                (c(1, 0, 320), 64),
+                (c(1, 64, 128), 64),
+            ]
+        );
+        // Pages that follow each other in the arena make one run.
+        let long: Vec<KvCopy> = (0..500).map(|i| c(3, 1000 + i, 64 + i)).collect();
+        assert_eq!(coalesce_runs(&long), vec![(c(3, 1000, 64), 500)]);
+        assert!(coalesce_runs(&[]).is_empty());
+    }
 }

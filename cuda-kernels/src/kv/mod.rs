@@ -24,7 +24,7 @@ use crate::error::{CudaError, Result};
 
 mod launch;
 
-pub use launch::KvKernels;
+pub use launch::{coalesce_runs, KvKernels};
 
 /// The KV kernels (`kernels/kv_resolve.cu`).
 pub const KV_MODULE: KernelSource = KernelSource {
@@ -206,6 +206,18 @@ pub struct KvCopy {
     pub dst_row: u32,
     /// Padding (0).
     pub pad: u32,
+}
+
+impl KvCopy {
+    /// `(slot, position, dst_row)` with zero padding.
+    pub const fn new(slot: u32, position: u32, dst_row: u32) -> Self {
+        KvCopy {
+            slot,
+            position,
+            dst_row,
+            pad: 0,
+        }
+    }
 }
 
 /// One table patch of [`KvKernels::fill_words_async`]: `count` `u32` words at device address

@@ -518,6 +518,20 @@ impl GpuArena {
         }
     }
 
+    /// Page fills by the copy engines ([`KvKernels::dma_runs_async`]): `copies` coalesced into
+    /// runs of consecutive positions on consecutive rows, one descriptor each. `Ok(None)` (nothing
+    /// copied) where the host store interleaves layers (more than one layer): use the gather.
+    ///
+    /// # Errors
+    /// `OutOfRange` for entries outside the tables; the driver's error.
+    pub fn dma_runs_async(&self, stream: &CudaStream, copies: &[KvCopy]) -> Result<Option<usize>> {
+        let (d, t) = (&self.dims, &self.tables());
+        let host = self.host.host_ptr();
+        // SAFETY: the arena and the pinned store are owned by `self`, which the caller keeps alive
+        // until the stream passes the copy (as with every launcher of this type).
+        unsafe { self.kernels.dma_runs_async(stream, d, t, host, copies) }
+    }
+
     /// The DMA back-end on these tables ([`KvKernels::dma_copy_async`] with the overlap hint):
     /// copies `copies` (host list) from the pinned host store into layers `l0 .. l0 + nl`.
     ///

@@ -452,13 +452,8 @@ impl DataPlane for GpuData {
 mod tests {
     use super::*;
 
-    fn fill(slot: u32, position: u32, dst_row: u32) -> KvCopy {
-        KvCopy {
-            slot,
-            position,
-            dst_row,
-            pad: 0,
-        }
+    const fn fill(slot: u32, position: u32, dst_row: u32) -> KvCopy {
+        KvCopy::new(slot, position, dst_row)
     }
 
     /// Bug 2: drafts at positions 10..14 of slot 0 are read by a queued step copy; after

@@ -9,7 +9,7 @@
 //!
 //! | work | stream | ordered by |
 //! | --- | --- | --- |
-//! | page fills (pages just lent) and the tail rows of sessions admitted since the last publish: host store → arena rows (`tierkit_kv_replay` gather, a warp per row) | copy stream | waits for the last write-back event (history the device wrote), then runs beside the step in flight |
+//! | page fills (pages just lent) and the tail rows of sessions admitted since the last publish: host store → arena rows (copy engines: one `cuMemcpyBatchAsync` descriptor per run of consecutive positions on consecutive rows, one-layer stores; else the `tierkit_kv_replay` gather, a warp per row) | copy stream | waits for the last write-back event (history the device wrote), then runs beside the step in flight |
 //! | write-backs: arena rows → host store (`tierkit_kv_write_back`; accepted drafts, rows the engine wrote, [`GpuElasticPool::append_written`]) | step stream | after the kernels that wrote the rows; records the write-back event |
 //! | table patches (`tierkit_kv_fill_words`): slot resets, descriptors, fixed pages, page-table entries of pages mapped (after their fill) and unmapped (reclaim) | step stream | waits for this publish's fill event, so a page is mapped only once its rows hold its bytes; before every later resolve |
 //! | tail / draft rows of live sessions: host store → arena rows | step stream | after the resolves queued before (which may read the rows they overwrite) |
@@ -125,6 +125,10 @@ pub struct GpuFlushCounters {
     pub flushes: u64,
     /// Rows copied host store → arena on the copy stream (page fills, new sessions' tails).
     pub rows_filled: u64,
+    /// Of `rows_filled`, rows the copy engines filled (DMA runs, [`GpuElasticPool::set_fill_backend`]).
+    pub rows_filled_dma: u64,
+    /// DMA descriptors those fills took (one per run of consecutive positions on consecutive rows).
+    pub fill_descriptors: u64,
     /// Rows copied host store → arena on the step stream (tail rows of appends, drafts).
     pub rows_copied: u64,
     /// Rows written back arena → host store on the step stream.
@@ -220,6 +224,8 @@ pub struct GpuElasticPool {
     settle: bool,
     /// The resolve kernel ([`ResolveEngine::Fast`] unless set).
     engine: ResolveEngine,
+    /// How page fills run on the copy stream ([`CopyBackend::Dma`] unless set).
+    fill_backend: CopyBackend,
     /// Set by a failed publish: every later call fails with [`KvError::Poisoned`].
     poisoned: Option<String>,
     fail_next_publish: bool,
@@ -279,6 +285,7 @@ impl GpuElasticPool {
             last_publish: None,
             settle: false,
             engine: ResolveEngine::default(),
+            fill_backend: CopyBackend::Dma,
             poisoned: None,
             fail_next_publish: false,
             miss_tokens: 0,
@@ -327,6 +334,21 @@ impl GpuElasticPool {
     /// kept so benchmarks and tests can compare the two).
     pub fn set_resolve_engine(&mut self, engine: ResolveEngine) {
         self.engine = engine;
+    }
+
+    /// How page fills (admissions, growth) copy history into the arena on the copy stream:
+    /// [`CopyBackend::Dma`] (default) coalesces the rows into runs of consecutive positions on
+    /// consecutive arena rows and copies each with the copy engines (`cuMemcpyBatchAsync`, one
+    /// descriptor per run: near the H2D ceiling for whole pages); it applies where the host store
+    /// holds a run's rows back to back (one layer), and the gather kernel runs otherwise.
+    /// [`CopyBackend::Gather`]: always the gather kernel (a warp per row, zero-copy reads).
+    pub fn set_fill_backend(&mut self, backend: CopyBackend) {
+        self.fill_backend = backend;
+    }
+
+    /// The page-fill back-end (see [`GpuElasticPool::set_fill_backend`]).
+    pub fn fill_backend(&self) -> CopyBackend {
+        self.fill_backend
     }
 
     /// With `true`, every control operation that frees pages (admit, reclaim, between steps)

@@ -166,11 +166,25 @@ impl GpuElasticPool {
             if let Some(wb) = &self.last_write_back {
                 wb.wait_on(&copy).map_err(cuda)?;
             }
-            // SAFETY: segments staged at `base + at_fill` / `at_fill_n` (live until the staging
-            // event, which the step stream records after waiting for this stream's fill event);
-            // the destination rows belong to pages no reader or other stream's queued work
-            // touches (free pages, fence; see the module docs).
-            unsafe { copy_segments(dev, &copy, base, (at_fill, at_fill_n), fill_counts.len()) }?;
+            // The destination rows belong to pages no reader or other stream's queued work
+            // touches (free pages, fence; see the module docs). DMA: runs of whole rows from the
+            // pinned store (one layer), else the gather kernel over the staged segments.
+            let dma = match self.fill_backend {
+                CopyBackend::Dma => dev.dma_runs_async(&copy, &log.fills).map_err(cuda)?,
+                CopyBackend::Gather => None,
+            };
+            match dma {
+                Some(descriptors) => {
+                    self.counters.rows_filled_dma += log.fills.len() as u64;
+                    self.counters.fill_descriptors += descriptors as u64;
+                }
+                // SAFETY: segments staged at `base + at_fill` / `at_fill_n` (live until the
+                // staging event, which the step stream records after waiting for this stream's
+                // fill event); destinations as above.
+                None => unsafe {
+                    copy_segments(dev, &copy, base, (at_fill, at_fill_n), fill_counts.len())
+                }?,
+            }
             ev(&copy)?.wait_on(&step).map_err(cuda)?;
         }
         // 3. Table patches (step stream, after the fills they map).
