@@ -307,8 +307,9 @@ __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, i
 // The fast engine (`tierkit_kv_resolve_fast`): the same contract and the same decisions as the
 // classic body below, with the bookkeeping reorganised so that no phase is serial (see DESIGN.md,
 // "Fast resolve engine"):
-// - each thread holds KV_FAST_PER consecutive picks of its entry in registers from the first
-//   global read to the output write (one lookup chain per pick instead of three);
+// - each thread holds up to KV_FAST_PER consecutive picks of its entry (as few as cover it) in
+//   registers from the first global read to the output write (one lookup chain per pick instead
+//   of three);
 // - one block-wide scan orders the first appearances, one orders the outputs;
 // - CLOCK victims are chosen by the whole block from two candidate bitmaps of the hot slots (one
 //   coalesced pass over the slot state, a scan over hand-rotated ranges), instead of warp 0
@@ -460,7 +461,10 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
                               unsigned int* sh_rowstart, unsigned int* sh_count, unsigned int* sh_taken, int* sh_last) {
     const unsigned int R = row1 - row0;
     const unsigned int F = R * k;
-    const unsigned int f0 = threadIdx.x * KV_FAST_PER;
+    // Picks per thread: as few as cover the entry (all threads busy at k = 2048: 2 each).
+    const unsigned int per = min((unsigned int)KV_FAST_PER, (F + blockDim.x - 1u) / blockDim.x);
+    const unsigned int f0 = threadIdx.x * per;
+    const unsigned int fe = min(f0 + per, F);  // this thread's picks: f0 .. fe
     const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
     const int* const tk = topk + (unsigned long long)row0 * k;
@@ -468,12 +472,12 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
     // A. picks, causal bounds, resident rows (tail / scratch / borrowed page)
 #pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = f0 + i < F ? tk[f0 + i] : -1;
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = f0 + i < fe ? tk[f0 + i] : -1;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         out[i] = -1;
         const unsigned int f = f0 + i;
-        if (f >= F || p[i] == -1) continue;
+        if (f >= fe || p[i] == -1) continue;
         const int rl = kv_row_limit(qseq, row0 + f / k, limit);
         if (p[i] < 0 || p[i] >= rl) {
             bad += 1u;
@@ -560,15 +564,15 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     // H. outputs: one scan ranks the valid entries (packed position, per-row counts)
     unsigned int nv = 0;
 #pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) nv += (f0 + i < F && out[i] >= 0) ? 1u : 0u;
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) nv += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
     unsigned int total;
     const unsigned int rank = kv_block_scan_u32(nv, &total, warp_sums);
     unsigned int loc = 0;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         const unsigned int f = f0 + i;
-        if (f < F && f % k == 0u) sh_rowstart[f / k] = rank + loc;
-        loc += (f < F && out[i] >= 0) ? 1u : 0u;
+        if (f < fe && f % k == 0u) sh_rowstart[f / k] = rank + loc;
+        loc += (f < fe && out[i] >= 0) ? 1u : 0u;
     }
     if (threadIdx.x == 0) sh_rowstart[R] = total;
     __syncthreads();
@@ -576,7 +580,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         const unsigned int f = f0 + i;
-        if (f >= F) continue;
+        if (f >= fe) continue;
         const unsigned int rr = f / k;
         int* const orow = indices + (unsigned long long)(row0 + rr) * k;
         if (layout == KV_LAYOUT_PACKED) {

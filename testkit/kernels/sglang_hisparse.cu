@@ -411,7 +411,7 @@ __device__ __forceinline__ void load_cache_to_device_buffer_kernel(
 // Entry points: sglang_hisparse_k<TOP_K>_h<HOT>[_nocopy], 960 threads per block (SGLang's coordinator),
 // grid = batch, dynamic shared memory = sglang_hisparse_smem_bytes(TOP_K, HOT).
 #define SGLANG_HISPARSE_ENTRY(TOPK, HOT, SKIP, NAME)                                                              \
-    extern "C" __global__ void __launch_bounds__(960) NAME(                                                      \
+    extern "C" __global__ void NAME(                                                                             \
         const sg_i32* top_k_tokens, sg_i32* device_buffer_tokens, const sg_i64* host_cache_locs,                 \
         const sg_i32* device_buffer_locs, const void* host_cache_k, void* device_buffer_k,                       \
         sg_i32* top_k_device_locs, const sg_i32* req_pool_indices, const sg_i32* seq_lens, sg_i16* lru_slots,    \

@@ -49,7 +49,7 @@ pub const KV_FAST_MAX_HOT_ROWS: u32 = 65536;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResolveEngine {
-    /// `tierkit_kv_resolve_fast` (default): 1024 threads per entry, each holding 4 consecutive
+    /// `tierkit_kv_resolve_fast` (default): 1024 threads per entry, each holding up to 4 consecutive
     /// picks in registers from lookup to output, one block scan per ordering, CLOCK victims chosen
     /// by the whole block from candidate bitmaps. Entries over 4096 picks or 64 query rows, and
     /// hot caches over [`KV_FAST_MAX_HOT_ROWS`] rows, take the classic path.
