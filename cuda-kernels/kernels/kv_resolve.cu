@@ -72,23 +72,32 @@ __device__ __forceinline__ unsigned long long kv_host_off(const KvDims& d, unsig
     return (((unsigned long long)slot * d.max_history + pos) * d.layers + layer) * d.row_bytes;
 }
 
+// Arena row of fixed local row `local` of a slot whose fixed pages are `fp` (its row of the
+// fixed-page table, in global or shared memory).
+__device__ __forceinline__ int kv_fixed_row_at(const KvDims& d, const int* fp, unsigned int local) {
+    return fp[local / d.page_rows] * (int)d.page_rows + (int)(local % d.page_rows);
+}
+
+__device__ __forceinline__ const int* kv_slot_fixed(const KvDims& d, const KvTables& t, unsigned int slot) {
+    return t.fixed_pages + (unsigned long long)slot * d.fixed_pages;
+}
+
 __device__ __forceinline__ int kv_fixed_row(const KvDims& d, const KvTables& t, unsigned int slot,
                                             unsigned int local) {
-    return t.fixed_pages[(unsigned long long)slot * d.fixed_pages + local / d.page_rows] * (int)d.page_rows +
-           (int)(local % d.page_rows);
+    return kv_fixed_row_at(d, kv_slot_fixed(d, t, slot), local);
 }
 
 // Resident row (scratch, tail, page) of a valid position, -1 if it must come from the hot cache.
-// kind: 1 scratch, 2 tail, 3 page.
-__device__ __forceinline__ int kv_resident(const KvDims& d, const KvTables& t, unsigned int slot,
-                                           const KvSlotDesc& s, unsigned int p, int* kind) {
+// kind: 1 scratch, 2 tail, 3 page. `fp`: the slot's fixed pages.
+__device__ __forceinline__ int kv_resident_at(const KvDims& d, const KvTables& t, unsigned int slot,
+                                              const KvSlotDesc& s, unsigned int p, int* kind, const int* fp) {
     if (p >= s.committed) {
         *kind = 1;
-        return kv_fixed_row(d, t, slot, d.hot_rows + d.tail_rows + (p - s.committed));
+        return kv_fixed_row_at(d, fp, d.hot_rows + d.tail_rows + (p - s.committed));
     }
     if (p >= s.tail_start) {
         *kind = 2;
-        return kv_fixed_row(d, t, slot, d.hot_rows + p % d.tail_rows);
+        return kv_fixed_row_at(d, fp, d.hot_rows + p % d.tail_rows);
     }
     const unsigned int j = p / d.page_rows;
     if (j < d.max_pages) {
@@ -100,6 +109,11 @@ __device__ __forceinline__ int kv_resident(const KvDims& d, const KvTables& t, u
     }
     *kind = 0;
     return -1;
+}
+
+__device__ __forceinline__ int kv_resident(const KvDims& d, const KvTables& t, unsigned int slot,
+                                           const KvSlotDesc& s, unsigned int p, int* kind) {
+    return kv_resident_at(d, t, slot, s, p, kind, kv_slot_fixed(d, t, slot));
 }
 
 // One warp copies `bytes` bytes; 16-byte loads when sizes and addresses allow, two in flight per lane.
@@ -208,9 +222,10 @@ __device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int
     }
 }
 
-// Installs plan[0..taken) (dst_row holds the victim slot) and rewrites dst_row to the arena row.
-__device__ void kv_install(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
-                           KvCopy* plan, unsigned int taken) {
+// Installs plan[0..taken) (dst_row holds the victim slot) and rewrites dst_row to the arena row
+// (`fp`: the slot's fixed pages).
+__device__ void kv_install_at(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                              KvCopy* plan, unsigned int taken, const int* fp) {
     const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
     for (unsigned int i = threadIdx.x; i < taken; i += blockDim.x) {
@@ -221,10 +236,15 @@ __device__ void kv_install(const KvDims& d, const KvTables& t, unsigned int slot
         t.pos_slot[pb + p] = (int)s;
         t.referenced[hb + s] = 0u;
         t.stamp[hb + s] = call;
-        plan[i].dst_row = (unsigned int)kv_fixed_row(d, t, slot, s);
+        plan[i].dst_row = (unsigned int)kv_fixed_row_at(d, fp, s);
         plan[i].slot = slot;
         plan[i].pad = 0u;
     }
+}
+
+__device__ void kv_install(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                           KvCopy* plan, unsigned int taken) {
+    kv_install_at(d, t, slot, call, plan, taken, kv_slot_fixed(d, t, slot));
 }
 
 // Gathers plan rows from mapped host memory into layers [l0, l0 + nl): one warp per row.
@@ -315,7 +335,8 @@ __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, i
 //   coalesced pass over the slot state, a scan over hand-rotated ranges), instead of warp 0
 //   walking up to 2 × hot_rows slots 32 at a time.
 // Entries with more than KV_FAST_PER × blockDim picks or KV_FAST_MAX_ROWS query rows take the
-// classic body (same results). Dynamic shared memory: 2 × ceil(hot_rows / 32) u32 (the bitmaps).
+// classic body (same results). Dynamic shared memory: 2 × ceil(hot_rows / 32) u32 (the bitmaps),
+// then fixed_pages int32 (the entry's fixed pages).
 #define KV_FAST_PER 4
 #define KV_FAST_MAX_ROWS 64
 #define KV_OUT_PENDING (-2)
@@ -468,11 +489,19 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
     const int* const tk = topk + (unsigned long long)row0 * k;
+    // The slot's fixed pages in shared memory (after the victim bitmaps): every fixed-row lookup
+    // below (tail, scratch, hot rows, installs) reads them there instead of global memory.
+    int* const fp = (int*)(bits + 2u * ((d.hot_rows + 31u) >> 5));
+    {
+        const int* const g = kv_slot_fixed(d, t, slot);
+        for (unsigned int i = threadIdx.x; i < d.fixed_pages; i += blockDim.x) fp[i] = g[i];
+    }
     int p[KV_FAST_PER], out[KV_FAST_PER];
     unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
     // A. picks, causal bounds, resident rows (tail / scratch / borrowed page)
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = f0 + i < fe ? tk[f0 + i] : -1;
+    __syncthreads();  // fp
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         out[i] = -1;
@@ -484,7 +513,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
             continue;
         }
         int kind;
-        const int rr = kv_resident(d, t, slot, s, (unsigned int)p[i], &kind);
+        const int rr = kv_resident_at(d, t, slot, s, (unsigned int)p[i], &kind, fp);
         if (rr >= 0) {
             out[i] = rr;
             c_scr += kind == 1;
@@ -506,7 +535,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
                 t.referenced[hb + hs[i]] = 1u;
                 t.stamp[hb + hs[i]] = call;
             }
-            out[i] = kv_fixed_row(d, t, slot, (unsigned int)hs[i]);
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)hs[i]);
             c_hot++;
         } else if (s.full == 0u) {
             atomicMin(&t.first[pb + p[i]], (int)(f0 + i));
@@ -546,7 +575,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
         }
         __syncthreads();
         taken = *sh_taken;
-        kv_install(d, t, slot, call, plan, taken);
+        kv_install_at(d, t, slot, call, plan, taken, fp);
         __syncthreads();
         if (misses > 0u) {
             kv_finish_sweep(d, t, slot, call, misses, taken, *sh_last);
@@ -557,7 +586,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
         for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
             if (out[i] != KV_OUT_PENDING) continue;
             const int h = t.pos_slot[pb + p[i]];
-            out[i] = h >= 0 ? kv_fixed_row(d, t, slot, (unsigned int)h) : -1;
+            out[i] = h >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h) : -1;
             c_hot += h >= 0;
         }
     }
@@ -621,7 +650,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
 // fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA). layout: 0 in place, 1 packed.
 // qseq: int32 [rows] per-query causal bound, or null (the entry's seq_len for every row).
 // FAST = false: the classic body (`tierkit_kv_resolve`); true: entries that fit take kv_entry_fast
-// (`tierkit_kv_resolve_fast`, dynamic shared memory 2 × ceil(hot_rows / 32) u32).
+// (`tierkit_kv_resolve_fast`, dynamic shared memory 2 × ceil(hot_rows / 32) u32 + fixed_pages int32).
 #define KV_RESOLVE_PARAMS                                                                                     \
     KvDims d, KvTables t, const int* __restrict__ topk, const int* __restrict__ qsl,                          \
         const int* __restrict__ seq_lens, const int* __restrict__ session_slot, unsigned int sessions,         \

@@ -65,7 +65,8 @@ pub use geometry::StoreGeometry;
 pub use kv::{
     coalesce_runs, CopyBackend, KvCopy, KvDims, KvErrors, KvFill, KvKernels, KvResolveArgs,
     KvResolveOptions, KvSlotDesc, KvTables, ResolveEngine, KV_BLOCK, KV_ERR_WORDS, KV_FAST_BLOCK,
-    KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE, KV_STATS, KV_UNCLAIMED,
+    KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE,
+    KV_STATS, KV_UNCLAIMED,
 };
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
 pub use signal::EventSignal;

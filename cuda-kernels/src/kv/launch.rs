@@ -8,7 +8,8 @@ use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::{
     CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, ResolveEngine,
-    KV_BLOCK, KV_FAST_BLOCK, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_PACKED, KV_MODULE,
+    KV_BLOCK, KV_FAST_BLOCK, KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_PACKED,
+    KV_MODULE,
 };
 use crate::device::Gpu;
 use crate::error::{drv, CudaError, Result};
@@ -84,8 +85,10 @@ impl KvKernels {
 
     /// Launches the fused resolve on `stream` (graph capturable: only `t`, the buffers of `a` and
     /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel
-    /// ([`ResolveEngine::Fast`]: [`KV_FAST_BLOCK`] threads per block and `8 × ceil(hot_rows / 32)`
-    /// bytes of dynamic shared memory; `Classic`: [`KV_BLOCK`] threads); results are identical.
+    /// ([`ResolveEngine::Fast`]: [`KV_FAST_BLOCK`] threads per block and `8 × ceil(hot_rows / 32) +
+    /// 4 × fixed_pages` bytes of dynamic shared memory; `Classic`, or a fast engine over
+    /// [`KV_FAST_MAX_HOT_ROWS`] / [`KV_FAST_MAX_FIXED_PAGES`]: [`KV_BLOCK`] threads); results are
+    /// identical.
     /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
     /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
     /// (FlashMLA `topk_length`-compatible packing or in place), per-query causal bounds and
@@ -152,13 +155,13 @@ impl KvKernels {
             });
         }
         let fetch = u32::from(backend == CopyBackend::Gather);
-        let fast = o.engine == ResolveEngine::Fast && d.hot_rows <= KV_FAST_MAX_HOT_ROWS;
+        let fast = o.engine == ResolveEngine::Fast
+            && d.hot_rows <= KV_FAST_MAX_HOT_ROWS
+            && d.fixed_pages <= KV_FAST_MAX_FIXED_PAGES;
         let (func, block, smem) = if fast {
-            (
-                &self.resolve_fast,
-                KV_FAST_BLOCK,
-                8 * d.hot_rows.div_ceil(32),
-            )
+            // Candidate bitmaps (2 × ceil(hot_rows / 32) u32), then the entry's fixed pages.
+            let smem = 8 * d.hot_rows.div_ceil(32) + 4 * d.fixed_pages;
+            (&self.resolve_fast, KV_FAST_BLOCK, smem)
         } else {
             (&self.resolve, KV_BLOCK, 0)
         };

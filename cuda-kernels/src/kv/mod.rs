@@ -43,6 +43,11 @@ pub const KV_FAST_BLOCK: u32 = 1024;
 /// the launch uses the classic kernel (same results).
 pub const KV_FAST_MAX_HOT_ROWS: u32 = 65536;
 
+/// Most fixed pages per session the fast engine takes (it keeps an entry's fixed-page table,
+/// `4 × fixed_pages` bytes, in shared memory beside the bitmaps: at most 32 KiB together); above
+/// it the launch uses the classic kernel (same results).
+pub const KV_FAST_MAX_FIXED_PAGES: u32 = 4096;
+
 /// Which resolve kernel runs. Both implement the same contract (`DESIGN.md`, KV resolve kernel
 /// contract) and give identical outputs, plans, stats and table updates; they differ in how the
 /// bookkeeping is organised on the device.
@@ -51,8 +56,9 @@ pub const KV_FAST_MAX_HOT_ROWS: u32 = 65536;
 pub enum ResolveEngine {
     /// `tierkit_kv_resolve_fast` (default): 1024 threads per entry, each holding up to 4 consecutive
     /// picks in registers from lookup to output, one block scan per ordering, CLOCK victims chosen
-    /// by the whole block from candidate bitmaps. Entries over 4096 picks or 64 query rows, and
-    /// hot caches over [`KV_FAST_MAX_HOT_ROWS`] rows, take the classic path.
+    /// by the whole block from candidate bitmaps, the entry's fixed pages in shared memory.
+    /// Entries over 4096 picks or 64 query rows, and tables over [`KV_FAST_MAX_HOT_ROWS`] hot rows
+    /// or [`KV_FAST_MAX_FIXED_PAGES`] fixed pages, take the classic path.
     #[default]
     Fast,
     /// `tierkit_kv_resolve` (the first kernel, kept for comparison): three passes over the picks,
