@@ -18,7 +18,7 @@ use crate::{guard, kv_err, to_py, Slot};
 /// which validates the fields).
 #[pyclass(name = "KvGeometry", module = "tierkit.kv", frozen, eq)]
 #[derive(Clone, Copy, PartialEq)]
-pub(crate) struct PyKvGeometry(Geometry);
+pub(crate) struct PyKvGeometry(pub(crate) Geometry);
 
 #[pymethods]
 impl PyKvGeometry {
@@ -200,7 +200,7 @@ impl PyResolved {
     }
 }
 
-fn admission<'py>(py: Python<'py>, a: Admission) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn admission<'py>(py: Python<'py>, a: Admission) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     match a {
         Admission::Admitted { borrowed_pages } => {

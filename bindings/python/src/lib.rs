@@ -30,6 +30,8 @@ use tierkit_bindings::{panic_message, Code};
 
 mod arrays;
 mod experts;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod kv;
 mod sim;
 
@@ -203,6 +205,14 @@ fn _test_panic() -> PyResult<()> {
     })
 }
 
+/// Whether this build has the GPU entry points of `tierkit.torch` (false: built without the
+/// `cuda` feature).
+#[cfg(not(feature = "cuda"))]
+#[pyfunction]
+fn has_cuda_ops() -> bool {
+    false
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -214,5 +224,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     experts::register(m)?;
     kv::register(m)?;
     sim::register(m)?;
+    #[cfg(feature = "cuda")]
+    gpu::register(m)?;
+    #[cfg(not(feature = "cuda"))]
+    m.add_function(wrap_pyfunction!(has_cuda_ops, m)?)?;
     Ok(())
 }
