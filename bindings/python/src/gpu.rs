@@ -527,6 +527,48 @@ impl PyGpuKvPool {
             .map_err(cuda_err)
         })
     }
+    /// Copies the last resolve's plan (`plan [sessions][hot_rows]`, `plan_count [sessions]`, the
+    /// resolve's outputs) from the host store into arena planes `layer0 .. layer0 + layers` on
+    /// `stream`: the other layers of the resolved layer's group. Run it on the resolve's stream
+    /// before anything else resolves.
+    #[allow(clippy::too_many_arguments)]
+    fn replay(
+        &self,
+        stream: u64,
+        plan: u64,
+        plan_count: u64,
+        sessions: u32,
+        layer0: u32,
+        layers: u32,
+    ) -> PyResult<()> {
+        let gpu = self.0.gpu.clone();
+        self.with(|p| {
+            let dims = *p.device().dims();
+            if sessions == 0 || sessions > dims.max_slots {
+                return Err(PyValueError::new_err(format!(
+                    "replay: sessions {sessions} outside 1..={}",
+                    dims.max_slots
+                )));
+            }
+            // SAFETY: the caller's live stream of this device.
+            let s = unsafe { gpu.borrow_stream(stream) }.map_err(cuda_err)?;
+            // SAFETY: `plan` / `plan_count` are the pool's own output tensors of a resolve
+            // (`[max_sessions][hot_rows]` copies, `[max_sessions]` counts) queued before on this
+            // stream, so their rows still hold their positions; torch keeps them allocated.
+            unsafe {
+                p.device().replay_async(
+                    &s,
+                    plan,
+                    plan_count,
+                    sessions,
+                    dims.hot_rows,
+                    layer0,
+                    layers,
+                )
+            }
+            .map_err(cuda_err)
+        })
+    }
     /// Releases the pool after the device is idle.
     fn close(&self) -> PyResult<()> {
         self.0.close()

@@ -267,6 +267,11 @@ impl PyElasticPool {
     fn finish(&self, session: u64) -> PyResult<()> {
         self.0.with(|p| p.finish(session).map_err(kv_err))
     }
+    /// Takes back up to `n` lent (elastic) pages from the sessions holding them, for new
+    /// admissions; returns how many. Their positions are served from the host store again.
+    fn reclaim(&self, n: u32) -> PyResult<u32> {
+        self.0.with(|p| p.reclaim(n).map_err(kv_err))
+    }
     /// Between steps: hands back up to `chunk` pages of finished sessions, frees pages whose
     /// readers completed, lends free pages to sessions missing history. Returns the counts.
     #[pyo3(signature = (chunk = 8))]

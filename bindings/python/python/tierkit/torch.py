@@ -372,6 +372,33 @@ def _kv_resolve_fake(*args):
     return None
 
 
+# "plan" is declared mutated so that torch.compile never drops the call (it writes the arena,
+# tierkit's memory, which is no argument); the op leaves the plan as it is.
+@torch.library.custom_op("tierkit::kv_replay", mutates_args=("plan",))
+def kv_replay(
+    pool: int, plan: Tensor, plan_count: Tensor, sessions: int, layer0: int, layers: int
+) -> None:
+    """Copies the last resolve's misses into arena planes ``layer0 .. layer0 + layers``
+    (``KvPool.replay``). The arena is tierkit's memory, not an argument: the op is ordered by
+    the stream."""
+    p = _POOLS.get(pool)
+    if p is None:
+        raise _native.ClosedError(f"KvPool {pool} is closed or unknown")
+    p._check_open()
+    if plan is not p.plan or plan_count is not p.plan_count:
+        raise ValueError("plan / plan_count must be the pool's own (KvPool.plan, .plan_count)")
+    if not (0 <= layer0 and layers >= 1 and layer0 + layers <= p.layers):
+        raise ValueError(f"layers {layer0}..{layer0 + layers} outside 0..{p.layers}")
+    p._native.replay(
+        _stream(p.device), plan.data_ptr(), plan_count.data_ptr(), sessions, layer0, layers
+    )
+
+
+@kv_replay.register_fake
+def _kv_replay_fake(pool, plan, plan_count, sessions, layer0, layers):
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # host objects
 
@@ -635,6 +662,12 @@ class KvPool(_Closable):
             packed,
             query_seq_lens,
         )
+
+    def replay(self, sessions: int, layer0: int, layers: int) -> None:
+        """Copies the last resolve's misses (its ``sessions`` entries) into planes ``layer0 ..
+        layer0 + layers`` on the current stream (capturable): the other layers of a group."""
+        self._check_open()
+        torch.ops.tierkit.kv_replay(self._id, self.plan, self.plan_count, sessions, layer0, layers)
 
     def close(self) -> None:
         if not self._closed:
