@@ -61,6 +61,37 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "tierkit.kv) works without it"
     ) from e
 
+
+def _preload_nvrtc() -> Optional[str]:
+    """Makes libnvrtc loadable where it comes from pip (``nvidia-cuda-nvrtc``, torch's CUDA
+    wheels: ``site-packages/nvidia/{cu13,cuda_nvrtc}/lib``) rather than the system: loads it
+    globally so that the Rust core's ``dlopen("libnvrtc.so.13")`` finds it by its soname.
+    Returns the path loaded, or None (the system's is used, or none exists: the first kernel
+    launch then raises RuntimeError naming NVRTC)."""
+    import ctypes
+    import glob
+    import os
+    import sys
+
+    for name in ("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"):
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            return None  # the loader finds one already
+        except OSError:
+            pass
+    for base in sys.path:
+        for sub in ("cu13", "cuda_nvrtc", "cu12"):
+            for lib in sorted(glob.glob(os.path.join(base, "nvidia", sub, "lib", "libnvrtc.so*"))):
+                try:
+                    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+                    return lib
+                except OSError:
+                    continue
+    return None
+
+
+NVRTC_PRELOADED = _preload_nvrtc()
+
 from tierkit import experts as _experts  # noqa: E402
 from tierkit import kv as _kv  # noqa: E402
 
