@@ -175,7 +175,8 @@ _PINNED_LOCK = threading.Lock()
 
 
 class _DeviceArray:
-    """A ``__cuda_array_interface__`` over tierkit memory; holds its owner alive."""
+    """A ``__cuda_array_interface__`` over tierkit memory; holds its owner (the native object,
+    so a view keeps the memory alive, and no reference cycle runs through the wrapper) alive."""
 
     def __init__(self, owner, ptr: int, shape, typestr: str):
         self._owner = owner
@@ -206,7 +207,12 @@ def is_tierkit_pinned(t: Tensor) -> bool:
     misses mapped and ``cudaHostRegister`` memory)."""
     t = _tensor(t, "t")
     lo = t.data_ptr()
-    hi = lo + t.untyped_storage().nbytes()
+    if t.numel() == 0:
+        return False
+    if any(st < 0 for st in t.stride()):
+        return False
+    # the bytes the view spans (strided views included)
+    hi = lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
     with _PINNED_LOCK:
         return any(p <= lo and hi <= p + n for p, n in _PINNED.values())
 
@@ -530,9 +536,9 @@ class ExpertBank(_Closable):
         lay = self._native.layout()
         self.layout = lay
         L, E, S, B = lay["layers"], lay["experts"], lay["slots_per_layer"], lay["expert_bytes"]
-        self.table = _view(self, lay["table_ptr"], (L, E), "<i8", dev)
-        self.host = _view(self, lay["host_ptr"], (L, E, B), "|u1", dev)
-        self.slots = _view(self, lay["hbm_ptr"], (L, S, B), "|u1", dev)
+        self.table = _view(self._native, lay["table_ptr"], (L, E), "<i8", dev)
+        self.host = _view(self._native, lay["host_ptr"], (L, E, B), "|u1", dev)
+        self.slots = _view(self._native, lay["hbm_ptr"], (L, S, B), "|u1", dev)
         with _PINNED_LOCK:
             _PINNED[id(self)] = (lay["host_ptr"], L * E * B)
         _LIVE.add(self)
@@ -552,6 +558,8 @@ class ExpertBank(_Closable):
     def reload(self, map) -> None:
         """Loads ``map`` synchronously (after writing ``host``, or to switch maps)."""
         _no_capture("ExpertBank.reload")
+        # writes into `host` (torch copies, possibly still in flight) land before the load reads
+        torch.cuda.synchronize(self.device)
         self._native.reload(map)
 
     def set_commit_mode(self, mode: str) -> None:
@@ -615,10 +623,10 @@ class KvPool(_Closable):
         self.layers = lay["layers"]
         self.max_sessions = lay["max_sessions"]
         rows, rb = lay["arena_rows"], lay["row_bytes"]
-        self.planes = [_view(self, p, (rows, rb), "|u1", dev) for p in lay["plane_ptrs"]]
+        self.planes = [_view(self._native, p, (rows, rb), "|u1", dev) for p in lay["plane_ptrs"]]
         ptrs = lay["plane_ptrs"]
         contiguous = all(ptrs[i] == ptrs[0] + i * rows * rb for i in range(len(ptrs)))
-        self.arena = _view(self, ptrs[0], (len(ptrs), rows, rb), "|u1", dev) if contiguous else None
+        self.arena = _view(self._native, ptrs[0], (len(ptrs), rows, rb), "|u1", dev) if contiguous else None
         ms, hot = self.max_sessions, lay["hot_rows"]
         # the resolve's plan / stats outputs (KvCopy = 4 x u32), reused by every call
         self.plan = torch.zeros((ms, max(hot, 1), 4), dtype=torch.int32, device=dev)
