@@ -47,6 +47,7 @@ mod device;
 mod error;
 mod geometry;
 mod mem;
+mod ops;
 mod raw;
 mod signal;
 mod store;
@@ -69,6 +70,7 @@ pub use kv::{
     KV_STATS, KV_UNCLAIMED,
 };
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
+pub use ops::DeviceOps;
 pub use signal::EventSignal;
 pub use store::ExpertStore;
 pub use table::{

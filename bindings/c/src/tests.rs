@@ -199,6 +199,7 @@ fn codes_match_the_shared_classes() {
         (Code::Panic, TIERKIT_ERR_PANIC),
         (Code::Poisoned, TIERKIT_ERR_POISONED),
         (Code::Internal, TIERKIT_ERR_INTERNAL),
+        (Code::Unsupported, TIERKIT_ERR_UNSUPPORTED),
     ];
     for (class, code) in pairs {
         assert_eq!(ffi::code_of(class), code, "{class:?}");
@@ -320,4 +321,67 @@ fn kv_resolve_reads_replay_and_end() {
             TIERKIT_ERR_INVALID_HANDLE
         );
     }
+}
+
+#[test]
+fn gpu_entry_points_refuse_or_check_their_arguments() {
+    let mut err: *mut TierkitError = std::ptr::null_mut();
+    let ids = [0i32, 1, 2, 3];
+    let mut counts = [0u32; 8];
+    let mut rejected = 0u32;
+    // SAFETY: valid pointers (host memory: never launched on, the calls fail first) and `err`.
+    let code = unsafe {
+        tierkit_count_topk_cuda(
+            0,
+            std::ptr::null_mut(),
+            ids.as_ptr().cast(),
+            TIERKIT_IDS_INT32 + 7,
+            2,
+            2,
+            2,
+            0,
+            counts.as_mut_ptr(),
+            2,
+            4,
+            &mut rejected,
+            std::ptr::null(),
+            &mut err,
+        )
+    };
+    let want = if tierkit_has_cuda() {
+        TIERKIT_ERR_TYPE_MISMATCH
+    } else {
+        TIERKIT_ERR_UNSUPPORTED
+    };
+    assert_eq!(code, want);
+    assert!(!err.is_null());
+    // SAFETY: `err` was written by the failing call.
+    unsafe {
+        assert_eq!(tierkit_error_code(err), want);
+        tierkit_error_free(err);
+    }
+    let mut err: *mut TierkitError = std::ptr::null_mut();
+    // SAFETY: NULL table and out are refused (or the build has no CUDA) before any use.
+    let code = unsafe {
+        tierkit_expert_slot_ids_cuda(
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            8,
+            4,
+            0,
+            256,
+            3,
+            &mut err,
+        )
+    };
+    let want = if tierkit_has_cuda() {
+        TIERKIT_ERR_NULL_ARGUMENT
+    } else {
+        TIERKIT_ERR_UNSUPPORTED
+    };
+    assert_eq!(code, want);
+    // SAFETY: written by the failing call.
+    unsafe { tierkit_error_free(err) };
 }

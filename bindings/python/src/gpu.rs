@@ -19,11 +19,11 @@
 //! (`Gpu::with_step_stream`): flips and publishes are ordered with the engine's kernels on it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use cuda_kernels::{
-    CountLauncher, CountTarget, CudaError, Gpu, IdsDtype, KvResolveArgs, KvResolveOptions,
-    SlotIdLauncher, SlotLayout, StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
+    CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs, KvResolveOptions, SlotLayout,
+    StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use expert_residency::gpu::{CommitMode, GpuExecutor};
 use kv_elastic::gpu::{CopyBackend, GpuElasticPool, GpuPoolConfig};
@@ -48,36 +48,8 @@ pub(crate) fn cuda_err(e: CudaError) -> PyErr {
     }
 }
 
-/// One device's primary context and the op launchers (loaded once per process and device).
-struct Device {
-    gpu: Arc<Gpu>,
-    count: CountLauncher,
-    slots: SlotIdLauncher,
-}
-
-fn device(ordinal: usize) -> PyResult<Arc<Device>> {
-    static DEVICES: OnceLock<Mutex<HashMap<usize, Arc<Device>>>> = OnceLock::new();
-    let mut map = DEVICES
-        .get_or_init(Default::default)
-        .lock()
-        .map_err(|_| PyRuntimeError::new_err("tierkit device registry lock poisoned"))?;
-    if let Some(d) = map.get(&ordinal) {
-        d.gpu
-            .ctx()
-            .bind_to_thread()
-            .map_err(|e| cuda_err(CudaError::driver("cuCtxSetCurrent", e)))?;
-        return Ok(d.clone());
-    }
-    // SAFETY: stream 0 is the legacy default stream of the primary context: always alive. The
-    // ops launch on the caller's stream (`borrow_stream`), never on this one.
-    let gpu = unsafe { Gpu::with_step_stream(ordinal, 0) }.map_err(cuda_err)?;
-    let d = Arc::new(Device {
-        count: CountLauncher::new(&gpu).map_err(cuda_err)?,
-        slots: SlotIdLauncher::new(&gpu).map_err(cuda_err)?,
-        gpu,
-    });
-    map.insert(ordinal, d.clone());
-    Ok(d)
+fn device(ordinal: usize) -> PyResult<Arc<DeviceOps>> {
+    DeviceOps::get(ordinal).map_err(cuda_err)
 }
 
 fn ids_dtype(name: &str) -> PyResult<IdsDtype> {
@@ -146,7 +118,7 @@ fn count_topk(
         };
         cuda_kernels::check_strided(&view, layer, &target).map_err(cuda_err)?;
         // SAFETY: `stream` is the caller's live stream of this device (torch's current stream).
-        let s = unsafe { d.gpu.borrow_stream(stream) }.map_err(cuda_err)?;
+        let s = unsafe { d.stream(stream) }.map_err(cuda_err)?;
         // SAFETY: the pointers come from live CUDA tensors of the shapes checked by
         // tierkit.torch (and by check_strided above); torch keeps them allocated until the
         // stream passes the launch (caching allocator, stream-ordered reuse).
@@ -173,7 +145,7 @@ fn expert_slot_ids(
     guard(|| {
         let d = device(device_index)?;
         // SAFETY: the caller's live stream of this device.
-        let s = unsafe { d.gpu.borrow_stream(stream) }.map_err(cuda_err)?;
+        let s = unsafe { d.stream(stream) }.map_err(cuda_err)?;
         let layout = SlotLayout {
             hbm,
             slot_bytes,

@@ -55,7 +55,9 @@ pub(crate) fn raise(code: Code, message: String) -> PyErr {
         Code::NullArgument | Code::InvalidArgument | Code::Layout => PyValueError::new_err(message),
         Code::InvalidHandle | Code::Poisoned => ClosedError::new_err(message),
         Code::Panic => InternalError::new_err(message),
-        Code::Ok | Code::State | Code::NoRoom | Code::Internal => PyRuntimeError::new_err(message),
+        Code::Ok | Code::State | Code::NoRoom | Code::Internal | Code::Unsupported => {
+            PyRuntimeError::new_err(message)
+        }
     }
 }
 
