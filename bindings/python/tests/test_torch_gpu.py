@@ -108,6 +108,24 @@ def test_counts_are_exact_in_a_graph_replayed_many_times():
                 dc.record(0, static_ids)  # something captured so the capture ends cleanly
 
 
+@needs_gpu
+def test_ops_pass_torch_opcheck():
+    """Schema (declared mutations) and fake-tensor registration, as torch.compile relies on."""
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
+    dc = tt.DeviceCounters(g)
+    ids = torch.randint(0, EXPERTS, (8, TOP_K), device="cuda")
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.tierkit.count_topk.default,
+                          (ids, dc.counts, dc.rejected, dc.control, 1), test_utils=utils)
+    bank = tt.ExpertBank(experts.ResidencyMap.first_k("toy", g))
+    out = torch.empty((LAYERS, EXPERTS), dtype=torch.int32, device="cuda")
+    lay = bank.layout
+    torch.library.opcheck(torch.ops.tierkit.expert_slot_ids.default,
+                          (bank.table, out, lay["hbm_ptr"], 256, lay["slots_per_layer"]),
+                          test_utils=utils)
+    bank.close()
+
+
 # ------------------------------------------------------------------------------- experts
 
 
