@@ -323,6 +323,8 @@ def test_bad_input_is_an_exception():
     torch.cuda.synchronize()
     with pytest.raises(TypeError):
         pool.resolve(topk.long(), qsl, seq, slot, out, valid)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        pool.resolve(topk, [0, 1], seq, slot, out, valid)
     with pytest.raises(ValueError, match="elements"):
         pool.resolve(topk, qsl, seq, slot, out[: K - 1], valid)
     with pytest.raises(ValueError, match="entries"):

@@ -468,6 +468,7 @@ class DeviceCounters(_Closable):
     def record(self, layer: int, topk_ids: Tensor) -> None:
         """Counts one layer's ``[tokens, k]`` top-k ids (int32/int64 CUDA)."""
         self._check_open()
+        _tensor(topk_ids, "topk_ids")  # TypeError here, not the dispatcher's RuntimeError
         torch.ops.tierkit.count_topk(topk_ids, self.counts, self.rejected, self.control, layer)
 
     def set_enabled(self, enabled: bool) -> None:
@@ -686,6 +687,12 @@ class KvPool(_Closable):
         graph replays with new values; the shapes are fixed by the capture.
         """
         self._check_open()
+        named = {"topk": topk, "query_start_loc": query_start_loc, "seq_lens": seq_lens,
+                 "session_slot": session_slot, "indices": indices, "valid_count": valid_count}
+        for name, t in named.items():  # TypeError here, not the dispatcher's RuntimeError
+            _tensor(t, name)
+        if query_seq_lens is not None:
+            _tensor(query_seq_lens, "query_seq_lens")
         torch.ops.tierkit.kv_resolve(
             self._id,
             topk,
