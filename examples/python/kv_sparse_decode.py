@@ -38,7 +38,8 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--topk", type=int, default=64)
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--budget-mib", type=float, default=4.0, help="HBM budget of the arena")
+    ap.add_argument("--budget-mib", type=float, default=2.0,
+                    help="HBM budget of the arena (below the batch's history, so some of it misses)")
     ap.add_argument("--max-history", type=int, default=4096)
     args = ap.parse_args()
     if not torch.cuda.is_available():
