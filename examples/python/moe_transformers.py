@@ -50,13 +50,15 @@ class Serving:
         self.inter, self.hidden, self.dtype, self.nbytes = expert_layout(model)
         self.bank = bank
         self.counters = counters
-        self.slot_ids = None
+        self.slot_ids = None  # host copy, per step
+        self._slot_dev = None  # the op's persistent output
         self.picks = 0
         self.cold = 0
 
     def refresh(self):
         """The slot-id form of the table, once per step, after the controller's flips."""
-        self.slot_ids = self.bank.slot_ids(self.slot_ids).cpu().tolist()
+        self._slot_dev = self.bank.slot_ids(self._slot_dev)
+        self.slot_ids = self._slot_dev.cpu().tolist()
 
     def weights(self, layer: int, expert: int):
         s = self.slot_ids[layer][expert]
