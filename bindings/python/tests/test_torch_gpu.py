@@ -126,6 +126,25 @@ def test_ops_pass_torch_opcheck():
     bank.close()
 
 
+@needs_gpu
+def test_count_op_runs_under_torch_compile():
+    """The op traced by torch.compile (fake impl, functionalised mutation) counts as eager."""
+    g = experts.Geometry(LAYERS, EXPERTS, HOT)
+    dc = tt.DeviceCounters(g)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def route_and_count(logits, counts, rejected, control):
+        ids = torch.topk(logits, TOP_K, dim=-1).indices
+        torch.ops.tierkit.count_topk(ids, counts, rejected, control, 2)
+        return ids
+
+    logits = torch.randn((40, EXPERTS), device="cuda")
+    ids = route_and_count(logits, dc.counts, dc.rejected, dc.control)
+    want = np.zeros((LAYERS, EXPERTS), np.int64)
+    cpu_counts(ids.cpu().numpy(), 2, want)
+    assert (dc.drain().astype(np.int64) == want).all()
+
+
 # ------------------------------------------------------------------------------- experts
 
 
