@@ -161,3 +161,42 @@ extern "C" __global__ void tierkit_fold_stripes(unsigned int* stripes, unsigned 
         if (sum != 0u) atomicAdd(table + (unsigned long long)layer * experts + e, sum);
     }
 }
+
+// Strided, caller-owned form (CountLauncher; the torch op tierkit::count_topk and the C entry
+// point): one layer's ids [tokens, k] with a row stride (elements; >= k), counted into a table the
+// caller owns (u32 [layers][experts] + a rejected word `err`) under its control block `ctl` (u32 [4],
+// nullptr = count everything). Same semantics as tierkit_count_ctl_* for that layer: disabled ->
+// nothing; rows t >= ctl[1] skipped; out-of-range ids go to `err`. Grid-stride over tokens * k.
+template <typename T>
+__device__ __forceinline__ void tierkit_count_strided(const T* __restrict__ ids, unsigned int tokens,
+                                                      unsigned int k, unsigned long long row_stride,
+                                                      unsigned int layer, unsigned int layers,
+                                                      unsigned int experts, unsigned int* table,
+                                                      unsigned int* err, const unsigned int* ctl) {
+    const unsigned int valid = tierkit_count_valid_per_layer(ctl, tokens * k, k);
+    if (valid == 0u) return;
+    const unsigned int stride = gridDim.x * blockDim.x;
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < valid; i += stride) {
+        const unsigned int t = i / k;
+        const unsigned int j = i - t * k;
+        const long long v = (long long)ids[(unsigned long long)t * row_stride + j];
+        tierkit_count_pick(table, err, layer, layers, v, experts);
+    }
+}
+
+extern "C" __global__ void tierkit_count_strided_i32(const int* __restrict__ ids, unsigned int tokens,
+                                                     unsigned int k, unsigned long long row_stride,
+                                                     unsigned int layer, unsigned int layers,
+                                                     unsigned int experts, unsigned int* table,
+                                                     unsigned int* err, const unsigned int* ctl) {
+    tierkit_count_strided<int>(ids, tokens, k, row_stride, layer, layers, experts, table, err, ctl);
+}
+
+extern "C" __global__ void tierkit_count_strided_i64(const long long* __restrict__ ids,
+                                                     unsigned int tokens, unsigned int k,
+                                                     unsigned long long row_stride, unsigned int layer,
+                                                     unsigned int layers, unsigned int experts,
+                                                     unsigned int* table, unsigned int* err,
+                                                     const unsigned int* ctl) {
+    tierkit_count_strided<long long>(ids, tokens, k, row_stride, layer, layers, experts, table, err, ctl);
+}

@@ -77,6 +77,42 @@ impl Gpu {
     /// [`CudaError::NoDevice`] where no libcuda/libnvrtc or no such device exists;
     /// [`CudaError::Driver`] for failing driver calls.
     pub fn new(ordinal: usize) -> Result<Arc<Gpu>> {
+        Gpu::open(ordinal, None)
+    }
+
+    /// Opens device `ordinal` (its primary context, the one PyTorch and the CUDA runtime use)
+    /// with the caller's stream `cu_stream` as the step stream instead of a new one: the engine's
+    /// step stream (e.g. `torch.cuda.current_stream().cuda_stream`). Every stream-ordered
+    /// operation the tiers put on [`Gpu::stream`] (flips, publishes) is then ordered with the
+    /// engine's kernels. The stream is borrowed: never destroyed here. `cu_stream` 0 is the legacy
+    /// default stream.
+    ///
+    /// # Errors
+    /// As [`Gpu::new`].
+    ///
+    /// # Safety
+    /// `cu_stream` is 0 or a live stream of device `ordinal`'s primary context, and stays alive as
+    /// long as the returned `Gpu` (and anything holding it) is used.
+    pub unsafe fn with_step_stream(ordinal: usize, cu_stream: u64) -> Result<Arc<Gpu>> {
+        Gpu::open(ordinal, Some(cu_stream))
+    }
+
+    /// A borrowed handle on a stream of this context (launch on an engine's stream per call, e.g.
+    /// torch's current stream inside a graph capture). Never destroyed here; binds the context to
+    /// the calling thread first.
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] if the context cannot be made current.
+    ///
+    /// # Safety
+    /// `cu_stream` is 0 or a live stream of this context that outlives the returned handle.
+    pub unsafe fn borrow_stream(&self, cu_stream: u64) -> Result<Arc<CudaStream>> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: caller's contract (a live stream of this context, kept alive by its owner).
+        Ok(unsafe { self.ctx.wrap_borrowed_stream(cu_stream as _) })
+    }
+
+    fn open(ordinal: usize, step: Option<u64>) -> Result<Arc<Gpu>> {
         if !cuda_available() {
             return Err(CudaError::NoDevice(
                 "libcuda, libnvrtc or a device is missing".into(),
@@ -94,7 +130,12 @@ impl Gpu {
         let cc = ctx
             .compute_capability()
             .map_err(drv("cuDeviceGetAttribute"))?;
-        let stream = ctx.new_stream().map_err(drv("cuStreamCreate"))?;
+        let stream = match step {
+            // SAFETY: `Gpu::with_step_stream`'s contract: a live stream of this (primary)
+            // context that outlives the Gpu.
+            Some(raw) => unsafe { ctx.wrap_borrowed_stream(raw as _) },
+            None => ctx.new_stream().map_err(drv("cuStreamCreate"))?,
+        };
         Ok(Arc::new(Gpu {
             ctx,
             stream,

@@ -47,6 +47,7 @@ mod device;
 mod error;
 mod geometry;
 mod mem;
+mod ops;
 mod raw;
 mod signal;
 mod store;
@@ -55,9 +56,10 @@ mod table;
 mod kv;
 
 pub use count::{
-    count_picks_cpu, count_picks_cpu_ctl, fold_stripes_cpu, CountControl, DrainSnapshot, IdsDtype,
-    PickCounterGpu, TopkId, TopkIdsView, TopkShape, COUNT_CONTROL_ENABLED,
-    COUNT_CONTROL_VALID_TOKENS, COUNT_CONTROL_WORDS, MAX_STRIPE_CELLS,
+    check_strided, count_picks_cpu, count_picks_cpu_ctl, fold_stripes_cpu, CountControl,
+    CountLauncher, CountTarget, DrainSnapshot, IdsDtype, PickCounterGpu, StridedIds, TopkId,
+    TopkIdsView, TopkShape, COUNT_CONTROL_ENABLED, COUNT_CONTROL_VALID_TOKENS, COUNT_CONTROL_WORDS,
+    MAX_STRIPE_CELLS,
 };
 pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_CUH, TABLE_MODULE};
 pub use error::{CudaError, Result};
@@ -69,9 +71,13 @@ pub use kv::{
     KV_STATS, KV_UNCLAIMED,
 };
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
+pub use ops::DeviceOps;
 pub use signal::EventSignal;
 pub use store::ExpertStore;
-pub use table::{apply_table_updates_cpu, TableUpdater, MAX_UPDATES_PER_LAUNCH};
+pub use table::{
+    apply_table_updates_cpu, table_slot_ids_cpu, SlotIdLauncher, SlotLayout, TableUpdater,
+    MAX_UPDATES_PER_LAUNCH,
+};
 
 /// Re-export of the cudarc driver API the public types use (streams, events, functions).
 pub use cudarc::driver as cudarc_driver;

@@ -127,9 +127,157 @@ impl TableUpdater {
     }
 }
 
+/// Where a table's HBM slots lie: `slots_per_layer` slots of `slot_bytes` per layer, layer after
+/// layer from `hbm` (an [`crate::ExpertStore`]'s layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotLayout {
+    /// Device address of slot 0 of layer 0.
+    pub hbm: u64,
+    /// Bytes per slot (an expert).
+    pub slot_bytes: u64,
+    /// Slots per layer.
+    pub slots_per_layer: u32,
+}
+
+impl SlotLayout {
+    /// The slot (`0 .. slots_per_layer`) `addr` names in `layer`, or `-1` (not an HBM slot of
+    /// that layer: the expert is read in place from host memory).
+    pub fn slot_of(&self, layer: u32, addr: u64) -> i32 {
+        let span = self.slot_bytes * self.slots_per_layer as u64;
+        let base = self.hbm + layer as u64 * span;
+        if self.slot_bytes == 0 || addr < base || addr >= base + span {
+            return -1;
+        }
+        let off = addr - base;
+        if !off.is_multiple_of(self.slot_bytes) {
+            return -1;
+        }
+        (off / self.slot_bytes) as i32
+    }
+}
+
+/// CPU reference of [`SlotIdLauncher::launch`]: `out[c] = layout.slot_of(c / experts, table[c])`.
+///
+/// # Errors
+/// [`CudaError::Shape`] if `out` and `table` differ in length or `experts` is 0.
+pub fn table_slot_ids_cpu(
+    table: &[u64],
+    experts: u32,
+    layout: SlotLayout,
+    out: &mut [i32],
+) -> Result<()> {
+    if out.len() != table.len() || experts == 0 {
+        return Err(CudaError::Shape {
+            what: "slot ids (one per table cell)",
+            expected: table.len() as u64,
+            got: out.len() as u64,
+        });
+    }
+    for (c, (o, &p)) in out.iter_mut().zip(table).enumerate() {
+        *o = layout.slot_of(c as u32 / experts, p);
+    }
+    Ok(())
+}
+
+/// Typed launcher of `tierkit_table_slot_ids`: the slot-id form of an indirection table, for
+/// engines that index a stacked weight tensor (`slots[layer, slot]` for a hot expert, the host
+/// copy when `-1`).
+#[derive(Debug, Clone)]
+pub struct SlotIdLauncher {
+    f: CudaFunction,
+}
+
+impl SlotIdLauncher {
+    /// Loads the kernel (compiling [`TABLE_MODULE`] on first use in this context).
+    ///
+    /// # Errors
+    /// NVRTC or module-load errors.
+    pub fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(SlotIdLauncher {
+            f: gpu.function(&TABLE_MODULE, "tierkit_table_slot_ids")?,
+        })
+    }
+
+    /// Enqueues `out[c] = layout.slot_of(c / experts, table[c])` for `c < cells` on `stream`
+    /// (no allocation, no synchronisation, capturable; ordered with the flips on the stream).
+    ///
+    /// # Errors
+    /// [`CudaError::OutOfRange`] for zero `cells` / `experts` or a null / misaligned pointer;
+    /// CUDA launch errors.
+    ///
+    /// # Safety
+    /// `table` holds `cells` u64 and `out` `cells` i32 of device memory of `stream`'s context,
+    /// allocated until the kernel has run; the context is current on this thread.
+    pub unsafe fn launch(
+        &self,
+        stream: &CudaStream,
+        table: u64,
+        out: u64,
+        cells: u32,
+        experts: u32,
+        layout: SlotLayout,
+    ) -> Result<()> {
+        if cells == 0 || experts == 0 || layout.slot_bytes == 0 {
+            return Err(CudaError::OutOfRange {
+                what: "slot-id cells / experts / slot bytes (zero)",
+                value: 0,
+                limit: 1,
+            });
+        }
+        if table == 0 || !table.is_multiple_of(8) || out == 0 || !out.is_multiple_of(4) {
+            return Err(CudaError::Dtype {
+                what: "table / slot-id pointer (null or misaligned)",
+                expected: "uint64 table, int32 slot ids",
+                got: "misaligned pointer",
+            });
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (cells.div_ceil(256).clamp(1, 1024), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&self.f);
+        b.arg(&table)
+            .arg(&out)
+            .arg(&cells)
+            .arg(&experts)
+            .arg(&layout.hbm)
+            .arg(&layout.slot_bytes)
+            .arg(&layout.slots_per_layer);
+        // SAFETY: the argument list matches `tierkit_table_slot_ids` (ptr, ptr, u32, u32, u64,
+        // u64, u32); the kernel reads table[c] and writes out[c] for c < cells only (caller's
+        // contract for both allocations).
+        unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_table_slot_ids)"))?;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_ids_name_hbm_slots_and_mark_host_reads() {
+        let layout = SlotLayout {
+            hbm: 1 << 20,
+            slot_bytes: 256,
+            slots_per_layer: 3,
+        };
+        // layer 0: slot 2, host, layer 1's slot 0 (not this layer's);
+        // layer 1: slot 1, misaligned, slot 0
+        let table = [
+            (1 << 20) + 512,
+            4096,
+            (1 << 20) + 768,
+            (1 << 20) + 768 + 256,
+            (1 << 20) + 769,
+            (1 << 20) + 768,
+        ];
+        let mut out = [0i32; 6];
+        table_slot_ids_cpu(&table, 3, layout, &mut out).unwrap();
+        assert_eq!(out, [2, -1, -1, 1, -1, 0]);
+        assert!(table_slot_ids_cpu(&table, 3, layout, &mut out[..2]).is_err());
+    }
 
     #[test]
     fn cpu_reference_sets_entries_and_rejects_bad_batches() {

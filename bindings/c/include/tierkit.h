@@ -7,6 +7,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// `topk_ids` element type tag: `int32_t`.
+#define TIERKIT_IDS_INT32 0
+
+// `topk_ids` element type tag: `int64_t` (PyTorch's `topk` index type).
+#define TIERKIT_IDS_INT64 1
+
 // `tierkit_kv_batch::flags`: write each row's valid entries packed to the front (FlashMLA's
 // `topk_length` layout); without it each entry stays in its pick's column.
 #define TIERKIT_KV_PACKED 1
@@ -207,6 +213,10 @@ typedef struct tierkit_kv_stats {
 
 // Anything else.
 #define TIERKIT_ERR_INTERNAL 10
+
+// The entry point needs a feature this library was built without: the GPU entry points
+// (`*_cuda`) of a build without the `cuda` feature.
+#define TIERKIT_ERR_UNSUPPORTED 11
 
 #ifdef __cplusplus
 extern "C" {
@@ -506,6 +516,68 @@ void tierkit_error_free(struct tierkit_error *err);
 // `s` is NULL or a string returned by tierkit and not yet freed (strings are not registered
 // handles: freeing one twice is undefined behaviour, as with `free`).
 void tierkit_string_free(char *s);
+
+// Counts one layer's router output on the GPU: `ids` is `[tokens, k]` device memory of type
+// `ids_dtype` (`TIERKIT_IDS_INT32` / `TIERKIT_IDS_INT64`) with `row_stride` elements between
+// rows (`>= k`; llama.cpp's strided `ffn_moe_topk` view), column stride 1. Each valid id `e`
+// adds 1 to `counts[layer * experts + e]` (`uint32_t [layers][experts]`, device), an id
+// outside `0 .. experts` adds 1 to `*rejected` (device). `control` (device `uint32_t [4]`:
+// enabled, valid tokens, 0, 0; NULL = count all) is read when the kernel runs: nothing is counted
+// while `control[0] == 0`, and token rows `>= control[1]` (padding) are skipped, so a captured
+// graph sees the values written before each replay. Enqueued on `stream` on device `device`.
+//
+// Errors: `TIERKIT_ERR_UNSUPPORTED` (built without CUDA); `TIERKIT_ERR_NULL_ARGUMENT` (ids,
+// counts or rejected NULL); `TIERKIT_ERR_TYPE_MISMATCH` (unknown `ids_dtype`);
+// `TIERKIT_ERR_INVALID_ARGUMENT` (zero extents, `row_stride < k`, `layer >= layers`);
+// `TIERKIT_ERR_LAYOUT` (a pointer misaligned for its type); `TIERKIT_ERR_STATE` (no such
+// device); `TIERKIT_ERR_INTERNAL` (a CUDA error, named in the message).
+//
+// # Safety
+// `stream` is NULL or a live stream of device `device`'s primary context; the device pointers
+// address allocations of the documented sizes that stay allocated until the stream passes the
+// launch; `err` is NULL or valid for one pointer write.
+tierkit_code tierkit_count_topk_cuda(uint32_t device,
+                                     void *stream,
+                                     const void *ids,
+                                     uint32_t ids_dtype,
+                                     uint32_t tokens,
+                                     uint32_t k,
+                                     uint64_t row_stride,
+                                     uint32_t layer,
+                                     uint32_t *counts,
+                                     uint32_t layers,
+                                     uint32_t experts,
+                                     uint32_t *rejected,
+                                     const uint32_t *control,
+                                     struct tierkit_error **err);
+
+// The slot-id form of an expert table (for engines that index a stacked slot tensor instead of
+// following pointers): `out[c]` (`int32_t [cells]`, device) = the HBM slot `table[c]` (`uint64_t
+// [cells]` device addresses, row-major `[layers][experts]`) points at in layer `c / experts`
+// (`slots_per_layer` slots of `slot_bytes` from `hbm`, layer after layer), or -1 where it points
+// elsewhere (the expert's host copy, read in place). Enqueued on `stream` on device `device`.
+//
+// Errors: `TIERKIT_ERR_UNSUPPORTED` (built without CUDA); `TIERKIT_ERR_NULL_ARGUMENT`;
+// `TIERKIT_ERR_INVALID_ARGUMENT` (zero `cells`, `experts` or `slot_bytes`);
+// `TIERKIT_ERR_LAYOUT` (misaligned pointers); `TIERKIT_ERR_STATE` / `TIERKIT_ERR_INTERNAL` as
+// `tierkit_count_topk_cuda`.
+//
+// # Safety
+// As `tierkit_count_topk_cuda`: `table` and `out` hold `cells` elements of device memory.
+tierkit_code tierkit_expert_slot_ids_cuda(uint32_t device,
+                                          void *stream,
+                                          const uint64_t *table,
+                                          int32_t *out,
+                                          uint32_t cells,
+                                          uint32_t experts,
+                                          uint64_t hbm,
+                                          uint64_t slot_bytes,
+                                          uint32_t slots_per_layer,
+                                          struct tierkit_error **err);
+
+// Whether this library was built with the GPU entry points (`true`) or they return
+// `TIERKIT_ERR_UNSUPPORTED` (`false`).
+bool tierkit_has_cuda(void);
 
 // Sizes a pool from an HBM budget (bytes of arena), as `Geometry::for_hbm_budget`.
 //

@@ -39,6 +39,9 @@ pub const TIERKIT_ERR_PANIC: TierkitCode = 8;
 pub const TIERKIT_ERR_POISONED: TierkitCode = 9;
 /// Anything else.
 pub const TIERKIT_ERR_INTERNAL: TierkitCode = 10;
+/// The entry point needs a feature this library was built without: the GPU entry points
+/// (`*_cuda`) of a build without the `cuda` feature.
+pub const TIERKIT_ERR_UNSUPPORTED: TierkitCode = 11;
 
 /// An error: a code and a message. Returned through the `tierkit_error **err` argument of a
 /// failing call (when `err` is not NULL); read it with `tierkit_error_code` and

@@ -22,17 +22,23 @@
 //! - **Threads**: handles may be used from any thread; calls on one controller, executor or pool
 //!   are serialised by its lock; pick counters record concurrently (atomic adds). A handle must
 //!   not be freed while another thread may still pass it in (a call in flight finishes first).
-//! - **Streams**: the CPU entry points take none; the GPU entry points (a later step) will take a
-//!   `void *stream` (a `cudaStream_t`).
+//! - **Streams**: the CPU entry points take none; the GPU entry points (`*_cuda`: the strided
+//!   top-k count into caller memory, the slot-id form of an expert table) take a `void *stream`
+//!   (a `cudaStream_t`, NULL = legacy default stream) and device pointers, launch on it in the
+//!   device's primary context and never allocate or synchronise (graph-capturable). They are in
+//!   every build's header; without the cargo feature `cuda` they return
+//!   `TIERKIT_ERR_UNSUPPORTED`.
 //!
 //! Nothing here starts a thread.
 
 mod experts;
 mod ffi;
+mod gpu;
 mod kv;
 
 pub use experts::*;
 pub use ffi::*;
+pub use gpu::*;
 pub use kv::*;
 
 use std::ffi::c_char;

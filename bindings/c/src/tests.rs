@@ -199,6 +199,7 @@ fn codes_match_the_shared_classes() {
         (Code::Panic, TIERKIT_ERR_PANIC),
         (Code::Poisoned, TIERKIT_ERR_POISONED),
         (Code::Internal, TIERKIT_ERR_INTERNAL),
+        (Code::Unsupported, TIERKIT_ERR_UNSUPPORTED),
     ];
     for (class, code) in pairs {
         assert_eq!(ffi::code_of(class), code, "{class:?}");
@@ -320,4 +321,162 @@ fn kv_resolve_reads_replay_and_end() {
             TIERKIT_ERR_INVALID_HANDLE
         );
     }
+}
+
+#[test]
+fn gpu_entry_points_refuse_or_check_their_arguments() {
+    let mut err: *mut TierkitError = std::ptr::null_mut();
+    let ids = [0i32, 1, 2, 3];
+    let mut counts = [0u32; 8];
+    let mut rejected = 0u32;
+    // SAFETY: valid pointers (host memory: never launched on, the calls fail first) and `err`.
+    let code = unsafe {
+        tierkit_count_topk_cuda(
+            0,
+            std::ptr::null_mut(),
+            ids.as_ptr().cast(),
+            TIERKIT_IDS_INT32 + 7,
+            2,
+            2,
+            2,
+            0,
+            counts.as_mut_ptr(),
+            2,
+            4,
+            &mut rejected,
+            std::ptr::null(),
+            &mut err,
+        )
+    };
+    let want = if tierkit_has_cuda() {
+        TIERKIT_ERR_TYPE_MISMATCH
+    } else {
+        TIERKIT_ERR_UNSUPPORTED
+    };
+    assert_eq!(code, want);
+    assert!(!err.is_null());
+    // SAFETY: `err` was written by the failing call.
+    unsafe {
+        assert_eq!(tierkit_error_code(err), want);
+        tierkit_error_free(err);
+    }
+    let mut err: *mut TierkitError = std::ptr::null_mut();
+    // SAFETY: NULL table and out are refused (or the build has no CUDA) before any use.
+    let code = unsafe {
+        tierkit_expert_slot_ids_cuda(
+            0,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null_mut(),
+            8,
+            4,
+            0,
+            256,
+            3,
+            &mut err,
+        )
+    };
+    let want = if tierkit_has_cuda() {
+        TIERKIT_ERR_NULL_ARGUMENT
+    } else {
+        TIERKIT_ERR_UNSUPPORTED
+    };
+    assert_eq!(code, want);
+    // SAFETY: written by the failing call.
+    unsafe { tierkit_error_free(err) };
+}
+
+/// The GPU entry points on a device (the `cuda` build; `scripts/gpu-tests` runs it on the H200):
+/// counts and slot ids equal the CPU references, on a caller's stream.
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_entry_points_match_the_cpu_references_on_a_device() {
+    use cuda_kernels::{
+        count_picks_cpu_ctl, table_slot_ids_cpu, CountControl, DeviceBuffer, Gpu, SlotLayout,
+        TopkShape,
+    };
+    let Some(gpu) = Gpu::try_default().unwrap() else {
+        println!("SKIP: no CUDA device");
+        return;
+    };
+    let (tokens, k, stride, layers, experts) = (9u32, 2u32, 3u64, 2u32, 4u32);
+    let wide: Vec<i32> = (0..tokens as i32 * 3).map(|i| (i * 5) % 6 - 1).collect();
+    let picks: Vec<i32> = (0..tokens as usize)
+        .flat_map(|t| wide[t * 3..t * 3 + 2].to_vec())
+        .collect();
+    let ids = DeviceBuffer::from_host(gpu.ctx(), &wide).unwrap();
+    let counts = DeviceBuffer::<u32>::zeroed(gpu.ctx(), (layers * experts) as usize).unwrap();
+    let rejected = DeviceBuffer::<u32>::zeroed(gpu.ctx(), 1).unwrap();
+    let ctl = CountControl {
+        enabled: true,
+        valid_tokens: 7,
+    };
+    let control = DeviceBuffer::from_host(gpu.ctx(), &ctl.to_words()).unwrap();
+    let stream = gpu.new_stream().unwrap();
+    let mut err: *mut TierkitError = null_mut();
+    // SAFETY: device buffers of the declared sizes, alive until the synchronize; a live stream.
+    let code = unsafe {
+        tierkit_count_topk_cuda(
+            0,
+            stream.cu_stream().cast(),
+            ids.device_ptr() as *const std::ffi::c_void,
+            TIERKIT_IDS_INT32,
+            tokens,
+            k,
+            stride,
+            1,
+            counts.device_ptr() as *mut u32,
+            layers,
+            experts,
+            rejected.device_ptr() as *mut u32,
+            control.device_ptr() as *const u32,
+            &mut err,
+        )
+    };
+    assert_eq!(code, TIERKIT_OK);
+    stream.synchronize().unwrap();
+    let mut want = vec![0u32; (layers * experts) as usize];
+    let bad = count_picks_cpu_ctl(
+        &picks,
+        TopkShape::layer(tokens, k),
+        1,
+        layers,
+        experts,
+        ctl,
+        &mut want,
+    )
+    .unwrap();
+    assert_eq!(counts.download().unwrap(), want);
+    assert_eq!(rejected.download().unwrap()[0], bad);
+
+    let layout = SlotLayout {
+        hbm: 1 << 30,
+        slot_bytes: 512,
+        slots_per_layer: 3,
+    };
+    // layer 0: slot 0, a host address; layer 1 (slots from hbm + 1536): slot 2, slot 1
+    let table: Vec<u64> = vec![1 << 30, 77, (1 << 30) + 1536 + 1024, (1 << 30) + 1536 + 512];
+    let dtable = DeviceBuffer::from_host(gpu.ctx(), &table).unwrap();
+    let out = DeviceBuffer::<i32>::zeroed(gpu.ctx(), 4).unwrap();
+    // SAFETY: as above (4 cells each).
+    let code = unsafe {
+        tierkit_expert_slot_ids_cuda(
+            0,
+            stream.cu_stream().cast(),
+            dtable.device_ptr() as *const u64,
+            out.device_ptr() as *mut i32,
+            4,
+            2,
+            layout.hbm,
+            layout.slot_bytes,
+            layout.slots_per_layer,
+            &mut err,
+        )
+    };
+    assert_eq!(code, TIERKIT_OK);
+    stream.synchronize().unwrap();
+    let mut want = vec![0i32; 4];
+    table_slot_ids_cpu(&table, 2, layout, &mut want).unwrap();
+    assert_eq!(out.download().unwrap(), want);
+    assert_eq!(want, vec![0, -1, 2, 1]);
 }

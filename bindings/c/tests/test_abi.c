@@ -156,6 +156,18 @@ int main(void) {
     printf("%s no err argument: the code alone\n", code_alone ? "ok  " : "FAIL");
     code_alone ? passed++ : failed++;
 
+    /* GPU entry points: in every header; a build without CUDA refuses them with a code. */
+    if (!tierkit_has_cuda()) {
+        int32_t dev_ids[4] = {0, 1, 2, 3};
+        uint32_t dev_counts[8] = {0}, dev_rejected = 0;
+        EXPECT("count on a CPU build", tierkit_count_topk_cuda(0, NULL, dev_ids, TIERKIT_IDS_INT32, 2, 2, 2, 0,
+                                                               dev_counts, 2, 4, &dev_rejected, NULL, &err_),
+               TIERKIT_ERR_UNSUPPORTED, "without CUDA");
+        EXPECT("slot ids on a CPU build",
+               tierkit_expert_slot_ids_cuda(0, NULL, NULL, NULL, 8, 4, 0, 256, 3, &err_), TIERKIT_ERR_UNSUPPORTED,
+               "without CUDA");
+    }
+
     tierkit_executor_free(exec);
     tierkit_controller_free(ctl);
     tierkit_residency_map_free(map);

@@ -47,6 +47,9 @@ pub enum Code {
     Poisoned = 9,
     /// Anything else.
     Internal = 10,
+    /// The entry point needs a feature this build lacks (the GPU entry points of a build without
+    /// the `cuda` feature).
+    Unsupported = 11,
 }
 
 /// The class of an `expert-residency` error.

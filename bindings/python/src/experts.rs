@@ -6,7 +6,7 @@ use expert_residency::{
     NullExecutor, PickCounters, ResidencyMap,
 };
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::PyTypeError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -180,6 +180,29 @@ impl PyPickCounters {
             c.record_layer(layer, &picks).map_err(expert_err)
         })
     }
+    /// Adds a table of counts, `[layers, experts]` non-negative ints (e.g. the delta of device
+    /// counters since their last drain: `tierkit.torch.DeviceCounters.drain_into`). All values are
+    /// checked first (shape, range below 2^32): on error nothing is added. Cells wrap like the
+    /// counters themselves.
+    fn add_counts(&self, counts: &Bound<'_, PyAny>) -> PyResult<()> {
+        let (v, shape) = guard(|| ints(counts, "counts", 2, "[layers, experts]"))?;
+        let add: Vec<u32> = crate::arrays::narrow(&v, "counts")?;
+        self.0.with(|c| {
+            if shape != [c.layers() as usize, c.experts_per_layer() as usize] {
+                return Err(PyValueError::new_err(format!(
+                    "counts has shape {shape:?}, the counters are [{}, {}]",
+                    c.layers(),
+                    c.experts_per_layer()
+                )));
+            }
+            for (cell, &a) in c.cells().iter().zip(&add) {
+                if a != 0 {
+                    cell.fetch_add(a, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        })
+    }
     /// Counts one pick.
     fn record(&self, layer: u32, expert: u32) -> PyResult<()> {
         self.0.with(|c| c.record(layer, expert).map_err(expert_err))
@@ -347,13 +370,29 @@ impl PyController {
         counters: &PyPickCounters,
         executor: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        #[cfg(feature = "cuda")]
+        {
+            // The GPU bank (directly, or the `tierkit.torch.ExpertBank` wrapping it).
+            let native = match executor.getattr("_native") {
+                Ok(n) => n,
+                Err(_) => executor.clone(),
+            };
+            if let Ok(g) = native.cast::<crate::gpu::PyGpuExpertBank>() {
+                let report = self.0.with(|ctl| {
+                    counters
+                        .0
+                        .with(|c| g.get().with(|e| ctl.step(c, e).map_err(expert_err)))
+                })?;
+                return to_py(py, &report);
+            }
+        }
         let exec: &Slot<Exec> = if let Ok(m) = executor.cast::<PyMemoryExecutor>() {
             &m.get().0
         } else if let Ok(n) = executor.cast::<PyNullExecutor>() {
             &n.get().0
         } else {
             return Err(PyTypeError::new_err(
-                "executor must be a MemoryExecutor or a NullExecutor",
+                "executor must be a MemoryExecutor, a NullExecutor or a GPU ExpertBank",
             ));
         };
         let report = self.0.with(|ctl| {

@@ -18,7 +18,7 @@ use crate::{guard, kv_err, to_py, Slot};
 /// which validates the fields).
 #[pyclass(name = "KvGeometry", module = "tierkit.kv", frozen, eq)]
 #[derive(Clone, Copy, PartialEq)]
-pub(crate) struct PyKvGeometry(Geometry);
+pub(crate) struct PyKvGeometry(pub(crate) Geometry);
 
 #[pymethods]
 impl PyKvGeometry {
@@ -200,7 +200,7 @@ impl PyResolved {
     }
 }
 
-fn admission<'py>(py: Python<'py>, a: Admission) -> PyResult<Bound<'py, PyDict>> {
+pub(crate) fn admission<'py>(py: Python<'py>, a: Admission) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     match a {
         Admission::Admitted { borrowed_pages } => {
@@ -266,6 +266,11 @@ impl PyElasticPool {
     /// Finishes a session; its pages go back in bounded chunks at `between_steps`.
     fn finish(&self, session: u64) -> PyResult<()> {
         self.0.with(|p| p.finish(session).map_err(kv_err))
+    }
+    /// Takes back up to `n` lent (elastic) pages from the sessions holding them, for new
+    /// admissions; returns how many. Their positions are served from the host store again.
+    fn reclaim(&self, n: u32) -> PyResult<u32> {
+        self.0.with(|p| p.reclaim(n).map_err(kv_err))
     }
     /// Between steps: hands back up to `chunk` pages of finished sessions, frees pages whose
     /// readers completed, lends free pages to sessions missing history. Returns the counts.

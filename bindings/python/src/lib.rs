@@ -30,6 +30,8 @@ use tierkit_bindings::{panic_message, Code};
 
 mod arrays;
 mod experts;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod kv;
 mod sim;
 
@@ -53,7 +55,9 @@ pub(crate) fn raise(code: Code, message: String) -> PyErr {
         Code::NullArgument | Code::InvalidArgument | Code::Layout => PyValueError::new_err(message),
         Code::InvalidHandle | Code::Poisoned => ClosedError::new_err(message),
         Code::Panic => InternalError::new_err(message),
-        Code::Ok | Code::State | Code::NoRoom | Code::Internal => PyRuntimeError::new_err(message),
+        Code::Ok | Code::State | Code::NoRoom | Code::Internal | Code::Unsupported => {
+            PyRuntimeError::new_err(message)
+        }
     }
 }
 
@@ -203,6 +207,14 @@ fn _test_panic() -> PyResult<()> {
     })
 }
 
+/// Whether this build has the GPU entry points of `tierkit.torch` (false: built without the
+/// `cuda` feature).
+#[cfg(not(feature = "cuda"))]
+#[pyfunction]
+fn has_cuda_ops() -> bool {
+    false
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -214,5 +226,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     experts::register(m)?;
     kv::register(m)?;
     sim::register(m)?;
+    #[cfg(feature = "cuda")]
+    gpu::register(m)?;
+    #[cfg(not(feature = "cuda"))]
+    m.add_function(wrap_pyfunction!(has_cuda_ops, m)?)?;
     Ok(())
 }

@@ -112,3 +112,12 @@ def test_torch_cpu_tensors_if_torch_is_installed():
     r = pool.resolve(torch.tensor([7]), torch.tensor([0, 1]), torch.tensor([20]),
                      torch.tensor([[0, 5, 19, -1]], dtype=torch.int32))
     assert r.valid_count.tolist() == [3]
+
+
+def test_reclaim_takes_back_lent_pages():
+    pool = small_pool()
+    lent = pool.pages()["history"]
+    assert lent > 0
+    assert pool.reclaim(lent + 5) == lent
+    assert pool.pages()["history"] == 0
+    pool.check_invariants()

@@ -61,12 +61,14 @@ mod control;
 mod cpu;
 mod forked;
 mod gpu;
+mod strided;
 
 pub use control::{
     CountControl, COUNT_CONTROL_ENABLED, COUNT_CONTROL_VALID_TOKENS, COUNT_CONTROL_WORDS,
 };
 pub use cpu::{count_picks_cpu, count_picks_cpu_ctl, fold_stripes_cpu};
 pub use gpu::{DrainSnapshot, PickCounterGpu, MAX_STRIPE_CELLS};
+pub use strided::{check_strided, CountLauncher, CountTarget, StridedIds};
 
 use crate::error::{CudaError, Result};
 

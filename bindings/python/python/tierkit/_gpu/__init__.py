@@ -1,0 +1,2 @@
+"""The modules behind ``tierkit.torch`` (import that, not these: it checks the build and
+PyTorch first)."""

@@ -1,0 +1,69 @@
+"""Argument checks of the GPU API (TypeError for types and dtypes, ValueError for the rest) and
+the stream / capture / device helpers."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from tierkit import _native
+
+Tensor = torch.Tensor
+
+def _tensor(t, name: str) -> Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
+    return t
+
+
+def _cuda(t, name: str, dtypes, ndim: Optional[int] = None, device=None) -> Tensor:
+    t = _tensor(t, name)
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}, expected {want}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+    if t.data_ptr() % t.element_size() != 0:
+        raise ValueError(f"{name} is not aligned for its dtype")
+    return t
+
+
+def _contiguous(t: Tensor, name: str, min_numel: int = 0) -> Tensor:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if t.numel() < min_numel:
+        raise ValueError(f"{name} has {t.numel()} elements, the call needs {min_numel}")
+    return t
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def _no_capture(what: str) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{what} synchronises or changes tier state on the host and cannot run while the "
+            "current stream is capturing a CUDA graph; call it between replays"
+        )
+
+
+def _device(device) -> torch.device:
+    d = torch.device("cuda") if device is None else torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"device must be a CUDA device, got {d}")
+    if d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def warmup(device=None) -> None:
+    """Loads tierkit's kernels on ``device`` (NVRTC compile at first use): call before capturing
+    a CUDA graph so no module loads inside the capture."""
+    _native.warmup(_device(device).index)
+

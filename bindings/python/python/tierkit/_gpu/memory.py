@@ -1,0 +1,93 @@
+"""Views of tierkit's GPU memory as CUDA tensors, the pinned ranges tierkit owns, and the
+lifetime helpers (closable objects, closing at interpreter exit)."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+
+import torch
+
+from tierkit import _native
+from tierkit._gpu.checks import _tensor
+
+Tensor = torch.Tensor
+
+_PINNED: dict = {}  # id -> (ptr, bytes)
+_PINNED_LOCK = threading.Lock()
+
+
+class _DeviceArray:
+    """A ``__cuda_array_interface__`` over tierkit memory; holds its owner (the native object,
+    so a view keeps the memory alive, and no reference cycle runs through the wrapper) alive."""
+
+    def __init__(self, owner, ptr: int, shape, typestr: str):
+        self._owner = owner
+        self.__cuda_array_interface__ = {
+            "shape": tuple(int(s) for s in shape),
+            "typestr": typestr,
+            "data": (int(ptr), False),
+            "version": 3,
+            "strides": None,
+            # the producer has no pending work on any stream: no synchronisation needed
+            "stream": None,
+        }
+
+
+def _view(owner, ptr: int, shape, typestr: str, device: torch.device) -> Tensor:
+    with torch.cuda.device(device):
+        return torch.as_tensor(_DeviceArray(owner, ptr, shape, typestr), device=device)
+
+
+def pinned_ranges():
+    """The pinned (mapped) host ranges tierkit owns now, as ``[(device_ptr, bytes)]``."""
+    with _PINNED_LOCK:
+        return sorted(_PINNED.values())
+
+
+def is_tierkit_pinned(t: Tensor) -> bool:
+    """Whether ``t``'s data lies inside pinned host memory tierkit owns (``Tensor.is_pinned()``
+    misses mapped and ``cudaHostRegister`` memory)."""
+    t = _tensor(t, "t")
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return False
+    if any(st < 0 for st in t.stride()):
+        return False
+    # the bytes the view spans (strided views included)
+    hi = lo + (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+    with _PINNED_LOCK:
+        return any(p <= lo and hi <= p + n for p, n in _PINNED.values())
+
+
+_LIVE = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for obj in list(_LIVE):
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+
+
+class _Closable:
+    _closed = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise _native.ClosedError(f"{type(self).__name__} is closed")
+

@@ -1,0 +1,296 @@
+"""The host objects of the GPU API: device counters, the GPU expert bank, the GPU KV pool."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tierkit import _native
+from tierkit._gpu import ops as _ops
+from tierkit._gpu.checks import _cuda, _device, _no_capture, _tensor
+from tierkit._gpu.memory import _LIVE, _PINNED, _PINNED_LOCK, _Closable, _view
+
+Tensor = torch.Tensor
+
+class DeviceCounters(_Closable):
+    """Expert pick counters on the device: ``counts`` (``int32 [layers, experts]``, uint32
+    cumulative), ``rejected`` (``int32 [1]``) and the control block ``control`` (``int32 [4]``).
+
+    ``record(layer, topk_ids)`` counts on the current stream (graph-capturable). The controls
+    are device memory read when each count runs: ``set_enabled`` / ``set_valid_tokens`` enqueue a
+    write on the current stream (outside a capture, before ``graph.replay()``, the replay sees the
+    new value; inside a capture the value is baked in), and ``valid_tokens_from(t)`` copies an
+    ``int32`` device scalar (e.g. the batch's unpadded token count) into the block, capturable.
+    ``drain_into(pick_counters)`` adds the counts since the last drain to a
+    ``tierkit.experts.PickCounters`` (synchronous; refused during a capture), which the
+    controller then drains in ``Controller.step``.
+    """
+
+    def __init__(self, geometry, device=None):
+        dev = _device(device)
+        self.device = dev
+        self.layers = int(geometry.layers)
+        self.experts = int(geometry.experts_per_layer)
+        self.counts = torch.zeros((self.layers, self.experts), dtype=torch.int32, device=dev)
+        self.rejected = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.control = torch.tensor([1, -1, 0, 0], dtype=torch.int32, device=dev)
+        self._last = np.zeros((self.layers, self.experts), dtype=np.uint32)
+        _LIVE.add(self)
+
+    def record(self, layer: int, topk_ids: Tensor) -> None:
+        """Counts one layer's ``[tokens, k]`` top-k ids (int32/int64 CUDA)."""
+        self._check_open()
+        _tensor(topk_ids, "topk_ids")  # TypeError here, not the dispatcher's RuntimeError
+        torch.ops.tierkit.count_topk(topk_ids, self.counts, self.rejected, self.control, layer)
+
+    def set_enabled(self, enabled: bool) -> None:
+        """Writes the enable flag on the current stream."""
+        self._check_open()
+        self.control[0].fill_(1 if enabled else 0)
+
+    def set_valid_tokens(self, valid_tokens: Optional[int]) -> None:
+        """Writes the valid-token count on the current stream (``None``: every row)."""
+        self._check_open()
+        if valid_tokens is not None and not 0 <= int(valid_tokens) < 2**31:
+            raise ValueError(f"valid_tokens {valid_tokens} out of range")
+        self.control[1].fill_(-1 if valid_tokens is None else int(valid_tokens))
+
+    def valid_tokens_from(self, t: Tensor) -> None:
+        """Copies a one-element int32 device tensor into the valid-token word (capturable)."""
+        self._check_open()
+        _cuda(t, "valid_tokens", _ops._I32, None, self.device)
+        if t.numel() != 1:
+            raise ValueError("valid_tokens must have one element")
+        self.control[1:2].copy_(t.reshape(1))
+
+    def drain(self) -> np.ndarray:
+        """The counts since the last drain, ``uint32 [layers, experts]`` (synchronous)."""
+        self._check_open()
+        _no_capture("DeviceCounters.drain")
+        snap = self.counts.cpu().numpy().view(np.uint32).copy()
+        delta = snap - self._last  # uint32 arithmetic wraps like the device counters
+        self._last = snap
+        return delta
+
+    def drain_into(self, pick_counters) -> np.ndarray:
+        """Adds ``drain()`` to a ``tierkit.experts.PickCounters``; returns the delta."""
+        delta = self.drain()
+        pick_counters.add_counts(delta)
+        return delta
+
+    def rejected_total(self) -> int:
+        """Rejected picks so far (synchronous)."""
+        self._check_open()
+        _no_capture("DeviceCounters.rejected_total")
+        return int(self.rejected.cpu().numpy().view(np.uint32)[0])
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class ExpertBank(_Closable):
+    """The GPU expert bank for ``map``'s geometry: every expert in mapped pinned host memory
+    (``host``, ``uint8 [layers, experts, expert_bytes]``, a CUDA tensor over the host copy, read
+    in place by kernels), the hot ones in HBM slots (``slots``, ``uint8 [layers, hot + 1,
+    expert_bytes]``), and the table of addresses ``table`` (``int64 [layers, experts]``, fixed
+    address, rewritten by flips on the step stream: the pointer form). Write the experts into
+    ``host`` then call ``reload(map)``; pass the bank as the executor of
+    ``tierkit.experts.Controller.step`` (or call ``step``).
+
+    ``stream`` (default: the current stream) is the step stream flips are ordered on; keep
+    reading the table on it.
+    """
+
+    def __init__(self, map, device=None, stream=None, threads: int = 4):
+        dev = _device(device)
+        self.device = dev
+        self._stream = stream if stream is not None else torch.cuda.current_stream(dev)
+        self._native = _native.GpuExpertBank(map, dev.index, self._stream.cuda_stream, threads)
+        lay = self._native.layout()
+        self.layout = lay
+        L, E, S, B = lay["layers"], lay["experts"], lay["slots_per_layer"], lay["expert_bytes"]
+        self.table = _view(self._native, lay["table_ptr"], (L, E), "<i8", dev)
+        self.host = _view(self._native, lay["host_ptr"], (L, E, B), "|u1", dev)
+        self.slots = _view(self._native, lay["hbm_ptr"], (L, S, B), "|u1", dev)
+        with _PINNED_LOCK:
+            _PINNED[id(self)] = (lay["host_ptr"], L * E * B)
+        _LIVE.add(self)
+
+    def slot_ids(self, out: Optional[Tensor] = None) -> Tensor:
+        """The slot-id form of the table into ``out`` (``int32 [layers, experts]``, allocated
+        once when None: pass a persistent tensor inside a graph)."""
+        self._check_open()
+        if out is None:
+            out = torch.empty(tuple(self.table.shape), dtype=torch.int32, device=self.device)
+        lay = self.layout
+        torch.ops.tierkit.expert_slot_ids(
+            self.table, out, lay["hbm_ptr"], lay["expert_bytes"], lay["slots_per_layer"]
+        )
+        return out
+
+    def reload(self, map) -> None:
+        """Loads ``map`` synchronously (after writing ``host``, or to switch maps)."""
+        _no_capture("ExpertBank.reload")
+        # writes into `host` (torch copies, possibly still in flight) land before the load reads
+        torch.cuda.synchronize(self.device)
+        self._native.reload(map)
+
+    def set_commit_mode(self, mode: str) -> None:
+        self._native.set_commit_mode(mode)
+
+    def is_hot(self, layer: int, expert: int) -> bool:
+        return self._native.is_hot(layer, expert)
+
+    def slots_of(self, layer: int) -> dict:
+        """``{expert: slot}`` of the hot experts of ``layer``."""
+        return self._native.slots_of(layer)
+
+    def step(self, controller, counters) -> dict:
+        """``controller.step(counters, self)``, refused during a capture."""
+        _no_capture("ExpertBank.step")
+        return controller.step(counters, self)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            with _PINNED_LOCK:
+                _PINNED.pop(id(self), None)
+            self._native.close()
+
+
+class KvPool(_Closable):
+    """The GPU elastic KV pool: the arena (``arena``, ``uint8 [layers, arena_rows, row_bytes]``
+    CUDA tensor at a fixed address, or ``planes``, one ``[arena_rows, row_bytes]`` tensor per
+    layer), the host store in mapped pinned memory, and the device tables.
+
+    Host calls (``admit``, ``append``, ``finish``, ``reclaim``, ``between_steps``, ``slot_of``,
+    ``errors``) publish their table changes asynchronously on the step stream (``stream``,
+    default the current one) and are refused during a capture. ``resolve`` launches the fused
+    resolve on the current stream into caller-owned outputs (capturable).
+    """
+
+    def __init__(
+        self,
+        geometry,
+        max_sessions: int,
+        max_history: int,
+        device=None,
+        stream=None,
+        elastic: bool = True,
+        settle_readers: bool = False,
+    ):
+        dev = _device(device)
+        self.device = dev
+        self._stream = stream if stream is not None else torch.cuda.current_stream(dev)
+        self._native = _native.GpuKvPool(
+            geometry,
+            dev.index,
+            self._stream.cuda_stream,
+            max_sessions,
+            max_history,
+            elastic,
+            settle_readers,
+        )
+        lay = self._native.layout()
+        self.layout = lay
+        self.layers = lay["layers"]
+        self.max_sessions = lay["max_sessions"]
+        rows, rb = lay["arena_rows"], lay["row_bytes"]
+        self.planes = [_view(self._native, p, (rows, rb), "|u1", dev) for p in lay["plane_ptrs"]]
+        ptrs = lay["plane_ptrs"]
+        contiguous = all(ptrs[i] == ptrs[0] + i * rows * rb for i in range(len(ptrs)))
+        self.arena = _view(self._native, ptrs[0], (len(ptrs), rows, rb), "|u1", dev) if contiguous else None
+        ms, hot = self.max_sessions, lay["hot_rows"]
+        # the resolve's plan / stats outputs (KvCopy = 4 x u32), reused by every call
+        self.plan = torch.zeros((ms, max(hot, 1), 4), dtype=torch.int32, device=dev)
+        self.plan_count = torch.zeros(ms, dtype=torch.int32, device=dev)
+        self.stats = torch.zeros((ms, lay["kv_stats"]), dtype=torch.int32, device=dev)
+        self._id = next(_ops._POOL_IDS)
+        _ops._POOLS[self._id] = self
+        _LIVE.add(self)
+
+    def _host(self, what: str):
+        self._check_open()
+        _no_capture(f"KvPool.{what}")
+        return self._native
+
+    def admit(self, session: int, history) -> dict:
+        """Admits a session with its committed history (bytes / uint8 array, whole tokens)."""
+        return self._host("admit").admit(session, history)
+
+    def append(self, session: int, tokens) -> int:
+        return self._host("append").append(session, tokens)
+
+    def finish(self, session: int) -> None:
+        self._host("finish").finish(session)
+
+    def reclaim(self, n: int) -> int:
+        return self._host("reclaim").reclaim(n)
+
+    def between_steps(self, chunk: int = 8) -> dict:
+        return self._host("between_steps").between_steps(chunk)
+
+    def slot_of(self, session: int) -> int:
+        return self._host("slot_of").slot_of(session)
+
+    def errors(self, clear: bool = False) -> dict:
+        return self._host("errors").errors(clear)
+
+    def resolve(
+        self,
+        topk: Tensor,
+        query_start_loc: Tensor,
+        seq_lens: Tensor,
+        session_slot: Tensor,
+        indices: Tensor,
+        valid_count: Tensor,
+        layer: int = 0,
+        packed: bool = False,
+        query_seq_lens: Optional[Tensor] = None,
+    ) -> None:
+        """Resolves one step's top-k positions to arena rows on the current stream.
+
+        All int32 CUDA tensors on the pool's device, contiguous: ``topk [rows, k]`` (``-1``
+        padding), ``query_start_loc [sessions + 1]``, ``seq_lens [sessions]``, ``session_slot
+        [sessions]`` (``slot_of``); outputs ``indices`` (at least ``rows × k``: arena rows,
+        ``-1`` padding; longer buffers padded) and ``valid_count`` (at least ``rows``).
+        ``packed`` packs valid entries to the front (FlashMLA's ``topk_length``). Misses are
+        gathered into plane ``layer``. Per-step sizes live in the device tensors, so a captured
+        graph replays with new values; the shapes are fixed by the capture.
+        """
+        self._check_open()
+        named = {"topk": topk, "query_start_loc": query_start_loc, "seq_lens": seq_lens,
+                 "session_slot": session_slot, "indices": indices, "valid_count": valid_count}
+        for name, t in named.items():  # TypeError here, not the dispatcher's RuntimeError
+            _tensor(t, name)
+        if query_seq_lens is not None:
+            _tensor(query_seq_lens, "query_seq_lens")
+        torch.ops.tierkit.kv_resolve(
+            self._id,
+            topk,
+            query_start_loc,
+            seq_lens,
+            session_slot,
+            indices,
+            valid_count,
+            self.plan,
+            self.plan_count,
+            self.stats,
+            layer,
+            packed,
+            query_seq_lens,
+        )
+
+    def replay(self, sessions: int, layer0: int, layers: int) -> None:
+        """Copies the last resolve's misses (its ``sessions`` entries) into planes ``layer0 ..
+        layer0 + layers`` on the current stream (capturable): the other layers of a group."""
+        self._check_open()
+        torch.ops.tierkit.kv_replay(self._id, self.plan, self.plan_count, sessions, layer0, layers)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            _ops._POOLS.pop(self._id, None)
+            self._native.close()

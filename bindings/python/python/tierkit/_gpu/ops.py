@@ -1,0 +1,201 @@
+"""The custom ops (namespace ``tierkit``) with their fake implementations, and the registry of
+KV pools the ``kv_resolve`` / ``kv_replay`` ops address by id."""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Optional
+
+import torch
+
+from tierkit import _native
+from tierkit._gpu.checks import _contiguous, _cuda, _stream
+
+Tensor = torch.Tensor
+
+_IDS = (torch.int32, torch.int64)
+_I32 = (torch.int32,)
+
+
+@torch.library.custom_op("tierkit::count_topk", mutates_args=("counts", "rejected"))
+def count_topk(
+    topk_ids: Tensor, counts: Tensor, rejected: Tensor, control: Tensor, layer: int
+) -> None:
+    """Counts one layer's top-k ids into ``counts[layer]`` (see the module docs)."""
+    ids = _cuda(topk_ids, "topk_ids", _IDS, 2)
+    dev = ids.device
+    _contiguous(_cuda(counts, "counts", _I32, 2, dev), "counts")
+    _contiguous(_cuda(rejected, "rejected", _I32, None, dev), "rejected", 1)
+    _contiguous(_cuda(control, "control", _I32, 1, dev), "control", 4)
+    tokens, k = ids.shape
+    if tokens == 0:
+        return
+    if k == 0:
+        raise ValueError("topk_ids has no columns (k = 0)")
+    if ids.stride(1) != 1 and k > 1:
+        raise ValueError("topk_ids must have column stride 1 (rows may be strided)")
+    row_stride = ids.stride(0) if tokens > 1 else k
+    if row_stride < k:
+        raise ValueError(f"topk_ids row stride {row_stride} is below k = {k}")
+    layers, experts = counts.shape
+    if not 0 <= layer < layers:
+        raise ValueError(f"layer {layer} out of range (counts has {layers} layers)")
+    _native.count_topk(
+        dev.index,
+        _stream(dev),
+        ids.data_ptr(),
+        str(ids.dtype).replace("torch.", ""),
+        tokens,
+        k,
+        row_stride,
+        layer,
+        counts.data_ptr(),
+        layers,
+        experts,
+        rejected.data_ptr(),
+        control.data_ptr(),
+    )
+
+
+@count_topk.register_fake
+def _count_topk_fake(topk_ids, counts, rejected, control, layer):
+    return None
+
+
+@torch.library.custom_op("tierkit::expert_slot_ids", mutates_args=("out",))
+def expert_slot_ids(
+    table: Tensor, out: Tensor, hbm: int, slot_bytes: int, slots_per_layer: int
+) -> None:
+    """``out[l, e]`` = the HBM slot ``table[l, e]`` points at, or -1 (a host read)."""
+    t = _contiguous(_cuda(table, "table", (torch.int64,), 2), "table")
+    o = _contiguous(_cuda(out, "out", _I32, 2, t.device), "out")
+    if tuple(o.shape) != tuple(t.shape):
+        raise ValueError(f"out has shape {tuple(o.shape)}, the table {tuple(t.shape)}")
+    layers, experts = t.shape
+    _native.expert_slot_ids(
+        t.device.index,
+        _stream(t.device),
+        t.data_ptr(),
+        o.data_ptr(),
+        layers * experts,
+        experts,
+        hbm,
+        slot_bytes,
+        slots_per_layer,
+    )
+
+
+@expert_slot_ids.register_fake
+def _expert_slot_ids_fake(table, out, hbm, slot_bytes, slots_per_layer):
+    return None
+
+
+# KvPool objects by id (custom ops take tensors and scalars, so the pool is named by an id)
+_POOLS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_POOL_IDS = itertools.count(1)
+
+
+@torch.library.custom_op(
+    "tierkit::kv_resolve",
+    mutates_args=("indices", "valid_count", "plan", "plan_count", "stats"),
+)
+def kv_resolve(
+    pool: int,
+    topk: Tensor,
+    query_start_loc: Tensor,
+    seq_lens: Tensor,
+    session_slot: Tensor,
+    indices: Tensor,
+    valid_count: Tensor,
+    plan: Tensor,
+    plan_count: Tensor,
+    stats: Tensor,
+    layer: int,
+    packed: bool,
+    query_seq_lens: Optional[Tensor],
+) -> None:
+    """The fused KV resolve of pool ``pool`` (``KvPool.resolve`` documents the arguments)."""
+    p = _POOLS.get(pool)
+    if p is None:
+        raise _native.ClosedError(f"KvPool {pool} is closed or unknown")
+    p._check_open()
+    dev = p.device
+    tk = _contiguous(_cuda(topk, "topk", _I32, 2, dev), "topk")
+    rows, k = tk.shape
+    qsl = _contiguous(_cuda(query_start_loc, "query_start_loc", _I32, 1, dev), "query_start_loc")
+    sessions = qsl.numel() - 1
+    if sessions < 1 or sessions > p.max_sessions:
+        raise ValueError(
+            f"query_start_loc has {qsl.numel()} entries: 2 ..= max_sessions + 1 "
+            f"({p.max_sessions + 1})"
+        )
+    for name, t in (("seq_lens", seq_lens), ("session_slot", session_slot)):
+        _contiguous(_cuda(t, name, _I32, 1, dev), name)
+        if t.numel() != sessions:
+            raise ValueError(f"{name} has {t.numel()} entries, query_start_loc names {sessions}")
+    if rows == 0 or k == 0:
+        raise ValueError(f"topk has shape {tuple(tk.shape)}: rows and k must be positive")
+    _contiguous(_cuda(indices, "indices", _I32, None, dev), "indices", rows * k)
+    _contiguous(_cuda(valid_count, "valid_count", _I32, None, dev), "valid_count", rows)
+    q = 0
+    if query_seq_lens is not None:
+        _contiguous(_cuda(query_seq_lens, "query_seq_lens", _I32, 1, dev), "query_seq_lens")
+        if query_seq_lens.numel() != rows:
+            raise ValueError(f"query_seq_lens has {query_seq_lens.numel()} entries, topk {rows} rows")
+        q = query_seq_lens.data_ptr()
+    if not 0 <= layer < p.layers:
+        raise ValueError(f"layer {layer} out of range ({p.layers} layers)")
+    p._native.resolve(
+        _stream(dev),
+        tk.data_ptr(),
+        qsl.data_ptr(),
+        seq_lens.data_ptr(),
+        session_slot.data_ptr(),
+        sessions,
+        rows,
+        k,
+        layer,
+        indices.data_ptr(),
+        valid_count.data_ptr(),
+        plan.data_ptr(),
+        plan_count.data_ptr(),
+        stats.data_ptr(),
+        bool(packed),
+        q,
+        indices.numel(),
+        valid_count.numel(),
+    )
+
+
+@kv_resolve.register_fake
+def _kv_resolve_fake(*args):
+    return None
+
+
+# "plan" is declared mutated so that torch.compile never drops the call (it writes the arena,
+# tierkit's memory, which is no argument); the op leaves the plan as it is.
+@torch.library.custom_op("tierkit::kv_replay", mutates_args=("plan",))
+def kv_replay(
+    pool: int, plan: Tensor, plan_count: Tensor, sessions: int, layer0: int, layers: int
+) -> None:
+    """Copies the last resolve's misses into arena planes ``layer0 .. layer0 + layers``
+    (``KvPool.replay``). The arena is tierkit's memory, not an argument: the op is ordered by
+    the stream."""
+    p = _POOLS.get(pool)
+    if p is None:
+        raise _native.ClosedError(f"KvPool {pool} is closed or unknown")
+    p._check_open()
+    if plan is not p.plan or plan_count is not p.plan_count:
+        raise ValueError("plan / plan_count must be the pool's own (KvPool.plan, .plan_count)")
+    if not (0 <= layer0 and layers >= 1 and layer0 + layers <= p.layers):
+        raise ValueError(f"layers {layer0}..{layer0 + layers} outside 0..{p.layers}")
+    p._native.replay(
+        _stream(p.device), plan.data_ptr(), plan_count.data_ptr(), sessions, layer0, layers
+    )
+
+
+@kv_replay.register_fake
+def _kv_replay_fake(pool, plan, plan_count, sessions, layer0, layers):
+    return None
+

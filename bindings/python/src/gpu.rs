@@ -1,0 +1,563 @@
+//! The GPU entry points of `tierkit._native` (cargo feature `cuda`), used by `tierkit.torch`.
+//!
+//! Everything here takes raw device pointers (a torch tensor's `data_ptr()`), shapes and strides
+//! checked by `tierkit.torch` and again here, and a raw `CUstream` (`torch.cuda.current_stream()
+//! .cuda_stream`, an int) to launch on. The launches never allocate, synchronise or create
+//! streams, so they run inside a CUDA graph capture. They use the device's primary context (the
+//! one PyTorch uses; cudarc's `CudaContext::new` retains it), bound to the calling thread before
+//! each call.
+//!
+//! - [`count_topk`]: one layer's strided `topk_ids` into a caller's counts table under the
+//!   caller's control block (`cuda_kernels::CountLauncher`).
+//! - [`expert_slot_ids`]: the slot-id form of an expert table (`cuda_kernels::SlotIdLauncher`).
+//! - [`PyGpuExpertBank`]: `expert_residency::GpuExecutor` (host store in mapped pinned memory, HBM
+//!   slots, the device table), a swap executor for `tierkit.experts.Controller`.
+//! - [`PyGpuKvPool`]: `kv_elastic::GpuElasticPool` (host calls: admit, append, finish, reclaim,
+//!   between steps) and its device resolve into caller-owned outputs.
+//!
+//! The tier objects are opened with the caller's stream as their step stream
+//! (`Gpu::with_step_stream`): flips and publishes are ordered with the engine's kernels on it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cuda_kernels::{
+    CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs, KvResolveOptions, SlotLayout,
+    StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
+};
+use expert_residency::gpu::{CommitMode, GpuExecutor};
+use kv_elastic::gpu::{CopyBackend, GpuElasticPool, GpuPoolConfig};
+use kv_elastic::PoolConfig;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::arrays::bytes;
+use crate::experts::PyResidencyMap;
+use crate::kv::{admission, PyKvGeometry};
+use crate::{expert_err, guard, kv_err, Slot};
+
+/// A `cuda-kernels` error as a Python exception: bad shapes, dtypes, alignment and ranges are
+/// `ValueError`, the rest (driver, compile, no device) `RuntimeError`.
+pub(crate) fn cuda_err(e: CudaError) -> PyErr {
+    match e {
+        CudaError::Shape { .. } | CudaError::Dtype { .. } | CudaError::OutOfRange { .. } => {
+            PyValueError::new_err(e.to_string())
+        }
+        _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+fn device(ordinal: usize) -> PyResult<Arc<DeviceOps>> {
+    DeviceOps::get(ordinal).map_err(cuda_err)
+}
+
+fn ids_dtype(name: &str) -> PyResult<IdsDtype> {
+    match name {
+        "int32" => Ok(IdsDtype::I32),
+        "int64" => Ok(IdsDtype::I64),
+        other => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "topk_ids has dtype {other}, expected int32 or int64"
+        ))),
+    }
+}
+
+/// Whether this build has the GPU entry points (always true where this function exists with
+/// `cuda`; the CPU build's `has_cuda_ops` returns false).
+#[pyfunction]
+fn has_cuda_ops() -> bool {
+    true
+}
+
+/// Loads the kernels of device `device` (NVRTC compile at first use): call once before a CUDA
+/// graph capture so no module loads inside it.
+#[pyfunction]
+fn warmup(device_index: usize) -> PyResult<()> {
+    guard(|| device(device_index).map(|_| ()))
+}
+
+/// Counts one layer's `topk_ids` (`[tokens, k]`, `dtype` "int32"/"int64", `row_stride`
+/// elements between rows) at device address `ids` into layer `layer` of the caller's `uint32
+/// [layers, experts]` table `counts`, out-of-range ids into `rejected` (one uint32), under the
+/// control block `control` (`uint32 [4]`: enabled, valid tokens; 0 = count all), launched on
+/// `stream`.
+#[pyfunction]
+#[pyo3(signature = (device_index, stream, ids, dtype, tokens, k, row_stride, layer, counts, layers, experts, rejected, control))]
+#[allow(clippy::too_many_arguments)]
+fn count_topk(
+    device_index: usize,
+    stream: u64,
+    ids: u64,
+    dtype: &str,
+    tokens: u32,
+    k: u32,
+    row_stride: u64,
+    layer: u32,
+    counts: u64,
+    layers: u32,
+    experts: u32,
+    rejected: u64,
+    control: u64,
+) -> PyResult<()> {
+    let dtype = ids_dtype(dtype)?;
+    guard(|| {
+        let d = device(device_index)?;
+        let view = StridedIds {
+            ptr: ids,
+            dtype,
+            tokens,
+            k,
+            row_stride,
+        };
+        let target = CountTarget {
+            table: counts,
+            rejected,
+            control,
+            layers,
+            experts,
+        };
+        cuda_kernels::check_strided(&view, layer, &target).map_err(cuda_err)?;
+        // SAFETY: `stream` is the caller's live stream of this device (torch's current stream).
+        let s = unsafe { d.stream(stream) }.map_err(cuda_err)?;
+        // SAFETY: the pointers come from live CUDA tensors of the shapes checked by
+        // tierkit.torch (and by check_strided above); torch keeps them allocated until the
+        // stream passes the launch (caching allocator, stream-ordered reuse).
+        unsafe { d.count.launch(&s, &view, layer, &target) }.map_err(cuda_err)
+    })
+}
+
+/// Writes the slot-id form of an expert table: `out[c]` (int32, `cells` of them) = the HBM slot
+/// `table[c]` points at in layer `c / experts` (`slots_per_layer` slots of `slot_bytes` from
+/// `hbm`), or -1 for a host read; launched on `stream`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn expert_slot_ids(
+    device_index: usize,
+    stream: u64,
+    table: u64,
+    out: u64,
+    cells: u32,
+    experts: u32,
+    hbm: u64,
+    slot_bytes: u64,
+    slots_per_layer: u32,
+) -> PyResult<()> {
+    guard(|| {
+        let d = device(device_index)?;
+        // SAFETY: the caller's live stream of this device.
+        let s = unsafe { d.stream(stream) }.map_err(cuda_err)?;
+        let layout = SlotLayout {
+            hbm,
+            slot_bytes,
+            slots_per_layer,
+        };
+        // SAFETY: `table` (u64 [cells]) and `out` (int32 [cells]) are live device tensors
+        // checked by tierkit.torch, kept allocated by torch until the stream passes the launch.
+        unsafe { d.slots.launch(&s, table, out, cells, experts, layout) }.map_err(cuda_err)
+    })
+}
+
+/// A tier object on a device: its [`Slot`] and the [`Gpu`] whose context is bound before each use.
+pub(crate) struct GpuSlot<T> {
+    slot: Slot<T>,
+    gpu: Arc<Gpu>,
+}
+
+impl<T> GpuSlot<T> {
+    fn new(name: &'static str, value: T, gpu: Arc<Gpu>) -> Self {
+        GpuSlot {
+            slot: Slot::new(name, value),
+            gpu,
+        }
+    }
+    /// Runs `f` on the object with the device's context bound to this thread.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> PyResult<R>) -> PyResult<R> {
+        self.gpu
+            .ctx()
+            .bind_to_thread()
+            .map_err(|e| cuda_err(CudaError::driver("cuCtxSetCurrent", e)))?;
+        self.slot.with(f)
+    }
+    /// Waits for the device (kernels queued may still read the object's memory), then drops it.
+    fn close(&self) -> PyResult<()> {
+        let _ = self.gpu.synchronize();
+        self.slot.close()
+    }
+    fn is_closed(&self) -> bool {
+        self.slot.is_closed()
+    }
+}
+
+/// The GPU expert bank (`expert_residency::GpuExecutor`): every expert in mapped pinned host
+/// memory (readable in place by kernels: its device address is `host_ptr`), the hot ones in
+/// `hot_per_layer + 1` HBM slots per layer, and the device table `u64 [layers, experts]` of
+/// addresses at `table_ptr`. Flips are ordered on `stream` (the engine's step stream, kept alive
+/// by the caller as long as the bank). Usable as the executor of `Controller.step`.
+#[pyclass(name = "GpuExpertBank", module = "tierkit.torch", frozen)]
+pub(crate) struct PyGpuExpertBank(GpuSlot<GpuExecutor>);
+
+impl PyGpuExpertBank {
+    /// Runs `f` on the executor with the context bound (for `Controller.step`).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut GpuExecutor) -> PyResult<R>) -> PyResult<R> {
+        self.0.with(f)
+    }
+}
+
+#[pymethods]
+impl PyGpuExpertBank {
+    /// Allocates the bank for `map`'s geometry on device `device_index` (host experts zeroed;
+    /// write them through the host view, then `reload(map)`), step stream `stream`.
+    #[new]
+    #[pyo3(signature = (map, device_index, stream, threads = 4))]
+    fn new(
+        map: &PyResidencyMap,
+        device_index: usize,
+        stream: u64,
+        threads: usize,
+    ) -> PyResult<Self> {
+        guard(|| {
+            // SAFETY: `stream` is the caller's live stream of this device, kept alive as long as
+            // the bank (tierkit.torch holds the torch.cuda.Stream object).
+            let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
+            let ex = GpuExecutor::new(
+                &gpu,
+                gpu.stream().clone(),
+                &map.0,
+                threads.max(1),
+                |_, _, b| b.fill(0),
+            )
+            .map_err(expert_err)?;
+            Ok(PyGpuExpertBank(GpuSlot::new("GpuExpertBank", ex, gpu)))
+        })
+    }
+    /// `{layers, experts, hot_per_layer, slots_per_layer, expert_bytes, table_ptr, host_ptr,
+    /// hbm_ptr}`: the addresses are fixed for the bank's life (graph-safe).
+    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (g, table, host, hbm) = self.with(|e| {
+            let st = e.bank().store();
+            Ok((
+                st.geometry(),
+                e.table_ptr(),
+                st.host_device_ptr(0, 0),
+                st.slot_ptr(0, 0),
+            ))
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("layers", g.layers)?;
+        d.set_item("experts", g.experts)?;
+        d.set_item("hot_per_layer", g.hot_per_layer)?;
+        d.set_item("slots_per_layer", g.slots_per_layer())?;
+        d.set_item("expert_bytes", g.expert_bytes)?;
+        d.set_item("table_ptr", table)?;
+        d.set_item("host_ptr", host)?;
+        d.set_item("hbm_ptr", hbm)?;
+        Ok(d)
+    }
+    /// Loads `map` synchronously (copies its hot experts from the host store into HBM and
+    /// rewrites the table): after writing host experts, or to switch maps. Refused while swaps
+    /// are in flight.
+    fn reload(&self, map: &PyResidencyMap) -> PyResult<()> {
+        self.with(|e| e.load_map(&map.0).map_err(expert_err))
+    }
+    /// "deferred" (default: copies still running at a boundary stay in flight) or "wait".
+    fn set_commit_mode(&self, mode: &str) -> PyResult<()> {
+        let m = match mode {
+            "deferred" => CommitMode::Deferred,
+            "wait" => CommitMode::Wait,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "commit mode {other:?}: expected \"deferred\" or \"wait\""
+                )))
+            }
+        };
+        self.with(|e| {
+            e.set_commit_mode(m);
+            Ok(())
+        })
+    }
+    /// Whether `(layer, expert)` is in an HBM slot now.
+    fn is_hot(&self, layer: u32, expert: u32) -> PyResult<bool> {
+        self.with(|e| Ok(e.bank().is_hot(layer, expert)))
+    }
+    /// The HBM slot of each hot expert of `layer` as `{expert: slot}`.
+    fn slots_of(&self, layer: u32) -> PyResult<HashMap<u32, u32>> {
+        self.with(|e| {
+            let b = e.bank();
+            let slots = b.store().geometry().slots_per_layer();
+            Ok((0..slots)
+                .filter_map(|s| b.expert_in_slot(layer, s).map(|x| (x, s)))
+                .collect())
+        })
+    }
+    /// Releases the bank (HBM, pinned memory) after the device is idle; views of its memory must
+    /// not be used after.
+    fn close(&self) -> PyResult<()> {
+        self.0.close()
+    }
+    #[getter]
+    fn closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// The GPU KV pool (`kv_elastic::GpuElasticPool`) with the caller's stream as its step stream.
+/// Host calls publish asynchronously on that stream; `resolve` launches the fused resolve on any
+/// stream (the current one) into caller-owned outputs.
+#[pyclass(name = "GpuKvPool", module = "tierkit.torch", frozen)]
+pub(crate) struct PyGpuKvPool(GpuSlot<GpuElasticPool>);
+
+impl PyGpuKvPool {
+    fn with<R>(&self, f: impl FnOnce(&mut GpuElasticPool) -> PyResult<R>) -> PyResult<R> {
+        self.0.with(f)
+    }
+}
+
+#[pymethods]
+impl PyGpuKvPool {
+    /// A pool for `geometry` on device `device_index`, step stream `stream` (kept alive by the
+    /// caller), `max_sessions` live sessions of at most `max_history` positions each.
+    #[new]
+    #[pyo3(signature = (geometry, device_index, stream, max_sessions, max_history, elastic = true, settle_readers = false))]
+    fn new(
+        geometry: &PyKvGeometry,
+        device_index: usize,
+        stream: u64,
+        max_sessions: u32,
+        max_history: u32,
+        elastic: bool,
+        settle_readers: bool,
+    ) -> PyResult<Self> {
+        guard(|| {
+            // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
+            let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
+            let mut p = GpuElasticPool::new(
+                &gpu,
+                geometry.0,
+                PoolConfig { elastic },
+                GpuPoolConfig {
+                    max_sessions,
+                    max_history,
+                    backend: CopyBackend::Gather,
+                },
+            )
+            .map_err(kv_err)?;
+            p.set_settle_readers(settle_readers);
+            Ok(PyGpuKvPool(GpuSlot::new("GpuKvPool", p, gpu)))
+        })
+    }
+    /// `{layers, arena_rows, row_bytes, hot_rows, max_sessions, max_history, kv_stats,
+    /// plane_ptrs}`: the arena is `uint8 [layers][arena_rows][row_bytes]`, planes at fixed
+    /// addresses.
+    fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let (dims, planes) = self.with(|p| {
+            let dev = p.device();
+            let dims = *dev.dims();
+            let planes = (0..dims.layers)
+                .map(|l| dev.plane_ptr(l).map_err(cuda_err))
+                .collect::<PyResult<Vec<u64>>>()?;
+            Ok((dims, planes))
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("layers", dims.layers)?;
+        d.set_item("arena_rows", dims.arena_rows)?;
+        d.set_item("row_bytes", dims.row_bytes)?;
+        d.set_item("hot_rows", dims.hot_rows)?;
+        d.set_item("max_sessions", dims.max_slots)?;
+        d.set_item("max_history", dims.max_history)?;
+        d.set_item("kv_stats", KV_STATS)?;
+        d.set_item("plane_ptrs", planes)?;
+        Ok(d)
+    }
+    /// Admits a session with its committed history (whole tokens): as `ElasticPool.admit`.
+    fn admit<'py>(
+        &self,
+        py: Python<'py>,
+        session: u64,
+        history: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let h = bytes(history, "history")?;
+        let a = self.with(|p| p.admit(session, &h).map_err(kv_err))?;
+        admission(py, a)
+    }
+    /// Appends committed tokens (whole tokens); returns the new length.
+    fn append(&self, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let t = bytes(tokens, "tokens")?;
+        self.with(|p| p.append(session, &t).map_err(kv_err))
+    }
+    /// Finishes a session.
+    fn finish(&self, session: u64) -> PyResult<()> {
+        self.with(|p| p.finish(session).map_err(kv_err))
+    }
+    /// Takes back up to `n` lent pages; returns how many.
+    fn reclaim(&self, n: u32) -> PyResult<u32> {
+        self.with(|p| p.reclaim(n).map_err(kv_err))
+    }
+    /// Between steps (hand-backs, collection, growth); returns the counts.
+    #[pyo3(signature = (chunk = 8))]
+    fn between_steps<'py>(&self, py: Python<'py>, chunk: u32) -> PyResult<Bound<'py, PyDict>> {
+        let m = self.with(|p| p.between_steps(chunk).map_err(kv_err))?;
+        let d = PyDict::new(py);
+        d.set_item("handed_back", m.handed_back)?;
+        d.set_item("collected", m.collected)?;
+        d.set_item("grown", m.grown)?;
+        Ok(d)
+    }
+    /// The device session slot of a live session (the `session_slot` input of `resolve`).
+    fn slot_of(&self, session: u64) -> PyResult<u32> {
+        self.with(|p| p.slot_of(session).map_err(kv_err))
+    }
+    /// The device error words (synchronous): `{bad_session, bad_position, overflow, bad_qsl,
+    /// stale_plan}`; `clear=True` zeroes them after reading.
+    #[pyo3(signature = (clear = false))]
+    fn errors<'py>(&self, py: Python<'py>, clear: bool) -> PyResult<Bound<'py, PyDict>> {
+        let e = self.with(|p| {
+            let e = p.device().errors().map_err(cuda_err)?;
+            if clear {
+                p.device_mut().clear_errors().map_err(cuda_err)?;
+            }
+            Ok(e)
+        })?;
+        let d = PyDict::new(py);
+        d.set_item("bad_session", e.bad_session)?;
+        d.set_item("bad_position", e.bad_position)?;
+        d.set_item("overflow", e.overflow)?;
+        d.set_item("bad_qsl", e.bad_qsl)?;
+        d.set_item("stale_plan", e.stale_plan)?;
+        Ok(d)
+    }
+    /// Launches the fused resolve on `stream` (device pointers, int32 unless noted; shapes
+    /// checked by tierkit.torch): `topk [rows, k]`, `query_start_loc [sessions + 1]`, `seq_lens
+    /// [sessions]`, `session_slot [sessions]`; outputs `indices [indices_len]`, `valid_count
+    /// [valid_len]` (0 = exact), `plan` (16-byte copies `[sessions][hot_rows]`), `plan_count
+    /// [sessions]`, `stats [sessions][kv_stats]`; misses are gathered into arena plane `layer`.
+    #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len))]
+    #[allow(clippy::too_many_arguments)]
+    fn resolve(
+        &self,
+        stream: u64,
+        topk: u64,
+        query_start_loc: u64,
+        seq_lens: u64,
+        session_slot: u64,
+        sessions: u32,
+        rows: u32,
+        k: u32,
+        layer: u32,
+        indices: u64,
+        valid_count: u64,
+        plan: u64,
+        plan_count: u64,
+        stats: u64,
+        packed: bool,
+        query_seq_lens: u64,
+        indices_len: u64,
+        valid_len: u64,
+    ) -> PyResult<()> {
+        let gpu = self.0.gpu.clone();
+        self.with(|p| {
+            let max = p.device().dims().max_slots;
+            if sessions == 0 || sessions > max || rows == 0 || k == 0 {
+                return Err(PyValueError::new_err(format!(
+                    "resolve: sessions {sessions} (1..={max}), rows {rows}, k {k} must be positive"
+                )));
+            }
+            let a = KvResolveArgs {
+                topk,
+                query_start_loc,
+                seq_lens,
+                session_slot,
+                sessions,
+                rows,
+                k,
+                layer,
+                indices,
+                valid_count,
+                plan,
+                plan_count,
+                stats,
+            };
+            let o = KvResolveOptions {
+                layout: if packed {
+                    KV_LAYOUT_PACKED
+                } else {
+                    KV_LAYOUT_IN_PLACE
+                },
+                query_seq_lens,
+                indices_len,
+                valid_len,
+            };
+            // SAFETY: the caller's live stream of this device.
+            let s = unsafe { gpu.borrow_stream(stream) }.map_err(cuda_err)?;
+            // SAFETY: every pointer is a live CUDA tensor of the documented shape (checked by
+            // tierkit.torch), kept allocated by torch until the stream passes the launch; the
+            // pool's tables are touched only by kernels on the step stream and this stream,
+            // which the engine orders (one step stream, or a capture forked from it).
+            unsafe {
+                p.device()
+                    .resolve_async_with(&s, &a, &o, CopyBackend::Gather)
+            }
+            .map_err(cuda_err)
+        })
+    }
+    /// Copies the last resolve's plan (`plan [sessions][hot_rows]`, `plan_count [sessions]`, the
+    /// resolve's outputs) from the host store into arena planes `layer0 .. layer0 + layers` on
+    /// `stream`: the other layers of the resolved layer's group. Run it on the resolve's stream
+    /// before anything else resolves.
+    #[allow(clippy::too_many_arguments)]
+    fn replay(
+        &self,
+        stream: u64,
+        plan: u64,
+        plan_count: u64,
+        sessions: u32,
+        layer0: u32,
+        layers: u32,
+    ) -> PyResult<()> {
+        let gpu = self.0.gpu.clone();
+        self.with(|p| {
+            let dims = *p.device().dims();
+            if sessions == 0 || sessions > dims.max_slots {
+                return Err(PyValueError::new_err(format!(
+                    "replay: sessions {sessions} outside 1..={}",
+                    dims.max_slots
+                )));
+            }
+            // SAFETY: the caller's live stream of this device.
+            let s = unsafe { gpu.borrow_stream(stream) }.map_err(cuda_err)?;
+            // SAFETY: `plan` / `plan_count` are the pool's own output tensors of a resolve
+            // (`[max_sessions][hot_rows]` copies, `[max_sessions]` counts) queued before on this
+            // stream, so their rows still hold their positions; torch keeps them allocated.
+            unsafe {
+                p.device().replay_async(
+                    &s,
+                    plan,
+                    plan_count,
+                    sessions,
+                    dims.hot_rows,
+                    layer0,
+                    layers,
+                )
+            }
+            .map_err(cuda_err)
+        })
+    }
+    /// Releases the pool after the device is idle.
+    fn close(&self) -> PyResult<()> {
+        self.0.close()
+    }
+    #[getter]
+    fn closed(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+/// Registers the GPU entry points.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(has_cuda_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(warmup, m)?)?;
+    m.add_function(wrap_pyfunction!(count_topk, m)?)?;
+    m.add_function(wrap_pyfunction!(expert_slot_ids, m)?)?;
+    m.add_class::<PyGpuExpertBank>()?;
+    m.add_class::<PyGpuKvPool>()?;
+    Ok(())
+}

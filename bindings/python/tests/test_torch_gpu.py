@@ -1,0 +1,370 @@
+"""tierkit.torch on a GPU: the ops equal the Rust API's results, counts stay exact inside a CUDA
+graph replayed many times with the controls changed between replays, the KV resolve is bit-exact
+against the CPU pool, and bad input is an exception.
+
+Skipped (with the reason) without torch, without tierkit's CUDA ops (a CPU build) or, for the
+tests that launch, without a CUDA device.
+"""
+
+import numpy as np
+import pytest
+
+import tierkit
+from tierkit import experts, kv
+
+torch = pytest.importorskip("torch", reason="tierkit.torch tests need PyTorch")
+if not tierkit._native.has_cuda_ops():
+    pytest.skip("tierkit built without CUDA ops (maturin --features cuda)", allow_module_level=True)
+
+import tierkit.torch as tt  # noqa: E402
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+LAYERS, EXPERTS, HOT, TOP_K = 3, 16, 4, 2
+
+
+def cpu_counts(ids: np.ndarray, layer: int, counts: np.ndarray, valid_tokens=None, enabled=True):
+    """The Rust API's count of one layer (tierkit.experts.PickCounters on the valid ids) plus
+    the rejected picks, under the controls."""
+    if not enabled:
+        return 0
+    rows = ids if valid_tokens is None else ids[:valid_tokens]
+    ok = (rows >= 0) & (rows < EXPERTS)
+    pc = experts.PickCounters(experts.Geometry(LAYERS, EXPERTS, HOT))
+    for e in rows[ok].ravel():
+        pc.record(layer, int(e))
+    counts += pc.snapshot().astype(np.int64)
+    return int((~ok).sum())
+
+
+# ------------------------------------------------------------------------------- counting
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_count_op_equals_the_cpu_counters_on_strided_ids(dtype):
+    tt.warmup()
+    g = experts.Geometry(LAYERS, EXPERTS, HOT)
+    dc = tt.DeviceCounters(g)
+    rng = np.random.default_rng(1)
+    want = np.zeros((LAYERS, EXPERTS), np.int64)
+    rejected = 0
+    for step in range(20):
+        wide = rng.integers(-1, EXPERTS + 2, (33, TOP_K + 3))  # a few bad ids
+        ids = torch.tensor(wide, dtype=dtype, device="cuda")[:, 1 : 1 + TOP_K]  # row stride 5
+        layer = step % LAYERS
+        dc.record(layer, ids)
+        rejected += cpu_counts(wide[:, 1 : 1 + TOP_K], layer, want)
+    assert (dc.drain().astype(np.int64) == want).all()
+    assert dc.rejected_total() == rejected
+    assert dc.drain().sum() == 0  # deltas since the last drain
+    pc = experts.PickCounters(g)
+    dc.record(0, torch.tensor([[1, 2]], dtype=dtype, device="cuda"))
+    dc.drain_into(pc)
+    assert pc.snapshot()[0].tolist()[1:3] == [1, 1]
+
+
+@needs_gpu
+def test_counts_are_exact_in_a_graph_replayed_many_times():
+    tt.warmup()
+    g = experts.Geometry(LAYERS, EXPERTS, HOT)
+    dc = tt.DeviceCounters(g)
+    tokens = 24
+    static_ids = torch.zeros((tokens, TOP_K), dtype=torch.int64, device="cuda")
+    valid = torch.full((1,), tokens, dtype=torch.int32, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up outside the capture, as torch recommends
+        dc.record(0, static_ids)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    dc.drain()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dc.valid_tokens_from(valid)  # the unpadded count, read from a device scalar
+        for layer in range(LAYERS):
+            dc.record(layer, static_ids)
+    rng = np.random.default_rng(2)
+    want = np.zeros((LAYERS, EXPERTS), np.int64)
+    rejected = 0
+    for replay in range(200):
+        ids = rng.integers(-1, EXPERTS + 1, (tokens, TOP_K))
+        n_valid = int(rng.integers(0, tokens + 1))
+        enabled = replay % 7 != 3  # warm-up / draft passes are not counted
+        static_ids.copy_(torch.tensor(ids, device="cuda"))
+        valid.fill_(n_valid)
+        dc.set_enabled(enabled)
+        graph.replay()
+        for layer in range(LAYERS):
+            rejected += cpu_counts(ids, layer, want, n_valid, enabled)
+    torch.cuda.synchronize()
+    assert (dc.drain().astype(np.int64) == want).all()
+    assert dc.rejected_total() == rejected
+    with pytest.raises(RuntimeError, match="capturing"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            try:
+                dc.drain()
+            finally:
+                dc.record(0, static_ids)  # something captured so the capture ends cleanly
+
+
+@needs_gpu
+def test_ops_pass_torch_opcheck():
+    """Schema (declared mutations) and fake-tensor registration, as torch.compile relies on."""
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
+    dc = tt.DeviceCounters(g)
+    ids = torch.randint(0, EXPERTS, (8, TOP_K), device="cuda")
+    utils = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.tierkit.count_topk.default,
+                          (ids, dc.counts, dc.rejected, dc.control, 1), test_utils=utils)
+    bank = tt.ExpertBank(experts.ResidencyMap.first_k("toy", g))
+    out = torch.empty((LAYERS, EXPERTS), dtype=torch.int32, device="cuda")
+    lay = bank.layout
+    torch.library.opcheck(torch.ops.tierkit.expert_slot_ids.default,
+                          (bank.table, out, lay["hbm_ptr"], 256, lay["slots_per_layer"]),
+                          test_utils=utils)
+    bank.close()
+
+
+@needs_gpu
+def test_count_op_runs_under_torch_compile():
+    """The op traced by torch.compile (fake impl, functionalised mutation) counts as eager."""
+    g = experts.Geometry(LAYERS, EXPERTS, HOT)
+    dc = tt.DeviceCounters(g)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def route_and_count(logits, counts, rejected, control):
+        ids = torch.topk(logits, TOP_K, dim=-1).indices
+        torch.ops.tierkit.count_topk(ids, counts, rejected, control, 2)
+        return ids
+
+    logits = torch.randn((40, EXPERTS), device="cuda")
+    ids = route_and_count(logits, dc.counts, dc.rejected, dc.control)
+    want = np.zeros((LAYERS, EXPERTS), np.int64)
+    cpu_counts(ids.cpu().numpy(), 2, want)
+    assert (dc.drain().astype(np.int64) == want).all()
+
+
+# ------------------------------------------------------------------------------- experts
+
+
+def expert_bytes_pattern(layer, expert, nbytes):
+    return ((np.arange(nbytes) * 7 + layer * 131 + expert * 17) % 251).astype(np.uint8)
+
+
+@needs_gpu
+def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
+    nbytes = 4096
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, nbytes)
+    boot = experts.ResidencyMap.first_k("toy", g)
+    bank = tt.ExpertBank(boot)
+    for layer in range(LAYERS):
+        for e in range(EXPERTS):
+            bank.host[layer, e].copy_(torch.from_numpy(expert_bytes_pattern(layer, e, nbytes)))
+    bank.reload(boot)
+    assert tt.is_tierkit_pinned(bank.host[1]) and not tt.is_tierkit_pinned(torch.zeros(4))
+
+    def check(m):
+        table = bank.table.cpu().numpy().view(np.uint64)
+        slots = bank.slot_ids().cpu().numpy()
+        lay = bank.layout
+        for layer in range(LAYERS):
+            hot = set(m.hot_experts(layer))
+            for e in range(EXPERTS):
+                s = slots[layer, e]
+                assert (s >= 0) == (e in hot) == bank.is_hot(layer, e)
+                if s >= 0:
+                    assert bank.slots_of(layer)[e] == s
+                    assert table[layer, e] == lay["hbm_ptr"] + (layer * lay["slots_per_layer"] + s) * nbytes
+                    got = bank.slots[layer, s].cpu().numpy()
+                else:
+                    assert table[layer, e] == lay["host_ptr"] + (layer * EXPERTS + e) * nbytes
+                    got = bank.host[layer, e].cpu().numpy()
+                assert (got == expert_bytes_pattern(layer, e, nbytes)).all()
+
+    check(boot)
+    # the controller swaps live: routing moves to experts 8..11
+    dc = tt.DeviceCounters(g)
+    pc = experts.PickCounters(g)
+    ctl = experts.Controller(boot, {"policy": "ratio", "adaptive": None, "drain_every": 4,
+                                   "half_life_steps": 16})
+    rng = np.random.default_rng(3)
+    for step in range(160):
+        busy = 8 + rng.integers(0, 4, (16, TOP_K))
+        ids = torch.tensor(busy, dtype=torch.int64, device="cuda")
+        for layer in range(LAYERS):
+            dc.record(layer, ids)
+        dc.drain_into(pc)
+        bank.step(ctl, pc)
+    torch.cuda.synchronize()
+    assert ctl.stats["applied"] > 0
+    assert set(ctl.map.hot_experts(0)) == {8, 9, 10, 11}
+    check(ctl.map)
+    bank.close()
+    with pytest.raises(tierkit.ClosedError):
+        bank.reload(boot)
+
+
+# ------------------------------------------------------------------------------- KV
+
+ROW, KV_LAYERS, K = 64, 2, 16
+
+
+def token(s, t):
+    return np.repeat((s * 31 + t * 7 + np.arange(KV_LAYERS)) % 256, ROW).astype(np.uint8)
+
+
+def kv_geometry():
+    return kv.Geometry.for_hbm_budget(96 << 10, ROW, KV_LAYERS, 16, 32, 16)
+
+
+@needs_gpu
+def test_kv_resolve_is_bit_exact_against_the_cpu_pool_in_a_graph():
+    g = kv_geometry()
+    cpu = kv.ElasticPool(g)
+    gpu = tt.KvPool(g, max_sessions=8, max_history=2048, settle_readers=True)
+    tt.warmup()
+    length = {}
+    for s in range(1, 5):
+        n = 300 + 150 * s
+        hist = np.concatenate([token(s, t) for t in range(n)])
+        assert cpu.admit(s, hist) == gpu.admit(s, hist)
+        length[s] = n
+    sessions = sorted(length)
+    reqs = len(sessions)
+    topk = torch.full((reqs, K), -1, dtype=torch.int32, device="cuda")
+    qsl = torch.arange(reqs + 1, dtype=torch.int32, device="cuda")
+    seq = torch.zeros(reqs, dtype=torch.int32, device="cuda")
+    slot = torch.zeros(reqs, dtype=torch.int32, device="cuda")
+    indices = torch.zeros(reqs * K + 8, dtype=torch.int32, device="cuda")  # padded buffer
+    valid = torch.zeros(reqs + 2, dtype=torch.int32, device="cuda")
+
+    def step_inputs(step):
+        rng = np.random.default_rng(100 + step)
+        seq_np = np.array([length[s] for s in sessions], np.int32)
+        tk = np.stack([rng.choice(n, K, replace=False) for n in seq_np]).astype(np.int32)
+        tk[:, -1] = -1
+        return seq_np, tk
+
+    def run_eager_once():
+        gpu.resolve(topk, qsl, seq, slot, indices, valid, layer=0)
+        gpu.replay(reqs, 1, KV_LAYERS - 1)
+
+    # warm-up on a side stream, then capture
+    seq_np, tk = step_inputs(-1)
+    seq.copy_(torch.tensor(seq_np))
+    slot.copy_(torch.tensor([gpu.slot_of(s) for s in sessions], dtype=torch.int32))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run_eager_once()
+    for step in range(48):
+        seq_np, tk = step_inputs(step)
+        seq.copy_(torch.tensor(seq_np))
+        topk.copy_(torch.tensor(tk))
+        slot.copy_(torch.tensor([gpu.slot_of(s) for s in sessions], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        with cpu.resolve(np.array(sessions, np.uint64), np.arange(reqs + 1, dtype=np.int32),
+                         seq_np, tk, layer=0) as r:
+            cpu.replay(r, 1)
+            got_idx = indices.cpu().numpy()
+            assert (got_idx[: reqs * K] == r.indices.ravel()).all(), step
+            assert (got_idx[reqs * K:] == -1).all()
+            assert (valid.cpu().numpy()[:reqs] == r.valid_count).all()
+            assert (valid.cpu().numpy()[reqs:] == 0).all()
+            planes = [p.cpu().numpy() for p in gpu.planes]
+            for i, s in enumerate(sessions):
+                for c in range(K):
+                    row = int(r.indices[i, c])
+                    if row < 0:
+                        continue
+                    want = token(s, int(tk[i, c]))
+                    for layer in range(KV_LAYERS):
+                        assert (planes[layer][row] == want[layer * ROW:(layer + 1) * ROW]).all()
+                        assert cpu.arena_row(layer, row) == planes[layer][row].tobytes()
+        for s in sessions:
+            t = token(s, length[s])
+            assert cpu.append(s, t) == gpu.append(s, t)
+            length[s] += 1
+        if step == 20:  # reclaim lent pages under load, then let them grow back
+            assert cpu.reclaim(4) == gpu.reclaim(4)
+        assert cpu.between_steps(8) == gpu.between_steps(8)
+    assert gpu.errors() == {"bad_session": 0, "bad_position": 0, "overflow": 0, "bad_qsl": 0,
+                            "stale_plan": 0}
+    with pytest.raises(RuntimeError, match="capturing"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            try:
+                gpu.admit(99, token(99, 0))
+            finally:
+                run_eager_once()
+    gpu.close()
+    with pytest.raises(tierkit.ClosedError):
+        gpu.resolve(topk, qsl, seq, slot, indices, valid)
+
+
+# ------------------------------------------------------------------------------- bad input
+
+
+@needs_gpu
+def test_bad_input_is_an_exception():
+    g = experts.Geometry(LAYERS, EXPERTS, HOT)
+    dc = tt.DeviceCounters(g)
+    ids = torch.zeros((4, TOP_K), dtype=torch.int32, device="cuda")
+    with pytest.raises(TypeError, match="dtype"):
+        dc.record(0, ids.float())
+    with pytest.raises(ValueError, match="CUDA"):
+        dc.record(0, ids.cpu())
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        dc.record(0, np.zeros((4, 2), np.int32))
+    with pytest.raises(ValueError, match="dimension"):
+        dc.record(0, ids.ravel())
+    with pytest.raises(ValueError, match="column stride"):
+        dc.record(0, torch.zeros((TOP_K, 4), dtype=torch.int32, device="cuda").t())
+    with pytest.raises(ValueError, match="out of range"):
+        dc.record(LAYERS, ids)
+    with pytest.raises(ValueError, match="contiguous"):
+        torch.ops.tierkit.count_topk(ids, dc.counts.t(), dc.rejected, dc.control, 0)
+    with pytest.raises(ValueError, match="elements"):
+        torch.ops.tierkit.count_topk(ids, dc.counts, dc.rejected, dc.control[:2], 0)
+    with pytest.raises(ValueError, match="range"):
+        dc.set_valid_tokens(-2)
+    dc.close()
+    with pytest.raises(tierkit.ClosedError):
+        dc.record(0, ids)
+
+    pool = tt.KvPool(kv_geometry(), max_sessions=2, max_history=256)
+    pool.admit(1, np.concatenate([token(1, t) for t in range(40)]))
+    i32 = dict(dtype=torch.int32, device="cuda")
+    topk, qsl = torch.zeros((1, K), **i32), torch.tensor([0, 1], **i32)
+    seq, slot = torch.tensor([40], **i32), torch.tensor([pool.slot_of(1)], **i32)
+    out, valid = torch.zeros(K, **i32), torch.zeros(1, **i32)
+    pool.resolve(topk, qsl, seq, slot, out, valid)
+    torch.cuda.synchronize()
+    with pytest.raises(TypeError):
+        pool.resolve(topk.long(), qsl, seq, slot, out, valid)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        pool.resolve(topk, [0, 1], seq, slot, out, valid)
+    with pytest.raises(ValueError, match="elements"):
+        pool.resolve(topk, qsl, seq, slot, out[: K - 1], valid)
+    with pytest.raises(ValueError, match="entries"):
+        pool.resolve(topk, qsl, seq[:0], slot, out, valid)
+    with pytest.raises(ValueError, match="max_sessions"):
+        pool.resolve(topk, torch.zeros(5, **i32), seq, slot, out, valid)
+    with pytest.raises(ValueError, match="CUDA"):
+        pool.resolve(topk.cpu(), qsl, seq, slot, out, valid)
+    with pytest.raises(ValueError, match="layer"):
+        pool.resolve(topk, qsl, seq, slot, out, valid, layer=KV_LAYERS)
+    with pytest.raises(ValueError):  # a session the pool does not know
+        pool.slot_of(5)
+    pool.close()
+
+
+def test_torch_module_loads_with_fake_impls():
+    """No GPU needed: the ops are registered, and a bad argument is refused before any launch."""
+    assert hasattr(torch.ops.tierkit, "count_topk")
+    assert hasattr(torch.ops.tierkit, "kv_resolve")
+    ids = torch.zeros((4, 2), dtype=torch.int32)
+    with pytest.raises(ValueError, match="CUDA"):
+        torch.ops.tierkit.count_topk(ids, ids, ids, ids, 0)
+    with pytest.raises(ValueError, match="CUDA device"):
+        tt.DeviceCounters(experts.Geometry(1, 2, 1), device="cpu")
