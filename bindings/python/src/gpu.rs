@@ -485,6 +485,7 @@ impl PyGpuKvPool {
                 query_seq_lens,
                 indices_len,
                 valid_len,
+                ..KvResolveOptions::default()
             };
             // SAFETY: the caller's live stream of this device.
             let s = unsafe { gpu.borrow_stream(stream) }.map_err(cuda_err)?;
