@@ -202,11 +202,10 @@ __device__ void kv_pick_victims(const KvDims& d, const KvTables& t, unsigned int
 
 // After installs: clear reference bits of lap-1 slots the hand passed (unless pinned) and move the hand
 // as the CPU reference does (a failing victim() call sweeps 2n + 1 slots, i.e. one net step).
-__device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
-                                unsigned int misses, unsigned int taken, int last) {
+__device__ void kv_finish_sweep_at(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                   unsigned int misses, unsigned int taken, int last, unsigned int hand) {
     const unsigned int n = d.hot_rows;
     const unsigned long long base = (unsigned long long)slot * n;
-    const unsigned int hand = t.hand[slot];
     const unsigned int visited = last < 0 ? 0u : min((unsigned int)last + 1u, n);
     for (unsigned int i = threadIdx.x; i < visited; i += blockDim.x) {
         const unsigned int s = (hand + i) % n;
@@ -220,6 +219,11 @@ __device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int
         if (taken < misses) adv += 2ull * n + 1ull;
         t.hand[slot] = (unsigned int)((hand + adv) % n);
     }
+}
+
+__device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                unsigned int misses, unsigned int taken, int last) {
+    kv_finish_sweep_at(d, t, slot, call, misses, taken, last, t.hand[slot]);
 }
 
 // Installs plan[0..taken) (dst_row holds the victim slot) and rewrites dst_row to the arena row
@@ -460,7 +464,8 @@ __device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* 
 // memory written by some thread: the caller synchronizes before reading them.
 __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
                                       unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
-                                      unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last) {
+                                      unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last,
+                                      unsigned int hand) {
     const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
     const unsigned long long base = (unsigned long long)slot * n;
     // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map.
@@ -482,7 +487,6 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
     }
     __syncthreads();
     // 2. each thread counts a contiguous range of hand-rotated positions q (slot (hand + q) % n).
-    const unsigned int hand = t.hand[slot];
     const unsigned int per = (n + blockDim.x - 1u) / blockDim.x;
     const unsigned int q0 = min(threadIdx.x * per, n), q1 = min(q0 + per, n);
     unsigned int c1 = 0, c2 = 0;
@@ -565,17 +569,41 @@ __device__ __forceinline__ void kv_write_packed(const int (&out)[KV_FAST_PER], u
     }
 }
 
+// kv_finish_sweep_at from the candidate bitmaps of kv_pick_victims_block instead of the stamps: a
+// visited slot whose stamp is not this call after the installs is one that was unpinned before them
+// (a lap-1 or lap-2 bit: the two bits together mark exactly the unpinned slots) and not a victim; a
+// victim's reference bit is already clear (its install cleared it), so clearing every visited
+// unpinned slot's bit gives the same table. Saves the stamp reads.
+__device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned int misses,
+                                     unsigned int taken, int last, unsigned int hand, const unsigned int* bits) {
+    const unsigned int n = d.hot_rows, words = (n + 31u) >> 5;
+    const unsigned long long base = (unsigned long long)slot * n;
+    const unsigned int visited = last < 0 ? 0u : min((unsigned int)last + 1u, n);
+    for (unsigned int i = threadIdx.x; i < visited; i += blockDim.x) {
+        const unsigned int s = (hand + i) % n;
+        if (kv_bit(bits, s) | kv_bit(bits + words, s)) t.referenced[base + s] = 0u;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && misses > 0) {
+        unsigned long long adv = last < 0 ? 0ull : (unsigned long long)last + 1ull;
+        if (taken < misses) adv += 2ull * n + 1ull;  // one failing victim() call, as kv_finish_sweep_at
+        t.hand[slot] = (unsigned int)((hand + adv) % n);
+    }
+}
+
 // Steps C-G of a fast-engine entry (the lean engine shares them): after the block barrier that
 // follows the claims, orders the first appearances (the plan's positions), picks CLOCK victims with
 // the whole block, installs, does the sweep bookkeeping and gives each pending pick (KV_OUT_PENDING)
 // its placed row or -1 (unserved). Returns the distinct misses and placed rows; adds placed picks
 // to *c_hot. `p`, `out`: the thread's picks and outputs (f0 + i: flat index in the entry).
+template <bool BITS_SWEEP>
 __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t, unsigned int slot,
                                               const int (&p)[KV_FAST_PER], int (&out)[KV_FAST_PER],
                                               unsigned int f0, unsigned long long call, KvCopy* __restrict__ plan,
                                               unsigned int* bits, unsigned int* warp_sums, const int* fp,
-                                              unsigned int* sh_taken, int* sh_last, unsigned int* misses_out,
-                                              unsigned int* taken_out, unsigned int* c_hot) {
+                                              unsigned int* sh_taken, int* sh_last, unsigned int hand,
+                                              unsigned int* misses_out, unsigned int* taken_out,
+                                              unsigned int* c_hot) {
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
     unsigned int misses = 0;
     // C. owners of the first appearances, ordered by one block scan (each thread's picks are
@@ -600,7 +628,7 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     const unsigned int want = min(misses, d.hot_rows);
     __syncthreads();
     // D. victims (whole block), E. installs, F. sweep bookkeeping
-    if (want > 0u) kv_pick_victims_block(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last);
+    if (want > 0u) kv_pick_victims_block(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand);
     else if (threadIdx.x == 0) {
         *sh_taken = 0u;
         *sh_last = -1;
@@ -610,7 +638,10 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     kv_install_at(d, t, slot, call, plan, taken, fp);
     __syncthreads();
     if (misses > 0u) {
-        kv_finish_sweep(d, t, slot, call, misses, taken, *sh_last);
+        if (BITS_SWEEP)
+            kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
+        else
+            kv_finish_sweep_at(d, t, slot, call, misses, taken, *sh_last, hand);
         __syncthreads();
     }
     // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved)
@@ -701,7 +732,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     unsigned int misses = 0, taken = 0;
     if (s.full == 0u) {
         __syncthreads();
-        kv_fast_place(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, &misses, &taken,
+        kv_fast_place<false>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, t.hand[slot], &misses, &taken,
                       &c_hot);
     }
     // H. outputs: one scan ranks the valid entries (packed position, per-row counts)
@@ -956,7 +987,7 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
                                               unsigned int* __restrict__ stats_r, unsigned int layout,
                                               unsigned long long call, unsigned int* bits, const int* fp,
                                               unsigned int* warp_sums, unsigned int* sh_rows, unsigned int* sh_count,
-                                              unsigned int* sh_taken, int* sh_last) {
+                                              unsigned int* sh_taken, int* sh_last, unsigned int hand) {
     const bool full = s.full != 0u;
     const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
@@ -999,7 +1030,7 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
     if (!full && __syncthreads_or(miss))
-        kv_fast_place(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, &misses, &taken,
+        kv_fast_place<true>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand, &misses, &taken,
                       &c_hot);
     // H. outputs. Packed: one scan ranks the valid entries; in place: per-row shared counters.
     const bool packed = layout == KV_LAYOUT_PACKED;
@@ -1068,7 +1099,11 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
     // checked against the tables' extents here; validity is decided after the barrier).
     const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
     KvSlotDesc s = {};
-    if (slot_in) s = t.desc[sl];
+    unsigned int hand = 0;
+    if (slot_in) {
+        s = t.desc[sl];
+        hand = t.hand[sl];  // the CLOCK hand before the call (used only when something missed)
+    }
     int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
     if (slot_in) {
         const int* const g = kv_slot_fixed(d, t, (unsigned int)sl);
@@ -1130,7 +1165,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         } else if (lean) {
             kv_entry_lean(d, t, (unsigned int)sl, s, limit, p, rl, pg, hs, f0, fe, per, F, R, row0, k, layer, fetch,
                           indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
-                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last);
+                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
         } else {
             kv_entry_classic(d, t, sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices, valid_count, plan,
                              plan_count + r, stats + r * KV_STATS, layout, call, warp_sums, sh_count, &sh_taken,
