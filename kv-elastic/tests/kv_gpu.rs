@@ -2,8 +2,10 @@
 //! state ([`GpuArena`]; the CPU reference comparison lives in `tests/gpu_exactness.rs`): bad input never reads or writes out of bounds and comes out
 //! as `-1` with typed counters, misses are deduplicated across a session's rows and fetched bit-exact
 //! from the mapped host store, both copy back-ends write the same bytes, prefetched candidates are
-//! hits for the next resolve, write-back lands in the host store. Every test prints
-//! `SKIP: no CUDA device` and returns where no device exists.
+//! hits for the next resolve, write-back lands in the host store. The resolve tests run once per
+//! resolve engine (`ResolveEngine::ALL`), and every engine equals the classic kernel on a large,
+//! a direct-path and an overflowing entry. Every test prints `SKIP: no CUDA device` and returns
+//! where no device exists.
 
 #![cfg(feature = "cuda")]
 
