@@ -732,8 +732,8 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     unsigned int misses = 0, taken = 0;
     if (s.full == 0u) {
         __syncthreads();
-        kv_fast_place<false>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, t.hand[slot], &misses, &taken,
-                      &c_hot);
+        kv_fast_place<false>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last,
+                             t.hand[slot], &misses, &taken, &c_hot);
     }
     // H. outputs: one scan ranks the valid entries (packed position, per-row counts)
     const unsigned int rank = kv_rank_valid(out, f0, fe, k, R, warp_sums, sh_rowstart);
@@ -1030,8 +1030,8 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
     if (!full && __syncthreads_or(miss))
-        kv_fast_place<true>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand, &misses, &taken,
-                      &c_hot);
+        kv_fast_place<true>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
+                            &misses, &taken, &c_hot);
     // H. outputs. Packed: one scan ranks the valid entries; in place: per-row shared counters.
     const bool packed = layout == KV_LAYOUT_PACKED;
     int* const base = indices + (unsigned long long)row0 * k;
