@@ -249,14 +249,15 @@ impl Bed {
     }
 }
 
-/// Per-step times (µs) of one run over the whole sequence, and our distinct misses per step.
+/// Per-step times (µs) of one run over the whole sequence, our distinct misses per step, and (ours)
+/// the last step's outputs (indices, valid counts, stats): every engine must give the same.
 fn run_sequence(
     gpu: &Arc<Gpu>,
     bed: &mut Bed,
     seq: &Sequence,
     kernel: Kernel,
     run: Run,
-) -> Res<(Vec<f64>, Vec<u64>)> {
+) -> Res<(Vec<f64>, Vec<u64>, Vec<i64>)> {
     let s = gpu.stream().clone();
     let ev = Ev::new(gpu)?;
     bed.reset()?;
@@ -284,13 +285,18 @@ fn run_sequence(
             bed.check_sglang_rows(last)?;
         }
     }
+    let mut last = Vec::new();
     if let Kernel::Ours(_) = kernel {
         let e = bed.ours.pool.device().errors()?;
         if e != Default::default() {
             return Err(format!("device error counters after {kernel:?} {run:?}: {e:?}").into());
         }
+        let o = &bed.out;
+        last.extend(o.idx.download()?.iter().map(|&x| x as i64));
+        last.extend(o.valid.download()?.iter().map(|&x| x as i64));
+        last.extend(o.stats.download()?.iter().map(|&x| x as i64));
     }
-    Ok((us, misses))
+    Ok((us, misses, last))
 }
 
 /// Runs every configuration and prints one table row per (configuration, phase).
@@ -316,17 +322,16 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         let mut bed = Bed::new(gpu, hot, history, false, hot)?;
         // times[kernel][run] = per-step µs; misses from our fast kernel's plain run.
         let mut times = vec![vec![Vec::new(); RUNS.len()]; KERNELS.len()];
-        let mut misses = Vec::new();
+        let (mut misses, mut last) = (Vec::new(), Vec::new());
         for (ki, &kernel) in KERNELS.iter().enumerate() {
             for (ri, &run) in RUNS.iter().enumerate() {
-                let (us, m) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+                let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
                 if kernel == Kernel::Ours(ResolveEngine::Fast) && run == Run::Plain {
-                    misses = m;
-                } else if matches!(kernel, Kernel::Ours(_)) && m != misses {
-                    // Same decisions: every engine fetches the same distinct misses per step.
-                    return Err(
-                        format!("{kernel:?} {run:?}: misses per step differ from fast").into(),
-                    );
+                    (misses, last) = (m, l);
+                } else if matches!(kernel, Kernel::Ours(_)) && (m != misses || l != last) {
+                    // Same decisions: every engine fetches the same distinct misses per step and
+                    // returns the same last step.
+                    return Err(format!("{kernel:?} {run:?}: outputs differ from fast's").into());
                 }
                 times[ki][ri] = us;
             }
@@ -383,11 +388,17 @@ fn all_resident(gpu: &Arc<Gpu>, reps: usize, warm: usize, t: &mut Table) -> Res<
         phases: Vec::new(),
     };
     let mut med = vec![[None; 3]; KERNELS.len()];
+    let mut last = Vec::new();
     for (ki, &kernel) in KERNELS.iter().enumerate() {
         for (ri, run) in [Run::Plain, Run::Graph].into_iter().enumerate() {
-            let (us, m) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+            let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
             if m.iter().any(|&m| m > 0) {
                 return Err("all-resident case fetched rows".into());
+            }
+            if kernel == Kernel::Ours(ResolveEngine::Fast) && run == Run::Plain {
+                last = l;
+            } else if matches!(kernel, Kernel::Ours(_)) && l != last {
+                return Err(format!("all resident, {kernel:?} {run:?}: outputs differ").into());
             }
             med[ki][ri] = Some(median(&mut us[warm..].to_vec()));
         }
