@@ -226,24 +226,31 @@ __device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int
     kv_finish_sweep_at(d, t, slot, call, misses, taken, last, t.hand[slot]);
 }
 
+// Installs plan[i].position into hot slot `s` (evicting its old position) and writes plan[i] whole:
+// (slot, position, arena row of `s`). `fp`: the slot's fixed pages.
+__device__ __forceinline__ void kv_install_one(const KvDims& d, const KvTables& t, unsigned int slot,
+                                               unsigned long long call, KvCopy* plan, unsigned int i, unsigned int s,
+                                               const int* fp) {
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    const unsigned int p = plan[i].position;
+    const int old = t.slot_pos[hb + s];
+    if (old >= 0) t.pos_slot[pb + old] = KV_NONE;
+    t.slot_pos[hb + s] = (int)p;
+    t.pos_slot[pb + p] = (int)s;
+    t.referenced[hb + s] = 0u;
+    t.stamp[hb + s] = call;
+    plan[i].dst_row = (unsigned int)kv_fixed_row_at(d, fp, s);
+    plan[i].slot = slot;
+    plan[i].pad = 0u;
+}
+
 // Installs plan[0..taken) (dst_row holds the victim slot) and rewrites dst_row to the arena row
 // (`fp`: the slot's fixed pages).
 __device__ void kv_install_at(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
                               KvCopy* plan, unsigned int taken, const int* fp) {
-    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
-    const unsigned long long pb = (unsigned long long)slot * d.max_history;
-    for (unsigned int i = threadIdx.x; i < taken; i += blockDim.x) {
-        const unsigned int s = plan[i].dst_row, p = plan[i].position;
-        const int old = t.slot_pos[hb + s];
-        if (old >= 0) t.pos_slot[pb + old] = KV_NONE;
-        t.slot_pos[hb + s] = (int)p;
-        t.pos_slot[pb + p] = (int)s;
-        t.referenced[hb + s] = 0u;
-        t.stamp[hb + s] = call;
-        plan[i].dst_row = (unsigned int)kv_fixed_row_at(d, fp, s);
-        plan[i].slot = slot;
-        plan[i].pad = 0u;
-    }
+    for (unsigned int i = threadIdx.x; i < taken; i += blockDim.x)
+        kv_install_one(d, t, slot, call, plan, i, plan[i].dst_row, fp);
 }
 
 __device__ void kv_install(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
@@ -462,10 +469,15 @@ __device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* 
 // into plan[rank].dst_row (slot numbers); *sh_taken, *sh_last (scan index of the last victim, -1 if
 // none). `bits` holds 2 × ceil(n / 32) u32 of shared memory. Ends with the results in shared
 // memory written by some thread: the caller synchronizes before reading them.
+// INSTALL: the thread that finds victim `rank` also installs plan[rank] there (kv_install_one; the
+// installs touch only global slot state, which the bitmaps no longer read, and distinct victims,
+// distinct new positions and distinct old positions never collide), so plan[rank] is complete
+// when the caller's barrier passes; `fp`: the slot's fixed pages (used only with INSTALL).
+template <bool INSTALL>
 __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
                                       unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
                                       unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last,
-                                      unsigned int hand) {
+                                      unsigned int hand, const int* fp) {
     const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
     const unsigned long long base = (unsigned long long)slot * n;
     // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map.
@@ -506,14 +518,20 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
         for (unsigned int q = q0; q < q1; ++q) {
             if (kv_bit(bits, s)) {
                 if (r1 < taken) {
-                    plan[r1].dst_row = s;
+                    if (INSTALL)
+                        kv_install_one(d, t, slot, call, plan, r1, s, fp);
+                    else
+                        plan[r1].dst_row = s;
                     if (r1 == taken - 1u) *sh_last = (int)q;
                 }
                 ++r1;
             }
             if (kv_bit(bits + words, s)) {
                 if (r2 < taken) {
-                    plan[r2].dst_row = s;
+                    if (INSTALL)
+                        kv_install_one(d, t, slot, call, plan, r2, s, fp);
+                    else
+                        plan[r2].dst_row = s;
                     if (r2 == taken - 1u) *sh_last = (int)(n + q);
                 }
                 ++r2;
@@ -596,7 +614,7 @@ __device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigne
 // the whole block, installs, does the sweep bookkeeping and gives each pending pick (KV_OUT_PENDING)
 // its placed row or -1 (unserved). Returns the distinct misses and placed rows; adds placed picks
 // to *c_hot. `p`, `out`: the thread's picks and outputs (f0 + i: flat index in the entry).
-template <bool BITS_SWEEP>
+template <bool LEAN>
 __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t, unsigned int slot,
                                               const int (&p)[KV_FAST_PER], int (&out)[KV_FAST_PER],
                                               unsigned int f0, unsigned long long call, KvCopy* __restrict__ plan,
@@ -628,17 +646,20 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     const unsigned int want = min(misses, d.hot_rows);
     __syncthreads();
     // D. victims (whole block), E. installs, F. sweep bookkeeping
-    if (want > 0u) kv_pick_victims_block(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand);
+    if (want > 0u)
+        kv_pick_victims_block<LEAN>(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand, fp);
     else if (threadIdx.x == 0) {
         *sh_taken = 0u;
         *sh_last = -1;
     }
     __syncthreads();
     const unsigned int taken = *sh_taken;
-    kv_install_at(d, t, slot, call, plan, taken, fp);
-    __syncthreads();
+    if (!LEAN) {  // the lean engine installed with the victims
+        kv_install_at(d, t, slot, call, plan, taken, fp);
+        __syncthreads();
+    }
     if (misses > 0u) {
-        if (BITS_SWEEP)
+        if (LEAN)
             kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
         else
             kv_finish_sweep_at(d, t, slot, call, misses, taken, *sh_last, hand);
