@@ -202,11 +202,10 @@ __device__ void kv_pick_victims(const KvDims& d, const KvTables& t, unsigned int
 
 // After installs: clear reference bits of lap-1 slots the hand passed (unless pinned) and move the hand
 // as the CPU reference does (a failing victim() call sweeps 2n + 1 slots, i.e. one net step).
-__device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
-                                unsigned int misses, unsigned int taken, int last) {
+__device__ void kv_finish_sweep_at(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                   unsigned int misses, unsigned int taken, int last, unsigned int hand) {
     const unsigned int n = d.hot_rows;
     const unsigned long long base = (unsigned long long)slot * n;
-    const unsigned int hand = t.hand[slot];
     const unsigned int visited = last < 0 ? 0u : min((unsigned int)last + 1u, n);
     for (unsigned int i = threadIdx.x; i < visited; i += blockDim.x) {
         const unsigned int s = (hand + i) % n;
@@ -222,29 +221,58 @@ __device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int
     }
 }
 
+__device__ void kv_finish_sweep(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                unsigned int misses, unsigned int taken, int last) {
+    kv_finish_sweep_at(d, t, slot, call, misses, taken, last, t.hand[slot]);
+}
+
+// Installs plan[i].position into hot slot `s` (evicting its old position) and writes plan[i] whole:
+// (slot, position, arena row of `s`). `fp`: the slot's fixed pages.
+__device__ __forceinline__ void kv_install_one(const KvDims& d, const KvTables& t, unsigned int slot,
+                                               unsigned long long call, KvCopy* plan, unsigned int i, unsigned int s,
+                                               const int* fp) {
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    const unsigned int p = plan[i].position;
+    const int old = t.slot_pos[hb + s];
+    if (old >= 0) t.pos_slot[pb + old] = KV_NONE;
+    t.slot_pos[hb + s] = (int)p;
+    t.pos_slot[pb + p] = (int)s;
+    t.referenced[hb + s] = 0u;
+    t.stamp[hb + s] = call;
+    plan[i].dst_row = (unsigned int)kv_fixed_row_at(d, fp, s);
+    plan[i].slot = slot;
+    plan[i].pad = 0u;
+}
+
 // Installs plan[0..taken) (dst_row holds the victim slot) and rewrites dst_row to the arena row
 // (`fp`: the slot's fixed pages).
 __device__ void kv_install_at(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
                               KvCopy* plan, unsigned int taken, const int* fp) {
-    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
-    const unsigned long long pb = (unsigned long long)slot * d.max_history;
-    for (unsigned int i = threadIdx.x; i < taken; i += blockDim.x) {
-        const unsigned int s = plan[i].dst_row, p = plan[i].position;
-        const int old = t.slot_pos[hb + s];
-        if (old >= 0) t.pos_slot[pb + old] = KV_NONE;
-        t.slot_pos[hb + s] = (int)p;
-        t.pos_slot[pb + p] = (int)s;
-        t.referenced[hb + s] = 0u;
-        t.stamp[hb + s] = call;
-        plan[i].dst_row = (unsigned int)kv_fixed_row_at(d, fp, s);
-        plan[i].slot = slot;
-        plan[i].pad = 0u;
-    }
+    for (unsigned int i = threadIdx.x; i < taken; i += blockDim.x)
+        kv_install_one(d, t, slot, call, plan, i, plan[i].dst_row, fp);
 }
 
 __device__ void kv_install(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
                            KvCopy* plan, unsigned int taken) {
     kv_install_at(d, t, slot, call, plan, taken, kv_slot_fixed(d, t, slot));
+}
+
+// Places the `misses` positions ordered in plan[0 .. min(misses, hot_rows)) (classic path and
+// prefetch): victims by warp 0, installs, sweep bookkeeping (a failing sweep when victims run out).
+// Starts with a barrier (the plan positions are in global memory); returns the rows placed. The
+// caller synchronizes before reading the plan's rows.
+__device__ unsigned int kv_place_warp(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                      KvCopy* plan, unsigned int misses, unsigned int* sh_taken, int* sh_last) {
+    const unsigned int want = min(misses, d.hot_rows);
+    __syncthreads();
+    if (threadIdx.x < 32u) kv_pick_victims(d, t, slot, call, plan, want, sh_taken, sh_last);
+    __syncthreads();
+    const unsigned int taken = *sh_taken;
+    kv_install(d, t, slot, call, plan, taken);
+    __syncthreads();
+    kv_finish_sweep(d, t, slot, call, misses, taken, *sh_last);
+    return taken;
 }
 
 // Gathers plan rows from mapped host memory into layers [l0, l0 + nl): one warp per row.
@@ -318,6 +346,28 @@ __device__ void kv_fill_pad(int* indices, int* valid_count, unsigned int rows, u
         valid_count[r] = 0;
 }
 
+// A malformed query_start_loc: every row -1, every plan count and stats row 0, one bad_qsl (block 0).
+__device__ void kv_refuse_call(const KvTables& t, unsigned int sessions, unsigned int rows, unsigned int k,
+                               int* indices, int* valid_count, unsigned int* plan_count, unsigned int* stats) {
+    const unsigned int r = blockIdx.x;
+    for (unsigned int row = r; row < rows; row += gridDim.x) kv_fill_rows(indices, valid_count, row, row + 1, k);
+    if (r < sessions && threadIdx.x == 0) plan_count[r] = 0u;
+    if (r < sessions && threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
+    if (r == 0 && threadIdx.x == 0) atomicAdd(&t.err[KV_ERR_BAD_QSL], 1u);
+}
+
+// A refused entry (bad or repeated slot, seq_len out of range): its rows -1, plan count and stats 0,
+// one bad_session.
+__device__ void kv_refuse_entry(const KvTables& t, unsigned int row0, unsigned int row1, unsigned int k,
+                                int* indices, int* valid_count, unsigned int* plan_count_r, unsigned int* stats_r) {
+    kv_fill_rows(indices, valid_count, row0, row1, k);
+    if (threadIdx.x == 0) {
+        *plan_count_r = 0u;
+        atomicAdd(&t.err[KV_ERR_BAD_SESSION], 1u);
+    }
+    if (threadIdx.x < KV_STATS) stats_r[threadIdx.x] = 0u;
+}
+
 // Causal bound of one query row: the entry's seq_len, or min(query_seq_lens[row], seq_len).
 __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, int limit) {
     return qseq ? min(qseq[row], limit) : limit;
@@ -340,6 +390,9 @@ __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, i
 #define KV_FAST_PER 4
 #define KV_FAST_MAX_ROWS 64
 #define KV_OUT_PENDING (-2)
+
+// Dynamic shared memory of the fast and lean engines (victim bitmaps, then the entry's fixed pages).
+extern __shared__ unsigned int kv_dyn[];
 
 // Exclusive block-wide prefix sum of a u32 (blockDim.x a multiple of 32, <= 1024).
 __device__ __forceinline__ unsigned int kv_block_scan_u32(unsigned int v, unsigned int* total,
@@ -384,6 +437,17 @@ __device__ __forceinline__ void kv_add_counts(unsigned int* sh_count, unsigned i
     atomicAdd(&sh_count[7], bad);
 }
 
+// kv_add_counts with warp sums first (one shared add per counter per warp; all lanes call it).
+__device__ __forceinline__ void kv_add_counts_warp(unsigned int* sh_count, unsigned int c_tail, unsigned int c_scr,
+                                                   unsigned int c_page, unsigned int c_hot, unsigned int bad) {
+    c_tail = kv_warp_sum(c_tail);
+    c_scr = kv_warp_sum(c_scr);
+    c_page = kv_warp_sum(c_page);
+    c_hot = kv_warp_sum(c_hot);
+    bad = kv_warp_sum(bad);
+    if ((threadIdx.x & 31u) == 0u) kv_add_counts(sh_count, c_tail, c_scr, c_page, c_hot, bad);
+}
+
 // Thread 0 of an entry's block: its stats row from the block's counters (sh_count[1..5), [7]) and
 // its bad positions into the error word.
 __device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* st, const unsigned int* sh_count,
@@ -405,9 +469,15 @@ __device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* 
 // into plan[rank].dst_row (slot numbers); *sh_taken, *sh_last (scan index of the last victim, -1 if
 // none). `bits` holds 2 × ceil(n / 32) u32 of shared memory. Ends with the results in shared
 // memory written by some thread: the caller synchronizes before reading them.
+// INSTALL: the thread that finds victim `rank` also installs plan[rank] there (kv_install_one; the
+// installs touch only global slot state, which the bitmaps no longer read, and distinct victims,
+// distinct new positions and distinct old positions never collide), so plan[rank] is complete
+// when the caller's barrier passes; `fp`: the slot's fixed pages (used only with INSTALL).
+template <bool INSTALL>
 __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
                                       unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
-                                      unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last) {
+                                      unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last,
+                                      unsigned int hand, const int* fp) {
     const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
     const unsigned long long base = (unsigned long long)slot * n;
     // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map.
@@ -429,7 +499,6 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
     }
     __syncthreads();
     // 2. each thread counts a contiguous range of hand-rotated positions q (slot (hand + q) % n).
-    const unsigned int hand = t.hand[slot];
     const unsigned int per = (n + blockDim.x - 1u) / blockDim.x;
     const unsigned int q0 = min(threadIdx.x * per, n), q1 = min(q0 + per, n);
     unsigned int c1 = 0, c2 = 0;
@@ -449,14 +518,20 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
         for (unsigned int q = q0; q < q1; ++q) {
             if (kv_bit(bits, s)) {
                 if (r1 < taken) {
-                    plan[r1].dst_row = s;
+                    if (INSTALL)
+                        kv_install_one(d, t, slot, call, plan, r1, s, fp);
+                    else
+                        plan[r1].dst_row = s;
                     if (r1 == taken - 1u) *sh_last = (int)q;
                 }
                 ++r1;
             }
             if (kv_bit(bits + words, s)) {
                 if (r2 < taken) {
-                    plan[r2].dst_row = s;
+                    if (INSTALL)
+                        kv_install_one(d, t, slot, call, plan, r2, s, fp);
+                    else
+                        plan[r2].dst_row = s;
                     if (r2 == taken - 1u) *sh_last = (int)(n + q);
                 }
                 ++r2;
@@ -468,6 +543,138 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
         *sh_taken = taken;
         if (taken == 0u) *sh_last = -1;
     }
+}
+
+// Packed outputs, step 1 (before a barrier): ranks the thread's valid outputs across the entry (one
+// block scan; thread order is flat order) and records each row's first rank in sh_rows[rr],
+// sh_rows[R] = the total. Returns the rank of the thread's first valid output.
+__device__ __forceinline__ unsigned int kv_rank_valid(const int (&out)[KV_FAST_PER], unsigned int f0, unsigned int fe,
+                                                      unsigned int k, unsigned int R, unsigned int* warp_sums,
+                                                      unsigned int* sh_rows) {
+    unsigned int nv = 0;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) nv += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
+    unsigned int total;
+    const unsigned int rank = kv_block_scan_u32(nv, &total, warp_sums);
+    unsigned int loc = 0;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        const unsigned int f = f0 + i;
+        if (f < fe && f % k == 0u) sh_rows[f / k] = rank + loc;
+        loc += (f < fe && out[i] >= 0) ? 1u : 0u;
+    }
+    if (threadIdx.x == 0) sh_rows[R] = total;
+    return rank;
+}
+
+// Packed outputs, step 2 (after the barrier): valid entries at the front of their rows in column
+// order, -1 after them. `base`: the entry's first row.
+__device__ __forceinline__ void kv_write_packed(const int (&out)[KV_FAST_PER], unsigned int f0, unsigned int fe,
+                                                unsigned int k, unsigned int R, unsigned int rank,
+                                                const unsigned int* sh_rows, int* base) {
+    unsigned int loc = 0;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        const unsigned int f = f0 + i;
+        if (f >= fe) continue;
+        const unsigned int rr = f / k;
+        if (out[i] >= 0) base[(unsigned long long)rr * k + rank + loc - sh_rows[rr]] = out[i];
+        loc += out[i] >= 0 ? 1u : 0u;
+    }
+    for (unsigned int rr = 0; rr < R; ++rr) {
+        int* const orow = base + (unsigned long long)rr * k;
+        for (unsigned int j = sh_rows[rr + 1] - sh_rows[rr] + threadIdx.x; j < k; j += blockDim.x) orow[j] = -1;
+    }
+}
+
+// kv_finish_sweep_at from the candidate bitmaps of kv_pick_victims_block instead of the stamps: a
+// visited slot whose stamp is not this call after the installs is one that was unpinned before them
+// (a lap-1 or lap-2 bit: the two bits together mark exactly the unpinned slots) and not a victim; a
+// victim's reference bit is already clear (its install cleared it), so clearing every visited
+// unpinned slot's bit gives the same table. Saves the stamp reads.
+__device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned int misses,
+                                     unsigned int taken, int last, unsigned int hand, const unsigned int* bits) {
+    const unsigned int n = d.hot_rows, words = (n + 31u) >> 5;
+    const unsigned long long base = (unsigned long long)slot * n;
+    const unsigned int visited = last < 0 ? 0u : min((unsigned int)last + 1u, n);
+    for (unsigned int i = threadIdx.x; i < visited; i += blockDim.x) {
+        const unsigned int s = (hand + i) % n;
+        if (kv_bit(bits, s) | kv_bit(bits + words, s)) t.referenced[base + s] = 0u;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && misses > 0) {
+        unsigned long long adv = last < 0 ? 0ull : (unsigned long long)last + 1ull;
+        if (taken < misses) adv += 2ull * n + 1ull;  // one failing victim() call, as kv_finish_sweep_at
+        t.hand[slot] = (unsigned int)((hand + adv) % n);
+    }
+}
+
+// Steps C-G of a fast-engine entry (the lean engine shares them): after the block barrier that
+// follows the claims, orders the first appearances (the plan's positions), picks CLOCK victims with
+// the whole block, installs, does the sweep bookkeeping and gives each pending pick (KV_OUT_PENDING)
+// its placed row or -1 (unserved). Returns the distinct misses and placed rows; adds placed picks
+// to *c_hot. `p`, `out`: the thread's picks and outputs (f0 + i: flat index in the entry).
+template <bool LEAN>
+__device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t, unsigned int slot,
+                                              const int (&p)[KV_FAST_PER], int (&out)[KV_FAST_PER],
+                                              unsigned int f0, unsigned long long call, KvCopy* __restrict__ plan,
+                                              unsigned int* bits, unsigned int* warp_sums, const int* fp,
+                                              unsigned int* sh_taken, int* sh_last, unsigned int hand,
+                                              unsigned int* misses_out, unsigned int* taken_out,
+                                              unsigned int* c_hot) {
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    unsigned int misses = 0;
+    // C. owners of the first appearances, ordered by one block scan (each thread's picks are
+    //    consecutive, so thread order is flat order); owners release their claims.
+    bool own[KV_FAST_PER];
+    unsigned int cnt = 0;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        own[i] = out[i] == KV_OUT_PENDING && t.first[pb + p[i]] == (int)(f0 + i);
+        cnt += own[i];
+    }
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+        if (own[i]) t.first[pb + p[i]] = KV_UNCLAIMED;
+    unsigned int at = kv_block_scan_u32(cnt, &misses, warp_sums);
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        if (!own[i]) continue;
+        if (at < d.hot_rows) plan[at].position = (unsigned int)p[i];
+        ++at;
+    }
+    const unsigned int want = min(misses, d.hot_rows);
+    __syncthreads();
+    // D. victims (whole block), E. installs, F. sweep bookkeeping
+    if (want > 0u)
+        kv_pick_victims_block<LEAN>(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand, fp);
+    else if (threadIdx.x == 0) {
+        *sh_taken = 0u;
+        *sh_last = -1;
+    }
+    __syncthreads();
+    const unsigned int taken = *sh_taken;
+    if (!LEAN) {  // the lean engine installed with the victims
+        kv_install_at(d, t, slot, call, plan, taken, fp);
+        __syncthreads();
+    }
+    if (misses > 0u) {
+        if (LEAN)
+            kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
+        else
+            kv_finish_sweep_at(d, t, slot, call, misses, taken, *sh_last, hand);
+        __syncthreads();
+    }
+    // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved)
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        if (out[i] != KV_OUT_PENDING) continue;
+        const int h = t.pos_slot[pb + p[i]];
+        out[i] = h >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h) : -1;
+        *c_hot += h >= 0;
+    }
+    *misses_out = misses;
+    *taken_out = taken;
 }
 
 // One entry of the fast engine (slot validated, not shared with another entry of the call; rows
@@ -546,100 +753,135 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     unsigned int misses = 0, taken = 0;
     if (s.full == 0u) {
         __syncthreads();
-        // C. owners of the first appearances, ordered by one block scan (each thread's picks are
-        //    consecutive, so thread order is flat order); owners release their claims.
-        bool own[KV_FAST_PER];
-        unsigned int cnt = 0;
-#pragma unroll
-        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-            own[i] = out[i] == KV_OUT_PENDING && t.first[pb + p[i]] == (int)(f0 + i);
-            cnt += own[i];
-        }
-#pragma unroll
-        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
-            if (own[i]) t.first[pb + p[i]] = KV_UNCLAIMED;
-        unsigned int at = kv_block_scan_u32(cnt, &misses, warp_sums);
-#pragma unroll
-        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-            if (!own[i]) continue;
-            if (at < d.hot_rows) plan[at].position = (unsigned int)p[i];
-            ++at;
-        }
-        const unsigned int want = min(misses, d.hot_rows);
-        __syncthreads();
-        // D. victims (whole block), E. installs, F. sweep bookkeeping
-        if (want > 0u) kv_pick_victims_block(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last);
-        else if (threadIdx.x == 0) {
-            *sh_taken = 0u;
-            *sh_last = -1;
-        }
-        __syncthreads();
-        taken = *sh_taken;
-        kv_install_at(d, t, slot, call, plan, taken, fp);
-        __syncthreads();
-        if (misses > 0u) {
-            kv_finish_sweep(d, t, slot, call, misses, taken, *sh_last);
-            __syncthreads();
-        }
-        // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved)
-#pragma unroll
-        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-            if (out[i] != KV_OUT_PENDING) continue;
-            const int h = t.pos_slot[pb + p[i]];
-            out[i] = h >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h) : -1;
-            c_hot += h >= 0;
-        }
+        kv_fast_place<false>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last,
+                             t.hand[slot], &misses, &taken, &c_hot);
     }
     // H. outputs: one scan ranks the valid entries (packed position, per-row counts)
-    unsigned int nv = 0;
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) nv += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
-    unsigned int total;
-    const unsigned int rank = kv_block_scan_u32(nv, &total, warp_sums);
-    unsigned int loc = 0;
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        const unsigned int f = f0 + i;
-        if (f < fe && f % k == 0u) sh_rowstart[f / k] = rank + loc;
-        loc += (f < fe && out[i] >= 0) ? 1u : 0u;
-    }
-    if (threadIdx.x == 0) sh_rowstart[R] = total;
+    const unsigned int rank = kv_rank_valid(out, f0, fe, k, R, warp_sums, sh_rowstart);
     __syncthreads();
-    loc = 0;
+    int* const base = indices + (unsigned long long)row0 * k;
+    if (layout == KV_LAYOUT_PACKED) {
+        kv_write_packed(out, f0, fe, k, R, rank, sh_rowstart, base);
+    } else {
 #pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        const unsigned int f = f0 + i;
-        if (f >= fe) continue;
-        const unsigned int rr = f / k;
-        int* const orow = indices + (unsigned long long)(row0 + rr) * k;
-        if (layout == KV_LAYOUT_PACKED) {
-            if (out[i] >= 0) orow[rank + loc - sh_rowstart[rr]] = out[i];
-        } else {
-            orow[f % k] = out[i];
-        }
-        loc += out[i] >= 0 ? 1u : 0u;
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (f0 + i < fe) base[f0 + i] = out[i];
     }
-    for (unsigned int rr = 0; rr < R; ++rr) {
-        const unsigned int v = sh_rowstart[rr + 1] - sh_rowstart[rr];
-        if (layout == KV_LAYOUT_PACKED) {
-            int* const orow = indices + (unsigned long long)(row0 + rr) * k;
-            for (unsigned int j = v + threadIdx.x; j < k; j += blockDim.x) orow[j] = -1;
-        }
-        if (threadIdx.x == 0) valid_count[row0 + rr] = (int)v;
-    }
+    for (unsigned int rr = 0; rr < R; ++rr)
+        if (threadIdx.x == 0) valid_count[row0 + rr] = (int)(sh_rowstart[rr + 1] - sh_rowstart[rr]);
     // The copy last: the outputs above are plain stores that need nothing from it.
     if (fetch && taken > 0u) kv_fetch(d, t, plan, taken, layer, 1u);
     // Stats (warp sums, then one shared add per warp).
-    c_tail = kv_warp_sum(c_tail);
-    c_scr = kv_warp_sum(c_scr);
-    c_page = kv_warp_sum(c_page);
-    c_hot = kv_warp_sum(c_hot);
-    bad = kv_warp_sum(bad);
-    if ((threadIdx.x & 31u) == 0u) kv_add_counts(sh_count, c_tail, c_scr, c_page, c_hot, bad);
+    kv_add_counts_warp(sh_count, c_tail, c_scr, c_page, c_hot, bad);
     __syncthreads();
     if (threadIdx.x == 0) {
         *plan_count_r = taken;
         if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
+        kv_write_stats(t, stats_r, sh_count, taken, s.full != 0u && misses == 0u);
+    }
+}
+
+// One entry of the classic engine (slot validated, not shared with another entry of the call): three
+// passes over the picks (claim, ordered compaction, output), victims by warp 0. Also the fast and lean
+// engines' path for entries over KV_FAST_PER x blockDim picks or KV_FAST_MAX_ROWS rows.
+__device__ void kv_entry_classic(const KvDims& d, const KvTables& t, int sl, const KvSlotDesc& s, int limit,
+                                 const int* __restrict__ topk, const int* __restrict__ qseq, unsigned int row0,
+                                 unsigned int row1, unsigned int k, unsigned int layer, unsigned int fetch,
+                                 int* __restrict__ indices, int* __restrict__ valid_count, KvCopy* __restrict__ plan,
+                                 unsigned int* __restrict__ plan_count_r, unsigned int* __restrict__ stats_r,
+                                 unsigned int layout, unsigned long long call, unsigned int* warp_sums,
+                                 unsigned int* sh_count, unsigned int* sh_taken, int* sh_last) {
+    const unsigned int slot = (unsigned int)sl;
+    unsigned int bad = 0, misses = 0, taken = 0;
+    // Direct path: the whole history is resident (tail + borrowed pages), nothing to place.
+    if (s.full == 0u) {
+        // 1. touch hits, claim misses
+        for (unsigned int row = row0; row < row1; ++row) {
+            const int rl = kv_row_limit(qseq, row, limit);
+            for (unsigned int j = threadIdx.x; j < k; j += blockDim.x)
+                kv_claim(d, t, slot, s, topk[(unsigned long long)row * k + j], rl, (int)((row - row0) * k + j),
+                         call, &bad);
+        }
+        __syncthreads();
+        // 2. ordered compaction of first appearances
+        for (unsigned int row = row0; row < row1; ++row) {
+            const int rl = kv_row_limit(qseq, row, limit);
+            for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
+                const unsigned int j = j0 + threadIdx.x;
+                const int f = (int)((row - row0) * k + j);
+                const int p = j < k ? topk[(unsigned long long)row * k + j] : -1;
+                const bool own = j < k && kv_owner(d, t, slot, s, p, rl, f);
+                unsigned int total;
+                const unsigned int at = misses + kv_block_scan(own, &total, warp_sums);
+                if (own && at < d.hot_rows) plan[at].position = (unsigned int)p;
+                misses += total;
+            }
+        }
+        // 3. victims (warp 0), 4. installs, 5. sweep bookkeeping
+        taken = kv_place_warp(d, t, slot, call, plan, misses, sh_taken, sh_last);
+        __syncthreads();
+        // 6. fetch from mapped host memory
+        if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
+    } else {
+        // Direct path: only the invalid picks need counting (the output pass skips them).
+        for (unsigned int row = row0; row < row1; ++row) {
+            const int rl = kv_row_limit(qseq, row, limit);
+            for (unsigned int j = threadIdx.x; j < k; j += blockDim.x) {
+                const int p = topk[(unsigned long long)row * k + j];
+                bad += (p < -1 || (p >= 0 && p >= rl)) ? 1u : 0u;
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        *plan_count_r = taken;
+        if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
+    }
+    // 7. outputs, every element written
+    unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0;
+    for (unsigned int row = row0; row < row1; ++row) {
+        const int rl = kv_row_limit(qseq, row, limit);
+        int* const orow = indices + (unsigned long long)row * k;
+        unsigned int valid = 0;
+        for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
+            const unsigned int j = j0 + threadIdx.x;
+            int out = -1;
+            if (j < k) {
+                const int p = topk[(unsigned long long)row * k + j];
+                if (p >= 0 && p < rl) {
+                    int kind;
+                    out = kv_resident(d, t, slot, s, (unsigned int)p, &kind);
+                    if (out < 0) {
+                        const int hs = t.pos_slot[(unsigned long long)slot * d.max_history + p];
+                        if (hs >= 0) {
+                            out = kv_fixed_row(d, t, slot, (unsigned int)hs);
+                            c_hot++;
+                        }
+                    } else {
+                        c_scr += kind == 1;
+                        c_tail += kind == 2;
+                        c_page += kind == 3;
+                    }
+                }
+            }
+            if (layout == KV_LAYOUT_PACKED) {
+                // Packed: valid entries at the front in column order (exclusive block scan).
+                unsigned int total;
+                const unsigned int at = kv_block_scan(out >= 0, &total, warp_sums);
+                if (out >= 0) orow[valid + at] = out;
+                valid += total;
+            } else {
+                if (j < k) orow[j] = out;
+                valid += (unsigned int)__syncthreads_count(out >= 0);
+            }
+        }
+        // Packed: -1 after the valid entries (columns no thread of this row wrote above).
+        if (layout == KV_LAYOUT_PACKED)
+            for (unsigned int j = valid + threadIdx.x; j < k; j += blockDim.x) orow[j] = -1;
+        if (threadIdx.x == 0) valid_count[row] = (int)valid;
+    }
+    kv_add_counts(sh_count, c_tail, c_scr, c_page, c_hot, bad);
+    __syncthreads();
+    if (threadIdx.x == 0) {
         kv_write_stats(t, stats_r, sh_count, taken, s.full != 0u && misses == 0u);
     }
 }
@@ -669,7 +911,6 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
     __shared__ unsigned int sh_rowstart[KV_FAST_MAX_ROWS + 1];
-    extern __shared__ unsigned int kv_dyn[];
     if (threadIdx.x == 0) sh_call = t.call[0] + 1ull;
     if (threadIdx.x < KV_STATS) sh_count[threadIdx.x] = 0u;
     __syncthreads();
@@ -677,10 +918,7 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
     const unsigned int r = blockIdx.x;
 
     if (!kv_qsl_ok(qsl, sessions, rows)) {
-        for (unsigned int row = blockIdx.x; row < rows; row += gridDim.x) kv_fill_rows(indices, valid_count, row, row + 1, k);
-        if (r < sessions && threadIdx.x == 0) plan_count[r] = 0u;
-        if (r < sessions && threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
-        if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&t.err[KV_ERR_BAD_QSL], 1u);
+        kv_refuse_call(t, sessions, rows, k, indices, valid_count, plan_count, stats);
     } else if (r == sessions) {
         kv_fill_rows(indices, valid_count, 0, (unsigned int)qsl[0], k);
         kv_fill_rows(indices, valid_count, (unsigned int)qsl[sessions], rows, k);
@@ -702,12 +940,7 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
             ok = !__syncthreads_or(dup);
         }
         if (!ok) {
-            kv_fill_rows(indices, valid_count, row0, row1, k);
-            if (threadIdx.x == 0) {
-                plan_count[r] = 0u;
-                atomicAdd(&t.err[KV_ERR_BAD_SESSION], 1u);
-            }
-            if (threadIdx.x < KV_STATS) stats[r * KV_STATS + threadIdx.x] = 0u;
+            kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
         } else if (FAST && (row1 - row0) <= KV_FAST_MAX_ROWS &&
                    (unsigned long long)(row1 - row0) * k <= (unsigned long long)KV_FAST_PER * blockDim.x) {
             kv_entry_fast(d, t, (unsigned int)sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices,
@@ -715,107 +948,9 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
                           stats + r * KV_STATS, layout, call, kv_dyn, warp_sums, sh_rowstart, sh_count, &sh_taken,
                           &sh_last);
         } else {
-            const unsigned int slot = (unsigned int)sl;
-            KvCopy* plan = plan_all + (unsigned long long)r * d.hot_rows;
-            unsigned int bad = 0, misses = 0, taken = 0;
-            // Direct path: the whole history is resident (tail + borrowed pages), nothing to place.
-            if (s.full == 0u) {
-            // 1. touch hits, claim misses
-            for (unsigned int row = row0; row < row1; ++row) {
-                const int rl = kv_row_limit(qseq, row, limit);
-                for (unsigned int j = threadIdx.x; j < k; j += blockDim.x)
-                    kv_claim(d, t, slot, s, topk[(unsigned long long)row * k + j], rl, (int)((row - row0) * k + j),
-                             call, &bad);
-            }
-            __syncthreads();
-            // 2. ordered compaction of first appearances
-            for (unsigned int row = row0; row < row1; ++row) {
-                const int rl = kv_row_limit(qseq, row, limit);
-                for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
-                    const unsigned int j = j0 + threadIdx.x;
-                    const int f = (int)((row - row0) * k + j);
-                    const int p = j < k ? topk[(unsigned long long)row * k + j] : -1;
-                    const bool own = j < k && kv_owner(d, t, slot, s, p, rl, f);
-                    unsigned int total;
-                    const unsigned int at = misses + kv_block_scan(own, &total, warp_sums);
-                    if (own && at < d.hot_rows) plan[at].position = (unsigned int)p;
-                    misses += total;
-                }
-            }
-            const unsigned int want = min(misses, d.hot_rows);
-            __syncthreads();
-            // 3. victims (warp 0), 4. installs, 5. sweep bookkeeping
-            if (threadIdx.x < 32u) kv_pick_victims(d, t, slot, call, plan, want, &sh_taken, &sh_last);
-            __syncthreads();
-            taken = sh_taken;
-            kv_install(d, t, slot, call, plan, taken);
-            __syncthreads();
-            kv_finish_sweep(d, t, slot, call, misses, taken, sh_last);
-            __syncthreads();
-            // 6. fetch from mapped host memory
-            if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
-            } else {
-                // Direct path: only the invalid picks need counting (the output pass skips them).
-                for (unsigned int row = row0; row < row1; ++row) {
-                    const int rl = kv_row_limit(qseq, row, limit);
-                    for (unsigned int j = threadIdx.x; j < k; j += blockDim.x) {
-                        const int p = topk[(unsigned long long)row * k + j];
-                        bad += (p < -1 || (p >= 0 && p >= rl)) ? 1u : 0u;
-                    }
-                }
-            }
-            if (threadIdx.x == 0) {
-                plan_count[r] = taken;
-                if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
-            }
-            // 7. outputs, every element written
-            unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0;
-            for (unsigned int row = row0; row < row1; ++row) {
-                const int rl = kv_row_limit(qseq, row, limit);
-                int* const orow = indices + (unsigned long long)row * k;
-                unsigned int valid = 0;
-                for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
-                    const unsigned int j = j0 + threadIdx.x;
-                    int out = -1;
-                    if (j < k) {
-                        const int p = topk[(unsigned long long)row * k + j];
-                        if (p >= 0 && p < rl) {
-                            int kind;
-                            out = kv_resident(d, t, slot, s, (unsigned int)p, &kind);
-                            if (out < 0) {
-                                const int hs = t.pos_slot[(unsigned long long)slot * d.max_history + p];
-                                if (hs >= 0) {
-                                    out = kv_fixed_row(d, t, slot, (unsigned int)hs);
-                                    c_hot++;
-                                }
-                            } else {
-                                c_scr += kind == 1;
-                                c_tail += kind == 2;
-                                c_page += kind == 3;
-                            }
-                        }
-                    }
-                    if (layout == KV_LAYOUT_PACKED) {
-                        // Packed: valid entries at the front in column order (exclusive block scan).
-                        unsigned int total;
-                        const unsigned int at = kv_block_scan(out >= 0, &total, warp_sums);
-                        if (out >= 0) orow[valid + at] = out;
-                        valid += total;
-                    } else {
-                        if (j < k) orow[j] = out;
-                        valid += (unsigned int)__syncthreads_count(out >= 0);
-                    }
-                }
-                // Packed: -1 after the valid entries (columns no thread of this row wrote above).
-                if (layout == KV_LAYOUT_PACKED)
-                    for (unsigned int j = valid + threadIdx.x; j < k; j += blockDim.x) orow[j] = -1;
-                if (threadIdx.x == 0) valid_count[row] = (int)valid;
-            }
-            kv_add_counts(sh_count, c_tail, c_scr, c_page, c_hot, bad);
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                kv_write_stats(t, stats + r * KV_STATS, sh_count, taken, s.full != 0u && misses == 0u);
-            }
+            kv_entry_classic(d, t, sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices, valid_count,
+                             plan_all + (unsigned long long)r * d.hot_rows, plan_count + r, stats + r * KV_STATS,
+                             layout, call, warp_sums, sh_count, &sh_taken, &sh_last);
         }
     }
     if (blockIdx.x == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
@@ -838,6 +973,233 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(KV_RESOLVE
 
 extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RESOLVE_PARAMS) {
     kv_resolve_body<true>(KV_RESOLVE_ARGS);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lean engine (`tierkit_kv_resolve_lean`): the fast engine's decisions (and its steps C-G,
+// kv_fast_place) with the chain of dependent global round trips and barriers cut short; see
+// DESIGN.md, "Lean resolve engine":
+// 1. every load that depends on no other load is issued at once (call counter, the query_start_loc
+//    check, the entry's qsl words, slot and seq_len, the repeated-slot scan); as soon as those arrive,
+//    before any barrier, the slot's descriptor and fixed pages, the entry's picks and per-query
+//    bounds; then per pick the page-table and position-table entries (both addresses depend only
+//    on the slot and the pick). These are reads of tables no other block writes during the call,
+//    bounds-checked on the entry's own words; the call is validated after them.
+// 2. one barrier validates the call (query_start_loc, repeated slot); a second pair only when it failed;
+// 3. the call counter's ticket is taken right after that barrier, not at the end of the block;
+// 4. steps C-G run only when some pick of the entry missed (one __syncthreads_or), the direct path
+//    (s.full) does no hot-cache bookkeeping at all;
+// 5. in-place rows count their valid entries with per-row shared counters (no block scan).
+// 1024 threads per block (ResolveEngine::Lean) or 512 (Lean512); entries over KV_FAST_PER x blockDim
+// picks or KV_FAST_MAX_ROWS rows take the classic entry. Dynamic shared memory as the fast engine.
+#define KV_NO_BOUND 0x7fffffff
+
+// One entry of the lean engine, after the validating barrier: p, rl, pg, hs are the thread's picks,
+// their query rows' bounds (KV_NO_BOUND without per-query bounds), page-table and position-table
+// entries (-1 where not read), read before the barrier; fp holds the slot's fixed pages (shared).
+__device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t, unsigned int slot,
+                                              const KvSlotDesc& s, int limit, const int (&p)[KV_FAST_PER],
+                                              const int (&rl)[KV_FAST_PER], const int (&pg)[KV_FAST_PER],
+                                              const int (&hs)[KV_FAST_PER], unsigned int f0, unsigned int fe,
+                                              unsigned int per, unsigned int F, unsigned int R, unsigned int row0,
+                                              unsigned int k, unsigned int layer, unsigned int fetch,
+                                              int* __restrict__ indices, int* __restrict__ valid_count,
+                                              KvCopy* __restrict__ plan, unsigned int* __restrict__ plan_count_r,
+                                              unsigned int* __restrict__ stats_r, unsigned int layout,
+                                              unsigned long long call, unsigned int* bits, const int* fp,
+                                              unsigned int* warp_sums, unsigned int* sh_rows, unsigned int* sh_count,
+                                              unsigned int* sh_taken, int* sh_last, unsigned int hand) {
+    const bool full = s.full != 0u;
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+    int out[KV_FAST_PER];
+    unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
+    bool miss = false;
+    // A + B. tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim), from the speculative reads.
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        out[i] = -1;
+        const unsigned int f = f0 + i;
+        if (f >= fe || p[i] == -1) continue;
+        if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
+            bad += 1u;
+            continue;
+        }
+        const unsigned int q = (unsigned int)p[i];
+        if (q >= s.committed) {
+            out[i] = kv_fixed_row_at(d, fp, d.hot_rows + d.tail_rows + (q - s.committed));
+            c_scr++;
+        } else if (q >= s.tail_start) {
+            out[i] = kv_fixed_row_at(d, fp, d.hot_rows + q % d.tail_rows);
+            c_tail++;
+        } else if (pg[i] >= 0) {
+            out[i] = pg[i] * (int)d.page_rows + (int)(q % d.page_rows);
+            c_page++;
+        } else if (hs[i] >= 0) {
+            if (!full) {
+                t.referenced[hb + hs[i]] = 1u;
+                t.stamp[hb + hs[i]] = call;
+            }
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)hs[i]);
+            c_hot++;
+        } else if (!full) {
+            out[i] = KV_OUT_PENDING;
+            atomicMin(&t.first[pb + q], (int)f);
+            miss = true;
+        }
+    }
+    // C-G only when some pick of the entry missed (`full` is block-uniform).
+    unsigned int misses = 0, taken = 0;
+    if (!full && __syncthreads_or(miss))
+        kv_fast_place<true>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
+                            &misses, &taken, &c_hot);
+    // H. outputs. Packed: one scan ranks the valid entries; in place: per-row shared counters.
+    const bool packed = layout == KV_LAYOUT_PACKED;
+    int* const base = indices + (unsigned long long)row0 * k;
+    unsigned int rank = 0;
+    if (packed) {
+        rank = kv_rank_valid(out, f0, fe, k, R, warp_sums, sh_rows);
+    } else {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (f0 + i < fe) base[f0 + i] = out[i];
+        // The warp's picks f in [w0, w1): one row -> one warp sum, else per-pick adds (warp-uniform test).
+        const unsigned int w0 = (threadIdx.x & ~31u) * per, w1 = min(w0 + 32u * per, F);
+        if (w0 < w1 && w0 / k == (w1 - 1u) / k) {
+            unsigned int v = 0;
+#pragma unroll
+            for (unsigned int i = 0; i < KV_FAST_PER; ++i) v += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
+            v = kv_warp_sum(v);
+            if ((threadIdx.x & 31u) == 0u && v) atomicAdd(&sh_rows[w0 / k], v);
+        } else {
+#pragma unroll
+            for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+                if (f0 + i < fe && out[i] >= 0) atomicAdd(&sh_rows[(f0 + i) / k], 1u);
+        }
+    }
+    kv_add_counts_warp(sh_count, c_tail, c_scr, c_page, c_hot, bad);
+    __syncthreads();
+    if (packed) kv_write_packed(out, f0, fe, k, R, rank, sh_rows, base);
+    if (threadIdx.x < R)
+        valid_count[row0 + threadIdx.x] =
+            (int)(packed ? sh_rows[threadIdx.x + 1] - sh_rows[threadIdx.x] : sh_rows[threadIdx.x]);
+    // The copy last: the outputs above are plain stores that need nothing from it.
+    if (fetch && taken > 0u) kv_fetch(d, t, plan, taken, layer, 1u);
+    if (threadIdx.x == 0) {
+        *plan_count_r = taken;
+        if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
+        kv_write_stats(t, stats_r, sh_count, taken, full && misses == 0u);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RESOLVE_PARAMS) {
+    __shared__ unsigned int warp_sums[32];
+    __shared__ unsigned int sh_taken, sh_count[KV_STATS];
+    __shared__ int sh_last;
+    __shared__ unsigned int sh_rows[KV_FAST_MAX_ROWS + 1];
+    const unsigned int r = blockIdx.x, tid = threadIdx.x;
+    if (tid < KV_STATS) sh_count[tid] = 0u;
+    if (tid <= KV_FAST_MAX_ROWS) sh_rows[tid] = 0u;
+    // Round trip 1: loads that depend on no other load.
+    const unsigned long long call = t.call[0] + 1ull;
+    bool bad_qsl = false;
+    for (unsigned int i = tid; i < sessions; i += blockDim.x) bad_qsl |= qsl[i + 1] < qsl[i];
+    if (tid == 0) bad_qsl |= qsl[0] < 0 || (unsigned int)qsl[sessions] > rows;
+    const bool entry = r < sessions;
+    int q0 = 0, q1 = 0, sl = -1, limit = 0;
+    if (entry) {
+        q0 = qsl[r];
+        q1 = qsl[r + 1];
+        sl = session_slot[r];
+        limit = seq_lens[r];
+    }
+    bool dup = false;
+    if (entry)
+        for (unsigned int i = tid; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
+    // Round trip 2: the slot's descriptor and fixed pages, the entry's picks and query bounds (addresses
+    // checked against the tables' extents here; validity is decided after the barrier).
+    const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
+    KvSlotDesc s = {};
+    unsigned int hand = 0;
+    if (slot_in) {
+        s = t.desc[sl];
+        hand = t.hand[sl];  // the CLOCK hand before the call (used only when something missed)
+    }
+    int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
+    if (slot_in) {
+        const int* const g = kv_slot_fixed(d, t, (unsigned int)sl);
+        for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) fp[i] = g[i];
+    }
+    const bool rows_in = entry && q0 >= 0 && q0 <= q1 && (unsigned int)q1 <= rows;
+    const unsigned int R = rows_in ? (unsigned int)(q1 - q0) : 0u;
+    const bool lean = rows_in && R <= KV_FAST_MAX_ROWS &&
+                      (unsigned long long)R * k <= (unsigned long long)KV_FAST_PER * blockDim.x;
+    const unsigned int F = lean ? R * k : 0u;
+    const unsigned int per = min((unsigned int)KV_FAST_PER, (F + blockDim.x - 1u) / blockDim.x);
+    const unsigned int f0 = tid * per, fe = min(f0 + per, F);
+    const int* const tk = topk + (unsigned long long)(lean ? q0 : 0) * k;
+    int p[KV_FAST_PER], rl[KV_FAST_PER];
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = f0 + i < fe ? tk[f0 + i] : -1;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+        rl[i] = (qseq && f0 + i < fe) ? qseq[(unsigned int)q0 + (f0 + i) / k] : KV_NO_BOUND;
+    // Round trip 3: per pick, the page-table and position-table entries (used only where the lookup
+    // order reaches them).
+    const unsigned long long tb = (unsigned long long)(slot_in ? sl : 0) * d.max_pages;
+    const unsigned long long pb = (unsigned long long)(slot_in ? sl : 0) * d.max_history;
+    int pg[KV_FAST_PER], hs[KV_FAST_PER];
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        pg[i] = -1;
+        hs[i] = -1;
+        if (slot_in && p[i] >= 0) {
+            const unsigned int j = (unsigned int)p[i] / d.page_rows;
+            if (j < d.max_pages) pg[i] = t.page_tab[tb + j];
+            if ((unsigned int)p[i] < d.max_history) hs[i] = t.pos_slot[pb + p[i]];
+        }
+    }
+    // The validating barrier. `call` takes part so that every thread of the block has read the
+    // counter before thread 0 takes the block's ticket (call + 1 is never 0).
+    bool qsl_bad = false, dup_any = false;
+    if (__syncthreads_or(bad_qsl | dup | (call == 0ull))) {
+        qsl_bad = __syncthreads_or(bad_qsl);
+        dup_any = __syncthreads_or(dup);
+    }
+    unsigned long long ticket = 0;
+    if (tid == 0) {
+        __threadfence();
+        ticket = atomicAdd(&t.call[1], 1ull);
+    }
+    if (qsl_bad) {
+        kv_refuse_call(t, sessions, rows, k, indices, valid_count, plan_count, stats);
+    } else if (r == sessions) {
+        kv_fill_rows(indices, valid_count, 0, (unsigned int)qsl[0], k);
+        kv_fill_rows(indices, valid_count, (unsigned int)qsl[sessions], rows, k);
+    } else {
+        const unsigned int row0 = (unsigned int)q0, row1 = (unsigned int)q1;
+        const bool ok = slot_in && !dup_any && s.live != 0u && limit >= 1 &&
+                        (unsigned int)limit <= s.committed + s.scratch_len;
+        KvCopy* const plan = plan_all + (unsigned long long)r * d.hot_rows;
+        if (!ok) {
+            kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
+        } else if (lean) {
+            kv_entry_lean(d, t, (unsigned int)sl, s, limit, p, rl, pg, hs, f0, fe, per, F, R, row0, k, layer, fetch,
+                          indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
+                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
+        } else {
+            kv_entry_classic(d, t, sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices, valid_count, plan,
+                             plan_count + r, stats + r * KV_STATS, layout, call, warp_sums, sh_count, &sh_taken,
+                             &sh_last);
+        }
+    }
+    if (r == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
+    // The last block to take a ticket advances the call counter (every block read it before its ticket).
+    if (tid == 0 && ticket == (unsigned long long)gridDim.x - 1ull) {
+        t.call[0] = call;
+        t.call[1] = 0ull;
+        __threadfence();
+    }
 }
 
 // Plan replay into layers [l0, l0 + nl): block b copies plan[b * stride .. + count[b]].
@@ -902,15 +1264,8 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
         if (own && at < d.hot_rows) plan[at].position = (unsigned int)p;
         misses += total;
     }
-    const unsigned int want = min(misses, d.hot_rows);
-    __syncthreads();
-    if (threadIdx.x < 32u) kv_pick_victims(d, t, slot, call, plan, want, &sh_taken, &sh_last);
-    __syncthreads();
-    const unsigned int taken = sh_taken;
-    kv_install(d, t, slot, call, plan, taken);
-    __syncthreads();
     // The CPU reference stops at the first miss without a victim: one failing sweep.
-    kv_finish_sweep(d, t, slot, call, misses, taken, sh_last);
+    const unsigned int taken = kv_place_warp(d, t, slot, call, plan, misses, &sh_taken, &sh_last);
     if (threadIdx.x == 0) {
         plan_count[blockIdx.x] = taken;
         if (bad) atomicAdd(&t.err[KV_ERR_BAD_POSITION], bad);

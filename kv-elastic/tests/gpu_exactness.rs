@@ -4,7 +4,7 @@
 //! bad input) applied to an [`ElasticPool`] and a [`GpuElasticPool`] give identical results: indices,
 //! valid counts, plans, stats and errors; and the bytes the GPU arena holds at every returned row equal
 //! the fully resident reference (the committed or draft token at that position). Both copy back-ends
-//! and both resolve kernels (`ResolveEngine::Fast` and `Classic`).
+//! and every resolve kernel (`ResolveEngine::ALL`: fast, classic, lean, lean with 512 threads).
 //!
 //! Prints `SKIP: no CUDA device` and passes where no device exists. Cases: `KV_GPU_CASES` (default 40).
 #![cfg(feature = "cuda")]
@@ -487,7 +487,7 @@ fn gpu_resolver_equals_cpu_reference() {
         .unwrap_or(40);
     let (mut resolves, mut misses, mut unserved, mut packed, mut bounded) = (0, 0, 0, 0, 0);
     let mut written_back = 0;
-    let mut engines = [0u64; 2];
+    let mut engines = [0u64; ResolveEngine::ALL.len()];
     let (mut fills_dma, mut fills_gather) = (0u64, 0u64);
     for case in 0..cases {
         let mut rng = case * 7919 + 1;
@@ -530,18 +530,15 @@ fn gpu_resolver_equals_cpu_reference() {
             written_back: 0,
         };
         c.gpu.set_settle_readers(true);
-        // Cases 0, 1 (mod 4): the fast kernel; 2, 3: the classic one (each with both back-ends).
-        let engine = if case % 4 < 2 {
-            ResolveEngine::Fast
-        } else {
-            ResolveEngine::Classic
-        };
+        // Cases 2e, 2e + 1 (mod 8): engine e of `ResolveEngine::ALL` (each with both back-ends).
+        let ei = (case / 2 % ResolveEngine::ALL.len() as u64) as usize;
+        let engine = ResolveEngine::ALL[ei];
         c.gpu.set_resolve_engine(engine);
         for _ in 0..120 {
             c.step(&mut rng);
         }
         c.check_host_store();
-        engines[usize::from(engine == ResolveEngine::Classic)] += c.resolves;
+        engines[ei] += c.resolves;
         // Page fills: copy-engine runs where the store has one layer, the gather kernel otherwise.
         let fc = c.gpu.flush_counters();
         fills_dma += fc.rows_filled_dma;
@@ -562,10 +559,10 @@ fn gpu_resolver_equals_cpu_reference() {
     assert!(unserved > 0, "no overflowing step exercised");
     assert!(packed > 0 && bounded > 0, "new modes not exercised");
     assert!(written_back > 0, "no device write-back exercised");
-    if cases >= 4 {
+    if cases >= 2 * ResolveEngine::ALL.len() as u64 {
         assert!(
-            engines[0] > 0 && engines[1] > 0,
-            "both resolve kernels must be exercised: {engines:?}"
+            engines.iter().all(|&n| n > 0),
+            "every resolve kernel must be exercised: {engines:?}"
         );
         assert!(
             fills_dma > 0 && fills_gather > 0,
@@ -597,7 +594,7 @@ fn gpu_pool_large_geometry_matches_cpu() {
     let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
         return;
     };
-    for engine in [ResolveEngine::Fast, ResolveEngine::Classic] {
+    for engine in ResolveEngine::ALL {
         large_geometry_case(&gpu, engine);
     }
 }

@@ -2,11 +2,14 @@
 //! state ([`GpuArena`]; the CPU reference comparison lives in `tests/gpu_exactness.rs`): bad input never reads or writes out of bounds and comes out
 //! as `-1` with typed counters, misses are deduplicated across a session's rows and fetched bit-exact
 //! from the mapped host store, both copy back-ends write the same bytes, prefetched candidates are
-//! hits for the next resolve, write-back lands in the host store. Every test prints
-//! `SKIP: no CUDA device` and returns where no device exists.
+//! hits for the next resolve, write-back lands in the host store. The resolve tests run once per
+//! resolve engine (`ResolveEngine::ALL`), and every engine equals the classic kernel on a large,
+//! a direct-path and an overflowing entry. Every test prints `SKIP: no CUDA device` and returns
+//! where no device exists.
 
 #![cfg(feature = "cuda")]
 
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -16,6 +19,34 @@ use kv_elastic::gpu::GpuArena;
 use tierkit_testkit::gpu_or_skip;
 
 const ROW: u32 = 656;
+
+thread_local! {
+    /// The resolve kernel [`run`] and [`run_with`] launch (each test runs on its own thread).
+    static ENGINE: Cell<ResolveEngine> = const { Cell::new(ResolveEngine::Fast) };
+}
+
+fn engine() -> ResolveEngine {
+    ENGINE.with(Cell::get)
+}
+
+/// The default options with the current test engine.
+fn engine_opts() -> KvResolveOptions {
+    KvResolveOptions {
+        engine: engine(),
+        ..Default::default()
+    }
+}
+
+/// Runs a device test once per resolve engine ([`ResolveEngine::ALL`], fresh state each time), or
+/// prints `SKIP: no CUDA device` and returns.
+fn each_engine(test: fn(Arc<Gpu>)) {
+    let Some(gpu) = gpu_or_skip() else { return };
+    for e in ResolveEngine::ALL {
+        println!("resolve engine {e:?}");
+        ENGINE.with(|c| c.set(e));
+        test(gpu.clone());
+    }
+}
 
 fn dims() -> KvDims {
     KvDims {
@@ -142,7 +173,7 @@ fn run(kv: &GpuArena, c: &Call, sessions: u32, layer: u32, backend: CopyBackend)
         stats: c.stats.device_ptr(),
     };
     // SAFETY: all buffers of `c` are live and sized for (reqs, rows, k, hot_rows = 64).
-    unsafe { kv.resolve_async(gpu.stream(), &a, backend) }.unwrap();
+    unsafe { kv.resolve_async_with(gpu.stream(), &a, &engine_opts(), backend) }.unwrap();
     gpu.stream().synchronize().unwrap();
 }
 
@@ -185,11 +216,24 @@ fn run_with(kv: &GpuArena, c: &Call, sessions: u32, o: &KvResolveOptions) {
         plan_count: c.count.device_ptr(),
         stats: c.stats.device_ptr(),
     };
+    let o = KvResolveOptions {
+        engine: engine(),
+        ..*o
+    };
     // SAFETY: all buffers of `c` are live and sized for (reqs, rows, k, hot_rows = 64), the output
     // buffers hold at least `o.indices_len` / `o.valid_len` entries, `o.query_seq_lens` is 0 or a
     // live int32 [rows].
-    unsafe { kv.resolve_async_with(gpu.stream(), &a, o, CopyBackend::Gather) }.unwrap();
+    unsafe { kv.resolve_async_with(gpu.stream(), &a, &o, CopyBackend::Gather) }.unwrap();
     gpu.stream().synchronize().unwrap();
+}
+
+/// [`run_with`] with only the row layout set.
+fn run_layout(kv: &GpuArena, c: &Call, sessions: u32, layout: u32) {
+    let o = KvResolveOptions {
+        layout,
+        ..Default::default()
+    };
+    run_with(kv, c, sessions, &o);
 }
 
 fn want_row(slot: u32, p: i32, layer: u32) -> Vec<u8> {
@@ -204,7 +248,10 @@ fn row_bytes(plane: &[u8], row: i32) -> &[u8] {
 
 #[test]
 fn misses_are_deduplicated_across_rows_and_fetched_exactly() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    each_engine(misses_are_deduplicated_across_rows_and_fetched_exactly_on);
+}
+
+fn misses_are_deduplicated_across_rows_and_fetched_exactly_on(gpu: Arc<Gpu>) {
     let mut kv = setup(&gpu);
     // One request, 3 speculative rows of k = 40: page hits (< 160), tail (>= 984), misses with
     // duplicates across rows, and -1 padding.
@@ -264,7 +311,10 @@ fn misses_are_deduplicated_across_rows_and_fetched_exactly() {
 
 #[test]
 fn bad_input_comes_out_as_minus_one_and_is_counted() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    each_engine(bad_input_comes_out_as_minus_one_and_is_counted_on);
+}
+
+fn bad_input_comes_out_as_minus_one_and_is_counted_on(gpu: Arc<Gpu>) {
     let mut kv = setup(&gpu);
     let k = 8u32;
     // req 0: slot 0 with out-of-range picks; req 1: slot 3 (not live); req 2: slot 99 (no such slot);
@@ -314,7 +364,10 @@ fn bad_input_comes_out_as_minus_one_and_is_counted() {
 
 #[test]
 fn dma_and_gather_write_the_same_bytes_and_replay_fills_other_layers() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    each_engine(dma_and_gather_write_the_same_bytes_and_replay_fills_other_layers_on);
+}
+
+fn dma_and_gather_write_the_same_bytes_and_replay_fills_other_layers_on(gpu: Arc<Gpu>) {
     let kv = setup(&gpu);
     let k = 48u32;
     let topk: Vec<i32> = (0..k as i32).map(|j| 200 + j * 13).collect();
@@ -373,7 +426,10 @@ fn dma_and_gather_write_the_same_bytes_and_replay_fills_other_layers() {
 
 #[test]
 fn prefetched_candidates_are_hits_and_write_back_reaches_the_host_store() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    each_engine(prefetched_candidates_are_hits_and_write_back_reaches_the_host_store_on);
+}
+
+fn prefetched_candidates_are_hits_and_write_back_reaches_the_host_store_on(gpu: Arc<Gpu>) {
     let kv = setup(&gpu);
     let ctx = gpu.ctx();
     let cand: Vec<i32> = (0..60).map(|j| 400 + j * 7).collect();
@@ -445,8 +501,11 @@ fn prefetched_candidates_are_hits_and_write_back_reaches_the_host_store() {
 
 #[test]
 fn resolve_captured_in_a_cuda_graph_equals_direct_launches() {
+    each_engine(resolve_captured_in_a_cuda_graph_equals_direct_launches_on);
+}
+
+fn resolve_captured_in_a_cuda_graph_equals_direct_launches_on(gpu: Arc<Gpu>) {
     use cuda_kernels::cudarc_driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    let Some(gpu) = gpu_or_skip() else { return };
     // Two identical states: one driven by graph replays (fixed buffers, new picks uploaded into the
     // same topk buffer between replays), one by direct launches. With 48 picks per call into a
     // 64-row hot cache, evictions depend on the pins of each call: the call counter must advance on
@@ -480,7 +539,7 @@ fn resolve_captured_in_a_cuda_graph_equals_direct_launches() {
         stats: cg.stats.device_ptr(),
     };
     // SAFETY: buffers of `cg` live for the whole test; the graph only reads/writes them.
-    unsafe { kg.resolve_async(&s, &a, CopyBackend::Gather) }.unwrap();
+    unsafe { kg.resolve_async_with(&s, &a, &engine_opts(), CopyBackend::Gather) }.unwrap();
     let graph = s
         .end_capture(CUgraphInstantiate_flags(0))
         .unwrap()
@@ -531,7 +590,10 @@ fn cuda_failures_are_typed_with_the_cuda_name() {
 
 #[test]
 fn a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    each_engine(a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact_on);
+}
+
+fn a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact_on(gpu: Arc<Gpu>) {
     let mut kv = setup(&gpu);
     let k = 8u32;
     let first: Vec<i32> = (0..k as i32).map(|j| 300 + j).collect();
@@ -581,7 +643,10 @@ fn a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact() {
 
 #[test]
 fn packed_rows_per_query_bounds_and_padded_buffers() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    each_engine(packed_rows_per_query_bounds_and_padded_buffers_on);
+}
+
+fn packed_rows_per_query_bounds_and_padded_buffers_on(gpu: Arc<Gpu>) {
     let mut kv = setup(&gpu);
     // Two speculative rows of k = 600 (> KV_BLOCK: the packing crosses chunks): page hits, tail,
     // misses, -1 mid-row.
@@ -677,7 +742,10 @@ fn packed_rows_per_query_bounds_and_padded_buffers() {
 
 #[test]
 fn an_overflowing_speculative_step_is_served_as_far_as_hot_rows_last() {
-    let Some(gpu) = gpu_or_skip() else { return };
+    each_engine(an_overflowing_speculative_step_is_served_as_far_as_hot_rows_last_on);
+}
+
+fn an_overflowing_speculative_step_is_served_as_far_as_hot_rows_last_on(gpu: Arc<Gpu>) {
     let mut kv = setup(&gpu);
     // Three rows of 40 distinct misses (120 > 64 hot rows): the first 64 in first-appearance order
     // are placed and served exactly, the other picks are -1 and counted as overflow.
@@ -685,15 +753,7 @@ fn an_overflowing_speculative_step_is_served_as_far_as_hot_rows_last() {
     let topk: Vec<i32> = (0..3 * k as i32).map(|j| 200 + j).collect();
     for layout in [KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED] {
         let c = call(&gpu, &topk, &[0, 3], &[1000], &[0], k);
-        run_with(
-            &kv,
-            &c,
-            1,
-            &KvResolveOptions {
-                layout,
-                ..Default::default()
-            },
-        );
+        run_layout(&kv, &c, 1, layout);
         let e = kv.errors().unwrap();
         assert!(e.overflow > 0 && e.bad_position == 0 && e.bad_session == 0);
         kv.clear_errors().unwrap();
@@ -773,5 +833,73 @@ fn table_patches_read_from_mapped_staging_fill_words_in_stream_order() {
             _ => 7,
         };
         assert_eq!(v, want, "word {i}");
+    }
+}
+
+#[test]
+fn every_engine_equals_the_classic_one_on_large_direct_and_overflowing_entries() {
+    // Entry 0: slot 0, 4 rows of k = 700 (2,800 picks: past Lean512's 2,048-pick limit, so that
+    // engine takes its classic path; page, tail, invalid and more distinct misses than hot rows).
+    // Entry 1: slot 1, whole history resident (the direct path), invalid picks beyond its seq_len.
+    // Two calls per layout (the second mostly hits); every engine must give the classic kernel's
+    // indices, valid counts, plans, stats and error words.
+    let Some(gpu) = gpu_or_skip() else { return };
+    let k = 700u32;
+    let mut topk = Vec::new();
+    for r in 0..4usize {
+        for j in 0..k as usize {
+            topk.push(match j % 11 {
+                0 => -1,
+                1 => 1000 + j as i32,
+                _ => ((r * 389 + j * 13) % 1000) as i32,
+            });
+        }
+    }
+    topk.extend((0..k as i32).map(|j| if j % 9 == 0 { -1 } else { (j * 7) % 200 }));
+    let outputs = |engine: ResolveEngine| {
+        let mut kv = setup(&gpu);
+        let pages: Vec<i32> = (0..64).map(|j| if j < 10 { 5 + j } else { -1 }).collect();
+        let desc = KvSlotDesc {
+            live: 1,
+            committed: 160,
+            scratch_len: 0,
+            full: 1,
+            tail_start: 144,
+            pad: [0; 3],
+        };
+        kv.set_slot(1, desc, &[0, 1, 2, 3, 4], &pages).unwrap();
+        let mut got = Vec::new();
+        for layout in [KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED] {
+            for _ in 0..2 {
+                let c = call(&gpu, &topk, &[0, 4, 5], &[1000, 160], &[0, 1], k);
+                ENGINE.with(|e| e.set(engine));
+                run_layout(&kv, &c, 2, layout);
+                let count = c.count.download().unwrap();
+                let plan = c.plan.download().unwrap();
+                let plan: Vec<(u32, u32, u32)> = (0..2)
+                    .flat_map(|r| plan[r * 64..r * 64 + count[r] as usize].to_vec())
+                    .map(|c| (c.slot, c.position, c.dst_row))
+                    .collect();
+                got.push(format!(
+                    "{:?} {:?} {count:?} {plan:?} {:?} {:?}",
+                    c.idx.download().unwrap(),
+                    c.valid.download().unwrap(),
+                    c.stats.download().unwrap(),
+                    kv.errors().unwrap()
+                ));
+                kv.clear_errors().unwrap();
+            }
+        }
+        got
+    };
+    let want = outputs(ResolveEngine::Classic);
+    for engine in ResolveEngine::ALL {
+        let got = outputs(engine);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g == w,
+                "engine {engine:?}, call {i} differs from the classic kernel"
+            );
+        }
     }
 }

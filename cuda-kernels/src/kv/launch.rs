@@ -22,6 +22,7 @@ pub struct KvKernels {
     gpu: Arc<Gpu>,
     resolve: CudaFunction,
     resolve_fast: CudaFunction,
+    resolve_lean: CudaFunction,
     replay: CudaFunction,
     prefetch: CudaFunction,
     write_back: CudaFunction,
@@ -49,6 +50,7 @@ impl KvKernels {
         Ok(KvKernels {
             resolve: gpu.function(&KV_MODULE, "tierkit_kv_resolve")?,
             resolve_fast: gpu.function(&KV_MODULE, "tierkit_kv_resolve_fast")?,
+            resolve_lean: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean")?,
             replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
             prefetch: gpu.function(&KV_MODULE, "tierkit_kv_prefetch")?,
             write_back: gpu.function(&KV_MODULE, "tierkit_kv_write_back")?,
@@ -85,10 +87,10 @@ impl KvKernels {
 
     /// Launches the fused resolve on `stream` (graph capturable: only `t`, the buffers of `a` and
     /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel
-    /// ([`ResolveEngine::Fast`]: [`KV_FAST_BLOCK`] threads per block and `8 × ceil(hot_rows / 32) +
-    /// 4 × fixed_pages` bytes of dynamic shared memory; `Classic`, or a fast engine over
-    /// [`KV_FAST_MAX_HOT_ROWS`] / [`KV_FAST_MAX_FIXED_PAGES`]: [`KV_BLOCK`] threads); results are
-    /// identical.
+    /// ([`ResolveEngine::Fast`] and [`ResolveEngine::Lean`]: [`KV_FAST_BLOCK`] threads per block,
+    /// `Lean512` half of that, all three with `8 × ceil(hot_rows / 32) + 4 × fixed_pages` bytes of
+    /// dynamic shared memory; `Classic`, or any of them over [`KV_FAST_MAX_HOT_ROWS`] /
+    /// [`KV_FAST_MAX_FIXED_PAGES`]: [`KV_BLOCK`] threads); results are identical.
     /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
     /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
     /// (FlashMLA `topk_length`-compatible packing or in place), per-query causal bounds and
@@ -155,15 +157,14 @@ impl KvKernels {
             });
         }
         let fetch = u32::from(backend == CopyBackend::Gather);
-        let fast = o.engine == ResolveEngine::Fast
-            && d.hot_rows <= KV_FAST_MAX_HOT_ROWS
-            && d.fixed_pages <= KV_FAST_MAX_FIXED_PAGES;
-        let (func, block, smem) = if fast {
-            // Candidate bitmaps (2 × ceil(hot_rows / 32) u32), then the entry's fixed pages.
-            let smem = 8 * d.hot_rows.div_ceil(32) + 4 * d.fixed_pages;
-            (&self.resolve_fast, KV_FAST_BLOCK, smem)
-        } else {
-            (&self.resolve, KV_BLOCK, 0)
+        let fits = d.hot_rows <= KV_FAST_MAX_HOT_ROWS && d.fixed_pages <= KV_FAST_MAX_FIXED_PAGES;
+        // Candidate bitmaps (2 × ceil(hot_rows / 32) u32), then the entry's fixed pages.
+        let smem = 8 * d.hot_rows.div_ceil(32) + 4 * d.fixed_pages;
+        let (func, block, smem) = match o.engine {
+            ResolveEngine::Fast if fits => (&self.resolve_fast, KV_FAST_BLOCK, smem),
+            ResolveEngine::Lean if fits => (&self.resolve_lean, KV_FAST_BLOCK, smem),
+            ResolveEngine::Lean512 if fits => (&self.resolve_lean, KV_FAST_BLOCK / 2, smem),
+            _ => (&self.resolve, KV_BLOCK, 0),
         };
         let mut b = stream.launch_builder(func);
         b.arg(d)
@@ -191,9 +192,9 @@ impl KvKernels {
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: argument list matches tierkit_kv_resolve / tierkit_kv_resolve_fast (same
-        // parameters); the fast kernel's dynamic shared memory holds its two bitmaps of
-        // ceil(hot_rows / 32) words; buffers per the caller's contract.
+        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean (same parameters); the
+        // fast and lean kernels' dynamic shared memory holds their two bitmaps of ceil(hot_rows /
+        // 32) words and the fixed pages; buffers per the caller's contract.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_resolve)"))?;
         Ok(())
     }

@@ -64,6 +64,25 @@ pub enum ResolveEngine {
     /// `tierkit_kv_resolve` (the first kernel, kept for comparison): three passes over the picks,
     /// each repeating the lookups, and victims chosen by one warp walking the clock.
     Classic,
+    /// `tierkit_kv_resolve_lean` with 1024 threads per entry: the fast engine's decisions with the
+    /// dependent global round trips issued together before one validating barrier (descriptor,
+    /// fixed pages, picks, then page-table and position-table entries per pick), the call ticket
+    /// taken early, the placement steps skipped when no pick of the entry missed, no hot-cache
+    /// bookkeeping on the direct path and no block scan for in-place rows. Same limits as `Fast`.
+    Lean,
+    /// `tierkit_kv_resolve_lean` with 512 threads per entry (up to 4 picks per thread: entries
+    /// over 2048 picks take the classic path).
+    Lean512,
+}
+
+impl ResolveEngine {
+    /// Every engine, in declaration order (tests and benches run them side by side).
+    pub const ALL: [ResolveEngine; 4] = [
+        ResolveEngine::Fast,
+        ResolveEngine::Classic,
+        ResolveEngine::Lean,
+        ResolveEngine::Lean512,
+    ];
 }
 
 /// Per-session counters written by the resolve kernel (`u32 [sessions][KV_STATS]`): picks, tail hits,

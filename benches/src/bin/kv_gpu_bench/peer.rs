@@ -1,4 +1,5 @@
-//! `kv_gpu_bench --mode peer`: our resolve kernels (fast and classic) against SGLang HiSparse's
+//! `kv_gpu_bench --mode peer`: our resolve kernels (fast, classic, lean with 1024 and 512 threads per
+//! entry) against SGLang HiSparse's
 //! swap-in kernel (`load_cache_to_device_buffer_kernel`, ported in
 //! `testkit/kernels/sglang_hisparse.cu`, launched as SGLang's coordinator does: one block of 960
 //! threads per request) on identical inputs: batch 64, top-k 2048, 656 B rows, one layer, the full
@@ -35,11 +36,19 @@ enum Kernel {
     Ours(ResolveEngine),
 }
 
-const KERNELS: [Kernel; 3] = [
+const KERNELS: [Kernel; 5] = [
     Kernel::Sglang,
     Kernel::Ours(ResolveEngine::Fast),
     Kernel::Ours(ResolveEngine::Classic),
+    Kernel::Ours(ResolveEngine::Lean),
+    Kernel::Ours(ResolveEngine::Lean512),
 ];
+
+/// Column names of [`KERNELS`].
+const NAMES: [&str; 5] = ["SGLang", "fast", "classic", "lean", "lean512"];
+
+/// Kernels whose copy speed is reported (indices into [`KERNELS`]).
+const GBS: [usize; 3] = [0, 1, 3];
 
 /// How a run launches and whether it copies.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -50,6 +59,43 @@ enum Run {
 }
 
 const RUNS: [Run; 3] = [Run::Plain, Run::Graph, Run::Bookkeeping];
+
+/// Column suffixes of [`RUNS`].
+const RUN_NAMES: [&str; 3] = ["us", "graph us", "bookkeeping us"];
+
+/// The table's header: configuration, then per run every kernel's median and the best of ours
+/// over SGLang's (with the engine that gave it), then copy speeds.
+fn header() -> Vec<String> {
+    let mut h: Vec<String> = ["hot / history", "step", "misses/step"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for run in RUN_NAMES {
+        h.extend(NAMES.iter().map(|k| format!("{k} {run}")));
+        h.push(format!("best ours / SGLang ({run})"));
+    }
+    h.extend(GBS.iter().map(|&k| format!("{} copy GB/s", NAMES[k])));
+    h
+}
+
+/// One row's timing columns from `med[kernel][run]` (µs; `None` where a run was not made).
+fn timing_cells(med: &[[Option<f64>; 3]]) -> Vec<String> {
+    let mut c = Vec::new();
+    for ri in 0..RUNS.len() {
+        c.extend(med.iter().map(|m| match m[ri] {
+            Some(v) => format!("{v:.1}"),
+            None => "-".into(),
+        }));
+        let best = (1..med.len())
+            .filter_map(|k| med[k][ri].map(|v| (v, k)))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        c.push(match (best, med[0][ri]) {
+            (Some((v, k)), Some(sg)) => format!("{:.2} ({})", v / sg, NAMES[k]),
+            _ => "-".into(),
+        });
+    }
+    c
+}
 
 /// One phase of the sequence: steps `start .. start + warm + reps`, the last `reps` timed.
 struct Phase {
@@ -203,14 +249,15 @@ impl Bed {
     }
 }
 
-/// Per-step times (µs) of one run over the whole sequence, and our distinct misses per step.
+/// Per-step times (µs) of one run over the whole sequence, our distinct misses per step, and (ours)
+/// the last step's outputs (indices, valid counts, stats): every engine must give the same.
 fn run_sequence(
     gpu: &Arc<Gpu>,
     bed: &mut Bed,
     seq: &Sequence,
     kernel: Kernel,
     run: Run,
-) -> Res<(Vec<f64>, Vec<u64>)> {
+) -> Res<(Vec<f64>, Vec<u64>, Vec<i64>)> {
     let s = gpu.stream().clone();
     let ev = Ev::new(gpu)?;
     bed.reset()?;
@@ -238,17 +285,18 @@ fn run_sequence(
             bed.check_sglang_rows(last)?;
         }
     }
+    let mut last = Vec::new();
     if let Kernel::Ours(_) = kernel {
         let e = bed.ours.pool.device().errors()?;
         if e != Default::default() {
             return Err(format!("device error counters after {kernel:?} {run:?}: {e:?}").into());
         }
+        let o = &bed.out;
+        last.extend(o.idx.download()?.iter().map(|&x| x as i64));
+        last.extend(o.valid.download()?.iter().map(|&x| x as i64));
+        last.extend(o.stats.download()?.iter().map(|&x| x as i64));
     }
-    Ok((us, misses))
-}
-
-fn fmt_ratio(a: f64, b: f64) -> String {
-    format!("{:.2}", a / b)
+    Ok((us, misses, last))
 }
 
 /// Runs every configuration and prints one table row per (configuration, phase).
@@ -257,32 +305,13 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
     println!(
         "peer mode: device {} ({}), batch {REQS}, top-k {K}, rows {ROW} B, 1 layer, history in \
          mapped pinned host memory (read in place), {reps} timed steps per phase (median); \
-         SGLang = load_cache_to_device_buffer_kernel (960 threads/block); ours fast / classic = \
-         tierkit_kv_resolve_fast / tierkit_kv_resolve",
+         SGLang = load_cache_to_device_buffer_kernel (960 threads/block); ours fast / classic / \
+         lean / lean512 = tierkit_kv_resolve_fast / tierkit_kv_resolve / tierkit_kv_resolve_lean \
+         (1024 / 512 threads)",
         gpu.name()?,
         gpu.arch()
     );
-    let mut t = Table(vec![[
-        "hot / history",
-        "step",
-        "misses/step",
-        "SGLang us",
-        "fast us",
-        "classic us",
-        "fast / SGLang",
-        "SGLang graph",
-        "fast graph",
-        "classic graph",
-        "graph fast / SGLang",
-        "SGLang bookkeeping",
-        "fast bookkeeping",
-        "classic bookkeeping",
-        "SGLang copy GB/s",
-        "fast copy GB/s",
-    ]
-    .iter()
-    .map(|h| h.to_string())
-    .collect()]);
+    let mut t = Table(vec![header()]);
     for (hot, history) in [
         (4096u32, 32768u32),
         (2048, 32768),
@@ -293,12 +322,16 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         let mut bed = Bed::new(gpu, hot, history, false, hot)?;
         // times[kernel][run] = per-step µs; misses from our fast kernel's plain run.
         let mut times = vec![vec![Vec::new(); RUNS.len()]; KERNELS.len()];
-        let mut misses = Vec::new();
+        let (mut misses, mut last) = (Vec::new(), Vec::new());
         for (ki, &kernel) in KERNELS.iter().enumerate() {
             for (ri, &run) in RUNS.iter().enumerate() {
-                let (us, m) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+                let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
                 if kernel == Kernel::Ours(ResolveEngine::Fast) && run == Run::Plain {
-                    misses = m;
+                    (misses, last) = (m, l);
+                } else if matches!(kernel, Kernel::Ours(_)) && (m != misses || l != last) {
+                    // Same decisions: every engine fetches the same distinct misses per step and
+                    // returns the same last step.
+                    return Err(format!("{kernel:?} {run:?}: outputs differ from fast's").into());
                 }
                 times[ki][ri] = us;
             }
@@ -313,6 +346,9 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
                     .collect::<Vec<_>>(),
             );
             let bytes = m * ROW as f64;
+            let meds: Vec<[Option<f64>; 3]> = (0..KERNELS.len())
+                .map(|ki| [Some(med(ki, 0)), Some(med(ki, 1)), Some(med(ki, 2))])
+                .collect();
             let gbs = |ki: usize| {
                 let net = med(ki, 0) - med(ki, 2);
                 if bytes > 0.0 && net > 0.0 {
@@ -321,24 +357,14 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
                     "-".into()
                 }
             };
-            t.0.push(vec![
+            let mut row = vec![
                 format!("{hot} / {}K", history / 1024),
-                ph.label.into(),
+                ph.label.to_string(),
                 format!("{m:.0} ({:.1}%)", m / (REQS * K) as f64 * 100.0),
-                format!("{:.1}", med(0, 0)),
-                format!("{:.1}", med(1, 0)),
-                format!("{:.1}", med(2, 0)),
-                fmt_ratio(med(1, 0), med(0, 0)),
-                format!("{:.1}", med(0, 1)),
-                format!("{:.1}", med(1, 1)),
-                format!("{:.1}", med(2, 1)),
-                fmt_ratio(med(1, 1), med(0, 1)),
-                format!("{:.1}", med(0, 2)),
-                format!("{:.1}", med(1, 2)),
-                format!("{:.1}", med(2, 2)),
-                gbs(0),
-                gbs(1),
-            ]);
+            ];
+            row.extend(timing_cells(&meds));
+            row.extend(GBS.iter().map(|&ki| gbs(ki)));
+            t.0.push(row);
         }
         eprintln!("peer: hot {hot}, history {history} done");
     }
@@ -361,33 +387,29 @@ fn all_resident(gpu: &Arc<Gpu>, reps: usize, warm: usize, t: &mut Table) -> Res<
         steps: (0..warm + reps).map(|i| steps[i % 4].clone()).collect(),
         phases: Vec::new(),
     };
-    let mut med = vec![[0.0; 2]; KERNELS.len()];
+    let mut med = vec![[None; 3]; KERNELS.len()];
+    let mut last = Vec::new();
     for (ki, &kernel) in KERNELS.iter().enumerate() {
         for (ri, run) in [Run::Plain, Run::Graph].into_iter().enumerate() {
-            let (us, m) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+            let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
             if m.iter().any(|&m| m > 0) {
                 return Err("all-resident case fetched rows".into());
             }
-            med[ki][ri] = median(&mut us[warm..].to_vec());
+            if kernel == Kernel::Ours(ResolveEngine::Fast) && run == Run::Plain {
+                last = l;
+            } else if matches!(kernel, Kernel::Ours(_)) && l != last {
+                return Err(format!("all resident, {kernel:?} {run:?}: outputs differ").into());
+            }
+            med[ki][ri] = Some(median(&mut us[warm..].to_vec()));
         }
     }
-    t.0.push(vec![
-        "all resident (4K history)".into(),
+    let mut row = vec![
+        "all resident (4K history)".to_string(),
         "SGLang short path vs our direct path".into(),
         "0".into(),
-        format!("{:.1}", med[0][0]),
-        format!("{:.1}", med[1][0]),
-        format!("{:.1}", med[2][0]),
-        fmt_ratio(med[1][0], med[0][0]),
-        format!("{:.1}", med[0][1]),
-        format!("{:.1}", med[1][1]),
-        format!("{:.1}", med[2][1]),
-        fmt_ratio(med[1][1], med[0][1]),
-        "-".into(),
-        "-".into(),
-        "-".into(),
-        "-".into(),
-        "-".into(),
-    ]);
+    ];
+    row.extend(timing_cells(&med));
+    row.extend(GBS.iter().map(|_| "-".to_string()));
+    t.0.push(row);
     Ok(())
 }

@@ -330,8 +330,8 @@ impl GpuElasticPool {
         self.engine
     }
 
-    /// Switches the resolve kernel (both give identical results; [`ResolveEngine::Classic`] is
-    /// kept so benchmarks and tests can compare the two).
+    /// Switches the resolve kernel (all give identical results; [`ResolveEngine::Classic`] and the
+    /// lean variants are kept so benchmarks and tests can compare them).
     pub fn set_resolve_engine(&mut self, engine: ResolveEngine) {
         self.engine = engine;
     }
