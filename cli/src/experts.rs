@@ -311,7 +311,10 @@ enum PolicyArg {
     Lru,
     /// The best static map in hindsight (whole trace; also after the last shift if any).
     Oracle,
-    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, oracle.
+    /// Not a policy: a lower bound on every policy's reads and stall (per step and layer, at
+    /// least `touched − hot` distinct cold experts are read in place).
+    Bound,
+    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, oracle, bound.
     All,
 }
 
@@ -453,6 +456,7 @@ fn policies(args: &[PolicyArg]) -> Vec<Policy> {
             PolicyArg::AdaptiveShiftResponse => out.push(Policy::AdaptiveShiftResponse),
             PolicyArg::Lru => out.push(Policy::Lru),
             PolicyArg::Oracle => out.push(Policy::Oracle),
+            PolicyArg::Bound => out.push(Policy::Bound),
         }
     }
     out

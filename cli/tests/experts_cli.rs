@@ -48,7 +48,8 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
             "recency (capped 4)",
             "lru (uncapped)",
             "oracle",
-            "oracle-after-shift"
+            "oracle-after-shift",
+            "bound (any policy ≥)"
         ]
     );
     for r in v["summary"].as_array().unwrap() {
@@ -57,7 +58,11 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
         assert_eq!(r["t90_steps"].as_array().unwrap().len(), 1);
     }
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 9);
+    assert_eq!(runs.len(), 10);
+    // The bound is no policy's: no row's stall is below it.
+    let stall = |i: usize| v["summary"][i]["stall_ms_per_step"].as_f64().unwrap();
+    assert_eq!(runs[9]["report"]["policy"], "bound");
+    assert!((0..9).all(|i| stall(i) >= stall(9)), "{}", v["summary"]);
     assert_eq!(runs[0]["report"]["lookups"], 240 * 4 * 8 * 16);
     // The cost-aware row ignores --drain-every (no flags apply to it): its own config.
     assert_eq!(runs[2]["report"]["config"]["policy"], "cost");
@@ -378,7 +383,7 @@ fn real_mixtral_traces_replay_all_policies() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["trace"]["shape"]["experts_per_layer"], 8);
     assert_eq!(v["trace"]["steps"], 585);
-    assert_eq!(v["summary"].as_array().unwrap().len(), 9);
+    assert_eq!(v["summary"].as_array().unwrap().len(), 10);
     // Bytes: LRU has the lowest cold share but moves the most bytes (every cold read at batch 1
     // is followed by a full copy), 1.5× the first-K map's and more.
     let gb = |i: usize| v["summary"][i]["total_gb"].as_f64().unwrap();

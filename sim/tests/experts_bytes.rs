@@ -182,7 +182,7 @@ fn byte_json_is_deterministic_and_the_scoreboard_prices_it() {
     let boots: Vec<&str> = rows.iter().map(|r| r.boot.as_str()).collect();
     assert_eq!(
         boots,
-        ["first-k", "seed", "seed", "seed", "seed", "seed", "seed", "oracle"]
+        ["first-k", "seed", "seed", "seed", "seed", "seed", "seed", "oracle", "any"]
     );
     let oracle = rows.iter().find(|r| r.label == "oracle").unwrap();
     assert_eq!(oracle.link, "h200-pcie");

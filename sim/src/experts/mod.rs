@@ -1,8 +1,10 @@
 //! The expert-residency lab: routing traces ([`trace`]), replays of traces through every policy
-//! ([`replay()`]), the oracle and LRU references, T90, the bytes on the host link ([`ByteReport`],
+//! ([`replay()`]), the oracle and LRU references, a lower bound on every policy
+//! ([`PolicySpec::Bound`]), T90, the bytes on the host link ([`ByteReport`],
 //! priced by a [`LinkModel`]), and the one scoreboard ([`scoreboard`]) that the CLI and the
 //! examples print.
 
+mod bound;
 mod bytes;
 mod link;
 mod replay;

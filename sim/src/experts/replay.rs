@@ -6,6 +6,7 @@ use expert_residency::{
     MemoryExecutor, NullExecutor, PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
 };
 
+use crate::experts::bound::LowerBound;
 use crate::experts::bytes::{ByteReport, ByteTally, UniqueCold};
 use crate::experts::link::LinkModel;
 use crate::experts::t90::{mean, t90, T90};
@@ -55,6 +56,17 @@ pub enum PolicySpec {
     /// [`ratio_tuning_grid`] is replayed on this same trace and the one with the least mean
     /// stall per step under the replay's link is reported (its config in the report).
     RatioBestTuning(Option<ResidencyMap>),
+    /// Not a policy: a lower bound on every policy's cold lookups, host reads and stall, step by
+    /// step, under the replay's link. With `H` = `hot_per_layer` hot slots per layer, a step in
+    /// which `d` distinct experts of a layer are picked reads at least `max(0, d − H)` of them in
+    /// place (and has at least the picks of the `max(0, d − H)` least picked as cold lookups),
+    /// whatever the map. It holds in this replay's model: `H` slots per layer, not shared; a step
+    /// served by the map in force at its start (a copy never serves the step it runs in); a cold
+    /// expert read once per step; copies never lowering a step's stall (both presets:
+    /// [`crate::experts::LinkModel::stall_us`] adds `max(0, copy − hide) + fixed ≥ 0` or
+    /// `copy ≥ 0`). Its stall charges those reads and no copy. Loose where swapping pays (0 when
+    /// `d ≤ H`, e.g. at batch 1). No map, no swap; `sim/DESIGN.md` has the argument.
+    Bound,
 }
 
 /// The sweep behind [`PolicySpec::RatioBestTuning`]: the published recipe
@@ -91,11 +103,13 @@ impl PolicySpec {
             PolicySpec::Oracle(_) => "oracle",
             PolicySpec::Controller(_, c) => c.policy.name(),
             PolicySpec::RatioBestTuning(_) => "ratio-best-tuning",
+            PolicySpec::Bound => "bound",
         }
     }
 
     /// The map the policy starts from: `first-k` (no map given), `seed` (a given map: the seed
-    /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too) or `oracle`.
+    /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too), `oracle`, or
+    /// `any` ([`PolicySpec::Bound`]: every map).
     pub fn boot_name(&self) -> &'static str {
         match self {
             PolicySpec::Static(None)
@@ -112,6 +126,7 @@ impl PolicySpec {
             | PolicySpec::RatioBestTuning(Some(_))
             | PolicySpec::Lru(Some(_)) => "seed",
             PolicySpec::Oracle(_) => "oracle",
+            PolicySpec::Bound => "any",
         }
     }
 }
@@ -495,6 +510,15 @@ pub fn replay_with(
         PolicySpec::Static(m) => fixed(boot(m)?),
         PolicySpec::Seed(m) => fixed(boot(&Some(m.clone()))?),
         PolicySpec::Oracle(w) => fixed(oracle_map(trace, geometry, w)?),
+        PolicySpec::Bound => {
+            let mut lb = LowerBound::new(geometry.experts_per_layer, geometry.hot_per_layer);
+            for s in &trace.steps {
+                let (cold, unique) = lb.step(&s.layers);
+                cold_per_step.push(cold);
+                swaps_per_step.push(0);
+                tally.push(unique, 0);
+            }
+        }
         PolicySpec::Lru(m) => {
             let mut lru = Lru::new(&boot(m)?);
             for s in &trace.steps {

@@ -15,6 +15,8 @@
 //!   `ratio (best tuning)` (the least stall over [`crate::experts::ratio_tuning_grid`] on the
 //!   same trace: in hindsight), `recency (capped 4)` ([`recency_config`]), `lru (uncapped)`;
 //!   `adaptive` and `adaptive+shift-response` run the command's own config when asked for;
+//! - the last row, [`BOUND_LABEL`], is no policy but a lower bound on all of them
+//!   ([`PolicySpec::Bound`]): a policy row below it would be a scoreboard bug (tested);
 //! - bytes (host reads in place + swap copies, [`crate::experts::ByteReport`]) and the modelled stall
 //!   (under the replay's [`crate::experts::LinkModel`]) stand beside the cold share; their "vs
 //!   oracle" ratios divide steady-state bytes (stall) per step by the same reference oracle's.
@@ -53,12 +55,15 @@ pub enum Policy {
     Lru,
     /// The best static maps in hindsight (whole trace; after the last shift if any).
     Oracle,
+    /// Not a policy: the lower bound on every policy's reads and stall
+    /// ([`PolicySpec::Bound`]), row [`BOUND_LABEL`].
+    Bound,
 }
 
 impl Policy {
     /// Every policy of the default comparison, in table order (`adaptive` and
     /// `adaptive+shift-response`, the command's own config, only when asked for).
-    pub const ALL: [Policy; 8] = [
+    pub const ALL: [Policy; 9] = [
         Policy::Static,
         Policy::Seed,
         Policy::CostAware,
@@ -67,8 +72,13 @@ impl Policy {
         Policy::Recency,
         Policy::Lru,
         Policy::Oracle,
+        Policy::Bound,
     ];
 }
+
+/// Row label of [`Policy::Bound`]: no policy's stall (reads, cold lookups) is below it, step by
+/// step.
+pub const BOUND_LABEL: &str = "bound (any policy ≥)";
 
 /// Swaps per step of the `recency (capped N)` row.
 pub const RECENCY_CAP: u32 = 4;
@@ -169,7 +179,7 @@ pub fn wide_reuse_scenario(
 pub struct Run {
     /// Row label (`static`, `seed`, `cost-aware (default)`, `ratio (published defaults)`,
     /// `ratio (best tuning)`, `recency (capped 4)`, `lru (uncapped)`, `adaptive`,
-    /// `adaptive+shift-response`, `oracle`, `oracle-after-shift`).
+    /// `adaptive+shift-response`, `oracle`, `oracle-after-shift`, [`BOUND_LABEL`]).
     pub label: String,
     /// The replay's report.
     pub report: ReplayReport,
@@ -194,7 +204,7 @@ pub struct ScoreRow {
     pub max_swaps_per_step: u32,
     /// Swaps applied.
     pub swaps_applied: u64,
-    /// The map the row started from (`first-k`, `seed`, `oracle`).
+    /// The map the row started from (`first-k`, `seed`, `oracle`; `any` for the bound).
     #[serde(default)]
     pub boot: String,
     /// Name of the link the stall was modelled with.
@@ -306,6 +316,7 @@ pub fn policy_specs_booted(
                     ));
                 }
             }
+            Policy::Bound => out.push((BOUND_LABEL.into(), PolicySpec::Bound)),
         }
     }
     out
@@ -417,7 +428,7 @@ pub fn render(rows: &[ScoreRow]) -> String {
             let fixed = r.swaps_applied == 0
                 && matches!(
                     r.label.as_str(),
-                    "static" | "seed" | "oracle" | "oracle-after-shift"
+                    "static" | "seed" | "oracle" | "oracle-after-shift" | BOUND_LABEL
                 );
             let t90 = if r.t90_steps.is_empty() || fixed {
                 "-".to_string()
