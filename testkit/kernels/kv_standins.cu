@@ -114,7 +114,7 @@ struct TierkitKvCopy {
 // resolve's plan (block b = request, entries plan[b * stride ..][.. count[b]]), reads `reps` rows of
 // row_bytes from mapped pinned host memory (`host`, host_rows rows) at pseudo-random rows (from
 // slot, position, rep, salt; spread over a buffer far larger than L2 so the reads cross PCIe), a
-// warp per row, 16-byte words (row_bytes % 16 == 0), folded into sink[b].
+// warp per row, gridDim.y blocks per segment, 16-byte words (row_bytes % 16 == 0), folded into sink[b].
 extern "C" __global__ void tierkit_kv_shadow_fetch(const TierkitKvCopy* __restrict__ plan,
                                                    const unsigned int* __restrict__ count, unsigned int stride,
                                                    const unsigned char* __restrict__ host,
@@ -124,8 +124,10 @@ extern "C" __global__ void tierkit_kv_shadow_fetch(const TierkitKvCopy* __restri
     const unsigned int b = blockIdx.x, lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const unsigned int n = count[b];
     const unsigned int words = row_bytes >> 4;
+    // Blocks (b, y) of one segment share its n * reps rows (warp-strided over gridDim.y blocks).
+    const unsigned int first = blockIdx.y * nw + warp, step = nw * gridDim.y;
     unsigned int acc = 0;
-    for (unsigned long long j = warp; j < (unsigned long long)n * reps; j += nw) {
+    for (unsigned long long j = first; j < (unsigned long long)n * reps; j += step) {
         const TierkitKvCopy c = plan[(unsigned long long)b * stride + j / reps];
         const unsigned int rep = (unsigned int)(j % reps);
         unsigned long long h = ((unsigned long long)c.slot << 40) ^ ((unsigned long long)c.position << 8) ^

@@ -179,6 +179,9 @@ impl KvStandins {
 /// Blocks of [`KvStandins::stream_read_async`] (enough to saturate HBM on an H100 / H200).
 pub const STREAM_READ_BLOCKS: u32 = 1056;
 
+/// Blocks per plan segment of the shadow fetch (memory-level parallelism at small batches).
+const SHADOW_SPLIT: u32 = 8;
+
 /// The entries of a resolve plan as `tierkit_kv_shadow_fetch` reads them (`cuda_kernels::KvCopy`).
 const KV_COPY_BYTES: usize = 16;
 const _: () = assert!(std::mem::size_of::<cuda_kernels::KvCopy>() == KV_COPY_BYTES);
@@ -314,7 +317,7 @@ impl KvStandins {
             .arg(&salt)
             .arg(&sink);
         let cfg = LaunchConfig {
-            grid_dim: (segments, 1, 1),
+            grid_dim: (segments, reps.min(SHADOW_SPLIT), 1),
             block_dim: (512, 1, 1),
             shared_mem_bytes: 0,
         };

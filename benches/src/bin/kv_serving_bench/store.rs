@@ -121,7 +121,7 @@ impl Store {
             scratch_rows: 0,
         };
         g.validate()?;
-        let max_sessions = (g.arena_pages / g.fixed_pages()).clamp(1, sc.max_batch);
+        let max_sessions = pool_slots(&g, sc);
         let gcfg = GpuPoolConfig {
             max_sessions,
             max_history,
@@ -198,6 +198,11 @@ impl Store {
         }
         match self {
             Store::Pool(p) => {
+                // The pool refuses a session beyond its slots with an error; here that is "no
+                // room" (the slots are sized to the fixed pages the budget holds).
+                if p.cpu().active_sessions() >= pool_slots(p.cpu().geometry(), sc) as usize {
+                    return Ok(none(Decision::NoRoom));
+                }
                 let before = p.flush_counters().rows_filled;
                 match p.admit(a.id, pat.history(a.id, a.input)) {
                     Ok(Admission::Admitted { .. }) => Ok(Admitted {
@@ -294,6 +299,12 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Session slots of a pool: as many sessions as the budget holds fixed rows for, at most the
+/// max batch.
+fn pool_slots(g: &Geometry, sc: &Scenario) -> u32 {
+    (g.arena_pages / g.fixed_pages()).clamp(1, sc.max_batch)
 }
 
 impl Resident {
