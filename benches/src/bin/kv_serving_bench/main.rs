@@ -104,7 +104,7 @@ fn usage() -> &'static str {
                  [--export FILE.jsonl]   (CPU: write the first --requests arrivals and exit)"
 }
 
-fn parse_args() -> Result<Args, String> {
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         trace: PathBuf::from(DEFAULT_TRACE),
         short: false,
@@ -119,7 +119,6 @@ fn parse_args() -> Result<Args, String> {
         scenario: Scenario::published(),
     };
     let (mut loads_set, mut steps_set, mut wall_set) = (false, false, false);
-    let mut it = std::env::args().skip(1);
     let num = |v: Option<String>, what: &str| -> Result<f64, String> {
         let v = v.ok_or(format!("{what} needs a value"))?;
         v.parse::<f64>()
@@ -263,7 +262,7 @@ fn print_table(runs: &[RunReport]) {
 }
 
 fn main() {
-    let args = match parse_args() {
+    let args = match parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("{e}");
@@ -337,4 +336,53 @@ fn gpu_main(_: &Args, _: &ArrivalTrace) -> Result<Option<Report>, String> {
 #[cfg(feature = "cuda")]
 fn gpu_main(args: &Args, trace: &ArrivalTrace) -> Result<Option<Report>, String> {
     run::run_all(args, trace).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Args, String> {
+        parse_args(line.split_whitespace().map(str::to_string))
+    }
+
+    #[test]
+    fn short_mode_defaults_and_bad_arguments() {
+        let a = parse("--short").unwrap();
+        assert_eq!(a.loads, [0.5, 4.0, 16.0, 64.0]);
+        assert_eq!((a.max_steps, a.max_run_s), (400, 12.0));
+        let a = parse("--short --loads 1,2 --steps 50 --group-layers 4").unwrap();
+        assert_eq!((a.loads.as_slice(), a.max_steps), (&[1.0, 2.0][..], 50));
+        assert_eq!(a.scenario.shadow_layers(), 57);
+        for bad in [
+            "--loads 1,-2",
+            "--steps",
+            "--placements resident,hbm",
+            "--group-layers 62",
+            "--frobnicate",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_budget_holds_the_pages_of_all_model_layers() {
+        let sc = Scenario::published();
+        // 24 GiB / (64 rows x 61 layers x 656 B) = 10,062 pages, as the CPU simulation counts
+        // (643,987 tokens / 64).
+        assert_eq!(sc.budget_pages(), 10_062);
+        assert_eq!(sc.token_bytes_model(), 40_016);
+        assert!(sc.validate().is_ok());
+    }
+
+    #[test]
+    fn an_exported_arrival_set_reads_back_the_same() {
+        let trace = ArrivalTrace::synthetic(50, 3.0, 7);
+        let path =
+            std::env::temp_dir().join(format!("kv-serving-export-{}.jsonl", std::process::id()));
+        export(&trace, &path).unwrap();
+        let back = ArrivalTrace::from_path(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(back.requests, trace.requests);
+    }
 }
