@@ -206,7 +206,7 @@ fn export(trace: &ArrivalTrace, path: &PathBuf) -> std::io::Result<()> {
 /// Prints one row per run and the targets.
 fn print_table(runs: &[RunReport]) {
     println!(
-        "| placement | load | tokens/s | peak batch | median batch | TTFT p90 queue (ms) | step median (ms) | resolve mean (us) | miss MB/step | copy stall (us/step) | admission copy (ms) | KV GiB peak | device GiB | rows checked |"
+        "| placement | load | tokens/s | peak batch | median batch | TTFT p90 queue (ms) | step median (ms) | resolve mean (us) | miss MB/step | copy stall (us/step) | admission copy (ms/session) | KV GiB peak | device GiB | rows checked |"
     );
     println!(
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -225,7 +225,7 @@ fn print_table(runs: &[RunReport]) {
             r.resolve_us_mean,
             r.miss_bytes_per_step / 1e6,
             r.copy_stall_us_per_step,
-            r.admission_copy_ms,
+            r.admission_copy_ms / s.admitted.max(1) as f64,
             r.kv_gib_peak,
             r.device_gib_used,
             r.rows_checked
