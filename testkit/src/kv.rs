@@ -1,6 +1,8 @@
 //! KV helpers for tests and benches: the byte patterns every KV test checks rows against
 //! ([`pattern_row`], [`pattern_tokens`]) and the stand-in kernels of the decode-step benchmark
-//! ([`KvStandins`]: the fully resident block-table conversion and a sparse-attention stand-in).
+//! ([`KvStandins`]: the fully resident block-table conversion and a sparse-attention stand-in), and
+//! those of the GPU serving benchmark (new-row writes, the weights read, the miss traffic of layers
+//! a physical layer group does not hold).
 
 use std::sync::Arc;
 
@@ -61,6 +63,9 @@ pub struct KvStandins {
     resident: CudaFunction,
     attend: CudaFunction,
     spin: CudaFunction,
+    write_rows: CudaFunction,
+    stream_read: CudaFunction,
+    shadow: CudaFunction,
 }
 
 impl KvStandins {
@@ -70,6 +75,9 @@ impl KvStandins {
             resident: gpu.function(&KV_STANDINS, "tierkit_kv_resident_indices")?,
             attend: gpu.function(&KV_STANDINS, "tierkit_kv_attend")?,
             spin: gpu.function(&KV_STANDINS, "tierkit_spin_until")?,
+            write_rows: gpu.function(&KV_STANDINS, "tierkit_kv_write_rows")?,
+            stream_read: gpu.function(&KV_STANDINS, "tierkit_kv_stream_read")?,
+            shadow: gpu.function(&KV_STANDINS, "tierkit_kv_shadow_fetch")?,
         })
     }
 
@@ -193,6 +201,158 @@ impl KvStandins {
         // SAFETY: argument list matches tierkit_spin_until; `flag` per the caller's contract.
         unsafe { b.launch(cfg) }
             .map_err(|e| CudaError::driver("cuLaunchKernel(tierkit_spin_until)", e))?;
+        Ok(())
+    }
+}
+
+/// Blocks of [`KvStandins::stream_read_async`] (enough to saturate HBM on an H100 / H200).
+pub const STREAM_READ_BLOCKS: u32 = 1056;
+
+/// Blocks per plan segment of the shadow fetch (memory-level parallelism at small batches).
+const SHADOW_SPLIT: u32 = 8;
+
+/// The entries of a resolve plan as `tierkit_kv_shadow_fetch` reads them (`cuda_kernels::KvCopy`).
+const KV_COPY_BYTES: usize = 16;
+const _: () = assert!(std::mem::size_of::<cuda_kernels::KvCopy>() == KV_COPY_BYTES);
+
+impl KvStandins {
+    /// The step's new KV rows (serving-benchmark stand-in for the attention kernel's KV write):
+    /// writes a pseudo-random row derived from `(row, layer, seed)` into arena row `rows[i]` of
+    /// every plane `l < layers` (plane `l` at `arena + l × plane_bytes`); `rows` is `int32 [n]`
+    /// (`-1` skipped), `row_bytes % 4 == 0` (`Shape` otherwise). Asynchronous.
+    ///
+    /// # Safety
+    /// `arena` holds `layers × plane_bytes` bytes and every row of `rows` lies inside a plane;
+    /// `rows` is a live device `int32 [n]`; no other stream reads those rows meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn write_rows_async(
+        &self,
+        stream: &CudaStream,
+        arena: u64,
+        plane_bytes: u64,
+        row_bytes: u32,
+        layers: u32,
+        rows: u64,
+        n: u32,
+        seed: u32,
+    ) -> Result<(), CudaError> {
+        if !row_bytes.is_multiple_of(4) {
+            return Err(CudaError::Shape {
+                what: "row_bytes (multiple of 4 for the row writer)",
+                expected: row_bytes.next_multiple_of(4) as u64,
+                got: row_bytes as u64,
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut b = stream.launch_builder(&self.write_rows);
+        b.arg(&arena)
+            .arg(&plane_bytes)
+            .arg(&row_bytes)
+            .arg(&layers)
+            .arg(&rows)
+            .arg(&n)
+            .arg(&seed);
+        let cfg = LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_write_rows; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| CudaError::driver("cuLaunchKernel(tierkit_kv_write_rows)", e))?;
+        Ok(())
+    }
+
+    /// The step's base cost (serving-benchmark stand-in for the weights a decode step streams):
+    /// reads `bytes` bytes of device memory at `buf` (`bytes % 16 == 0`, `Shape` otherwise) and
+    /// folds them into `sink` (`u32 [STREAM_READ_BLOCKS]`). Asynchronous.
+    ///
+    /// # Safety
+    /// `buf` holds `bytes` bytes and `sink` [`STREAM_READ_BLOCKS`] `u32`, both live device memory.
+    pub unsafe fn stream_read_async(
+        &self,
+        stream: &CudaStream,
+        buf: u64,
+        bytes: u64,
+        sink: u64,
+    ) -> Result<(), CudaError> {
+        if !bytes.is_multiple_of(16) {
+            return Err(CudaError::Shape {
+                what: "bytes streamed (multiple of 16)",
+                expected: bytes.next_multiple_of(16),
+                got: bytes,
+            });
+        }
+        let n16 = bytes / 16;
+        let mut b = stream.launch_builder(&self.stream_read);
+        b.arg(&buf).arg(&n16).arg(&sink);
+        let cfg = LaunchConfig {
+            grid_dim: (STREAM_READ_BLOCKS, 1, 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_stream_read; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| CudaError::driver("cuLaunchKernel(tierkit_kv_stream_read)", e))?;
+        Ok(())
+    }
+
+    /// The miss traffic of layers a physical layer group does not hold (serving-benchmark
+    /// stand-in): for every entry of a resolve plan (`plan`: `KvCopy [segments][stride]`, `count`:
+    /// `u32 [segments]` entries used), reads `reps` rows of `row_bytes` from mapped pinned host
+    /// memory `host` (`host_rows` rows, device address) at pseudo-random rows (from slot, position,
+    /// rep and `salt`), a warp per row, folded into `sink` (`u32 [segments]`). The bytes read are
+    /// `reps × row_bytes` per plan entry, over PCIe. `row_bytes % 16 == 0` and `host_rows > 0`
+    /// (`Shape` otherwise). Asynchronous.
+    ///
+    /// # Safety
+    /// Live device buffers of the documented shapes; `host` readable by the device (mapped pinned)
+    /// for `host_rows × row_bytes` bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn shadow_fetch_async(
+        &self,
+        stream: &CudaStream,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+        host: u64,
+        host_rows: u64,
+        row_bytes: u32,
+        reps: u32,
+        salt: u32,
+        sink: u64,
+    ) -> Result<(), CudaError> {
+        if !row_bytes.is_multiple_of(16) || host_rows == 0 {
+            return Err(CudaError::Shape {
+                what: "row_bytes (multiple of 16) and host rows (> 0) of the shadow fetch",
+                expected: row_bytes.next_multiple_of(16) as u64,
+                got: row_bytes as u64,
+            });
+        }
+        if segments == 0 || reps == 0 {
+            return Ok(());
+        }
+        let mut b = stream.launch_builder(&self.shadow);
+        b.arg(&plan)
+            .arg(&count)
+            .arg(&stride)
+            .arg(&host)
+            .arg(&host_rows)
+            .arg(&row_bytes)
+            .arg(&reps)
+            .arg(&salt)
+            .arg(&sink);
+        let cfg = LaunchConfig {
+            grid_dim: (segments, reps.min(SHADOW_SPLIT), 1),
+            block_dim: (512, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches tierkit_kv_shadow_fetch; buffers per the caller's contract.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| CudaError::driver("cuLaunchKernel(tierkit_kv_shadow_fetch)", e))?;
         Ok(())
     }
 }

@@ -11,6 +11,11 @@
 //!   first), reclaimed oldest-first in proportion to holdings when an admission needs room, and
 //!   handed back in bounded chunks between steps.
 //!
+//! The schedule (arrivals, first come first served admission, one token per request per step,
+//! batches, TTFT queueing) is [`crate::kv::schedule::Scheduler`], the one the GPU serving benchmark
+//! (`kv_serving_bench`) runs on measured step times; [`TimeModel::fit`] fits this simulation's step
+//! time to that benchmark's per-step records.
+//!
 //! What is exact and what is modelled: admission, page loans, reclaims, hand-backs, hot-cache
 //! contents, every resolve and every miss count come from the real pool and its resolver (the same
 //! code the exactness proptest checks), run with 1-byte rows and one layer so the arena stays small;
@@ -22,10 +27,11 @@
 //! elastic placements the same schedule (same admissions, same batches): their misses compare at
 //! equal concurrency.
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 
 use tier_core::{PageHandle, PagePool, Tier};
 
+use crate::kv::schedule::{Decision, Phase, Scheduler};
 use crate::kv::selection::{SelectionGen, SelectionParams};
 use crate::kv::trace::{ArrivalTrace, MAX_REQUEST_TOKENS};
 use kv_elastic::Geometry;
@@ -69,6 +75,42 @@ pub struct TimeModel {
     pub step_base_us: f64,
     /// Added cost per request in the batch, µs.
     pub step_per_request_us: f64,
+}
+
+impl TimeModel {
+    /// Least-squares fit of `step_base_us + step_per_request_us × batch` to measured decode steps
+    /// `(batch, µs)` (e.g. the `steps` of `kv_serving_bench`'s JSON report, one placement). A
+    /// negative slope is clamped to 0 (the base is then the mean step). Errors
+    /// (`KvError::InvalidConfig`): fewer than two distinct batch sizes, a non-finite or negative
+    /// time, or a fitted base that is not > 0.
+    pub fn fit(steps: &[(u32, f64)]) -> Result<TimeModel> {
+        if let Some(&(_, t)) = steps.iter().find(|(_, t)| !(t.is_finite() && *t >= 0.0)) {
+            return Err(KvError::InvalidConfig(format!(
+                "step time {t} µs must be finite and >= 0"
+            )));
+        }
+        let n = steps.len() as f64;
+        let mx = steps.iter().map(|&(b, _)| b as f64).sum::<f64>() / n;
+        let my = steps.iter().map(|&(_, t)| t).sum::<f64>() / n;
+        let sxx: f64 = steps.iter().map(|&(b, _)| (b as f64 - mx).powi(2)).sum();
+        if steps.len() < 2 || sxx == 0.0 {
+            return Err(KvError::InvalidConfig(
+                "fitting a step-time model needs steps of at least two batch sizes".into(),
+            ));
+        }
+        let sxy: f64 = steps.iter().map(|&(b, t)| (b as f64 - mx) * (t - my)).sum();
+        let slope = (sxy / sxx).max(0.0);
+        let base = my - slope * mx;
+        if !(base.is_finite() && base > 0.0) {
+            return Err(KvError::InvalidConfig(format!(
+                "fitted step_base_us {base} must be > 0"
+            )));
+        }
+        Ok(TimeModel {
+            step_base_us: base,
+            step_per_request_us: slope,
+        })
+    }
 }
 
 /// Simulation parameters. [`SimConfig::default`] is the documented scenario of `docs/kv.md`.
@@ -245,11 +287,8 @@ pub struct SimReport {
     pub placements: Vec<PlacementReport>,
 }
 
+/// A running request's placement state (its schedule is the [`Scheduler`]'s).
 struct Running {
-    id: u64,
-    input: u32,
-    output: u32,
-    generated: u32,
     gen: Option<SelectionGen>,
     pages: Vec<PageHandle>,
 }
@@ -301,8 +340,6 @@ pub fn simulate_placement(
             q.input_length, q.output_length
         )));
     }
-    let mut trace = trace.clone();
-    trace.speed_up(cfg.load);
     let g = cfg.geometry();
     let mut store = match placement {
         Placement::FullyResident => Store::Resident(PagePool::new(Tier::DeviceHbm, g.arena_pages)?),
@@ -314,12 +351,8 @@ pub fn simulate_placement(
             Store::Pool(Box::new(ElasticPool::new(g, PoolConfig { elastic: true })?))
         }
     };
-    let reqs = &trace.requests;
-    let mut next = 0usize;
-    let mut queue: VecDeque<usize> = VecDeque::new();
-    let mut running: Vec<Running> = Vec::new();
-    let mut now_us = 0.0f64;
-    let mut batches = Vec::new();
+    let mut sched = Scheduler::new(trace, cfg.load, cfg.max_batch)?;
+    let mut runs: HashMap<u64, Running> = HashMap::new();
     let mut r = PlacementReport {
         placement,
         steps: 0,
@@ -346,90 +379,69 @@ pub fn simulate_placement(
     let k = cfg.selection.top_k as usize;
     let history_buf = vec![
         0u8;
-        reqs.iter()
+        trace
+            .requests
+            .iter()
             .map(|q| q.input_length as usize)
             .max()
             .unwrap_or(0)
     ];
-    while r.steps < cfg.max_steps {
-        while next < reqs.len() && reqs[next].arrival_ms as f64 * 1000.0 <= now_us {
-            queue.push_back(next);
-            next += 1;
-        }
+    while sched.steps() < cfg.max_steps {
         // Admissions, first come first served (head-of-line waits).
-        while let Some(&i) = queue.front() {
-            if running.len() as u32 >= cfg.max_batch {
-                break;
-            }
-            let q = reqs[i];
-            let id = i as u64 + 1;
-            let total = q.input_length as u64 + q.output_length.max(1) as u64;
-            let mut pages = Vec::new();
-            let fits = match &mut store {
+        let admitted = sched.admit(|a| -> Result<Decision> {
+            match &mut store {
                 Store::Resident(pool) => {
-                    let need = total.div_ceil(cfg.page_rows as u64);
+                    let need = a.total().div_ceil(cfg.page_rows as u64);
                     if need > pool.capacity() as u64 {
-                        r.rejected += 1;
-                        queue.pop_front();
-                        continue;
+                        return Ok(Decision::Reject);
                     }
                     match pool.alloc_many(need as u32) {
-                        Ok(h) => {
-                            pages = h;
-                            true
+                        Ok(pages) => {
+                            runs.insert(a.id, Running { gen: None, pages });
+                            Ok(Decision::Admitted)
                         }
-                        Err(_) => false,
+                        Err(_) => Ok(Decision::NoRoom),
                     }
                 }
-                Store::Pool(pool) => {
-                    match pool.admit(id, &history_buf[..q.input_length as usize]) {
-                        Ok(Admission::Admitted { .. }) => true,
-                        Ok(Admission::Waiting { .. }) | Err(KvError::NoRoom { .. }) => false,
-                        Err(e) => return Err(e),
+                Store::Pool(pool) => match pool.admit(a.id, &history_buf[..a.input as usize]) {
+                    Ok(Admission::Admitted { .. }) => {
+                        // total <= MAX_REQUEST_TOKENS (checked above).
+                        let gen = SelectionGen::new(
+                            cfg.selection,
+                            cfg.seed ^ a.id.wrapping_mul(0x9E37_79B9),
+                            a.total() as u32,
+                        )?;
+                        runs.insert(
+                            a.id,
+                            Running {
+                                gen: Some(gen),
+                                pages: Vec::new(),
+                            },
+                        );
+                        Ok(Decision::Admitted)
                     }
-                }
-            };
-            if !fits {
-                break;
+                    Ok(Admission::Waiting { .. }) | Err(KvError::NoRoom { .. }) => {
+                        Ok(Decision::NoRoom)
+                    }
+                    Err(e) => Err(e),
+                },
             }
-            queue.pop_front();
-            r.admitted += 1;
-            let gen = match store {
-                // total <= MAX_REQUEST_TOKENS (checked above).
-                Store::Pool(_) => Some(SelectionGen::new(
-                    cfg.selection,
-                    cfg.seed ^ id.wrapping_mul(0x9E37_79B9),
-                    total as u32,
-                )?),
-                Store::Resident(_) => None,
-            };
-            running.push(Running {
-                id,
-                input: q.input_length,
-                output: q.output_length.max(1),
-                generated: 0,
-                gen,
-                pages,
-            });
-        }
-        if running.is_empty() {
-            if next >= reqs.len() && queue.is_empty() {
-                break;
-            }
-            if let Some(&i) = queue.front() {
-                // Nothing runs, so nothing will ever free room for the head of the queue.
+        })?;
+        r.admitted += admitted.len() as u64;
+        match sched.before_step() {
+            Ok(Phase::Step) => {}
+            Ok(Phase::Waited) => continue,
+            Ok(Phase::Done) => break,
+            // Nothing runs, so nothing will ever free room for the head of the queue.
+            Err(KvError::InvalidConfig(m)) => {
                 return Err(KvError::InvalidConfig(format!(
-                    "request {i} cannot be admitted into an idle pool ({})",
+                    "{m} ({})",
                     placement.name()
-                )));
+                )))
             }
-            if next < reqs.len() {
-                now_us = now_us.max(reqs[next].arrival_ms as f64 * 1000.0);
-            }
-            continue;
+            Err(e) => return Err(e),
         }
-        r.peak_sessions = r.peak_sessions.max(running.len() as u32);
-        batches.push(running.len() as u32);
+        let batch = sched.running().len() as u32;
         // One decode step: every running request picks top-k over its history.
         let mut step_misses = 0;
         if let Store::Pool(pool) = &mut store {
@@ -438,14 +450,14 @@ pub fn simulate_placement(
             seq_lens.clear();
             topk.clear();
             qsl.push(0);
-            for run in running.iter_mut() {
-                let h = run.input + run.generated;
-                run.gen
-                    .as_mut()
+            for a in sched.running() {
+                let h = a.history();
+                runs.get_mut(&a.id)
+                    .and_then(|x| x.gen.as_mut())
                     .expect("pool placements draw picks")
                     .step(h, &mut one);
                 topk.extend_from_slice(&one);
-                sessions.push(run.id);
+                sessions.push(a.id);
                 seq_lens.push(h as i32);
                 qsl.push(sessions.len() as i32);
             }
@@ -470,55 +482,56 @@ pub fn simulate_placement(
             step_misses = done.stats.misses;
             drop(done.ticket); // the step's kernel has run
         } else {
-            picks += running
+            picks += sched
+                .running()
                 .iter()
-                .map(|x| (x.input + x.generated).min(k as u32) as u64)
+                .map(|x| x.history().min(k as u32) as u64)
                 .sum::<u64>();
         }
         misses += step_misses;
         zero_miss += (step_misses == 0) as u64;
         // Each request commits one token; finished ones leave.
-        let mut i = 0;
-        while i < running.len() {
-            let run = &mut running[i];
-            run.generated += 1;
-            let done = run.generated >= run.output;
+        for a in sched.running() {
             match &mut store {
                 Store::Pool(pool) => {
-                    if done {
-                        pool.finish(run.id)?;
+                    if a.last_step() {
+                        pool.finish(a.id)?;
                     } else {
-                        pool.append(run.id, &[0u8])?;
+                        pool.append(a.id, &[0u8])?;
                     }
                 }
                 Store::Resident(pool) => {
-                    if done {
-                        for h in run.pages.drain(..) {
+                    if a.last_step() {
+                        for h in runs
+                            .get_mut(&a.id)
+                            .map(|x| std::mem::take(&mut x.pages))
+                            .unwrap_or_default()
+                        {
                             pool.free(h)?;
                         }
                     }
                 }
             }
-            if done {
-                r.completed += 1;
-                running.swap_remove(i);
-            } else {
-                i += 1;
-            }
+        }
+        for f in
+            sched.end_step(cfg.time.step_base_us + cfg.time.step_per_request_us * batch as f64)?
+        {
+            runs.remove(&f.id);
         }
         if let Store::Pool(pool) = &mut store {
             pool.between_steps(cfg.chunk_pages)?;
         }
-        now_us += cfg.time.step_base_us
-            + cfg.time.step_per_request_us * batches.last().copied().unwrap_or(0) as f64;
-        r.steps += 1;
     }
-    r.sim_seconds = now_us / 1e6;
-    r.queued_at_end = queue.len() as u64;
+    let s = sched.summary();
+    r.steps = s.steps;
+    r.sim_seconds = s.elapsed_s;
+    r.completed = s.completed;
+    r.rejected = s.rejected;
+    r.peak_sessions = s.peak_batch;
+    r.median_batch = s.median_batch;
+    r.mean_batch = s.mean_batch;
+    r.queued_at_end = s.queued_at_end;
     let steps = r.steps.max(1) as f64;
-    batches.sort_unstable();
-    r.median_batch = batches.get(batches.len() / 2).copied().unwrap_or(0);
-    r.mean_batch = batches.iter().map(|&b| b as f64).sum::<f64>() / steps;
     r.picks_per_step = picks as f64 / steps;
     r.misses_per_step = misses as f64 / steps;
     r.fetched_bytes_per_step = r.misses_per_step * cfg.kv_bytes_per_token as f64;
@@ -663,6 +676,28 @@ mod tests {
         assert!(matches!(r, Err(KvError::Trace(_))), "{r:?}");
         let r = simulate(&trace(0, 1, 10), &small());
         assert!(matches!(r, Err(KvError::Trace(m)) if m.contains("empty trace")));
+    }
+
+    #[test]
+    fn time_model_fit_recovers_a_line_and_rejects_bad_samples() {
+        let steps: Vec<(u32, f64)> = (1..=50).map(|b| (b, 5000.0 + 40.0 * b as f64)).collect();
+        let m = TimeModel::fit(&steps).unwrap();
+        assert!((m.step_base_us - 5000.0).abs() < 1e-6, "{m:?}");
+        assert!((m.step_per_request_us - 40.0).abs() < 1e-9, "{m:?}");
+        // A falling line is clamped to a flat one at the mean.
+        let m = TimeModel::fit(&[(1, 10.0), (3, 6.0)]).unwrap();
+        assert_eq!((m.step_base_us, m.step_per_request_us), (8.0, 0.0));
+        for bad in [
+            vec![],
+            vec![(4, 10.0)],
+            vec![(4, 1.0), (4, 2.0)],
+            vec![(1, f64::NAN), (2, 1.0)],
+        ] {
+            assert!(
+                matches!(TimeModel::fit(&bad), Err(KvError::InvalidConfig(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

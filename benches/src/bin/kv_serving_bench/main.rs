@@ -1,0 +1,388 @@
+//! kv_serving_bench: the Adaptive HiSparse serving question on the GPU. Replays arrival-trace
+//! requests (Mooncake conversations: arrival times scaled by each load, input and output lengths
+//! as recorded) through three placements of the KV under one HBM budget, on the real GPU pool
+//! and kernels, and measures decode throughput with CUDA events.
+//!
+//! ```text
+//! # here (build; the CPU part also exports a small arrival set for a device without the trace):
+//! cargo build --release -p tierkit-benches --features cuda --bin kv_serving_bench
+//! cargo run --release -p tierkit-benches --bin kv_serving_bench -- --export .gpu-bin/arrivals.jsonl --requests 3000
+//! # on the GPU machine (short mode: 3 placements × 4 loads, ~3 minutes):
+//! ./kv_serving_bench --short --trace PATH --out $OUT/kv_serving.json
+//! ```
+//!
+//! **Scenario** ([`scenario::Scenario::published`]): fp8 MLA rows of 656 B per token per layer,
+//! 61 layers, top-k 2048, hot cache 4096 rows (2 × top-k) + 64 tail rows per request, pages of
+//! 64 rows, 24 GiB of HBM for KV (all 61 layers' bytes), max batch 256, and a 16 GiB HBM read per
+//! step standing for the weights a decode step streams (its base cost; `--weights-gib`).
+//!
+//! **Placements** (the same arrivals, the same selection streams per request):
+//! - *fully resident*: a request is admitted when its whole KV (input + output tokens) fits in
+//!   the budget's pages; admission copies its history host → HBM on a copy stream; each step
+//!   converts picks to rows through the block table and attention reads them in place;
+//! - *fixed hot cache* (HiSparse): `GpuElasticPool` with `elastic: false`;
+//! - *elastic* (Adaptive HiSparse): `GpuElasticPool` with `elastic: true`.
+//!
+//! **A decode step** (all on the step stream, timed with events): the weights read; the resolve
+//! section (pools: the fused resolve of the batch's top-k into the group's first plane, its plan
+//! replayed into the group's other plane(s), and the same misses' rows of the other 59 layers read
+//! from pinned host memory by a stand-in — so PCIe carries all 61 layers' miss bytes; resident: the
+//! block-table conversion); attention over 61 layers (a gather-and-dot stand-in reading every
+//! resolved row, 656 B × k per query per layer, from the group's planes in turn); the new token's
+//! rows written into each request's tail (pools) or page (resident), and the pools' write-back to
+//! the pinned store (plus the other layers' bytes, D2H). Top-k picks come from the calibrated
+//! selection generator (`tierkit_sim::kv::selection`), uploaded before the timed region (an engine's
+//! indexer produces them on the device). Between steps: finished sessions hand pages back, the
+//! elastic pool lends free pages (fills on the copy stream). The next step waits for admission and
+//! growth copies; that wait is measured (copy-stream events) and added to the clock as a stall.
+//!
+//! **What is physical and what is a stand-in.** The pools hold `--group-layers` (default 2) planes
+//! of the 61 — one index-sharing group — because the pinned host store holds every slot's whole
+//! history (`max_sessions × max_history × layers × 656` B, 26 GB at 2 layers for this trace). The
+//! other layers' bytes are moved by stand-ins with the same shapes: their miss rows (random 656 B
+//! rows from a 2 GiB pinned buffer, far larger than L2), their admission and growth copies (H2D from
+//! pinned memory), their write-back (D2H). Attention reads 61 layers' bytes from the physical planes
+//! (at small batches part of it may hit L2, for every placement alike). The budget's page count is
+//! that of 61 layers, so admissions are those of a 61-layer pool.
+//!
+//! **Exactness in the run**: every `--check-every` steps (and the last), sampled resolved rows of
+//! the pools are read back from the arena and compared with the pinned host store, byte for byte;
+//! any mismatch fails the run (exit 1). Positions of the tail's oldest slot are not sampled (the
+//! step's new row overwrote it, as the ring intends).
+//!
+//! Without a device it prints `SKIP: no CUDA device`; without the trace, `SKIP: no trace ...`.
+
+mod scenario;
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod run;
+#[cfg(feature = "cuda")]
+mod store;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use scenario::{Report, RunReport, Scenario};
+use tierkit_sim::kv::trace::ArrivalTrace;
+
+/// The trace read by default, relative to the repository root.
+const DEFAULT_TRACE: &str = "../shared/data/kv/mooncake/conversation_trace.jsonl";
+
+/// Command-line options.
+#[derive(Clone, Debug)]
+pub struct Args {
+    /// Arrival trace (JSONL: `timestamp` ms, `input_length`, `output_length`).
+    pub trace: PathBuf,
+    /// Short mode: 4 loads, 400 steps and 12 s per run unless given.
+    pub short: bool,
+    /// Arrival speed-ups over the trace.
+    pub loads: Vec<f64>,
+    /// Decode steps per run at most.
+    pub max_steps: u64,
+    /// Host wall time per run at most, s.
+    pub max_run_s: f64,
+    /// Keep the trace's first N requests.
+    pub requests: Option<usize>,
+    /// `resident`, `fixed`, `elastic`.
+    pub placements: Vec<String>,
+    /// Exactness check every N steps (and the last).
+    pub check_every: u64,
+    /// JSON report path.
+    pub out: Option<PathBuf>,
+    /// CPU only: write the (truncated) trace's arrivals here and exit.
+    pub export: Option<PathBuf>,
+    /// The scenario.
+    pub scenario: Scenario,
+}
+
+fn usage() -> &'static str {
+    "kv_serving_bench [--short] [--trace PATH] [--loads 0.5,4,16,64] [--steps N] [--max-run-s S]
+                 [--requests N] [--placements resident,fixed,elastic] [--check-every N]
+                 [--budget-gib G] [--weights-gib G] [--group-layers L] [--out FILE.json]
+                 [--export FILE.jsonl]   (CPU: write the first --requests arrivals and exit)"
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        trace: PathBuf::from(DEFAULT_TRACE),
+        short: false,
+        loads: vec![0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
+        max_steps: 3000,
+        max_run_s: 120.0,
+        requests: None,
+        placements: vec!["resident".into(), "fixed".into(), "elastic".into()],
+        check_every: 25,
+        out: None,
+        export: None,
+        scenario: Scenario::published(),
+    };
+    let (mut loads_set, mut steps_set, mut wall_set) = (false, false, false);
+    let num = |v: Option<String>, what: &str| -> Result<f64, String> {
+        let v = v.ok_or(format!("{what} needs a value"))?;
+        v.parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite() && *x > 0.0)
+            .ok_or(format!("{what}: {v} is not a positive number"))
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--short" => a.short = true,
+            "--trace" => a.trace = it.next().ok_or("--trace needs a path")?.into(),
+            "--out" => a.out = Some(it.next().ok_or("--out needs a path")?.into()),
+            "--export" => a.export = Some(it.next().ok_or("--export needs a path")?.into()),
+            "--loads" => {
+                let v = it.next().ok_or("--loads needs a list")?;
+                a.loads = v
+                    .split(',')
+                    .map(|x| num(Some(x.to_string()), "--loads"))
+                    .collect::<Result<_, _>>()?;
+                loads_set = true;
+            }
+            "--steps" => {
+                a.max_steps = num(it.next(), "--steps")? as u64;
+                steps_set = true;
+            }
+            "--max-run-s" => {
+                a.max_run_s = num(it.next(), "--max-run-s")?;
+                wall_set = true;
+            }
+            "--requests" => a.requests = Some(num(it.next(), "--requests")? as usize),
+            "--check-every" => a.check_every = num(it.next(), "--check-every")? as u64,
+            "--placements" => {
+                let v = it.next().ok_or("--placements needs a list")?;
+                a.placements = v.split(',').map(str::to_string).collect();
+                for p in &a.placements {
+                    if !["resident", "fixed", "elastic"].contains(&p.as_str()) {
+                        return Err(format!("unknown placement {p}"));
+                    }
+                }
+            }
+            "--budget-gib" => {
+                a.scenario.hbm_budget_bytes =
+                    (num(it.next(), "--budget-gib")? * (1u64 << 30) as f64) as u64
+            }
+            "--weights-gib" => {
+                let b = (num(it.next(), "--weights-gib")? * (1u64 << 30) as f64) as u64;
+                a.scenario.weights_bytes = b / 16 * 16;
+            }
+            "--group-layers" => a.scenario.group_layers = num(it.next(), "--group-layers")? as u32,
+            "-h" | "--help" => return Err(usage().into()),
+            other => return Err(format!("unknown argument {other}\n{}", usage())),
+        }
+    }
+    if a.short {
+        if !loads_set {
+            a.loads = vec![0.5, 4.0, 16.0, 64.0];
+        }
+        if !steps_set {
+            a.max_steps = 400;
+        }
+        if !wall_set {
+            a.max_run_s = 12.0;
+        }
+    }
+    a.scenario.validate()?;
+    Ok(a)
+}
+
+/// Writes the trace's requests as JSONL in the reader's format (`timestamp` ms, lengths).
+fn export(trace: &ArrivalTrace, path: &PathBuf) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    for q in &trace.requests {
+        writeln!(
+            f,
+            "{{\"timestamp\": {}, \"input_length\": {}, \"output_length\": {}}}",
+            q.arrival_ms, q.input_length, q.output_length
+        )?;
+    }
+    f.flush()
+}
+
+/// Prints one row per run and the issue's targets.
+fn print_table(runs: &[RunReport]) {
+    println!(
+        "| placement | load | tokens/s | peak batch | median batch | TTFT p90 queue (ms) | step median (ms) | resolve mean (us) | miss MB/step | copy stall (us/step) | admission copy (ms/session) | KV GiB peak | device GiB | rows checked |"
+    );
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    for r in runs {
+        let s = &r.summary;
+        println!(
+            "| {} | {} | {:.0} | {} | {} | {:.1} | {:.2} | {:.0} | {:.1} | {:.0} | {:.1} | {:.2} | {:.1} | {} |",
+            r.placement,
+            r.load,
+            s.tokens_per_s,
+            s.peak_batch,
+            s.median_batch,
+            s.ttft_queue_p90_ms,
+            r.step_us_median / 1e3,
+            r.resolve_us_mean,
+            r.miss_bytes_per_step / 1e6,
+            r.copy_stall_us_per_step,
+            r.admission_copy_ms / s.admitted.max(1) as f64,
+            r.kv_gib_peak,
+            r.device_gib_used,
+            r.rows_checked
+        );
+    }
+    let find = |p: &str, load: f64| runs.iter().find(|r| r.placement == p && r.load == load);
+    let loads: Vec<f64> = runs.iter().map(|r| r.load).collect();
+    let lo = loads.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = loads.iter().copied().fold(0.0, f64::max);
+    let verdict = |ok: bool| if ok { "met" } else { "MISSED" };
+    if let (Some(res), Some(el)) = (find("fully resident", lo), find("elastic", lo)) {
+        let r = el.summary.tokens_per_s / res.summary.tokens_per_s;
+        println!(
+            "low load {lo}: elastic / resident tokens/s = {r:.4} (target >= 0.99: {})",
+            verdict(r >= 0.99)
+        );
+    }
+    if let (Some(res), Some(el)) = (find("fully resident", hi), find("elastic", hi)) {
+        let p = el.summary.peak_batch as f64 / res.summary.peak_batch.max(1) as f64;
+        let t = el.summary.tokens_per_s / res.summary.tokens_per_s;
+        println!(
+            "saturation {hi}: elastic / resident peak sessions = {p:.2} (target >= 1.8: {}), tokens/s = {t:.2} (target >= 1.25: {})",
+            verdict(p >= 1.8),
+            verdict(t >= 1.25)
+        );
+        if let Some(fx) = find("fixed hot cache", hi) {
+            let f = el.summary.tokens_per_s / fx.summary.tokens_per_s;
+            println!(
+                "saturation {hi}: elastic / fixed hot cache tokens/s = {f:.3} (target > 1: {})",
+                verdict(f > 1.0)
+            );
+        }
+    }
+}
+
+fn main() {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if !args.trace.is_file() {
+        println!(
+            "SKIP: no trace at {} (pass --trace PATH; the Mooncake conversation trace is in ../shared/data/kv/mooncake/)",
+            args.trace.display()
+        );
+        return;
+    }
+    let mut trace = match ArrivalTrace::from_path(&args.trace) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Some(n) = args.requests {
+        trace.truncate(n);
+    }
+    if let Some(path) = &args.export {
+        if let Err(e) = export(&trace, path) {
+            eprintln!("error: writing {}: {e}", path.display());
+            std::process::exit(1);
+        }
+        println!(
+            "wrote {} arrivals ({} s of trace) to {}",
+            trace.requests.len(),
+            trace.requests.last().map_or(0, |q| q.arrival_ms) / 1000,
+            path.display()
+        );
+        return;
+    }
+    match gpu_main(&args, &trace) {
+        Ok(Some(report)) => {
+            println!();
+            print_table(&report.runs);
+            if let Some(out) = &args.out {
+                let json = serde_json::to_string(&report).expect("the report serializes");
+                if let Err(e) = std::fs::write(out, json) {
+                    eprintln!("error: writing {}: {e}", out.display());
+                    std::process::exit(1);
+                }
+                println!("JSON: {}", out.display());
+            }
+            if report.runs.iter().any(|r| r.rows_mismatched > 0) {
+                eprintln!("error: resolved rows differ from the host store (see above)");
+                std::process::exit(1);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_main(_: &Args, _: &ArrivalTrace) -> Result<Option<Report>, String> {
+    println!(
+        "SKIP: built without the `cuda` feature; build with `--features cuda` \
+         (cargo build --release -p tierkit-benches --features cuda --bin kv_serving_bench)"
+    );
+    Ok(None)
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_main(args: &Args, trace: &ArrivalTrace) -> Result<Option<Report>, String> {
+    run::run_all(args, trace).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Args, String> {
+        parse_args(line.split_whitespace().map(str::to_string))
+    }
+
+    #[test]
+    fn short_mode_defaults_and_bad_arguments() {
+        let a = parse("--short").unwrap();
+        assert_eq!(a.loads, [0.5, 4.0, 16.0, 64.0]);
+        assert_eq!((a.max_steps, a.max_run_s), (400, 12.0));
+        let a = parse("--short --loads 1,2 --steps 50 --group-layers 4").unwrap();
+        assert_eq!((a.loads.as_slice(), a.max_steps), (&[1.0, 2.0][..], 50));
+        assert_eq!(a.scenario.shadow_layers(), 57);
+        for bad in [
+            "--loads 1,-2",
+            "--steps",
+            "--placements resident,hbm",
+            "--group-layers 62",
+            "--frobnicate",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_budget_holds_the_pages_of_all_model_layers() {
+        let sc = Scenario::published();
+        // 24 GiB / (64 rows x 61 layers x 656 B) = 10,062 pages, as the CPU simulation counts
+        // (643,987 tokens / 64).
+        assert_eq!(sc.budget_pages(), 10_062);
+        assert_eq!(sc.token_bytes_model(), 40_016);
+        assert!(sc.validate().is_ok());
+    }
+
+    #[test]
+    fn an_exported_arrival_set_reads_back_the_same() {
+        let trace = ArrivalTrace::synthetic(50, 3.0, 7);
+        let path =
+            std::env::temp_dir().join(format!("kv-serving-export-{}.jsonl", std::process::id()));
+        export(&trace, &path).unwrap();
+        let back = ArrivalTrace::from_path(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(back.requests, trace.requests);
+    }
+}
