@@ -171,7 +171,7 @@ def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
         for layer in range(LAYERS):
             hot = set(m.hot_experts(layer))
             for e in range(EXPERTS):
-                s = slots[layer, e]
+                s = int(slots[layer, e])  # a Python int: int32 arithmetic would overflow (NumPy 2 promotion)
                 assert (s >= 0) == (e in hot) == bank.is_hot(layer, e)
                 if s >= 0:
                     assert bank.slots_of(layer)[e] == s

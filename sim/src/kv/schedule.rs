@@ -109,6 +109,7 @@ pub struct ScheduleSummary {
 #[derive(Clone, Debug)]
 pub struct Scheduler {
     reqs: Vec<TraceRequest>,
+    id_base: u64,
     next: usize,
     queue: VecDeque<usize>,
     running: Vec<Active>,
@@ -146,6 +147,7 @@ impl Scheduler {
         t.speed_up(load);
         Ok(Self {
             reqs: t.requests,
+            id_base: 0,
             next: 0,
             queue: VecDeque::new(),
             running: Vec::new(),
@@ -159,6 +161,14 @@ impl Scheduler {
             completed: 0,
             rejected: 0,
         })
+    }
+
+    /// Session ids start at `base + 1` instead of 1 (an id is `base + trace index + 1`). A pool
+    /// never takes a finished session's id again (`SessionExists`), so runs that share one pool
+    /// give each run its own base.
+    pub fn with_id_base(mut self, base: u64) -> Self {
+        self.id_base = base;
+        self
     }
 
     /// The clock, µs since the (scaled) trace start.
@@ -202,7 +212,7 @@ impl Scheduler {
             }
             let q = self.reqs[i];
             let a = Active {
-                id: i as u64 + 1,
+                id: self.id_base + i as u64 + 1,
                 input: q.input_length,
                 output: q.output_length.max(1),
                 generated: 0,

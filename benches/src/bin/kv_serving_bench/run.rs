@@ -70,14 +70,16 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
             _ => (Store::pool(&dev, &sc, true, max_history)?, "elastic"),
         };
         eprintln!("{name}: store ready in {:.1} s", t0.elapsed().as_secs_f64());
-        for &load in &args.loads {
+        for (run_no, &load) in args.loads.iter().enumerate() {
+            // Each run of a pool takes fresh session ids (a pool never reuses a finished one).
+            let id_base = (run_no as u64) << 32;
             let r = run_one(
                 args,
                 &mut dev,
                 &mut store,
                 &pat,
                 trace,
-                load,
+                (load, id_base),
                 name,
                 max_history,
             )?;
@@ -125,13 +127,13 @@ fn run_one(
     store: &mut Store,
     pat: &Pattern,
     trace: &ArrivalTrace,
-    load: f64,
+    (load, id_base): (f64, u64),
     name: &str,
     max_history: u32,
 ) -> Res<RunReport> {
     let sc = args.scenario;
     let wall = Instant::now();
-    let mut sched = Scheduler::new(trace, load, sc.max_batch)?;
+    let mut sched = Scheduler::new(trace, load, sc.max_batch)?.with_id_base(id_base);
     let params = SelectionParams::calibrated(sc.top_k);
     let mut gens: HashMap<u64, SelectionGen> = HashMap::new();
     let s = dev.gpu.stream().clone();
