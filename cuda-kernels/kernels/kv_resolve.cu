@@ -986,13 +986,152 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 //    on the slot and the pick). These are reads of tables no other block writes during the call,
 //    bounds-checked on the entry's own words; the call is validated after them.
 // 2. one barrier validates the call (query_start_loc, repeated slot); a second pair only when it failed;
-// 3. the call counter's ticket is taken right after that barrier, not at the end of the block;
+//    before it, every warp previews its picks' classes into shared partials (kv_lean_preview), and
+//    a quiet entry (no miss, in place, no flagged warp) finishes from them with no further barrier;
+// 3. thread 0 alone reads the call counter and takes the block's ticket as soon as that read is done;
 // 4. steps C-G run only when some pick of the entry missed (one __syncthreads_or), the direct path
 //    (s.full) does no hot-cache bookkeeping at all;
 // 5. in-place rows count their valid entries with per-row shared counters (no block scan).
 // 1024 threads per block (ResolveEngine::Lean) or 512 (Lean512); entries over KV_FAST_PER x blockDim
 // picks or KV_FAST_MAX_ROWS rows take the classic entry. Dynamic shared memory as the fast engine.
 #define KV_NO_BOUND 0x7fffffff
+
+// Per-warp partials of the lean engine, written before the validating barrier by lane 0 of every
+// warp (no initialisation needed: each warp writes its own words): KV_LEAN_PARTS u32 per warp (valid
+// outputs, tail, scratch, page, hot, bad) and one flag word (KV_LEAN_MISS: some pick missed,
+// KV_LEAN_SLOW: the warp's picks span two rows or a fixed row could be negative).
+#define KV_LEAN_PARTS 6
+#define KV_LEAN_MISS 1u
+#define KV_LEAN_SLOW 2u
+
+// The lean engine's preview (before the validating barrier, no side effect): classifies the thread's
+// picks exactly as kv_entry_lean's steps A + B will (tail -> scratch -> page -> hot -> miss) from the
+// speculative reads, and folds the counts and flags into the warp's partials. Valid outputs are
+// counted by class: a tail, scratch or hot row is a fixed row (non-negative when `slow` is clear,
+// which the fixed-page loader checks), a page row is computed as A + B will. All lanes call it.
+__device__ __forceinline__ void kv_lean_preview(const KvDims& d, const KvSlotDesc& s, int limit,
+                                                const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
+                                                const int (&pg)[KV_FAST_PER], const int (&hs)[KV_FAST_PER],
+                                                unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
+                                                unsigned int k, bool slow, unsigned int* part, unsigned int* flag) {
+    const bool full = s.full != 0u;
+    unsigned int c[KV_LEAN_PARTS] = {0u, 0u, 0u, 0u, 0u, 0u};
+    bool miss = false;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        if (f0 + i >= fe || p[i] == -1) continue;
+        if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
+            c[5] += 1u;
+            continue;
+        }
+        const unsigned int q = (unsigned int)p[i];
+        if (q >= s.committed) {
+            c[2] += 1u;
+            c[0] += 1u;
+            slow |= q - s.committed >= d.scratch_rows;
+        } else if (q >= s.tail_start) {
+            c[1] += 1u;
+            c[0] += 1u;
+        } else if (pg[i] >= 0) {
+            c[3] += 1u;
+            c[0] += (pg[i] * (int)d.page_rows + (int)(q % d.page_rows)) >= 0 ? 1u : 0u;
+        } else if (hs[i] >= 0) {
+            c[4] += 1u;
+            c[0] += 1u;
+            slow |= (unsigned int)hs[i] >= d.hot_rows;
+        } else if (!full) {
+            miss = true;
+        }
+    }
+    const unsigned int w0 = (threadIdx.x & ~31u) * per, w1 = min(w0 + 32u * per, F);
+    slow |= w0 < w1 && w0 / k != (w1 - 1u) / k;
+#pragma unroll
+    for (unsigned int j = 0; j < KV_LEAN_PARTS; ++j) c[j] = kv_warp_sum(c[j]);
+    const unsigned int f = (__any_sync(0xffffffffu, miss) ? KV_LEAN_MISS : 0u) |
+                           (__any_sync(0xffffffffu, slow) ? KV_LEAN_SLOW : 0u);
+    if ((threadIdx.x & 31u) == 0u) {
+        const unsigned int w = threadIdx.x >> 5;
+#pragma unroll
+        for (unsigned int j = 0; j < KV_LEAN_PARTS; ++j) part[w * KV_LEAN_PARTS + j] = c[j];
+        flag[w] = f;
+    }
+}
+
+// After the validating barrier: whether no warp of the block raised a preview flag (block-uniform).
+__device__ __forceinline__ bool kv_lean_quiet(const unsigned int* flag) {
+    const unsigned int lane = threadIdx.x & 31u;
+    return !__any_sync(0xffffffffu, lane < (blockDim.x >> 5) && flag[lane] != 0u);
+}
+
+// Stores a thread's consecutive outputs o[0 .. n): one 16- or 8-byte store when n and the address allow.
+__device__ __forceinline__ void kv_store_picks(int* o, const int (&out)[KV_FAST_PER], unsigned int n) {
+    const unsigned long long a = (unsigned long long)(size_t)o;
+    if (n == 4u && (a & 15u) == 0u) {
+        *(int4*)o = make_int4(out[0], out[1], out[2], out[3]);
+    } else if (n == 2u && (a & 7u) == 0u) {
+        *(int2*)o = make_int2(out[0], out[1]);
+    } else {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (i < n) o[i] = out[i];
+    }
+}
+
+// Loads a thread's consecutive picks p[0 .. n) (-1 beyond n): one 16- or 8-byte load when n and the
+// address allow.
+__device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[KV_FAST_PER], unsigned int n) {
+    const unsigned long long a = (unsigned long long)(size_t)g;
+    if (n == 4u && (a & 15u) == 0u) {
+        const int4 v = *(const int4*)g;
+        p[0] = v.x;
+        p[1] = v.y;
+        p[2] = v.z;
+        p[3] = v.w;
+    } else if (n == 2u && (a & 7u) == 0u) {
+        const int2 v = *(const int2*)g;
+        p[0] = v.x;
+        p[1] = v.y;
+        p[2] = -1;
+        p[3] = -1;
+    } else {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = i < n ? g[i] : -1;
+    }
+}
+
+// The quiet finish of a lean in-place entry (no miss, every warp within one row): valid counts and
+// the stats row from the preview's partials, no block barrier. Warp w sums rows w, w + nw, ...; the
+// last warp writes the stats row and the bad positions.
+__device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned int* part, unsigned int per,
+                                               unsigned int F, unsigned int R, unsigned int k, unsigned int row0,
+                                               bool full, int* __restrict__ valid_count,
+                                               unsigned int* __restrict__ plan_count_r,
+                                               unsigned int* __restrict__ st) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const unsigned int wp = 32u * per;
+    const bool has = lane < nw && lane * wp < F;
+    for (unsigned int row = warp; row < R; row += nw) {
+        const unsigned int v = kv_warp_sum(has && (lane * wp) / k == row ? part[lane * KV_LEAN_PARTS] : 0u);
+        if (lane == 0u) valid_count[row0 + row] = (int)v;
+    }
+    if (warp == nw - 1u) {
+        unsigned int c[KV_LEAN_PARTS];
+#pragma unroll
+        for (unsigned int j = 1; j < KV_LEAN_PARTS; ++j) c[j] = kv_warp_sum(has ? part[lane * KV_LEAN_PARTS + j] : 0u);
+        if (lane == 0u) {
+            *plan_count_r = 0u;
+            st[0] = c[1] + c[2] + c[3] + c[4];
+            st[1] = c[1];
+            st[2] = c[2];
+            st[3] = c[3];
+            st[4] = c[4];
+            st[5] = 0u;
+            st[6] = full ? 1u : 0u;
+            st[7] = c[5];
+            if (c[5]) atomicAdd(&t.err[KV_ERR_BAD_POSITION], c[5]);
+        }
+    }
+}
 
 // One entry of the lean engine, after the validating barrier: p, rl, pg, hs are the thread's picks,
 // their query rows' bounds (KV_NO_BOUND without per-query bounds), page-table and position-table
@@ -1008,7 +1147,8 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
                                               unsigned int* __restrict__ stats_r, unsigned int layout,
                                               unsigned long long call, unsigned int* bits, const int* fp,
                                               unsigned int* warp_sums, unsigned int* sh_rows, unsigned int* sh_count,
-                                              unsigned int* sh_taken, int* sh_last, unsigned int hand) {
+                                              unsigned int* sh_taken, int* sh_last, unsigned int hand, bool quiet,
+                                              const unsigned int* part) {
     const bool full = s.full != 0u;
     const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
@@ -1047,6 +1187,13 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
             atomicMin(&t.first[pb + q], (int)f);
             miss = true;
         }
+    }
+    // Quiet (the preview saw no miss and no warp spanning two rows; in-place layout): the outputs and
+    // the counts from the preview's partials, no further barrier.
+    if (quiet) {
+        kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
+        kv_lean_counts(t, part, per, F, R, k, row0, full, valid_count, plan_count_r, stats_r);
+        return;
     }
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
@@ -1097,11 +1244,13 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
     __shared__ unsigned int sh_rows[KV_FAST_MAX_ROWS + 1];
+    __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS], sh_flag[32];
+    __shared__ unsigned long long sh_call;
+    __shared__ bool sh_last_ticket;  // thread 0's own: this block took the call's last ticket
     const unsigned int r = blockIdx.x, tid = threadIdx.x;
     if (tid < KV_STATS) sh_count[tid] = 0u;
     if (tid <= KV_FAST_MAX_ROWS) sh_rows[tid] = 0u;
     // Round trip 1: loads that depend on no other load.
-    const unsigned long long call = t.call[0] + 1ull;
     bool bad_qsl = false;
     for (unsigned int i = tid; i < sessions; i += blockDim.x) bad_qsl |= qsl[i + 1] < qsl[i];
     if (tid == 0) bad_qsl |= qsl[0] < 0 || (unsigned int)qsl[sessions] > rows;
@@ -1116,6 +1265,16 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
     bool dup = false;
     if (entry)
         for (unsigned int i = tid; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
+    // The call counter is read by thread 0 alone (shared with the block at the validating barrier),
+    // which takes the block's ticket as soon as its read has completed (the fence orders the read
+    // before the add): the ticket's round trip overlaps trips 2 and 3 instead of following the barrier.
+    unsigned int ticket = 0;  // below gridDim.x
+    if (tid == 0) {
+        const unsigned long long c = t.call[0] + 1ull;
+        sh_call = c;
+        __threadfence();
+        ticket = (unsigned int)atomicAdd(&t.call[1], 1ull);
+    }
     // Round trip 2: the slot's descriptor and fixed pages, the entry's picks and query bounds (addresses
     // checked against the tables' extents here; validity is decided after the barrier).
     const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
@@ -1126,9 +1285,14 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         hand = t.hand[sl];  // the CLOCK hand before the call (used only when something missed)
     }
     int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
+    bool fp_slow = false;  // a fixed row of this thread's pages could be negative
     if (slot_in) {
         const int* const g = kv_slot_fixed(d, t, (unsigned int)sl);
-        for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) fp[i] = g[i];
+        for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) {
+            const int v = g[i];
+            fp[i] = v;
+            fp_slow |= v < 0 || (long long)v * d.page_rows + d.page_rows - 1ll > 0x7fffffffll;
+        }
     }
     const bool rows_in = entry && q0 >= 0 && q0 <= q1 && (unsigned int)q1 <= rows;
     const unsigned int R = rows_in ? (unsigned int)(q1 - q0) : 0u;
@@ -1139,8 +1303,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
     const unsigned int f0 = tid * per, fe = min(f0 + per, F);
     const int* const tk = topk + (unsigned long long)(lean ? q0 : 0) * k;
     int p[KV_FAST_PER], rl[KV_FAST_PER];
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = f0 + i < fe ? tk[f0 + i] : -1;
+    kv_load_picks(tk + f0, p, fe > f0 ? fe - f0 : 0u);
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i)
         rl[i] = (qseq && f0 + i < fe) ? qseq[(unsigned int)q0 + (f0 + i) / k] : KV_NO_BOUND;
@@ -1159,18 +1322,17 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
             if ((unsigned int)p[i] < d.max_history) hs[i] = t.pos_slot[pb + p[i]];
         }
     }
-    // The validating barrier. `call` takes part so that every thread of the block has read the
-    // counter before thread 0 takes the block's ticket (call + 1 is never 0).
+    // Preview of the picks' classes into the warp partials (folded into the validating barrier).
+    kv_lean_preview(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, sh_flag);
+    // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
-    if (__syncthreads_or(bad_qsl | dup | (call == 0ull))) {
+    if (__syncthreads_or(bad_qsl | dup)) {
         qsl_bad = __syncthreads_or(bad_qsl);
         dup_any = __syncthreads_or(dup);
     }
-    unsigned long long ticket = 0;
-    if (tid == 0) {
-        __threadfence();
-        ticket = atomicAdd(&t.call[1], 1ull);
-    }
+    const unsigned long long call = sh_call;
+    // (The ticket has arrived by now: it was taken two round trips before the barrier.)
+    if (tid == 0) sh_last_ticket = ticket == gridDim.x - 1u;
     if (qsl_bad) {
         kv_refuse_call(t, sessions, rows, k, indices, valid_count, plan_count, stats);
     } else if (r == sessions) {
@@ -1186,7 +1348,8 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         } else if (lean) {
             kv_entry_lean(d, t, (unsigned int)sl, s, limit, p, rl, pg, hs, f0, fe, per, F, R, row0, k, layer, fetch,
                           indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
-                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
+                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand,
+                          layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_flag), sh_part);
         } else {
             kv_entry_classic(d, t, sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices, valid_count, plan,
                              plan_count + r, stats + r * KV_STATS, layout, call, warp_sums, sh_count, &sh_taken,
@@ -1194,11 +1357,11 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         }
     }
     if (r == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
-    // The last block to take a ticket advances the call counter (every block read it before its ticket).
-    if (tid == 0 && ticket == (unsigned long long)gridDim.x - 1ull) {
+    // The last block to take a ticket advances the call counter (every block read it before its
+    // ticket); the kernel's end publishes the writes to the next launch (no fence needed here).
+    if (tid == 0 && sh_last_ticket) {
         t.call[0] = call;
         t.call[1] = 0ull;
-        __threadfence();
     }
 }
 
