@@ -997,70 +997,63 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 #define KV_NO_BOUND 0x7fffffff
 
 // Per-warp partials of the lean engine, written before the validating barrier by lane 0 of every
-// warp (no initialisation needed: each warp writes its own words): KV_LEAN_PARTS u32 per warp (valid
-// outputs, tail, scratch, page, hot, bad) and one flag word (KV_LEAN_MISS: some pick missed,
-// KV_LEAN_SLOW: the warp's picks span two rows or a fixed row could be negative).
-#define KV_LEAN_PARTS 6
-#define KV_LEAN_MISS 1u
-#define KV_LEAN_SLOW 2u
+// warp (no initialisation needed: each warp writes its own words): two u32 per warp, four 8-bit
+// counts each (a warp holds at most 32 × KV_FAST_PER = 128 picks, so no field overflows):
+// word 0 = valid outputs | tail << 8 | scratch << 16 | page << 24,
+// word 1 = hot | bad << 8 | missed picks << 16 | slow lanes << 24 (slow: the warp's picks span two
+// rows, or a fixed row could be negative or lie outside the slot's fixed rows).
+#define KV_LEAN_PARTS 2
 
 // The lean engine's preview (before the validating barrier, no side effect): classifies the thread's
 // picks exactly as kv_entry_lean's steps A + B will (tail -> scratch -> page -> hot -> miss) from the
 // speculative reads, and folds the counts and flags into the warp's partials. Valid outputs are
-// counted by class: a tail, scratch or hot row is a fixed row (non-negative when `slow` is clear,
+// counted by class: a tail, scratch or hot row is a fixed row (non-negative when no lane is slow,
 // which the fixed-page loader checks), a page row is computed as A + B will. All lanes call it.
 __device__ __forceinline__ void kv_lean_preview(const KvDims& d, const KvSlotDesc& s, int limit,
                                                 const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
                                                 const int (&pg)[KV_FAST_PER], const int (&hs)[KV_FAST_PER],
                                                 unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
-                                                unsigned int k, bool slow, unsigned int* part, unsigned int* flag) {
+                                                unsigned int k, bool slow, unsigned int* part) {
     const bool full = s.full != 0u;
-    unsigned int c[KV_LEAN_PARTS] = {0u, 0u, 0u, 0u, 0u, 0u};
-    bool miss = false;
+    unsigned int w0 = 0u, w1 = 0u;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (f0 + i >= fe || p[i] == -1) continue;
         if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
-            c[5] += 1u;
+            w1 += 1u << 8;
             continue;
         }
         const unsigned int q = (unsigned int)p[i];
         if (q >= s.committed) {
-            c[2] += 1u;
-            c[0] += 1u;
+            w0 += 1u + (1u << 16);
             slow |= q - s.committed >= d.scratch_rows;
         } else if (q >= s.tail_start) {
-            c[1] += 1u;
-            c[0] += 1u;
+            w0 += 1u + (1u << 8);
         } else if (pg[i] >= 0) {
-            c[3] += 1u;
-            c[0] += (pg[i] * (int)d.page_rows + (int)(q % d.page_rows)) >= 0 ? 1u : 0u;
+            w0 += (1u << 24) + ((pg[i] * (int)d.page_rows + (int)(q % d.page_rows)) >= 0 ? 1u : 0u);
         } else if (hs[i] >= 0) {
-            c[4] += 1u;
-            c[0] += 1u;
+            w0 += 1u;
+            w1 += 1u;
             slow |= (unsigned int)hs[i] >= d.hot_rows;
         } else if (!full) {
-            miss = true;
+            w1 += 1u << 16;
         }
     }
-    const unsigned int w0 = (threadIdx.x & ~31u) * per, w1 = min(w0 + 32u * per, F);
-    slow |= w0 < w1 && w0 / k != (w1 - 1u) / k;
-#pragma unroll
-    for (unsigned int j = 0; j < KV_LEAN_PARTS; ++j) c[j] = kv_warp_sum(c[j]);
-    const unsigned int f = (__any_sync(0xffffffffu, miss) ? KV_LEAN_MISS : 0u) |
-                           (__any_sync(0xffffffffu, slow) ? KV_LEAN_SLOW : 0u);
+    const unsigned int a = (threadIdx.x & ~31u) * per, b = min(a + 32u * per, F);
+    slow |= a < b && a / k != (b - 1u) / k;
+    w1 += slow ? 1u << 24 : 0u;
+    w0 = kv_warp_sum(w0);
+    w1 = kv_warp_sum(w1);
     if ((threadIdx.x & 31u) == 0u) {
-        const unsigned int w = threadIdx.x >> 5;
-#pragma unroll
-        for (unsigned int j = 0; j < KV_LEAN_PARTS; ++j) part[w * KV_LEAN_PARTS + j] = c[j];
-        flag[w] = f;
+        part[(threadIdx.x >> 5) * KV_LEAN_PARTS] = w0;
+        part[(threadIdx.x >> 5) * KV_LEAN_PARTS + 1u] = w1;
     }
 }
 
 // After the validating barrier: whether no warp of the block raised a preview flag (block-uniform).
-__device__ __forceinline__ bool kv_lean_quiet(const unsigned int* flag) {
+__device__ __forceinline__ bool kv_lean_quiet(const unsigned int* part) {
     const unsigned int lane = threadIdx.x & 31u;
-    return !__any_sync(0xffffffffu, lane < (blockDim.x >> 5) && flag[lane] != 0u);
+    return !__any_sync(0xffffffffu, lane < (blockDim.x >> 5) && (part[lane * KV_LEAN_PARTS + 1u] >> 16) != 0u);
 }
 
 // Stores a thread's consecutive outputs o[0 .. n): one 16- or 8-byte store when n and the address allow.
@@ -1111,13 +1104,19 @@ __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned
     const unsigned int wp = 32u * per;
     const bool has = lane < nw && lane * wp < F;
     for (unsigned int row = warp; row < R; row += nw) {
-        const unsigned int v = kv_warp_sum(has && (lane * wp) / k == row ? part[lane * KV_LEAN_PARTS] : 0u);
+        const unsigned int v =
+            kv_warp_sum(has && (lane * wp) / k == row ? part[lane * KV_LEAN_PARTS] & 0xffu : 0u);
         if (lane == 0u) valid_count[row0 + row] = (int)v;
     }
     if (warp == nw - 1u) {
-        unsigned int c[KV_LEAN_PARTS];
-#pragma unroll
-        for (unsigned int j = 1; j < KV_LEAN_PARTS; ++j) c[j] = kv_warp_sum(has ? part[lane * KV_LEAN_PARTS + j] : 0u);
+        // Unpacked per lane first (a block's sums exceed 8 bits): tail, scratch, page, hot, bad.
+        const unsigned int a = has ? part[lane * KV_LEAN_PARTS] : 0u, b = has ? part[lane * KV_LEAN_PARTS + 1u] : 0u;
+        unsigned int c[6];
+        c[1] = kv_warp_sum((a >> 8) & 0xffu);
+        c[2] = kv_warp_sum((a >> 16) & 0xffu);
+        c[3] = kv_warp_sum(a >> 24);
+        c[4] = kv_warp_sum(b & 0xffu);
+        c[5] = kv_warp_sum((b >> 8) & 0xffu);
         if (lane == 0u) {
             *plan_count_r = 0u;
             st[0] = c[1] + c[2] + c[3] + c[4];
@@ -1239,12 +1238,12 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RESOLVE_PARAMS) {
+__device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int warp_sums[32];
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
     __shared__ unsigned int sh_rows[KV_FAST_MAX_ROWS + 1];
-    __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS], sh_flag[32];
+    __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS];
     __shared__ unsigned long long sh_call;
     __shared__ bool sh_last_ticket;  // thread 0's own: this block took the call's last ticket
     const unsigned int r = blockIdx.x, tid = threadIdx.x;
@@ -1323,7 +1322,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         }
     }
     // Preview of the picks' classes into the warp partials (folded into the validating barrier).
-    kv_lean_preview(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, sh_flag);
+    kv_lean_preview(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part);
     // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
     if (__syncthreads_or(bad_qsl | dup)) {
@@ -1349,7 +1348,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
             kv_entry_lean(d, t, (unsigned int)sl, s, limit, p, rl, pg, hs, f0, fe, per, F, R, row0, k, layer, fetch,
                           indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
                           warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand,
-                          layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_flag), sh_part);
+                          layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part), sh_part);
         } else {
             kv_entry_classic(d, t, sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices, valid_count, plan,
                              plan_count + r, stats + r * KV_STATS, layout, call, warp_sums, sh_count, &sh_taken,
@@ -1363,6 +1362,16 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         t.call[0] = call;
         t.call[1] = 0ull;
     }
+}
+
+// ResolveEngine::Lean: 1024 threads (64 registers per thread at most).
+extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RESOLVE_PARAMS) {
+    kv_resolve_lean_body(KV_RESOLVE_ARGS);
+}
+
+// ResolveEngine::Lean512: the same body compiled for 512 threads (up to 128 registers: no spills).
+extern "C" __global__ void __launch_bounds__(512) tierkit_kv_resolve_lean512(KV_RESOLVE_PARAMS) {
+    kv_resolve_lean_body(KV_RESOLVE_ARGS);
 }
 
 // Plan replay into layers [l0, l0 + nl): block b copies plan[b * stride .. + count[b]].

@@ -23,6 +23,7 @@ pub struct KvKernels {
     resolve: CudaFunction,
     resolve_fast: CudaFunction,
     resolve_lean: CudaFunction,
+    resolve_lean512: CudaFunction,
     replay: CudaFunction,
     prefetch: CudaFunction,
     write_back: CudaFunction,
@@ -51,6 +52,7 @@ impl KvKernels {
             resolve: gpu.function(&KV_MODULE, "tierkit_kv_resolve")?,
             resolve_fast: gpu.function(&KV_MODULE, "tierkit_kv_resolve_fast")?,
             resolve_lean: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean")?,
+            resolve_lean512: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean512")?,
             replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
             prefetch: gpu.function(&KV_MODULE, "tierkit_kv_prefetch")?,
             write_back: gpu.function(&KV_MODULE, "tierkit_kv_write_back")?,
@@ -163,7 +165,7 @@ impl KvKernels {
         let (func, block, smem) = match o.engine {
             ResolveEngine::Fast if fits => (&self.resolve_fast, KV_FAST_BLOCK, smem),
             ResolveEngine::Lean if fits => (&self.resolve_lean, KV_FAST_BLOCK, smem),
-            ResolveEngine::Lean512 if fits => (&self.resolve_lean, KV_FAST_BLOCK / 2, smem),
+            ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_FAST_BLOCK / 2, smem),
             _ => (&self.resolve, KV_BLOCK, 0),
         };
         let mut b = stream.launch_builder(func);
@@ -192,7 +194,7 @@ impl KvKernels {
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean (same parameters); the
+        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean / _lean512 (same parameters); the
         // fast and lean kernels' dynamic shared memory holds their two bitmaps of ceil(hot_rows /
         // 32) words and the fixed pages; buffers per the caller's contract.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_resolve)"))?;

@@ -72,7 +72,8 @@ pub enum ResolveEngine {
     /// `Fast`. The default: it won most rows of the H200 peer comparison (round 2, `DESIGN.md`).
     #[default]
     Lean,
-    /// `tierkit_kv_resolve_lean` with 512 threads per entry (up to 4 picks per thread: entries
+    /// `tierkit_kv_resolve_lean512`: the lean body compiled for and launched with 512 threads per
+    /// entry (up to 128 registers, no spills; up to 4 picks per thread: entries
     /// over 2048 picks take the classic path).
     Lean512,
 }
