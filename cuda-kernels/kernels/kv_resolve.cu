@@ -1004,41 +1004,67 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 // rows, or a fixed row could be negative or lie outside the slot's fixed rows).
 #define KV_LEAN_PARTS 2
 
-// The lean engine's preview (before the validating barrier, no side effect): classifies the thread's
-// picks exactly as kv_entry_lean's steps A + B will (tail -> scratch -> page -> hot -> miss) from the
-// speculative reads, and folds the counts and flags into the warp's partials. Valid outputs are
-// counted by class: a tail, scratch or hot row is a fixed row (non-negative when no lane is slow,
-// which the fixed-page loader checks), a page row is computed as A + B will. All lanes call it.
-__device__ __forceinline__ void kv_lean_preview(const KvDims& d, const KvSlotDesc& s, int limit,
-                                                const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
-                                                const int (&pg)[KV_FAST_PER], const int (&hs)[KV_FAST_PER],
-                                                unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
-                                                unsigned int k, bool slow, unsigned int* part) {
+// Classes of a lean pick (3 bits per pick in a thread's class word), decided before the validating
+// barrier from the speculative reads; the pick's value v beside it: the fixed local row (scratch,
+// tail), the output row (page), the hot slot (hot), the position (miss).
+#define KV_PICK_NONE 0u  // beyond the entry, -1, or a direct-path position found nowhere (-1 out)
+#define KV_PICK_BAD 1u
+#define KV_PICK_SCRATCH 2u
+#define KV_PICK_TAIL 3u
+#define KV_PICK_PAGE 4u
+#define KV_PICK_HOT 5u
+#define KV_PICK_MISS 6u
+
+// The lean engine's classification and preview (before the validating barrier, no side effect):
+// classifies the thread's picks as steps A + B of the fast engine do (tail -> scratch -> page -> hot
+// -> miss) into *cls (3 bits per pick) and v, and folds the counts and flags into the warp's
+// partials. Valid outputs are counted by class: a tail, scratch or hot row is a fixed row
+// (non-negative when no lane is slow, which the fixed-page loader checks), a page row is v itself.
+// All lanes call it.
+__device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvSlotDesc& s, int limit,
+                                                 const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
+                                                 const int (&pg)[KV_FAST_PER], const int (&hs)[KV_FAST_PER],
+                                                 unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
+                                                 unsigned int k, bool slow, unsigned int* part, unsigned int* cls,
+                                                 int (&v)[KV_FAST_PER]) {
     const bool full = s.full != 0u;
-    unsigned int w0 = 0u, w1 = 0u;
+    unsigned int w0 = 0u, w1 = 0u, c = 0u;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        v[i] = -1;
         if (f0 + i >= fe || p[i] == -1) continue;
         if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
+            c |= KV_PICK_BAD << (3u * i);
             w1 += 1u << 8;
             continue;
         }
         const unsigned int q = (unsigned int)p[i];
         if (q >= s.committed) {
+            c |= KV_PICK_SCRATCH << (3u * i);
+            v[i] = (int)(d.hot_rows + d.tail_rows + (q - s.committed));
             w0 += 1u + (1u << 16);
             slow |= q - s.committed >= d.scratch_rows;
         } else if (q >= s.tail_start) {
+            c |= KV_PICK_TAIL << (3u * i);
+            v[i] = (int)(d.hot_rows + q % d.tail_rows);
             w0 += 1u + (1u << 8);
         } else if (pg[i] >= 0) {
-            w0 += (1u << 24) + ((pg[i] * (int)d.page_rows + (int)(q % d.page_rows)) >= 0 ? 1u : 0u);
+            c |= KV_PICK_PAGE << (3u * i);
+            v[i] = pg[i] * (int)d.page_rows + (int)(q % d.page_rows);
+            w0 += (1u << 24) + (v[i] >= 0 ? 1u : 0u);
         } else if (hs[i] >= 0) {
+            c |= KV_PICK_HOT << (3u * i);
+            v[i] = hs[i];
             w0 += 1u;
             w1 += 1u;
             slow |= (unsigned int)hs[i] >= d.hot_rows;
         } else if (!full) {
+            c |= KV_PICK_MISS << (3u * i);
+            v[i] = p[i];
             w1 += 1u << 16;
         }
     }
+    *cls = c;
     const unsigned int a = (threadIdx.x & ~31u) * per, b = min(a + 32u * per, F);
     slow |= a < b && a / k != (b - 1u) / k;
     w1 += slow ? 1u << 24 : 0u;
@@ -1135,10 +1161,68 @@ __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned
 // One entry of the lean engine, after the validating barrier: p, rl, pg, hs are the thread's picks,
 // their query rows' bounds (KV_NO_BOUND without per-query bounds), page-table and position-table
 // entries (-1 where not read), read before the barrier; fp holds the slot's fixed pages (shared).
+// Steps A + B of a lean entry (tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim))
+// from the classes kv_lean_classify gave the speculative reads: the thread's outputs (-1 where
+// none, KV_OUT_PENDING for misses) and counters; touches hot hits and claims misses unless `full`.
+__device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvTables& t, unsigned int slot, bool full,
+                                              unsigned int cls, const int (&v)[KV_FAST_PER], unsigned int f0,
+                                              unsigned long long call, const int* fp, int (&out)[KV_FAST_PER],
+                                              unsigned int* c_tail, unsigned int* c_scr, unsigned int* c_page,
+                                              unsigned int* c_hot, unsigned int* bad, bool* miss) {
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        out[i] = -1;
+        const unsigned int c = (cls >> (3u * i)) & 7u;
+        if (c == KV_PICK_BAD) {
+            *bad += 1u;
+        } else if (c == KV_PICK_SCRATCH) {
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            *c_scr += 1u;
+        } else if (c == KV_PICK_TAIL) {
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            *c_tail += 1u;
+        } else if (c == KV_PICK_PAGE) {
+            out[i] = v[i];
+            *c_page += 1u;
+        } else if (c == KV_PICK_HOT) {
+            if (!full) {
+                t.referenced[hb + v[i]] = 1u;
+                t.stamp[hb + v[i]] = call;
+            }
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            *c_hot += 1u;
+        } else if (c == KV_PICK_MISS) {
+            out[i] = KV_OUT_PENDING;
+            atomicMin(&t.first[pb + v[i]], (int)(f0 + i));
+            *miss = true;
+        }
+    }
+}
+
+// A quiet lean entry (the preview saw no miss and no flagged warp; in-place layout): steps A + B,
+// one store per thread, the counts from the preview's partials; no barrier.
+__device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvTables& t, unsigned int slot,
+                                                    bool full, unsigned int cls, const int (&v)[KV_FAST_PER],
+                                                    unsigned int f0, unsigned int fe, unsigned int per,
+                                                    unsigned int F, unsigned int R, unsigned int row0,
+                                                    unsigned int k, int* __restrict__ indices,
+                                                    int* __restrict__ valid_count,
+                                                    unsigned int* __restrict__ plan_count_r,
+                                                    unsigned int* __restrict__ stats_r, unsigned long long call,
+                                                    const int* fp, const unsigned int* part) {
+    int out[KV_FAST_PER];
+    unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
+    bool miss = false;
+    kv_lean_picks(d, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
+    kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
+    kv_lean_counts(t, part, per, F, R, k, row0, full, valid_count, plan_count_r, stats_r);
+}
+
 __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t, unsigned int slot,
-                                              const KvSlotDesc& s, int limit, const int (&p)[KV_FAST_PER],
-                                              const int (&rl)[KV_FAST_PER], const int (&pg)[KV_FAST_PER],
-                                              const int (&hs)[KV_FAST_PER], unsigned int f0, unsigned int fe,
+                                              const KvSlotDesc& s, unsigned int cls, const int (&v)[KV_FAST_PER],
+                                              unsigned int f0, unsigned int fe,
                                               unsigned int per, unsigned int F, unsigned int R, unsigned int row0,
                                               unsigned int k, unsigned int layer, unsigned int fetch,
                                               int* __restrict__ indices, int* __restrict__ valid_count,
@@ -1146,58 +1230,16 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
                                               unsigned int* __restrict__ stats_r, unsigned int layout,
                                               unsigned long long call, unsigned int* bits, const int* fp,
                                               unsigned int* warp_sums, unsigned int* sh_rows, unsigned int* sh_count,
-                                              unsigned int* sh_taken, int* sh_last, unsigned int hand, bool quiet,
-                                              const unsigned int* part) {
+                                              unsigned int* sh_taken, int* sh_last, unsigned int hand) {
     const bool full = s.full != 0u;
-    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
-    const unsigned long long pb = (unsigned long long)slot * d.max_history;
     int out[KV_FAST_PER];
     unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
     bool miss = false;
-    // A + B. tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim), from the speculative reads.
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        out[i] = -1;
-        const unsigned int f = f0 + i;
-        if (f >= fe || p[i] == -1) continue;
-        if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
-            bad += 1u;
-            continue;
-        }
-        const unsigned int q = (unsigned int)p[i];
-        if (q >= s.committed) {
-            out[i] = kv_fixed_row_at(d, fp, d.hot_rows + d.tail_rows + (q - s.committed));
-            c_scr++;
-        } else if (q >= s.tail_start) {
-            out[i] = kv_fixed_row_at(d, fp, d.hot_rows + q % d.tail_rows);
-            c_tail++;
-        } else if (pg[i] >= 0) {
-            out[i] = pg[i] * (int)d.page_rows + (int)(q % d.page_rows);
-            c_page++;
-        } else if (hs[i] >= 0) {
-            if (!full) {
-                t.referenced[hb + hs[i]] = 1u;
-                t.stamp[hb + hs[i]] = call;
-            }
-            out[i] = kv_fixed_row_at(d, fp, (unsigned int)hs[i]);
-            c_hot++;
-        } else if (!full) {
-            out[i] = KV_OUT_PENDING;
-            atomicMin(&t.first[pb + q], (int)f);
-            miss = true;
-        }
-    }
-    // Quiet (the preview saw no miss and no warp spanning two rows; in-place layout): the outputs and
-    // the counts from the preview's partials, no further barrier.
-    if (quiet) {
-        kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
-        kv_lean_counts(t, part, per, F, R, k, row0, full, valid_count, plan_count_r, stats_r);
-        return;
-    }
+    kv_lean_picks(d, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
     if (!full && __syncthreads_or(miss))
-        kv_fast_place<true>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
+        kv_fast_place<true>(d, t, slot, v, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
                             &misses, &taken, &c_hot);
     // H. outputs. Packed: one scan ranks the valid entries; in place: per-row shared counters.
     const bool packed = layout == KV_LAYOUT_PACKED;
@@ -1322,7 +1364,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         }
     }
     // Preview of the picks' classes into the warp partials (folded into the validating barrier).
-    kv_lean_preview(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part);
+    unsigned int cls;
+    int v[KV_FAST_PER];
+    kv_lean_classify(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
     // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
     if (__syncthreads_or(bad_qsl | dup)) {
@@ -1344,11 +1388,13 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         KvCopy* const plan = plan_all + (unsigned long long)r * d.hot_rows;
         if (!ok) {
             kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
+        } else if (lean && layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part)) {
+            kv_entry_lean_quiet(d, t, (unsigned int)sl, s.full != 0u, cls, v, f0, fe, per, F, R, row0, k, indices,
+                                valid_count, plan_count + r, stats + r * KV_STATS, call, fp, sh_part);
         } else if (lean) {
-            kv_entry_lean(d, t, (unsigned int)sl, s, limit, p, rl, pg, hs, f0, fe, per, F, R, row0, k, layer, fetch,
+            kv_entry_lean(d, t, (unsigned int)sl, s, cls, v, f0, fe, per, F, R, row0, k, layer, fetch,
                           indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
-                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand,
-                          layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part), sh_part);
+                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
         } else {
             kv_entry_classic(d, t, sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices, valid_count, plan,
                              plan_count + r, stats + r * KV_STATS, layout, call, warp_sums, sh_count, &sh_taken,
