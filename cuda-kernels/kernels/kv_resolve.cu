@@ -617,7 +617,7 @@ __device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigne
         const unsigned int s = (hand + i) % n;
         if (kv_bit(bits, s) | kv_bit(bits + words, s)) t.referenced[base + s] = 0u;
     }
-    __syncthreads();
+    // (No barrier: the hand is thread 0's own value, and the bitmaps are not written again.)
     if (threadIdx.x == 0 && misses > 0) {
         unsigned long long adv = last < 0 ? 0ull : (unsigned long long)last + 1ull;
         if (taken < misses) adv += 2ull * n + 1ull;  // one failing victim() call, as kv_finish_sweep_at
@@ -674,20 +674,28 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
         kv_install_at(d, t, slot, call, plan, taken, fp);
         __syncthreads();
     }
-    if (misses > 0u) {
-        if (LEAN)
-            kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
-        else
+    // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved). The lean engine
+    // issues these loads before the sweep (which writes only reference bits and the hand, never
+    // the position table) so that they overlap its stores, and needs no barrier after the sweep:
+    // nothing later in the block reads what it writes or writes what it reads.
+    int h[KV_FAST_PER];
+    if (LEAN) {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) h[i] = out[i] == KV_OUT_PENDING ? t.pos_slot[pb + p[i]] : -1;
+        if (misses > 0u) kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
+    } else {
+        if (misses > 0u) {
             kv_finish_sweep_at(d, t, slot, call, misses, taken, *sh_last, hand);
-        __syncthreads();
+            __syncthreads();
+        }
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) h[i] = out[i] == KV_OUT_PENDING ? t.pos_slot[pb + p[i]] : -1;
     }
-    // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved)
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (out[i] != KV_OUT_PENDING) continue;
-        const int h = t.pos_slot[pb + p[i]];
-        out[i] = h >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h) : -1;
-        *c_hot += h >= 0;
+        out[i] = h[i] >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h[i]) : -1;
+        *c_hot += h[i] >= 0;
     }
     *misses_out = misses;
     *taken_out = taken;
