@@ -390,6 +390,8 @@ __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, i
 #define KV_FAST_PER 4
 #define KV_FAST_MAX_ROWS 64
 #define KV_OUT_PENDING (-2)
+#define KV_OUT_OWNER (-3)  // lean placement: an owner of rank r holds KV_OUT_OWNER - r until step G
+#define KV_LEAN_VICTIM_MAX 8192u  // lean: hot_rows up to this get the shared rank -> victim table
 
 // Dynamic shared memory of the fast and lean engines (victim bitmaps, then the entry's fixed pages).
 extern __shared__ unsigned int kv_dyn[];
@@ -479,7 +481,7 @@ template <bool INSTALL>
 __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
                                       unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
                                       unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last,
-                                      unsigned int hand, const int* fp) {
+                                      unsigned int hand, const int* fp, unsigned short* vt) {
     const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
     const unsigned long long base = (unsigned long long)slot * n;
     // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map;
@@ -534,9 +536,10 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
         for (unsigned int q = q0; q < q1; ++q) {
             if (kv_bit(bits, s)) {
                 if (r1 < taken) {
-                    if (INSTALL)
+                    if (INSTALL) {
                         kv_install_one(d, t, slot, call, plan, r1, s, fp);
-                    else
+                        if (vt) vt[r1] = (unsigned short)s;
+                    } else
                         plan[r1].dst_row = s;
                     if (r1 == taken - 1u) *sh_last = (int)q;
                 }
@@ -544,9 +547,10 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
             }
             if (kv_bit(bits + words, s)) {
                 if (r2 < taken) {
-                    if (INSTALL)
+                    if (INSTALL) {
                         kv_install_one(d, t, slot, call, plan, r2, s, fp);
-                    else
+                        if (vt) vt[r2] = (unsigned short)s;
+                    } else
                         plan[r2].dst_row = s;
                     if (r2 == taken - 1u) *sh_last = (int)(n + q);
                 }
@@ -625,6 +629,12 @@ __device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigne
     }
 }
 
+// The lean engine's rank -> victim slot table (u16, dynamic shared memory after the fixed pages;
+// present when hot_rows <= KV_LEAN_VICTIM_MAX, the launcher sizes it).
+__device__ __forceinline__ unsigned short* kv_victim_table(const KvDims& d) {
+    return (unsigned short*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5) + d.fixed_pages);
+}
+
 // Steps C-G of a fast-engine entry (the lean engine shares them): after the block barrier that
 // follows the claims, orders the first appearances (the plan's positions), picks CLOCK victims with
 // the whole block, installs, does the sweep bookkeeping and gives each pending pick (KV_OUT_PENDING)
@@ -653,17 +663,23 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     for (unsigned int i = 0; i < KV_FAST_PER; ++i)
         if (own[i]) t.first[pb + p[i]] = KV_UNCLAIMED;
     unsigned int at = kv_block_scan_u32(cnt, &misses, warp_sums);
+    // Lean with a victim table (hot_rows <= KV_LEAN_VICTIM_MAX): victim slot of each rank in shared
+    // memory (u16, after the fixed pages), and each owner's rank kept in its output as
+    // KV_OUT_OWNER - rank, so that step G reads no global memory for owners.
+    const bool vt = LEAN && d.hot_rows <= KV_LEAN_VICTIM_MAX;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (!own[i]) continue;
         if (at < d.hot_rows) plan[at].position = (unsigned int)p[i];
+        if (vt) out[i] = KV_OUT_OWNER - (int)at;
         ++at;
     }
     const unsigned int want = min(misses, d.hot_rows);
     __syncthreads();
     // D. victims (whole block), E. installs, F. sweep bookkeeping
     if (want > 0u)
-        kv_pick_victims_block<LEAN>(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand, fp);
+        kv_pick_victims_block<LEAN>(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand, fp,
+                                    vt ? kv_victim_table(d) : nullptr);
     else if (threadIdx.x == 0) {
         *sh_taken = 0u;
         *sh_last = -1;
@@ -680,8 +696,19 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     // nothing later in the block reads what it writes or writes what it reads.
     int h[KV_FAST_PER];
     if (LEAN) {
+        // An owner of rank `at` holds the victim of that rank, vt[at], if placed (at < taken), else
+        // nothing (-1): what the position table holds for it after the installs.
 #pragma unroll
-        for (unsigned int i = 0; i < KV_FAST_PER; ++i) h[i] = out[i] == KV_OUT_PENDING ? t.pos_slot[pb + p[i]] : -1;
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+            h[i] = -1;
+            if (out[i] == KV_OUT_PENDING) {
+                h[i] = t.pos_slot[pb + p[i]];
+            } else if (out[i] <= KV_OUT_OWNER) {
+                const unsigned int r = (unsigned int)(KV_OUT_OWNER - out[i]);
+                h[i] = r < taken ? (int)kv_victim_table(d)[r] : -1;
+                out[i] = KV_OUT_PENDING;
+            }
+        }
         if (misses > 0u) kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
     } else {
         if (misses > 0u) {
