@@ -477,11 +477,11 @@ __device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* 
 // when the caller's barrier passes; `fp`: the slot's fixed pages (used only with INSTALL).
 #define KV_VICTIM_BATCH 4
 
-template <bool INSTALL>
-__device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
-                                      unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
-                                      unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last,
-                                      unsigned int hand, const int* fp, unsigned short* vt) {
+// Step 1 of kv_pick_victims_block: the two candidate bitmaps of a slot's hot rows from their state
+// (stamp, position, reference bit) as it stands (this call's pins included). The caller
+// synchronizes before the bitmaps are read.
+__device__ void kv_victim_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                               unsigned int* bits) {
     const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
     const unsigned long long base = (unsigned long long)slot * n;
     // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map;
@@ -515,7 +515,19 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
             }
         }
     }
-    __syncthreads();
+}
+
+template <bool INSTALL>
+__device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
+                                      unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
+                                      unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last,
+                                      unsigned int hand, const int* fp, unsigned short* vt, bool ready) {
+    const unsigned int n = d.hot_rows, words = (n + 31u) >> 5;
+    // 1. candidate bits (kv_victim_bits), unless the caller computed them already (`ready`).
+    if (!ready) {
+        kv_victim_bits(d, t, slot, call, bits);
+        __syncthreads();
+    }
     // 2. each thread counts a contiguous range of hand-rotated positions q (slot (hand + q) % n).
     const unsigned int per = (n + blockDim.x - 1u) / blockDim.x;
     const unsigned int q0 = min(threadIdx.x * per, n), q1 = min(q0 + per, n);
@@ -652,11 +664,18 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     unsigned int misses = 0;
     // C. owners of the first appearances, ordered by one block scan (each thread's picks are
     //    consecutive, so thread order is flat order); owners release their claims.
+    //    The lean engine builds the victim candidate bitmaps while the claims' loads are in flight
+    //    (the candidate state includes this call's pins, all made before the caller's barrier, and
+    //    nothing before the victim search changes it); the barriers of the scan below publish them.
+    int fr[KV_FAST_PER];
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) fr[i] = out[i] == KV_OUT_PENDING ? t.first[pb + p[i]] : -1;
+    if (LEAN) kv_victim_bits(d, t, slot, call, bits);
     bool own[KV_FAST_PER];
     unsigned int cnt = 0;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        own[i] = out[i] == KV_OUT_PENDING && t.first[pb + p[i]] == (int)(f0 + i);
+        own[i] = out[i] == KV_OUT_PENDING && fr[i] == (int)(f0 + i);
         cnt += own[i];
     }
 #pragma unroll
@@ -679,7 +698,7 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     // D. victims (whole block), E. installs, F. sweep bookkeeping
     if (want > 0u)
         kv_pick_victims_block<LEAN>(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand, fp,
-                                    vt ? kv_victim_table(d) : nullptr);
+                                    vt ? kv_victim_table(d) : nullptr, LEAN);
     else if (threadIdx.x == 0) {
         *sh_taken = 0u;
         *sh_last = -1;
