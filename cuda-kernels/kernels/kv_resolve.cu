@@ -390,6 +390,8 @@ __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, i
 #define KV_FAST_PER 4
 #define KV_FAST_MAX_ROWS 64
 #define KV_OUT_PENDING (-2)
+#define KV_OUT_OWNER (-3)  // lean placement: an owner of rank r holds KV_OUT_OWNER - r until step G
+#define KV_LEAN_VICTIM_MAX 8192u  // lean: hot_rows up to this get the shared rank -> victim table
 
 // Dynamic shared memory of the fast and lean engines (victim bitmaps, then the entry's fixed pages).
 extern __shared__ unsigned int kv_dyn[];
@@ -473,31 +475,59 @@ __device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* 
 // installs touch only global slot state, which the bitmaps no longer read, and distinct victims,
 // distinct new positions and distinct old positions never collide), so plan[rank] is complete
 // when the caller's barrier passes; `fp`: the slot's fixed pages (used only with INSTALL).
+#define KV_VICTIM_BATCH 4
+
+// Step 1 of kv_pick_victims_block: the two candidate bitmaps of a slot's hot rows from their state
+// (stamp, position, reference bit) as it stands (this call's pins included). The caller
+// synchronizes before the bitmaps are read.
+__device__ void kv_victim_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                               unsigned int* bits) {
+    const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
+    const unsigned long long base = (unsigned long long)slot * n;
+    // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map;
+    //    KV_VICTIM_BATCH such groups per warp have their loads issued together (one round trip per
+    //    batch instead of one per group: hot 8192 at 1024 threads is 8 groups per warp).
+    for (unsigned int g0 = threadIdx.x & ~31u; g0 < words * 32u; g0 += blockDim.x * KV_VICTIM_BATCH) {
+        unsigned long long st[KV_VICTIM_BATCH];
+        int sp[KV_VICTIM_BATCH];
+        unsigned int rf[KV_VICTIM_BATCH];
+#pragma unroll
+        for (unsigned int j = 0; j < KV_VICTIM_BATCH; ++j) {
+            const unsigned int s = g0 + j * blockDim.x + lane;
+            st[j] = call;  // out of range: pinned (no candidate)
+            sp[j] = -1;
+            rf[j] = 0u;
+            if (s < n) {
+                st[j] = t.stamp[base + s];
+                sp[j] = t.slot_pos[base + s];
+                rf[j] = t.referenced[base + s];
+            }
+        }
+#pragma unroll
+        for (unsigned int j = 0; j < KV_VICTIM_BATCH; ++j) {
+            const unsigned int s0 = g0 + j * blockDim.x;
+            const bool pin = st[j] == call, empty = sp[j] < 0, ref = rf[j] != 0u;
+            const bool l1 = !pin && (empty || !ref), l2 = !pin && !empty && ref;
+            const unsigned int b1 = __ballot_sync(0xffffffffu, l1), b2 = __ballot_sync(0xffffffffu, l2);
+            if (lane == 0u && s0 < words * 32u) {
+                bits[s0 >> 5] = b1;
+                bits[words + (s0 >> 5)] = b2;
+            }
+        }
+    }
+}
+
 template <bool INSTALL>
 __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsigned int slot,
                                       unsigned long long call, KvCopy* plan, unsigned int want, unsigned int* bits,
                                       unsigned int* warp_sums, unsigned int* sh_taken, int* sh_last,
-                                      unsigned int hand, const int* fp) {
-    const unsigned int n = d.hot_rows, words = (n + 31u) >> 5, lane = threadIdx.x & 31u;
-    const unsigned long long base = (unsigned long long)slot * n;
-    // 1. candidate bits: a warp reads 32 consecutive slots (coalesced) and writes one word of each map.
-    for (unsigned int s0 = threadIdx.x & ~31u; s0 < words * 32u; s0 += blockDim.x) {
-        const unsigned int s = s0 + lane;
-        bool l1 = false, l2 = false;
-        if (s < n) {
-            const bool pin = t.stamp[base + s] == call;
-            const bool empty = t.slot_pos[base + s] < 0;
-            const bool ref = t.referenced[base + s] != 0u;
-            l1 = !pin && (empty || !ref);
-            l2 = !pin && !empty && ref;
-        }
-        const unsigned int b1 = __ballot_sync(0xffffffffu, l1), b2 = __ballot_sync(0xffffffffu, l2);
-        if (lane == 0u) {
-            bits[s0 >> 5] = b1;
-            bits[words + (s0 >> 5)] = b2;
-        }
+                                      unsigned int hand, const int* fp, unsigned short* vt, bool ready) {
+    const unsigned int n = d.hot_rows, words = (n + 31u) >> 5;
+    // 1. candidate bits (kv_victim_bits), unless the caller computed them already (`ready`).
+    if (!ready) {
+        kv_victim_bits(d, t, slot, call, bits);
+        __syncthreads();
     }
-    __syncthreads();
     // 2. each thread counts a contiguous range of hand-rotated positions q (slot (hand + q) % n).
     const unsigned int per = (n + blockDim.x - 1u) / blockDim.x;
     const unsigned int q0 = min(threadIdx.x * per, n), q1 = min(q0 + per, n);
@@ -518,9 +548,10 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
         for (unsigned int q = q0; q < q1; ++q) {
             if (kv_bit(bits, s)) {
                 if (r1 < taken) {
-                    if (INSTALL)
+                    if (INSTALL) {
                         kv_install_one(d, t, slot, call, plan, r1, s, fp);
-                    else
+                        if (vt) vt[r1] = (unsigned short)s;
+                    } else
                         plan[r1].dst_row = s;
                     if (r1 == taken - 1u) *sh_last = (int)q;
                 }
@@ -528,9 +559,10 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
             }
             if (kv_bit(bits + words, s)) {
                 if (r2 < taken) {
-                    if (INSTALL)
+                    if (INSTALL) {
                         kv_install_one(d, t, slot, call, plan, r2, s, fp);
-                    else
+                        if (vt) vt[r2] = (unsigned short)s;
+                    } else
                         plan[r2].dst_row = s;
                     if (r2 == taken - 1u) *sh_last = (int)(n + q);
                 }
@@ -601,12 +633,18 @@ __device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigne
         const unsigned int s = (hand + i) % n;
         if (kv_bit(bits, s) | kv_bit(bits + words, s)) t.referenced[base + s] = 0u;
     }
-    __syncthreads();
+    // (No barrier: the hand is thread 0's own value, and the bitmaps are not written again.)
     if (threadIdx.x == 0 && misses > 0) {
         unsigned long long adv = last < 0 ? 0ull : (unsigned long long)last + 1ull;
         if (taken < misses) adv += 2ull * n + 1ull;  // one failing victim() call, as kv_finish_sweep_at
         t.hand[slot] = (unsigned int)((hand + adv) % n);
     }
+}
+
+// The lean engine's rank -> victim slot table (u16, dynamic shared memory after the fixed pages;
+// present when hot_rows <= KV_LEAN_VICTIM_MAX, the launcher sizes it).
+__device__ __forceinline__ unsigned short* kv_victim_table(const KvDims& d) {
+    return (unsigned short*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5) + d.fixed_pages);
 }
 
 // Steps C-G of a fast-engine entry (the lean engine shares them): after the block barrier that
@@ -626,28 +664,41 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     unsigned int misses = 0;
     // C. owners of the first appearances, ordered by one block scan (each thread's picks are
     //    consecutive, so thread order is flat order); owners release their claims.
+    //    The lean engine builds the victim candidate bitmaps while the claims' loads are in flight
+    //    (the candidate state includes this call's pins, all made before the caller's barrier, and
+    //    nothing before the victim search changes it); the barriers of the scan below publish them.
+    int fr[KV_FAST_PER];
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) fr[i] = out[i] == KV_OUT_PENDING ? t.first[pb + p[i]] : -1;
+    if (LEAN) kv_victim_bits(d, t, slot, call, bits);
     bool own[KV_FAST_PER];
     unsigned int cnt = 0;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        own[i] = out[i] == KV_OUT_PENDING && t.first[pb + p[i]] == (int)(f0 + i);
+        own[i] = out[i] == KV_OUT_PENDING && fr[i] == (int)(f0 + i);
         cnt += own[i];
     }
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i)
         if (own[i]) t.first[pb + p[i]] = KV_UNCLAIMED;
     unsigned int at = kv_block_scan_u32(cnt, &misses, warp_sums);
+    // Lean with a victim table (hot_rows <= KV_LEAN_VICTIM_MAX): victim slot of each rank in shared
+    // memory (u16, after the fixed pages), and each owner's rank kept in its output as
+    // KV_OUT_OWNER - rank, so that step G reads no global memory for owners.
+    const bool vt = LEAN && d.hot_rows <= KV_LEAN_VICTIM_MAX;
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (!own[i]) continue;
         if (at < d.hot_rows) plan[at].position = (unsigned int)p[i];
+        if (vt) out[i] = KV_OUT_OWNER - (int)at;
         ++at;
     }
     const unsigned int want = min(misses, d.hot_rows);
     __syncthreads();
     // D. victims (whole block), E. installs, F. sweep bookkeeping
     if (want > 0u)
-        kv_pick_victims_block<LEAN>(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand, fp);
+        kv_pick_victims_block<LEAN>(d, t, slot, call, plan, want, bits, warp_sums, sh_taken, sh_last, hand, fp,
+                                    vt ? kv_victim_table(d) : nullptr, LEAN);
     else if (threadIdx.x == 0) {
         *sh_taken = 0u;
         *sh_last = -1;
@@ -658,20 +709,39 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
         kv_install_at(d, t, slot, call, plan, taken, fp);
         __syncthreads();
     }
-    if (misses > 0u) {
-        if (LEAN)
-            kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
-        else
+    // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved). The lean engine
+    // issues these loads before the sweep (which writes only reference bits and the hand, never
+    // the position table) so that they overlap its stores, and needs no barrier after the sweep:
+    // nothing later in the block reads what it writes or writes what it reads.
+    int h[KV_FAST_PER];
+    if (LEAN) {
+        // An owner of rank `at` holds the victim of that rank, vt[at], if placed (at < taken), else
+        // nothing (-1): what the position table holds for it after the installs.
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+            h[i] = -1;
+            if (out[i] == KV_OUT_PENDING) {
+                h[i] = t.pos_slot[pb + p[i]];
+            } else if (out[i] <= KV_OUT_OWNER) {
+                const unsigned int r = (unsigned int)(KV_OUT_OWNER - out[i]);
+                h[i] = r < taken ? (int)kv_victim_table(d)[r] : -1;
+                out[i] = KV_OUT_PENDING;
+            }
+        }
+        if (misses > 0u) kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
+    } else {
+        if (misses > 0u) {
             kv_finish_sweep_at(d, t, slot, call, misses, taken, *sh_last, hand);
-        __syncthreads();
+            __syncthreads();
+        }
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) h[i] = out[i] == KV_OUT_PENDING ? t.pos_slot[pb + p[i]] : -1;
     }
-    // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved)
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (out[i] != KV_OUT_PENDING) continue;
-        const int h = t.pos_slot[pb + p[i]];
-        out[i] = h >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h) : -1;
-        *c_hot += h >= 0;
+        out[i] = h[i] >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h[i]) : -1;
+        *c_hot += h[i] >= 0;
     }
     *misses_out = misses;
     *taken_out = taken;
@@ -986,7 +1056,9 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 //    on the slot and the pick). These are reads of tables no other block writes during the call,
 //    bounds-checked on the entry's own words; the call is validated after them.
 // 2. one barrier validates the call (query_start_loc, repeated slot); a second pair only when it failed;
-// 3. the call counter's ticket is taken right after that barrier, not at the end of the block;
+//    before it, every warp previews its picks' classes into shared partials (kv_lean_preview), and
+//    a quiet entry (no miss, in place, no flagged warp) finishes from them with no further barrier;
+// 3. thread 0 alone reads the call counter and takes the block's ticket as soon as that read is done;
 // 4. steps C-G run only when some pick of the entry missed (one __syncthreads_or), the direct path
 //    (s.full) does no hot-cache bookkeeping at all;
 // 5. in-place rows count their valid entries with per-row shared counters (no block scan).
@@ -994,13 +1066,233 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 // picks or KV_FAST_MAX_ROWS rows take the classic entry. Dynamic shared memory as the fast engine.
 #define KV_NO_BOUND 0x7fffffff
 
+// Per-warp partials of the lean engine, written before the validating barrier by lane 0 of every
+// warp (no initialisation needed: each warp writes its own words): two u32 per warp, four 8-bit
+// counts each (a warp holds at most 32 × KV_FAST_PER = 128 picks, so no field overflows):
+// word 0 = valid outputs | tail << 8 | scratch << 16 | page << 24,
+// word 1 = hot | bad << 8 | missed picks << 16 | slow lanes << 24 (slow: the warp's picks span two
+// rows, or a fixed row could be negative or lie outside the slot's fixed rows).
+#define KV_LEAN_PARTS 2
+
+// Classes of a lean pick (3 bits per pick in a thread's class word), decided before the validating
+// barrier from the speculative reads; the pick's value v beside it: the fixed local row (scratch,
+// tail), the output row (page), the hot slot (hot), the position (miss).
+#define KV_PICK_NONE 0u  // beyond the entry, -1, or a direct-path position found nowhere (-1 out)
+#define KV_PICK_BAD 1u
+#define KV_PICK_SCRATCH 2u
+#define KV_PICK_TAIL 3u
+#define KV_PICK_PAGE 4u
+#define KV_PICK_HOT 5u
+#define KV_PICK_MISS 6u
+
+// The lean engine's classification and preview (before the validating barrier, no side effect):
+// classifies the thread's picks as steps A + B of the fast engine do (tail -> scratch -> page -> hot
+// -> miss) into *cls (3 bits per pick) and v, and folds the counts and flags into the warp's
+// partials. Valid outputs are counted by class: a tail, scratch or hot row is a fixed row
+// (non-negative when no lane is slow, which the fixed-page loader checks), a page row is v itself.
+// All lanes call it.
+__device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvSlotDesc& s, int limit,
+                                                 const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
+                                                 const int (&pg)[KV_FAST_PER], const int (&hs)[KV_FAST_PER],
+                                                 unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
+                                                 unsigned int k, bool slow, unsigned int* part, unsigned int* cls,
+                                                 int (&v)[KV_FAST_PER]) {
+    const bool full = s.full != 0u;
+    unsigned int w0 = 0u, w1 = 0u, c = 0u;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        v[i] = -1;
+        if (f0 + i >= fe || p[i] == -1) continue;
+        if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
+            c |= KV_PICK_BAD << (3u * i);
+            w1 += 1u << 8;
+            continue;
+        }
+        const unsigned int q = (unsigned int)p[i];
+        if (q >= s.committed) {
+            c |= KV_PICK_SCRATCH << (3u * i);
+            v[i] = (int)(d.hot_rows + d.tail_rows + (q - s.committed));
+            w0 += 1u + (1u << 16);
+            slow |= q - s.committed >= d.scratch_rows;
+        } else if (q >= s.tail_start) {
+            c |= KV_PICK_TAIL << (3u * i);
+            v[i] = (int)(d.hot_rows + q % d.tail_rows);
+            w0 += 1u + (1u << 8);
+        } else if (pg[i] >= 0) {
+            c |= KV_PICK_PAGE << (3u * i);
+            v[i] = pg[i] * (int)d.page_rows + (int)(q % d.page_rows);
+            w0 += (1u << 24) + (v[i] >= 0 ? 1u : 0u);
+        } else if (hs[i] >= 0) {
+            c |= KV_PICK_HOT << (3u * i);
+            v[i] = hs[i];
+            w0 += 1u;
+            w1 += 1u;
+            slow |= (unsigned int)hs[i] >= d.hot_rows;
+        } else if (!full) {
+            c |= KV_PICK_MISS << (3u * i);
+            v[i] = p[i];
+            w1 += 1u << 16;
+        }
+    }
+    *cls = c;
+    const unsigned int a = (threadIdx.x & ~31u) * per, b = min(a + 32u * per, F);
+    slow |= a < b && a / k != (b - 1u) / k;
+    w1 += slow ? 1u << 24 : 0u;
+    w0 = kv_warp_sum(w0);
+    w1 = kv_warp_sum(w1);
+    if ((threadIdx.x & 31u) == 0u) {
+        part[(threadIdx.x >> 5) * KV_LEAN_PARTS] = w0;
+        part[(threadIdx.x >> 5) * KV_LEAN_PARTS + 1u] = w1;
+    }
+}
+
+// After the validating barrier: whether no warp of the block raised a preview flag (block-uniform).
+__device__ __forceinline__ bool kv_lean_quiet(const unsigned int* part) {
+    const unsigned int lane = threadIdx.x & 31u;
+    return !__any_sync(0xffffffffu, lane < (blockDim.x >> 5) && (part[lane * KV_LEAN_PARTS + 1u] >> 16) != 0u);
+}
+
+// Stores a thread's consecutive outputs o[0 .. n): one 16- or 8-byte store when n and the address allow.
+__device__ __forceinline__ void kv_store_picks(int* o, const int (&out)[KV_FAST_PER], unsigned int n) {
+    const unsigned long long a = (unsigned long long)(size_t)o;
+    if (n == 4u && (a & 15u) == 0u) {
+        *(int4*)o = make_int4(out[0], out[1], out[2], out[3]);
+    } else if (n == 2u && (a & 7u) == 0u) {
+        *(int2*)o = make_int2(out[0], out[1]);
+    } else {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (i < n) o[i] = out[i];
+    }
+}
+
+// Loads a thread's consecutive picks p[0 .. n) (-1 beyond n): one 16- or 8-byte load when n and the
+// address allow.
+__device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[KV_FAST_PER], unsigned int n) {
+    const unsigned long long a = (unsigned long long)(size_t)g;
+    if (n == 4u && (a & 15u) == 0u) {
+        const int4 v = *(const int4*)g;
+        p[0] = v.x;
+        p[1] = v.y;
+        p[2] = v.z;
+        p[3] = v.w;
+    } else if (n == 2u && (a & 7u) == 0u) {
+        const int2 v = *(const int2*)g;
+        p[0] = v.x;
+        p[1] = v.y;
+        p[2] = -1;
+        p[3] = -1;
+    } else {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = i < n ? g[i] : -1;
+    }
+}
+
+// The quiet finish of a lean in-place entry (no miss, every warp within one row): valid counts and
+// the stats row from the preview's partials, no block barrier. Warp w sums rows w, w + nw, ...; the
+// last warp writes the stats row and the bad positions.
+__device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned int* part, unsigned int per,
+                                               unsigned int F, unsigned int R, unsigned int k, unsigned int row0,
+                                               bool full, int* __restrict__ valid_count,
+                                               unsigned int* __restrict__ plan_count_r,
+                                               unsigned int* __restrict__ st) {
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const unsigned int wp = 32u * per;
+    const bool has = lane < nw && lane * wp < F;
+    for (unsigned int row = warp; row < R; row += nw) {
+        const unsigned int v =
+            kv_warp_sum(has && (lane * wp) / k == row ? part[lane * KV_LEAN_PARTS] & 0xffu : 0u);
+        if (lane == 0u) valid_count[row0 + row] = (int)v;
+    }
+    if (warp == nw - 1u) {
+        // Unpacked per lane first (a block's sums exceed 8 bits): tail, scratch, page, hot, bad.
+        const unsigned int a = has ? part[lane * KV_LEAN_PARTS] : 0u, b = has ? part[lane * KV_LEAN_PARTS + 1u] : 0u;
+        unsigned int c[6];
+        c[1] = kv_warp_sum((a >> 8) & 0xffu);
+        c[2] = kv_warp_sum((a >> 16) & 0xffu);
+        c[3] = kv_warp_sum(a >> 24);
+        c[4] = kv_warp_sum(b & 0xffu);
+        c[5] = kv_warp_sum((b >> 8) & 0xffu);
+        if (lane == 0u) {
+            *plan_count_r = 0u;
+            st[0] = c[1] + c[2] + c[3] + c[4];
+            st[1] = c[1];
+            st[2] = c[2];
+            st[3] = c[3];
+            st[4] = c[4];
+            st[5] = 0u;
+            st[6] = full ? 1u : 0u;
+            st[7] = c[5];
+            if (c[5]) atomicAdd(&t.err[KV_ERR_BAD_POSITION], c[5]);
+        }
+    }
+}
+
 // One entry of the lean engine, after the validating barrier: p, rl, pg, hs are the thread's picks,
 // their query rows' bounds (KV_NO_BOUND without per-query bounds), page-table and position-table
 // entries (-1 where not read), read before the barrier; fp holds the slot's fixed pages (shared).
+// Steps A + B of a lean entry (tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim))
+// from the classes kv_lean_classify gave the speculative reads: the thread's outputs (-1 where
+// none, KV_OUT_PENDING for misses) and counters; touches hot hits and claims misses unless `full`.
+__device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvTables& t, unsigned int slot, bool full,
+                                              unsigned int cls, const int (&v)[KV_FAST_PER], unsigned int f0,
+                                              unsigned long long call, const int* fp, int (&out)[KV_FAST_PER],
+                                              unsigned int* c_tail, unsigned int* c_scr, unsigned int* c_page,
+                                              unsigned int* c_hot, unsigned int* bad, bool* miss) {
+    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        out[i] = -1;
+        const unsigned int c = (cls >> (3u * i)) & 7u;
+        if (c == KV_PICK_BAD) {
+            *bad += 1u;
+        } else if (c == KV_PICK_SCRATCH) {
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            *c_scr += 1u;
+        } else if (c == KV_PICK_TAIL) {
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            *c_tail += 1u;
+        } else if (c == KV_PICK_PAGE) {
+            out[i] = v[i];
+            *c_page += 1u;
+        } else if (c == KV_PICK_HOT) {
+            if (!full) {
+                t.referenced[hb + v[i]] = 1u;
+                t.stamp[hb + v[i]] = call;
+            }
+            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            *c_hot += 1u;
+        } else if (c == KV_PICK_MISS) {
+            out[i] = KV_OUT_PENDING;
+            atomicMin(&t.first[pb + v[i]], (int)(f0 + i));
+            *miss = true;
+        }
+    }
+}
+
+// A quiet lean entry (the preview saw no miss and no flagged warp; in-place layout): steps A + B,
+// one store per thread, the counts from the preview's partials; no barrier.
+__device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvTables& t, unsigned int slot,
+                                                    bool full, unsigned int cls, const int (&v)[KV_FAST_PER],
+                                                    unsigned int f0, unsigned int fe, unsigned int per,
+                                                    unsigned int F, unsigned int R, unsigned int row0,
+                                                    unsigned int k, int* __restrict__ indices,
+                                                    int* __restrict__ valid_count,
+                                                    unsigned int* __restrict__ plan_count_r,
+                                                    unsigned int* __restrict__ stats_r, unsigned long long call,
+                                                    const int* fp, const unsigned int* part) {
+    int out[KV_FAST_PER];
+    unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
+    bool miss = false;
+    kv_lean_picks(d, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
+    kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
+    kv_lean_counts(t, part, per, F, R, k, row0, full, valid_count, plan_count_r, stats_r);
+}
+
 __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t, unsigned int slot,
-                                              const KvSlotDesc& s, int limit, const int (&p)[KV_FAST_PER],
-                                              const int (&rl)[KV_FAST_PER], const int (&pg)[KV_FAST_PER],
-                                              const int (&hs)[KV_FAST_PER], unsigned int f0, unsigned int fe,
+                                              const KvSlotDesc& s, unsigned int cls, const int (&v)[KV_FAST_PER],
+                                              unsigned int f0, unsigned int fe,
                                               unsigned int per, unsigned int F, unsigned int R, unsigned int row0,
                                               unsigned int k, unsigned int layer, unsigned int fetch,
                                               int* __restrict__ indices, int* __restrict__ valid_count,
@@ -1010,48 +1302,14 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
                                               unsigned int* warp_sums, unsigned int* sh_rows, unsigned int* sh_count,
                                               unsigned int* sh_taken, int* sh_last, unsigned int hand) {
     const bool full = s.full != 0u;
-    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
-    const unsigned long long pb = (unsigned long long)slot * d.max_history;
     int out[KV_FAST_PER];
     unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
     bool miss = false;
-    // A + B. tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim), from the speculative reads.
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        out[i] = -1;
-        const unsigned int f = f0 + i;
-        if (f >= fe || p[i] == -1) continue;
-        if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
-            bad += 1u;
-            continue;
-        }
-        const unsigned int q = (unsigned int)p[i];
-        if (q >= s.committed) {
-            out[i] = kv_fixed_row_at(d, fp, d.hot_rows + d.tail_rows + (q - s.committed));
-            c_scr++;
-        } else if (q >= s.tail_start) {
-            out[i] = kv_fixed_row_at(d, fp, d.hot_rows + q % d.tail_rows);
-            c_tail++;
-        } else if (pg[i] >= 0) {
-            out[i] = pg[i] * (int)d.page_rows + (int)(q % d.page_rows);
-            c_page++;
-        } else if (hs[i] >= 0) {
-            if (!full) {
-                t.referenced[hb + hs[i]] = 1u;
-                t.stamp[hb + hs[i]] = call;
-            }
-            out[i] = kv_fixed_row_at(d, fp, (unsigned int)hs[i]);
-            c_hot++;
-        } else if (!full) {
-            out[i] = KV_OUT_PENDING;
-            atomicMin(&t.first[pb + q], (int)f);
-            miss = true;
-        }
-    }
+    kv_lean_picks(d, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
     if (!full && __syncthreads_or(miss))
-        kv_fast_place<true>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
+        kv_fast_place<true>(d, t, slot, v, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
                             &misses, &taken, &c_hot);
     // H. outputs. Packed: one scan ranks the valid entries; in place: per-row shared counters.
     const bool packed = layout == KV_LAYOUT_PACKED;
@@ -1092,16 +1350,18 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RESOLVE_PARAMS) {
+__device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int warp_sums[32];
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
     __shared__ unsigned int sh_rows[KV_FAST_MAX_ROWS + 1];
+    __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS];
+    __shared__ unsigned long long sh_call;
+    __shared__ bool sh_last_ticket;  // thread 0's own: this block took the call's last ticket
     const unsigned int r = blockIdx.x, tid = threadIdx.x;
     if (tid < KV_STATS) sh_count[tid] = 0u;
     if (tid <= KV_FAST_MAX_ROWS) sh_rows[tid] = 0u;
     // Round trip 1: loads that depend on no other load.
-    const unsigned long long call = t.call[0] + 1ull;
     bool bad_qsl = false;
     for (unsigned int i = tid; i < sessions; i += blockDim.x) bad_qsl |= qsl[i + 1] < qsl[i];
     if (tid == 0) bad_qsl |= qsl[0] < 0 || (unsigned int)qsl[sessions] > rows;
@@ -1116,6 +1376,16 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
     bool dup = false;
     if (entry)
         for (unsigned int i = tid; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
+    // The call counter is read by thread 0 alone (shared with the block at the validating barrier),
+    // which takes the block's ticket as soon as its read has completed (the fence orders the read
+    // before the add): the ticket's round trip overlaps trips 2 and 3 instead of following the barrier.
+    unsigned int ticket = 0;  // below gridDim.x
+    if (tid == 0) {
+        const unsigned long long c = t.call[0] + 1ull;
+        sh_call = c;
+        __threadfence();
+        ticket = (unsigned int)atomicAdd(&t.call[1], 1ull);
+    }
     // Round trip 2: the slot's descriptor and fixed pages, the entry's picks and query bounds (addresses
     // checked against the tables' extents here; validity is decided after the barrier).
     const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
@@ -1126,9 +1396,14 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         hand = t.hand[sl];  // the CLOCK hand before the call (used only when something missed)
     }
     int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
+    bool fp_slow = false;  // a fixed row of this thread's pages could be negative
     if (slot_in) {
         const int* const g = kv_slot_fixed(d, t, (unsigned int)sl);
-        for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) fp[i] = g[i];
+        for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) {
+            const int v = g[i];
+            fp[i] = v;
+            fp_slow |= v < 0 || (long long)v * d.page_rows + d.page_rows - 1ll > 0x7fffffffll;
+        }
     }
     const bool rows_in = entry && q0 >= 0 && q0 <= q1 && (unsigned int)q1 <= rows;
     const unsigned int R = rows_in ? (unsigned int)(q1 - q0) : 0u;
@@ -1139,8 +1414,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
     const unsigned int f0 = tid * per, fe = min(f0 + per, F);
     const int* const tk = topk + (unsigned long long)(lean ? q0 : 0) * k;
     int p[KV_FAST_PER], rl[KV_FAST_PER];
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = f0 + i < fe ? tk[f0 + i] : -1;
+    kv_load_picks(tk + f0, p, fe > f0 ? fe - f0 : 0u);
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i)
         rl[i] = (qseq && f0 + i < fe) ? qseq[(unsigned int)q0 + (f0 + i) / k] : KV_NO_BOUND;
@@ -1159,18 +1433,19 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
             if ((unsigned int)p[i] < d.max_history) hs[i] = t.pos_slot[pb + p[i]];
         }
     }
-    // The validating barrier. `call` takes part so that every thread of the block has read the
-    // counter before thread 0 takes the block's ticket (call + 1 is never 0).
+    // Preview of the picks' classes into the warp partials (folded into the validating barrier).
+    unsigned int cls;
+    int v[KV_FAST_PER];
+    kv_lean_classify(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
+    // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
-    if (__syncthreads_or(bad_qsl | dup | (call == 0ull))) {
+    if (__syncthreads_or(bad_qsl | dup)) {
         qsl_bad = __syncthreads_or(bad_qsl);
         dup_any = __syncthreads_or(dup);
     }
-    unsigned long long ticket = 0;
-    if (tid == 0) {
-        __threadfence();
-        ticket = atomicAdd(&t.call[1], 1ull);
-    }
+    const unsigned long long call = sh_call;
+    // (The ticket has arrived by now: it was taken two round trips before the barrier.)
+    if (tid == 0) sh_last_ticket = ticket == gridDim.x - 1u;
     if (qsl_bad) {
         kv_refuse_call(t, sessions, rows, k, indices, valid_count, plan_count, stats);
     } else if (r == sessions) {
@@ -1183,8 +1458,11 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         KvCopy* const plan = plan_all + (unsigned long long)r * d.hot_rows;
         if (!ok) {
             kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
+        } else if (lean && layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part)) {
+            kv_entry_lean_quiet(d, t, (unsigned int)sl, s.full != 0u, cls, v, f0, fe, per, F, R, row0, k, indices,
+                                valid_count, plan_count + r, stats + r * KV_STATS, call, fp, sh_part);
         } else if (lean) {
-            kv_entry_lean(d, t, (unsigned int)sl, s, limit, p, rl, pg, hs, f0, fe, per, F, R, row0, k, layer, fetch,
+            kv_entry_lean(d, t, (unsigned int)sl, s, cls, v, f0, fe, per, F, R, row0, k, layer, fetch,
                           indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
                           warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
         } else {
@@ -1194,12 +1472,22 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RE
         }
     }
     if (r == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
-    // The last block to take a ticket advances the call counter (every block read it before its ticket).
-    if (tid == 0 && ticket == (unsigned long long)gridDim.x - 1ull) {
+    // The last block to take a ticket advances the call counter (every block read it before its
+    // ticket); the kernel's end publishes the writes to the next launch (no fence needed here).
+    if (tid == 0 && sh_last_ticket) {
         t.call[0] = call;
         t.call[1] = 0ull;
-        __threadfence();
     }
+}
+
+// ResolveEngine::Lean: 1024 threads (64 registers per thread at most).
+extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RESOLVE_PARAMS) {
+    kv_resolve_lean_body(KV_RESOLVE_ARGS);
+}
+
+// ResolveEngine::Lean512: the same body compiled for 512 threads (up to 128 registers: no spills).
+extern "C" __global__ void __launch_bounds__(512) tierkit_kv_resolve_lean512(KV_RESOLVE_PARAMS) {
+    kv_resolve_lean_body(KV_RESOLVE_ARGS);
 }
 
 // Plan replay into layers [l0, l0 + nl): block b copies plan[b * stride .. + count[b]].

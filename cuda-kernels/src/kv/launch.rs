@@ -23,11 +23,17 @@ pub struct KvKernels {
     resolve: CudaFunction,
     resolve_fast: CudaFunction,
     resolve_lean: CudaFunction,
+    resolve_lean512: CudaFunction,
     replay: CudaFunction,
     prefetch: CudaFunction,
     write_back: CudaFunction,
     fill_words: CudaFunction,
 }
+
+/// Hot rows up to which the lean kernels keep a rank -> victim slot table in shared memory
+/// (`KV_LEAN_VICTIM_MAX` in `kv_resolve.cu`; 16 KiB at most, so the dynamic shared memory stays
+/// under the 48 KiB that needs no opt-in with the fast limits' 16 KiB of fixed pages).
+const KV_LEAN_VICTIM_MAX: u32 = 8192;
 
 /// Checks a layer range `l0 .. l0 + nl` against `d.layers` (`OutOfRange` otherwise, and for `nl == 0`).
 fn check_layers(d: &KvDims, l0: u32, nl: u32) -> Result<()> {
@@ -51,6 +57,7 @@ impl KvKernels {
             resolve: gpu.function(&KV_MODULE, "tierkit_kv_resolve")?,
             resolve_fast: gpu.function(&KV_MODULE, "tierkit_kv_resolve_fast")?,
             resolve_lean: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean")?,
+            resolve_lean512: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean512")?,
             replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
             prefetch: gpu.function(&KV_MODULE, "tierkit_kv_prefetch")?,
             write_back: gpu.function(&KV_MODULE, "tierkit_kv_write_back")?,
@@ -89,7 +96,7 @@ impl KvKernels {
     /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel
     /// ([`ResolveEngine::Fast`] and [`ResolveEngine::Lean`]: [`KV_FAST_BLOCK`] threads per block,
     /// `Lean512` half of that, all three with `8 × ceil(hot_rows / 32) + 4 × fixed_pages` bytes of
-    /// dynamic shared memory; `Classic`, or any of them over [`KV_FAST_MAX_HOT_ROWS`] /
+    /// dynamic shared memory, the lean ones `2 × hot_rows` more up to 8192 hot rows; `Classic`, or any of them over [`KV_FAST_MAX_HOT_ROWS`] /
     /// [`KV_FAST_MAX_FIXED_PAGES`]: [`KV_BLOCK`] threads); results are identical.
     /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
     /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
@@ -160,10 +167,17 @@ impl KvKernels {
         let fits = d.hot_rows <= KV_FAST_MAX_HOT_ROWS && d.fixed_pages <= KV_FAST_MAX_FIXED_PAGES;
         // Candidate bitmaps (2 × ceil(hot_rows / 32) u32), then the entry's fixed pages.
         let smem = 8 * d.hot_rows.div_ceil(32) + 4 * d.fixed_pages;
+        // The lean kernels' rank -> victim table (u16 per hot row) up to KV_LEAN_VICTIM_MAX hot rows.
+        let lean_smem = smem
+            + if d.hot_rows <= KV_LEAN_VICTIM_MAX {
+                2 * d.hot_rows
+            } else {
+                0
+            };
         let (func, block, smem) = match o.engine {
             ResolveEngine::Fast if fits => (&self.resolve_fast, KV_FAST_BLOCK, smem),
-            ResolveEngine::Lean if fits => (&self.resolve_lean, KV_FAST_BLOCK, smem),
-            ResolveEngine::Lean512 if fits => (&self.resolve_lean, KV_FAST_BLOCK / 2, smem),
+            ResolveEngine::Lean if fits => (&self.resolve_lean, KV_FAST_BLOCK, lean_smem),
+            ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_FAST_BLOCK / 2, lean_smem),
             _ => (&self.resolve, KV_BLOCK, 0),
         };
         let mut b = stream.launch_builder(func);
@@ -192,9 +206,10 @@ impl KvKernels {
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean (same parameters); the
+        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean / _lean512 (same parameters); the
         // fast and lean kernels' dynamic shared memory holds their two bitmaps of ceil(hot_rows /
-        // 32) words and the fixed pages; buffers per the caller's contract.
+        // 32) words and the fixed pages, the lean kernels' also the u16 victim table when
+        // hot_rows <= KV_LEAN_VICTIM_MAX (its condition in the kernel); buffers per the caller's contract.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_resolve)"))?;
         Ok(())
     }

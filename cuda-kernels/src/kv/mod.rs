@@ -54,12 +54,11 @@ pub const KV_FAST_MAX_FIXED_PAGES: u32 = 4096;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ResolveEngine {
-    /// `tierkit_kv_resolve_fast` (default): 1024 threads per entry, each holding up to 4 consecutive
+    /// `tierkit_kv_resolve_fast`: 1024 threads per entry, each holding up to 4 consecutive
     /// picks in registers from lookup to output, one block scan per ordering, CLOCK victims chosen
     /// by the whole block from candidate bitmaps, the entry's fixed pages in shared memory.
     /// Entries over 4096 picks or 64 query rows, and tables over [`KV_FAST_MAX_HOT_ROWS`] hot rows
     /// or [`KV_FAST_MAX_FIXED_PAGES`] fixed pages, take the classic path.
-    #[default]
     Fast,
     /// `tierkit_kv_resolve` (the first kernel, kept for comparison): three passes over the picks,
     /// each repeating the lookups, and victims chosen by one warp walking the clock.
@@ -68,9 +67,13 @@ pub enum ResolveEngine {
     /// dependent global round trips issued together before one validating barrier (descriptor,
     /// fixed pages, picks, then page-table and position-table entries per pick), the call ticket
     /// taken early, the placement steps skipped when no pick of the entry missed, no hot-cache
-    /// bookkeeping on the direct path and no block scan for in-place rows. Same limits as `Fast`.
+    /// bookkeeping on the direct path and no block scan for in-place rows; an in-place entry
+    /// without misses finishes after that one barrier (its counts folded into it). Same limits as
+    /// `Fast`. The default: it won most rows of the H200 peer comparison (round 2, `DESIGN.md`).
+    #[default]
     Lean,
-    /// `tierkit_kv_resolve_lean` with 512 threads per entry (up to 4 picks per thread: entries
+    /// `tierkit_kv_resolve_lean512`: the lean body compiled for and launched with 512 threads per
+    /// entry (up to 128 registers, no spills; up to 4 picks per thread: entries
     /// over 2048 picks take the classic path).
     Lean512,
 }
@@ -433,7 +436,7 @@ pub struct KvResolveOptions {
     /// Entries of the `valid_count` buffer (0 = exactly `rows`). Larger: entries past `rows` are
     /// padding and written `0`. Smaller than `rows` is refused at launch (`Shape`).
     pub valid_len: u64,
-    /// Which kernel runs ([`ResolveEngine::Fast`] by default); results are identical.
+    /// Which kernel runs ([`ResolveEngine::Lean`] by default); results are identical.
     pub engine: ResolveEngine,
 }
 

@@ -306,7 +306,7 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         "peer mode: device {} ({}), batch {REQS}, top-k {K}, rows {ROW} B, 1 layer, history in \
          mapped pinned host memory (read in place), {reps} timed steps per phase (median); \
          SGLang = load_cache_to_device_buffer_kernel (960 threads/block); ours fast / classic / \
-         lean / lean512 = tierkit_kv_resolve_fast / tierkit_kv_resolve / tierkit_kv_resolve_lean \
+         lean / lean512 = tierkit_kv_resolve_fast / tierkit_kv_resolve / tierkit_kv_resolve_lean(512) \
          (1024 / 512 threads)",
         gpu.name()?,
         gpu.arch()
