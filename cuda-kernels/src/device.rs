@@ -204,9 +204,16 @@ impl Gpu {
         }
         // Real architecture first (sm_XY); if this NVRTC cannot hand back PTX for it, fall back
         // to the virtual one (compute_XY, JIT-compiled by the driver at load).
+        // `TIERKIT_NVRTC_LINEINFO=1` adds source line tables (compute-sanitizer and profilers then
+        // name `.cu` lines); the code generated is the same.
+        let lineinfo = std::env::var_os("TIERKIT_NVRTC_LINEINFO").is_some_and(|v| v == "1");
         let compile = |arch: String| {
+            let mut options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+            if lineinfo {
+                options.push("-lineinfo".into());
+            }
             let opts = CompileOptions {
-                options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
+                options,
                 name: Some(format!("{}.cu", src.name)),
                 ..Default::default()
             };
