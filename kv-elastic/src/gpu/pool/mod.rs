@@ -9,10 +9,21 @@
 //!
 //! | work | stream | ordered by |
 //! | --- | --- | --- |
-//! | page fills (pages just lent) and the tail rows of sessions admitted since the last publish: host store → arena rows (copy engines: one `cuMemcpyBatchAsync` descriptor per run of consecutive positions on consecutive rows, one-layer stores; else the `tierkit_kv_replay` gather, a warp per row) | copy stream | waits for the last write-back event (history the device wrote), then runs beside the step in flight |
+//! | tail rows of sessions admitted since the last publish (fixed pages): host store → arena rows | copy stream ([`MapAfterFill::Ordered`]); step stream ([`MapAfterFill::Deferred`]) | ordered: as the page fills; deferred: in step-stream order (the pages were free, so every fill into them passed) |
+//! | page fills (borrowed pages just lent: loans, growth, admissions' history): host store → arena rows (copy engines: one `cuMemcpyBatchAsync` descriptor per run of consecutive positions on consecutive rows, one-layer stores; else the `tierkit_kv_replay` gather, a warp per row) | copy stream | waits for the last write-back event (history the device wrote), then runs beside the step in flight; records the *fill event* (deferred: entered in the reader fence) |
 //! | write-backs: arena rows → host store (`tierkit_kv_write_back`; accepted drafts, rows the engine wrote, [`GpuElasticPool::append_written`]) | step stream | after the kernels that wrote the rows; records the write-back event |
-//! | table patches (`tierkit_kv_fill_words`): slot resets, descriptors, fixed pages, page-table entries of pages mapped (after their fill) and unmapped (reclaim) | step stream | waits for this publish's fill event, so a page is mapped only once its rows hold its bytes; before every later resolve |
+//! | table patches (`tierkit_kv_fill_words`): slot resets, descriptors, fixed pages, page-table entries of pages mapped (after their fill) and unmapped (reclaim) | step stream | ordered: waits for this publish's fill event; deferred: a borrowed page's entry is patched by the first later publish that finds its fill event complete (`cuEventQuery`, no wait), the step stream never waits for the copy stream. Either way a page is mapped only once its rows hold its bytes; before every later resolve |
 //! | tail / draft rows of live sessions: host store → arena rows | step stream | after the resolves queued before (which may read the rows they overwrite) |
+//!
+//! Deferred mapping ([`GpuElasticPool::set_map_after_fill`]). Until its entry is patched a lent
+//! page's positions resolve as misses from the pinned store (exact bytes), and the session's
+//! descriptor keeps the hot-cache path (`full = 0`) while any of its entries waits. Every
+//! interleaving drops or delays what it must: an entry is dropped when its page is unmapped
+//! (reclaim) or its slot freed (finish) before it was applied, so a stale page is never mapped;
+//! a page reclaimed or handed back while its fill may still run stays pending until the fill
+//! event (a fence reader) passed, so no later owner's fill or fixed-page write races it; a freed
+//! slot's pinned bytes (which the fill reads) are reused only after the copy stream passed the
+//! freeing publish; a staging buffer the gather fills read is reused only after their event.
 //!
 //! The lists (copies, patches) are staged in mapped pinned memory that the kernels read in place
 //! (no upload); a staging buffer is reused only after the event recorded after its last reader.
