@@ -277,9 +277,13 @@ impl<S: tier_core::CompletionSignal + Clone> DraftReads<S> {
 /// What the control plane changed since the last publish (see the module docs), in call order.
 #[derive(Debug, Default)]
 pub(crate) struct ChangeLog {
-    /// Host store → arena rows of pages and rows nobody can be reading (pages just lent, fixed
-    /// rows of sessions created in this window): the copy stream.
+    /// Host store → arena rows nobody can be reading in fixed pages (tail rows of sessions
+    /// created in this window): the copy stream; the step stream waits for them.
     pub(crate) fills: Vec<KvCopy>,
+    /// Host store → arena rows of borrowed pages just lent (loans, growth, admissions' history):
+    /// the copy stream, after `fills`; their page-table entries are mapped after them (ordered
+    /// on the step stream, or deferred: see `MapAfterFill`).
+    pub(crate) page_fills: Vec<KvCopy>,
     /// Arena rows → host store (accepted drafts, rows the engine wrote): the step stream, first.
     pub(crate) write_backs: Vec<KvCopy>,
     /// Host store → arena rows of live sessions' tail and scratch: the step stream, after the
@@ -298,10 +302,12 @@ impl ChangeLog {
     /// filled in earlier windows, as `finish` publishes at once.
     pub(crate) fn drop_fills_into(&mut self, page: u32, page_rows: u32) {
         self.fills.retain(|c| c.dst_row / page_rows != page);
+        self.page_fills.retain(|c| c.dst_row / page_rows != page);
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.fills.is_empty()
+            && self.page_fills.is_empty()
             && self.write_backs.is_empty()
             && self.step_copies.is_empty()
             && self.pages.is_empty()
@@ -370,7 +376,7 @@ impl DataPlane for GpuData {
         let slot = self.slot(session);
         let pr = self.page_rows;
         for i in 0..pr {
-            self.log.fills.push(KvCopy {
+            self.log.page_fills.push(KvCopy {
                 slot,
                 position: logical * pr + i,
                 dst_row: page * pr + i,
@@ -493,12 +499,12 @@ mod tests {
         let pr = 4;
         let mut log = ChangeLog::default();
         for i in 0..pr {
-            log.fills.push(fill(0, 8 + i, 2 * pr + i)); // A, logical page 2 -> page 2
-            log.fills.push(fill(0, 12 + i, 3 * pr + i)); // A, logical page 3 -> page 3
+            log.page_fills.push(fill(0, 8 + i, 2 * pr + i)); // A, logical page 2 -> page 2
+            log.page_fills.push(fill(0, 12 + i, 3 * pr + i)); // A, logical page 3 -> page 3
         }
         log.drop_fills_into(2, pr);
-        assert!(log.fills.iter().all(|c| c.dst_row / pr == 3));
-        assert_eq!(log.fills.len(), pr as usize);
+        assert!(log.page_fills.iter().all(|c| c.dst_row / pr == 3));
+        assert_eq!(log.page_fills.len(), pr as usize);
         // B's tail rows land in page 2 afterwards and stay the only fills there.
         log.fills.push(fill(1, 40, 2 * pr));
         assert_eq!(

@@ -15,4 +15,4 @@ pub use cuda_kernels::CopyBackend;
 /// The resolve kernels of the GPU pool (re-exported from `cuda_kernels`).
 pub use cuda_kernels::ResolveEngine;
 pub use data::{GpuData, PinnedBytes};
-pub use pool::{GpuElasticPool, GpuFlushCounters, GpuPoolConfig};
+pub use pool::{GpuElasticPool, GpuFlushCounters, GpuPoolConfig, MapAfterFill};

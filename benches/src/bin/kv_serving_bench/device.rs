@@ -112,8 +112,6 @@ pub struct Device {
     pub io: StepIo,
     /// Step events: start, after weights, after resolve, after attention, end.
     pub ev: [CudaEvent; 5],
-    /// Copy-stream events: start, end.
-    pub cev: [CudaEvent; 2],
 }
 
 impl Device {
@@ -154,7 +152,6 @@ impl Device {
                 stats: DeviceBuffer::zeroed(ctx, b * cuda_kernels::KV_STATS)?,
             },
             ev: [ev(0)?, ev(1)?, ev(2)?, ev(3)?, ev(4)?],
-            cev: [ev(5)?, ev(6)?],
         })
     }
 
@@ -223,6 +220,14 @@ impl Device {
 
     /// Copies `bytes` host → device from the pinned shadow on `stream` (the other layers' share
     /// of an admission or page fill), in chunks of at most the device buffer.
+    /// A new event with timing.
+    pub fn timing_event(&self) -> Res<CudaEvent> {
+        self.gpu
+            .ctx()
+            .new_event(TIMING_EVENT)
+            .map_err(cu("cuEventCreate"))
+    }
+
     pub fn shadow_h2d(&mut self, stream: &CudaStream, bytes: u64) -> Res<()> {
         for (at, n) in self.shadow_chunks(bytes) {
             // SAFETY: source and destination ranges lie inside the pinned shadow and the device
@@ -282,6 +287,53 @@ impl Device {
                     self.att.device_ptr(),
                 )?
             };
+        }
+        Ok(())
+    }
+}
+
+/// Copy-stream windows (admission or growth) timed by two events each, read once the second one
+/// passed: with deferred mapping the step stream does not wait for the copies, so the host does
+/// not either (the copy time is reported, not counted as stall).
+#[derive(Default)]
+pub struct CopyWindows(std::collections::VecDeque<(CudaEvent, CudaEvent, bool)>);
+
+impl CopyWindows {
+    /// Ends a window of admissions (`admission`) or growth started by `w[0]` on `copy`: records
+    /// `w[1]` there. With `step.1` the step stream `step.0` waits for it and the window's µs are
+    /// returned (the host waits for them: a stall); else the window is kept for
+    /// [`CopyWindows::collect`] and 0 is returned.
+    pub fn end(
+        &mut self,
+        w: [CudaEvent; 2],
+        copy: &CudaStream,
+        step: (&CudaStream, bool),
+        admission: bool,
+    ) -> Res<f64> {
+        w[1].record(copy).map_err(cu("cuEventRecord"))?;
+        if step.1 {
+            step.0.wait(&w[1]).map_err(cu("cuStreamWaitEvent"))?;
+            return elapsed_us(&w[0], &w[1]);
+        }
+        let [a, b] = w;
+        self.0.push_back((a, b, admission));
+        Ok(0.0)
+    }
+
+    /// Adds the times of the windows that passed (in copy-stream order; all of them, waiting,
+    /// with `wait`) to `adm_ms` / `growth_ms`.
+    pub fn collect(&mut self, wait: bool, adm_ms: &mut f64, growth_ms: &mut f64) -> Res<()> {
+        while let Some((a, b, admission)) = self.0.front() {
+            if !wait && !b.try_is_complete().map_err(cu("cuEventQuery"))? {
+                break;
+            }
+            let ms = elapsed_us(a, b)? / 1e3;
+            *if *admission {
+                &mut *adm_ms
+            } else {
+                &mut *growth_ms
+            } += ms;
+            self.0.pop_front();
         }
         Ok(())
     }

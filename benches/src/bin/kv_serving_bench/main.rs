@@ -33,8 +33,13 @@
 //! the pinned store (plus the other layers' bytes, D2H). Top-k picks come from the calibrated
 //! selection generator (`tierkit_sim::kv::selection`), uploaded before the timed region (an engine's
 //! indexer produces them on the device). Between steps: finished sessions hand pages back, the
-//! elastic pool lends free pages (fills on the copy stream). The next step waits for admission and
-//! growth copies; that wait is measured (copy-stream events) and added to the clock as a stall.
+//! elastic pool lends free pages (fills on the copy stream). The pools map borrowed pages once
+//! their fill passed (`MapAfterFill::Deferred`, default): the next step does not wait for
+//! admission and growth copies (their positions are misses until mapped); the copy time is
+//! measured (copy-stream events, read once they passed) and reported, not counted as stall. With
+//! `--map-after-fill ordered`, and always for the fully resident placement (it must hold a
+//! session's history before its first step), the next step waits for the copies; that wait is
+//! measured and added to the clock as a stall.
 //!
 //! **What is physical and what is a stand-in.** The pools hold `--group-layers` (default 2) planes
 //! of the 61 — one index-sharing group — because the pinned host store holds every slot's whole
@@ -91,6 +96,9 @@ pub struct Args {
     pub check_every: u64,
     /// JSON report path.
     pub out: Option<PathBuf>,
+    /// The pools map borrowed pages after their fill with the step stream waiting for the copy
+    /// (`MapAfterFill::Ordered`, `--map-after-fill ordered`) instead of deferred (default).
+    pub ordered_maps: bool,
     /// CPU only: write the (truncated) trace's arrivals here and exit.
     pub export: Option<PathBuf>,
     /// The scenario.
@@ -101,6 +109,7 @@ fn usage() -> &'static str {
     "kv_serving_bench [--short] [--trace PATH] [--loads 0.5,4,16,64] [--steps N] [--max-run-s S]
                  [--requests N] [--placements resident,fixed,elastic] [--check-every N]
                  [--budget-gib G] [--weights-gib G] [--group-layers L] [--out FILE.json]
+                 [--map-after-fill deferred|ordered]
                  [--export FILE.jsonl]   (CPU: write the first --requests arrivals and exit)"
 }
 
@@ -115,6 +124,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         placements: vec!["resident".into(), "fixed".into(), "elastic".into()],
         check_every: 25,
         out: None,
+        ordered_maps: false,
         export: None,
         scenario: Scenario::published(),
     };
@@ -149,6 +159,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 wall_set = true;
             }
             "--requests" => a.requests = Some(num(it.next(), "--requests")? as usize),
+            "--map-after-fill" => {
+                a.ordered_maps = match it.next().as_deref() {
+                    Some("ordered") => true,
+                    Some("deferred") => false,
+                    v => return Err(format!("--map-after-fill: ordered or deferred, not {v:?}")),
+                }
+            }
             "--check-every" => a.check_every = num(it.next(), "--check-every")? as u64,
             "--placements" => {
                 let v = it.next().ok_or("--placements needs a list")?;
@@ -354,11 +371,16 @@ mod tests {
         let a = parse("--short --loads 1,2 --steps 50 --group-layers 4").unwrap();
         assert_eq!((a.loads.as_slice(), a.max_steps), (&[1.0, 2.0][..], 50));
         assert_eq!(a.scenario.shadow_layers(), 57);
+        assert!(!a.ordered_maps, "deferred mapping by default");
+        assert!(parse("--map-after-fill ordered").unwrap().ordered_maps);
+        assert!(!parse("--map-after-fill deferred").unwrap().ordered_maps);
         for bad in [
             "--loads 1,-2",
             "--steps",
             "--placements resident,hbm",
             "--group-layers 62",
+            "--map-after-fill",
+            "--map-after-fill eventually",
             "--frobnicate",
         ] {
             assert!(parse(bad).is_err(), "{bad}");

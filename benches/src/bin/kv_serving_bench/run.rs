@@ -8,7 +8,7 @@ use tierkit_sim::kv::schedule::{Active, Decision, Phase, Scheduler};
 use tierkit_sim::kv::selection::{SelectionGen, SelectionParams};
 use tierkit_sim::kv::trace::ArrivalTrace;
 
-use crate::device::{cu, elapsed_us, Device, Res};
+use crate::device::{cu, elapsed_us, CopyWindows, Device, Res};
 use crate::scenario::{Report, RunReport, Scenario, StepRecord};
 use crate::store::{Pattern, Store};
 use crate::Args;
@@ -64,10 +64,13 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
         let (mut store, name) = match placement.as_str() {
             "resident" => (Store::resident(&dev, &sc, &pat)?, "fully resident"),
             "fixed" => (
-                Store::pool(&dev, &sc, false, max_history)?,
+                Store::pool(&dev, &sc, false, max_history, args.ordered_maps)?,
                 "fixed hot cache",
             ),
-            _ => (Store::pool(&dev, &sc, true, max_history)?, "elastic"),
+            _ => (
+                Store::pool(&dev, &sc, true, max_history, args.ordered_maps)?,
+                "elastic",
+            ),
         };
         eprintln!("{name}: store ready in {:.1} s", t0.elapsed().as_secs_f64());
         for (run_no, &load) in args.loads.iter().enumerate() {
@@ -148,6 +151,10 @@ fn run_one(
     let mut one = Vec::with_capacity(k);
     let mut stopped = false;
     let mut growth_before = 0.0f64;
+    // Deferred mapping: the step stream does not wait for admission / growth copies; their
+    // times are read once they passed.
+    let defer = store.defers_copies();
+    let mut windows = CopyWindows::default();
     loop {
         if sched.steps() >= args.max_steps {
             break;
@@ -156,8 +163,11 @@ fn run_one(
             stopped = true;
             break;
         }
-        // Admissions: history copied on the copy stream; the step waits for it.
-        dev.cev[0].record(&copy).map_err(cu("cuEventRecord"))?;
+        // Admissions: history copied on the copy stream; the step waits for it (unless deferred:
+        // the resident placement always waits, it must hold the history before the first step).
+        windows.collect(false, &mut adm_ms, &mut growth_ms)?;
+        let w = [dev.timing_event()?, dev.timing_event()?];
+        w[0].record(&copy).map_err(cu("cuEventRecord"))?;
         let mut tokens = 0u64;
         let admitted = {
             let d: &Device = dev;
@@ -170,10 +180,11 @@ fn run_one(
         if tokens > 0 {
             dev.shadow_h2d(&copy, tokens * shadow)?;
         }
-        dev.cev[1].record(&copy).map_err(cu("cuEventRecord"))?;
-        s.wait(&dev.cev[1]).map_err(cu("cuStreamWaitEvent"))?;
-        let adm_us = elapsed_us(&dev.cev[0], &dev.cev[1])?;
-        let adm_us = if admitted.is_empty() { 0.0 } else { adm_us };
+        let adm_us = if admitted.is_empty() {
+            0.0
+        } else {
+            windows.end(w, &copy, (&s, !defer), true)?
+        };
         adm_ms += adm_us / 1e3;
         adm_bytes += tokens * sc.token_bytes_model();
         for a in &admitted {
@@ -248,7 +259,8 @@ fn run_one(
                 };
                 // SAFETY: every buffer of `a` is live and sized for max_batch requests of k picks
                 // (plan: hot_rows per request); nothing else touches the pool's tables now (the
-                // copy stream's fills were waited for above).
+                // copy stream's fills were waited for above, or, deferred, write only rows of
+                // pages not mapped yet).
                 unsafe { p.device().resolve_async(&s, &a, CopyBackend::Gather)? };
                 if sc.group_layers > 1 {
                     // SAFETY: the plan is this resolve's own output (fresh), b segments of hot_rows.
@@ -347,16 +359,19 @@ fn run_one(
             store.finish(f.id)?;
             gens.remove(&f.id);
         }
-        // Between steps: hand-back and growth (their fills are waited for by the next step).
-        dev.cev[0].record(&copy).map_err(cu("cuEventRecord"))?;
+        // Between steps: hand-back and growth (their fills are waited for by the next step,
+        // unless deferred).
+        let w = [dev.timing_event()?, dev.timing_event()?];
+        w[0].record(&copy).map_err(cu("cuEventRecord"))?;
         let grown = store.maintain(&sc)?;
         if grown > 0 {
             dev.shadow_h2d(&copy, grown * shadow)?;
         }
-        dev.cev[1].record(&copy).map_err(cu("cuEventRecord"))?;
-        s.wait(&dev.cev[1]).map_err(cu("cuStreamWaitEvent"))?;
-        let g_us = elapsed_us(&dev.cev[0], &dev.cev[1])?;
-        let g_us = if grown > 0 { g_us } else { 0.0 };
+        let g_us = if grown == 0 {
+            0.0
+        } else {
+            windows.end(w, &copy, (&s, !defer), false)?
+        };
         growth_ms += g_us / 1e3;
         sched.stall(adm_us + g_us)?;
         steps.push(StepRecord {
@@ -385,6 +400,7 @@ fn run_one(
         store.maintain(&sc)?;
     }
     dev.gpu.synchronize()?;
+    windows.collect(true, &mut adm_ms, &mut growth_ms)?;
     if store.pages_in_use() != 0 {
         return Err(format!(
             "{name}: {} pages still in use after the drain",

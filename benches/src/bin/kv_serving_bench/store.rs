@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cuda_kernels::cudarc_driver::CudaStream;
 use cuda_kernels::{copy_htod_async, CopyBackend, DeviceBuffer, PinnedBuffer};
-use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
+use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig, MapAfterFill};
 use kv_elastic::{Admission, Geometry, KvError, PoolConfig};
 use tier_core::{PageHandle, PagePool, Tier};
 use tierkit_sim::kv::schedule::{Active, Decision};
@@ -110,7 +110,15 @@ impl Store {
         }))
     }
 
-    pub fn pool(dev: &Device, sc: &Scenario, elastic: bool, max_history: u32) -> Res<Self> {
+    /// A GPU pool over the budget (`elastic`: borrowed pages, else the fixed hot cache only),
+    /// mapping borrowed pages deferred after their fill unless `ordered_maps`.
+    pub fn pool(
+        dev: &Device,
+        sc: &Scenario,
+        elastic: bool,
+        max_history: u32,
+        ordered_maps: bool,
+    ) -> Res<Self> {
         let g = Geometry {
             row_bytes: sc.row_bytes,
             layers: sc.group_layers,
@@ -137,12 +145,19 @@ impl Store {
             g.arena_pages,
             max_sessions as f64 * max_history as f64 * g.token_bytes() as f64 / 1e9
         );
-        Ok(Store::Pool(Box::new(GpuElasticPool::new(
-            &dev.gpu,
-            g,
-            PoolConfig { elastic },
-            gcfg,
-        )?)))
+        let mut p = GpuElasticPool::new(&dev.gpu, g, PoolConfig { elastic }, gcfg)?;
+        p.set_map_after_fill(if ordered_maps {
+            MapAfterFill::Ordered
+        } else {
+            MapAfterFill::Deferred
+        });
+        Ok(Store::Pool(Box::new(p)))
+    }
+
+    /// Whether the step stream does not wait for this store's admission and growth copies (a
+    /// pool with deferred mapping: pages are mapped once their fill passed, misses meanwhile).
+    pub fn defers_copies(&self) -> bool {
+        matches!(self, Store::Pool(p) if p.map_after_fill() == MapAfterFill::Deferred)
     }
 
     /// The stream admissions and fills run on.

@@ -9,10 +9,21 @@
 //!
 //! | work | stream | ordered by |
 //! | --- | --- | --- |
-//! | page fills (pages just lent) and the tail rows of sessions admitted since the last publish: host store → arena rows (copy engines: one `cuMemcpyBatchAsync` descriptor per run of consecutive positions on consecutive rows, one-layer stores; else the `tierkit_kv_replay` gather, a warp per row) | copy stream | waits for the last write-back event (history the device wrote), then runs beside the step in flight |
+//! | tail rows of sessions admitted since the last publish (fixed pages): host store → arena rows | copy stream ([`MapAfterFill::Ordered`]); step stream ([`MapAfterFill::Deferred`]) | ordered: as the page fills; deferred: in step-stream order (the pages were free, so every fill into them passed) |
+//! | page fills (borrowed pages just lent: loans, growth, admissions' history): host store → arena rows (copy engines: one `cuMemcpyBatchAsync` descriptor per run of consecutive positions on consecutive rows, one-layer stores; else the `tierkit_kv_replay` gather, a warp per row) | copy stream | waits for the last write-back event (history the device wrote), then runs beside the step in flight; records the *fill event* (deferred: entered in the reader fence) |
 //! | write-backs: arena rows → host store (`tierkit_kv_write_back`; accepted drafts, rows the engine wrote, [`GpuElasticPool::append_written`]) | step stream | after the kernels that wrote the rows; records the write-back event |
-//! | table patches (`tierkit_kv_fill_words`): slot resets, descriptors, fixed pages, page-table entries of pages mapped (after their fill) and unmapped (reclaim) | step stream | waits for this publish's fill event, so a page is mapped only once its rows hold its bytes; before every later resolve |
+//! | table patches (`tierkit_kv_fill_words`): slot resets, descriptors, fixed pages, page-table entries of pages mapped (after their fill) and unmapped (reclaim) | step stream | ordered: waits for this publish's fill event; deferred: a borrowed page's entry is patched by the first later publish that finds its fill event complete (`cuEventQuery`, no wait), the step stream never waits for the copy stream. Either way a page is mapped only once its rows hold its bytes; before every later resolve |
 //! | tail / draft rows of live sessions: host store → arena rows | step stream | after the resolves queued before (which may read the rows they overwrite) |
+//!
+//! Deferred mapping ([`GpuElasticPool::set_map_after_fill`]). Until its entry is patched a lent
+//! page's positions resolve as misses from the pinned store (exact bytes), and the session's
+//! descriptor keeps the hot-cache path (`full = 0`) while any of its entries waits. Every
+//! interleaving drops or delays what it must: an entry is dropped when its page is unmapped
+//! (reclaim) or its slot freed (finish) before it was applied, so a stale page is never mapped;
+//! a page reclaimed or handed back while its fill may still run stays pending until the fill
+//! event (a fence reader) passed, so no later owner's fill or fixed-page write races it; a freed
+//! slot's pinned bytes (which the fill reads) are reused only after the copy stream passed the
+//! freeing publish; a staging buffer the gather fills read is reused only after their event.
 //!
 //! The lists (copies, patches) are staged in mapped pinned memory that the kernels read in place
 //! (no upload); a staging buffer is reused only after the event recorded after its last reader.
@@ -40,8 +51,11 @@
 //! etc.) with fixed buffers, which is CUDA-graph capturable; [`GpuElasticPool::slot_of`] gives the
 //! session slot of a session, [`GpuElasticPool::tail_row_of`] the row a new token's KV goes to.
 
+mod deferred;
 mod publish;
 mod resolve;
+
+use deferred::DeferredMaps;
 
 use std::sync::Arc;
 
@@ -54,7 +68,7 @@ use cuda_kernels::{
     ResolveEngine, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
-use hashbrown::HashMap;
+use hashbrown::{HashMap, HashSet};
 use tier_core::CompletionSignal;
 
 use super::data::{DraftReads, GpuData, PinnedBytes};
@@ -141,6 +155,29 @@ pub struct GpuFlushCounters {
     pub staged_bytes: u64,
     /// Host waits in control operations (settling readers, waiting for a slot).
     pub host_syncs: u64,
+    /// Borrowed pages whose mapping was deferred until their fill completed
+    /// ([`MapAfterFill::Deferred`]).
+    pub maps_deferred: u64,
+    /// Of those, pages mapped by a later publish once their fill event had passed.
+    pub maps_applied: u64,
+    /// Of those, deferred mappings dropped unapplied (the page was reclaimed or its session
+    /// finished before its fill completed).
+    pub maps_dropped: u64,
+}
+
+/// When a borrowed page (loan, growth, an admission's history) becomes visible to resolves:
+/// see [`GpuElasticPool::set_map_after_fill`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MapAfterFill {
+    /// The step stream waits for each publish's page fills before its table patches: every step
+    /// queued after an admission or growth waits for the copy, and the pool's decisions equal the
+    /// CPU reference's call for call (`tests/gpu_exactness.rs`). The default.
+    #[default]
+    Ordered,
+    /// Borrowed pages are mapped by a later publish (or `between_steps`) that finds their fill
+    /// event complete (`cuEventQuery`, no wait); until then their positions resolve as misses
+    /// from the pinned host store (exact bytes, slower), so steps never wait for the copy.
+    Deferred,
 }
 
 /// A mapped pinned staging buffer and the event after its last reader.
@@ -148,6 +185,9 @@ pub struct GpuFlushCounters {
 struct Staging {
     buf: PinnedBuffer<u8>,
     done: EventSignal,
+    /// With deferred mapping: the copy-stream event after the page fills that read this buffer
+    /// (the step stream no longer waits for them, so `done` does not cover them).
+    copy_done: Option<EventSignal>,
     /// Taken by a publish that has not recorded `done` yet (stays set if that publish fails:
     /// queued kernels may read the buffer, and the pool is poisoned anyway).
     busy: bool,
@@ -214,8 +254,13 @@ pub struct GpuElasticPool {
     staging: Vec<Staging>,
     /// Event after the last write-back (the copy stream waits for it before reading history).
     last_write_back: Option<EventSignal>,
-    /// Freed session slots and the event after which nothing queued touches them.
-    quarantine: Vec<(u32, EventSignal)>,
+    /// Freed session slots and the events (step stream; copy stream with deferred mapping, whose
+    /// page fills may still read the slot's pinned bytes) after which nothing queued touches them.
+    quarantine: Vec<(u32, EventSignal, Option<EventSignal>)>,
+    /// When borrowed pages are mapped ([`MapAfterFill`]).
+    map_after_fill: MapAfterFill,
+    /// Page-table entries of borrowed pages whose fill may still run (deferred mapping).
+    deferred: DeferredMaps<EventSignal>,
     /// Draft bytes in the pinned store that queued step copies may still read (see
     /// [`DraftReads`]): a host write over them waits first.
     draft_reads: DraftReads<EventSignal>,
@@ -281,6 +326,8 @@ impl GpuElasticPool {
             staging: Vec::new(),
             last_write_back: None,
             quarantine: Vec::new(),
+            map_after_fill: MapAfterFill::Ordered,
+            deferred: DeferredMaps::default(),
             draft_reads: DraftReads::default(),
             last_publish: None,
             settle: false,
@@ -349,6 +396,32 @@ impl GpuElasticPool {
     /// The page-fill back-end (see [`GpuElasticPool::set_fill_backend`]).
     pub fn fill_backend(&self) -> CopyBackend {
         self.fill_backend
+    }
+
+    /// When borrowed pages (loans, growth, an admission's history pages) are mapped after their
+    /// fill on the copy stream. [`MapAfterFill::Ordered`] (default): the step stream waits for
+    /// the fills of each publish before its table patches (steps queued after an admission wait
+    /// for the whole copy; decisions equal the CPU reference's). [`MapAfterFill::Deferred`]
+    /// (for engines): the step stream waits only for fills into fixed pages (new sessions' tails,
+    /// small); each later publish (every control operation, `between_steps`, or
+    /// [`GpuElasticPool::publish`] itself) maps the pages whose fill event has passed, polled
+    /// without blocking. Until then their positions resolve as misses from the pinned host store
+    /// (exact bytes; a session with pages still unmapped takes the hot-cache path, not the direct
+    /// one). A page reclaimed, or whose session finished, before its mapping drops the mapping.
+    /// Switching back to `Ordered` keeps mapping the pages still deferred as their fills pass.
+    pub fn set_map_after_fill(&mut self, mode: MapAfterFill) {
+        self.map_after_fill = mode;
+    }
+
+    /// See [`GpuElasticPool::set_map_after_fill`].
+    pub fn map_after_fill(&self) -> MapAfterFill {
+        self.map_after_fill
+    }
+
+    /// Borrowed pages lent but not yet mapped on the device (their fill had not passed at the
+    /// last publish; always 0 with [`MapAfterFill::Ordered`] from the start).
+    pub fn deferred_maps(&self) -> usize {
+        self.deferred.len()
     }
 
     /// With `true`, every control operation that frees pages (admit, reclaim, between steps)
@@ -427,17 +500,20 @@ impl GpuElasticPool {
     /// Unblocks quarantined slots whose event passed (`wait`: waits for the oldest one first).
     fn release_slots(&mut self, wait: bool) -> Result<()> {
         if wait {
-            if let Some((_, ev)) = self.quarantine.first() {
-                ev.event()
-                    .synchronize()
-                    .map_err(|e| cuda(CudaError::driver("cuEventSynchronize", e)))?;
+            if let Some((_, ev, copy)) = self.quarantine.first() {
+                for e in std::iter::once(ev).chain(copy) {
+                    e.event()
+                        .synchronize()
+                        .map_err(|e| cuda(CudaError::driver("cuEventSynchronize", e)))?;
+                }
                 self.counters.host_syncs += 1;
             }
         }
         let mut i = 0;
         while i < self.quarantine.len() {
-            if self.quarantine[i].1.is_complete() {
-                let (slot, _) = self.quarantine.swap_remove(i);
+            let (_, ev, copy) = &self.quarantine[i];
+            if ev.is_complete() && copy.as_ref().is_none_or(|c| c.is_complete()) {
+                let (slot, _, _) = self.quarantine.swap_remove(i);
                 self.cpu.data.pinned_mut().unblock(slot);
             } else {
                 i += 1;

@@ -37,9 +37,22 @@ impl GpuElasticPool {
             let p = self.cpu.data.pinned_mut();
             (std::mem::take(&mut p.created), std::mem::take(&mut p.freed))
         };
-        if log.is_empty() && created.is_empty() && freed.is_empty() {
+        // Deferred mappings (see `MapAfterFill`): drop those of freed slots and of pages this
+        // window unmapped (reclaim), in that order before polling, then take the ones whose fill
+        // passed. A page re-lent in this window after its unmap gets a new entry below.
+        let freed_set: HashSet<u32> = freed.iter().copied().collect();
+        let mut dropped = self.deferred.drop_slots(&freed_set);
+        for &(b, logical, page) in &log.pages {
+            if page < 0 && self.deferred.drop_key((b, logical)) {
+                dropped += 1;
+            }
+        }
+        self.counters.maps_dropped += dropped as u64;
+        let ready = self.deferred.take_ready();
+        if log.is_empty() && created.is_empty() && freed.is_empty() && ready.is_empty() {
             return Ok(());
         }
+        let defer = self.map_after_fill == MapAfterFill::Deferred;
         let d = *self.device().dims();
         let t = self.device().tables();
         let g = *self.cpu.geometry();
@@ -84,15 +97,35 @@ impl GpuElasticPool {
                 put(t.fixed_pages + 4 * (b as u64 * fp + i as u64), p);
             }
         }
+        // This window's borrowed-page mappings held back until their fill (deferred mode), in
+        // call order: an unmap later in the window cancels an earlier mapping of the same entry.
+        let mut window_maps: HashMap<(u32, u32), u32> = HashMap::new();
         for &(b, logical, page) in &log.pages {
             if self.pinned().session_at(b).is_some() && (logical as u64) < mp {
+                if defer {
+                    window_maps.remove(&(b, logical));
+                    if page >= 0 {
+                        window_maps.insert((b, logical), page as u32);
+                        continue;
+                    }
+                }
                 put(
                     t.page_tab + 4 * (b as u64 * mp + logical as u64),
                     page as u32,
                 );
             }
         }
+        // Mappings whose fill passed (their slot is live: freed slots' entries were dropped).
         let mut touched = log.touched.clone();
+        let window_slots: HashSet<u32> = window_maps.keys().map(|&(b, _)| b).collect();
+        for &(slot, logical, page) in &ready {
+            put(t.page_tab + 4 * (slot as u64 * mp + logical as u64), page);
+            if let Some(s) = self.pinned().session_at(slot) {
+                if !touched.contains(&s) {
+                    touched.push(s);
+                }
+            }
+        }
         for &b in &created {
             let s = self.pinned().session_at(b).expect("created this window");
             if !touched.contains(&s) {
@@ -104,11 +137,14 @@ impl GpuElasticPool {
                 continue; // finished since
             };
             let pl = self.cpu.placement(s)?;
+            // The direct path reads pages only; with mappings still deferred the slot takes the
+            // hot-cache path (its unmapped positions are misses) until the last one is applied.
+            let unmapped = self.deferred.has_slot(b) || window_slots.contains(&b);
             let desc = KvSlotDesc {
                 live: 1,
                 committed: pl.committed,
                 scratch_len: pl.scratch_len,
-                full: u32::from(pl.full),
+                full: u32::from(pl.full && !unmapped),
                 tail_start: pl.committed.saturating_sub(g.tail_rows),
                 pad: [0; 3],
             };
@@ -128,9 +164,12 @@ impl GpuElasticPool {
         // One staging image for every list of this publish.
         let mut img = Image::default();
         let (fill_plan, fill_counts) = segments(&log.fills);
+        let (page_plan, page_counts) = segments(&log.page_fills);
         let (step_plan, step_counts) = segments(&log.step_copies);
         let at_fill = img.push(&fill_plan);
         let at_fill_n = img.push(&fill_counts);
+        let at_page = img.push(&page_plan);
+        let at_page_n = img.push(&page_counts);
         let at_wb = img.push(&log.write_backs);
         let at_ranges = img.push(&ranges);
         let at_points = img.push(&points);
@@ -161,32 +200,63 @@ impl GpuElasticPool {
             .map_err(cuda)?;
             self.last_write_back = Some(ev(&step)?);
         }
-        // 2. Fills (copy stream; after the last write-back; pages just taken were free).
-        if !log.fills.is_empty() {
+        // 2. Fills. Ordered: all on the copy stream (after the last write-back; pages just
+        // taken were free), the step stream waits for them. Deferred: the fixed-page fills (new
+        // sessions' tails, small) on the step stream, in its order; the borrowed pages' on the
+        // copy stream, which the step stream does not wait for (their mapping waits instead).
+        let mut copy_done = None;
+        if defer {
+            self.fill_async(
+                &step,
+                &log.fills,
+                base,
+                (at_fill, at_fill_n),
+                fill_counts.len(),
+            )?;
+            if !log.page_fills.is_empty() {
+                if let Some(wb) = &self.last_write_back {
+                    wb.wait_on(&copy).map_err(cuda)?;
+                }
+                let at = (at_page, at_page_n);
+                self.fill_async(&copy, &log.page_fills, base, at, page_counts.len())?;
+                let fill = ev(&copy)?;
+                // A page lent here and reclaimed or handed back before its fill passed becomes
+                // free only after it (so no later owner's fill or fixed-page write races it).
+                self.cpu.fence().enter_signal(Box::new(fill.clone()));
+                copy_done = Some(fill);
+            }
+        } else if !log.fills.is_empty() || !log.page_fills.is_empty() {
             if let Some(wb) = &self.last_write_back {
                 wb.wait_on(&copy).map_err(cuda)?;
             }
-            // The destination rows belong to pages no reader or other stream's queued work
-            // touches (free pages, fence; see the module docs). DMA: runs of whole rows from the
-            // pinned store (one layer), else the gather kernel over the staged segments.
-            let dma = match self.fill_backend {
-                CopyBackend::Dma => dev.dma_runs_async(&copy, &log.fills).map_err(cuda)?,
-                CopyBackend::Gather => None,
-            };
-            match dma {
-                Some(descriptors) => {
-                    self.counters.rows_filled_dma += log.fills.len() as u64;
-                    self.counters.fill_descriptors += descriptors as u64;
-                }
-                // SAFETY: segments staged at `base + at_fill` / `at_fill_n` (live until the
-                // staging event, which the step stream records after waiting for this stream's
-                // fill event); destinations as above.
-                None => unsafe {
-                    copy_segments(dev, &copy, base, (at_fill, at_fill_n), fill_counts.len())
-                }?,
-            }
+            self.fill_async(
+                &copy,
+                &log.fills,
+                base,
+                (at_fill, at_fill_n),
+                fill_counts.len(),
+            )?;
+            let at = (at_page, at_page_n);
+            self.fill_async(&copy, &log.page_fills, base, at, page_counts.len())?;
             ev(&copy)?.wait_on(&step).map_err(cuda)?;
         }
+        if !window_maps.is_empty() {
+            let fill = match &copy_done {
+                Some(e) => e.clone(),
+                // No fill left for these pages in this window: after the copy stream's work.
+                None => ev(&copy)?,
+            };
+            self.counters.maps_deferred += window_maps.len() as u64;
+            self.deferred.push(fill, window_maps);
+        }
+        // A freed slot's pinned bytes may still be read by deferred page fills of its session
+        // (the step stream does not wait for those; after `Ordered` it did: then a no-op).
+        let freed_copy = if !freed.is_empty() {
+            Some(ev(&copy)?)
+        } else {
+            None
+        };
+        let dev = &self.cpu.data.dev;
         // 3. Table patches (step stream, after the fills they map).
         // SAFETY: every entry names words of our tables (addresses built from `tables()` with
         // in-range indices above); ranges are disjoint or equal-valued, points are deduplicated;
@@ -217,17 +287,23 @@ impl GpuElasticPool {
             .find(|s| s.buf.device_ptr() == base)
             .expect("staged above");
         staged.done = done.clone();
+        staged.copy_done = copy_done;
         staged.busy = false;
-        if !log.write_backs.is_empty() || !log.step_copies.is_empty() {
-            // Pages the step-stream copies touch stay allocated until they ran.
+        if !log.write_backs.is_empty()
+            || !log.step_copies.is_empty()
+            || (defer && !log.fills.is_empty())
+        {
+            // Pages the step-stream copies (and, deferred, fixed-page fills) touch stay
+            // allocated until they ran.
             self.cpu.fence().enter_signal(Box::new(done.clone()));
         }
         for b in freed {
-            self.quarantine.push((b, done.clone()));
+            self.quarantine.push((b, done.clone(), freed_copy.clone()));
         }
         let c = &mut self.counters;
         c.flushes += 1;
-        c.rows_filled += log.fills.len() as u64;
+        c.rows_filled += (log.fills.len() + log.page_fills.len()) as u64;
+        c.maps_applied += ready.len() as u64;
         c.rows_copied += log.step_copies.len() as u64;
         c.rows_written_back += log.write_backs.len() as u64;
         c.words_patched += points.len() as u64;
@@ -236,16 +312,53 @@ impl GpuElasticPool {
         Ok(())
     }
 
+    /// Queues the fills `fills` (staged as replay segments at `base + at`) on `stream` with the
+    /// fill back-end.
+    fn fill_async(
+        &mut self,
+        stream: &CudaStream,
+        fills: &[KvCopy],
+        base: u64,
+        at: (usize, usize),
+        segments: usize,
+    ) -> Result<()> {
+        if fills.is_empty() {
+            return Ok(());
+        }
+        let dev = &self.cpu.data.dev;
+        // The destination rows belong to pages no reader or other stream's queued work touches
+        // (free pages, fence; fixed pages of a session created in this window, on the step
+        // stream in deferred mode: free pages, so every fill into them passed; see the module
+        // docs). DMA: runs of whole rows from the pinned
+        // store (one layer), else the gather kernel over the staged segments.
+        let dma = match self.fill_backend {
+            CopyBackend::Dma => dev.dma_runs_async(stream, fills).map_err(cuda)?,
+            CopyBackend::Gather => None,
+        };
+        match dma {
+            Some(descriptors) => {
+                self.counters.rows_filled_dma += fills.len() as u64;
+                self.counters.fill_descriptors += descriptors as u64;
+            }
+            // SAFETY: segments staged at `base + at` (live until the staging buffer's events:
+            // `done`, which the step stream records after waiting for the fills it orders, and
+            // `copy_done` after deferred page fills); destinations as above.
+            None => unsafe { copy_segments(dev, stream, base, at, segments) }?,
+        }
+        Ok(())
+    }
+
     /// Copies `image` into a free staging buffer (mapped pinned memory); returns its device
     /// address. A buffer is free once the event after its last reader passed (no host wait; a
     /// new buffer is allocated when none is free or large enough).
     pub(super) fn stage(&mut self, image: &[u8]) -> Result<u64> {
         let need = image.len().max(16);
-        let i = match self
-            .staging
-            .iter()
-            .position(|s| !s.busy && s.buf.len() >= need && s.done.is_complete())
-        {
+        let i = match self.staging.iter().position(|s| {
+            !s.busy
+                && s.buf.len() >= need
+                && s.done.is_complete()
+                && s.copy_done.as_ref().is_none_or(|c| c.is_complete())
+        }) {
             Some(i) => i,
             None => {
                 let ctx = self.device().gpu().ctx().clone();
@@ -255,6 +368,7 @@ impl GpuElasticPool {
                 self.staging.push(Staging {
                     buf,
                     done,
+                    copy_done: None,
                     busy: false,
                 });
                 self.staging.len() - 1

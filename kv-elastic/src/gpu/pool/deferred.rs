@@ -1,0 +1,182 @@
+//! [`DeferredMaps`]: page-table entries of borrowed pages whose fill may still run
+//! ([`super::MapAfterFill::Deferred`]), grouped by the fill's signal (one per publish).
+
+use hashbrown::{HashMap, HashSet};
+use tier_core::CompletionSignal;
+
+/// A page-table entry key: `(session slot, logical page)`.
+pub(crate) type MapKey = (u32, u32);
+
+/// Deferred mappings: per publish that queued page fills, the signal after those fills and the
+/// entries `(slot, logical) → physical page` it maps once complete. An entry leaves by
+/// [`DeferredMaps::take_ready`] (its fill passed: map it) or is dropped (the page was reclaimed,
+/// or its session finished, before that: never map it).
+#[derive(Debug)]
+pub(crate) struct DeferredMaps<S> {
+    batches: Vec<(S, HashMap<MapKey, u32>)>,
+    /// Entries per slot (a slot with any is served without the direct path).
+    per_slot: HashMap<u32, u32>,
+    len: usize,
+}
+
+impl<S> Default for DeferredMaps<S> {
+    fn default() -> Self {
+        Self {
+            batches: Vec::new(),
+            per_slot: HashMap::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<S: CompletionSignal> DeferredMaps<S> {
+    /// Entries waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether `slot` has an entry waiting.
+    pub(crate) fn has_slot(&self, slot: u32) -> bool {
+        self.per_slot.contains_key(&slot)
+    }
+
+    fn forget(per_slot: &mut HashMap<u32, u32>, slot: u32) {
+        if let Some(n) = per_slot.get_mut(&slot) {
+            *n -= 1;
+            if *n == 0 {
+                per_slot.remove(&slot);
+            }
+        }
+    }
+
+    /// Adds the entries `maps` of one publish, mapped once `fill` is complete. A key must not be
+    /// waiting already (the control plane unmaps an entry before lending it again, which drops it).
+    pub(crate) fn push(&mut self, fill: S, maps: HashMap<MapKey, u32>) {
+        if maps.is_empty() {
+            return;
+        }
+        for &(slot, _) in maps.keys() {
+            *self.per_slot.entry(slot).or_insert(0) += 1;
+        }
+        self.len += maps.len();
+        self.batches.push((fill, maps));
+    }
+
+    /// Drops the entry of `key` (its page was unmapped); returns whether one waited.
+    pub(crate) fn drop_key(&mut self, key: MapKey) -> bool {
+        for (_, maps) in &mut self.batches {
+            if maps.remove(&key).is_some() {
+                Self::forget(&mut self.per_slot, key.0);
+                self.len -= 1;
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Drops every entry of the freed `slots`; returns how many.
+    pub(crate) fn drop_slots(&mut self, slots: &HashSet<u32>) -> usize {
+        if slots.is_empty() || self.len == 0 {
+            return 0;
+        }
+        let before = self.len;
+        for (_, maps) in &mut self.batches {
+            maps.retain(|&(slot, _), _| !slots.contains(&slot));
+        }
+        for s in slots {
+            self.per_slot.remove(s);
+        }
+        self.len = self.batches.iter().map(|(_, m)| m.len()).sum();
+        self.batches.retain(|(_, m)| !m.is_empty());
+        before - self.len
+    }
+
+    /// Takes the entries whose fill is complete (polled without waiting): `(slot, logical, page)`.
+    pub(crate) fn take_ready(&mut self) -> Vec<(u32, u32, u32)> {
+        let mut out = Vec::new();
+        let per_slot = &mut self.per_slot;
+        self.batches.retain(|(fill, maps)| {
+            if maps.is_empty() {
+                return false;
+            }
+            if !fill.is_complete() {
+                return true;
+            }
+            for (&(slot, logical), &page) in maps.iter() {
+                Self::forget(per_slot, slot);
+                out.push((slot, logical, page));
+            }
+            false
+        });
+        self.len -= out.len();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tier_core::FlagSignal;
+
+    fn maps(entries: &[(u32, u32, u32)]) -> HashMap<MapKey, u32> {
+        entries.iter().map(|&(s, l, p)| ((s, l), p)).collect()
+    }
+
+    /// A fill not yet complete maps nothing; once it completes its entries come out once.
+    #[test]
+    fn entries_wait_for_their_fill() {
+        let mut d = DeferredMaps::default();
+        let (a, b) = (FlagSignal::new(), FlagSignal::new());
+        d.push(a.clone(), maps(&[(0, 1, 10), (0, 2, 11)]));
+        d.push(b.clone(), maps(&[(1, 0, 12)]));
+        assert_eq!(d.len(), 3);
+        assert!(d.take_ready().is_empty());
+        b.complete();
+        assert_eq!(d.take_ready(), vec![(1, 0, 12)]);
+        assert!(d.has_slot(0) && !d.has_slot(1));
+        a.complete();
+        let mut r = d.take_ready();
+        r.sort();
+        assert_eq!(r, vec![(0, 1, 10), (0, 2, 11)]);
+        assert_eq!(d.len(), 0);
+        assert!(!d.has_slot(0));
+        assert!(d.take_ready().is_empty(), "taken once");
+    }
+
+    /// Reclaim before mapping: the entry is dropped and never mapped, even after the fill; a
+    /// later lend of the same key (after the unmap) waits for its own fill.
+    #[test]
+    fn reclaim_before_mapping_drops_the_entry() {
+        let mut d = DeferredMaps::default();
+        let first = FlagSignal::new();
+        d.push(first.clone(), maps(&[(3, 5, 20), (3, 6, 21)]));
+        assert!(d.drop_key((3, 5)));
+        assert!(!d.drop_key((3, 5)), "dropped once");
+        let second = FlagSignal::new();
+        d.push(second.clone(), maps(&[(3, 5, 40)]));
+        first.complete();
+        assert_eq!(
+            d.take_ready(),
+            vec![(3, 6, 21)],
+            "the old page is never mapped"
+        );
+        assert!(d.has_slot(3));
+        second.complete();
+        assert_eq!(d.take_ready(), vec![(3, 5, 40)]);
+        assert!(!d.has_slot(3));
+    }
+
+    /// Finish before mapping: every entry of the freed slot goes; other slots keep theirs.
+    #[test]
+    fn finished_slot_drops_its_entries() {
+        let mut d = DeferredMaps::default();
+        let f = FlagSignal::new();
+        d.push(f.clone(), maps(&[(2, 0, 1), (2, 1, 2), (4, 0, 3)]));
+        let freed: HashSet<u32> = [2].into_iter().collect();
+        assert_eq!(d.drop_slots(&freed), 2);
+        assert_eq!(d.len(), 1);
+        assert!(!d.has_slot(2) && d.has_slot(4));
+        f.complete();
+        assert_eq!(d.take_ready(), vec![(4, 0, 3)]);
+    }
+}
