@@ -1357,7 +1357,6 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int sh_rows[KV_FAST_MAX_ROWS + 1];
     __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS];
     __shared__ unsigned long long sh_call;
-    __shared__ bool sh_last_ticket;  // thread 0's own: this block took the call's last ticket
     const unsigned int r = blockIdx.x, tid = threadIdx.x;
     if (tid < KV_STATS) sh_count[tid] = 0u;
     if (tid <= KV_FAST_MAX_ROWS) sh_rows[tid] = 0u;
@@ -1444,8 +1443,6 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         dup_any = __syncthreads_or(dup);
     }
     const unsigned long long call = sh_call;
-    // (The ticket has arrived by now: it was taken two round trips before the barrier.)
-    if (tid == 0) sh_last_ticket = ticket == gridDim.x - 1u;
     if (qsl_bad) {
         kv_refuse_call(t, sessions, rows, k, indices, valid_count, plan_count, stats);
     } else if (r == sessions) {
@@ -1474,7 +1471,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     if (r == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
     // The last block to take a ticket advances the call counter (every block read it before its
     // ticket); the kernel's end publishes the writes to the next launch (no fence needed here).
-    if (tid == 0 && sh_last_ticket) {
+    // The ticket stays in thread 0's register (other threads hold 0): a shared flag here was read
+    // speculatively by every thread (a benign race, but racecheck reports it).
+    if (tid == 0 && ticket == gridDim.x - 1u) {
         t.call[0] = call;
         t.call[1] = 0ull;
     }
