@@ -21,7 +21,7 @@
 #define KV_ERR_BAD_POSITION 1  // pick < -1 or >= its row's bound (written as -1)
 #define KV_ERR_OVERFLOW 2      // distinct misses without an evictable hot row (written as -1; served as far as rows last)
 #define KV_ERR_BAD_QSL 3       // query_start_loc malformed (every row written as -1)
-#define KV_ERR_STALE_PLAN 4    // replay check: destination row no longer holds the position
+#define KV_ERR_STALE_PLAN 4    // replay check: destination row no longer holds the position; fetch: plan entry out of range (skipped)
 
 struct KvDims {
     unsigned int row_bytes, layers, page_rows, hot_rows;
@@ -275,13 +275,21 @@ __device__ unsigned int kv_place_warp(const KvDims& d, const KvTables& t, unsign
     return taken;
 }
 
-// Gathers plan rows from mapped host memory into layers [l0, l0 + nl): one warp per row.
+// Gathers plan rows from mapped host memory into layers [l0, l0 + nl): one warp per row. A plan
+// may be caller-written (replay of a user tensor): an entry whose slot, position or destination row
+// is out of range, or whose layer range exceeds the arena, is skipped and counted once as a stale
+// plan entry, so no plan can read or write outside the host store / arena.
 __device__ void kv_fetch(const KvDims& d, const KvTables& t, const KvCopy* plan, unsigned int n, unsigned int l0,
                          unsigned int nl) {
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (unsigned int w = warp; w < n * nl; w += nw) {
-        const unsigned int i = w % n, l = l0 + w / n;
+    const unsigned long long total = (unsigned long long)n * nl;
+    for (unsigned long long w = warp; w < total; w += nw) {
+        const unsigned int i = (unsigned int)(w % n), l = l0 + (unsigned int)(w / n);
         const KvCopy c = plan[i];
+        if (c.slot >= d.max_slots || c.position >= d.max_history || c.dst_row >= d.arena_rows || l >= d.layers) {
+            if (lane == 0 && w < n) atomicAdd(&t.err[KV_ERR_STALE_PLAN], 1u);
+            continue;
+        }
         kv_warp_copy(t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes,
                      t.host + kv_host_off(d, c.slot, c.position, l), d.row_bytes, lane);
     }

@@ -19,6 +19,7 @@
 //! (`Gpu::with_step_stream`): flips and publishes are ordered with the engine's kernels on it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use cuda_kernels::{
@@ -304,7 +305,29 @@ impl PyGpuExpertBank {
 /// Host calls publish asynchronously on that stream; `resolve` launches the fused resolve on any
 /// stream (the current one) into caller-owned outputs.
 #[pyclass(name = "GpuKvPool", module = "tierkit.torch", frozen)]
-pub(crate) struct PyGpuKvPool(GpuSlot<GpuElasticPool>);
+pub(crate) struct PyGpuKvPool(GpuSlot<GpuElasticPool>, LastResolve);
+
+/// The session count of the last resolve launched through this pool (0 = none yet): a replay of
+/// more sessions would copy plan rows that resolve did not write (stale ones), so it is refused.
+#[derive(Default)]
+struct LastResolve(AtomicU32);
+
+impl LastResolve {
+    fn set(&self, sessions: u32) {
+        self.0.store(sessions, Ordering::Release);
+    }
+    /// `Ok` when a replay of `sessions` reads only rows the last resolve wrote.
+    fn check_replay(&self, sessions: u32) -> PyResult<()> {
+        let last = self.0.load(Ordering::Acquire);
+        if sessions == 0 || sessions > last {
+            return Err(PyValueError::new_err(format!(
+                "replay: sessions {sessions} outside 1..={last} (the last resolve's sessions; \
+                 0 = no resolve yet)"
+            )));
+        }
+        Ok(())
+    }
+}
 
 impl PyGpuKvPool {
     fn with<R>(&self, f: impl FnOnce(&mut GpuElasticPool) -> PyResult<R>) -> PyResult<R> {
@@ -342,7 +365,10 @@ impl PyGpuKvPool {
             )
             .map_err(kv_err)?;
             p.set_settle_readers(settle_readers);
-            Ok(PyGpuKvPool(GpuSlot::new("GpuKvPool", p, gpu)))
+            Ok(PyGpuKvPool(
+                GpuSlot::new("GpuKvPool", p, gpu),
+                LastResolve::default(),
+            ))
         })
     }
     /// `{layers, arena_rows, row_bytes, hot_rows, max_sessions, max_history, kv_stats,
@@ -497,7 +523,9 @@ impl PyGpuKvPool {
                 p.device()
                     .resolve_async_with(&s, &a, &o, CopyBackend::Gather)
             }
-            .map_err(cuda_err)
+            .map_err(cuda_err)?;
+            self.1.set(sessions);
+            Ok(())
         })
     }
     /// Copies the last resolve's plan (`plan [sessions][hot_rows]`, `plan_count [sessions]`, the
@@ -517,12 +545,7 @@ impl PyGpuKvPool {
         let gpu = self.0.gpu.clone();
         self.with(|p| {
             let dims = *p.device().dims();
-            if sessions == 0 || sessions > dims.max_slots {
-                return Err(PyValueError::new_err(format!(
-                    "replay: sessions {sessions} outside 1..={}",
-                    dims.max_slots
-                )));
-            }
+            self.1.check_replay(sessions)?;
             // SAFETY: the caller's live stream of this device.
             let s = unsafe { gpu.borrow_stream(stream) }.map_err(cuda_err)?;
             // SAFETY: `plan` / `plan_count` are the pool's own output tensors of a resolve
@@ -561,4 +584,25 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGpuExpertBank>()?;
     m.add_class::<PyGpuKvPool>()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LastResolve;
+
+    #[test]
+    fn replay_is_bounded_by_the_last_resolve() {
+        let last = LastResolve::default();
+        assert!(last.check_replay(1).is_err(), "no resolve yet");
+        last.set(3);
+        assert!(last.check_replay(0).is_err());
+        assert!(last.check_replay(1).is_ok());
+        assert!(last.check_replay(3).is_ok());
+        assert!(
+            last.check_replay(4).is_err(),
+            "stale plan rows beyond the last resolve"
+        );
+        last.set(2);
+        assert!(last.check_replay(3).is_err());
+    }
 }

@@ -218,6 +218,18 @@ def kv_geometry():
     return kv.Geometry.for_hbm_budget(96 << 10, ROW, KV_LAYERS, 16, 32, 16)
 
 
+def small_kv_pool():
+    """A two-session pool with session 1 admitted (40 tokens) and one step's resolve arguments
+    for it: ``topk [1, K]`` (zeros), ``query_start_loc``, ``seq_lens``, ``session_slot``,
+    ``indices [K]``, ``valid_count [1]``."""
+    pool = tt.KvPool(kv_geometry(), max_sessions=2, max_history=256)
+    pool.admit(1, np.concatenate([token(1, t) for t in range(40)]))
+    i32 = dict(dtype=torch.int32, device="cuda")
+    topk, qsl = torch.zeros((1, K), **i32), torch.tensor([0, 1], **i32)
+    seq, slot = torch.tensor([40], **i32), torch.tensor([pool.slot_of(1)], **i32)
+    return pool, (topk, qsl, seq, slot, torch.zeros(K, **i32), torch.zeros(1, **i32))
+
+
 @needs_gpu
 def test_kv_resolve_is_bit_exact_against_the_cpu_pool_in_a_graph():
     g = kv_geometry()
@@ -332,12 +344,8 @@ def test_bad_input_is_an_exception():
     with pytest.raises(tierkit.ClosedError):
         dc.record(0, ids)
 
-    pool = tt.KvPool(kv_geometry(), max_sessions=2, max_history=256)
-    pool.admit(1, np.concatenate([token(1, t) for t in range(40)]))
+    pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
     i32 = dict(dtype=torch.int32, device="cuda")
-    topk, qsl = torch.zeros((1, K), **i32), torch.tensor([0, 1], **i32)
-    seq, slot = torch.tensor([40], **i32), torch.tensor([pool.slot_of(1)], **i32)
-    out, valid = torch.zeros(K, **i32), torch.zeros(1, **i32)
     pool.resolve(topk, qsl, seq, slot, out, valid)
     torch.cuda.synchronize()
     with pytest.raises(TypeError):
@@ -359,6 +367,51 @@ def test_bad_input_is_an_exception():
     pool.close()
 
 
+@needs_gpu
+def test_kv_plan_outputs_and_replays_are_checked():
+    """The resolve's plan / plan_count / stats outputs are checked like its other arguments, a
+    replay names the pool's own plan by address (an aliasing view passes), covers at most the
+    last resolve's sessions, and a hand-written plan entry outside the arena is skipped by the
+    kernel and counted as stale_plan instead of written."""
+    pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
+    i32 = dict(dtype=torch.int32, device="cuda")
+    resolve = torch.ops.tierkit.kv_resolve
+    args = lambda plan, count, stats: (pool._id, topk, qsl, seq, slot, out, valid, plan, count,
+                                       stats, 0, False, None)
+    with pytest.raises(TypeError, match="plan has dtype"):
+        resolve(*args(pool.plan.long(), pool.plan_count, pool.stats))
+    with pytest.raises(ValueError, match="plan has"):
+        resolve(*args(pool.plan[:1], pool.plan_count, pool.stats))
+    with pytest.raises(ValueError, match="CUDA"):
+        resolve(*args(pool.plan, pool.plan_count.cpu(), pool.stats))
+    with pytest.raises(ValueError, match="plan_count has"):
+        resolve(*args(pool.plan, pool.plan_count[:0], pool.stats))
+    with pytest.raises(ValueError, match="contiguous"):
+        resolve(*args(pool.plan, pool.plan_count, pool.stats.t()))
+    with pytest.raises(ValueError, match="stats has"):
+        resolve(*args(pool.plan, pool.plan_count, pool.stats[0, :1]))
+    with pytest.raises(ValueError, match="replay"):  # no resolve yet
+        pool.replay(1, 1, 1)
+    pool.resolve(topk, qsl, seq, slot, out, valid)
+    with pytest.raises(ValueError, match="last resolve"):
+        pool.replay(2, 1, 1)
+    with pytest.raises(ValueError, match="pool's own"):
+        torch.ops.tierkit.kv_replay(pool._id, pool.plan.clone(), pool.plan_count, 1, 1, 1)
+    # an alias of the pool's own plan (as functionalization passes it) is accepted
+    torch.ops.tierkit.kv_replay(pool._id, pool.plan.view(-1), pool.plan_count[:], 1, 1, 1)
+    torch.cuda.synchronize()
+    assert pool.errors(clear=True)["stale_plan"] == 0
+    before = [p.clone() for p in pool.planes]
+    pool.plan[0, 0] = torch.tensor([7, 0, 1 << 30, 0], **i32)  # slot, position, dst_row: all out
+    pool.plan[0, 1] = torch.tensor([0, 1 << 30, 0, 0], **i32)  # position out of range
+    pool.plan_count[0] = 2
+    pool.replay(1, 1, 1)
+    torch.cuda.synchronize()
+    assert pool.errors()["stale_plan"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, pool.planes))
+    pool.close()
+
+
 def test_torch_module_loads_with_fake_impls():
     """No GPU needed: the ops are registered, and a bad argument is refused before any launch."""
     assert hasattr(torch.ops.tierkit, "count_topk")
@@ -368,3 +421,19 @@ def test_torch_module_loads_with_fake_impls():
         torch.ops.tierkit.count_topk(ids, ids, ids, ids, 0)
     with pytest.raises(ValueError, match="CUDA device"):
         tt.DeviceCounters(experts.Geometry(1, 2, 1), device="cpu")
+
+
+def test_a_step_stream_of_another_device_is_refused():
+    """No GPU needed: the step stream's device must be the object's."""
+    from types import SimpleNamespace
+
+    from tierkit._gpu.checks import _step_stream
+
+    dev = torch.device("cuda", 0)
+    other = SimpleNamespace(device=torch.device("cuda", 1))
+    with pytest.raises(ValueError, match="stream is on cuda:1"):
+        _step_stream(other, dev)
+    same = SimpleNamespace(device=torch.device("cuda", 0))
+    assert _step_stream(same, dev) is same
+    with pytest.raises(ValueError, match="stream is on cpu"):
+        _step_stream(SimpleNamespace(device=torch.device("cpu")), dev)

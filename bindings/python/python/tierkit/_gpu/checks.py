@@ -45,6 +45,17 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
+def _step_stream(stream, dev: torch.device):
+    """The object's step stream: ``stream`` or the current stream of ``dev``; a stream of another
+    device is a ValueError (its work would be ordered on the wrong device)."""
+    if stream is None:
+        return torch.cuda.current_stream(dev)
+    sdev = torch.device(stream.device)
+    if sdev.type != "cuda" or (sdev.index if sdev.index is not None else dev.index) != dev.index:
+        raise ValueError(f"stream is on {sdev}, the object on {dev}: pass a stream of {dev}")
+    return stream
+
+
 def _no_capture(what: str) -> None:
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(

@@ -9,7 +9,7 @@ import torch
 
 from tierkit import _native
 from tierkit._gpu import ops as _ops
-from tierkit._gpu.checks import _cuda, _device, _no_capture, _tensor
+from tierkit._gpu.checks import _cuda, _device, _no_capture, _step_stream, _tensor
 from tierkit._gpu.memory import _LIVE, _PINNED, _PINNED_LOCK, _Closable, _view
 
 Tensor = torch.Tensor
@@ -106,7 +106,7 @@ class ExpertBank(_Closable):
     def __init__(self, map, device=None, stream=None, threads: int = 4):
         dev = _device(device)
         self.device = dev
-        self._stream = stream if stream is not None else torch.cuda.current_stream(dev)
+        self._stream = _step_stream(stream, dev)
         self._native = _native.GpuExpertBank(map, dev.index, self._stream.cuda_stream, threads)
         lay = self._native.layout()
         self.layout = lay
@@ -183,7 +183,7 @@ class KvPool(_Closable):
     ):
         dev = _device(device)
         self.device = dev
-        self._stream = stream if stream is not None else torch.cuda.current_stream(dev)
+        self._stream = _step_stream(stream, dev)
         self._native = _native.GpuKvPool(
             geometry,
             dev.index,

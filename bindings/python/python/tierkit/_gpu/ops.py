@@ -91,6 +91,18 @@ def _expert_slot_ids_fake(table, out, hbm, slot_bytes, slots_per_layer):
     return None
 
 
+def _plan_outputs(p, plan: Tensor, plan_count: Tensor, sessions: int) -> None:
+    """Checks a resolve's / replay's plan outputs: int32, contiguous, on the pool's device, ``plan``
+    at least ``max_sessions x max(hot_rows, 1) x 4`` elements (the kernel's 16-byte copies at a
+    ``hot_rows`` row stride), ``plan_count`` at least ``sessions``."""
+    dev = p.device
+    need = p.max_sessions * max(p.layout["hot_rows"], 1) * 4
+    _contiguous(_cuda(plan, "plan", _I32, None, dev), "plan", need)
+    if plan.data_ptr() % 16 != 0:
+        raise ValueError("plan is not 16-byte aligned (its entries are 4 x int32 copies)")
+    _contiguous(_cuda(plan_count, "plan_count", _I32, None, dev), "plan_count", sessions)
+
+
 # KvPool objects by id (custom ops take tensors and scalars, so the pool is named by an id)
 _POOLS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _POOL_IDS = itertools.count(1)
@@ -146,6 +158,13 @@ def kv_resolve(
         q = query_seq_lens.data_ptr()
     if not 0 <= layer < p.layers:
         raise ValueError(f"layer {layer} out of range ({p.layers} layers)")
+    _plan_outputs(p, plan, plan_count, sessions)
+    st = _contiguous(_cuda(stats, "stats", _I32, None, dev), "stats")
+    if st.numel() < sessions * p.layout["kv_stats"]:
+        raise ValueError(
+            f"stats has {st.numel()} elements, {sessions} sessions need "
+            f"{sessions * p.layout['kv_stats']} (sessions x kv_stats)"
+        )
     p._native.resolve(
         _stream(dev),
         tk.data_ptr(),
@@ -186,8 +205,14 @@ def kv_replay(
     if p is None:
         raise _native.ClosedError(f"KvPool {pool} is closed or unknown")
     p._check_open()
-    if plan is not p.plan or plan_count is not p.plan_count:
-        raise ValueError("plan / plan_count must be the pool's own (KvPool.plan, .plan_count)")
+    # by address and shape, not identity: torch.compile's functionalization passes other
+    # tensor objects that alias the pool's own
+    for name, t, own in (("plan", plan, p.plan), ("plan_count", plan_count, p.plan_count)):
+        _cuda(t, name, _I32, None, p.device)
+        if t.data_ptr() != own.data_ptr() or t.numel() != own.numel() or not t.is_contiguous():
+            raise ValueError(f"{name} must be the pool's own (KvPool.{name})")
+    if not 1 <= sessions <= p.max_sessions:
+        raise ValueError(f"sessions {sessions} outside 1..={p.max_sessions}")
     if not (0 <= layer0 and layers >= 1 and layer0 + layers <= p.layers):
         raise ValueError(f"layers {layer0}..{layer0 + layers} outside 0..{p.layers}")
     p._native.replay(
