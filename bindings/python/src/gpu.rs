@@ -80,8 +80,9 @@ fn warmup(device_index: usize) -> PyResult<()> {
 /// Counts one layer's `topk_ids` (`[tokens, k]`, `dtype` "int32"/"int64", `row_stride`
 /// elements between rows) at device address `ids` into layer `layer` of the caller's `uint32
 /// [layers, experts]` table `counts`, out-of-range ids into `rejected` (one uint32), under the
-/// control block `control` (`uint32 [4]`: enabled, valid tokens; 0 = count all), launched on
-/// `stream`.
+/// control block `control` (`uint32 [4]`, read when the kernel runs: word 0 = enabled, 0 counts
+/// nothing; word 1 = valid token rows, rows at or above it skipped, `u32::MAX` counts all; words
+/// 2-3 reserved; address 0 = no block, count all), launched on `stream`.
 #[pyfunction]
 #[pyo3(signature = (device_index, stream, ids, dtype, tokens, k, row_stride, layer, counts, layers, experts, rejected, control))]
 #[allow(clippy::too_many_arguments)]
@@ -302,8 +303,10 @@ impl PyGpuExpertBank {
 }
 
 /// The GPU KV pool (`kv_elastic::GpuElasticPool`) with the caller's stream as its step stream.
-/// Host calls publish asynchronously on that stream; `resolve` launches the fused resolve on any
-/// stream (the current one) into caller-owned outputs.
+/// Host calls publish asynchronously on that stream; `resolve` / `replay` launch on the caller's
+/// stream into caller-owned outputs, and that stream must be the step stream or one a graph
+/// captured on it is replayed on (nothing else orders the launch after the host calls' publishes
+/// and before the next ones).
 #[pyclass(name = "GpuKvPool", module = "tierkit.torch", frozen)]
 pub(crate) struct PyGpuKvPool(GpuSlot<GpuElasticPool>, LastResolve);
 
