@@ -182,7 +182,8 @@ mod imp {
     use super::{TIERKIT_IDS_INT32, TIERKIT_IDS_INT64};
     use crate::ffi::{fail, Fail, R};
     use cuda_kernels::{
-        check_strided, CountTarget, CudaError, DeviceOps, IdsDtype, SlotLayout, StridedIds,
+        check_strided, ContextGuard, CountTarget, CudaError, DeviceOps, IdsDtype, SlotLayout,
+        StridedIds,
     };
     use tierkit_bindings::Code;
 
@@ -232,6 +233,8 @@ mod imp {
             experts: a.experts,
         };
         check_strided(&view, a.layer, &target).map_err(classify)?;
+        // the caller's current context is current again when this returns
+        let _restore = ContextGuard::save().map_err(classify)?;
         let ops = DeviceOps::get(a.device as usize).map_err(classify)?;
         // SAFETY: the caller's live stream of this device (entry point contract).
         let s = unsafe { ops.stream(a.stream) }.map_err(classify)?;
@@ -242,6 +245,7 @@ mod imp {
     pub(crate) fn slot_ids(a: &SlotArgs) -> R<()> {
         nonnull(a.table, "table")?;
         nonnull(a.out, "out")?;
+        let _restore = ContextGuard::save().map_err(classify)?;
         let ops = DeviceOps::get(a.device as usize).map_err(classify)?;
         // SAFETY: the caller's live stream of this device (entry point contract).
         let s = unsafe { ops.stream(a.stream) }.map_err(classify)?;

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use cuda_kernels::{
-    CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs, KvResolveOptions, SlotLayout,
-    StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
+    ContextGuard, CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs,
+    KvResolveOptions, SlotLayout, StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use expert_residency::gpu::{CommitMode, GpuExecutor};
 use kv_elastic::gpu::{CopyBackend, GpuElasticPool, GpuPoolConfig};
@@ -70,11 +70,34 @@ fn has_cuda_ops() -> bool {
     true
 }
 
+/// [`guard`] for a GPU entry point: the calling thread's current CUDA context (PyTorch's, maybe of
+/// another device) is saved first and made current again when the call returns, whatever it
+/// bound meanwhile.
+fn gpu_guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    guard(|| {
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
+        f()
+    })
+}
+
+/// Whether stream `stream` (a live stream of device `device_index`; 0 = the legacy default stream,
+/// never capturing) is part of a CUDA graph capture: `tierkit.torch` checks an object's step
+/// stream with it before a host call.
+#[pyfunction]
+fn stream_is_capturing(device_index: usize, stream: u64) -> PyResult<bool> {
+    gpu_guard(|| {
+        let ops = device(device_index)?;
+        // SAFETY: the caller's live stream of this device (tierkit.torch passes the object's
+        // step stream, which it keeps alive).
+        unsafe { ops.gpu().capturing(stream) }.map_err(cuda_err)
+    })
+}
+
 /// Loads the kernels of device `device` (NVRTC compile at first use): call once before a CUDA
 /// graph capture so no module loads inside it.
 #[pyfunction]
 fn warmup(device_index: usize) -> PyResult<()> {
-    guard(|| device(device_index).map(|_| ()))
+    gpu_guard(|| device(device_index).map(|_| ()))
 }
 
 /// Counts one layer's `topk_ids` (`[tokens, k]`, `dtype` "int32"/"int64", `row_stride`
@@ -102,7 +125,7 @@ fn count_topk(
     control: u64,
 ) -> PyResult<()> {
     let dtype = ids_dtype(dtype)?;
-    guard(|| {
+    gpu_guard(|| {
         let d = device(device_index)?;
         let view = StridedIds {
             ptr: ids,
@@ -144,7 +167,7 @@ fn expert_slot_ids(
     slot_bytes: u64,
     slots_per_layer: u32,
 ) -> PyResult<()> {
-    guard(|| {
+    gpu_guard(|| {
         let d = device(device_index)?;
         // SAFETY: the caller's live stream of this device.
         let s = unsafe { d.stream(stream) }.map_err(cuda_err)?;
@@ -163,17 +186,62 @@ fn expert_slot_ids(
 pub(crate) struct GpuSlot<T> {
     slot: Slot<T>,
     gpu: Arc<Gpu>,
+    ordinal: usize,
+}
+
+/// torch's current stream of device `ordinal` (`torch.cuda.current_stream(ordinal).cuda_stream`),
+/// or 0 when torch is not imported (then nothing captures through it).
+fn torch_current_stream(py: Python<'_>, ordinal: usize) -> PyResult<u64> {
+    let modules = py.import("sys")?.getattr("modules")?;
+    let Ok(torch) = modules.get_item("torch") else {
+        return Ok(0);
+    };
+    torch
+        .getattr("cuda")?
+        .call_method1("current_stream", (ordinal,))?
+        .getattr("cuda_stream")?
+        .extract()
 }
 
 impl<T> GpuSlot<T> {
-    fn new(name: &'static str, value: T, gpu: Arc<Gpu>) -> Self {
+    fn new(name: &'static str, value: T, gpu: Arc<Gpu>, ordinal: usize) -> Self {
         GpuSlot {
             slot: Slot::new(name, value),
             gpu,
+            ordinal,
         }
     }
-    /// Runs `f` on the object with the device's context bound to this thread.
+    /// Refuses a host call (`what`) while the object's step stream or torch's current stream of
+    /// its device is capturing a CUDA graph: checked here, so it holds whichever way the call
+    /// comes (a `tierkit.torch` method, `Controller.step`, the native object).
+    pub(crate) fn refuse_capture(&self, py: Python<'_>, what: &str) -> PyResult<()> {
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
+        let current = torch_current_stream(py, self.ordinal)?;
+        // SAFETY: torch's current stream of this device is a live stream of its primary context
+        // (the context this Gpu holds), alive for the duration of the call.
+        if unsafe { self.gpu.capturing(current) }.map_err(cuda_err)? {
+            return Err(PyRuntimeError::new_err(format!(
+                "{what} synchronises or changes tier state on the host and cannot run while the \
+                 step stream or the current stream is capturing a CUDA graph; call it between \
+                 replays"
+            )));
+        }
+        Ok(())
+    }
+    /// [`GpuSlot::with`] for a host call: refused during a capture ([`GpuSlot::refuse_capture`]).
+    pub(crate) fn host<R>(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        f: impl FnOnce(&mut T) -> PyResult<R>,
+    ) -> PyResult<R> {
+        self.refuse_capture(py, what)?;
+        self.with(f)
+    }
+    /// Runs `f` on the object with the device's context bound to this thread (the thread's
+    /// previous context is current again when it returns).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> PyResult<R>) -> PyResult<R> {
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
         self.gpu
             .ctx()
             .bind_to_thread()
@@ -181,8 +249,19 @@ impl<T> GpuSlot<T> {
         self.slot.with(f)
     }
     /// Waits for the device (kernels queued may still read the object's memory), then drops it.
-    fn close(&self) -> PyResult<()> {
-        let _ = self.gpu.synchronize();
+    /// A failed synchronize is raised and the object stays open: its memory is not freed while
+    /// queued kernels may still use it.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.slot.is_closed() {
+            return self.slot.close();
+        }
+        self.refuse_capture(py, "close")?;
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
+        self.gpu
+            .ctx()
+            .bind_to_thread()
+            .map_err(|e| cuda_err(CudaError::driver("cuCtxSetCurrent", e)))?;
+        self.gpu.synchronize().map_err(cuda_err)?;
         self.slot.close()
     }
     fn is_closed(&self) -> bool {
@@ -199,6 +278,10 @@ impl<T> GpuSlot<T> {
 pub(crate) struct PyGpuExpertBank(GpuSlot<GpuExecutor>);
 
 impl PyGpuExpertBank {
+    /// Refuses `Controller.step` during a capture ([`GpuSlot::refuse_capture`]).
+    pub(crate) fn refuse_capture(&self, py: Python<'_>, what: &str) -> PyResult<()> {
+        self.0.refuse_capture(py, what)
+    }
     /// Runs `f` on the executor with the context bound (for `Controller.step`).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut GpuExecutor) -> PyResult<R>) -> PyResult<R> {
         self.0.with(f)
@@ -217,7 +300,7 @@ impl PyGpuExpertBank {
         stream: u64,
         threads: usize,
     ) -> PyResult<Self> {
-        guard(|| {
+        gpu_guard(|| {
             // SAFETY: `stream` is the caller's live stream of this device, kept alive as long as
             // the bank (tierkit.torch holds the torch.cuda.Stream object).
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
@@ -229,7 +312,12 @@ impl PyGpuExpertBank {
                 |_, _, b| b.fill(0),
             )
             .map_err(expert_err)?;
-            Ok(PyGpuExpertBank(GpuSlot::new("GpuExpertBank", ex, gpu)))
+            Ok(PyGpuExpertBank(GpuSlot::new(
+                "GpuExpertBank",
+                ex,
+                gpu,
+                device_index,
+            )))
         })
     }
     /// `{layers, experts, hot_per_layer, slots_per_layer, expert_bytes, table_ptr, host_ptr,
@@ -258,8 +346,10 @@ impl PyGpuExpertBank {
     /// Loads `map` synchronously (copies its hot experts from the host store into HBM and
     /// rewrites the table): after writing host experts, or to switch maps. Refused while swaps
     /// are in flight.
-    fn reload(&self, map: &PyResidencyMap) -> PyResult<()> {
-        self.with(|e| e.load_map(&map.0).map_err(expert_err))
+    fn reload(&self, py: Python<'_>, map: &PyResidencyMap) -> PyResult<()> {
+        self.0.host(py, "GpuExpertBank.reload", |e| {
+            e.load_map(&map.0).map_err(expert_err)
+        })
     }
     /// "deferred" (default: copies still running at a boundary stay in flight) or "wait".
     fn set_commit_mode(&self, mode: &str) -> PyResult<()> {
@@ -293,8 +383,8 @@ impl PyGpuExpertBank {
     }
     /// Releases the bank (HBM, pinned memory) after the device is idle; views of its memory must
     /// not be used after.
-    fn close(&self) -> PyResult<()> {
-        self.0.close()
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.close(py)
     }
     #[getter]
     fn closed(&self) -> bool {
@@ -353,7 +443,7 @@ impl PyGpuKvPool {
         elastic: bool,
         settle_readers: bool,
     ) -> PyResult<Self> {
-        guard(|| {
+        gpu_guard(|| {
             // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
             let mut p = GpuElasticPool::new(
@@ -369,7 +459,7 @@ impl PyGpuKvPool {
             .map_err(kv_err)?;
             p.set_settle_readers(settle_readers);
             Ok(PyGpuKvPool(
-                GpuSlot::new("GpuKvPool", p, gpu),
+                GpuSlot::new("GpuKvPool", p, gpu, device_index),
                 LastResolve::default(),
             ))
         })
@@ -405,26 +495,35 @@ impl PyGpuKvPool {
         history: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let h = bytes(history, "history")?;
-        let a = self.with(|p| p.admit(session, &h).map_err(kv_err))?;
+        let a = self.0.host(py, "GpuKvPool.admit", |p| {
+            p.admit(session, &h).map_err(kv_err)
+        })?;
         admission(py, a)
     }
     /// Appends committed tokens (whole tokens); returns the new length.
-    fn append(&self, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
+    fn append(&self, py: Python<'_>, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
         let t = bytes(tokens, "tokens")?;
-        self.with(|p| p.append(session, &t).map_err(kv_err))
+        self.0.host(py, "GpuKvPool.append", |p| {
+            p.append(session, &t).map_err(kv_err)
+        })
     }
     /// Finishes a session.
-    fn finish(&self, session: u64) -> PyResult<()> {
-        self.with(|p| p.finish(session).map_err(kv_err))
+    fn finish(&self, py: Python<'_>, session: u64) -> PyResult<()> {
+        self.0.host(py, "GpuKvPool.finish", |p| {
+            p.finish(session).map_err(kv_err)
+        })
     }
     /// Takes back up to `n` lent pages; returns how many.
-    fn reclaim(&self, n: u32) -> PyResult<u32> {
-        self.with(|p| p.reclaim(n).map_err(kv_err))
+    fn reclaim(&self, py: Python<'_>, n: u32) -> PyResult<u32> {
+        self.0
+            .host(py, "GpuKvPool.reclaim", |p| p.reclaim(n).map_err(kv_err))
     }
     /// Between steps (hand-backs, collection, growth); returns the counts.
     #[pyo3(signature = (chunk = 8))]
     fn between_steps<'py>(&self, py: Python<'py>, chunk: u32) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.with(|p| p.between_steps(chunk).map_err(kv_err))?;
+        let m = self.0.host(py, "GpuKvPool.between_steps", |p| {
+            p.between_steps(chunk).map_err(kv_err)
+        })?;
         let d = PyDict::new(py);
         d.set_item("handed_back", m.handed_back)?;
         d.set_item("collected", m.collected)?;
@@ -432,14 +531,16 @@ impl PyGpuKvPool {
         Ok(d)
     }
     /// The device session slot of a live session (the `session_slot` input of `resolve`).
-    fn slot_of(&self, session: u64) -> PyResult<u32> {
-        self.with(|p| p.slot_of(session).map_err(kv_err))
+    fn slot_of(&self, py: Python<'_>, session: u64) -> PyResult<u32> {
+        self.0.host(py, "GpuKvPool.slot_of", |p| {
+            p.slot_of(session).map_err(kv_err)
+        })
     }
     /// The device error words (synchronous): `{bad_session, bad_position, overflow, bad_qsl,
     /// stale_plan}`; `clear=True` zeroes them after reading.
     #[pyo3(signature = (clear = false))]
     fn errors<'py>(&self, py: Python<'py>, clear: bool) -> PyResult<Bound<'py, PyDict>> {
-        let e = self.with(|p| {
+        let e = self.0.host(py, "GpuKvPool.errors", |p| {
             let e = p.device().errors().map_err(cuda_err)?;
             if clear {
                 p.device_mut().clear_errors().map_err(cuda_err)?;
@@ -569,8 +670,8 @@ impl PyGpuKvPool {
         })
     }
     /// Releases the pool after the device is idle.
-    fn close(&self) -> PyResult<()> {
-        self.0.close()
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.close(py)
     }
     #[getter]
     fn closed(&self) -> bool {
@@ -584,6 +685,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(warmup, m)?)?;
     m.add_function(wrap_pyfunction!(count_topk, m)?)?;
     m.add_function(wrap_pyfunction!(expert_slot_ids, m)?)?;
+    m.add_function(wrap_pyfunction!(stream_is_capturing, m)?)?;
     m.add_class::<PyGpuExpertBank>()?;
     m.add_class::<PyGpuKvPool>()?;
     Ok(())

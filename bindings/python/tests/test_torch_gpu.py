@@ -200,6 +200,19 @@ def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
     assert ctl.stats["applied"] > 0
     assert set(ctl.map.hot_experts(0)) == {8, 9, 10, 11}
     check(ctl.map)
+    # during a capture the controller refuses a GPU bank however it is called (checked in Rust),
+    # and so do reload and close
+    tt.warmup()
+    for call in (lambda: ctl.step(pc, bank), lambda: ctl.step(pc, bank._native),
+                 lambda: bank._native.reload(ctl.map), bank._native.close, bank.close):
+        with pytest.raises(RuntimeError, match="capturing"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                try:
+                    call()
+                finally:
+                    dc.record(0, ids)  # something captured so the capture ends cleanly
+    assert not bank.closed
+    check(ctl.map)
     bank.close()
     with pytest.raises(tierkit.ClosedError):
         bank.reload(boot)
@@ -309,6 +322,17 @@ def test_kv_resolve_is_bit_exact_against_the_cpu_pool_in_a_graph():
                 gpu.admit(99, token(99, 0))
             finally:
                 run_eager_once()
+    # the native object refuses on its own (checked in Rust on the step stream and torch's
+    # current stream), and so does close(); the pool stays usable after
+    for call in (lambda: gpu._native.admit(99, token(99, 0)), lambda: gpu._native.reclaim(1),
+                 lambda: gpu._native.errors(False), gpu._native.close, gpu.close):
+        with pytest.raises(RuntimeError, match="capturing"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                try:
+                    call()
+                finally:
+                    run_eager_once()
+    assert not gpu.closed and gpu.slot_of(sessions[0]) >= 0
     gpu.close()
     with pytest.raises(tierkit.ClosedError):
         gpu.resolve(topk, qsl, seq, slot, indices, valid)

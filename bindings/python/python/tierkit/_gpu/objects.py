@@ -68,7 +68,7 @@ class DeviceCounters(_Closable):
     def drain(self) -> np.ndarray:
         """The counts since the last drain, ``uint32 [layers, experts]`` (synchronous)."""
         self._check_open()
-        _no_capture("DeviceCounters.drain")
+        _no_capture("DeviceCounters.drain", self.device)
         snap = self.counts.cpu().numpy().view(np.uint32).copy()
         delta = snap - self._last  # uint32 arithmetic wraps like the device counters
         self._last = snap
@@ -83,7 +83,7 @@ class DeviceCounters(_Closable):
     def rejected_total(self) -> int:
         """Rejected picks so far (synchronous)."""
         self._check_open()
-        _no_capture("DeviceCounters.rejected_total")
+        _no_capture("DeviceCounters.rejected_total", self.device)
         return int(self.rejected.cpu().numpy().view(np.uint32)[0])
 
     def close(self) -> None:
@@ -132,7 +132,7 @@ class ExpertBank(_Closable):
 
     def reload(self, map) -> None:
         """Loads ``map`` synchronously (after writing ``host``, or to switch maps)."""
-        _no_capture("ExpertBank.reload")
+        _no_capture("ExpertBank.reload", self.device, self._stream)
         # writes into `host` (torch copies, possibly still in flight) land before the load reads
         torch.cuda.synchronize(self.device)
         self._native.reload(map)
@@ -149,15 +149,16 @@ class ExpertBank(_Closable):
 
     def step(self, controller, counters) -> dict:
         """``controller.step(counters, self)``, refused during a capture."""
-        _no_capture("ExpertBank.step")
+        _no_capture("ExpertBank.step", self.device, self._stream)
         return controller.step(counters, self)
 
     def close(self) -> None:
         if not self._closed:
+            _no_capture("ExpertBank.close", self.device, self._stream)
+            self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
             with _PINNED_LOCK:
                 _PINNED.pop(id(self), None)
-            self._native.close()
 
 
 class KvPool(_Closable):
@@ -213,7 +214,7 @@ class KvPool(_Closable):
 
     def _host(self, what: str):
         self._check_open()
-        _no_capture(f"KvPool.{what}")
+        _no_capture(f"KvPool.{what}", self.device, self._stream)
         return self._native
 
     def admit(self, session: int, history) -> dict:
@@ -291,6 +292,7 @@ class KvPool(_Closable):
 
     def close(self) -> None:
         if not self._closed:
+            _no_capture("KvPool.close", self.device, self._stream)
+            self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
             _ops._POOLS.pop(self._id, None)
-            self._native.close()
