@@ -80,19 +80,6 @@ fn gpu_guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     })
 }
 
-/// Whether stream `stream` (a live stream of device `device_index`; 0 = the legacy default stream,
-/// never capturing) is part of a CUDA graph capture: `tierkit.torch` checks an object's step
-/// stream with it before a host call.
-#[pyfunction]
-fn stream_is_capturing(device_index: usize, stream: u64) -> PyResult<bool> {
-    gpu_guard(|| {
-        let ops = device(device_index)?;
-        // SAFETY: the caller's live stream of this device (tierkit.torch passes the object's
-        // step stream, which it keeps alive).
-        unsafe { ops.gpu().capturing(stream) }.map_err(cuda_err)
-    })
-}
-
 /// Loads the kernels of device `device` (NVRTC compile at first use): call once before a CUDA
 /// graph capture so no module loads inside it.
 #[pyfunction]
@@ -685,7 +672,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(warmup, m)?)?;
     m.add_function(wrap_pyfunction!(count_topk, m)?)?;
     m.add_function(wrap_pyfunction!(expert_slot_ids, m)?)?;
-    m.add_function(wrap_pyfunction!(stream_is_capturing, m)?)?;
     m.add_class::<PyGpuExpertBank>()?;
     m.add_class::<PyGpuKvPool>()?;
     Ok(())

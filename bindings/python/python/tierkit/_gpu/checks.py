@@ -56,15 +56,14 @@ def _step_stream(stream, dev: torch.device):
     return stream
 
 
-def _no_capture(what: str, device: torch.device, stream=None) -> None:
+def _no_capture(what: str, device: torch.device) -> None:
     """Refuses a host call while the current stream of the object's ``device`` (not the current
-    device's) or the object's step stream ``stream`` is capturing a CUDA graph."""
+    device's) is capturing a CUDA graph. The native objects check again in Rust, on that stream
+    and on the object's step stream, whichever way they are called."""
     if not torch.cuda.is_available():
         return
     with torch.cuda.device(device):
         capturing = torch.cuda.is_current_stream_capturing()
-        if not capturing and stream is not None:
-            capturing = _native.stream_is_capturing(device.index, stream.cuda_stream)
     if capturing:
         raise RuntimeError(
             f"{what} synchronises or changes tier state on the host and cannot run while the "

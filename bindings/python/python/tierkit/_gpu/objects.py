@@ -132,7 +132,7 @@ class ExpertBank(_Closable):
 
     def reload(self, map) -> None:
         """Loads ``map`` synchronously (after writing ``host``, or to switch maps)."""
-        _no_capture("ExpertBank.reload", self.device, self._stream)
+        _no_capture("ExpertBank.reload", self.device)
         # writes into `host` (torch copies, possibly still in flight) land before the load reads
         torch.cuda.synchronize(self.device)
         self._native.reload(map)
@@ -149,12 +149,12 @@ class ExpertBank(_Closable):
 
     def step(self, controller, counters) -> dict:
         """``controller.step(counters, self)``, refused during a capture."""
-        _no_capture("ExpertBank.step", self.device, self._stream)
+        _no_capture("ExpertBank.step", self.device)
         return controller.step(counters, self)
 
     def close(self) -> None:
         if not self._closed:
-            _no_capture("ExpertBank.close", self.device, self._stream)
+            _no_capture("ExpertBank.close", self.device)
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
             with _PINNED_LOCK:
@@ -214,7 +214,7 @@ class KvPool(_Closable):
 
     def _host(self, what: str):
         self._check_open()
-        _no_capture(f"KvPool.{what}", self.device, self._stream)
+        _no_capture(f"KvPool.{what}", self.device)
         return self._native
 
     def admit(self, session: int, history) -> dict:
@@ -292,7 +292,7 @@ class KvPool(_Closable):
 
     def close(self) -> None:
         if not self._closed:
-            _no_capture("KvPool.close", self.device, self._stream)
+            _no_capture("KvPool.close", self.device)
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
             _ops._POOLS.pop(self._id, None)
