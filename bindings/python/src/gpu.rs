@@ -452,16 +452,18 @@ impl PyGpuKvPool {
         })
     }
     /// `{layers, arena_rows, row_bytes, hot_rows, max_sessions, max_history, kv_stats,
-    /// plane_ptrs}`: the arena is `uint8 [layers][arena_rows][row_bytes]`, planes at fixed
-    /// addresses.
+    /// plane_ptrs, host_ptr, host_bytes}`: the arena is `uint8 [layers][arena_rows][row_bytes]`,
+    /// planes at fixed addresses; the host store is mapped pinned memory at `host_ptr` (one
+    /// address for host and device: unified addressing) of `host_bytes` bytes.
     fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (dims, planes) = self.with(|p| {
+        let (dims, planes, host) = self.with(|p| {
             let dev = p.device();
             let dims = *dev.dims();
             let planes = (0..dims.layers)
                 .map(|l| dev.plane_ptr(l).map_err(cuda_err))
                 .collect::<PyResult<Vec<u64>>>()?;
-            Ok((dims, planes))
+            let h = dev.host_store();
+            Ok((dims, planes, (h.as_ptr() as u64, h.len())))
         })?;
         let d = PyDict::new(py);
         d.set_item("layers", dims.layers)?;
@@ -472,6 +474,8 @@ impl PyGpuKvPool {
         d.set_item("max_history", dims.max_history)?;
         d.set_item("kv_stats", KV_STATS)?;
         d.set_item("plane_ptrs", planes)?;
+        d.set_item("host_ptr", host.0)?;
+        d.set_item("host_bytes", host.1)?;
         Ok(d)
     }
     /// Admits a session with its committed history (whole tokens): as `ElasticPool.admit`.

@@ -436,6 +436,27 @@ def test_kv_plan_outputs_and_replays_are_checked():
     pool.close()
 
 
+@needs_gpu
+def test_pinned_ranges_follow_their_objects():
+    """The KV pool's host store is tracked like the bank's; a range leaves the list at close()
+    or when its object is collected unclosed."""
+    import gc
+
+    pool, _ = small_kv_pool()
+    store = (pool.layout["host_ptr"], pool.layout["host_bytes"])
+    assert store in tt.pinned_ranges() and store[1] > 0
+    pool.close()
+    assert store not in tt.pinned_ranges()
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
+    bank = tt.ExpertBank(experts.ResidencyMap.first_k("toy", g))
+    lay = bank.layout
+    host = (lay["host_ptr"], LAYERS * EXPERTS * 256)
+    assert host in tt.pinned_ranges()
+    del bank, lay
+    gc.collect()
+    assert host not in tt.pinned_ranges()
+
+
 def test_torch_module_loads_with_fake_impls():
     """No GPU needed: the ops are registered, and a bad argument is refused before any launch."""
     assert hasattr(torch.ops.tierkit, "count_topk")

@@ -14,8 +14,23 @@ from tierkit._gpu.checks import _tensor
 
 Tensor = torch.Tensor
 
-_PINNED: dict = {}  # id -> (ptr, bytes)
+_PINNED: dict = {}  # key (a private object) -> (ptr, bytes)
 _PINNED_LOCK = threading.Lock()
+
+
+def _track_pinned(owner, ptr: int, nbytes: int) -> weakref.finalize:
+    """Registers the pinned range ``[ptr, ptr + nbytes)`` of ``owner``'s memory. The range is
+    dropped when the returned finalizer is called (``close()``) or ``owner`` is collected,
+    whichever comes first: no entry outlives its object, and no id is reused as a key."""
+    key = object()
+    with _PINNED_LOCK:
+        _PINNED[key] = (int(ptr), int(nbytes))
+    return weakref.finalize(owner, _untrack_pinned, key)
+
+
+def _untrack_pinned(key) -> None:
+    with _PINNED_LOCK:
+        _PINNED.pop(key, None)
 
 
 class _DeviceArray:

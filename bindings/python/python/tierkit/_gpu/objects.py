@@ -10,7 +10,7 @@ import torch
 from tierkit import _native
 from tierkit._gpu import ops as _ops
 from tierkit._gpu.checks import _cuda, _device, _no_capture, _step_stream, _tensor
-from tierkit._gpu.memory import _LIVE, _PINNED, _PINNED_LOCK, _Closable, _view
+from tierkit._gpu.memory import _LIVE, _Closable, _track_pinned, _view
 
 Tensor = torch.Tensor
 
@@ -114,8 +114,7 @@ class ExpertBank(_Closable):
         self.table = _view(self._native, lay["table_ptr"], (L, E), "<i8", dev)
         self.host = _view(self._native, lay["host_ptr"], (L, E, B), "|u1", dev)
         self.slots = _view(self._native, lay["hbm_ptr"], (L, S, B), "|u1", dev)
-        with _PINNED_LOCK:
-            _PINNED[id(self)] = (lay["host_ptr"], L * E * B)
+        self._pinned = _track_pinned(self, lay["host_ptr"], L * E * B)
         _LIVE.add(self)
 
     def slot_ids(self, out: Optional[Tensor] = None) -> Tensor:
@@ -157,8 +156,7 @@ class ExpertBank(_Closable):
             _no_capture("ExpertBank.close", self.device)
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
-            with _PINNED_LOCK:
-                _PINNED.pop(id(self), None)
+            self._pinned()
 
 
 class KvPool(_Closable):
@@ -205,6 +203,7 @@ class KvPool(_Closable):
         self.arena = _view(self._native, ptrs[0], (len(ptrs), rows, rb), "|u1", dev) if contiguous else None
         ms, hot = self.max_sessions, lay["hot_rows"]
         # the resolve's plan / stats outputs (KvCopy = 4 x u32), reused by every call
+        self._pinned = _track_pinned(self, lay["host_ptr"], lay["host_bytes"])
         self.plan = torch.zeros((ms, max(hot, 1), 4), dtype=torch.int32, device=dev)
         self.plan_count = torch.zeros(ms, dtype=torch.int32, device=dev)
         self.stats = torch.zeros((ms, lay["kv_stats"]), dtype=torch.int32, device=dev)
@@ -295,4 +294,5 @@ class KvPool(_Closable):
             _no_capture("KvPool.close", self.device)
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
+            self._pinned()
             _ops._POOLS.pop(self._id, None)
