@@ -19,8 +19,9 @@
 //! (`Gpu::with_step_stream`): flips and publishes are ordered with the engine's kernels on it.
 
 use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cuda_kernels::{
     ContextGuard, CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs,
@@ -170,10 +171,32 @@ fn expert_slot_ids(
 }
 
 /// A tier object on a device: its [`Slot`] and the [`Gpu`] whose context is bound before each use.
+///
+/// `close()` marks the object closed (every method then raises `ClosedError`) but frees its
+/// memory only when this Rust object is dropped, i.e. when the Python object and every view of
+/// its memory (which hold it) are gone: a live view never points at freed memory. Captured CUDA
+/// graphs hold no reference: destroy them before `close()`.
 pub(crate) struct GpuSlot<T> {
     slot: Slot<T>,
     gpu: Arc<Gpu>,
     ordinal: usize,
+    /// The value after `close()`, freed on drop.
+    retired: Mutex<Option<T>>,
+}
+
+impl<T> Drop for GpuSlot<T> {
+    /// Frees the object (open or retired) with its context bound, after the device is idle
+    /// (kernels queued before may still read its memory); errors cannot be reported here.
+    fn drop(&mut self) {
+        let _restore = ContextGuard::save();
+        if self.gpu.ctx().bind_to_thread().is_ok() {
+            let _ = self.gpu.synchronize();
+        }
+        // both taken here, so they drop while the context is bound (not after, as fields)
+        let open = self.slot.take().ok().flatten();
+        let retired = self.retired.get_mut().map(Option::take);
+        let _ = catch_unwind(AssertUnwindSafe(move || drop((open, retired))));
+    }
 }
 
 /// torch's current stream of device `ordinal` (`torch.cuda.current_stream(ordinal).cuda_stream`),
@@ -196,6 +219,7 @@ impl<T> GpuSlot<T> {
             slot: Slot::new(name, value),
             gpu,
             ordinal,
+            retired: Mutex::new(None),
         }
     }
     /// Refuses a host call (`what`) while the object's step stream or torch's current stream of
@@ -235,9 +259,9 @@ impl<T> GpuSlot<T> {
             .map_err(|e| cuda_err(CudaError::driver("cuCtxSetCurrent", e)))?;
         self.slot.with(f)
     }
-    /// Waits for the device (kernels queued may still read the object's memory), then drops it.
-    /// A failed synchronize is raised and the object stays open: its memory is not freed while
-    /// queued kernels may still use it.
+    /// Waits for the device (kernels queued may still use the object), then marks it closed;
+    /// its memory is freed when the last owner (the Python object, a view) is gone (see the
+    /// type's docs). A failed synchronize is raised and the object stays open.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         if self.slot.is_closed() {
             return self.slot.close();
@@ -249,7 +273,14 @@ impl<T> GpuSlot<T> {
             .bind_to_thread()
             .map_err(|e| cuda_err(CudaError::driver("cuCtxSetCurrent", e)))?;
         self.gpu.synchronize().map_err(cuda_err)?;
-        self.slot.close()
+        if let Some(v) = self.slot.take()? {
+            let mut retired = self
+                .retired
+                .lock()
+                .map_err(|_| PyRuntimeError::new_err("retired lock poisoned"))?;
+            *retired = Some(v);
+        }
+        Ok(())
     }
     fn is_closed(&self) -> bool {
         self.slot.is_closed()
@@ -368,8 +399,9 @@ impl PyGpuExpertBank {
                 .collect())
         })
     }
-    /// Releases the bank (HBM, pinned memory) after the device is idle; views of its memory must
-    /// not be used after.
+    /// Closes the bank after the device is idle: methods raise `ClosedError` after; its HBM and
+    /// pinned memory are freed when the bank object and every view of them are gone. Destroy
+    /// captured graphs that use the bank before. Refused during a capture.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.0.close(py)
     }
@@ -660,7 +692,9 @@ impl PyGpuKvPool {
             .map_err(cuda_err)
         })
     }
-    /// Releases the pool after the device is idle.
+    /// Closes the pool after the device is idle: methods raise `ClosedError` after; the arena and
+    /// host store are freed when the pool object and every view (planes, arena) are gone.
+    /// Destroy captured graphs that use the pool before. Refused during a capture.
     fn close(&self, py: Python<'_>) -> PyResult<()> {
         self.0.close(py)
     }

@@ -213,9 +213,14 @@ def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
                     dc.record(0, ids)  # something captured so the capture ends cleanly
     assert not bank.closed
     check(ctl.map)
+    slots, want = bank.slots, bank.slots.cpu()
     bank.close()
     with pytest.raises(tierkit.ClosedError):
         bank.reload(boot)
+    with pytest.raises(tierkit.ClosedError):
+        bank.slots_of(0)
+    # a view still alive after close() holds the memory: it reads the same bytes, not freed memory
+    assert torch.equal(slots.cpu(), want)
 
 
 # ------------------------------------------------------------------------------- KV

@@ -28,7 +28,9 @@ current stream is capturing a CUDA graph. Bad input raises ``TypeError`` (dtype,
 
 Memory views (``ExpertBank.table / .host / .slots``, ``KvPool.arena``) are CUDA tensors over
 tierkit's memory through ``__cuda_array_interface__`` (the host store is mapped pinned memory:
-its device address is readable in place by kernels, UVA). They are valid until ``close()``.
+its device address is readable in place by kernels, UVA). A view keeps the memory: ``close()``
+marks the object closed, and the memory is freed (after a device synchronize) once the object and
+every view are gone. Captured CUDA graphs hold no reference: destroy them before ``close()``.
 ``is_tierkit_pinned(t)`` says whether a tensor lies in tierkit's pinned memory (``is_pinned()``
 does not see mapped or registered host memory). Nothing here starts a thread; every live object
 is closed at interpreter exit.

@@ -34,8 +34,11 @@ def _untrack_pinned(key) -> None:
 
 
 class _DeviceArray:
-    """A ``__cuda_array_interface__`` over tierkit memory; holds its owner (the native object,
-    so a view keeps the memory alive, and no reference cycle runs through the wrapper) alive."""
+    """A ``__cuda_array_interface__`` over tierkit memory; holds its owner (the native object, not
+    the wrapper, so no reference cycle runs through the wrapper) alive. ``close()`` only marks the
+    owner closed: its memory is freed, after a device synchronize, when the owner and every view
+    are gone, so a view never reads freed memory. A captured CUDA graph holds no reference:
+    destroy graphs that use the memory before ``close()``."""
 
     def __init__(self, owner, ptr: int, shape, typestr: str):
         self._owner = owner
