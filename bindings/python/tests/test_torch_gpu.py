@@ -406,7 +406,7 @@ def test_kv_plan_outputs_and_replays_are_checked():
     i32 = dict(dtype=torch.int32, device="cuda")
     resolve = torch.ops.tierkit.kv_resolve
     args = lambda plan, count, stats: (pool._id, topk, qsl, seq, slot, out, valid, plan, count,
-                                       stats, 0, False, None)
+                                       stats, pool.planes, 0, False, None)
     with pytest.raises(TypeError, match="plan has dtype"):
         resolve(*args(pool.plan.long(), pool.plan_count, pool.stats))
     with pytest.raises(ValueError, match="plan has"):
@@ -424,11 +424,19 @@ def test_kv_plan_outputs_and_replays_are_checked():
     pool.resolve(topk, qsl, seq, slot, out, valid)
     with pytest.raises(ValueError, match="last resolve"):
         pool.replay(2, 1, 1)
-    with pytest.raises(ValueError, match="pool's own"):
-        torch.ops.tierkit.kv_replay(pool._id, pool.plan.clone(), pool.plan_count, 1, 1, 1)
-    # an alias of the pool's own plan (as functionalization passes it) is accepted
-    torch.ops.tierkit.kv_replay(pool._id, pool.plan.view(-1), pool.plan_count[:], 1, 1, 1)
+    replay = torch.ops.tierkit.kv_replay
+    with pytest.raises(ValueError, match="plan has"):
+        replay(pool._id, pool.plan[:1], pool.plan_count, pool.planes, 1, 1, 1)
+    with pytest.raises(ValueError, match="planes has"):
+        replay(pool._id, pool.plan, pool.plan_count, pool.planes[:1], 1, 1, 1)
+    with pytest.raises(ValueError, match="shape"):
+        replay(pool._id, pool.plan, pool.plan_count, [p[:1] for p in pool.planes], 1, 1, 1)
+    # another tensor holding the plan (as functionalization passes it) is accepted, and copies of
+    # the planes (functionalization's clones) receive the op's result
+    copies = [p.clone().zero_() for p in pool.planes]
+    replay(pool._id, pool.plan.clone(), pool.plan_count.clone(), copies, 1, 1, 1)
     torch.cuda.synchronize()
+    assert torch.equal(copies[1], pool.planes[1])
     assert pool.errors(clear=True)["stale_plan"] == 0
     before = [p.clone() for p in pool.planes]
     pool.plan[0, 0] = torch.tensor([7, 0, 1 << 30, 0], **i32)  # slot, position, dst_row: all out
@@ -438,6 +446,60 @@ def test_kv_plan_outputs_and_replays_are_checked():
     torch.cuda.synchronize()
     assert pool.errors()["stale_plan"] == 2
     assert all(torch.equal(a, b) for a, b in zip(before, pool.planes))
+    pool.close()
+
+
+@needs_gpu
+def test_kv_ops_pass_torch_opcheck():
+    """Schema (declared mutations: the outputs and the arena planes) and fake registration."""
+    pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
+    topk[0, :4] = torch.arange(4, dtype=torch.int32, device="cuda")
+    args = (pool._id, topk, qsl, seq, slot, out, valid, pool.plan, pool.plan_count, pool.stats,
+            pool.planes, 0, False, None)
+    torch.library.opcheck(torch.ops.tierkit.kv_resolve.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    pool.resolve(topk, qsl, seq, slot, out, valid)
+    torch.library.opcheck(torch.ops.tierkit.kv_replay.default,
+                          (pool._id, pool.plan, pool.plan_count, pool.planes, 1, 1, 1),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.cuda.synchronize()
+    assert pool.errors()["stale_plan"] == 0
+    pool.close()
+
+
+@needs_gpu
+def test_kv_ops_run_under_torch_compile():
+    """Resolve + replay traced by torch.compile (aot_eager: functionalised, mutated arguments
+    cloned and copied back) give the eager indices, and a read of the arena inside the compiled
+    function sees the op's writes (the planes are declared mutated)."""
+    def fresh():
+        pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
+        topk[0, :8] = torch.arange(8, 16, dtype=torch.int32, device="cuda")
+        return pool, (topk, qsl, seq, slot, out, valid)
+
+    pool, (topk, qsl, seq, slot, out, valid) = fresh()
+    pool.resolve(topk, qsl, seq, slot, out, valid)
+    pool.replay(1, 1, 1)
+    want_out, want_planes = out.clone(), [p.clone() for p in pool.planes]
+    pool.close()
+
+    pool, (topk, qsl, seq, slot, out, valid) = fresh()
+    pid = pool._id
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def step(topk, qsl, seq, slot, out, valid, plan, plan_count, stats, planes):
+        torch.ops.tierkit.kv_resolve(pid, topk, qsl, seq, slot, out, valid, plan, plan_count,
+                                     stats, planes, 0, False, None)
+        torch.ops.tierkit.kv_replay(pid, plan, plan_count, planes, 1, 1, 1)
+        return planes[0].to(torch.int64).sum(), planes[1].to(torch.int64).sum()
+
+    s0, s1 = step(topk, qsl, seq, slot, out, valid, pool.plan, pool.plan_count, pool.stats,
+                  pool.planes)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want_out)
+    assert all(torch.equal(a, b) for a, b in zip(pool.planes, want_planes))
+    assert int(s0) == int(want_planes[0].to(torch.int64).sum()) > 0
+    assert int(s1) == int(want_planes[1].to(torch.int64).sum()) > 0
     pool.close()
 
 

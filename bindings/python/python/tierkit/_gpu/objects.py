@@ -278,6 +278,7 @@ class KvPool(_Closable):
             self.plan,
             self.plan_count,
             self.stats,
+            self.planes,
             layer,
             packed,
             query_seq_lens,
@@ -287,7 +288,9 @@ class KvPool(_Closable):
         """Copies the last resolve's misses (its ``sessions`` entries) into planes ``layer0 ..
         layer0 + layers`` on the current stream (capturable): the other layers of a group."""
         self._check_open()
-        torch.ops.tierkit.kv_replay(self._id, self.plan, self.plan_count, sessions, layer0, layers)
+        torch.ops.tierkit.kv_replay(
+            self._id, self.plan, self.plan_count, self.planes, sessions, layer0, layers
+        )
 
     def close(self) -> None:
         if not self._closed:
