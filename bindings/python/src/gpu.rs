@@ -582,8 +582,10 @@ impl PyGpuKvPool {
     /// checked by tierkit.torch): `topk [rows, k]`, `query_start_loc [sessions + 1]`, `seq_lens
     /// [sessions]`, `session_slot [sessions]`; outputs `indices [indices_len]`, `valid_count
     /// [valid_len]` (0 = exact), `plan` (16-byte copies `[sessions][hot_rows]`), `plan_count
-    /// [sessions]`, `stats [sessions][kv_stats]`; misses are gathered into arena plane `layer`.
-    #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len))]
+    /// [plan_count_len]` (0 = sessions; entries past `sessions` written 0, so a replay of more
+    /// sessions copies nothing stale, in a graph too), `stats [sessions][kv_stats]`; misses are
+    /// gathered into arena plane `layer`.
+    #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len, plan_count_len))]
     #[allow(clippy::too_many_arguments)]
     fn resolve(
         &self,
@@ -605,6 +607,7 @@ impl PyGpuKvPool {
         query_seq_lens: u64,
         indices_len: u64,
         valid_len: u64,
+        plan_count_len: u64,
     ) -> PyResult<()> {
         let gpu = self.0.gpu.clone();
         self.with(|p| {
@@ -638,6 +641,7 @@ impl PyGpuKvPool {
                 query_seq_lens,
                 indices_len,
                 valid_len,
+                plan_count_len,
                 ..KvResolveOptions::default()
             };
             // SAFETY: the caller's live stream of this device.

@@ -421,7 +421,10 @@ def test_kv_plan_outputs_and_replays_are_checked():
         resolve(*args(pool.plan, pool.plan_count, pool.stats[0, :1]))
     with pytest.raises(ValueError, match="replay"):  # no resolve yet
         pool.replay(1, 1, 1)
+    pool.plan_count[1] = 7  # a stale count past the resolve's sessions: the kernel zeroes it
     pool.resolve(topk, qsl, seq, slot, out, valid)
+    torch.cuda.synchronize()
+    assert int(pool.plan_count[1]) == 0
     with pytest.raises(ValueError, match="last resolve"):
         pool.replay(2, 1, 1)
     replay = torch.ops.tierkit.kv_replay

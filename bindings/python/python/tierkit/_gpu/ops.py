@@ -212,6 +212,7 @@ def kv_resolve(
         q,
         indices.numel(),
         valid_count.numel(),
+        plan_count.numel(),
     )
     _sync_planes(p, planes, range(layer, layer + 1))
 
