@@ -204,7 +204,7 @@ def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
     # and so do reload and close
     tt.warmup()
     for call in (lambda: ctl.step(pc, bank), lambda: ctl.step(pc, bank._native),
-                 lambda: bank._native.reload(ctl.map), bank._native.close, bank.close):
+                 lambda: bank._native.reload(boot), bank._native.close, bank.close):
         with pytest.raises(RuntimeError, match="capturing"):
             with torch.cuda.graph(torch.cuda.CUDAGraph()):
                 try:
