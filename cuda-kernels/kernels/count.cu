@@ -47,11 +47,14 @@ __device__ __forceinline__ void tierkit_count_body(const T* __restrict__ ids, un
                                                    unsigned int valid_per_layer, unsigned int layer0,
                                                    unsigned int layers, unsigned int experts,
                                                    unsigned int* table, unsigned int* err) {
-    const unsigned int stride = gridDim.x * blockDim.x * 4u;
+    // 64-bit grid stride: i + stride never wraps for n up to u32::MAX (i < n fits u32 in the body)
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x * 4u;
     const bool aligned = ((unsigned long long)ids & 15ull) == 0ull;
-    for (unsigned int i = (blockIdx.x * blockDim.x + threadIdx.x) * 4u; i < n; i += stride) {
+    for (unsigned long long i64 = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * 4u; i64 < n;
+         i64 += stride) {
+        const unsigned int i = (unsigned int)i64;
         T v[4];
-        if (aligned && i + 4u <= n) {
+        if (aligned && i64 + 4u <= n) {
             tierkit_load4(ids + i, v);
         } else {
 #pragma unroll
@@ -173,12 +176,13 @@ __device__ __forceinline__ void tierkit_count_strided(const T* __restrict__ ids,
                                                       unsigned int layer, unsigned int layers,
                                                       unsigned int experts, unsigned int* table,
                                                       unsigned int* err, const unsigned int* ctl) {
+    // tokens * k <= u32::MAX (check_strided); the index is 64-bit so the grid stride cannot wrap
     const unsigned int valid = tierkit_count_valid_per_layer(ctl, tokens * k, k);
     if (valid == 0u) return;
-    const unsigned int stride = gridDim.x * blockDim.x;
-    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < valid; i += stride) {
-        const unsigned int t = i / k;
-        const unsigned int j = i - t * k;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < valid; i += stride) {
+        const unsigned long long t = i / k;
+        const unsigned int j = (unsigned int)(i - t * k);
         const long long v = (long long)ids[(unsigned long long)t * row_stride + j];
         tierkit_count_pick(table, err, layer, layers, v, experts);
     }

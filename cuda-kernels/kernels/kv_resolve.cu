@@ -21,7 +21,7 @@
 #define KV_ERR_BAD_POSITION 1  // pick < -1 or >= its row's bound (written as -1)
 #define KV_ERR_OVERFLOW 2      // distinct misses without an evictable hot row (written as -1; served as far as rows last)
 #define KV_ERR_BAD_QSL 3       // query_start_loc malformed (every row written as -1)
-#define KV_ERR_STALE_PLAN 4    // replay check: destination row no longer holds the position
+#define KV_ERR_STALE_PLAN 4    // replay check: destination row no longer holds the position; fetch: plan entry out of range (skipped)
 
 struct KvDims {
     unsigned int row_bytes, layers, page_rows, hot_rows;
@@ -275,13 +275,21 @@ __device__ unsigned int kv_place_warp(const KvDims& d, const KvTables& t, unsign
     return taken;
 }
 
-// Gathers plan rows from mapped host memory into layers [l0, l0 + nl): one warp per row.
+// Gathers plan rows from mapped host memory into layers [l0, l0 + nl): one warp per row. A plan
+// may be caller-written (replay of a user tensor): an entry whose slot, position or destination row
+// is out of range, or whose layer range exceeds the arena, is skipped and counted once as a stale
+// plan entry, so no plan can read or write outside the host store / arena.
 __device__ void kv_fetch(const KvDims& d, const KvTables& t, const KvCopy* plan, unsigned int n, unsigned int l0,
                          unsigned int nl) {
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (unsigned int w = warp; w < n * nl; w += nw) {
-        const unsigned int i = w % n, l = l0 + w / n;
+    const unsigned long long total = (unsigned long long)n * nl;
+    for (unsigned long long w = warp; w < total; w += nw) {
+        const unsigned int i = (unsigned int)(w % n), l = l0 + (unsigned int)(w / n);
         const KvCopy c = plan[i];
+        if (c.slot >= d.max_slots || c.position >= d.max_history || c.dst_row >= d.arena_rows || l >= d.layers) {
+            if (lane == 0 && w < n) atomicAdd(&t.err[KV_ERR_STALE_PLAN], 1u);
+            continue;
+        }
         kv_warp_copy(t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes,
                      t.host + kv_host_off(d, c.slot, c.position, l), d.row_bytes, lane);
     }
@@ -337,9 +345,13 @@ __device__ void kv_fill_rows(int* indices, int* valid_count, unsigned int r0, un
     for (unsigned int r = r0 + threadIdx.x; r < r1; r += blockDim.x) valid_count[r] = 0;
 }
 
-// Padding of oversized output buffers: indices[rows * k .. idx_len) = -1, valid_count[rows .. valid_len) = 0.
+// Padding of oversized output buffers: indices[rows * k .. idx_len) = -1, valid_count[rows .. valid_len) = 0,
+// plan_count[sessions .. pc_len) = 0 (a replay of more sessions than this call's copies nothing stale).
 __device__ void kv_fill_pad(int* indices, int* valid_count, unsigned int rows, unsigned int k,
-                            unsigned long long idx_len, unsigned long long valid_len) {
+                            unsigned long long idx_len, unsigned long long valid_len, unsigned int* plan_count,
+                            unsigned int sessions, unsigned long long pc_len) {
+    for (unsigned long long i = (unsigned long long)sessions + threadIdx.x; i < pc_len; i += blockDim.x)
+        plan_count[i] = 0u;
     for (unsigned long long i = (unsigned long long)rows * k + threadIdx.x; i < idx_len; i += blockDim.x)
         indices[i] = -1;
     for (unsigned long long r = (unsigned long long)rows + threadIdx.x; r < valid_len; r += blockDim.x)
@@ -958,7 +970,8 @@ __device__ void kv_entry_classic(const KvDims& d, const KvTables& t, int sl, con
 
 // The fused resolve. Grid: sessions + 1 blocks (block `sessions` writes rows no request owns and the padding
 // of oversized buffers). Outputs: indices int32 [idx_len >= rows * k] (row stride k), valid_count int32
-// [valid_len >= rows], plan [sessions][hot_rows] with plan_count [sessions], stats [sessions][KV_STATS].
+// [valid_len >= rows], plan [sessions][hot_rows] with plan_count [pc_len >= sessions] (entries past sessions
+// written 0), stats [sessions][KV_STATS].
 // fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA). layout: 0 in place, 1 packed.
 // qseq: int32 [rows] per-query causal bound, or null (the entry's seq_len for every row).
 // FAST = false: the classic body (`tierkit_kv_resolve`); true: entries that fit take kv_entry_fast
@@ -969,10 +982,10 @@ __device__ void kv_entry_classic(const KvDims& d, const KvTables& t, int sl, con
         unsigned int rows, unsigned int k, unsigned int layer, unsigned int fetch, int* __restrict__ indices,  \
         int* __restrict__ valid_count, KvCopy* __restrict__ plan_all, unsigned int* __restrict__ plan_count,   \
         unsigned int* __restrict__ stats, unsigned int layout, const int* __restrict__ qseq,                   \
-        unsigned long long idx_len, unsigned long long valid_len
+        unsigned long long idx_len, unsigned long long valid_len, unsigned long long pc_len
 #define KV_RESOLVE_ARGS                                                                                        \
     d, t, topk, qsl, seq_lens, session_slot, sessions, rows, k, layer, fetch, indices, valid_count, plan_all,  \
-        plan_count, stats, layout, qseq, idx_len, valid_len
+        plan_count, stats, layout, qseq, idx_len, valid_len, pc_len
 
 template <bool FAST>
 __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
@@ -1023,7 +1036,7 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
                              layout, call, warp_sums, sh_count, &sh_taken, &sh_last);
         }
     }
-    if (blockIdx.x == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
+    if (blockIdx.x == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len, plan_count, sessions, pc_len);
     // The last block to finish advances the call counter (all blocks have read it by then).
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -1468,7 +1481,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
                              &sh_last);
         }
     }
-    if (r == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len);
+    if (r == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len, plan_count, sessions, pc_len);
     // The last block to take a ticket advances the call counter (every block read it before its
     // ticket); the kernel's end publishes the writes to the next launch (no fence needed here).
     // The ticket stays in thread 0's register (other threads hold 0): a shared flag here was read

@@ -241,6 +241,34 @@ impl Gpu {
         Ok(m)
     }
 
+    /// Whether the step stream, or the caller's stream `other` (e.g. torch's current stream),
+    /// is part of a CUDA graph capture (active or invalidated): host calls that synchronise or
+    /// change tier state check this first. The legacy default stream (handle 0) cannot capture
+    /// and is not queried (querying it during another stream's global capture would fail it).
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] (`cuStreamGetCaptureInfo`).
+    ///
+    /// # Safety
+    /// `other` is 0 or a live stream of this context.
+    pub unsafe fn capturing(&self, other: u64) -> Result<bool> {
+        let captures = |s: &CudaStream| -> Result<bool> {
+            if s.cu_stream().is_null() {
+                return Ok(false);
+            }
+            Ok(raw::capture_state(s)? != raw::Capture::None)
+        };
+        if captures(&self.stream)? {
+            return Ok(true);
+        }
+        if other == 0 {
+            return Ok(false);
+        }
+        // SAFETY: caller's contract (a live stream of this context).
+        let s = unsafe { self.borrow_stream(other) }?;
+        captures(&s)
+    }
+
     /// Blocks until all work on the device has completed.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))

@@ -72,6 +72,7 @@ pub use kv::{
 };
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
 pub use ops::DeviceOps;
+pub use raw::ContextGuard;
 pub use signal::EventSignal;
 pub use store::ExpertStore;
 pub use table::{

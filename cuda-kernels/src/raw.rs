@@ -238,3 +238,91 @@ pub(crate) unsafe fn memcpy_batch_async(
     .result()
     .map_err(drv("cuMemcpyBatchAsync"))
 }
+
+/// The calling thread's current CUDA context when it was saved, made current again on drop: entry
+/// points called by an engine (a torch op, a C call) bind tierkit's context while they run and
+/// must hand the thread back as they found it (PyTorch or the engine may have another device's
+/// context current). Holds nothing when libcuda cannot be loaded (nothing can bind then).
+#[must_use = "the context is restored when the guard drops"]
+pub struct ContextGuard(Option<sys::CUcontext>);
+
+impl ContextGuard {
+    /// Saves the calling thread's current context (`cuCtxGetCurrent`; null when none).
+    ///
+    /// # Errors
+    /// [`CudaError::Driver`] if the driver cannot report the current context.
+    pub fn save() -> Result<ContextGuard> {
+        // SAFETY: only dlopens libcuda and reports success.
+        if !unsafe { sys::is_culib_present() } {
+            return Ok(ContextGuard(None));
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer; the call reads thread state only (it fails with
+        // CUDA_ERROR_NOT_INITIALIZED before cuInit, and reports null when no context is bound).
+        match unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result() {
+            Ok(()) => Ok(ContextGuard(Some(ctx))),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_INITIALIZED => {
+                Ok(ContextGuard(Some(std::ptr::null_mut())))
+            }
+            Err(e) => Err(drv("cuCtxGetCurrent")(e)),
+        }
+    }
+}
+
+impl Drop for ContextGuard {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0 {
+            // SAFETY: `ctx` was the thread's current context (or null: unbind) when saved; a
+            // context the caller destroyed meanwhile makes the call fail, which is ignored (the
+            // thread then keeps tierkit's context, as before this guard existed).
+            let _ = unsafe { sys::cuCtxSetCurrent(ctx) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{cuda_available, Gpu};
+
+    fn current() -> sys::CUcontext {
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; reads thread state only.
+        unsafe { sys::cuCtxGetCurrent(&mut ctx) }.result().unwrap();
+        ctx
+    }
+
+    #[test]
+    fn context_guard_hands_the_thread_back_as_it_found_it() {
+        // without libcuda the guard holds nothing and dropping it touches nothing
+        let g = ContextGuard::save().expect("save never fails without a driver");
+        drop(g);
+        if !cuda_available() {
+            println!("SKIP context_guard_hands_the_thread_back_as_it_found_it: no CUDA device");
+            return;
+        }
+        let gpu = Gpu::new(0).unwrap();
+        std::thread::spawn(move || {
+            // a fresh thread has no current context; an entry point binds ours, then restores
+            assert!(current().is_null());
+            {
+                let _g = ContextGuard::save().unwrap();
+                gpu.ctx().bind_to_thread().unwrap();
+                assert!(!current().is_null());
+            }
+            assert!(current().is_null(), "the guard unbinds what it bound");
+            gpu.ctx().bind_to_thread().unwrap();
+            let ours = current();
+            {
+                let _g = ContextGuard::save().unwrap();
+                // SAFETY: unbinding (null) is always allowed
+                unsafe { sys::cuCtxSetCurrent(std::ptr::null_mut()) }
+                    .result()
+                    .unwrap();
+            }
+            assert_eq!(current(), ours, "the guard rebinds the saved context");
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -528,9 +528,11 @@ void tierkit_string_free(char *s);
 //
 // Errors: `TIERKIT_ERR_UNSUPPORTED` (built without CUDA); `TIERKIT_ERR_NULL_ARGUMENT` (ids,
 // counts or rejected NULL); `TIERKIT_ERR_TYPE_MISMATCH` (unknown `ids_dtype`);
-// `TIERKIT_ERR_INVALID_ARGUMENT` (zero extents, `row_stride < k`, `layer >= layers`);
-// `TIERKIT_ERR_LAYOUT` (a pointer misaligned for its type); `TIERKIT_ERR_STATE` (no such
-// device); `TIERKIT_ERR_INTERNAL` (a CUDA error, named in the message).
+// `TIERKIT_ERR_INVALID_ARGUMENT` (zero extents, `row_stride < k`, `tokens * k` above
+// `UINT32_MAX`, `layer >= layers`, `device` at or above the device count);
+// `TIERKIT_ERR_LAYOUT` (a pointer misaligned for its type); `TIERKIT_ERR_STATE` (libcuda or
+// libnvrtc missing, or no CUDA device at all); `TIERKIT_ERR_INTERNAL` (a CUDA error, named in
+// the message).
 //
 // # Safety
 // `stream` is NULL or a live stream of device `device`'s primary context; the device pointers

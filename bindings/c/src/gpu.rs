@@ -24,9 +24,11 @@ pub const TIERKIT_IDS_INT64: u32 = 1;
 ///
 /// Errors: `TIERKIT_ERR_UNSUPPORTED` (built without CUDA); `TIERKIT_ERR_NULL_ARGUMENT` (ids,
 /// counts or rejected NULL); `TIERKIT_ERR_TYPE_MISMATCH` (unknown `ids_dtype`);
-/// `TIERKIT_ERR_INVALID_ARGUMENT` (zero extents, `row_stride < k`, `layer >= layers`);
-/// `TIERKIT_ERR_LAYOUT` (a pointer misaligned for its type); `TIERKIT_ERR_STATE` (no such
-/// device); `TIERKIT_ERR_INTERNAL` (a CUDA error, named in the message).
+/// `TIERKIT_ERR_INVALID_ARGUMENT` (zero extents, `row_stride < k`, `tokens * k` above
+/// `UINT32_MAX`, `layer >= layers`, `device` at or above the device count);
+/// `TIERKIT_ERR_LAYOUT` (a pointer misaligned for its type); `TIERKIT_ERR_STATE` (libcuda or
+/// libnvrtc missing, or no CUDA device at all); `TIERKIT_ERR_INTERNAL` (a CUDA error, named in
+/// the message).
 ///
 /// # Safety
 /// `stream` is NULL or a live stream of device `device`'s primary context; the device pointers
@@ -180,7 +182,8 @@ mod imp {
     use super::{TIERKIT_IDS_INT32, TIERKIT_IDS_INT64};
     use crate::ffi::{fail, Fail, R};
     use cuda_kernels::{
-        check_strided, CountTarget, CudaError, DeviceOps, IdsDtype, SlotLayout, StridedIds,
+        check_strided, ContextGuard, CountTarget, CudaError, DeviceOps, IdsDtype, SlotLayout,
+        StridedIds,
     };
     use tierkit_bindings::Code;
 
@@ -230,6 +233,8 @@ mod imp {
             experts: a.experts,
         };
         check_strided(&view, a.layer, &target).map_err(classify)?;
+        // the caller's current context is current again when this returns
+        let _restore = ContextGuard::save().map_err(classify)?;
         let ops = DeviceOps::get(a.device as usize).map_err(classify)?;
         // SAFETY: the caller's live stream of this device (entry point contract).
         let s = unsafe { ops.stream(a.stream) }.map_err(classify)?;
@@ -240,6 +245,7 @@ mod imp {
     pub(crate) fn slot_ids(a: &SlotArgs) -> R<()> {
         nonnull(a.table, "table")?;
         nonnull(a.out, "out")?;
+        let _restore = ContextGuard::save().map_err(classify)?;
         let ops = DeviceOps::get(a.device as usize).map_err(classify)?;
         // SAFETY: the caller's live stream of this device (entry point contract).
         let s = unsafe { ops.stream(a.stream) }.map_err(classify)?;

@@ -378,6 +378,8 @@ impl PyController {
                 Err(_) => executor.clone(),
             };
             if let Ok(g) = native.cast::<crate::gpu::PyGpuExpertBank>() {
+                g.get()
+                    .refuse_capture(py, "Controller.step with a GPU bank")?;
                 let report = self.0.with(|ctl| {
                     counters
                         .0

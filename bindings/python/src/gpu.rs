@@ -19,11 +19,13 @@
 //! (`Gpu::with_step_stream`): flips and publishes are ordered with the engine's kernels on it.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cuda_kernels::{
-    CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs, KvResolveOptions, SlotLayout,
-    StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
+    ContextGuard, CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs,
+    KvResolveOptions, SlotLayout, StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use expert_residency::gpu::{CommitMode, GpuExecutor};
 use kv_elastic::gpu::{CopyBackend, GpuElasticPool, GpuPoolConfig};
@@ -69,18 +71,29 @@ fn has_cuda_ops() -> bool {
     true
 }
 
+/// [`guard`] for a GPU entry point: the calling thread's current CUDA context (PyTorch's, maybe of
+/// another device) is saved first and made current again when the call returns, whatever it
+/// bound meanwhile.
+fn gpu_guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    guard(|| {
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
+        f()
+    })
+}
+
 /// Loads the kernels of device `device` (NVRTC compile at first use): call once before a CUDA
 /// graph capture so no module loads inside it.
 #[pyfunction]
 fn warmup(device_index: usize) -> PyResult<()> {
-    guard(|| device(device_index).map(|_| ()))
+    gpu_guard(|| device(device_index).map(|_| ()))
 }
 
 /// Counts one layer's `topk_ids` (`[tokens, k]`, `dtype` "int32"/"int64", `row_stride`
 /// elements between rows) at device address `ids` into layer `layer` of the caller's `uint32
 /// [layers, experts]` table `counts`, out-of-range ids into `rejected` (one uint32), under the
-/// control block `control` (`uint32 [4]`: enabled, valid tokens; 0 = count all), launched on
-/// `stream`.
+/// control block `control` (`uint32 [4]`, read when the kernel runs: word 0 = enabled, 0 counts
+/// nothing; word 1 = valid token rows, rows at or above it skipped, `u32::MAX` counts all; words
+/// 2-3 reserved; address 0 = no block, count all), launched on `stream`.
 #[pyfunction]
 #[pyo3(signature = (device_index, stream, ids, dtype, tokens, k, row_stride, layer, counts, layers, experts, rejected, control))]
 #[allow(clippy::too_many_arguments)]
@@ -100,7 +113,7 @@ fn count_topk(
     control: u64,
 ) -> PyResult<()> {
     let dtype = ids_dtype(dtype)?;
-    guard(|| {
+    gpu_guard(|| {
         let d = device(device_index)?;
         let view = StridedIds {
             ptr: ids,
@@ -142,7 +155,7 @@ fn expert_slot_ids(
     slot_bytes: u64,
     slots_per_layer: u32,
 ) -> PyResult<()> {
-    guard(|| {
+    gpu_guard(|| {
         let d = device(device_index)?;
         // SAFETY: the caller's live stream of this device.
         let s = unsafe { d.stream(stream) }.map_err(cuda_err)?;
@@ -158,30 +171,116 @@ fn expert_slot_ids(
 }
 
 /// A tier object on a device: its [`Slot`] and the [`Gpu`] whose context is bound before each use.
+///
+/// `close()` marks the object closed (every method then raises `ClosedError`) but frees its
+/// memory only when this Rust object is dropped, i.e. when the Python object and every view of
+/// its memory (which hold it) are gone: a live view never points at freed memory. Captured CUDA
+/// graphs hold no reference: destroy them before `close()`.
 pub(crate) struct GpuSlot<T> {
     slot: Slot<T>,
     gpu: Arc<Gpu>,
+    ordinal: usize,
+    /// The value after `close()`, freed on drop.
+    retired: Mutex<Option<T>>,
+}
+
+impl<T> Drop for GpuSlot<T> {
+    /// Frees the object (open or retired) with its context bound, after the device is idle
+    /// (kernels queued before may still read its memory); errors cannot be reported here.
+    fn drop(&mut self) {
+        let _restore = ContextGuard::save();
+        if self.gpu.ctx().bind_to_thread().is_ok() {
+            let _ = self.gpu.synchronize();
+        }
+        // both taken here, so they drop while the context is bound (not after, as fields)
+        let open = self.slot.take().ok().flatten();
+        let retired = self.retired.get_mut().map(Option::take);
+        let _ = catch_unwind(AssertUnwindSafe(move || drop((open, retired))));
+    }
+}
+
+/// torch's current stream of device `ordinal` (`torch.cuda.current_stream(ordinal).cuda_stream`),
+/// or 0 when torch is not imported (then nothing captures through it).
+fn torch_current_stream(py: Python<'_>, ordinal: usize) -> PyResult<u64> {
+    let modules = py.import("sys")?.getattr("modules")?;
+    let Ok(torch) = modules.get_item("torch") else {
+        return Ok(0);
+    };
+    torch
+        .getattr("cuda")?
+        .call_method1("current_stream", (ordinal,))?
+        .getattr("cuda_stream")?
+        .extract()
 }
 
 impl<T> GpuSlot<T> {
-    fn new(name: &'static str, value: T, gpu: Arc<Gpu>) -> Self {
+    fn new(name: &'static str, value: T, gpu: Arc<Gpu>, ordinal: usize) -> Self {
         GpuSlot {
             slot: Slot::new(name, value),
             gpu,
+            ordinal,
+            retired: Mutex::new(None),
         }
     }
-    /// Runs `f` on the object with the device's context bound to this thread.
+    /// Refuses a host call (`what`) while the object's step stream or torch's current stream of
+    /// its device is capturing a CUDA graph: checked here, so it holds whichever way the call
+    /// comes (a `tierkit.torch` method, `Controller.step`, the native object).
+    pub(crate) fn refuse_capture(&self, py: Python<'_>, what: &str) -> PyResult<()> {
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
+        let current = torch_current_stream(py, self.ordinal)?;
+        // SAFETY: torch's current stream of this device is a live stream of its primary context
+        // (the context this Gpu holds), alive for the duration of the call.
+        if unsafe { self.gpu.capturing(current) }.map_err(cuda_err)? {
+            return Err(PyRuntimeError::new_err(format!(
+                "{what} synchronises or changes tier state on the host and cannot run while the \
+                 step stream or the current stream is capturing a CUDA graph; call it between \
+                 replays"
+            )));
+        }
+        Ok(())
+    }
+    /// [`GpuSlot::with`] for a host call: refused during a capture ([`GpuSlot::refuse_capture`]).
+    pub(crate) fn host<R>(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        f: impl FnOnce(&mut T) -> PyResult<R>,
+    ) -> PyResult<R> {
+        self.refuse_capture(py, what)?;
+        self.with(f)
+    }
+    /// Runs `f` on the object with the device's context bound to this thread (the thread's
+    /// previous context is current again when it returns).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut T) -> PyResult<R>) -> PyResult<R> {
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
         self.gpu
             .ctx()
             .bind_to_thread()
             .map_err(|e| cuda_err(CudaError::driver("cuCtxSetCurrent", e)))?;
         self.slot.with(f)
     }
-    /// Waits for the device (kernels queued may still read the object's memory), then drops it.
-    fn close(&self) -> PyResult<()> {
-        let _ = self.gpu.synchronize();
-        self.slot.close()
+    /// Waits for the device (kernels queued may still use the object), then marks it closed;
+    /// its memory is freed when the last owner (the Python object, a view) is gone (see the
+    /// type's docs). A failed synchronize is raised and the object stays open.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if self.slot.is_closed() {
+            return self.slot.close();
+        }
+        self.refuse_capture(py, "close")?;
+        let _restore = ContextGuard::save().map_err(cuda_err)?;
+        self.gpu
+            .ctx()
+            .bind_to_thread()
+            .map_err(|e| cuda_err(CudaError::driver("cuCtxSetCurrent", e)))?;
+        self.gpu.synchronize().map_err(cuda_err)?;
+        if let Some(v) = self.slot.take()? {
+            let mut retired = self
+                .retired
+                .lock()
+                .map_err(|_| PyRuntimeError::new_err("retired lock poisoned"))?;
+            *retired = Some(v);
+        }
+        Ok(())
     }
     fn is_closed(&self) -> bool {
         self.slot.is_closed()
@@ -197,6 +296,10 @@ impl<T> GpuSlot<T> {
 pub(crate) struct PyGpuExpertBank(GpuSlot<GpuExecutor>);
 
 impl PyGpuExpertBank {
+    /// Refuses `Controller.step` during a capture ([`GpuSlot::refuse_capture`]).
+    pub(crate) fn refuse_capture(&self, py: Python<'_>, what: &str) -> PyResult<()> {
+        self.0.refuse_capture(py, what)
+    }
     /// Runs `f` on the executor with the context bound (for `Controller.step`).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut GpuExecutor) -> PyResult<R>) -> PyResult<R> {
         self.0.with(f)
@@ -215,7 +318,7 @@ impl PyGpuExpertBank {
         stream: u64,
         threads: usize,
     ) -> PyResult<Self> {
-        guard(|| {
+        gpu_guard(|| {
             // SAFETY: `stream` is the caller's live stream of this device, kept alive as long as
             // the bank (tierkit.torch holds the torch.cuda.Stream object).
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
@@ -227,7 +330,12 @@ impl PyGpuExpertBank {
                 |_, _, b| b.fill(0),
             )
             .map_err(expert_err)?;
-            Ok(PyGpuExpertBank(GpuSlot::new("GpuExpertBank", ex, gpu)))
+            Ok(PyGpuExpertBank(GpuSlot::new(
+                "GpuExpertBank",
+                ex,
+                gpu,
+                device_index,
+            )))
         })
     }
     /// `{layers, experts, hot_per_layer, slots_per_layer, expert_bytes, table_ptr, host_ptr,
@@ -256,8 +364,10 @@ impl PyGpuExpertBank {
     /// Loads `map` synchronously (copies its hot experts from the host store into HBM and
     /// rewrites the table): after writing host experts, or to switch maps. Refused while swaps
     /// are in flight.
-    fn reload(&self, map: &PyResidencyMap) -> PyResult<()> {
-        self.with(|e| e.load_map(&map.0).map_err(expert_err))
+    fn reload(&self, py: Python<'_>, map: &PyResidencyMap) -> PyResult<()> {
+        self.0.host(py, "GpuExpertBank.reload", |e| {
+            e.load_map(&map.0).map_err(expert_err)
+        })
     }
     /// "deferred" (default: copies still running at a boundary stay in flight) or "wait".
     fn set_commit_mode(&self, mode: &str) -> PyResult<()> {
@@ -289,10 +399,11 @@ impl PyGpuExpertBank {
                 .collect())
         })
     }
-    /// Releases the bank (HBM, pinned memory) after the device is idle; views of its memory must
-    /// not be used after.
-    fn close(&self) -> PyResult<()> {
-        self.0.close()
+    /// Closes the bank after the device is idle: methods raise `ClosedError` after; its HBM and
+    /// pinned memory are freed when the bank object and every view of them are gone. Destroy
+    /// captured graphs that use the bank before. Refused during a capture.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.close(py)
     }
     #[getter]
     fn closed(&self) -> bool {
@@ -301,10 +412,34 @@ impl PyGpuExpertBank {
 }
 
 /// The GPU KV pool (`kv_elastic::GpuElasticPool`) with the caller's stream as its step stream.
-/// Host calls publish asynchronously on that stream; `resolve` launches the fused resolve on any
-/// stream (the current one) into caller-owned outputs.
+/// Host calls publish asynchronously on that stream; `resolve` / `replay` launch on the caller's
+/// stream into caller-owned outputs, and that stream must be the step stream or one a graph
+/// captured on it is replayed on (nothing else orders the launch after the host calls' publishes
+/// and before the next ones).
 #[pyclass(name = "GpuKvPool", module = "tierkit.torch", frozen)]
-pub(crate) struct PyGpuKvPool(GpuSlot<GpuElasticPool>);
+pub(crate) struct PyGpuKvPool(GpuSlot<GpuElasticPool>, LastResolve);
+
+/// The session count of the last resolve launched through this pool (0 = none yet): a replay of
+/// more sessions would copy plan rows that resolve did not write (stale ones), so it is refused.
+#[derive(Default)]
+struct LastResolve(AtomicU32);
+
+impl LastResolve {
+    fn set(&self, sessions: u32) {
+        self.0.store(sessions, Ordering::Release);
+    }
+    /// `Ok` when a replay of `sessions` reads only rows the last resolve wrote.
+    fn check_replay(&self, sessions: u32) -> PyResult<()> {
+        let last = self.0.load(Ordering::Acquire);
+        if sessions == 0 || sessions > last {
+            return Err(PyValueError::new_err(format!(
+                "replay: sessions {sessions} outside 1..={last} (the last resolve's sessions; \
+                 0 = no resolve yet)"
+            )));
+        }
+        Ok(())
+    }
+}
 
 impl PyGpuKvPool {
     fn with<R>(&self, f: impl FnOnce(&mut GpuElasticPool) -> PyResult<R>) -> PyResult<R> {
@@ -327,7 +462,7 @@ impl PyGpuKvPool {
         elastic: bool,
         settle_readers: bool,
     ) -> PyResult<Self> {
-        guard(|| {
+        gpu_guard(|| {
             // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
             let mut p = GpuElasticPool::new(
@@ -342,20 +477,25 @@ impl PyGpuKvPool {
             )
             .map_err(kv_err)?;
             p.set_settle_readers(settle_readers);
-            Ok(PyGpuKvPool(GpuSlot::new("GpuKvPool", p, gpu)))
+            Ok(PyGpuKvPool(
+                GpuSlot::new("GpuKvPool", p, gpu, device_index),
+                LastResolve::default(),
+            ))
         })
     }
     /// `{layers, arena_rows, row_bytes, hot_rows, max_sessions, max_history, kv_stats,
-    /// plane_ptrs}`: the arena is `uint8 [layers][arena_rows][row_bytes]`, planes at fixed
-    /// addresses.
+    /// plane_ptrs, host_ptr, host_bytes}`: the arena is `uint8 [layers][arena_rows][row_bytes]`,
+    /// planes at fixed addresses; the host store is mapped pinned memory at `host_ptr` (one
+    /// address for host and device: unified addressing) of `host_bytes` bytes.
     fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (dims, planes) = self.with(|p| {
+        let (dims, planes, host) = self.with(|p| {
             let dev = p.device();
             let dims = *dev.dims();
             let planes = (0..dims.layers)
                 .map(|l| dev.plane_ptr(l).map_err(cuda_err))
                 .collect::<PyResult<Vec<u64>>>()?;
-            Ok((dims, planes))
+            let h = dev.host_store();
+            Ok((dims, planes, (h.as_ptr() as u64, h.len())))
         })?;
         let d = PyDict::new(py);
         d.set_item("layers", dims.layers)?;
@@ -366,6 +506,8 @@ impl PyGpuKvPool {
         d.set_item("max_history", dims.max_history)?;
         d.set_item("kv_stats", KV_STATS)?;
         d.set_item("plane_ptrs", planes)?;
+        d.set_item("host_ptr", host.0)?;
+        d.set_item("host_bytes", host.1)?;
         Ok(d)
     }
     /// Admits a session with its committed history (whole tokens): as `ElasticPool.admit`.
@@ -376,26 +518,35 @@ impl PyGpuKvPool {
         history: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let h = bytes(history, "history")?;
-        let a = self.with(|p| p.admit(session, &h).map_err(kv_err))?;
+        let a = self.0.host(py, "GpuKvPool.admit", |p| {
+            p.admit(session, &h).map_err(kv_err)
+        })?;
         admission(py, a)
     }
     /// Appends committed tokens (whole tokens); returns the new length.
-    fn append(&self, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
+    fn append(&self, py: Python<'_>, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
         let t = bytes(tokens, "tokens")?;
-        self.with(|p| p.append(session, &t).map_err(kv_err))
+        self.0.host(py, "GpuKvPool.append", |p| {
+            p.append(session, &t).map_err(kv_err)
+        })
     }
     /// Finishes a session.
-    fn finish(&self, session: u64) -> PyResult<()> {
-        self.with(|p| p.finish(session).map_err(kv_err))
+    fn finish(&self, py: Python<'_>, session: u64) -> PyResult<()> {
+        self.0.host(py, "GpuKvPool.finish", |p| {
+            p.finish(session).map_err(kv_err)
+        })
     }
     /// Takes back up to `n` lent pages; returns how many.
-    fn reclaim(&self, n: u32) -> PyResult<u32> {
-        self.with(|p| p.reclaim(n).map_err(kv_err))
+    fn reclaim(&self, py: Python<'_>, n: u32) -> PyResult<u32> {
+        self.0
+            .host(py, "GpuKvPool.reclaim", |p| p.reclaim(n).map_err(kv_err))
     }
     /// Between steps (hand-backs, collection, growth); returns the counts.
     #[pyo3(signature = (chunk = 8))]
     fn between_steps<'py>(&self, py: Python<'py>, chunk: u32) -> PyResult<Bound<'py, PyDict>> {
-        let m = self.with(|p| p.between_steps(chunk).map_err(kv_err))?;
+        let m = self.0.host(py, "GpuKvPool.between_steps", |p| {
+            p.between_steps(chunk).map_err(kv_err)
+        })?;
         let d = PyDict::new(py);
         d.set_item("handed_back", m.handed_back)?;
         d.set_item("collected", m.collected)?;
@@ -403,14 +554,16 @@ impl PyGpuKvPool {
         Ok(d)
     }
     /// The device session slot of a live session (the `session_slot` input of `resolve`).
-    fn slot_of(&self, session: u64) -> PyResult<u32> {
-        self.with(|p| p.slot_of(session).map_err(kv_err))
+    fn slot_of(&self, py: Python<'_>, session: u64) -> PyResult<u32> {
+        self.0.host(py, "GpuKvPool.slot_of", |p| {
+            p.slot_of(session).map_err(kv_err)
+        })
     }
     /// The device error words (synchronous): `{bad_session, bad_position, overflow, bad_qsl,
     /// stale_plan}`; `clear=True` zeroes them after reading.
     #[pyo3(signature = (clear = false))]
     fn errors<'py>(&self, py: Python<'py>, clear: bool) -> PyResult<Bound<'py, PyDict>> {
-        let e = self.with(|p| {
+        let e = self.0.host(py, "GpuKvPool.errors", |p| {
             let e = p.device().errors().map_err(cuda_err)?;
             if clear {
                 p.device_mut().clear_errors().map_err(cuda_err)?;
@@ -429,8 +582,10 @@ impl PyGpuKvPool {
     /// checked by tierkit.torch): `topk [rows, k]`, `query_start_loc [sessions + 1]`, `seq_lens
     /// [sessions]`, `session_slot [sessions]`; outputs `indices [indices_len]`, `valid_count
     /// [valid_len]` (0 = exact), `plan` (16-byte copies `[sessions][hot_rows]`), `plan_count
-    /// [sessions]`, `stats [sessions][kv_stats]`; misses are gathered into arena plane `layer`.
-    #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len))]
+    /// [plan_count_len]` (0 = sessions; entries past `sessions` written 0, so a replay of more
+    /// sessions copies nothing stale, in a graph too), `stats [sessions][kv_stats]`; misses are
+    /// gathered into arena plane `layer`.
+    #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len, plan_count_len))]
     #[allow(clippy::too_many_arguments)]
     fn resolve(
         &self,
@@ -452,6 +607,7 @@ impl PyGpuKvPool {
         query_seq_lens: u64,
         indices_len: u64,
         valid_len: u64,
+        plan_count_len: u64,
     ) -> PyResult<()> {
         let gpu = self.0.gpu.clone();
         self.with(|p| {
@@ -485,6 +641,7 @@ impl PyGpuKvPool {
                 query_seq_lens,
                 indices_len,
                 valid_len,
+                plan_count_len,
                 ..KvResolveOptions::default()
             };
             // SAFETY: the caller's live stream of this device.
@@ -497,7 +654,9 @@ impl PyGpuKvPool {
                 p.device()
                     .resolve_async_with(&s, &a, &o, CopyBackend::Gather)
             }
-            .map_err(cuda_err)
+            .map_err(cuda_err)?;
+            self.1.set(sessions);
+            Ok(())
         })
     }
     /// Copies the last resolve's plan (`plan [sessions][hot_rows]`, `plan_count [sessions]`, the
@@ -517,12 +676,7 @@ impl PyGpuKvPool {
         let gpu = self.0.gpu.clone();
         self.with(|p| {
             let dims = *p.device().dims();
-            if sessions == 0 || sessions > dims.max_slots {
-                return Err(PyValueError::new_err(format!(
-                    "replay: sessions {sessions} outside 1..={}",
-                    dims.max_slots
-                )));
-            }
+            self.1.check_replay(sessions)?;
             // SAFETY: the caller's live stream of this device.
             let s = unsafe { gpu.borrow_stream(stream) }.map_err(cuda_err)?;
             // SAFETY: `plan` / `plan_count` are the pool's own output tensors of a resolve
@@ -542,9 +696,11 @@ impl PyGpuKvPool {
             .map_err(cuda_err)
         })
     }
-    /// Releases the pool after the device is idle.
-    fn close(&self) -> PyResult<()> {
-        self.0.close()
+    /// Closes the pool after the device is idle: methods raise `ClosedError` after; the arena and
+    /// host store are freed when the pool object and every view (planes, arena) are gone.
+    /// Destroy captured graphs that use the pool before. Refused during a capture.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.0.close(py)
     }
     #[getter]
     fn closed(&self) -> bool {
@@ -561,4 +717,25 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGpuExpertBank>()?;
     m.add_class::<PyGpuKvPool>()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LastResolve;
+
+    #[test]
+    fn replay_is_bounded_by_the_last_resolve() {
+        let last = LastResolve::default();
+        assert!(last.check_replay(1).is_err(), "no resolve yet");
+        last.set(3);
+        assert!(last.check_replay(0).is_err());
+        assert!(last.check_replay(1).is_ok());
+        assert!(last.check_replay(3).is_ok());
+        assert!(
+            last.check_replay(4).is_err(),
+            "stale plan rows beyond the last resolve"
+        );
+        last.set(2);
+        assert!(last.check_replay(3).is_err());
+    }
 }

@@ -143,7 +143,24 @@ impl<T> Slot<T> {
 
     /// Drops the object (idempotent).
     pub(crate) fn close(&self) -> PyResult<()> {
-        let old = match self.state.try_lock() {
+        let old = self.take_state()?;
+        guard(move || {
+            drop(old);
+            Ok(())
+        })
+    }
+
+    /// Marks the object closed and hands back its value if it was open (`None` when it was
+    /// closed or poisoned already): for owners that must free it later (idempotent).
+    pub(crate) fn take(&self) -> PyResult<Option<T>> {
+        Ok(match self.take_state()? {
+            State::Open(v) => Some(v),
+            State::Closed | State::Poisoned(_) => None,
+        })
+    }
+
+    fn take_state(&self) -> PyResult<State<T>> {
+        Ok(match self.state.try_lock() {
             Ok(mut g) => std::mem::replace(&mut *g, State::Closed),
             Err(TryLockError::Poisoned(p)) => {
                 std::mem::replace(&mut *p.into_inner(), State::Closed)
@@ -154,10 +171,6 @@ impl<T> Slot<T> {
                     self.name
                 )))
             }
-        };
-        guard(move || {
-            drop(old);
-            Ok(())
         })
     }
 

@@ -200,9 +200,27 @@ def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
     assert ctl.stats["applied"] > 0
     assert set(ctl.map.hot_experts(0)) == {8, 9, 10, 11}
     check(ctl.map)
+    # during a capture the controller refuses a GPU bank however it is called (checked in Rust),
+    # and so do reload and close
+    tt.warmup()
+    for call in (lambda: ctl.step(pc, bank), lambda: ctl.step(pc, bank._native),
+                 lambda: bank._native.reload(boot), bank._native.close, bank.close):
+        with pytest.raises(RuntimeError, match="capturing"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                try:
+                    call()
+                finally:
+                    dc.record(0, ids)  # something captured so the capture ends cleanly
+    assert not bank.closed
+    check(ctl.map)
+    slots, want = bank.slots, bank.slots.cpu()
     bank.close()
     with pytest.raises(tierkit.ClosedError):
         bank.reload(boot)
+    with pytest.raises(tierkit.ClosedError):
+        bank.slots_of(0)
+    # a view still alive after close() holds the memory: it reads the same bytes, not freed memory
+    assert torch.equal(slots.cpu(), want)
 
 
 # ------------------------------------------------------------------------------- KV
@@ -216,6 +234,18 @@ def token(s, t):
 
 def kv_geometry():
     return kv.Geometry.for_hbm_budget(96 << 10, ROW, KV_LAYERS, 16, 32, 16)
+
+
+def small_kv_pool():
+    """A two-session pool with session 1 admitted (40 tokens) and one step's resolve arguments
+    for it: ``topk [1, K]`` (zeros), ``query_start_loc``, ``seq_lens``, ``session_slot``,
+    ``indices [K]``, ``valid_count [1]``."""
+    pool = tt.KvPool(kv_geometry(), max_sessions=2, max_history=256)
+    pool.admit(1, np.concatenate([token(1, t) for t in range(40)]))
+    i32 = dict(dtype=torch.int32, device="cuda")
+    topk, qsl = torch.zeros((1, K), **i32), torch.tensor([0, 1], **i32)
+    seq, slot = torch.tensor([40], **i32), torch.tensor([pool.slot_of(1)], **i32)
+    return pool, (topk, qsl, seq, slot, torch.zeros(K, **i32), torch.zeros(1, **i32))
 
 
 @needs_gpu
@@ -297,6 +327,17 @@ def test_kv_resolve_is_bit_exact_against_the_cpu_pool_in_a_graph():
                 gpu.admit(99, token(99, 0))
             finally:
                 run_eager_once()
+    # the native object refuses on its own (checked in Rust on the step stream and torch's
+    # current stream), and so does close(); the pool stays usable after
+    for call in (lambda: gpu._native.admit(99, token(99, 0)), lambda: gpu._native.reclaim(1),
+                 lambda: gpu._native.errors(False), gpu._native.close, gpu.close):
+        with pytest.raises(RuntimeError, match="capturing"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                try:
+                    call()
+                finally:
+                    run_eager_once()
+    assert not gpu.closed and gpu.slot_of(sessions[0]) >= 0
     gpu.close()
     with pytest.raises(tierkit.ClosedError):
         gpu.resolve(topk, qsl, seq, slot, indices, valid)
@@ -332,12 +373,8 @@ def test_bad_input_is_an_exception():
     with pytest.raises(tierkit.ClosedError):
         dc.record(0, ids)
 
-    pool = tt.KvPool(kv_geometry(), max_sessions=2, max_history=256)
-    pool.admit(1, np.concatenate([token(1, t) for t in range(40)]))
+    pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
     i32 = dict(dtype=torch.int32, device="cuda")
-    topk, qsl = torch.zeros((1, K), **i32), torch.tensor([0, 1], **i32)
-    seq, slot = torch.tensor([40], **i32), torch.tensor([pool.slot_of(1)], **i32)
-    out, valid = torch.zeros(K, **i32), torch.zeros(1, **i32)
     pool.resolve(topk, qsl, seq, slot, out, valid)
     torch.cuda.synchronize()
     with pytest.raises(TypeError):
@@ -359,6 +396,137 @@ def test_bad_input_is_an_exception():
     pool.close()
 
 
+@needs_gpu
+def test_kv_plan_outputs_and_replays_are_checked():
+    """The resolve's plan / plan_count / stats outputs are checked like its other arguments, a
+    replay names the pool's own plan by address (an aliasing view passes), covers at most the
+    last resolve's sessions, and a hand-written plan entry outside the arena is skipped by the
+    kernel and counted as stale_plan instead of written."""
+    pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
+    i32 = dict(dtype=torch.int32, device="cuda")
+    resolve = torch.ops.tierkit.kv_resolve
+    args = lambda plan, count, stats: (pool._id, topk, qsl, seq, slot, out, valid, plan, count,
+                                       stats, pool.planes, 0, False, None)
+    with pytest.raises(TypeError, match="plan has dtype"):
+        resolve(*args(pool.plan.long(), pool.plan_count, pool.stats))
+    with pytest.raises(ValueError, match="plan has"):
+        resolve(*args(pool.plan[:1], pool.plan_count, pool.stats))
+    with pytest.raises(ValueError, match="CUDA"):
+        resolve(*args(pool.plan, pool.plan_count.cpu(), pool.stats))
+    with pytest.raises(ValueError, match="plan_count has"):
+        resolve(*args(pool.plan, pool.plan_count[:0], pool.stats))
+    with pytest.raises(ValueError, match="contiguous"):
+        resolve(*args(pool.plan, pool.plan_count, pool.stats.t()))
+    with pytest.raises(ValueError, match="stats has"):
+        resolve(*args(pool.plan, pool.plan_count, pool.stats[0, :1]))
+    with pytest.raises(ValueError, match="replay"):  # no resolve yet
+        pool.replay(1, 1, 1)
+    pool.plan_count[1] = 7  # a stale count past the resolve's sessions: the kernel zeroes it
+    pool.resolve(topk, qsl, seq, slot, out, valid)
+    torch.cuda.synchronize()
+    assert int(pool.plan_count[1]) == 0
+    with pytest.raises(ValueError, match="last resolve"):
+        pool.replay(2, 1, 1)
+    replay = torch.ops.tierkit.kv_replay
+    with pytest.raises(ValueError, match="plan has"):
+        replay(pool._id, pool.plan[:1], pool.plan_count, pool.planes, 1, 1, 1)
+    with pytest.raises(ValueError, match="planes has"):
+        replay(pool._id, pool.plan, pool.plan_count, pool.planes[:1], 1, 1, 1)
+    with pytest.raises(ValueError, match="shape"):
+        replay(pool._id, pool.plan, pool.plan_count, [p[:1] for p in pool.planes], 1, 1, 1)
+    # another tensor holding the plan (as functionalization passes it) is accepted, and copies of
+    # the planes (functionalization's clones) receive the op's result
+    copies = [p.clone().zero_() for p in pool.planes]
+    replay(pool._id, pool.plan.clone(), pool.plan_count.clone(), copies, 1, 1, 1)
+    torch.cuda.synchronize()
+    assert torch.equal(copies[1], pool.planes[1])
+    assert pool.errors(clear=True)["stale_plan"] == 0
+    before = [p.clone() for p in pool.planes]
+    pool.plan[0, 0] = torch.tensor([7, 0, 1 << 30, 0], **i32)  # slot, position, dst_row: all out
+    pool.plan[0, 1] = torch.tensor([0, 1 << 30, 0, 0], **i32)  # position out of range
+    pool.plan_count[0] = 2
+    pool.replay(1, 1, 1)
+    torch.cuda.synchronize()
+    assert pool.errors()["stale_plan"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, pool.planes))
+    pool.close()
+
+
+@needs_gpu
+def test_kv_ops_pass_torch_opcheck():
+    """Schema (declared mutations: the outputs and the arena planes) and fake registration."""
+    pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
+    topk[0, :4] = torch.arange(4, dtype=torch.int32, device="cuda")
+    args = (pool._id, topk, qsl, seq, slot, out, valid, pool.plan, pool.plan_count, pool.stats,
+            pool.planes, 0, False, None)
+    torch.library.opcheck(torch.ops.tierkit.kv_resolve.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    pool.resolve(topk, qsl, seq, slot, out, valid)
+    torch.library.opcheck(torch.ops.tierkit.kv_replay.default,
+                          (pool._id, pool.plan, pool.plan_count, pool.planes, 1, 1, 1),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.cuda.synchronize()
+    assert pool.errors()["stale_plan"] == 0
+    pool.close()
+
+
+@needs_gpu
+def test_kv_ops_run_under_torch_compile():
+    """Resolve + replay traced by torch.compile (aot_eager: functionalised, mutated arguments
+    cloned and copied back) give the eager indices, and a read of the arena inside the compiled
+    function sees the op's writes (the planes are declared mutated)."""
+    def fresh():
+        pool, (topk, qsl, seq, slot, out, valid) = small_kv_pool()
+        topk[0, :8] = torch.arange(8, 16, dtype=torch.int32, device="cuda")
+        return pool, (topk, qsl, seq, slot, out, valid)
+
+    pool, (topk, qsl, seq, slot, out, valid) = fresh()
+    pool.resolve(topk, qsl, seq, slot, out, valid)
+    pool.replay(1, 1, 1)
+    want_out, want_planes = out.clone(), [p.clone() for p in pool.planes]
+    pool.close()
+
+    pool, (topk, qsl, seq, slot, out, valid) = fresh()
+    pid = pool._id
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def step(topk, qsl, seq, slot, out, valid, plan, plan_count, stats, planes):
+        torch.ops.tierkit.kv_resolve(pid, topk, qsl, seq, slot, out, valid, plan, plan_count,
+                                     stats, planes, 0, False, None)
+        torch.ops.tierkit.kv_replay(pid, plan, plan_count, planes, 1, 1, 1)
+        return planes[0].to(torch.int64).sum(), planes[1].to(torch.int64).sum()
+
+    s0, s1 = step(topk, qsl, seq, slot, out, valid, pool.plan, pool.plan_count, pool.stats,
+                  pool.planes)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want_out)
+    assert all(torch.equal(a, b) for a, b in zip(pool.planes, want_planes))
+    assert int(s0) == int(want_planes[0].to(torch.int64).sum()) > 0
+    assert int(s1) == int(want_planes[1].to(torch.int64).sum()) > 0
+    pool.close()
+
+
+@needs_gpu
+def test_pinned_ranges_follow_their_objects():
+    """The KV pool's host store is tracked like the bank's; a range leaves the list at close()
+    or when its object is collected unclosed."""
+    import gc
+
+    pool, _ = small_kv_pool()
+    store = (pool.layout["host_ptr"], pool.layout["host_bytes"])
+    assert store in tt.pinned_ranges() and store[1] > 0
+    pool.close()
+    assert store not in tt.pinned_ranges()
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
+    bank = tt.ExpertBank(experts.ResidencyMap.first_k("toy", g))
+    lay = bank.layout
+    host = (lay["host_ptr"], LAYERS * EXPERTS * 256)
+    assert host in tt.pinned_ranges()
+    del bank, lay
+    gc.collect()
+    assert host not in tt.pinned_ranges()
+
+
 def test_torch_module_loads_with_fake_impls():
     """No GPU needed: the ops are registered, and a bad argument is refused before any launch."""
     assert hasattr(torch.ops.tierkit, "count_topk")
@@ -368,3 +536,19 @@ def test_torch_module_loads_with_fake_impls():
         torch.ops.tierkit.count_topk(ids, ids, ids, ids, 0)
     with pytest.raises(ValueError, match="CUDA device"):
         tt.DeviceCounters(experts.Geometry(1, 2, 1), device="cpu")
+
+
+def test_a_step_stream_of_another_device_is_refused():
+    """No GPU needed: the step stream's device must be the object's."""
+    from types import SimpleNamespace
+
+    from tierkit._gpu.checks import _step_stream
+
+    dev = torch.device("cuda", 0)
+    other = SimpleNamespace(device=torch.device("cuda", 1))
+    with pytest.raises(ValueError, match="stream is on cuda:1"):
+        _step_stream(other, dev)
+    same = SimpleNamespace(device=torch.device("cuda", 0))
+    assert _step_stream(same, dev) is same
+    with pytest.raises(ValueError, match="stream is on cpu"):
+        _step_stream(SimpleNamespace(device=torch.device("cpu")), dev)

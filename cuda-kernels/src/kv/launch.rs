@@ -106,7 +106,8 @@ impl KvKernels {
     ///
     /// # Errors
     /// `OutOfRange` for `a.layer` or `o.layout`, `Shape` for `a.k == 0` or output lengths
-    /// (`o.indices_len`, `o.valid_len`) below `rows × k` / `rows`, the driver's launch error.
+    /// (`o.indices_len`, `o.valid_len`, `o.plan_count_len`) below `rows × k` / `rows` /
+    /// `sessions`, the driver's launch error.
     ///
     /// # Safety
     /// `t` holds live device buffers of the shapes [`KvTables`] lists for `d`; every pointer of `a`
@@ -139,30 +140,17 @@ impl KvKernels {
             });
         }
         let picks = a.rows as u64 * a.k as u64;
-        let indices_len = if o.indices_len == 0 {
-            picks
-        } else {
-            o.indices_len
-        };
-        if indices_len < picks {
-            return Err(CudaError::Shape {
-                what: "indices entries (at least rows × k)",
-                expected: picks,
-                got: indices_len,
-            });
-        }
-        let valid_len = if o.valid_len == 0 {
-            a.rows as u64
-        } else {
-            o.valid_len
-        };
-        if valid_len < a.rows as u64 {
-            return Err(CudaError::Shape {
-                what: "valid_count entries (at least rows)",
-                expected: a.rows as u64,
-                got: valid_len,
-            });
-        }
+        let indices_len = output_len(o.indices_len, picks, "indices entries (at least rows × k)")?;
+        let valid_len = output_len(
+            o.valid_len,
+            a.rows as u64,
+            "valid_count entries (at least rows)",
+        )?;
+        let plan_count_len = output_len(
+            o.plan_count_len,
+            a.sessions as u64,
+            "plan_count entries (at least sessions)",
+        )?;
         let fetch = u32::from(backend == CopyBackend::Gather);
         let fits = d.hot_rows <= KV_FAST_MAX_HOT_ROWS && d.fixed_pages <= KV_FAST_MAX_FIXED_PAGES;
         // Candidate bitmaps (2 × ceil(hot_rows / 32) u32), then the entry's fixed pages.
@@ -200,7 +188,8 @@ impl KvKernels {
             .arg(&o.layout)
             .arg(&o.query_seq_lens)
             .arg(&indices_len)
-            .arg(&valid_len);
+            .arg(&valid_len)
+            .arg(&plan_count_len);
         let cfg = LaunchConfig {
             grid_dim: (a.sessions + 1, 1, 1),
             block_dim: (block, 1, 1),
@@ -586,6 +575,20 @@ pub fn coalesce_runs(copies: &[KvCopy]) -> Vec<(KvCopy, u32)> {
     runs
 }
 
+/// The entries of an output buffer given as `given` (0 = exactly `need`); fewer than `need` is a
+/// `Shape` error naming `what`.
+fn output_len(given: u64, need: u64, what: &'static str) -> Result<u64> {
+    let len = if given == 0 { need } else { given };
+    if len < need {
+        return Err(CudaError::Shape {
+            what,
+            expected: need,
+            got: len,
+        });
+    }
+    Ok(len)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -624,5 +627,19 @@ mod tests {
         let long: Vec<KvCopy> = (0..500).map(|i| c(3, 1000 + i, 64 + i)).collect();
         assert_eq!(coalesce_runs(&long), vec![(c(3, 1000, 64), 500)]);
         assert!(coalesce_runs(&[]).is_empty());
+    }
+
+    #[test]
+    fn output_lengths_default_to_the_need_and_refuse_less() {
+        assert_eq!(output_len(0, 4, "x").unwrap(), 4);
+        assert_eq!(output_len(9, 4, "x").unwrap(), 9);
+        assert!(matches!(
+            output_len(3, 4, "plan_count entries (at least sessions)"),
+            Err(CudaError::Shape {
+                expected: 4,
+                got: 3,
+                ..
+            })
+        ));
     }
 }

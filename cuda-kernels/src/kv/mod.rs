@@ -436,6 +436,11 @@ pub struct KvResolveOptions {
     /// Entries of the `valid_count` buffer (0 = exactly `rows`). Larger: entries past `rows` are
     /// padding and written `0`. Smaller than `rows` is refused at launch (`Shape`).
     pub valid_len: u64,
+    /// Entries of the `plan_count` buffer (0 = exactly `sessions`). Larger: entries past
+    /// `sessions` are written `0`, so a replay over more sessions than this call's copies nothing
+    /// stale (a persistent `[max_sessions]` buffer inside a CUDA graph). Smaller than `sessions`
+    /// is refused at launch (`Shape`).
+    pub plan_count_len: u64,
     /// Which kernel runs ([`ResolveEngine::Lean`] by default); results are identical.
     pub engine: ResolveEngine,
 }

@@ -17,8 +17,11 @@ stream and never allocates, synchronises or creates a stream):
   slot-id form of an expert table (``int64 [layers, experts]`` addresses → ``int32`` slot or -1),
   for engines that index a stacked slot tensor (``ExpertBank.slot_ids``).
 - ``torch.ops.tierkit.kv_resolve(pool, topk, query_start_loc, seq_lens, session_slot, indices,
-  valid_count, plan, plan_count, stats, layer, packed, query_seq_lens)``: the fused KV resolve
-  into caller-owned outputs (``KvPool.resolve``).
+  valid_count, plan, plan_count, stats, planes, layer, packed, query_seq_lens)``: the fused KV
+  resolve into caller-owned outputs (``KvPool.resolve``); ``kv_replay(pool, plan, plan_count,
+  planes, sessions, layer0, layers)`` copies its misses into other layers (``KvPool.replay``).
+  ``planes`` (``KvPool.planes``) is declared mutated: the ops write the arena, and torch.compile
+  then keeps reads of the planes after them.
 
 Host objects: ``DeviceCounters`` (device tables the controller drains), ``ExpertBank`` (the GPU
 expert bank, an executor for ``tierkit.experts.Controller``), ``KvPool`` (the GPU elastic KV
@@ -28,7 +31,9 @@ current stream is capturing a CUDA graph. Bad input raises ``TypeError`` (dtype,
 
 Memory views (``ExpertBank.table / .host / .slots``, ``KvPool.arena``) are CUDA tensors over
 tierkit's memory through ``__cuda_array_interface__`` (the host store is mapped pinned memory:
-its device address is readable in place by kernels, UVA). They are valid until ``close()``.
+its device address is readable in place by kernels, UVA). A view keeps the memory: ``close()``
+marks the object closed, and the memory is freed (after a device synchronize) once the object and
+every view are gone. Captured CUDA graphs hold no reference: destroy them before ``close()``.
 ``is_tierkit_pinned(t)`` says whether a tensor lies in tierkit's pinned memory (``is_pinned()``
 does not see mapped or registered host memory). Nothing here starts a thread; every live object
 is closed at interpreter exit.

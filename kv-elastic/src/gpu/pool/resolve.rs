@@ -140,6 +140,7 @@ impl Resolver for GpuElasticPool {
             },
             indices_len: out.indices.len() as u64,
             valid_len: out.valid_count.len() as u64,
+            plan_count_len: 0,
             engine: self.engine,
         };
         let stream = gpu.stream();

@@ -45,8 +45,26 @@ def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-def _no_capture(what: str) -> None:
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+def _step_stream(stream, dev: torch.device):
+    """The object's step stream: ``stream`` or the current stream of ``dev``; a stream of another
+    device is a ValueError (its work would be ordered on the wrong device)."""
+    if stream is None:
+        return torch.cuda.current_stream(dev)
+    sdev = torch.device(stream.device)
+    if sdev.type != "cuda" or (sdev.index if sdev.index is not None else dev.index) != dev.index:
+        raise ValueError(f"stream is on {sdev}, the object on {dev}: pass a stream of {dev}")
+    return stream
+
+
+def _no_capture(what: str, device: torch.device) -> None:
+    """Refuses a host call while the current stream of the object's ``device`` (not the current
+    device's) is capturing a CUDA graph. The native objects check again in Rust, on that stream
+    and on the object's step stream, whichever way they are called."""
+    if not torch.cuda.is_available():
+        return
+    with torch.cuda.device(device):
+        capturing = torch.cuda.is_current_stream_capturing()
+    if capturing:
         raise RuntimeError(
             f"{what} synchronises or changes tier state on the host and cannot run while the "
             "current stream is capturing a CUDA graph; call it between replays"

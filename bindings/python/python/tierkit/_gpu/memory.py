@@ -14,13 +14,31 @@ from tierkit._gpu.checks import _tensor
 
 Tensor = torch.Tensor
 
-_PINNED: dict = {}  # id -> (ptr, bytes)
+_PINNED: dict = {}  # key (a private object) -> (ptr, bytes)
 _PINNED_LOCK = threading.Lock()
 
 
+def _track_pinned(owner, ptr: int, nbytes: int) -> weakref.finalize:
+    """Registers the pinned range ``[ptr, ptr + nbytes)`` of ``owner``'s memory. The range is
+    dropped when the returned finalizer is called (``close()``) or ``owner`` is collected,
+    whichever comes first: no entry outlives its object, and no id is reused as a key."""
+    key = object()
+    with _PINNED_LOCK:
+        _PINNED[key] = (int(ptr), int(nbytes))
+    return weakref.finalize(owner, _untrack_pinned, key)
+
+
+def _untrack_pinned(key) -> None:
+    with _PINNED_LOCK:
+        _PINNED.pop(key, None)
+
+
 class _DeviceArray:
-    """A ``__cuda_array_interface__`` over tierkit memory; holds its owner (the native object,
-    so a view keeps the memory alive, and no reference cycle runs through the wrapper) alive."""
+    """A ``__cuda_array_interface__`` over tierkit memory; holds its owner (the native object, not
+    the wrapper, so no reference cycle runs through the wrapper) alive. ``close()`` only marks the
+    owner closed: its memory is freed, after a device synchronize, when the owner and every view
+    are gone, so a view never reads freed memory. A captured CUDA graph holds no reference:
+    destroy graphs that use the memory before ``close()``."""
 
     def __init__(self, owner, ptr: int, shape, typestr: str):
         self._owner = owner

@@ -9,8 +9,8 @@ import torch
 
 from tierkit import _native
 from tierkit._gpu import ops as _ops
-from tierkit._gpu.checks import _cuda, _device, _no_capture, _tensor
-from tierkit._gpu.memory import _LIVE, _PINNED, _PINNED_LOCK, _Closable, _view
+from tierkit._gpu.checks import _cuda, _device, _no_capture, _step_stream, _tensor
+from tierkit._gpu.memory import _LIVE, _Closable, _track_pinned, _view
 
 Tensor = torch.Tensor
 
@@ -68,7 +68,7 @@ class DeviceCounters(_Closable):
     def drain(self) -> np.ndarray:
         """The counts since the last drain, ``uint32 [layers, experts]`` (synchronous)."""
         self._check_open()
-        _no_capture("DeviceCounters.drain")
+        _no_capture("DeviceCounters.drain", self.device)
         snap = self.counts.cpu().numpy().view(np.uint32).copy()
         delta = snap - self._last  # uint32 arithmetic wraps like the device counters
         self._last = snap
@@ -83,7 +83,7 @@ class DeviceCounters(_Closable):
     def rejected_total(self) -> int:
         """Rejected picks so far (synchronous)."""
         self._check_open()
-        _no_capture("DeviceCounters.rejected_total")
+        _no_capture("DeviceCounters.rejected_total", self.device)
         return int(self.rejected.cpu().numpy().view(np.uint32)[0])
 
     def close(self) -> None:
@@ -106,7 +106,7 @@ class ExpertBank(_Closable):
     def __init__(self, map, device=None, stream=None, threads: int = 4):
         dev = _device(device)
         self.device = dev
-        self._stream = stream if stream is not None else torch.cuda.current_stream(dev)
+        self._stream = _step_stream(stream, dev)
         self._native = _native.GpuExpertBank(map, dev.index, self._stream.cuda_stream, threads)
         lay = self._native.layout()
         self.layout = lay
@@ -114,8 +114,7 @@ class ExpertBank(_Closable):
         self.table = _view(self._native, lay["table_ptr"], (L, E), "<i8", dev)
         self.host = _view(self._native, lay["host_ptr"], (L, E, B), "|u1", dev)
         self.slots = _view(self._native, lay["hbm_ptr"], (L, S, B), "|u1", dev)
-        with _PINNED_LOCK:
-            _PINNED[id(self)] = (lay["host_ptr"], L * E * B)
+        self._pinned = _track_pinned(self, lay["host_ptr"], L * E * B)
         _LIVE.add(self)
 
     def slot_ids(self, out: Optional[Tensor] = None) -> Tensor:
@@ -132,7 +131,7 @@ class ExpertBank(_Closable):
 
     def reload(self, map) -> None:
         """Loads ``map`` synchronously (after writing ``host``, or to switch maps)."""
-        _no_capture("ExpertBank.reload")
+        _no_capture("ExpertBank.reload", self.device)
         # writes into `host` (torch copies, possibly still in flight) land before the load reads
         torch.cuda.synchronize(self.device)
         self._native.reload(map)
@@ -149,15 +148,15 @@ class ExpertBank(_Closable):
 
     def step(self, controller, counters) -> dict:
         """``controller.step(counters, self)``, refused during a capture."""
-        _no_capture("ExpertBank.step")
+        _no_capture("ExpertBank.step", self.device)
         return controller.step(counters, self)
 
     def close(self) -> None:
         if not self._closed:
+            _no_capture("ExpertBank.close", self.device)
+            self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
-            with _PINNED_LOCK:
-                _PINNED.pop(id(self), None)
-            self._native.close()
+            self._pinned()
 
 
 class KvPool(_Closable):
@@ -183,7 +182,7 @@ class KvPool(_Closable):
     ):
         dev = _device(device)
         self.device = dev
-        self._stream = stream if stream is not None else torch.cuda.current_stream(dev)
+        self._stream = _step_stream(stream, dev)
         self._native = _native.GpuKvPool(
             geometry,
             dev.index,
@@ -204,6 +203,7 @@ class KvPool(_Closable):
         self.arena = _view(self._native, ptrs[0], (len(ptrs), rows, rb), "|u1", dev) if contiguous else None
         ms, hot = self.max_sessions, lay["hot_rows"]
         # the resolve's plan / stats outputs (KvCopy = 4 x u32), reused by every call
+        self._pinned = _track_pinned(self, lay["host_ptr"], lay["host_bytes"])
         self.plan = torch.zeros((ms, max(hot, 1), 4), dtype=torch.int32, device=dev)
         self.plan_count = torch.zeros(ms, dtype=torch.int32, device=dev)
         self.stats = torch.zeros((ms, lay["kv_stats"]), dtype=torch.int32, device=dev)
@@ -213,7 +213,7 @@ class KvPool(_Closable):
 
     def _host(self, what: str):
         self._check_open()
-        _no_capture(f"KvPool.{what}")
+        _no_capture(f"KvPool.{what}", self.device)
         return self._native
 
     def admit(self, session: int, history) -> dict:
@@ -278,6 +278,7 @@ class KvPool(_Closable):
             self.plan,
             self.plan_count,
             self.stats,
+            self.planes,
             layer,
             packed,
             query_seq_lens,
@@ -287,10 +288,14 @@ class KvPool(_Closable):
         """Copies the last resolve's misses (its ``sessions`` entries) into planes ``layer0 ..
         layer0 + layers`` on the current stream (capturable): the other layers of a group."""
         self._check_open()
-        torch.ops.tierkit.kv_replay(self._id, self.plan, self.plan_count, sessions, layer0, layers)
+        torch.ops.tierkit.kv_replay(
+            self._id, self.plan, self.plan_count, self.planes, sessions, layer0, layers
+        )
 
     def close(self) -> None:
         if not self._closed:
+            _no_capture("KvPool.close", self.device)
+            self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
+            self._pinned()
             _ops._POOLS.pop(self._id, None)
-            self._native.close()

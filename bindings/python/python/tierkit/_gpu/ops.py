@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -91,6 +91,44 @@ def _expert_slot_ids_fake(table, out, hbm, slot_bytes, slots_per_layer):
     return None
 
 
+def _plan_outputs(p, plan: Tensor, plan_count: Tensor, sessions: int) -> None:
+    """Checks a resolve's / replay's plan outputs: int32, contiguous, on the pool's device, ``plan``
+    at least ``max_sessions x max(hot_rows, 1) x 4`` elements (the kernel's 16-byte copies at a
+    ``hot_rows`` row stride), ``plan_count`` at least ``sessions``."""
+    dev = p.device
+    need = p.max_sessions * max(p.layout["hot_rows"], 1) * 4
+    _contiguous(_cuda(plan, "plan", _I32, None, dev), "plan", need)
+    if plan.data_ptr() % 16 != 0:
+        raise ValueError("plan is not 16-byte aligned (its entries are 4 x int32 copies)")
+    _contiguous(_cuda(plan_count, "plan_count", _I32, None, dev), "plan_count", sessions)
+
+
+def _arena_planes(p, planes: List[Tensor]) -> None:
+    """Checks the ``planes`` argument of the KV ops: one ``uint8 [arena_rows, row_bytes]`` CUDA
+    tensor per layer on the pool's device (``KvPool.planes``). The kernels write the arena at the
+    pool's own addresses; the argument tells torch.compile that the op mutates the arena, so no
+    read of ``pool.planes[l]`` is moved ahead of it."""
+    if len(planes) != p.layers:
+        raise ValueError(f"planes has {len(planes)} tensors, the pool {p.layers} layers")
+    shape = (p.layout["arena_rows"], p.layout["row_bytes"])
+    for i, t in enumerate(planes):
+        _cuda(t, f"planes[{i}]", (torch.uint8,), 2, p.device)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"planes[{i}] has shape {tuple(t.shape)}, the arena plane {shape}")
+
+
+def _sync_planes(p, planes: List[Tensor], layers: range) -> None:
+    """Where torch.compile handed the op copies of the planes (functionalization without
+    reinplacing clones mutated arguments and copies them back after the op), fills the copies of
+    the written ``layers`` from the arena, on the current stream after the launch, so the copy
+    back writes the op's result, not the arena as it was before. A no-op for the planes
+    themselves."""
+    for layer in layers:
+        t, own = planes[layer], p.planes[layer]
+        if t.data_ptr() != own.data_ptr():
+            t.copy_(own)
+
+
 # KvPool objects by id (custom ops take tensors and scalars, so the pool is named by an id)
 _POOLS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _POOL_IDS = itertools.count(1)
@@ -98,7 +136,7 @@ _POOL_IDS = itertools.count(1)
 
 @torch.library.custom_op(
     "tierkit::kv_resolve",
-    mutates_args=("indices", "valid_count", "plan", "plan_count", "stats"),
+    mutates_args=("indices", "valid_count", "plan", "plan_count", "stats", "planes"),
 )
 def kv_resolve(
     pool: int,
@@ -111,6 +149,7 @@ def kv_resolve(
     plan: Tensor,
     plan_count: Tensor,
     stats: Tensor,
+    planes: List[Tensor],
     layer: int,
     packed: bool,
     query_seq_lens: Optional[Tensor],
@@ -146,6 +185,14 @@ def kv_resolve(
         q = query_seq_lens.data_ptr()
     if not 0 <= layer < p.layers:
         raise ValueError(f"layer {layer} out of range ({p.layers} layers)")
+    _plan_outputs(p, plan, plan_count, sessions)
+    _arena_planes(p, planes)
+    st = _contiguous(_cuda(stats, "stats", _I32, None, dev), "stats")
+    if st.numel() < sessions * p.layout["kv_stats"]:
+        raise ValueError(
+            f"stats has {st.numel()} elements, {sessions} sessions need "
+            f"{sessions * p.layout['kv_stats']} (sessions x kv_stats)"
+        )
     p._native.resolve(
         _stream(dev),
         tk.data_ptr(),
@@ -165,7 +212,9 @@ def kv_resolve(
         q,
         indices.numel(),
         valid_count.numel(),
+        plan_count.numel(),
     )
+    _sync_planes(p, planes, range(layer, layer + 1))
 
 
 @kv_resolve.register_fake
@@ -173,29 +222,40 @@ def _kv_resolve_fake(*args):
     return None
 
 
-# "plan" is declared mutated so that torch.compile never drops the call (it writes the arena,
-# tierkit's memory, which is no argument); the op leaves the plan as it is.
-@torch.library.custom_op("tierkit::kv_replay", mutates_args=("plan",))
+# "planes" (the arena) is declared mutated: torch.compile keeps the call and orders reads of the
+# planes after it; the op leaves the plan as it is.
+@torch.library.custom_op("tierkit::kv_replay", mutates_args=("planes",))
 def kv_replay(
-    pool: int, plan: Tensor, plan_count: Tensor, sessions: int, layer0: int, layers: int
+    pool: int,
+    plan: Tensor,
+    plan_count: Tensor,
+    planes: List[Tensor],
+    sessions: int,
+    layer0: int,
+    layers: int,
 ) -> None:
     """Copies the last resolve's misses into arena planes ``layer0 .. layer0 + layers``
-    (``KvPool.replay``). The arena is tierkit's memory, not an argument: the op is ordered by
-    the stream."""
+    (``KvPool.replay``; ``planes`` = ``KvPool.planes``)."""
     p = _POOLS.get(pool)
     if p is None:
         raise _native.ClosedError(f"KvPool {pool} is closed or unknown")
     p._check_open()
-    if plan is not p.plan or plan_count is not p.plan_count:
-        raise ValueError("plan / plan_count must be the pool's own (KvPool.plan, .plan_count)")
+    # checked by shape, not by identity or address: torch.compile's functionalization may hand
+    # the op another tensor holding the resolve's plan; the kernel bound-checks every entry, so
+    # no plan can copy outside the host store or the arena
+    if not 1 <= sessions <= p.max_sessions:
+        raise ValueError(f"sessions {sessions} outside 1..={p.max_sessions}")
+    _plan_outputs(p, plan, plan_count, sessions)
     if not (0 <= layer0 and layers >= 1 and layer0 + layers <= p.layers):
         raise ValueError(f"layers {layer0}..{layer0 + layers} outside 0..{p.layers}")
+    _arena_planes(p, planes)
     p._native.replay(
         _stream(p.device), plan.data_ptr(), plan_count.data_ptr(), sessions, layer0, layers
     )
+    _sync_planes(p, planes, range(layer0, layer0 + layers))
 
 
 @kv_replay.register_fake
-def _kv_replay_fake(pool, plan, plan_count, sessions, layer0, layers):
+def _kv_replay_fake(pool, plan, plan_count, planes, sessions, layer0, layers):
     return None
 
