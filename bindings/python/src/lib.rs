@@ -152,6 +152,7 @@ impl<T> Slot<T> {
 
     /// Marks the object closed and hands back its value if it was open (`None` when it was
     /// closed or poisoned already): for owners that must free it later (idempotent).
+    #[cfg(feature = "cuda")]
     pub(crate) fn take(&self) -> PyResult<Option<T>> {
         Ok(match self.take_state()? {
             State::Open(v) => Some(v),
