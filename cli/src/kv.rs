@@ -6,6 +6,7 @@
 //! tierkit kv simulate --trace ../shared/data/kv/mooncake/conversation_trace.jsonl \
 //!     --loads 0.25,0.5,1,2,4,8 --plot docs/kv
 //! tierkit kv calibrate                                  # hot-cache miss rates of the selection model
+//! tierkit kv fit-time kv_serving.json                   # step-time model from the GPU benchmark's steps
 //! ```
 
 use std::path::PathBuf;
@@ -32,6 +33,15 @@ enum KvCommand {
     Simulate(SimulateArgs),
     /// Measure the selection model's miss rates against a bare hot cache of k / 2k / 4k rows.
     Calibrate(CalibrateArgs),
+    /// Fit the simulation's step-time model (`--step-base-us`, `--step-per-request-us`,
+    /// `--step-per-miss-us`) to the measured steps of a `kv_serving_bench` JSON report.
+    FitTime(FitTimeArgs),
+}
+
+#[derive(Debug, Args)]
+struct FitTimeArgs {
+    /// `kv_serving_bench --out` JSON (`runs[].placement`, `runs[].steps[].{batch, misses, step_us}`).
+    report: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -79,6 +89,11 @@ struct SimulateArgs {
     /// Decode step time: per request in the batch, µs.
     #[arg(long, default_value_t = 100.0)]
     step_per_request_us: f64,
+    /// Decode step time: per demand miss (one token's KV fetched from host), µs. 0 keeps misses
+    /// out of step time (all placements share one schedule); `kv fit-time` fits it from the H200
+    /// serving benchmark (0.95–0.99 µs there).
+    #[arg(long, default_value_t = 0.0)]
+    step_per_miss_us: f64,
     /// Seed of the selection streams and of the synthetic scenario.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -117,7 +132,72 @@ pub fn run(args: KvArgs) -> Result<(), Box<dyn std::error::Error>> {
     match args.command {
         KvCommand::Simulate(a) => simulate(a),
         KvCommand::Calibrate(a) => calibrate(a),
+        KvCommand::FitTime(a) => fit_time(a),
     }
+}
+
+fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use tierkit_sim::kv::serving::TimeModel;
+    // Bounded read: a benchmark report is a few MB; refuse anything beyond 1 GiB.
+    let meta = std::fs::metadata(&a.report)?;
+    if !meta.is_file() || meta.len() > 1 << 30 {
+        return Err(format!(
+            "{}: not a regular file of at most 1 GiB",
+            a.report.display()
+        )
+        .into());
+    }
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&a.report)?).map_err(|e| {
+        format!(
+            "{}: not a kv_serving_bench JSON report: {e}",
+            a.report.display()
+        )
+    })?;
+    let runs = v["runs"].as_array().ok_or_else(|| {
+        format!(
+            "{}: no `runs` array (a kv_serving_bench --out report?)",
+            a.report.display()
+        )
+    })?;
+    // (batch, misses, µs) steps per placement, in report order.
+    type Steps = Vec<(u32, u64, f64)>;
+    let mut by: Vec<(String, Steps)> = Vec::new();
+    for r in runs {
+        let name = r["placement"].as_str().unwrap_or("?").to_string();
+        let steps = r["steps"].as_array().map(|s| s.as_slice()).unwrap_or(&[]);
+        let pts = steps.iter().filter_map(|s| {
+            Some((
+                s["batch"].as_u64()? as u32,
+                s["misses"].as_u64()?,
+                s["step_us"].as_f64()?,
+            ))
+        });
+        match by.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.extend(pts),
+            None => by.push((name, pts.collect())),
+        }
+    }
+    let pools: Steps = by
+        .iter()
+        .filter(|(n, _)| n != "fully resident")
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    for (name, pts) in by.iter().chain(std::iter::once(&(
+        "pools (fixed + elastic)".to_string(),
+        pools,
+    ))) {
+        match TimeModel::fit_with_misses(pts) {
+            Ok(m) => println!(
+                "{name:>24}: {:>6} steps  --step-base-us {:.0} --step-per-request-us {:.1} --step-per-miss-us {:.3}",
+                pts.len(),
+                m.step_base_us,
+                m.step_per_request_us,
+                m.step_per_miss_us
+            ),
+            Err(e) => println!("{name:>24}: {:>6} steps  no fit: {e}", pts.len()),
+        }
+    }
+    Ok(())
 }
 
 fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -197,6 +277,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     positive("--budget-gib", a.budget_gib, false)?;
     positive("--step-base-us", a.step_base_us, false)?;
     positive("--step-per-request-us", a.step_per_request_us, true)?;
+    positive("--step-per-miss-us", a.step_per_miss_us, true)?;
     for &load in &a.loads {
         positive("--loads", load, false)?;
     }
@@ -238,6 +319,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         time: tierkit_sim::kv::serving::TimeModel {
             step_base_us: a.step_base_us,
             step_per_request_us: a.step_per_request_us,
+            step_per_miss_us: a.step_per_miss_us,
         },
         max_steps: a.steps,
         load: 1.0,
@@ -348,6 +430,17 @@ fn print_reports(reports: &[SimReport]) {
             fixed.misses_per_step,
             if el.misses_per_step <= fixed.misses_per_step { "elastic ≤ fixed" } else { "ELASTIC > FIXED" }
         );
+        if rep.config.time.step_per_miss_us > 0.0 {
+            println!(
+                "load {}: decode tokens/s resident {:.0}, fixed {:.0}, elastic {:.0} (elastic ÷ resident {:.2}, ÷ fixed {:.2})",
+                rep.config.load,
+                full.tokens_per_s,
+                fixed.tokens_per_s,
+                el.tokens_per_s,
+                el.tokens_per_s / full.tokens_per_s.max(f64::MIN_POSITIVE),
+                el.tokens_per_s / fixed.tokens_per_s.max(f64::MIN_POSITIVE)
+            );
+        }
     }
 }
 

@@ -241,3 +241,51 @@ fn tiny_valid_run_writes_json_and_plots() {
     );
     assert!(String::from_utf8_lossy(&cal.stdout).contains("| 64 "));
 }
+
+#[test]
+fn fit_time_recovers_the_step_model_of_a_benchmark_report_and_refuses_bad_files() {
+    // A kv_serving_bench-shaped report whose steps follow 11,000 + 50 × batch + 0.9 × misses µs.
+    let steps = |misses_per_req: u64| {
+        (1..30u64)
+            .map(|b| {
+                let m = b * misses_per_req + (b % 7) * 300;
+                format!(
+                    r#"{{"batch": {b}, "misses": {m}, "step_us": {}}}"#,
+                    11_000.0 + 50.0 * b as f64 + 0.9 * m as f64
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let report = format!(
+        r#"{{"runs": [{{"placement": "fully resident", "steps": [{}]}}, {{"placement": "elastic", "steps": [{}]}}]}}"#,
+        steps(0),
+        steps(40)
+    );
+    let path = temp("fit-time.json");
+    std::fs::write(&path, report).unwrap();
+    let out = tierkit(&["kv", "fit-time", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let elastic = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("elastic:"))
+        .unwrap();
+    assert!(
+        elastic.contains("--step-base-us 11000")
+            && elastic.contains("--step-per-request-us 50.0")
+            && elastic.contains("--step-per-miss-us 0.900"),
+        "{elastic}"
+    );
+    let bad = temp("fit-time-bad.json");
+    std::fs::write(&bad, r#"{"runs": 3}"#).unwrap();
+    fails_with(
+        &["kv", "fit-time", bad.to_str().unwrap()],
+        "no `runs` array",
+    );
+    fails_with(&["kv", "fit-time", "/dev/zero"], "not a regular file");
+}

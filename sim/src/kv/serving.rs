@@ -75,6 +75,12 @@ pub struct TimeModel {
     pub step_base_us: f64,
     /// Added cost per request in the batch, µs.
     pub step_per_request_us: f64,
+    /// Added cost per demand miss of the step (one token's KV over all layers fetched from host
+    /// memory), µs. 0 (the default, and missing in older JSON) keeps misses out of step time, so
+    /// all placements share one schedule and their misses compare at equal concurrency; the H200
+    /// serving benchmark measured 0.95–0.99 µs (`docs/kv.md`).
+    #[serde(default)]
+    pub step_per_miss_us: f64,
 }
 
 impl TimeModel {
@@ -109,6 +115,64 @@ impl TimeModel {
         Ok(TimeModel {
             step_base_us: base,
             step_per_request_us: slope,
+            step_per_miss_us: 0.0,
+        })
+    }
+
+    /// Least-squares fit of `step_base_us + step_per_request_us × batch + step_per_miss_us ×
+    /// misses` to measured decode steps `(batch, misses, µs)` (the `steps` of
+    /// `kv_serving_bench`'s JSON report: `batch`, `misses`, `step_us`; the pools' placements,
+    /// where misses vary). Negative slopes are refitted without that term. Errors
+    /// (`KvError::InvalidConfig`): a non-finite or negative time, a degenerate design (fewer than
+    /// two distinct batch sizes, or misses collinear with the batch), or a base that is not > 0.
+    pub fn fit_with_misses(steps: &[(u32, u64, f64)]) -> Result<TimeModel> {
+        if let Some(&(_, _, t)) = steps.iter().find(|(_, _, t)| !(t.is_finite() && *t >= 0.0)) {
+            return Err(KvError::InvalidConfig(format!(
+                "step time {t} µs must be finite and >= 0"
+            )));
+        }
+        if steps.iter().all(|&(_, m, _)| m == 0) {
+            return Self::fit(&steps.iter().map(|&(b, _, t)| (b, t)).collect::<Vec<_>>());
+        }
+        // Normal equations of [1, batch, misses] (centred for conditioning).
+        let n = steps.len() as f64;
+        let mb = steps.iter().map(|s| s.0 as f64).sum::<f64>() / n;
+        let mm = steps.iter().map(|s| s.1 as f64).sum::<f64>() / n;
+        let mt = steps.iter().map(|s| s.2).sum::<f64>() / n;
+        let (mut sbb, mut smm, mut sbm, mut sbt, mut smt) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(b, m, t) in steps {
+            let (b, m, t) = (b as f64 - mb, m as f64 - mm, t - mt);
+            sbb += b * b;
+            smm += m * m;
+            sbm += b * m;
+            sbt += b * t;
+            smt += m * t;
+        }
+        let det = sbb * smm - sbm * sbm;
+        if !(det.is_finite() && det > 1e-9 * (sbb * smm).max(f64::MIN_POSITIVE)) {
+            return Err(KvError::InvalidConfig(
+                "fitting a step-time model with misses needs steps whose batch and misses vary independently".into(),
+            ));
+        }
+        let mut kb = (sbt * smm - smt * sbm) / det;
+        let mut km = (smt * sbb - sbt * sbm) / det;
+        if km < 0.0 {
+            km = 0.0;
+            kb = if sbb > 0.0 { (sbt / sbb).max(0.0) } else { 0.0 };
+        } else if kb < 0.0 {
+            kb = 0.0;
+            km = if smm > 0.0 { (smt / smm).max(0.0) } else { 0.0 };
+        }
+        let base = mt - kb * mb - km * mm;
+        if !(base.is_finite() && base > 0.0) {
+            return Err(KvError::InvalidConfig(format!(
+                "fitted step_base_us {base} must be > 0"
+            )));
+        }
+        Ok(TimeModel {
+            step_base_us: base,
+            step_per_request_us: kb,
+            step_per_miss_us: km,
         })
     }
 }
@@ -155,6 +219,7 @@ impl Default for SimConfig {
             time: TimeModel {
                 step_base_us: 25_000.0,
                 step_per_request_us: 100.0,
+                step_per_miss_us: 0.0,
             },
             max_steps: 3000,
             load: 1.0,
@@ -192,6 +257,12 @@ impl SimConfig {
             return bad(format!(
                 "step_base_us {} must be finite and > 0 µs",
                 t.step_base_us
+            ));
+        }
+        if !(t.step_per_miss_us.is_finite() && t.step_per_miss_us >= 0.0) {
+            return bad(format!(
+                "step_per_miss_us {} must be finite and >= 0 µs",
+                t.step_per_miss_us
             ));
         }
         if !(t.step_per_request_us.is_finite() && t.step_per_request_us >= 0.0) {
@@ -274,6 +345,10 @@ pub struct PlacementReport {
     pub pages_handed_back: u64,
     /// Requests still waiting at the end.
     pub queued_at_end: u64,
+    /// Decode tokens per simulated second of busy time (the scheduler's; the GPU serving
+    /// benchmark reports the same figure measured).
+    #[serde(default)]
+    pub tokens_per_s: f64,
 }
 
 /// All placements on one run.
@@ -371,6 +446,7 @@ pub fn simulate_placement(
         pages_reclaimed: 0,
         pages_handed_back: 0,
         queued_at_end: 0,
+        tokens_per_s: 0.0,
     };
     let (mut picks, mut misses, mut zero_miss) = (0u64, 0u64, 0u64);
     let (mut sessions, mut qsl, mut seq_lens, mut topk, mut one) =
@@ -513,9 +589,11 @@ pub fn simulate_placement(
                 }
             }
         }
-        for f in
-            sched.end_step(cfg.time.step_base_us + cfg.time.step_per_request_us * batch as f64)?
-        {
+        for f in sched.end_step(
+            cfg.time.step_base_us
+                + cfg.time.step_per_request_us * batch as f64
+                + cfg.time.step_per_miss_us * step_misses as f64,
+        )? {
             runs.remove(&f.id);
         }
         if let Store::Pool(pool) = &mut store {
@@ -531,6 +609,7 @@ pub fn simulate_placement(
     r.median_batch = s.median_batch;
     r.mean_batch = s.mean_batch;
     r.queued_at_end = s.queued_at_end;
+    r.tokens_per_s = s.tokens_per_s;
     let steps = r.steps.max(1) as f64;
     r.picks_per_step = picks as f64 / steps;
     r.misses_per_step = misses as f64 / steps;
@@ -608,6 +687,7 @@ mod tests {
                 time: TimeModel {
                     step_base_us,
                     step_per_request_us: 1.0,
+                    step_per_miss_us: 0.0,
                 },
                 ..small()
             });
@@ -616,6 +696,15 @@ mod tests {
             time: TimeModel {
                 step_base_us: 1.0,
                 step_per_request_us: f64::NAN,
+                step_per_miss_us: 0.0,
+            },
+            ..small()
+        });
+        inval(SimConfig {
+            time: TimeModel {
+                step_base_us: 1.0,
+                step_per_request_us: 1.0,
+                step_per_miss_us: -1.0,
             },
             ..small()
         });
@@ -711,6 +800,89 @@ mod tests {
         assert!(
             rep.placements[1].misses_per_step > 0.0,
             "the fixed hot cache misses on 200-token histories"
+        );
+    }
+
+    #[test]
+    fn fit_with_misses_recovers_the_three_terms_and_refuses_collinear_steps() {
+        let truth = |b: u32, m: u64| 11_000.0 + 60.0 * b as f64 + 0.95 * m as f64;
+        let steps: Vec<(u32, u64, f64)> = (1..40u32)
+            .flat_map(|b| {
+                [0u64, 500, 3_000].map(|m| (b, m + 37 * b as u64, truth(b, m + 37 * b as u64)))
+            })
+            .collect();
+        let m = TimeModel::fit_with_misses(&steps).unwrap();
+        assert!((m.step_base_us - 11_000.0).abs() < 1e-6, "{m:?}");
+        assert!((m.step_per_request_us - 60.0).abs() < 1e-9, "{m:?}");
+        assert!((m.step_per_miss_us - 0.95).abs() < 1e-12, "{m:?}");
+        // misses a multiple of the batch: the two slopes cannot be told apart
+        let coll: Vec<(u32, u64, f64)> = (1..10u32)
+            .map(|b| (b, 10 * b as u64, 100.0 + b as f64))
+            .collect();
+        assert!(matches!(
+            TimeModel::fit_with_misses(&coll),
+            Err(KvError::InvalidConfig(_))
+        ));
+        // no misses at all: the two-term fit, per-miss 0
+        let none: Vec<(u32, u64, f64)> =
+            (1..10u32).map(|b| (b, 0, 100.0 + 2.0 * b as f64)).collect();
+        let m = TimeModel::fit_with_misses(&none).unwrap();
+        assert_eq!(m.step_per_miss_us, 0.0);
+        assert!((m.step_per_request_us - 2.0).abs() < 1e-9);
+        assert!(matches!(
+            TimeModel::fit_with_misses(&[(1, 1, f64::NAN), (2, 3, 1.0)]),
+            Err(KvError::InvalidConfig(_))
+        ));
+    }
+
+    #[test]
+    fn misses_feed_back_into_step_time_when_priced() {
+        let trace = ArrivalTrace {
+            name: "t".into(),
+            requests: (0..40)
+                .map(|i| TraceRequest {
+                    arrival_ms: i,
+                    input_length: 400,
+                    output_length: 20,
+                })
+                .collect(),
+        };
+        let free = simulate(
+            &trace,
+            &SimConfig {
+                load: 4.0,
+                ..small()
+            },
+        )
+        .unwrap();
+        let priced = simulate(
+            &trace,
+            &SimConfig {
+                load: 4.0,
+                time: TimeModel {
+                    step_per_miss_us: 50.0,
+                    ..small().time
+                },
+                ..small()
+            },
+        )
+        .unwrap();
+        let fixed = |r: &SimReport| r.placements[1].clone();
+        assert!(
+            fixed(&free).misses_per_step > 0.0,
+            "the fixed hot cache misses here"
+        );
+        assert!(
+            fixed(&priced).sim_seconds > fixed(&free).sim_seconds,
+            "priced misses lengthen the fixed hot cache's steps"
+        );
+        assert_eq!(
+            priced.placements[0].sim_seconds, free.placements[0].sim_seconds,
+            "resident never misses"
+        );
+        assert!(
+            fixed(&priced).tokens_per_s > 0.0
+                && fixed(&priced).tokens_per_s < fixed(&free).tokens_per_s
         );
     }
 
