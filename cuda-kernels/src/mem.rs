@@ -240,7 +240,8 @@ pub enum HostBacking {
     Registered,
 }
 
-// SAFETY: the allocation is owned by this value; the raw pointer is only dereferenced through
+// SAFETY: the memory is owned by this value, or lent to it exclusively for its life
+// (`PinnedBuffer::borrowed`'s contract); the raw pointer is only dereferenced through
 // `&self`/`&mut self` methods, so Rust's aliasing rules apply as for a `Vec<T>`.
 unsafe impl<T: Pod> Send for PinnedBuffer<T> {}
 // SAFETY: as above; shared references only give shared slices.

@@ -11,7 +11,8 @@
 //!   caller's control block (`cuda_kernels::CountLauncher`).
 //! - [`expert_slot_ids`]: the slot-id form of an expert table (`cuda_kernels::SlotIdLauncher`).
 //! - [`PyGpuExpertBank`]: `expert_residency::GpuExecutor` (host store in mapped pinned memory, HBM
-//!   slots, the device table), a swap executor for `tierkit.experts.Controller`.
+//!   slots, the device table; the host store and slots may be the caller's tensors), a swap
+//!   executor for `tierkit.experts.Controller`.
 //! - [`PyGpuKvPool`]: `kv_elastic::GpuElasticPool` (host calls: admit, append, finish, reclaim,
 //!   between steps) and its device resolve into caller-owned outputs.
 //!
