@@ -10,7 +10,7 @@ import torch
 from tierkit import _native
 from tierkit._gpu import ops as _ops
 from tierkit._gpu.checks import _cuda, _device, _no_capture, _range, _step_stream, _tensor
-from tierkit._gpu.memory import _LIVE, _Closable, _track_pinned, _view, is_tierkit_pinned
+from tierkit._gpu.memory import _LIVE, _Closable, _overlaps_tierkit_pinned, _track_pinned, _view
 
 Tensor = torch.Tensor
 
@@ -125,7 +125,7 @@ class ExpertBank(_Closable):
         registered = False
         if host is not None:
             host = _range(host, "host", L * E * B, "cpu")
-            if is_tierkit_pinned(host):
+            if _overlaps_tierkit_pinned(host.data_ptr(), L * E * B):
                 raise ValueError(
                     "host lies in memory another tierkit object pinned (its pinning ends with "
                     "that object): pass a tensor of your own"
