@@ -286,7 +286,7 @@ def test_expert_bank_reads_the_callers_pinned_weights_in_place(pin):
     # the caller's bytes were only read
     assert torch.equal(weights, callers_weights(nbytes, False))
     bank.close()
-    del bank, lay
+    bank = lay = None  # the last references: the native bank is freed here
     gc.collect()
     assert rng_ not in tt.pinned_ranges()
     # a registered range is unregistered with the bank: it can be registered again
