@@ -77,6 +77,15 @@ pub enum CudaError {
     /// An asynchronous operation is still in flight (e.g. a drain whose copy has not completed).
     #[error("operation still in flight: {0}")]
     InFlight(&'static str),
+    /// Caller-owned memory handed to tierkit is unusable: misaligned, too small, on another
+    /// device, or not device-accessible (pinned and mapped, or device memory).
+    #[error("caller memory {what}: {reason}")]
+    ForeignMemory {
+        /// Which buffer.
+        what: &'static str,
+        /// What was wrong (with the numbers).
+        reason: String,
+    },
     /// A fork and its join do not belong to the same CUDA graph capture (or both to none).
     #[error("stream capture mismatch: {0}")]
     Capture(&'static str),

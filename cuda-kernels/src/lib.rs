@@ -70,7 +70,7 @@ pub use kv::{
     KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE,
     KV_STATS, KV_UNCLAIMED,
 };
-pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, PinnedBuffer};
+pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, HostBacking, PinnedBuffer};
 pub use ops::DeviceOps;
 pub use raw::ContextGuard;
 pub use signal::EventSignal;

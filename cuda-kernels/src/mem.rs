@@ -29,6 +29,8 @@ pub struct DeviceBuffer<T: Pod> {
     ptr: u64,
     len: usize,
     ctx: Arc<CudaContext>,
+    /// `false` for caller-owned memory ([`DeviceBuffer::borrowed`]): never freed by us.
+    owned: bool,
     _t: PhantomData<T>,
 }
 
@@ -53,14 +55,69 @@ impl<T: Pod> DeviceBuffer<T> {
             ptr,
             len,
             ctx: ctx.clone(),
+            owned: true,
             _t: PhantomData,
         };
-        // SAFETY: `ptr` is our fresh allocation of at least `bytes` bytes.
-        unsafe { raw::memset_zero_sync(ptr, bytes) }?;
-        // The "sync" memset runs on the legacy stream and may still be in flight on return; our
-        // streams are non-blocking (no implicit ordering with it), so wait for it here.
-        ctx.synchronize().map_err(drv("cuCtxSynchronize"))?;
+        buf.zero_sync()?;
         Ok(buf)
+    }
+
+    /// A view of `len` elements of caller-owned device memory at `ptr` (e.g. a PyTorch CUDA
+    /// tensor's storage), never freed by tierkit. Checked with `cuPointerGetAttribute`: `ptr` is
+    /// 16-byte aligned, device memory of `ctx`'s device, and `ptr .. ptr + len × size_of::<T>()`
+    /// lies inside one allocation. The contents are left as they are.
+    ///
+    /// # Errors
+    /// [`CudaError::ForeignMemory`] for a null, misaligned, foreign-device, non-device or too
+    /// short range; [`CudaError::OutOfRange`] for a length overflowing `isize`.
+    ///
+    /// # Safety
+    /// The memory must stay allocated, and be used by nobody else in a way that races with
+    /// tierkit's use, for the life of the returned buffer.
+    pub unsafe fn borrowed(ctx: &Arc<CudaContext>, ptr: u64, len: usize) -> Result<Self> {
+        let bytes = bytes_of::<T>(len, "device buffer length")?;
+        let bad = |reason: String| CudaError::ForeignMemory {
+            what: "device range",
+            reason,
+        };
+        if ptr == 0 || !ptr.is_multiple_of(16) {
+            return Err(bad(format!(
+                "address {ptr:#x} is null or not 16-byte aligned"
+            )));
+        }
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let (device, ordinal, start, size) = raw::device_range_of(ptr)
+            .map_err(|e| bad(format!("address {ptr:#x} unknown to the driver ({e})")))?;
+        if !device || ordinal as i64 != ctx.ordinal() as i64 {
+            return Err(bad(format!(
+                "address {ptr:#x} is not device memory of device {} (device memory: {device}, \
+                 device {ordinal})",
+                ctx.ordinal()
+            )));
+        }
+        let end = (ptr - start) as u128 + bytes as u128;
+        if end > size as u128 {
+            return Err(bad(format!(
+                "{bytes} bytes at {ptr:#x} overrun the allocation ({size} bytes from {start:#x})"
+            )));
+        }
+        Ok(DeviceBuffer {
+            ptr,
+            len,
+            ctx: ctx.clone(),
+            owned: false,
+            _t: PhantomData,
+        })
+    }
+
+    /// Whether tierkit allocated (and will free) this memory.
+    pub fn is_owned(&self) -> bool {
+        self.owned
+    }
+
+    /// The context the buffer belongs to.
+    pub fn ctx(&self) -> &Arc<CudaContext> {
+        &self.ctx
     }
 
     /// Allocates and uploads `data` (synchronous copy).
@@ -130,6 +187,17 @@ impl<T: Pod> DeviceBuffer<T> {
         Ok(out)
     }
 
+    /// Synchronous zero-fill: returns once the bytes are zero (it synchronises the context: the
+    /// "sync" memset runs on the legacy stream and may still be in flight on return, and our
+    /// streams are non-blocking, with no implicit ordering with it).
+    pub fn zero_sync(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        // SAFETY: `self.ptr` is a live range of `num_bytes()` bytes (owned, or the caller's per
+        // `borrowed`'s contract); zero is a valid `T: Pod`.
+        unsafe { raw::memset_zero_sync(self.ptr, self.num_bytes()) }?;
+        self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    }
+
     /// Asynchronous zero-fill on `stream`.
     pub fn zero_async(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: `self.ptr` is a live allocation of `num_bytes()` bytes; zero is a valid `T: Pod`.
@@ -139,7 +207,7 @@ impl<T: Pod> DeviceBuffer<T> {
 
 impl<T: Pod> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.owned && self.ctx.bind_to_thread().is_ok() {
             // SAFETY: we own this allocation; `cuMemFree` waits for outstanding work on it
             // (implicit synchronisation of the free), and the pointer is never used again.
             unsafe { raw::free(self.ptr) };
@@ -157,9 +225,23 @@ pub struct PinnedBuffer<T: Pod> {
     dev: u64,
     len: usize,
     ctx: Arc<CudaContext>,
+    backing: HostBacking,
 }
 
-// SAFETY: the allocation is owned by this value; the raw pointer is only dereferenced through
+/// Who owns a [`PinnedBuffer`]'s memory, and what its drop undoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostBacking {
+    /// Allocated by tierkit (`cuMemHostAlloc`), freed on drop.
+    Owned,
+    /// The caller's memory, already pinned and mapped; left alone on drop.
+    Borrowed,
+    /// The caller's memory, pinned by tierkit (`cuMemHostRegister`); unregistered on drop, never
+    /// freed.
+    Registered,
+}
+
+// SAFETY: the memory is owned by this value, or lent to it exclusively for its life
+// (`PinnedBuffer::borrowed`'s contract); the raw pointer is only dereferenced through
 // `&self`/`&mut self` methods, so Rust's aliasing rules apply as for a `Vec<T>`.
 unsafe impl<T: Pod> Send for PinnedBuffer<T> {}
 // SAFETY: as above; shared references only give shared slices.
@@ -184,7 +266,92 @@ impl<T: Pod> PinnedBuffer<T> {
             dev,
             len,
             ctx: ctx.clone(),
+            backing: HostBacking::Owned,
         })
+    }
+
+    /// A view of `len` elements of caller-owned host memory at `host`, never freed by tierkit.
+    /// With `register`, tierkit pins and maps the range (`cuMemHostRegister`, `DEVICEMAP |
+    /// PORTABLE`) and unregisters it on drop; without, the range must already be pinned and
+    /// mapped (e.g. `cudaHostAlloc` memory, a PyTorch pinned tensor), which is checked at both
+    /// ends with `cuMemHostGetDevicePointer`. The contents are left as they are.
+    ///
+    /// # Errors
+    /// [`CudaError::ForeignMemory`] for a null or not 16-byte aligned address, or a range the
+    /// driver does not map (not pinned; or, with `register`, already registered:
+    /// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED` in the reason); [`CudaError::OutOfRange`] for
+    /// a length overflowing `isize`.
+    ///
+    /// # Safety
+    /// `host .. host + len × size_of::<T>()` must be live, writable host memory that stays
+    /// allocated for the life of the returned buffer and is not accessed by others in a way that
+    /// races with tierkit's (the buffer hands out `&mut` slices of it).
+    pub unsafe fn borrowed(
+        ctx: &Arc<CudaContext>,
+        host: *mut T,
+        len: usize,
+        register: bool,
+    ) -> Result<Self> {
+        let bytes = bytes_of::<T>(len, "pinned buffer length")?;
+        let bad = |reason: String| CudaError::ForeignMemory {
+            what: "host range",
+            reason,
+        };
+        let addr = host as usize;
+        if addr == 0 || !addr.is_multiple_of(16) {
+            return Err(bad(format!(
+                "address {addr:#x} is null or not 16-byte aligned"
+            )));
+        }
+        ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+        let base = host as *mut u8;
+        if register {
+            // SAFETY: a live host range for the buffer's life (caller's contract), context bound;
+            // `Drop` unregisters it once.
+            unsafe { raw::host_register_mapped(base, bytes) }
+                .map_err(|e| bad(format!("cannot register {bytes} bytes at {addr:#x}: {e}")))?;
+        }
+        let backing = if register {
+            HostBacking::Registered
+        } else {
+            HostBacking::Borrowed
+        };
+        // the first and the last byte must both be mapped, contiguously
+        // SAFETY: context bound above; these calls only query the driver.
+        let ends = unsafe {
+            raw::host_device_ptr(base)
+                .and_then(|d0| Ok((d0, raw::host_device_ptr(base.add(bytes.max(1) - 1))?)))
+        };
+        let checked = match ends {
+            Ok((d0, d1)) if d1 == d0 + (bytes.max(1) - 1) as u64 => Ok(d0),
+            Ok(_) => Err(bad(format!(
+                "{bytes} bytes at {addr:#x} are not one mapped range"
+            ))),
+            Err(e) => Err(bad(format!(
+                "{bytes} bytes at {addr:#x} are not pinned and mapped ({e})"
+            ))),
+        };
+        match checked {
+            Ok(dev) => Ok(PinnedBuffer {
+                host,
+                dev,
+                len,
+                ctx: ctx.clone(),
+                backing,
+            }),
+            Err(e) => {
+                if register {
+                    // SAFETY: registered just above, never shared.
+                    unsafe { raw::host_unregister(base) };
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Who owns the memory.
+    pub fn backing(&self) -> HostBacking {
+        self.backing
     }
 
     /// Number of elements.
@@ -233,7 +400,15 @@ impl<T: Pod> PinnedBuffer<T> {
 
 impl<T: Pod> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.backing == HostBacking::Borrowed || self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        if self.backing == HostBacking::Registered {
+            // Unregistering does not wait for device work that reads the range: wait first.
+            let _ = self.ctx.synchronize();
+            // SAFETY: we registered this range, the device is idle, and it is never used again.
+            unsafe { raw::host_unregister(self.host as *mut u8) };
+        } else {
             // SAFETY: we own this allocation; `cuMemFreeHost` synchronises with outstanding
             // device work on it, and the pointer is never used again.
             unsafe { raw::free_host(self.host as *mut u8) };

@@ -118,6 +118,64 @@ pub(crate) unsafe fn free_host(host: *mut u8) {
     let _ = unsafe { result::free_host(host as *mut _) };
 }
 
+/// `cuMemHostRegister` of `host .. host + bytes` (at least 1 byte) as pinned, mapped into the
+/// device address space and portable across contexts (`DEVICEMAP | PORTABLE`).
+///
+/// # Safety
+/// A context must be bound to the calling thread; `host .. host + bytes` is a live host
+/// allocation that stays allocated until [`host_unregister`] is called on `host`, exactly once.
+pub(crate) unsafe fn host_register_mapped(host: *mut u8, bytes: usize) -> Result<()> {
+    let flags = sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE;
+    // SAFETY: caller's contract (a live host range, a bound context).
+    unsafe { sys::cuMemHostRegister_v2(host as *mut _, bytes.max(1), flags) }
+        .result()
+        .map_err(drv("cuMemHostRegister"))
+}
+
+/// `cuMemHostUnregister`; errors are ignored (used from `Drop`).
+///
+/// # Safety
+/// `host` was registered by [`host_register_mapped`] and no device work reads it any more.
+pub(crate) unsafe fn host_unregister(host: *mut u8) {
+    // SAFETY: caller's contract.
+    let _ = unsafe { sys::cuMemHostUnregister(host as *mut _) };
+}
+
+/// The device address of the mapped pinned host address `host` (`cuMemHostGetDevicePointer`);
+/// fails (`CUDA_ERROR_INVALID_VALUE`) when `host` is not inside page-locked, device-mapped memory.
+///
+/// # Safety
+/// A context must be bound to the calling thread (the call only queries the driver).
+pub(crate) unsafe fn host_device_ptr(host: *const u8) -> Result<u64> {
+    let mut dev: sys::CUdeviceptr = 0;
+    // SAFETY: `dev` is a valid out-pointer; the driver only looks `host` up in its tables.
+    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0) }
+        .result()
+        .map_err(drv("cuMemHostGetDevicePointer"))?;
+    Ok(dev)
+}
+
+/// What the driver knows of device address `ptr`: `(memory is device memory, device ordinal,
+/// allocation start, allocation size in bytes)` (`cuPointerGetAttribute`).
+pub(crate) fn device_range_of(ptr: u64) -> Result<(bool, i32, u64, usize)> {
+    fn attr<T: Default>(ptr: u64, a: sys::CUpointer_attribute) -> Result<T> {
+        let mut v = T::default();
+        // SAFETY: `v` is a valid out-pointer of the attribute's type (the caller below pairs
+        // each attribute with its documented type); the driver only looks `ptr` up.
+        unsafe { sys::cuPointerGetAttribute(&mut v as *mut T as *mut _, a, ptr) }
+            .result()
+            .map_err(drv("cuPointerGetAttribute"))?;
+        Ok(v)
+    }
+    use sys::CUpointer_attribute as A;
+    let kind: u32 = attr(ptr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE)?;
+    let ordinal: i32 = attr(ptr, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)?;
+    let start: sys::CUdeviceptr = attr(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)?;
+    let size: usize = attr(ptr, A::CU_POINTER_ATTRIBUTE_RANGE_SIZE)?;
+    let device = kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
+    Ok((device, ordinal, start, size))
+}
+
 /// `cuMemcpyHtoDAsync` of `bytes` bytes from host `src` to device `dst` on `stream`.
 ///
 /// # Safety

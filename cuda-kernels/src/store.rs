@@ -36,10 +36,65 @@ impl ExpertStore {
     /// [`CudaError::Driver`] with `CUDA_ERROR_OUT_OF_MEMORY` when HBM or pinnable host memory is
     /// short.
     pub fn new(gpu: &Arc<Gpu>, geo: StoreGeometry) -> Result<Self> {
+        Self::with_memory(gpu, geo, None, None)
+    }
+
+    /// As [`ExpertStore::new`], over caller-owned memory where given: `host` holds the experts
+    /// (`[layers][experts][expert_bytes]` u8 from its start, at least `host_bytes` bytes; its
+    /// bytes are kept, not zeroed: the caller's weights are read in place) and `hbm` the slots (at
+    /// least `hbm_bytes` bytes); `None` allocates that part. Build them with
+    /// [`PinnedBuffer::borrowed`] / [`DeviceBuffer::borrowed`] in `gpu`'s context.
+    ///
+    /// # Errors
+    /// As [`ExpertStore::new`]; [`CudaError::ForeignMemory`] for a buffer shorter than the
+    /// geometry needs or of another device's context.
+    pub fn with_memory(
+        gpu: &Arc<Gpu>,
+        geo: StoreGeometry,
+        host: Option<PinnedBuffer<u8>>,
+        hbm: Option<DeviceBuffer<u8>>,
+    ) -> Result<Self> {
         geo.validate()?;
         let ctx = gpu.ctx();
-        let host = PinnedBuffer::<u8>::zeroed(ctx, geo.host_bytes() as usize)?;
-        let hbm = DeviceBuffer::<u8>::zeroed(ctx, geo.hbm_bytes() as usize)?;
+        let check = |what: &'static str, got: usize, need: u64, same_ctx: bool| {
+            if !same_ctx {
+                return Err(CudaError::ForeignMemory {
+                    what,
+                    reason: "belongs to another device's context".into(),
+                });
+            }
+            if (got as u64) < need {
+                return Err(CudaError::ForeignMemory {
+                    what,
+                    reason: format!("{got} bytes, the geometry needs {need}"),
+                });
+            }
+            Ok(())
+        };
+        let host = match host {
+            Some(h) => {
+                check(
+                    "expert host store",
+                    h.num_bytes(),
+                    geo.host_bytes(),
+                    h.ctx() == ctx,
+                )?;
+                h
+            }
+            None => PinnedBuffer::<u8>::zeroed(ctx, geo.host_bytes() as usize)?,
+        };
+        let hbm = match hbm {
+            Some(d) => {
+                check(
+                    "expert HBM slots",
+                    d.num_bytes(),
+                    geo.hbm_bytes(),
+                    d.ctx() == ctx,
+                )?;
+                d
+            }
+            None => DeviceBuffer::<u8>::zeroed(ctx, geo.hbm_bytes() as usize)?,
+        };
         let cells = (geo.layers * geo.experts) as usize;
         let table = DeviceBuffer::<u64>::zeroed(ctx, cells)?;
         let mut store = ExpertStore {
@@ -174,8 +229,12 @@ impl ExpertStore {
     {
         let n = self.geo.expert_bytes as usize;
         let experts = self.geo.experts;
-        let chunks: Vec<(usize, &mut [u8])> =
-            self.host.as_mut_slice().chunks_mut(n).enumerate().collect();
+        // a caller's buffer may be longer than the geometry: only the experts' bytes
+        let used = self.geo.host_bytes() as usize;
+        let chunks: Vec<(usize, &mut [u8])> = self.host.as_mut_slice()[..used]
+            .chunks_mut(n)
+            .enumerate()
+            .collect();
         let threads = threads.max(1);
         let per = chunks.len().div_ceil(threads);
         let mut groups: Vec<Vec<(usize, &mut [u8])>> = Vec::new();

@@ -1043,3 +1043,85 @@ fn count_controls_are_exact_in_a_graph_replayed_many_times() {
         cpu.iter().map(|&c| c as u64).sum::<u64>()
     );
 }
+
+/// Caller-owned memory: a device range borrowed inside the caller's allocation and a host range
+/// the caller owns, registered by tierkit, back an [`ExpertStore`] in place (the table points into
+/// the caller's bytes, slot copies read them); bad ranges are typed errors; dropping the store
+/// unregisters the range (it can be registered again) and frees nothing of the caller's.
+#[test]
+fn borrowed_memory_is_checked_and_used_in_place() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    let ctx = gpu.ctx();
+    let geo = StoreGeometry {
+        layers: 2,
+        experts: 8,
+        hot_per_layer: 2,
+        expert_bytes: 256,
+    };
+    let n = geo.host_bytes() as usize;
+    let want: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+    // 16-byte aligned host memory the test owns (u128 elements), filled before any borrow
+    let mut backing = vec![0u128; n / 16 + 1];
+    bytemuck::cast_slice_mut::<u128, u8>(&mut backing)[..n].copy_from_slice(&want);
+    let base = backing.as_mut_ptr() as *mut u8;
+    let foreign = |e: CudaError| assert!(matches!(e, CudaError::ForeignMemory { .. }), "{e}");
+
+    // pageable memory not registered, a misaligned start: refused
+    // SAFETY: `backing` and `hbm` outlive every borrowed buffer, untouched meanwhile.
+    foreign(unsafe { PinnedBuffer::<u8>::borrowed(ctx, base, n, false) }.unwrap_err());
+    // SAFETY: `backing` and `hbm` outlive every borrowed buffer, untouched meanwhile.
+    foreign(unsafe { PinnedBuffer::<u8>::borrowed(ctx, base.add(1), 64, true) }.unwrap_err());
+    let hbm = DeviceBuffer::<u8>::zeroed(ctx, geo.hbm_bytes() as usize + 64).unwrap();
+    // a device range past its allocation, misaligned, or host memory: refused
+    for (ptr, len) in [
+        (hbm.device_ptr() + 64, hbm.num_bytes()),
+        (hbm.device_ptr() + 8, 16),
+        (base as u64, 16),
+    ] {
+        // SAFETY: each call is refused (checked), nothing is used
+        foreign(unsafe { DeviceBuffer::<u8>::borrowed(ctx, ptr, len) }.unwrap_err());
+    }
+    let slots_len = geo.hbm_bytes() as usize;
+    // SAFETY: inside `hbm`, which outlives the store
+    let slots = unsafe { DeviceBuffer::<u8>::borrowed(ctx, hbm.device_ptr() + 64, slots_len) };
+    let slots = slots.unwrap();
+    assert!(!slots.is_owned() && hbm.is_owned());
+    // SAFETY: `backing` and `hbm` outlive every borrowed buffer, untouched meanwhile.
+    let host = unsafe { PinnedBuffer::<u8>::borrowed(ctx, base, n, true) }.unwrap();
+    assert_eq!(host.backing(), HostBacking::Registered);
+    // registered twice: the driver refuses; registered memory borrowed as it is: the same mapping
+    // SAFETY: `backing` and `hbm` outlive every borrowed buffer, untouched meanwhile.
+    foreign(unsafe { PinnedBuffer::<u8>::borrowed(ctx, base, n, true) }.unwrap_err());
+    // SAFETY: `backing` and `hbm` outlive every borrowed buffer, untouched meanwhile.
+    let view = unsafe { PinnedBuffer::<u8>::borrowed(ctx, base, 256, false) }.unwrap();
+    assert_eq!(
+        (view.backing(), view.device_ptr()),
+        (HostBacking::Borrowed, host.device_ptr())
+    );
+    drop(view);
+    let store = ExpertStore::with_memory(&gpu, geo, Some(host), Some(slots)).unwrap();
+    let table = store.table().download().unwrap();
+    let dev0 = store.host_device_ptr(0, 0);
+    for (c, &p) in table.iter().enumerate() {
+        assert_eq!(
+            p,
+            dev0 + c as u64 * 256,
+            "cell {c} points into the caller's range"
+        );
+    }
+    let e13 = &want[(8 + 3) * 256..][..256];
+    assert_eq!(store.host_expert(1, 3).unwrap(), e13);
+    assert_eq!(store.slot_ptr(0, 0), hbm.device_ptr() + 64);
+    store.copy_to_slot_sync(1, 3, 2).unwrap();
+    gpu.synchronize().unwrap();
+    assert_eq!(store.download_slot(1, 2).unwrap(), e13);
+    drop(store);
+    // the drop unregistered the range: it registers again; a too-short slot range is refused
+    // SAFETY: `backing` and `hbm` outlive every borrowed buffer, untouched meanwhile.
+    let again = unsafe { PinnedBuffer::<u8>::borrowed(ctx, base, n, true) }.unwrap();
+    // SAFETY: `backing` and `hbm` outlive every borrowed buffer, untouched meanwhile.
+    let short = unsafe { DeviceBuffer::<u8>::borrowed(ctx, hbm.device_ptr(), 64) }.unwrap();
+    foreign(ExpertStore::with_memory(&gpu, geo, Some(again), Some(short)).unwrap_err());
+    // the caller's bytes are intact
+    assert_eq!(&bytemuck::cast_slice::<u128, u8>(&backing)[..n], &want[..]);
+}

@@ -3,7 +3,8 @@
 An OLMoE-class model (``OlmoeForCausalLM``, a small config with random weights: nothing is
 downloaded) whose experts do not all fit the HBM budget: ``--hot`` experts per layer live in
 tierkit's HBM slots, the rest are read in place from mapped pinned host memory by the expert
-GEMMs. The model's experts run through transformers' experts-implementation hook
+GEMMs. That host memory is the example's own pinned tensor (``ExpertBank(boot, host=weights)``):
+one host copy of the weights, which the engine owns. The model's experts run through transformers' experts-implementation hook
 (``ALL_EXPERTS_FUNCTIONS.register("tierkit", ...)`` + ``model.set_experts_implementation``),
 which gets each layer's router top-k ids: they are counted on the GPU by
 ``torch.ops.tierkit.count_topk`` and, after every generated token, the controller drains the
@@ -161,15 +162,18 @@ def main() -> int:
     greedy(model, prompt, 8)  # warm-up (CUDA context, cuBLAS handles, allocator) before timing
     ref, eager_tps = greedy(model, prompt, args.tokens)
 
-    # the bank: every expert's bytes in the host store
-    boot = experts.ResidencyMap.first_k("olmoe-random", g)
-    bank = tt.ExpertBank(boot)
+    # the engine's one host copy of the experts, a pinned tensor this example owns; the bank reads
+    # it in place (cold experts) and loads the boot map's hot ones from it: no host store of its own
+    weights = torch.empty((args.layers, args.experts, nbytes), dtype=torch.uint8).pin_memory()
     for li, layer in enumerate(model.model.layers):
         ex = layer.mlp.experts
         for e in range(args.experts):
             blob = torch.cat([ex.gate_up_proj[e].reshape(-1), ex.down_proj[e].reshape(-1)])
-            bank.host[li, e].copy_(blob.view(torch.uint8))
+            weights[li, e].copy_(blob.view(torch.uint8))
     torch.cuda.synchronize()
+    boot = experts.ResidencyMap.first_k("olmoe-random", g)
+    bank = tt.ExpertBank(boot, host=weights)
+    assert bank.layout["host_ptr"] == weights.data_ptr()  # served from the caller's tensor
     tt.warmup()
     counters = tt.DeviceCounters(g)
     srv = Serving(model, bank, counters)

@@ -11,7 +11,8 @@
 //!   caller's control block (`cuda_kernels::CountLauncher`).
 //! - [`expert_slot_ids`]: the slot-id form of an expert table (`cuda_kernels::SlotIdLauncher`).
 //! - [`PyGpuExpertBank`]: `expert_residency::GpuExecutor` (host store in mapped pinned memory, HBM
-//!   slots, the device table), a swap executor for `tierkit.experts.Controller`.
+//!   slots, the device table; the host store and slots may be the caller's tensors), a swap
+//!   executor for `tierkit.experts.Controller`.
 //! - [`PyGpuKvPool`]: `kv_elastic::GpuElasticPool` (host calls: admit, append, finish, reclaim,
 //!   between steps) and its device resolve into caller-owned outputs.
 //!
@@ -24,10 +25,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_kernels::{
-    ContextGuard, CountTarget, CudaError, DeviceOps, Gpu, IdsDtype, KvResolveArgs,
-    KvResolveOptions, SlotLayout, StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
+    ContextGuard, CountTarget, CudaError, DeviceBuffer, DeviceOps, Gpu, IdsDtype, KvResolveArgs,
+    KvResolveOptions, PinnedBuffer, SlotLayout, StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED,
+    KV_STATS,
 };
-use expert_residency::gpu::{CommitMode, GpuExecutor};
+use expert_residency::gpu::{CommitMode, ExpertBankGpu, GpuExecutor};
 use kv_elastic::gpu::{CopyBackend, GpuElasticPool, GpuPoolConfig};
 use kv_elastic::PoolConfig;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -43,10 +45,19 @@ use crate::{expert_err, guard, kv_err, Slot};
 /// `ValueError`, the rest (driver, compile, no device) `RuntimeError`.
 pub(crate) fn cuda_err(e: CudaError) -> PyErr {
     match e {
-        CudaError::Shape { .. } | CudaError::Dtype { .. } | CudaError::OutOfRange { .. } => {
-            PyValueError::new_err(e.to_string())
-        }
+        CudaError::Shape { .. }
+        | CudaError::Dtype { .. }
+        | CudaError::OutOfRange { .. }
+        | CudaError::ForeignMemory { .. } => PyValueError::new_err(e.to_string()),
         _ => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// [`expert_err`], except that caller memory the store refuses is a `ValueError`.
+fn foreign_expert_err(e: expert_residency::ExpertError) -> PyErr {
+    match e {
+        expert_residency::ExpertError::Cuda(c @ CudaError::ForeignMemory { .. }) => cuda_err(c),
+        e => expert_err(e),
     }
 }
 
@@ -182,6 +193,9 @@ pub(crate) struct GpuSlot<T> {
     ordinal: usize,
     /// The value after `close()`, freed on drop.
     retired: Mutex<Option<T>>,
+    /// The caller's tensors whose memory the value uses (engine-owned host store, slots or
+    /// arena): released only after the value is dropped (fields drop after `Drop::drop`).
+    keep: Vec<Py<PyAny>>,
 }
 
 impl<T> Drop for GpuSlot<T> {
@@ -220,7 +234,13 @@ impl<T> GpuSlot<T> {
             gpu,
             ordinal,
             retired: Mutex::new(None),
+            keep: Vec::new(),
         }
+    }
+    /// Keeps `tensors` alive until the value is dropped (their memory backs it).
+    fn keeping(mut self, tensors: Vec<Py<PyAny>>) -> Self {
+        self.keep = tensors;
+        self
     }
     /// Refuses a host call (`what`) while the object's step stream or torch's current stream of
     /// its device is capturing a CUDA graph: checked here, so it holds whichever way the call
@@ -310,32 +330,74 @@ impl PyGpuExpertBank {
 impl PyGpuExpertBank {
     /// Allocates the bank for `map`'s geometry on device `device_index` (host experts zeroed;
     /// write them through the host view, then `reload(map)`), step stream `stream`.
+    ///
+    /// Engine-owned memory: `host = (tensor, data_ptr, bytes, register)` serves the experts from
+    /// the caller's host range in place (its bytes are the weights; the boot map is loaded from
+    /// them at once), pinned and mapped by tierkit when `register` (unregistered on drop), else
+    /// checked to be; `slots = (tensor, data_ptr, bytes)` puts the HBM slots in the caller's
+    /// device range. The tensors are kept alive as long as the bank. A range the driver refuses
+    /// (not pinned, misaligned, too short, another device) is a `ValueError`.
     #[new]
-    #[pyo3(signature = (map, device_index, stream, threads = 4))]
+    #[pyo3(signature = (map, device_index, stream, threads = 4, host = None, slots = None))]
     fn new(
         map: &PyResidencyMap,
         device_index: usize,
         stream: u64,
         threads: usize,
+        host: Option<(Py<PyAny>, u64, usize, bool)>,
+        slots: Option<(Py<PyAny>, u64, usize)>,
     ) -> PyResult<Self> {
         gpu_guard(|| {
             // SAFETY: `stream` is the caller's live stream of this device, kept alive as long as
             // the bank (tierkit.torch holds the torch.cuda.Stream object).
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
-            let ex = GpuExecutor::new(
-                &gpu,
-                gpu.stream().clone(),
-                &map.0,
-                threads.max(1),
-                |_, _, b| b.fill(0),
-            )
-            .map_err(expert_err)?;
-            Ok(PyGpuExpertBank(GpuSlot::new(
-                "GpuExpertBank",
-                ex,
-                gpu,
-                device_index,
-            )))
+            let mut keep = Vec::new();
+            let ex = if host.is_none() && slots.is_none() {
+                GpuExecutor::new(
+                    &gpu,
+                    gpu.stream().clone(),
+                    &map.0,
+                    threads.max(1),
+                    |_, _, b| b.fill(0),
+                )
+                .map_err(expert_err)?
+            } else {
+                let host = match host {
+                    Some((t, ptr, bytes, register)) => {
+                        keep.push(t);
+                        // SAFETY: `ptr .. ptr + bytes` is the storage of the caller's contiguous
+                        // CPU tensor `t` (checked by tierkit.torch), kept alive in `keep` for as
+                        // long as the bank; the bank is its only writer (the caller's contract,
+                        // documented on `tierkit.torch.ExpertBank`).
+                        Some(
+                            unsafe {
+                                PinnedBuffer::borrowed(gpu.ctx(), ptr as *mut u8, bytes, register)
+                            }
+                            .map_err(cuda_err)?,
+                        )
+                    }
+                    None => None,
+                };
+                let slots = match slots {
+                    Some((t, ptr, bytes)) => {
+                        keep.push(t);
+                        // SAFETY: `ptr .. ptr + bytes` is the storage of the caller's contiguous
+                        // CUDA tensor `t` (checked by tierkit.torch and by the driver here), kept
+                        // alive in `keep` for as long as the bank, which is its only user.
+                        Some(
+                            unsafe { DeviceBuffer::borrowed(gpu.ctx(), ptr, bytes) }
+                                .map_err(cuda_err)?,
+                        )
+                    }
+                    None => None,
+                };
+                let bank = ExpertBankGpu::with_memory(&gpu, *map.0.geometry(), host, slots)
+                    .map_err(foreign_expert_err)?;
+                GpuExecutor::with_bank(bank, gpu.stream().clone(), &map.0).map_err(expert_err)?
+            };
+            Ok(PyGpuExpertBank(
+                GpuSlot::new("GpuExpertBank", ex, gpu, device_index).keeping(keep),
+            ))
         })
     }
     /// `{layers, experts, hot_per_layer, slots_per_layer, expert_bytes, table_ptr, host_ptr,
@@ -451,8 +513,13 @@ impl PyGpuKvPool {
 impl PyGpuKvPool {
     /// A pool for `geometry` on device `device_index`, step stream `stream` (kept alive by the
     /// caller), `max_sessions` live sessions of at most `max_history` positions each.
+    ///
+    /// Engine-owned arena: `arena = (tensor, data_ptr, bytes)`, the caller's device range (at
+    /// least `layers × arena_rows × row_bytes` bytes; zeroed here), kept alive as long as the
+    /// pool. A range the driver refuses, or too short, is a `ValueError`.
     #[new]
-    #[pyo3(signature = (geometry, device_index, stream, max_sessions, max_history, elastic = true, settle_readers = false))]
+    #[pyo3(signature = (geometry, device_index, stream, max_sessions, max_history, elastic = true, settle_readers = false, arena = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         geometry: &PyKvGeometry,
         device_index: usize,
@@ -461,11 +528,26 @@ impl PyGpuKvPool {
         max_history: u32,
         elastic: bool,
         settle_readers: bool,
+        arena: Option<(Py<PyAny>, u64, usize)>,
     ) -> PyResult<Self> {
         gpu_guard(|| {
             // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
-            let mut p = GpuElasticPool::new(
+            let mut keep = Vec::new();
+            let arena = match arena {
+                Some((t, ptr, bytes)) => {
+                    keep.push(t);
+                    // SAFETY: `ptr .. ptr + bytes` is the storage of the caller's contiguous CUDA
+                    // tensor `t` (checked by tierkit.torch and by the driver here), kept alive in
+                    // `keep` for as long as the pool, which owns its contents from now on.
+                    Some(
+                        unsafe { DeviceBuffer::borrowed(gpu.ctx(), ptr, bytes) }
+                            .map_err(cuda_err)?,
+                    )
+                }
+                None => None,
+            };
+            let mut p = GpuElasticPool::with_arena(
                 &gpu,
                 geometry.0,
                 PoolConfig { elastic },
@@ -474,11 +556,15 @@ impl PyGpuKvPool {
                     max_history,
                     backend: CopyBackend::Gather,
                 },
+                arena,
             )
-            .map_err(kv_err)?;
+            .map_err(|e| match e {
+                kv_elastic::KvError::Cuda(c @ CudaError::ForeignMemory { .. }) => cuda_err(c),
+                e => kv_err(e),
+            })?;
             p.set_settle_readers(settle_readers);
             Ok(PyGpuKvPool(
-                GpuSlot::new("GpuKvPool", p, gpu, device_index),
+                GpuSlot::new("GpuKvPool", p, gpu, device_index).keeping(keep),
                 LastResolve::default(),
             ))
         })

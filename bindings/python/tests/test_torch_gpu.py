@@ -223,6 +223,169 @@ def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
     assert torch.equal(slots.cpu(), want)
 
 
+# ------------------------------------------------------------------------------- engine memory
+
+
+def callers_weights(nbytes, pin):
+    """The experts as one host tensor the caller owns, ``uint8 [LAYERS, EXPERTS, nbytes]``."""
+    w = torch.from_numpy(np.stack([np.stack([expert_bytes_pattern(l, e, nbytes)
+                                             for e in range(EXPERTS)]) for l in range(LAYERS)]))
+    return w.pin_memory() if pin else w.clone()
+
+
+@needs_gpu
+@pytest.mark.parametrize("pin", [True, False])
+def test_expert_bank_reads_the_callers_pinned_weights_in_place(pin):
+    """``host=``: a pinned tensor is used as it is, a pageable one is registered by tierkit (and
+    listed by ``pinned_ranges`` until the bank goes); the table points into the caller's tensor,
+    the boot map's slots hold its bytes, and a live swap copies the right bytes from it."""
+    import gc
+
+    nbytes = 4096
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, nbytes)
+    boot = experts.ResidencyMap.first_k("toy", g)
+    weights = callers_weights(nbytes, pin)
+    slots = torch.empty(LAYERS * (HOT + 1) * nbytes + 16, dtype=torch.uint8, device="cuda")
+    bank = tt.ExpertBank(boot, host=weights, slots=slots)
+    lay = bank.layout
+    base = weights.data_ptr()
+    assert lay["host_ptr"] == base  # unified addressing: one address for host and device
+    assert lay["hbm_ptr"] == slots.data_ptr()
+    rng_ = (base, LAYERS * EXPERTS * nbytes)
+    assert (rng_ in tt.pinned_ranges()) == (not pin)
+    assert tt.is_tierkit_pinned(weights) == (not pin)
+
+    def check(m):
+        table = bank.table.cpu().numpy().view(np.uint64)
+        for layer in range(LAYERS):
+            hot = bank.slots_of(layer)
+            for e in range(EXPERTS):
+                if e in hot:
+                    s = hot[e]
+                    assert table[layer, e] == slots.data_ptr() + (layer * (HOT + 1) + s) * nbytes
+                    got = slots.view(-1)[(layer * (HOT + 1) + s) * nbytes:][:nbytes].cpu().numpy()
+                    assert (got == expert_bytes_pattern(layer, e, nbytes)).all()
+                else:
+                    assert table[layer, e] == base + (layer * EXPERTS + e) * nbytes
+            assert set(hot) == set(m.hot_experts(layer))
+
+    check(boot)
+    dc, pc = tt.DeviceCounters(g), experts.PickCounters(g)
+    ctl = experts.Controller(boot, {"policy": "ratio", "adaptive": None, "drain_every": 4,
+                                   "half_life_steps": 16})
+    rng = np.random.default_rng(5)
+    for _ in range(160):
+        ids = torch.tensor(8 + rng.integers(0, 4, (16, TOP_K)), dtype=torch.int64, device="cuda")
+        for layer in range(LAYERS):
+            dc.record(layer, ids)
+        dc.drain_into(pc)
+        bank.step(ctl, pc)
+    torch.cuda.synchronize()
+    assert ctl.stats["applied"] > 0 and set(ctl.map.hot_experts(0)) == {8, 9, 10, 11}
+    check(ctl.map)
+    # the caller's bytes were only read
+    assert torch.equal(weights, callers_weights(nbytes, False))
+    bank.close()
+    bank = lay = None  # the last references: the native bank is freed here
+    gc.collect()
+    assert rng_ not in tt.pinned_ranges()
+    # a registered range is unregistered with the bank: it can be registered again
+    again = tt.ExpertBank(boot, host=weights)
+    again.close()
+
+
+@needs_gpu
+def test_kv_pool_over_the_callers_arena_resolves_as_the_owned_pool():
+    g = kv_geometry()
+    need = g.layers * g.arena_rows * g.row_bytes
+    mine = torch.full((need // 4 + 4,), 7, dtype=torch.int32, device="cuda")  # any dtype, by bytes
+    owned = tt.KvPool(g, max_sessions=4, max_history=1024)
+    ours = tt.KvPool(g, max_sessions=4, max_history=1024, arena=mine)
+    assert ours.planes[0].data_ptr() == mine.data_ptr()
+    for s in range(1, 4):
+        hist = np.concatenate([token(s, t) for t in range(200 + 90 * s)])
+        assert owned.admit(s, hist) == ours.admit(s, hist)
+    sessions = [1, 2, 3]
+    i32 = dict(dtype=torch.int32, device="cuda")
+    rng = np.random.default_rng(9)
+    for step in range(12):
+        seq_np = np.array([200 + 90 * s + step for s in sessions], np.int32)
+        tk = torch.tensor(np.stack([rng.choice(n, K, replace=False) for n in seq_np]), **i32)
+        qsl = torch.arange(len(sessions) + 1, **i32)
+        seq = torch.tensor(seq_np, **i32)
+        outs = []
+        for pool in (owned, ours):
+            slot = torch.tensor([pool.slot_of(s) for s in sessions], **i32)
+            idx, valid = torch.zeros(len(sessions) * K, **i32), torch.zeros(len(sessions), **i32)
+            pool.resolve(tk, qsl, seq, slot, idx, valid, layer=0)
+            pool.replay(len(sessions), 1, KV_LAYERS - 1)
+            torch.cuda.synchronize()
+            outs.append((idx.cpu(), valid.cpu(), [p.cpu() for p in pool.planes]))
+        (i0, v0, p0), (i1, v1, p1) = outs
+        assert torch.equal(i0, i1) and torch.equal(v0, v1), step
+        for a, b in zip(p0, p1):
+            assert torch.equal(a, b), step
+        for s in sessions:
+            t = token(s, int(seq_np[sessions.index(s)]))
+            assert owned.append(s, t) == ours.append(s, t)
+        assert owned.between_steps(8) == ours.between_steps(8)
+    # the rows live in the caller's tensor, byte for byte the owned pool's arena; its tail beyond
+    # what the geometry needs is untouched
+    torch.cuda.synchronize()
+    raw = mine.view(torch.uint8)
+    assert torch.equal(raw[:need].cpu(), torch.cat([p.reshape(-1) for p in owned.planes]).cpu())
+    assert (mine.view(torch.uint8)[need:].view(torch.int32) == 7).all()
+    owned.close()
+    ours.close()
+
+
+def test_engine_memory_is_checked_before_any_device_work():
+    """No GPU needed: caller tensors of the wrong kind, layout, alignment or size are refused."""
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
+    boot = experts.ResidencyMap.first_k("toy", g)
+    need = LAYERS * EXPERTS * 256
+    dev = "cuda:0"
+    with pytest.raises(TypeError, match="host must be a torch.Tensor"):
+        tt.ExpertBank(boot, device=dev, host=np.zeros(need, np.uint8))
+    with pytest.raises(ValueError, match="host has .* bytes, the geometry needs"):
+        tt.ExpertBank(boot, device=dev, host=torch.zeros(need - 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="contiguous"):
+        tt.ExpertBank(boot, device=dev, host=torch.zeros((need, 2), dtype=torch.uint8)[:, 0])
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        tt.ExpertBank(boot, device=dev, host=torch.zeros(need + 16, dtype=torch.uint8)[1:])
+    with pytest.raises(ValueError, match="slots must be a CUDA tensor"):
+        tt.ExpertBank(boot, device=dev, slots=torch.zeros(1 << 16, dtype=torch.uint8))
+    kg = kv_geometry()
+    with pytest.raises(ValueError, match="arena must be a CUDA tensor"):
+        tt.KvPool(kg, 2, 256, device=dev, arena=torch.zeros(16, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="arena must be a torch.Tensor"):
+        tt.KvPool(kg, 2, 256, device=dev, arena=b"x" * 16)
+
+
+@needs_gpu
+def test_engine_memory_the_device_refuses_is_a_value_error():
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
+    boot = experts.ResidencyMap.first_k("toy", g)
+    with pytest.raises(ValueError, match="slots has .* bytes"):
+        tt.ExpertBank(boot, slots=torch.zeros(256, dtype=torch.uint8, device="cuda"))
+    kg = kv_geometry()
+    with pytest.raises(ValueError, match="arena has .* bytes"):
+        tt.KvPool(kg, 2, 256, arena=torch.zeros(64, dtype=torch.uint8, device="cuda"))
+    # a CUDA tensor where host memory is needed
+    with pytest.raises(ValueError, match="host must be a CPU tensor"):
+        tt.ExpertBank(boot, host=torch.zeros(1 << 16, dtype=torch.uint8, device="cuda"))
+    # a range overlapping one another tierkit object registered is refused (that registration
+    # ends with that object); the driver's own refusal is tested in Rust (cuda-kernels gpu.rs)
+    need = LAYERS * EXPERTS * 256
+    w = torch.zeros(need + 4096, dtype=torch.uint8)
+    first = tt.ExpertBank(boot, host=w)
+    assert (w.data_ptr(), need) in tt.pinned_ranges()
+    for t in (w, w[:need], w[1024:]):
+        with pytest.raises(ValueError, match="another tierkit object"):
+            tt.ExpertBank(boot, host=t)
+    first.close()
+
+
 # ------------------------------------------------------------------------------- KV
 
 ROW, KV_LAYERS, K = 64, 2, 16

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 
 use cuda_kernels::cudarc_driver::CudaStream;
-use cuda_kernels::{CudaError, EventSignal, ExpertStore, Gpu, StoreGeometry, TableUpdater};
+use cuda_kernels::{
+    CudaError, DeviceBuffer, EventSignal, ExpertStore, Gpu, PinnedBuffer, StoreGeometry,
+    TableUpdater,
+};
 
 use super::placement::Placement;
 use crate::error::{ExpertError, Result};
@@ -70,6 +73,25 @@ impl ExpertBankGpu {
     /// ([`StoreGeometry::validate`]) and device failures (e.g. `CUDA_ERROR_OUT_OF_MEMORY` when
     /// HBM or pinnable host memory is short).
     pub fn new(gpu: &Arc<Gpu>, geometry: Geometry) -> Result<Self> {
+        Self::with_memory(gpu, geometry, None, None)
+    }
+
+    /// As [`ExpertBankGpu::new`], over caller-owned memory where given: `host` is the experts'
+    /// host store (`[layers][experts_per_layer][expert_bytes]` u8, kept as it is: the caller's
+    /// weights are read in place and copied into slots from there) and `slots` the HBM slots
+    /// (`layers × (hot_per_layer + 1) × expert_bytes` bytes). Build them with
+    /// [`PinnedBuffer::borrowed`] /
+    /// [`DeviceBuffer::borrowed`]; see [`ExpertStore::with_memory`].
+    ///
+    /// # Errors
+    /// As [`ExpertBankGpu::new`]; [`ExpertError::Cuda`] with `CudaError::ForeignMemory` for a
+    /// buffer that is too short or of another device.
+    pub fn with_memory(
+        gpu: &Arc<Gpu>,
+        geometry: Geometry,
+        host: Option<PinnedBuffer<u8>>,
+        slots: Option<DeviceBuffer<u8>>,
+    ) -> Result<Self> {
         geometry.validate()?;
         if !geometry.expert_bytes.is_multiple_of(16) {
             return Err(ExpertError::InvalidGeometry(format!(
@@ -77,7 +99,7 @@ impl ExpertBankGpu {
                 geometry.expert_bytes
             )));
         }
-        let store = ExpertStore::new(
+        let store = ExpertStore::with_memory(
             gpu,
             StoreGeometry {
                 layers: geometry.layers,
@@ -85,6 +107,8 @@ impl ExpertBankGpu {
                 hot_per_layer: geometry.hot_per_layer,
                 expert_bytes: geometry.expert_bytes,
             },
+            host,
+            slots,
         )?;
         let mut copy_done = Vec::with_capacity(geometry.layers as usize);
         let mut spare_fence = Vec::with_capacity(geometry.layers as usize);

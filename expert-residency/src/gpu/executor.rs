@@ -51,6 +51,20 @@ impl GpuExecutor {
     {
         let mut bank = ExpertBankGpu::new(gpu, *map.geometry())?;
         bank.fill_host(threads, fill)?;
+        Self::with_bank(bank, stream, map)
+    }
+
+    /// An executor over a bank already built and filled (e.g. [`ExpertBankGpu::with_memory`]
+    /// over the engine's own pinned weights, read in place): loads `map`'s hot sets into HBM.
+    /// Step kernels run on `stream`, as for [`GpuExecutor::new`].
+    ///
+    /// Errors: [`ExpertBankGpu::load_map`]'s ([`ExpertError::GeometryMismatch`] for a map of
+    /// another geometry, [`ExpertError::Cuda`] for device failures).
+    pub fn with_bank(
+        mut bank: ExpertBankGpu,
+        stream: Arc<CudaStream>,
+        map: &ResidencyMap,
+    ) -> Result<Self> {
         bank.load_map(map)?;
         Ok(GpuExecutor {
             bank,

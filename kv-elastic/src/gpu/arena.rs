@@ -58,6 +58,21 @@ impl GpuArena {
     /// # Errors
     /// [`KvDims::validate`]'s errors; CUDA errors (e.g. `CUDA_ERROR_OUT_OF_MEMORY`); NVRTC errors.
     pub fn new(gpu: &Arc<Gpu>, dims: KvDims) -> Result<Self> {
+        Self::with_arena(gpu, dims, None)
+    }
+
+    /// As [`GpuArena::new`], with the arena in caller-owned device memory where `arena` is given
+    /// (at least `layers × arena_rows × row_bytes` bytes from its start; zeroed here, as an owned
+    /// arena is; built with [`DeviceBuffer::borrowed`] in `gpu`'s context).
+    ///
+    /// # Errors
+    /// As [`GpuArena::new`]; [`CudaError::ForeignMemory`] for an arena shorter than the dims
+    /// need or of another device's context.
+    pub fn with_arena(
+        gpu: &Arc<Gpu>,
+        dims: KvDims,
+        arena: Option<DeviceBuffer<u8>>,
+    ) -> Result<Self> {
         dims.validate()?;
         let ctx = gpu.ctx();
         let slots = dims.max_slots as usize;
@@ -78,6 +93,25 @@ impl GpuArena {
                 value: u64::MAX,
                 limit: isize::MAX as u64,
             })?;
+        let arena = match arena {
+            Some(a) => {
+                if a.ctx() != ctx {
+                    return Err(CudaError::ForeignMemory {
+                        what: "KV arena",
+                        reason: "belongs to another device's context".into(),
+                    });
+                }
+                if a.num_bytes() < arena_bytes {
+                    return Err(CudaError::ForeignMemory {
+                        what: "KV arena",
+                        reason: format!("{} bytes, the dims need {arena_bytes}", a.num_bytes()),
+                    });
+                }
+                a.zero_sync()?;
+                a
+            }
+            None => DeviceBuffer::zeroed(ctx, arena_bytes)?,
+        };
         let minus = |n: usize| DeviceBuffer::from_host(ctx, &vec![NOT_RESIDENT; n]);
         Ok(GpuArena {
             desc: DeviceBuffer::zeroed(ctx, slots)?,
@@ -90,7 +124,7 @@ impl GpuArena {
             hand: DeviceBuffer::zeroed(ctx, slots)?,
             first: DeviceBuffer::from_host(ctx, &vec![KV_UNCLAIMED; hist])?,
             call: DeviceBuffer::from_host(ctx, &[1u64, 0])?,
-            arena: DeviceBuffer::zeroed(ctx, arena_bytes)?,
+            arena,
             host: PinnedBuffer::zeroed(ctx, host_bytes)?,
             err: DeviceBuffer::zeroed(ctx, KV_ERR_WORDS)?,
             kernels: KvKernels::new(gpu)?,

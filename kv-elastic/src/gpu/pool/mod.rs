@@ -302,6 +302,24 @@ impl GpuElasticPool {
         config: PoolConfig,
         gcfg: GpuPoolConfig,
     ) -> Result<Self> {
+        Self::with_arena(gpu, geometry, config, gcfg, None)
+    }
+
+    /// As [`GpuElasticPool::new`], with the arena in caller-owned device memory where `arena` is
+    /// given (at least `layers × arena_rows × row_bytes` bytes from its start, built with
+    /// [`DeviceBuffer::borrowed`] in `gpu`'s context; zeroed here, as an owned arena is). The
+    /// pool's rows live there, so an engine's attention kernel reads its own tensor.
+    ///
+    /// # Errors
+    /// As [`GpuElasticPool::new`]; [`KvError::Cuda`] with `CudaError::ForeignMemory` for an
+    /// arena that is too short or of another device.
+    pub fn with_arena(
+        gpu: &Arc<Gpu>,
+        geometry: Geometry,
+        config: PoolConfig,
+        gcfg: GpuPoolConfig,
+        arena: Option<DeviceBuffer<u8>>,
+    ) -> Result<Self> {
         geometry.validate()?;
         let dims = KvDims {
             row_bytes: geometry.row_bytes,
@@ -317,7 +335,7 @@ impl GpuElasticPool {
             arena_rows: geometry.arena_rows() as u32,
             pad0: 0,
         };
-        let dev = GpuArena::new(gpu, dims).map_err(cuda)?;
+        let dev = GpuArena::with_arena(gpu, dims, arena).map_err(cuda)?;
         let cpu = ElasticPool::with_data(geometry, config, GpuData::new(dev))?;
         Ok(Self {
             cpu,

@@ -41,6 +41,29 @@ def _contiguous(t: Tensor, name: str, min_numel: int = 0) -> Tensor:
     return t
 
 
+def _nbytes(t: Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _range(t, name: str, need: int, kind: str, device=None) -> Tensor:
+    """Checks a caller-owned memory tensor (any dtype, counted in bytes): a ``kind`` (``"cpu"``
+    or ``"cuda"``) tensor, on ``device`` if given, contiguous, 16-byte aligned, of at least
+    ``need`` bytes. TypeError for a non-tensor, ValueError for the rest."""
+    t = _tensor(t, name)
+    if t.device.type != kind:
+        want = "a CPU" if kind == "cpu" else "a CUDA"
+        raise ValueError(f"{name} must be {want} tensor, got a tensor on {t.device}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device}, expected {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name} must be 16-byte aligned (data_ptr {t.data_ptr():#x})")
+    if _nbytes(t) < need:
+        raise ValueError(f"{name} has {_nbytes(t)} bytes, the geometry needs {need}")
+    return t
+
+
 def _stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 

@@ -79,6 +79,12 @@ def is_tierkit_pinned(t: Tensor) -> bool:
         return any(p <= lo and hi <= p + n for p, n in _PINNED.values())
 
 
+def _overlaps_tierkit_pinned(ptr: int, nbytes: int) -> bool:
+    """Whether ``[ptr, ptr + nbytes)`` overlaps a pinned range tierkit tracks."""
+    with _PINNED_LOCK:
+        return any(p < ptr + nbytes and ptr < p + n for p, n in _PINNED.values())
+
+
 _LIVE = weakref.WeakSet()
 
 

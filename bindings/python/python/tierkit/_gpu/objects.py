@@ -9,8 +9,8 @@ import torch
 
 from tierkit import _native
 from tierkit._gpu import ops as _ops
-from tierkit._gpu.checks import _cuda, _device, _no_capture, _step_stream, _tensor
-from tierkit._gpu.memory import _LIVE, _Closable, _track_pinned, _view
+from tierkit._gpu.checks import _cuda, _device, _no_capture, _range, _step_stream, _tensor
+from tierkit._gpu.memory import _LIVE, _Closable, _overlaps_tierkit_pinned, _track_pinned, _view
 
 Tensor = torch.Tensor
 
@@ -101,20 +101,58 @@ class ExpertBank(_Closable):
 
     ``stream`` (default: the current stream) is the step stream flips are ordered on; keep
     reading the table on it.
+
+    Engine-owned memory (one host copy of the weights): ``host`` is a contiguous CPU tensor of any
+    dtype holding the experts as ``[layers, experts, expert_bytes]`` bytes from its start (at
+    least that many bytes, 16-byte aligned); the bank reads it in place and loads ``map``'s hot
+    experts from it at once (no ``reload`` needed). A pinned tensor (``is_pinned()``) is used as
+    it is (memory another tierkit object pinned is refused); any other is pinned and mapped by
+    tierkit (``cuMemHostRegister``, listed by ``pinned_ranges()``, unregistered when the bank is
+    freed).
+    ``slots`` is a contiguous CUDA tensor on the bank's device of at least ``layers × (hot + 1) ×
+    expert_bytes`` bytes for the HBM slots. tierkit keeps both tensors alive while it uses them;
+    do not write them while the bank lives (``host`` is the bank's source of truth). Bad input:
+    TypeError for a non-tensor, ValueError for the wrong device, layout, alignment or size, or a
+    range the driver will not map.
     """
 
-    def __init__(self, map, device=None, stream=None, threads: int = 4):
+    def __init__(self, map, device=None, stream=None, threads: int = 4, host=None, slots=None):
         dev = _device(device)
         self.device = dev
+        g = map.geometry
+        L, E, H, B = g.layers, g.experts_per_layer, g.hot_per_layer, g.expert_bytes
+        host_arg = slots_arg = None
+        registered = False
+        if host is not None:
+            host = _range(host, "host", L * E * B, "cpu")
+            if _overlaps_tierkit_pinned(host.data_ptr(), L * E * B):
+                raise ValueError(
+                    "host lies in memory another tierkit object pinned (its pinning ends with "
+                    "that object): pass a tensor of your own"
+                )
+            registered = not host.is_pinned()
+            host_arg = (host, host.data_ptr(), L * E * B, registered)
+        if slots is not None:
+            slots = _range(slots, "slots", L * (H + 1) * B, "cuda", dev)
+            slots_arg = (slots, slots.data_ptr(), L * (H + 1) * B)
         self._stream = _step_stream(stream, dev)
-        self._native = _native.GpuExpertBank(map, dev.index, self._stream.cuda_stream, threads)
+        self._native = _native.GpuExpertBank(
+            map, dev.index, self._stream.cuda_stream, threads, host_arg, slots_arg
+        )
         lay = self._native.layout()
         self.layout = lay
         L, E, S, B = lay["layers"], lay["experts"], lay["slots_per_layer"], lay["expert_bytes"]
         self.table = _view(self._native, lay["table_ptr"], (L, E), "<i8", dev)
         self.host = _view(self._native, lay["host_ptr"], (L, E, B), "|u1", dev)
         self.slots = _view(self._native, lay["hbm_ptr"], (L, S, B), "|u1", dev)
-        self._pinned = _track_pinned(self, lay["host_ptr"], L * E * B)
+        # tierkit's own pinned memory, or the caller's range it registered (a caller's pinned
+        # tensor is the caller's: torch sees it)
+        if host is None:
+            self._pinned = _track_pinned(self, lay["host_ptr"], L * E * B)
+        elif registered:
+            self._pinned = _track_pinned(self, host.data_ptr(), L * E * B)
+        else:
+            self._pinned = lambda: None
         _LIVE.add(self)
 
     def slot_ids(self, out: Optional[Tensor] = None) -> Tensor:
@@ -168,6 +206,12 @@ class KvPool(_Closable):
     ``errors``) publish their table changes asynchronously on the step stream (``stream``,
     default the current one) and are refused during a capture. ``resolve`` launches the fused
     resolve on the current stream into caller-owned outputs (capturable).
+
+    Engine-owned arena: ``arena`` is a contiguous CUDA tensor on the pool's device (any dtype,
+    16-byte aligned) of at least ``layers × arena_rows × row_bytes`` bytes; the pool's rows live
+    there (zeroed at creation), so ``self.arena`` / ``self.planes`` are views of it. tierkit keeps
+    it alive while it uses it; only the pool writes it. Bad input: TypeError for a non-tensor,
+    ValueError for the wrong device, layout, alignment or size.
     """
 
     def __init__(
@@ -179,9 +223,15 @@ class KvPool(_Closable):
         stream=None,
         elastic: bool = True,
         settle_readers: bool = False,
+        arena=None,
     ):
         dev = _device(device)
         self.device = dev
+        arena_arg = None
+        if arena is not None:
+            need = geometry.layers * geometry.arena_rows * geometry.row_bytes
+            arena = _range(arena, "arena", need, "cuda", dev)
+            arena_arg = (arena, arena.data_ptr(), need)
         self._stream = _step_stream(stream, dev)
         self._native = _native.GpuKvPool(
             geometry,
@@ -191,6 +241,7 @@ class KvPool(_Closable):
             max_history,
             elastic,
             settle_readers,
+            arena_arg,
         )
         lay = self._native.layout()
         self.layout = lay
