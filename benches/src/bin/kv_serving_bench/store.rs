@@ -72,7 +72,7 @@ pub struct Resident {
 
 /// A placement's store.
 pub enum Store {
-    Resident(Resident),
+    Resident(Box<Resident>),
     Pool(Box<GpuElasticPool>),
 }
 
@@ -99,7 +99,7 @@ impl Store {
                 s[to..to + rb].copy_from_slice(&pat.bytes[from..from + rb]);
             }
         }
-        Ok(Store::Resident(Resident {
+        Ok(Store::Resident(Box::new(Resident {
             arena: DeviceBuffer::zeroed(ctx, (plane_bytes * g as u64) as usize)?,
             pages: PagePool::new(Tier::DeviceHbm, sc.budget_pages())?,
             tables: HashMap::new(),
@@ -107,7 +107,7 @@ impl Store {
             src_tokens: pat.tokens,
             plane_bytes,
             page_rows: sc.page_rows,
-        }))
+        })))
     }
 
     /// A GPU pool over the budget (`elastic`: borrowed pages, else the fixed hot cache only),
