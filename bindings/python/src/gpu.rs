@@ -41,6 +41,25 @@ use crate::experts::PyResidencyMap;
 use crate::kv::{admission, PyKvGeometry};
 use crate::{expert_err, guard, kv_err, Slot};
 
+/// A caller's CUDA tensor `(tensor, data_ptr, bytes)` as device memory of an object being built:
+/// the tensor is kept in `keep`, which the object holds for as long as it uses the memory (the
+/// bank's slots: only the bank uses them; the pool's arena: the pool owns its contents from then
+/// on). The range is checked by tierkit.torch and again by the driver (`DeviceBuffer::borrowed`).
+fn borrow_device(
+    gpu: &Gpu,
+    keep: &mut Vec<Py<PyAny>>,
+    mem: Option<(Py<PyAny>, u64, usize)>,
+) -> PyResult<Option<DeviceBuffer<u8>>> {
+    let Some((t, ptr, bytes)) = mem else {
+        return Ok(None);
+    };
+    keep.push(t);
+    // SAFETY: `ptr .. ptr + bytes` is the storage of the caller's contiguous CUDA tensor, now in
+    // `keep`, which outlives every use of the returned buffer (see above).
+    let buf = unsafe { DeviceBuffer::borrowed(gpu.ctx(), ptr, bytes) }.map_err(cuda_err)?;
+    Ok(Some(buf))
+}
+
 /// A `cuda-kernels` error as a Python exception: bad shapes, dtypes, alignment and ranges are
 /// `ValueError`, the rest (driver, compile, no device) `RuntimeError`.
 pub(crate) fn cuda_err(e: CudaError) -> PyErr {
@@ -378,19 +397,7 @@ impl PyGpuExpertBank {
                     }
                     None => None,
                 };
-                let slots = match slots {
-                    Some((t, ptr, bytes)) => {
-                        keep.push(t);
-                        // SAFETY: `ptr .. ptr + bytes` is the storage of the caller's contiguous
-                        // CUDA tensor `t` (checked by tierkit.torch and by the driver here), kept
-                        // alive in `keep` for as long as the bank, which is its only user.
-                        Some(
-                            unsafe { DeviceBuffer::borrowed(gpu.ctx(), ptr, bytes) }
-                                .map_err(cuda_err)?,
-                        )
-                    }
-                    None => None,
-                };
+                let slots = borrow_device(&gpu, &mut keep, slots)?;
                 let bank = ExpertBankGpu::with_memory(&gpu, *map.0.geometry(), host, slots)
                     .map_err(foreign_expert_err)?;
                 GpuExecutor::with_bank(bank, gpu.stream().clone(), &map.0).map_err(expert_err)?
@@ -534,19 +541,7 @@ impl PyGpuKvPool {
             // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
             let mut keep = Vec::new();
-            let arena = match arena {
-                Some((t, ptr, bytes)) => {
-                    keep.push(t);
-                    // SAFETY: `ptr .. ptr + bytes` is the storage of the caller's contiguous CUDA
-                    // tensor `t` (checked by tierkit.torch and by the driver here), kept alive in
-                    // `keep` for as long as the pool, which owns its contents from now on.
-                    Some(
-                        unsafe { DeviceBuffer::borrowed(gpu.ctx(), ptr, bytes) }
-                            .map_err(cuda_err)?,
-                    )
-                }
-                None => None,
-            };
+            let arena = borrow_device(&gpu, &mut keep, arena)?;
             let mut p = GpuElasticPool::with_arena(
                 &gpu,
                 geometry.0,
