@@ -7,6 +7,7 @@
 //!     --loads 0.25,0.5,1,2,4,8 --plot docs/kv
 //! tierkit kv calibrate                                  # hot-cache miss rates of the selection model
 //! tierkit kv fit-time kv_serving.json                   # step-time model from the GPU benchmark's steps
+//! tierkit kv plot-bench kv_serving.json --out docs/kv-gpu  # its tokens/s, batch, misses vs load
 //! ```
 
 use std::path::PathBuf;
@@ -36,6 +37,18 @@ enum KvCommand {
     /// Fit the simulation's step-time model (`--step-base-us`, `--step-per-request-us`,
     /// `--step-per-miss-us`) to the measured steps of a `kv_serving_bench` JSON report.
     FitTime(FitTimeArgs),
+    /// Plot a `kv_serving_bench` JSON report: decode tokens/s, median batch and miss MB per step
+    /// against the load, one line per placement (`<OUT>-tokens.png`, `-batch.png`, `-misses.png`).
+    PlotBench(PlotBenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct PlotBenchArgs {
+    /// `kv_serving_bench --out` JSON.
+    report: PathBuf,
+    /// Output prefix of the three PNG files.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -133,36 +146,115 @@ pub fn run(args: KvArgs) -> Result<(), Box<dyn std::error::Error>> {
         KvCommand::Simulate(a) => simulate(a),
         KvCommand::Calibrate(a) => calibrate(a),
         KvCommand::FitTime(a) => fit_time(a),
+        KvCommand::PlotBench(a) => plot_bench(a),
     }
+}
+
+/// The `runs` of a `kv_serving_bench --out` report (bounded read: at most 1 GiB).
+fn bench_runs(
+    path: &std::path::Path,
+) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() || meta.len() > 1 << 30 {
+        return Err(format!("{}: not a regular file of at most 1 GiB", path.display()).into());
+    }
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?).map_err(|e| {
+        format!(
+            "{}: not a kv_serving_bench JSON report: {e}",
+            path.display()
+        )
+    })?;
+    match v["runs"].take() {
+        serde_json::Value::Array(runs) => Ok(runs),
+        _ => Err(format!(
+            "{}: no `runs` array (a kv_serving_bench --out report?)",
+            path.display()
+        )
+        .into()),
+    }
+}
+
+/// One chart of `plot-bench`: file suffix, title, y label, and the y value of a run.
+type BenchChart<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a dyn Fn(&serde_json::Value) -> Option<f64>,
+);
+
+fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let runs = bench_runs(&a.report)?;
+    // One line per placement, in report order; x = log2(load) so that 0.5 … 64 spread evenly.
+    let series = |f: &dyn Fn(&serde_json::Value) -> Option<f64>| -> Vec<plot::Series> {
+        let mut out: Vec<plot::Series> = Vec::new();
+        for r in &runs {
+            let (Some(name), Some(load), Some(y)) =
+                (r["placement"].as_str(), r["load"].as_f64(), f(r))
+            else {
+                continue;
+            };
+            if load.is_nan() || load <= 0.0 {
+                continue;
+            }
+            let pt = (load.log2(), y);
+            match out.iter_mut().find(|(n, _)| n == name) {
+                Some((_, pts)) => pts.push(pt),
+                None => out.push((name.to_string(), vec![pt])),
+            }
+        }
+        out
+    };
+    let name = |suffix: &str| {
+        let mut s = a.out.as_os_str().to_owned();
+        s.push(suffix);
+        PathBuf::from(s)
+    };
+    let x = "log2 of the arrival speed-up (× trace rate)";
+    let charts: [BenchChart; 3] = [
+        (
+            "-tokens.png",
+            "Decode tokens/s vs load (H200, measured)",
+            "decode tokens/s",
+            &|r| r["summary"]["tokens_per_s"].as_f64(),
+        ),
+        (
+            "-batch.png",
+            "Median decode batch vs load",
+            "median batch",
+            &|r| r["summary"]["median_batch"].as_f64(),
+        ),
+        (
+            "-misses.png",
+            "Miss traffic per decode step vs load",
+            "MB fetched from host per step",
+            &|r| r["miss_bytes_per_step"].as_f64().map(|b| b / 1e6),
+        ),
+    ];
+    for (suffix, title, y, f) in charts {
+        let path = name(suffix);
+        let s = series(f);
+        if s.is_empty() {
+            return Err(format!(
+                "{}: no run has the fields this chart needs",
+                a.report.display()
+            )
+            .into());
+        }
+        std::fs::File::create(&path).map_err(|e| format!("--out {}: {e}", path.display()))?;
+        plot::line_chart(&path, title, x, y, &s)
+            .map_err(|e| format!("--out {}: {e}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
-    // Bounded read: a benchmark report is a few MB; refuse anything beyond 1 GiB.
-    let meta = std::fs::metadata(&a.report)?;
-    if !meta.is_file() || meta.len() > 1 << 30 {
-        return Err(format!(
-            "{}: not a regular file of at most 1 GiB",
-            a.report.display()
-        )
-        .into());
-    }
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&a.report)?).map_err(|e| {
-        format!(
-            "{}: not a kv_serving_bench JSON report: {e}",
-            a.report.display()
-        )
-    })?;
-    let runs = v["runs"].as_array().ok_or_else(|| {
-        format!(
-            "{}: no `runs` array (a kv_serving_bench --out report?)",
-            a.report.display()
-        )
-    })?;
+    let runs = bench_runs(&a.report)?;
     // (batch, misses, µs) steps per placement, in report order.
     type Steps = Vec<(u32, u64, f64)>;
     let mut by: Vec<(String, Steps)> = Vec::new();
-    for r in runs {
+    for r in &runs {
         let name = r["placement"].as_str().unwrap_or("?").to_string();
         let steps = r["steps"].as_array().map(|s| s.as_slice()).unwrap_or(&[]);
         let pts = steps.iter().filter_map(|s| {

@@ -289,3 +289,56 @@ fn fit_time_recovers_the_step_model_of_a_benchmark_report_and_refuses_bad_files(
     );
     fails_with(&["kv", "fit-time", "/dev/zero"], "not a regular file");
 }
+
+#[test]
+fn plot_bench_draws_three_charts_of_a_benchmark_report() {
+    let run = |placement: &str, load: f64, tps: f64| {
+        format!(
+            r#"{{"placement": "{placement}", "load": {load}, "miss_bytes_per_step": {}, "summary": {{"tokens_per_s": {tps}, "median_batch": {}}}, "steps": []}}"#,
+            tps * 1e4,
+            (load * 3.0) as u32
+        )
+    };
+    let runs: Vec<String> = [0.5, 4.0, 16.0]
+        .iter()
+        .flat_map(|&l| {
+            [
+                run("fully resident", l, 100.0 * l),
+                run("elastic", l, 120.0 * l),
+            ]
+        })
+        .collect();
+    let path = temp("plot-bench.json");
+    std::fs::write(&path, format!(r#"{{"runs": [{}]}}"#, runs.join(","))).unwrap();
+    let prefix = temp("plot-bench");
+    let out = tierkit(&[
+        "kv",
+        "plot-bench",
+        path.to_str().unwrap(),
+        "--out",
+        prefix.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for suffix in ["-tokens.png", "-batch.png", "-misses.png"] {
+        let mut p = prefix.as_os_str().to_owned();
+        p.push(suffix);
+        let bytes = std::fs::read(&p).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "{suffix} is a PNG");
+    }
+    let empty = temp("plot-bench-empty.json");
+    std::fs::write(&empty, r#"{"runs": [{"placement": "elastic"}]}"#).unwrap();
+    fails_with(
+        &[
+            "kv",
+            "plot-bench",
+            empty.to_str().unwrap(),
+            "--out",
+            prefix.to_str().unwrap(),
+        ],
+        "no run has the fields",
+    );
+}
