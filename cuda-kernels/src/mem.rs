@@ -73,7 +73,11 @@ impl<T: Pod> DeviceBuffer<T> {
     ///
     /// # Safety
     /// The memory must stay allocated, and be used by nobody else in a way that races with
-    /// tierkit's use, for the life of the returned buffer.
+    /// tierkit's use, for the life of the returned buffer **and until the device work tierkit
+    /// queued on it has completed**: dropping a borrowed buffer does not synchronize, so after
+    /// dropping the object that uses it (a pool, a bank), synchronize the context (or that
+    /// object's streams) before freeing or reusing the memory. (The Python bindings do: a closed
+    /// object's memory is released after a context synchronize.)
     pub unsafe fn borrowed(ctx: &Arc<CudaContext>, ptr: u64, len: usize) -> Result<Self> {
         let bytes = bytes_of::<T>(len, "device buffer length")?;
         let bad = |reason: String| CudaError::ForeignMemory {
@@ -284,8 +288,11 @@ impl<T: Pod> PinnedBuffer<T> {
     ///
     /// # Safety
     /// `host .. host + len × size_of::<T>()` must be live, writable host memory that stays
-    /// allocated for the life of the returned buffer and is not accessed by others in a way that
-    /// races with tierkit's (the buffer hands out `&mut` slices of it).
+    /// allocated for the life of the returned buffer, and until the device work tierkit queued
+    /// on it has completed (a borrowed, unregistered buffer's drop does not synchronize: after
+    /// dropping the object that uses it, synchronize the context before freeing the memory), and
+    /// is not accessed by others in a way that races with tierkit's (the buffer hands out `&mut`
+    /// slices of it).
     pub unsafe fn borrowed(
         ctx: &Arc<CudaContext>,
         host: *mut T,

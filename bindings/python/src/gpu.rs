@@ -331,7 +331,7 @@ impl<T> GpuSlot<T> {
 /// `hot_per_layer + 1` HBM slots per layer, and the device table `u64 [layers, experts]` of
 /// addresses at `table_ptr`. Flips are ordered on `stream` (the engine's step stream, kept alive
 /// by the caller as long as the bank). Usable as the executor of `Controller.step`.
-#[pyclass(name = "GpuExpertBank", module = "tierkit.torch", frozen)]
+#[pyclass(name = "GpuExpertBank", module = "tierkit.torch", frozen, weakref)]
 pub(crate) struct PyGpuExpertBank(GpuSlot<GpuExecutor>);
 
 impl PyGpuExpertBank {
@@ -485,7 +485,7 @@ impl PyGpuExpertBank {
 /// stream into caller-owned outputs, and that stream must be the step stream or one a graph
 /// captured on it is replayed on (nothing else orders the launch after the host calls' publishes
 /// and before the next ones).
-#[pyclass(name = "GpuKvPool", module = "tierkit.torch", frozen)]
+#[pyclass(name = "GpuKvPool", module = "tierkit.torch", frozen, weakref)]
 pub(crate) struct PyGpuKvPool(GpuSlot<GpuElasticPool>, LastResolve);
 
 /// The session count of the last resolve launched through this pool (0 = none yet): a replay of

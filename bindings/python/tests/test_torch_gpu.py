@@ -671,14 +671,17 @@ def test_kv_ops_run_under_torch_compile():
 
 @needs_gpu
 def test_pinned_ranges_follow_their_objects():
-    """The KV pool's host store is tracked like the bank's; a range leaves the list at close()
-    or when its object is collected unclosed."""
+    """The KV pool's host store is tracked like the bank's; a range stays listed while its memory
+    lives (after close(), views still hold it) and leaves the list when the memory is freed."""
     import gc
 
     pool, _ = small_kv_pool()
     store = (pool.layout["host_ptr"], pool.layout["host_bytes"])
     assert store in tt.pinned_ranges() and store[1] > 0
     pool.close()
+    assert store in tt.pinned_ranges(), "the views still hold the memory"
+    del pool, _
+    gc.collect()
     assert store not in tt.pinned_ranges()
     g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
     bank = tt.ExpertBank(experts.ResidencyMap.first_k("toy", g))

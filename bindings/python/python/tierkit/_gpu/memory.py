@@ -19,9 +19,10 @@ _PINNED_LOCK = threading.Lock()
 
 
 def _track_pinned(owner, ptr: int, nbytes: int) -> weakref.finalize:
-    """Registers the pinned range ``[ptr, ptr + nbytes)`` of ``owner``'s memory. The range is
-    dropped when the returned finalizer is called (``close()``) or ``owner`` is collected,
-    whichever comes first: no entry outlives its object, and no id is reused as a key."""
+    """Registers the pinned range ``[ptr, ptr + nbytes)`` of ``owner``'s memory, ``owner`` being the
+    native object that frees (or unregisters) it when it is collected — after ``close()`` *and*
+    the last view. The entry lives exactly as long: none outlives its memory, none is dropped
+    while the memory is still pinned, and no id is reused as a key."""
     key = object()
     with _PINNED_LOCK:
         _PINNED[key] = (int(ptr), int(nbytes))
@@ -79,10 +80,19 @@ def is_tierkit_pinned(t: Tensor) -> bool:
         return any(p <= lo and hi <= p + n for p, n in _PINNED.values())
 
 
+_PAGE = 4096  # registration pins whole pages
+
+
 def _overlaps_tierkit_pinned(ptr: int, nbytes: int) -> bool:
-    """Whether ``[ptr, ptr + nbytes)`` overlaps a pinned range tierkit tracks."""
+    """Whether the pages of ``[ptr, ptr + nbytes)`` overlap those of a pinned range tierkit tracks
+    (two ranges sharing one page cannot both be registered)."""
+
+    def pages(p: int, n: int):
+        return p // _PAGE, (p + max(n, 1) - 1) // _PAGE
+
+    lo, hi = pages(ptr, nbytes)
     with _PINNED_LOCK:
-        return any(p < ptr + nbytes and ptr < p + n for p, n in _PINNED.values())
+        return any(a <= hi and lo <= b for a, b in (pages(p, n) for p, n in _PINNED.values()))
 
 
 _LIVE = weakref.WeakSet()

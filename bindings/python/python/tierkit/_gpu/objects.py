@@ -146,13 +146,12 @@ class ExpertBank(_Closable):
         self.host = _view(self._native, lay["host_ptr"], (L, E, B), "|u1", dev)
         self.slots = _view(self._native, lay["hbm_ptr"], (L, S, B), "|u1", dev)
         # tierkit's own pinned memory, or the caller's range it registered (a caller's pinned
-        # tensor is the caller's: torch sees it)
+        # tensor is the caller's: torch sees it). Tracked for as long as the native object lives:
+        # its memory (and a registration) ends with it, not at close(), while views hold it.
         if host is None:
-            self._pinned = _track_pinned(self, lay["host_ptr"], L * E * B)
+            _track_pinned(self._native, lay["host_ptr"], L * E * B)
         elif registered:
-            self._pinned = _track_pinned(self, host.data_ptr(), L * E * B)
-        else:
-            self._pinned = lambda: None
+            _track_pinned(self._native, host.data_ptr(), L * E * B)
         _LIVE.add(self)
 
     def slot_ids(self, out: Optional[Tensor] = None) -> Tensor:
@@ -194,7 +193,6 @@ class ExpertBank(_Closable):
             _no_capture("ExpertBank.close", self.device)
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
-            self._pinned()
 
 
 class KvPool(_Closable):
@@ -254,7 +252,7 @@ class KvPool(_Closable):
         self.arena = _view(self._native, ptrs[0], (len(ptrs), rows, rb), "|u1", dev) if contiguous else None
         ms, hot = self.max_sessions, lay["hot_rows"]
         # the resolve's plan / stats outputs (KvCopy = 4 x u32), reused by every call
-        self._pinned = _track_pinned(self, lay["host_ptr"], lay["host_bytes"])
+        _track_pinned(self._native, lay["host_ptr"], lay["host_bytes"])
         self.plan = torch.zeros((ms, max(hot, 1), 4), dtype=torch.int32, device=dev)
         self.plan_count = torch.zeros(ms, dtype=torch.int32, device=dev)
         self.stats = torch.zeros((ms, lay["kv_stats"]), dtype=torch.int32, device=dev)
@@ -348,5 +346,4 @@ class KvPool(_Closable):
             _no_capture("KvPool.close", self.device)
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
-            self._pinned()
             _ops._POOLS.pop(self._id, None)
