@@ -38,7 +38,20 @@ enum Command {
     Kv(kv::KvArgs),
 }
 
+/// Restores the default SIGPIPE action, so `tierkit ... | head` ends quietly as other command-line
+/// tools do, instead of panicking in `println!` on a closed pipe (the Rust runtime ignores SIGPIPE).
+#[cfg(unix)]
+fn default_sigpipe() {
+    // SAFETY: called first thing in `main`, before any thread exists; `SIG_DFL` is a valid
+    // disposition for SIGPIPE and no handler of ours is replaced.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
+    #[cfg(unix)]
+    default_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Experts { command } => experts::run(command),

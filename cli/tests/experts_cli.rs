@@ -718,3 +718,47 @@ fn per_layer_vllm_logs_inspect_as_one_trace_and_eplb_counts_fit_a_seed() {
         }
     }
 }
+
+/// `tierkit ... | head`: a reader that closes the pipe early ends the command by SIGPIPE, as for
+/// other command-line tools, never with a panic message.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_pipe_ends_the_command_quietly() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tierkit"))
+        .args([
+            "experts",
+            "replay",
+            "--steps",
+            "600",
+            "--policy",
+            "static,lru",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tierkit runs");
+    let mut first = [0u8; 16];
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_exact(&mut first)
+        .expect("some output");
+    // the read end is dropped here, like `head -c 16`
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        out.status.success() || out.status.signal() == Some(libc_sigpipe()),
+        "{:?} {err}",
+        out.status
+    );
+}
+
+#[cfg(unix)]
+fn libc_sigpipe() -> i32 {
+    13 // SIGPIPE on Linux and the BSDs
+}
