@@ -265,6 +265,14 @@ impl ResidencyMap {
             .is_some_and(|m| m.is_hot(expert))
     }
 
+    /// Whether `expert` of `layer` is hot, for ids from outside (bindings, engine input).
+    /// Errors: [`ExpertError::LayerOutOfRange`], [`ExpertError::ExpertOutOfRange`].
+    pub fn is_hot_checked(&self, layer: u32, expert: u32) -> Result<bool> {
+        self.geometry.check_layer(layer)?;
+        self.geometry.check_expert(expert)?;
+        Ok(self.is_hot(layer, expert))
+    }
+
     /// Hot sets per layer in slot order, `[layers][hot_per_layer]`.
     pub fn hot_sets(&self) -> Vec<Vec<u32>> {
         self.layers
@@ -389,6 +397,22 @@ mod tests {
 
     fn geo() -> Geometry {
         Geometry::new(2, 8, 3, 16).unwrap()
+    }
+
+    #[test]
+    fn is_hot_checked_refuses_ids_out_of_range() {
+        let m = ResidencyMap::first_k("m", geo()).unwrap();
+        let g = geo();
+        assert!(m.is_hot_checked(0, 0).unwrap());
+        assert!(!m.is_hot_checked(0, g.hot_per_layer).unwrap());
+        assert!(matches!(
+            m.is_hot_checked(g.layers, 0),
+            Err(ExpertError::LayerOutOfRange { .. })
+        ));
+        assert!(matches!(
+            m.is_hot_checked(0, g.experts_per_layer),
+            Err(ExpertError::ExpertOutOfRange { .. })
+        ));
     }
 
     #[test]

@@ -262,16 +262,8 @@ pub unsafe extern "C" fn tierkit_residency_map_is_hot(
     unsafe {
         call(err, || {
             let live = live();
-            let m = &live.get(map, "map")?.0;
-            let row = m.layer(layer)?;
-            if expert >= row.experts() {
-                return Err(expert_residency::ExpertError::ExpertOutOfRange {
-                    expert,
-                    experts: row.experts(),
-                }
-                .into());
-            }
-            out(out_hot, row.is_hot(expert), "out_hot")
+            let hot = live.get(map, "map")?.0.is_hot_checked(layer, expert)?;
+            out(out_hot, hot, "out_hot")
         })
     }
 }
@@ -600,15 +592,8 @@ pub unsafe extern "C" fn tierkit_controller_is_hot(
         call(err, || {
             let live = live();
             let ctl = lock(&live.get(controller, "controller")?.0, "controller")?;
-            let row = ctl.map().layer(layer)?;
-            if expert >= row.experts() {
-                return Err(expert_residency::ExpertError::ExpertOutOfRange {
-                    expert,
-                    experts: row.experts(),
-                }
-                .into());
-            }
-            out(out_hot, row.is_hot(expert), "out_hot")
+            let hot = ctl.map().is_hot_checked(layer, expert)?;
+            out(out_hot, hot, "out_hot")
         })
     }
 }

@@ -113,12 +113,7 @@ impl PyResidencyMap {
     }
     /// Whether `expert` of `layer` is hot (`ValueError` for an id out of range).
     fn is_hot(&self, layer: u32, expert: u32) -> PyResult<bool> {
-        guard(|| {
-            let g = self.0.geometry();
-            g.check_layer(layer).map_err(expert_err)?;
-            g.check_expert(expert).map_err(expert_err)?;
-            Ok(self.0.is_hot(layer, expert))
-        })
+        guard(|| self.0.is_hot_checked(layer, expert).map_err(expert_err))
     }
     /// The hot experts of `layer`, slot order.
     fn hot_experts(&self, layer: u32) -> PyResult<Vec<u32>> {
