@@ -1300,7 +1300,9 @@ __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvTab
     bool miss = false;
     kv_lean_picks(d, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
     kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
+#ifndef KV_ABL_NOCOUNT
     kv_lean_counts(t, part, per, F, R, k, row0, full, valid_count, plan_count_r, stats_r);
+#endif
 }
 
 __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t, unsigned int slot,
@@ -1371,12 +1373,17 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS];
     __shared__ unsigned long long sh_call;
     const unsigned int r = blockIdx.x, tid = threadIdx.x;
+#ifdef KV_ABL_EMPTY
+    return;  // ablation (TIERKIT_NVRTC_DEFINES): the launch alone
+#endif
     if (tid < KV_STATS) sh_count[tid] = 0u;
     if (tid <= KV_FAST_MAX_ROWS) sh_rows[tid] = 0u;
     // Round trip 1: loads that depend on no other load.
     bool bad_qsl = false;
+#ifndef KV_ABL_NODUP
     for (unsigned int i = tid; i < sessions; i += blockDim.x) bad_qsl |= qsl[i + 1] < qsl[i];
     if (tid == 0) bad_qsl |= qsl[0] < 0 || (unsigned int)qsl[sessions] > rows;
+#endif
     const bool entry = r < sessions;
     int q0 = 0, q1 = 0, sl = -1, limit = 0;
     if (entry) {
@@ -1386,17 +1393,31 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         limit = seq_lens[r];
     }
     bool dup = false;
+#ifndef KV_ABL_NODUP
     if (entry)
         for (unsigned int i = tid; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
+#endif
     // The call counter is read by thread 0 alone (shared with the block at the validating barrier),
     // which takes the block's ticket as soon as its read has completed (the fence orders the read
     // before the add): the ticket's round trip overlaps trips 2 and 3 instead of following the barrier.
     unsigned int ticket = 0;  // below gridDim.x
     if (tid == 0) {
+#if defined(KV_ABL_NOTICKET)
+        sh_call = 1ull;  // ablation only: no call counter (wrong stamps on hot-cache steps)
+        ticket = 0xffffffffu;
+#elif defined(KV_ABL_ACQUIRE)
+        unsigned long long c0;
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c0) : "l"(t.call) : "memory");
+        sh_call = c0 + 1ull;
+        ticket = (unsigned int)atomicAdd(&t.call[1], 1ull);
+#else
         const unsigned long long c = t.call[0] + 1ull;
         sh_call = c;
+#ifndef KV_ABL_NOFENCE
         __threadfence();
+#endif
         ticket = (unsigned int)atomicAdd(&t.call[1], 1ull);
+#endif
     }
     // Round trip 2: the slot's descriptor and fixed pages, the entry's picks and query bounds (addresses
     // checked against the tables' extents here; validity is decided after the barrier).
@@ -1439,9 +1460,17 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         pg[i] = -1;
         hs[i] = -1;
+#ifdef KV_ABL_NOTRIP3
+        if (p[i] >= 0) pg[i] = 0;
+        if (0) {
+#else
         if (slot_in && p[i] >= 0) {
+#endif
             const unsigned int j = (unsigned int)p[i] / d.page_rows;
             if (j < d.max_pages) pg[i] = t.page_tab[tb + j];
+#ifdef KV_ABL_NOPOS
+            if (s.full == 0u)
+#endif
             if ((unsigned int)p[i] < d.max_history) hs[i] = t.pos_slot[pb + p[i]];
         }
     }
@@ -1451,7 +1480,11 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     kv_lean_classify(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
     // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
+#ifdef KV_ABL_NOBARRIER
+    if (0) {
+#else
     if (__syncthreads_or(bad_qsl | dup)) {
+#endif
         qsl_bad = __syncthreads_or(bad_qsl);
         dup_any = __syncthreads_or(dup);
     }

@@ -207,11 +207,15 @@ impl Gpu {
         // `TIERKIT_NVRTC_LINEINFO=1` adds source line tables (compute-sanitizer and profilers then
         // name `.cu` lines); the code generated is the same.
         let lineinfo = std::env::var_os("TIERKIT_NVRTC_LINEINFO").is_some_and(|v| v == "1");
+        // `TIERKIT_NVRTC_DEFINES="A B=1"` defines macros for kernel ablations in benchmarks (names
+        // and values of letters, digits and `_` only; anything else is ignored).
+        let defines = nvrtc_defines(std::env::var("TIERKIT_NVRTC_DEFINES").ok().as_deref());
         let compile = |arch: String| {
             let mut options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
             if lineinfo {
                 options.push("-lineinfo".into());
             }
+            options.extend(defines.iter().cloned());
             let opts = CompileOptions {
                 options,
                 name: Some(format!("{}.cu", src.name)),
@@ -272,5 +276,31 @@ impl Gpu {
     /// Blocks until all work on the device has completed.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
+    }
+}
+
+/// `-D` options from `TIERKIT_NVRTC_DEFINES` (space-separated `NAME` or `NAME=VALUE`, letters,
+/// digits and `_` only; other items are ignored).
+fn nvrtc_defines(v: Option<&str>) -> Vec<String> {
+    let ok = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    v.unwrap_or("")
+        .split_whitespace()
+        .filter(|d| match d.split_once('=') {
+            Some((n, val)) => ok(n) && ok(val),
+            None => ok(d),
+        })
+        .map(|d| format!("-D{d}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod defines_tests {
+    #[test]
+    fn defines_are_filtered() {
+        assert_eq!(
+            super::nvrtc_defines(Some(" KV_A  B=1 bad;rm x=  =y ")),
+            vec!["-DKV_A".to_string(), "-DB=1".into()]
+        );
+        assert!(super::nvrtc_defines(None).is_empty());
     }
 }

@@ -377,8 +377,13 @@ mod bench {
         match mode.as_str() {
             "all" => {}
             "peer" => return crate::peer::run(&gpu, reps),
+            "peer-resident" => return crate::peer::run_resident(&gpu, reps),
             "admit" => return crate::admit::run(&gpu, reps),
-            other => return Err(format!("unknown --mode {other} (all, peer, admit)").into()),
+            other => {
+                return Err(
+                    format!("unknown --mode {other} (all, peer, peer-resident, admit)").into(),
+                )
+            }
         }
         let warm = 3;
         let standins = KvStandins::new(&gpu)?;
