@@ -386,6 +386,51 @@ def test_engine_memory_the_device_refuses_is_a_value_error():
     first.close()
 
 
+@needs_gpu
+def test_device_memory_another_object_uses_is_refused():
+    """Engine memory lent to one object, and tierkit's own HBM (a bank's slots, a pool's arena),
+    cannot be lent to a second object while the first lives; disjoint ranges of one tensor can."""
+    import gc
+
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
+    boot = experts.ResidencyMap.first_k("toy", g)
+    need = LAYERS * (HOT + 1) * 256
+    mine = torch.zeros(2 * need, dtype=torch.uint8, device="cuda")
+    dev = torch.cuda.current_device()
+    a = tt.ExpertBank(boot, slots=mine[:need])
+    assert (dev, mine.data_ptr(), need) in tt.device_ranges()
+    for t in (mine, mine[need - 16 :]):
+        with pytest.raises(ValueError, match="another live tierkit object"):
+            tt.ExpertBank(boot, slots=t)
+    b = tt.ExpertBank(boot, slots=mine[need:])  # adjacent and disjoint
+    owned = tt.ExpertBank(boot)
+    with pytest.raises(ValueError, match="another live tierkit object"):
+        tt.ExpertBank(boot, slots=owned.slots.reshape(-1))
+    kg = kv_geometry()
+    pool = tt.KvPool(kg, 2, 256)
+    assert pool.arena is not None
+    with pytest.raises(ValueError, match="another live tierkit object"):
+        tt.KvPool(kg, 2, 256, arena=pool.arena.reshape(-1))
+    # the storage is what tierkit keeps: re-pointing the caller's tensor frees nothing it uses
+    spare = torch.zeros(need, dtype=torch.uint8, device="cuda")
+    c = tt.ExpertBank(boot, slots=spare)
+    ptr = spare.data_ptr()
+    spare.set_(torch.zeros(16, dtype=torch.uint8, device="cuda"))
+    gc.collect()
+    assert (dev, ptr, need) in tt.device_ranges()
+    assert c.slots.data_ptr() == ptr
+    other = torch.empty(need, dtype=torch.uint8, device="cuda")  # would reuse a freed block
+    assert other.data_ptr() != ptr
+    c.reload(boot)
+    torch.cuda.synchronize()
+    for o in (a, b, owned, pool, c):
+        o.close()
+    del a, b, owned, pool, c, o
+    gc.collect()
+    assert (dev, mine.data_ptr(), need) not in tt.device_ranges()
+    tt.ExpertBank(boot, slots=mine).close()
+
+
 # ------------------------------------------------------------------------------- KV
 
 ROW, KV_LAYERS, K = 64, 2, 16

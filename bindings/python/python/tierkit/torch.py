@@ -94,7 +94,7 @@ NVRTC_PRELOADED = _preload_nvrtc()
 from tierkit import experts as _experts  # noqa: E402
 from tierkit import kv as _kv  # noqa: E402
 from tierkit._gpu.checks import warmup  # noqa: E402
-from tierkit._gpu.memory import is_tierkit_pinned, pinned_ranges  # noqa: E402
+from tierkit._gpu.memory import device_ranges, is_tierkit_pinned, pinned_ranges  # noqa: E402
 from tierkit._gpu.objects import DeviceCounters, ExpertBank, KvPool  # noqa: E402
 from tierkit._gpu.ops import count_topk, expert_slot_ids, kv_replay, kv_resolve  # noqa: E402
 
@@ -103,6 +103,7 @@ __all__ = [
     "ExpertBank",
     "KvPool",
     "count_topk",
+    "device_ranges",
     "expert_slot_ids",
     "is_tierkit_pinned",
     "kv_replay",

@@ -2,6 +2,7 @@
 //! ([`super::MapAfterFill::Deferred`]), grouped by the fill's signal (one per publish).
 
 use hashbrown::{HashMap, HashSet};
+#[cfg(test)]
 use tier_core::CompletionSignal;
 
 /// A page-table entry key: `(session slot, logical page)`.
@@ -29,7 +30,7 @@ impl<S> Default for DeferredMaps<S> {
     }
 }
 
-impl<S: CompletionSignal> DeferredMaps<S> {
+impl<S> DeferredMaps<S> {
     /// Entries waiting.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -91,15 +92,40 @@ impl<S: CompletionSignal> DeferredMaps<S> {
         before - self.len
     }
 
-    /// Takes the entries whose fill is complete (polled without waiting): `(slot, logical, page)`.
-    pub(crate) fn take_ready(&mut self) -> Vec<(u32, u32, u32)> {
+    /// Takes the entries whose fill is complete (polled without waiting without failing: a
+    /// signal that cannot report an error), `(slot, logical, page)`.
+    #[cfg(test)]
+    pub(crate) fn take_ready(&mut self) -> Vec<(u32, u32, u32)>
+    where
+        S: CompletionSignal,
+    {
+        match self.try_take_ready(|s| Ok::<_, std::convert::Infallible>(s.is_complete())) {
+            Ok(v) => v,
+            Err(e) => match e {},
+        }
+    }
+
+    /// [`DeferredMaps::take_ready`] with the fill's completion asked of `query`, whose error
+    /// (e.g. a failed `cuEventQuery`: a broken context) is returned instead of leaving the
+    /// entries waiting forever. On an error nothing is taken.
+    pub(crate) fn try_take_ready<E>(
+        &mut self,
+        query: impl Fn(&S) -> Result<bool, E>,
+    ) -> Result<Vec<(u32, u32, u32)>, E> {
+        let mut done = Vec::with_capacity(self.batches.len());
+        for (fill, maps) in &self.batches {
+            done.push(!maps.is_empty() && query(fill)?);
+        }
         let mut out = Vec::new();
         let per_slot = &mut self.per_slot;
-        self.batches.retain(|(fill, maps)| {
+        let mut i = 0;
+        self.batches.retain(|(_, maps)| {
+            let complete = done[i];
+            i += 1;
             if maps.is_empty() {
                 return false;
             }
-            if !fill.is_complete() {
+            if !complete {
                 return true;
             }
             for (&(slot, logical), &page) in maps.iter() {
@@ -109,7 +135,7 @@ impl<S: CompletionSignal> DeferredMaps<S> {
             false
         });
         self.len -= out.len();
-        out
+        Ok(out)
     }
 }
 
@@ -145,6 +171,31 @@ mod tests {
 
     /// Reclaim before mapping: the entry is dropped and never mapped, even after the fill; a
     /// later lend of the same key (after the unmap) waits for its own fill.
+    /// A failing completion query is returned, and nothing is taken or lost.
+    #[test]
+    fn a_failed_query_is_an_error_and_keeps_the_entries() {
+        let mut d = DeferredMaps::default();
+        let (a, b) = (FlagSignal::new(), FlagSignal::new());
+        d.push(a.clone(), maps(&[(0, 1, 10)]));
+        d.push(b.clone(), maps(&[(1, 0, 12)]));
+        a.complete();
+        let broken = |s: &FlagSignal| {
+            if s.is_complete() {
+                Ok(true)
+            } else {
+                Err("query failed")
+            }
+        };
+        assert_eq!(d.try_take_ready(broken), Err("query failed"));
+        assert_eq!(d.len(), 2);
+        assert!(d.has_slot(0) && d.has_slot(1));
+        b.complete();
+        let mut got = d.take_ready();
+        got.sort();
+        assert_eq!(got, vec![(0, 1, 10), (1, 0, 12)]);
+        assert_eq!(d.len(), 0);
+    }
+
     #[test]
     fn reclaim_before_mapping_drops_the_entry() {
         let mut d = DeferredMaps::default();

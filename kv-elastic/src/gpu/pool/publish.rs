@@ -48,7 +48,12 @@ impl GpuElasticPool {
             }
         }
         self.counters.maps_dropped += dropped as u64;
-        let ready = self.deferred.take_ready();
+        // A failed event query (a broken context) fails the publish (and poisons the pool)
+        // rather than leaving the entries unmapped for ever.
+        let ready = self
+            .deferred
+            .try_take_ready(|fill| fill.try_complete())
+            .map_err(cuda)?;
         if log.is_empty() && created.is_empty() && freed.is_empty() && ready.is_empty() {
             return Ok(());
         }

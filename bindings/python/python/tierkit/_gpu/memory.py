@@ -95,6 +95,50 @@ def _overlaps_tierkit_pinned(ptr: int, nbytes: int) -> bool:
         return any(a <= hi and lo <= b for a, b in (pages(p, n) for p, n in _PINNED.values()))
 
 
+_DEVICE: dict = {}  # key -> (device index, ptr, bytes): HBM a tierkit object uses (its own or an engine's)
+
+
+def _track_device(owner, device: int, ptr: int, nbytes: int) -> weakref.finalize:
+    """Registers the device range ``[ptr, ptr + nbytes)`` on ``device`` that ``owner`` (a native
+    object) writes: its own HBM or engine memory lent to it. Listed for as long as ``owner`` lives
+    (see ``_track_pinned``), so that no second object is given memory the first one writes."""
+    key = object()
+    with _PINNED_LOCK:
+        _DEVICE[key] = (int(device), int(ptr), int(nbytes))
+    return weakref.finalize(owner, _untrack_device, key)
+
+
+def _untrack_device(key) -> None:
+    with _PINNED_LOCK:
+        _DEVICE.pop(key, None)
+
+
+def device_ranges():
+    """The device ranges live tierkit objects write now (their own HBM and engine memory lent
+    to them), as ``[(device_index, device_ptr, bytes)]``. A new object refuses engine memory
+    overlapping one of them."""
+    with _PINNED_LOCK:
+        return sorted(_DEVICE.values())
+
+
+def _overlaps_tierkit_device(device: int, ptr: int, nbytes: int) -> bool:
+    """Whether ``[ptr, ptr + nbytes)`` on ``device`` overlaps device memory a live tierkit object
+    writes."""
+    lo, hi = int(ptr), int(ptr) + max(int(nbytes), 1)
+    with _PINNED_LOCK:
+        return any(d == device and p < hi and lo < p + n for d, p, n in _DEVICE.values())
+
+
+def _refuse_tierkit_device(t: Tensor, nbytes: int, dev: torch.device, name: str) -> None:
+    """ValueError if the first ``nbytes`` of CUDA tensor ``t`` overlap device memory a live
+    tierkit object writes (another bank's slots or table, another pool's arena, or engine memory
+    already lent to one)."""
+    if _overlaps_tierkit_device(dev.index, t.data_ptr(), nbytes):
+        raise ValueError(
+            f"{name} overlaps device memory another live tierkit object uses: pass memory of your own"
+        )
+
+
 _LIVE = weakref.WeakSet()
 
 

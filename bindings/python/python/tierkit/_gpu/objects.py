@@ -10,7 +10,15 @@ import torch
 from tierkit import _native
 from tierkit._gpu import ops as _ops
 from tierkit._gpu.checks import _cuda, _device, _no_capture, _range, _step_stream, _tensor
-from tierkit._gpu.memory import _LIVE, _Closable, _overlaps_tierkit_pinned, _track_pinned, _view
+from tierkit._gpu.memory import (
+    _LIVE,
+    _Closable,
+    _overlaps_tierkit_pinned,
+    _refuse_tierkit_device,
+    _track_device,
+    _track_pinned,
+    _view,
+)
 
 Tensor = torch.Tensor
 
@@ -131,10 +139,12 @@ class ExpertBank(_Closable):
                     "that object): pass a tensor of your own"
                 )
             registered = not host.is_pinned()
-            host_arg = (host, host.data_ptr(), L * E * B, registered)
+            # the storage, not the tensor, is kept: a tensor can be re-pointed (`set_`, `resize_`)
+            host_arg = (host.untyped_storage(), host.data_ptr(), L * E * B, registered)
         if slots is not None:
             slots = _range(slots, "slots", L * (H + 1) * B, "cuda", dev)
-            slots_arg = (slots, slots.data_ptr(), L * (H + 1) * B)
+            _refuse_tierkit_device(slots, L * (H + 1) * B, dev, "slots")
+            slots_arg = (slots.untyped_storage(), slots.data_ptr(), L * (H + 1) * B)
         self._stream = _step_stream(stream, dev)
         self._native = _native.GpuExpertBank(
             map, dev.index, self._stream.cuda_stream, threads, host_arg, slots_arg
@@ -152,6 +162,8 @@ class ExpertBank(_Closable):
             _track_pinned(self._native, lay["host_ptr"], L * E * B)
         elif registered:
             _track_pinned(self._native, host.data_ptr(), L * E * B)
+        _track_device(self._native, dev.index, lay["hbm_ptr"], L * S * B)
+        _track_device(self._native, dev.index, lay["table_ptr"], L * E * 8)
         _LIVE.add(self)
 
     def slot_ids(self, out: Optional[Tensor] = None) -> Tensor:
@@ -229,7 +241,8 @@ class KvPool(_Closable):
         if arena is not None:
             need = geometry.layers * geometry.arena_rows * geometry.row_bytes
             arena = _range(arena, "arena", need, "cuda", dev)
-            arena_arg = (arena, arena.data_ptr(), need)
+            _refuse_tierkit_device(arena, need, dev, "arena")
+            arena_arg = (arena.untyped_storage(), arena.data_ptr(), need)
         self._stream = _step_stream(stream, dev)
         self._native = _native.GpuKvPool(
             geometry,
@@ -253,6 +266,8 @@ class KvPool(_Closable):
         ms, hot = self.max_sessions, lay["hot_rows"]
         # the resolve's plan / stats outputs (KvCopy = 4 x u32), reused by every call
         _track_pinned(self._native, lay["host_ptr"], lay["host_bytes"])
+        for p in ptrs:
+            _track_device(self._native, dev.index, p, rows * rb)
         self.plan = torch.zeros((ms, max(hot, 1), 4), dtype=torch.int32, device=dev)
         self.plan_count = torch.zeros(ms, dtype=torch.int32, device=dev)
         self.stats = torch.zeros((ms, lay["kv_stats"]), dtype=torch.int32, device=dev)
