@@ -1271,8 +1271,12 @@ __device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvTables& t
             *c_page += 1u;
         } else if (c == KV_PICK_HOT) {
             if (!full) {
+#if !defined(KV_ABL_NOSTAMP) && !defined(KV_ABL_NOREF)
                 t.referenced[hb + v[i]] = 1u;
+#endif
+#ifndef KV_ABL_NOSTAMP
                 t.stamp[hb + v[i]] = call;
+#endif
             }
             out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
             *c_hot += 1u;

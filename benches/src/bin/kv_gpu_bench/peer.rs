@@ -312,6 +312,8 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         gpu.arch()
     );
     let mut t = Table(vec![header()]);
+    // Mismatches are reported after the table (rows marked WRONG), so an ablation still times.
+    let mut wrong: Vec<String> = Vec::new();
     for (hot, history) in [
         (4096u32, 32768u32),
         (2048, 32768),
@@ -323,6 +325,7 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         // times[kernel][run] = per-step µs; misses from our fast kernel's plain run.
         let mut times = vec![vec![Vec::new(); RUNS.len()]; KERNELS.len()];
         let (mut misses, mut last) = (Vec::new(), Vec::new());
+        let wrong_before = wrong.len();
         for (ki, &kernel) in KERNELS.iter().enumerate() {
             for (ri, &run) in RUNS.iter().enumerate() {
                 let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
@@ -331,7 +334,9 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
                 } else if matches!(kernel, Kernel::Ours(_)) && (m != misses || l != last) {
                     // Same decisions: every engine fetches the same distinct misses per step and
                     // returns the same last step.
-                    return Err(format!("{kernel:?} {run:?}: outputs differ from fast's").into());
+                    wrong.push(format!(
+                        "hot {hot} / {history}: {kernel:?} {run:?}: outputs differ from fast's"
+                    ));
                 }
                 times[ki][ri] = us;
             }
@@ -359,7 +364,11 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
             };
             let mut row = vec![
                 format!("{hot} / {}K", history / 1024),
-                ph.label.to_string(),
+                if wrong.len() > wrong_before {
+                    format!("WRONG {}", ph.label)
+                } else {
+                    ph.label.to_string()
+                },
                 format!("{m:.0} ({:.1}%)", m / (REQS * K) as f64 * 100.0),
             ];
             row.extend(timing_cells(&meds));
@@ -374,6 +383,9 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         "bookkeeping target (issue 13): <= 10 us everywhere; copy: >= 45 GB/s (in-place gather \
          ceiling 47 GB/s); misses/step: our distinct misses (SGLang's are the same fresh positions)"
     );
+    if !wrong.is_empty() {
+        return Err(wrong.join("; ").into());
+    }
     Ok(())
 }
 
