@@ -11,7 +11,7 @@
 //   arena  [layers][arena_rows][row_bytes]                         (device, one allocation)
 //   host   [max_slots][max_history][layers][row_bytes]             (mapped pinned host memory)
 //   per slot b: fixed_pages[b][fixed_pages], page_tab[b][max_pages], pos_slot[b][max_history],
-//               slot_pos/referenced/stamp[b][hot_rows], hand[b], first[b][max_history]
+//               slot_pos/mark/stamp[b][hot_rows], hand[b], first[b][max_history]
 
 #define KV_NONE (-1)
 #define KV_UNCLAIMED 0x7fffffff
@@ -40,7 +40,7 @@ struct KvTables {
     const int* page_tab;
     int* pos_slot;
     int* slot_pos;
-    unsigned int* referenced;
+    unsigned long long* mark;
     unsigned long long* stamp;
     unsigned int* hand;
     int* first;
@@ -59,6 +59,21 @@ struct KvFill {
     unsigned long long dst;
     unsigned int count, value;
 };
+
+// Hot-row state (CLOCK with per-call pins), two u64 per row: `stamp` and `mark`. A hit in call c
+// writes stamp = 2c + 1 (one store: pinned, referenced), an install stamp = mark = 2c (pinned, not
+// referenced), the sweep clears a reference with mark = 2c; a row is pinned by call c iff
+// stamp >> 1 == c and referenced iff stamp > mark. Zeroed rows are neither (calls start at 1).
+// The same decisions as the CPU reference's (bool referenced, u64 stamp): a hit after an install
+// in the same call (prefetch after resolve) gives 2c + 1 > 2c, referenced, as there.
+__device__ __forceinline__ unsigned long long kv_hit_stamp(unsigned long long call) { return 2ull * call + 1ull; }
+__device__ __forceinline__ unsigned long long kv_cold_stamp(unsigned long long call) { return 2ull * call; }
+__device__ __forceinline__ bool kv_pinned(unsigned long long stamp, unsigned long long call) {
+    return (stamp >> 1) == call;
+}
+__device__ __forceinline__ void kv_touch(const KvTables& t, unsigned long long row, unsigned long long call) {
+    t.stamp[row] = kv_hit_stamp(call);
+}
 
 #define KV_STATS 8  // picks, tail, scratch, page, hot, misses, direct, invalid
 #define KV_LAYOUT_PACKED 1  // output rows: valid entries packed to the front (FlashMLA topk_length)
@@ -176,9 +191,10 @@ __device__ void kv_pick_victims(const KvDims& d, const KvTables& t, unsigned int
         unsigned int s = 0;
         if (i < 2u * n) {
             s = (hand + i) % n;
-            const bool pin = t.stamp[base + s] == call;
+            const unsigned long long st = t.stamp[base + s];
+            const bool pin = kv_pinned(st, call);
             const bool empty = t.slot_pos[base + s] < 0;
-            const bool ref = t.referenced[base + s] != 0u;
+            const bool ref = st > t.mark[base + s];
             take = !pin && (i < n ? (empty || !ref) : (!empty && ref));
         }
         const unsigned int ballot = __ballot_sync(0xffffffffu, take);
@@ -209,7 +225,7 @@ __device__ void kv_finish_sweep_at(const KvDims& d, const KvTables& t, unsigned 
     const unsigned int visited = last < 0 ? 0u : min((unsigned int)last + 1u, n);
     for (unsigned int i = threadIdx.x; i < visited; i += blockDim.x) {
         const unsigned int s = (hand + i) % n;
-        if (t.stamp[base + s] != call) t.referenced[base + s] = 0u;
+        if (!kv_pinned(t.stamp[base + s], call)) t.mark[base + s] = kv_cold_stamp(call);
     }
     __syncthreads();
     if (threadIdx.x == 0 && misses > 0) {
@@ -238,8 +254,8 @@ __device__ __forceinline__ void kv_install_one(const KvDims& d, const KvTables& 
     if (old >= 0) t.pos_slot[pb + old] = KV_NONE;
     t.slot_pos[hb + s] = (int)p;
     t.pos_slot[pb + p] = (int)s;
-    t.referenced[hb + s] = 0u;
-    t.stamp[hb + s] = call;
+    t.mark[hb + s] = kv_cold_stamp(call);
+    t.stamp[hb + s] = kv_cold_stamp(call);
     plan[i].dst_row = (unsigned int)kv_fixed_row_at(d, fp, s);
     plan[i].slot = slot;
     plan[i].pad = 0u;
@@ -310,8 +326,7 @@ __device__ __forceinline__ void kv_claim(const KvDims& d, const KvTables& t, uns
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
     const int hs = t.pos_slot[pb + p];
     if (hs >= 0) {
-        t.referenced[hb + hs] = 1u;
-        t.stamp[hb + hs] = call;
+        kv_touch(t, hb + hs, call);
     } else {
         atomicMin(&t.first[pb + p], f);
     }
@@ -500,25 +515,24 @@ __device__ void kv_victim_bits(const KvDims& d, const KvTables& t, unsigned int 
     //    KV_VICTIM_BATCH such groups per warp have their loads issued together (one round trip per
     //    batch instead of one per group: hot 8192 at 1024 threads is 8 groups per warp).
     for (unsigned int g0 = threadIdx.x & ~31u; g0 < words * 32u; g0 += blockDim.x * KV_VICTIM_BATCH) {
-        unsigned long long st[KV_VICTIM_BATCH];
+        unsigned long long st[KV_VICTIM_BATCH], mk[KV_VICTIM_BATCH];
         int sp[KV_VICTIM_BATCH];
-        unsigned int rf[KV_VICTIM_BATCH];
 #pragma unroll
         for (unsigned int j = 0; j < KV_VICTIM_BATCH; ++j) {
             const unsigned int s = g0 + j * blockDim.x + lane;
-            st[j] = call;  // out of range: pinned (no candidate)
+            st[j] = kv_cold_stamp(call);  // out of range: pinned (no candidate)
+            mk[j] = st[j];
             sp[j] = -1;
-            rf[j] = 0u;
             if (s < n) {
                 st[j] = t.stamp[base + s];
                 sp[j] = t.slot_pos[base + s];
-                rf[j] = t.referenced[base + s];
+                mk[j] = t.mark[base + s];
             }
         }
 #pragma unroll
         for (unsigned int j = 0; j < KV_VICTIM_BATCH; ++j) {
             const unsigned int s0 = g0 + j * blockDim.x;
-            const bool pin = st[j] == call, empty = sp[j] < 0, ref = rf[j] != 0u;
+            const bool pin = kv_pinned(st[j], call), empty = sp[j] < 0, ref = st[j] > mk[j];
             const bool l1 = !pin && (empty || !ref), l2 = !pin && !empty && ref;
             const unsigned int b1 = __ballot_sync(0xffffffffu, l1), b2 = __ballot_sync(0xffffffffu, l2);
             if (lane == 0u && s0 < words * 32u) {
@@ -636,14 +650,15 @@ __device__ __forceinline__ void kv_write_packed(const int (&out)[KV_FAST_PER], u
 // (a lap-1 or lap-2 bit: the two bits together mark exactly the unpinned slots) and not a victim; a
 // victim's reference bit is already clear (its install cleared it), so clearing every visited
 // unpinned slot's bit gives the same table. Saves the stamp reads.
-__device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned int misses,
-                                     unsigned int taken, int last, unsigned int hand, const unsigned int* bits) {
+__device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
+                                     unsigned int misses, unsigned int taken, int last, unsigned int hand,
+                                     const unsigned int* bits) {
     const unsigned int n = d.hot_rows, words = (n + 31u) >> 5;
     const unsigned long long base = (unsigned long long)slot * n;
     const unsigned int visited = last < 0 ? 0u : min((unsigned int)last + 1u, n);
     for (unsigned int i = threadIdx.x; i < visited; i += blockDim.x) {
         const unsigned int s = (hand + i) % n;
-        if (kv_bit(bits, s) | kv_bit(bits + words, s)) t.referenced[base + s] = 0u;
+        if (kv_bit(bits, s) | kv_bit(bits + words, s)) t.mark[base + s] = kv_cold_stamp(call);
     }
     // (No barrier: the hand is thread 0's own value, and the bitmaps are not written again.)
     if (threadIdx.x == 0 && misses > 0) {
@@ -740,7 +755,7 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
                 out[i] = KV_OUT_PENDING;
             }
         }
-        if (misses > 0u) kv_finish_sweep_bits(d, t, slot, misses, taken, *sh_last, hand, bits);
+        if (misses > 0u) kv_finish_sweep_bits(d, t, slot, call, misses, taken, *sh_last, hand, bits);
     } else {
         if (misses > 0u) {
             kv_finish_sweep_at(d, t, slot, call, misses, taken, *sh_last, hand);
@@ -820,10 +835,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (out[i] != KV_OUT_PENDING) continue;
         if (hs[i] >= 0) {
-            if (s.full == 0u) {
-                t.referenced[hb + hs[i]] = 1u;
-                t.stamp[hb + hs[i]] = call;
-            }
+            if (s.full == 0u) kv_touch(t, hb + hs[i], call);
             out[i] = kv_fixed_row_at(d, fp, (unsigned int)hs[i]);
             c_hot++;
         } else if (s.full == 0u) {
@@ -1270,14 +1282,7 @@ __device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvTables& t
             out[i] = v[i];
             *c_page += 1u;
         } else if (c == KV_PICK_HOT) {
-            if (!full) {
-#if !defined(KV_ABL_NOSTAMP) && !defined(KV_ABL_NOREF)
-                t.referenced[hb + v[i]] = 1u;
-#endif
-#ifndef KV_ABL_NOSTAMP
-                t.stamp[hb + v[i]] = call;
-#endif
-            }
+            if (!full) kv_touch(t, hb + v[i], call);
             out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
             *c_hot += 1u;
         } else if (c == KV_PICK_MISS) {

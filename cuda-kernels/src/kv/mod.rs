@@ -324,7 +324,7 @@ impl KvErrors {
 /// | `page_tab` | `i32 [max_slots][max_pages]` | `-1` (`tier_core::NOT_RESIDENT`) |
 /// | `pos_slot` | `i32 [max_slots][max_history]` | `-1` |
 /// | `slot_pos` | `i32 [max_slots][hot_rows]` | `-1` |
-/// | `referenced` | `u32 [max_slots][hot_rows]` | 0 |
+/// | `mark` | `u64 [max_slots][hot_rows]` | 0 |
 /// | `stamp` | `u64 [max_slots][hot_rows]` | 0 |
 /// | `hand` | `u32 [max_slots]` | 0 |
 /// | `first` | `i32 [max_slots][max_history]` | [`KV_UNCLAIMED`] |
@@ -345,9 +345,12 @@ pub struct KvTables {
     pub pos_slot: u64,
     /// `i32 [max_slots][hot_rows]`: position held by each hot slot, `-1` if empty.
     pub slot_pos: u64,
-    /// `u32 [max_slots][hot_rows]`: CLOCK reference bits.
-    pub referenced: u64,
-    /// `u64 [max_slots][hot_rows]`: call stamp pinning a hot slot.
+    /// `u64 [max_slots][hot_rows]`: CLOCK reference marks (a row is referenced iff its stamp is
+    /// above its mark; see the stamp).
+    pub mark: u64,
+    /// `u64 [max_slots][hot_rows]`: call stamps: `2c + 1` after a hit in call `c`, `2c` after an
+    /// install (a row is pinned by call `c` iff `stamp >> 1 == c`; the sweep clears a reference by
+    /// setting the mark to `2c`).
     pub stamp: u64,
     /// `u32 [max_slots]`: CLOCK hands.
     pub hand: u64,

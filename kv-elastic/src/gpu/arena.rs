@@ -32,7 +32,7 @@ pub struct GpuArena {
     page_tab: DeviceBuffer<i32>,
     pos_slot: DeviceBuffer<i32>,
     slot_pos: DeviceBuffer<i32>,
-    referenced: DeviceBuffer<u32>,
+    mark: DeviceBuffer<u64>,
     stamp: DeviceBuffer<u64>,
     hand: DeviceBuffer<u32>,
     first: DeviceBuffer<i32>,
@@ -119,7 +119,7 @@ impl GpuArena {
             page_tab: minus(slots * dims.max_pages as usize)?,
             pos_slot: minus(hist)?,
             slot_pos: minus(hot)?,
-            referenced: DeviceBuffer::zeroed(ctx, hot)?,
+            mark: DeviceBuffer::zeroed(ctx, hot)?,
             stamp: DeviceBuffer::zeroed(ctx, hot)?,
             hand: DeviceBuffer::zeroed(ctx, slots)?,
             first: DeviceBuffer::from_host(ctx, &vec![KV_UNCLAIMED; hist])?,
@@ -156,7 +156,7 @@ impl GpuArena {
             page_tab: self.page_tab.device_ptr(),
             pos_slot: self.pos_slot.device_ptr(),
             slot_pos: self.slot_pos.device_ptr(),
-            referenced: self.referenced.device_ptr(),
+            mark: self.mark.device_ptr(),
             stamp: self.stamp.device_ptr(),
             hand: self.hand.device_ptr(),
             first: self.first.device_ptr(),
@@ -339,7 +339,7 @@ impl GpuArena {
         self.clear_hot(slot)
     }
 
-    /// Empties one live slot's hot cache (all hot slots free, reference bits and stamps 0, hand 0,
+    /// Empties one live slot's hot cache (all hot slots free, reference marks and stamps 0, hand 0,
     /// position table [`NOT_RESIDENT`]) and keeps its descriptor, fixed pages and page table
     /// (synchronous; nothing in flight may read the slot). Resident rows (tail, scratch, borrowed
     /// pages) are unaffected; the next resolve fetches every hot-cache position again. Used to
@@ -353,7 +353,7 @@ impl GpuArena {
         let (h, n) = (d.hot_rows as usize, d.max_history as usize);
         let s = slot as usize;
         self.put(self.slot_pos.device_ptr_at(s * h)?, &vec![-1i32; h])?;
-        self.put(self.referenced.device_ptr_at(s * h)?, &vec![0u32; h])?;
+        self.put(self.mark.device_ptr_at(s * h)?, &vec![0u64; h])?;
         self.put(self.stamp.device_ptr_at(s * h)?, &vec![0u64; h])?;
         self.put(self.hand.device_ptr_at(s)?, &[0u32])?;
         self.put(self.pos_slot.device_ptr_at(s * n)?, &vec![NOT_RESIDENT; n])

@@ -81,7 +81,7 @@ impl GpuElasticPool {
             let b = b as u64;
             range(&mut ranges, t.desc, b * desc_words, desc_words as usize, 0);
             range(&mut ranges, t.slot_pos, b * h, h as usize, u32::MAX);
-            range(&mut ranges, t.referenced, b * h, h as usize, 0);
+            range(&mut ranges, t.mark, 2 * b * h, 2 * h as usize, 0);
             range(&mut ranges, t.stamp, 2 * b * h, 2 * h as usize, 0);
             range(&mut ranges, t.hand, b, 1, 0);
             range(&mut ranges, t.pos_slot, b * nh, nh as usize, u32::MAX);
