@@ -93,7 +93,8 @@ impl KvKernels {
     }
 
     /// Launches the fused resolve on `stream` (graph capturable: only `t`, the buffers of `a` and
-    /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel
+    /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel (`Auto`, the default,
+    /// through [`ResolveEngine::for_call`])
     /// ([`ResolveEngine::Fast`] and [`ResolveEngine::Lean`]: [`KV_FAST_BLOCK`] threads per block,
     /// `Lean512` half of that, all three with `8 × ceil(hot_rows / 32) + 4 × fixed_pages` bytes of
     /// dynamic shared memory, the lean ones `2 × hot_rows` more up to 8192 hot rows; `Classic`, or any of them over [`KV_FAST_MAX_HOT_ROWS`] /
@@ -162,7 +163,7 @@ impl KvKernels {
             } else {
                 0
             };
-        let (func, block, smem) = match o.engine {
+        let (func, block, smem) = match o.engine.for_call(a.rows, a.sessions, a.k) {
             ResolveEngine::Fast if fits => (&self.resolve_fast, KV_FAST_BLOCK, smem),
             ResolveEngine::Lean if fits => (&self.resolve_lean, KV_FAST_BLOCK, lean_smem),
             ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_FAST_BLOCK / 2, lean_smem),

@@ -69,23 +69,64 @@ pub enum ResolveEngine {
     /// taken early, the placement steps skipped when no pick of the entry missed, no hot-cache
     /// bookkeeping on the direct path and no block scan for in-place rows; an in-place entry
     /// without misses finishes after that one barrier (its counts folded into it). Same limits as
-    /// `Fast`. The default: it won most rows of the H200 peer comparison (round 2, `DESIGN.md`).
-    #[default]
+    /// `Fast`.
     Lean,
     /// `tierkit_kv_resolve_lean512`: the lean body compiled for and launched with 512 threads per
     /// entry (up to 128 registers, no spills; up to 4 picks per thread: entries
     /// over 2048 picks take the classic path).
     Lean512,
+    /// The default: [`ResolveEngine::Lean512`] for a decode-shaped call (no more query rows than
+    /// sessions, `k ≤ 2048`: each entry fits its 512 threads), else [`ResolveEngine::Lean`] (e.g.
+    /// speculative rows, 2 × 2048 picks per entry, which would send `Lean512` to the classic
+    /// path). Chosen at launch from the call's host-side sizes, so a captured graph keeps its
+    /// choice. On the H200 peer comparison (three runs, `benches/README.md`) lean512 was below
+    /// SGLang's kernel on all 16 step rows, plain and in a graph, and lean on 15.
+    #[default]
+    Auto,
 }
 
 impl ResolveEngine {
-    /// Every engine, in declaration order (tests and benches run them side by side).
+    /// Every concrete engine, in declaration order (tests and benches run them side by side;
+    /// [`ResolveEngine::Auto`] launches one of them).
     pub const ALL: [ResolveEngine; 4] = [
         ResolveEngine::Fast,
         ResolveEngine::Classic,
         ResolveEngine::Lean,
         ResolveEngine::Lean512,
     ];
+
+    /// The concrete engine a call of `rows` query rows over `sessions` entries with `k` picks per
+    /// row launches: `Auto` decides (see [`ResolveEngine::Auto`]), every other engine is itself.
+    pub fn for_call(self, rows: u32, sessions: u32, k: u32) -> ResolveEngine {
+        match self {
+            ResolveEngine::Auto if rows <= sessions && k <= KV_LEAN512_MAX_PICKS => {
+                ResolveEngine::Lean512
+            }
+            ResolveEngine::Auto => ResolveEngine::Lean,
+            e => e,
+        }
+    }
+}
+
+/// Most picks of one entry the 512-thread lean kernel takes on its own path (4 per thread).
+pub const KV_LEAN512_MAX_PICKS: u32 = 2048;
+
+#[cfg(test)]
+mod engine_tests {
+    use super::*;
+
+    #[test]
+    fn auto_takes_lean512_for_decode_shaped_calls_only() {
+        let auto = ResolveEngine::default();
+        assert_eq!(auto, ResolveEngine::Auto);
+        assert_eq!(auto.for_call(64, 64, 2048), ResolveEngine::Lean512);
+        assert_eq!(auto.for_call(3, 4, 16), ResolveEngine::Lean512);
+        assert_eq!(auto.for_call(128, 64, 2048), ResolveEngine::Lean); // speculative rows
+        assert_eq!(auto.for_call(64, 64, 4096), ResolveEngine::Lean);
+        for e in ResolveEngine::ALL {
+            assert_eq!(e.for_call(128, 64, 4096), e);
+        }
+    }
 }
 
 /// Per-session counters written by the resolve kernel (`u32 [sessions][KV_STATS]`): picks, tail hits,

@@ -267,7 +267,7 @@ pub struct GpuElasticPool {
     /// The event recorded at the end of the last publish that queued work.
     last_publish: Option<EventSignal>,
     settle: bool,
-    /// The resolve kernel ([`ResolveEngine::Lean`], the default, unless set).
+    /// The resolve kernel ([`ResolveEngine::Auto`], the default, unless set).
     engine: ResolveEngine,
     /// How page fills run on the copy stream ([`CopyBackend::Dma`] unless set).
     fill_backend: CopyBackend,
