@@ -216,7 +216,7 @@ __device__ void kv_pick_victims(const KvDims& d, const KvTables& t, unsigned int
     }
 }
 
-// After installs: clear reference bits of lap-1 slots the hand passed (unless pinned) and move the hand
+// After installs: clear the references (mark = 2c) of lap-1 slots the hand passed (unless pinned) and move the hand
 // as the CPU reference does (a failing victim() call sweeps 2n + 1 slots, i.e. one net step).
 __device__ void kv_finish_sweep_at(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
                                    unsigned int misses, unsigned int taken, int last, unsigned int hand) {
@@ -505,7 +505,7 @@ __device__ __forceinline__ void kv_write_stats(const KvTables& t, unsigned int* 
 #define KV_VICTIM_BATCH 4
 
 // Step 1 of kv_pick_victims_block: the two candidate bitmaps of a slot's hot rows from their state
-// (stamp, position, reference bit) as it stands (this call's pins included). The caller
+// (stamp, position, mark) as it stands (this call's pins included). The caller
 // synchronizes before the bitmaps are read.
 __device__ void kv_victim_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
                                unsigned int* bits) {
@@ -646,10 +646,10 @@ __device__ __forceinline__ void kv_write_packed(const int (&out)[KV_FAST_PER], u
 }
 
 // kv_finish_sweep_at from the candidate bitmaps of kv_pick_victims_block instead of the stamps: a
-// visited slot whose stamp is not this call after the installs is one that was unpinned before them
+// visited slot not pinned by this call after the installs is one that was unpinned before them
 // (a lap-1 or lap-2 bit: the two bits together mark exactly the unpinned slots) and not a victim; a
-// victim's reference bit is already clear (its install cleared it), so clearing every visited
-// unpinned slot's bit gives the same table. Saves the stamp reads.
+// victim's install already wrote mark = 2c (not referenced), so writing mark = 2c on every visited
+// unpinned slot gives the same table. Saves the stamp reads.
 __device__ void kv_finish_sweep_bits(const KvDims& d, const KvTables& t, unsigned int slot, unsigned long long call,
                                      unsigned int misses, unsigned int taken, int last, unsigned int hand,
                                      const unsigned int* bits) {
@@ -737,7 +737,7 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
         __syncthreads();
     }
     // G. rows of the misses: placed (fetched below) or -1 (overflow, unserved). The lean engine
-    // issues these loads before the sweep (which writes only reference bits and the hand, never
+    // issues these loads before the sweep (which writes only reference marks and the hand, never
     // the position table) so that they overlap its stores, and needs no barrier after the sweep:
     // nothing later in the block reads what it writes or writes what it reads.
     int h[KV_FAST_PER];

@@ -207,8 +207,8 @@ impl Gpu {
         // `TIERKIT_NVRTC_LINEINFO=1` adds source line tables (compute-sanitizer and profilers then
         // name `.cu` lines); the code generated is the same.
         let lineinfo = std::env::var_os("TIERKIT_NVRTC_LINEINFO").is_some_and(|v| v == "1");
-        // `TIERKIT_NVRTC_DEFINES="A B=1"` defines macros for kernel ablations in benchmarks (names
-        // and values of letters, digits and `_` only; anything else is ignored).
+        // `TIERKIT_NVRTC_DEFINES="KV_ABL_A KV_ABL_B=1"` defines the kernels' ablation switches for
+        // benchmarks (`KV_ABL_` names only; see `nvrtc_defines`).
         let defines = nvrtc_defines(std::env::var("TIERKIT_NVRTC_DEFINES").ok().as_deref());
         let compile = |arch: String| {
             let mut options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
@@ -279,18 +279,32 @@ impl Gpu {
     }
 }
 
-/// `-D` options from `TIERKIT_NVRTC_DEFINES` (space-separated `NAME` or `NAME=VALUE`, letters,
-/// digits and `_` only; other items are ignored).
+/// `-D` options from `TIERKIT_NVRTC_DEFINES` (space-separated `KV_ABL_NAME` or
+/// `KV_ABL_NAME=VALUE`, letters, digits and `_` only: the benchmark-only ablation switches;
+/// other items are ignored). When any is active a warning goes to stderr once per process: these
+/// switches make kernels give wrong results on purpose.
 fn nvrtc_defines(v: Option<&str>) -> Vec<String> {
     let ok = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    v.unwrap_or("")
+    let out: Vec<String> = v
+        .unwrap_or("")
         .split_whitespace()
         .filter(|d| match d.split_once('=') {
-            Some((n, val)) => ok(n) && ok(val),
-            None => ok(d),
+            Some((n, val)) => n.starts_with("KV_ABL_") && ok(n) && ok(val),
+            None => d.starts_with("KV_ABL_") && ok(d),
         })
         .map(|d| format!("-D{d}"))
-        .collect()
+        .collect();
+    if !out.is_empty() {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "tierkit: TIERKIT_NVRTC_DEFINES is set ({}): kernel ablation switches are on, \
+                 results may be wrong on purpose",
+                out.join(" ")
+            )
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -298,8 +312,8 @@ mod defines_tests {
     #[test]
     fn defines_are_filtered() {
         assert_eq!(
-            super::nvrtc_defines(Some(" KV_A  B=1 bad;rm x=  =y ")),
-            vec!["-DKV_A".to_string(), "-DB=1".into()]
+            super::nvrtc_defines(Some(" KV_ABL_A  KV_ABL_B=1 B=1 KV_A bad;rm KV_ABL_x=  =y ")),
+            vec!["-DKV_ABL_A".to_string(), "-DKV_ABL_B=1".into()]
         );
         assert!(super::nvrtc_defines(None).is_empty());
     }

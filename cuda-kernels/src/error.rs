@@ -111,6 +111,15 @@ impl CudaError {
             _ => None,
         }
     }
+
+    /// Whether this driver error only says that a stream capture forbids the call now
+    /// (`CUDA_ERROR_STREAM_CAPTURE_*`, `CUDA_ERROR_CAPTURED_EVENT`), e.g. a query made while
+    /// another thread captures in global mode: the context is healthy, retry after the capture.
+    pub fn is_capture_conflict(&self) -> bool {
+        self.cuda_name().is_some_and(|n| {
+            n.starts_with("CUDA_ERROR_STREAM_CAPTURE") || n == "CUDA_ERROR_CAPTURED_EVENT"
+        })
+    }
 }
 
 /// `map_err` helper: `.map_err(drv("cuMemAlloc"))`.
@@ -132,5 +141,18 @@ mod tests {
         assert_eq!(e.cuda_name(), Some("CUDA_ERROR_OUT_OF_MEMORY"));
         assert!(e.to_string().contains("cuMemAlloc"));
         assert!(e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"));
+        assert!(!e.is_capture_conflict());
+        for r in [
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+            CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+            CUresult::CUDA_ERROR_CAPTURED_EVENT,
+        ] {
+            assert!(CudaError::driver("cuEventQuery", DriverError(r)).is_capture_conflict());
+        }
+        assert!(!CudaError::driver(
+            "cuEventQuery",
+            DriverError(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS)
+        )
+        .is_capture_conflict());
     }
 }

@@ -41,10 +41,10 @@ use crate::experts::PyResidencyMap;
 use crate::kv::{admission, PyKvGeometry};
 use crate::{expert_err, guard, kv_err, Slot};
 
-/// A caller's CUDA tensor `(tensor, data_ptr, bytes)` as device memory of an object being built:
-/// the tensor is kept in `keep`, which the object holds for as long as it uses the memory (the
-/// bank's slots: only the bank uses them; the pool's arena: the pool owns its contents from then
-/// on). The range is checked by tierkit.torch and again by the driver (`DeviceBuffer::borrowed`).
+/// A caller's CUDA memory `(owner, data_ptr, bytes)` (`owner`: the tensor's storage) as device
+/// memory of an object being built: `owner` is kept in `keep`, which the object holds for as
+/// long as it uses the memory (the bank's slots: only the bank uses them; the pool's arena: the
+/// pool owns its contents from then on). The range is checked by tierkit.torch and again by the driver (`DeviceBuffer::borrowed`).
 fn borrow_device(
     gpu: &Gpu,
     keep: &mut Vec<Py<PyAny>>,
@@ -350,12 +350,13 @@ impl PyGpuExpertBank {
     /// Allocates the bank for `map`'s geometry on device `device_index` (host experts zeroed;
     /// write them through the host view, then `reload(map)`), step stream `stream`.
     ///
-    /// Engine-owned memory: `host = (tensor, data_ptr, bytes, register)` serves the experts from
+    /// Engine-owned memory: `host = (owner, data_ptr, bytes, register)` serves the experts from
     /// the caller's host range in place (its bytes are the weights; the boot map is loaded from
     /// them at once), pinned and mapped by tierkit when `register` (unregistered on drop), else
-    /// checked to be; `slots = (tensor, data_ptr, bytes)` puts the HBM slots in the caller's
-    /// device range. The tensors are kept alive as long as the bank. A range the driver refuses
-    /// (not pinned, misaligned, too short, another device) is a `ValueError`.
+    /// checked to be; `slots = (owner, data_ptr, bytes)` puts the HBM slots in the caller's
+    /// device range. `owner` (tierkit.torch passes the tensor's untyped storage) is kept alive as
+    /// long as the bank. A range the driver refuses (not pinned, misaligned, too short, another
+    /// device) is a `ValueError`; overlap with another tierkit object is checked by tierkit.torch.
     #[new]
     #[pyo3(signature = (map, device_index, stream, threads = 4, host = None, slots = None))]
     fn new(

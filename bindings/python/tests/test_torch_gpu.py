@@ -389,7 +389,8 @@ def test_engine_memory_the_device_refuses_is_a_value_error():
 @needs_gpu
 def test_device_memory_another_object_uses_is_refused():
     """Engine memory lent to one object, and tierkit's own HBM (a bank's slots, a pool's arena),
-    cannot be lent to a second object while the first lives; disjoint ranges of one tensor can."""
+    cannot be lent to a second object while the first is open; disjoint ranges of one tensor can;
+    close() releases them."""
     import gc
 
     g = experts.Geometry(LAYERS, EXPERTS, HOT, 256)
@@ -400,16 +401,16 @@ def test_device_memory_another_object_uses_is_refused():
     a = tt.ExpertBank(boot, slots=mine[:need])
     assert (dev, mine.data_ptr(), need) in tt.device_ranges()
     for t in (mine, mine[need - 16 :]):
-        with pytest.raises(ValueError, match="another live tierkit object"):
+        with pytest.raises(ValueError, match="another open tierkit object"):
             tt.ExpertBank(boot, slots=t)
     b = tt.ExpertBank(boot, slots=mine[need:])  # adjacent and disjoint
     owned = tt.ExpertBank(boot)
-    with pytest.raises(ValueError, match="another live tierkit object"):
+    with pytest.raises(ValueError, match="another open tierkit object"):
         tt.ExpertBank(boot, slots=owned.slots.reshape(-1))
     kg = kv_geometry()
     pool = tt.KvPool(kg, 2, 256)
     assert pool.arena is not None
-    with pytest.raises(ValueError, match="another live tierkit object"):
+    with pytest.raises(ValueError, match="another open tierkit object"):
         tt.KvPool(kg, 2, 256, arena=pool.arena.reshape(-1))
     # the storage is what tierkit keeps: re-pointing the caller's tensor frees nothing it uses
     spare = torch.zeros(need, dtype=torch.uint8, device="cuda")
@@ -423,11 +424,17 @@ def test_device_memory_another_object_uses_is_refused():
     assert other.data_ptr() != ptr
     c.reload(boot)
     torch.cuda.synchronize()
+    # close() releases the ranges at once, while views of the object still live
+    view = a.slots
+    a.close()
+    assert (dev, mine.data_ptr(), need) not in tt.device_ranges()
+    a = tt.ExpertBank(boot, slots=mine[:need])  # rebinding after close() is allowed
+    assert view.data_ptr() == mine.data_ptr()
     for o in (a, b, owned, pool, c):
         o.close()
-    del a, b, owned, pool, c, o
+    del a, b, owned, pool, c, o, view
     gc.collect()
-    assert (dev, mine.data_ptr(), need) not in tt.device_ranges()
+    assert not [r for r in tt.device_ranges() if r[0] == dev and mine.data_ptr() <= r[1] < mine.data_ptr() + 2 * need]
     tt.ExpertBank(boot, slots=mine).close()
 
 

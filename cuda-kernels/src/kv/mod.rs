@@ -76,10 +76,12 @@ pub enum ResolveEngine {
     /// over 2048 picks take the classic path).
     Lean512,
     /// The default: [`ResolveEngine::Lean512`] for a decode-shaped call (no more query rows than
-    /// sessions, `k ≤ 2048`: each entry fits its 512 threads), else [`ResolveEngine::Lean`] (e.g.
-    /// speculative rows, 2 × 2048 picks per entry, which would send `Lean512` to the classic
-    /// path). Chosen at launch from the call's host-side sizes, so a captured graph keeps its
-    /// choice. On the H200 peer comparison (three runs, `benches/README.md`) lean512 was below
+    /// sessions, `k ≤ 2048`: in decode, one row per entry, every entry fits its 512 threads),
+    /// else [`ResolveEngine::Lean`] (e.g. speculative rows, 2 × 2048 picks per entry, which would
+    /// send `Lean512` to its classic path). Chosen at launch from the call's host-side sizes, so
+    /// a captured graph keeps its choice; a call whose rows are spread unevenly (an entry with
+    /// two rows beside one with none) can still send an entry to the classic path (same
+    /// results, slower). On the H200 peer comparison (three runs, `benches/README.md`) lean512 was below
     /// SGLang's kernel on all 16 step rows, plain and in a graph, and lean on 15.
     #[default]
     Auto,
@@ -485,7 +487,8 @@ pub struct KvResolveOptions {
     /// stale (a persistent `[max_sessions]` buffer inside a CUDA graph). Smaller than `sessions`
     /// is refused at launch (`Shape`).
     pub plan_count_len: u64,
-    /// Which kernel runs ([`ResolveEngine::Lean`] by default); results are identical.
+    /// Which kernel runs ([`ResolveEngine::Auto`] by default, see [`ResolveEngine::for_call`]);
+    /// results are identical.
     pub engine: ResolveEngine,
 }
 

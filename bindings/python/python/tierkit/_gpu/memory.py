@@ -100,8 +100,9 @@ _DEVICE: dict = {}  # key -> (device index, ptr, bytes): HBM a tierkit object us
 
 def _track_device(owner, device: int, ptr: int, nbytes: int) -> weakref.finalize:
     """Registers the device range ``[ptr, ptr + nbytes)`` on ``device`` that ``owner`` (a native
-    object) writes: its own HBM or engine memory lent to it. Listed for as long as ``owner`` lives
-    (see ``_track_pinned``), so that no second object is given memory the first one writes."""
+    object) writes: its own HBM or engine memory lent to it, so that no second object is given
+    memory the first one writes. Listed until the returned finalizer is called (the object's
+    ``close()``, after which tierkit writes none of it) or ``owner`` is collected."""
     key = object()
     with _PINNED_LOCK:
         _DEVICE[key] = (int(device), int(ptr), int(nbytes))
@@ -114,9 +115,9 @@ def _untrack_device(key) -> None:
 
 
 def device_ranges():
-    """The device ranges live tierkit objects write now (their own HBM and engine memory lent
-    to them), as ``[(device_index, device_ptr, bytes)]``. A new object refuses engine memory
-    overlapping one of them."""
+    """The device ranges open tierkit objects write (their own HBM and engine memory lent to
+    them), as ``[(device_index, device_ptr, bytes)]``. A new object refuses engine memory
+    overlapping one of them; a range leaves the list when its object is closed."""
     with _PINNED_LOCK:
         return sorted(_DEVICE.values())
 
@@ -129,13 +130,19 @@ def _overlaps_tierkit_device(device: int, ptr: int, nbytes: int) -> bool:
         return any(d == device and p < hi and lo < p + n for d, p, n in _DEVICE.values())
 
 
+# Held across "check that engine memory is free, build the object, track its ranges", so two
+# threads cannot lend one range to two objects at once.
+_LEND_LOCK = threading.RLock()
+
+
 def _refuse_tierkit_device(t: Tensor, nbytes: int, dev: torch.device, name: str) -> None:
-    """ValueError if the first ``nbytes`` of CUDA tensor ``t`` overlap device memory a live
+    """ValueError if the first ``nbytes`` of CUDA tensor ``t`` overlap device memory an open
     tierkit object writes (another bank's slots or table, another pool's arena, or engine memory
-    already lent to one)."""
+    already lent to one). Call under ``_LEND_LOCK``."""
     if _overlaps_tierkit_device(dev.index, t.data_ptr(), nbytes):
         raise ValueError(
-            f"{name} overlaps device memory another live tierkit object uses: pass memory of your own"
+            f"{name} overlaps device memory another open tierkit object uses: pass memory of "
+            "your own (or close that object first)"
         )
 
 

@@ -12,6 +12,7 @@ from tierkit._gpu import ops as _ops
 from tierkit._gpu.checks import _cuda, _device, _no_capture, _range, _step_stream, _tensor
 from tierkit._gpu.memory import (
     _LIVE,
+    _LEND_LOCK,
     _Closable,
     _overlaps_tierkit_pinned,
     _refuse_tierkit_device,
@@ -118,10 +119,12 @@ class ExpertBank(_Closable):
     tierkit (``cuMemHostRegister``, listed by ``pinned_ranges()``, unregistered when the bank is
     freed).
     ``slots`` is a contiguous CUDA tensor on the bank's device of at least ``layers × (hot + 1) ×
-    expert_bytes`` bytes for the HBM slots. tierkit keeps both tensors alive while it uses them;
-    do not write them while the bank lives (``host`` is the bank's source of truth). Bad input:
-    TypeError for a non-tensor, ValueError for the wrong device, layout, alignment or size, or a
-    range the driver will not map.
+    expert_bytes`` bytes for the HBM slots. tierkit keeps both tensors' storages alive while it
+    uses them (re-pointing a tensor with ``set_`` frees nothing it uses); do not write them while
+    the bank lives (``host`` is the bank's source of truth). Bad input: TypeError for a
+    non-tensor, ValueError for the wrong device, layout, alignment or size, a range the driver
+    will not map, or ``slots`` overlapping device memory another open tierkit object writes
+    (``device_ranges()``; a range is released by its object's ``close()``).
     """
 
     def __init__(self, map, device=None, stream=None, threads: int = 4, host=None, slots=None):
@@ -139,17 +142,24 @@ class ExpertBank(_Closable):
                     "that object): pass a tensor of your own"
                 )
             registered = not host.is_pinned()
-            # the storage, not the tensor, is kept: a tensor can be re-pointed (`set_`, `resize_`)
+            # the storage, not the tensor, is kept: a tensor can be re-pointed with `set_`
             host_arg = (host.untyped_storage(), host.data_ptr(), L * E * B, registered)
         if slots is not None:
             slots = _range(slots, "slots", L * (H + 1) * B, "cuda", dev)
-            _refuse_tierkit_device(slots, L * (H + 1) * B, dev, "slots")
-            slots_arg = (slots.untyped_storage(), slots.data_ptr(), L * (H + 1) * B)
         self._stream = _step_stream(stream, dev)
-        self._native = _native.GpuExpertBank(
-            map, dev.index, self._stream.cuda_stream, threads, host_arg, slots_arg
-        )
-        lay = self._native.layout()
+        with _LEND_LOCK:
+            if slots is not None:
+                _refuse_tierkit_device(slots, L * (H + 1) * B, dev, "slots")
+                slots_arg = (slots.untyped_storage(), slots.data_ptr(), L * (H + 1) * B)
+            self._native = _native.GpuExpertBank(
+                map, dev.index, self._stream.cuda_stream, threads, host_arg, slots_arg
+            )
+            lay = self._native.layout()
+            S = lay["slots_per_layer"]
+            self._device_tracks = [
+                _track_device(self._native, dev.index, lay["hbm_ptr"], L * S * B),
+                _track_device(self._native, dev.index, lay["table_ptr"], L * E * 8),
+            ]
         self.layout = lay
         L, E, S, B = lay["layers"], lay["experts"], lay["slots_per_layer"], lay["expert_bytes"]
         self.table = _view(self._native, lay["table_ptr"], (L, E), "<i8", dev)
@@ -162,8 +172,6 @@ class ExpertBank(_Closable):
             _track_pinned(self._native, lay["host_ptr"], L * E * B)
         elif registered:
             _track_pinned(self._native, host.data_ptr(), L * E * B)
-        _track_device(self._native, dev.index, lay["hbm_ptr"], L * S * B)
-        _track_device(self._native, dev.index, lay["table_ptr"], L * E * 8)
         _LIVE.add(self)
 
     def slot_ids(self, out: Optional[Tensor] = None) -> Tensor:
@@ -205,6 +213,8 @@ class ExpertBank(_Closable):
             _no_capture("ExpertBank.close", self.device)
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
+            for untrack in self._device_tracks:  # tierkit writes none of it from now on
+                untrack()
 
 
 class KvPool(_Closable):
@@ -220,8 +230,10 @@ class KvPool(_Closable):
     Engine-owned arena: ``arena`` is a contiguous CUDA tensor on the pool's device (any dtype,
     16-byte aligned) of at least ``layers × arena_rows × row_bytes`` bytes; the pool's rows live
     there (zeroed at creation), so ``self.arena`` / ``self.planes`` are views of it. tierkit keeps
-    it alive while it uses it; only the pool writes it. Bad input: TypeError for a non-tensor,
-    ValueError for the wrong device, layout, alignment or size.
+    its storage alive while it uses it; only the pool writes it. Bad input: TypeError for a
+    non-tensor, ValueError for the wrong device, layout, alignment or size, or an arena
+    overlapping device memory another open tierkit object writes (``device_ranges()``; a range
+    is released by its object's ``close()``).
     """
 
     def __init__(
@@ -238,23 +250,29 @@ class KvPool(_Closable):
         dev = _device(device)
         self.device = dev
         arena_arg = None
+        need = geometry.layers * geometry.arena_rows * geometry.row_bytes
         if arena is not None:
-            need = geometry.layers * geometry.arena_rows * geometry.row_bytes
             arena = _range(arena, "arena", need, "cuda", dev)
-            _refuse_tierkit_device(arena, need, dev, "arena")
-            arena_arg = (arena.untyped_storage(), arena.data_ptr(), need)
         self._stream = _step_stream(stream, dev)
-        self._native = _native.GpuKvPool(
-            geometry,
-            dev.index,
-            self._stream.cuda_stream,
-            max_sessions,
-            max_history,
-            elastic,
-            settle_readers,
-            arena_arg,
-        )
-        lay = self._native.layout()
+        with _LEND_LOCK:
+            if arena is not None:
+                _refuse_tierkit_device(arena, need, dev, "arena")
+                arena_arg = (arena.untyped_storage(), arena.data_ptr(), need)
+            self._native = _native.GpuKvPool(
+                geometry,
+                dev.index,
+                self._stream.cuda_stream,
+                max_sessions,
+                max_history,
+                elastic,
+                settle_readers,
+                arena_arg,
+            )
+            lay = self._native.layout()
+            rows, rb = lay["arena_rows"], lay["row_bytes"]
+            self._device_tracks = [
+                _track_device(self._native, dev.index, p, rows * rb) for p in lay["plane_ptrs"]
+            ]
         self.layout = lay
         self.layers = lay["layers"]
         self.max_sessions = lay["max_sessions"]
@@ -266,8 +284,6 @@ class KvPool(_Closable):
         ms, hot = self.max_sessions, lay["hot_rows"]
         # the resolve's plan / stats outputs (KvCopy = 4 x u32), reused by every call
         _track_pinned(self._native, lay["host_ptr"], lay["host_bytes"])
-        for p in ptrs:
-            _track_device(self._native, dev.index, p, rows * rb)
         self.plan = torch.zeros((ms, max(hot, 1), 4), dtype=torch.int32, device=dev)
         self.plan_count = torch.zeros(ms, dtype=torch.int32, device=dev)
         self.stats = torch.zeros((ms, lay["kv_stats"]), dtype=torch.int32, device=dev)
@@ -362,3 +378,5 @@ class KvPool(_Closable):
             self._native.close()  # refuses during a capture too, before anything is marked
             self._closed = True
             _ops._POOLS.pop(self._id, None)
+            for untrack in self._device_tracks:  # tierkit writes none of it from now on
+                untrack()
