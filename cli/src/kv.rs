@@ -104,9 +104,19 @@ struct SimulateArgs {
     step_per_request_us: f64,
     /// Decode step time: per demand miss (one token's KV fetched from host), µs. 0 keeps misses
     /// out of step time (all placements share one schedule); `kv fit-time` fits it from the H200
-    /// serving benchmark (0.95–0.99 µs there).
+    /// serving benchmark (0.95–1.07 µs there).
     #[arg(long, default_value_t = 0.0)]
     step_per_miss_us: f64,
+    /// Step-time models per placement fitted to a `kv_serving_bench --out` report (as `kv
+    /// fit-time` prints them), and the resident admission rate it measured; replaces the
+    /// --step-* flags (and --admission-gbps unless given).
+    #[arg(long)]
+    time_from: Option<PathBuf>,
+    /// Host → HBM rate of the fully resident placement's admission copies, GB/s (a stall before
+    /// the step that follows them; 0 = free). The pools map borrowed pages after their fill and
+    /// never stall.
+    #[arg(long)]
+    admission_gbps: Option<f64>,
     /// Seed of the selection streams and of the synthetic scenario.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -248,13 +258,13 @@ fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    use tierkit_sim::kv::serving::TimeModel;
-    let runs = bench_runs(&a.report)?;
-    // (batch, misses, µs) steps per placement, in report order.
-    type Steps = Vec<(u32, u64, f64)>;
+/// (batch, misses, µs) steps of one placement.
+type Steps = Vec<(u32, u64, f64)>;
+
+/// A bench report's measured steps per placement name, in report order.
+fn steps_by_placement(runs: &[serde_json::Value]) -> Vec<(String, Steps)> {
     let mut by: Vec<(String, Steps)> = Vec::new();
-    for r in &runs {
+    for r in runs {
         let name = r["placement"].as_str().unwrap_or("?").to_string();
         let steps = r["steps"].as_array().map(|s| s.as_slice()).unwrap_or(&[]);
         let pts = steps.iter().filter_map(|s| {
@@ -269,6 +279,51 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
             None => by.push((name, pts.collect())),
         }
     }
+    by
+}
+
+/// The fully resident placement's admission copy rate in a bench report (its runs' admission
+/// bytes over their copy time), GB/s; None without such runs.
+fn admission_gbps(runs: &[serde_json::Value]) -> Option<f64> {
+    let (mut bytes, mut ms) = (0.0f64, 0.0f64);
+    for r in runs.iter().filter(|r| r["placement"] == "fully resident") {
+        bytes += r["admission_bytes"].as_f64().unwrap_or(0.0);
+        ms += r["admission_copy_ms"].as_f64().unwrap_or(0.0);
+    }
+    (bytes > 0.0 && ms > 0.0).then(|| bytes / (ms * 1e6))
+}
+
+/// Per-placement step-time models fitted to a bench report (`--time-from`), and the resident
+/// admission rate it measured.
+fn placement_times_from(
+    path: &std::path::Path,
+) -> Result<(tierkit_sim::kv::serving::PlacementTimes, Option<f64>), Box<dyn std::error::Error>> {
+    use tierkit_sim::kv::serving::{PlacementTimes, TimeModel};
+    let runs = bench_runs(path)?;
+    let by = steps_by_placement(&runs);
+    let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
+        let pts = by
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+            .ok_or_else(|| format!("{}: no `{name}` runs to fit", path.display()))?;
+        TimeModel::fit_with_misses(pts)
+            .map_err(|e| format!("{}: fitting `{name}`: {e}", path.display()).into())
+    };
+    Ok((
+        PlacementTimes {
+            resident: fit("fully resident")?,
+            fixed: fit("fixed hot cache")?,
+            elastic: fit("elastic")?,
+        },
+        admission_gbps(&runs),
+    ))
+}
+
+fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    use tierkit_sim::kv::serving::TimeModel;
+    let runs = bench_runs(&a.report)?;
+    let by = steps_by_placement(&runs);
     let pools: Steps = by
         .iter()
         .filter(|(n, _)| n != "fully resident")
@@ -289,6 +344,13 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
             Err(e) => println!("{name:>24}: {:>6} steps  no fit: {e}", pts.len()),
         }
     }
+    if let Some(g) = admission_gbps(&runs) {
+        println!("{:>24}: --admission-gbps {g:.1}", "fully resident copies");
+    }
+    println!(
+        "(kv simulate --time-from {} applies each placement's fit and the admission rate)",
+        a.report.display()
+    );
     Ok(())
 }
 
@@ -370,6 +432,16 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     positive("--step-base-us", a.step_base_us, false)?;
     positive("--step-per-request-us", a.step_per_request_us, true)?;
     positive("--step-per-miss-us", a.step_per_miss_us, true)?;
+    if let Some(g) = a.admission_gbps {
+        positive("--admission-gbps", g, true)?;
+    }
+    let (placement_time, measured_gbps) = match &a.time_from {
+        Some(p) => {
+            let (t, g) = placement_times_from(p)?;
+            (Some(t), g)
+        }
+        None => (None, None),
+    };
     for &load in &a.loads {
         positive("--loads", load, false)?;
     }
@@ -413,6 +485,8 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
             step_per_request_us: a.step_per_request_us,
             step_per_miss_us: a.step_per_miss_us,
         },
+        placement_time,
+        admission_gbps: a.admission_gbps.or(measured_gbps).unwrap_or(0.0),
         max_steps: a.steps,
         load: 1.0,
         selection: SelectionParams::calibrated(a.top_k),
@@ -522,7 +596,7 @@ fn print_reports(reports: &[SimReport]) {
             fixed.misses_per_step,
             if el.misses_per_step <= fixed.misses_per_step { "elastic ≤ fixed" } else { "ELASTIC > FIXED" }
         );
-        if rep.config.time.step_per_miss_us > 0.0 {
+        if rep.config.placement_time.is_some() || rep.config.time.step_per_miss_us > 0.0 {
             println!(
                 "load {}: decode tokens/s resident {:.0}, fixed {:.0}, elastic {:.0} (elastic ÷ resident {:.2}, ÷ fixed {:.2})",
                 rep.config.load,

@@ -291,6 +291,97 @@ fn fit_time_recovers_the_step_model_of_a_benchmark_report_and_refuses_bad_files(
 }
 
 #[test]
+fn simulate_takes_each_placements_time_model_from_a_benchmark_report() {
+    // Steps of each placement on its own line; the resident runs copied 4.95e9 bytes in 100 ms.
+    let steps = |base: f64, per_req: f64, per_miss: f64, misses_per_req: u64| {
+        (1..30u64)
+            .map(|b| {
+                let m = b * misses_per_req + (b % 7) * 300;
+                format!(
+                    r#"{{"batch": {b}, "misses": {m}, "step_us": {}}}"#,
+                    base + per_req * b as f64 + per_miss * m as f64
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let run = |placement: &str, extra: &str, st: String| {
+        format!(r#"{{"placement": "{placement}", {extra} "steps": [{st}]}}"#)
+    };
+    let report = format!(
+        r#"{{"runs": [{}, {}, {}]}}"#,
+        run(
+            "fully resident",
+            r#""admission_bytes": 4950000000, "admission_copy_ms": 100.0,"#,
+            steps(10_000.0, 70.0, 0.0, 0)
+        ),
+        run("fixed hot cache", "", steps(11_600.0, 38.0, 1.1, 40)),
+        run("elastic", "", steps(11_100.0, 59.0, 1.0, 30)),
+    );
+    let path = temp("time-from.json");
+    std::fs::write(&path, report).unwrap();
+    let fit = tierkit(&["kv", "fit-time", path.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&fit.stdout);
+    assert!(
+        fit.status.success() && text.contains("--admission-gbps 49.5"),
+        "{text}"
+    );
+    let json = temp("time-from-sim.json");
+    let out = tierkit(&[
+        "kv",
+        "simulate",
+        "--steps",
+        "60",
+        "--time-from",
+        path.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        QUIET,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("decode tokens/s resident"), "{text}");
+    let rep: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let cfg = &rep[0]["config"];
+    let base = |p: &str| cfg["placement_time"][p]["step_base_us"].as_f64().unwrap();
+    assert!((base("resident") - 10_000.0).abs() < 1.0, "{cfg}");
+    assert!((base("fixed") - 11_600.0).abs() < 1.0, "{cfg}");
+    assert!((base("elastic") - 11_100.0).abs() < 1.0, "{cfg}");
+    assert!(
+        (cfg["admission_gbps"].as_f64().unwrap() - 49.5).abs() < 1e-9,
+        "{cfg}"
+    );
+    // A report without one placement's runs cannot give its model; a bad rate is refused.
+    let partial = temp("time-from-partial.json");
+    std::fs::write(
+        &partial,
+        format!(
+            r#"{{"runs": [{}]}}"#,
+            run("elastic", "", steps(11_100.0, 59.0, 1.0, 30))
+        ),
+    )
+    .unwrap();
+    fails_with(
+        &[
+            "kv",
+            "simulate",
+            "--time-from",
+            partial.to_str().unwrap(),
+            QUIET,
+        ],
+        "no `fully resident` runs to fit",
+    );
+    fails_with(
+        &["kv", "simulate", "--admission-gbps=-3", QUIET],
+        "--admission-gbps -3: must be finite and >= 0",
+    );
+}
+
+#[test]
 fn plot_bench_draws_three_charts_of_a_benchmark_report() {
     let run = |placement: &str, load: f64, tps: f64| {
         format!(

@@ -177,6 +177,19 @@ impl TimeModel {
     }
 }
 
+/// Step-time models per placement (e.g. fitted by `tierkit kv fit-time` from the H200 serving
+/// benchmark, where the resident step and the pools' steps differ: the pools resolve and fetch,
+/// the resident placement converts a block table).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PlacementTimes {
+    /// [`Placement::FullyResident`].
+    pub resident: TimeModel,
+    /// [`Placement::FixedHotCache`].
+    pub fixed: TimeModel,
+    /// [`Placement::Elastic`].
+    pub elastic: TimeModel,
+}
+
 /// Simulation parameters. [`SimConfig::default`] is the documented scenario of `docs/kv.md`.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SimConfig {
@@ -194,8 +207,19 @@ pub struct SimConfig {
     pub max_batch: u32,
     /// Most pages handed back / lent per step between steps.
     pub chunk_pages: u32,
-    /// Step time model.
+    /// Step time model (every placement's, unless `placement_time` is set).
     pub time: TimeModel,
+    /// Per-placement step time models, replacing `time` (None: `time` for all).
+    #[serde(default)]
+    pub placement_time: Option<PlacementTimes>,
+    /// Host → HBM rate of the fully resident placement's admission copies, GB/s (10^9 bytes per
+    /// second): the history of the requests admitted before a step (`input × kv_bytes_per_token`)
+    /// is copied before it, a stall outside the step (the H200 serving benchmark measured ~49
+    /// GB/s). 0 (the default, and missing in older JSON) leaves admissions free. The pools map a
+    /// borrowed page once its fill has completed (deferred mapping, the benchmark's default) and
+    /// serve those positions from host until then, so their admissions never stall a step.
+    #[serde(default)]
+    pub admission_gbps: f64,
     /// Decode steps simulated (per placement).
     pub max_steps: u64,
     /// Arrival speed-up (> 1 = arrivals come faster than in the trace).
@@ -221,6 +245,8 @@ impl Default for SimConfig {
                 step_per_request_us: 100.0,
                 step_per_miss_us: 0.0,
             },
+            placement_time: None,
+            admission_gbps: 0.0,
             max_steps: 3000,
             load: 1.0,
             selection: SelectionParams::calibrated(2048),
@@ -233,8 +259,8 @@ impl SimConfig {
     /// Checks the configuration before a run (`KvError::InvalidConfig` naming the field, or the
     /// geometry's `InvalidGeometry` / `ArenaTooSmall`). Bounds: `hbm_budget_bytes`,
     /// `kv_bytes_per_token` (bytes), `max_batch` (requests) and `chunk_pages` (pages) `>= 1`;
-    /// `time.step_base_us` finite and `> 0` µs, `time.step_per_request_us` finite and `>= 0` µs;
-    /// `load` finite and `> 0`; `selection` as in [`SelectionParams::validate`] with
+    /// every placement's step-time model as in [`TimeModel::validate`] (the error names the
+    /// placement); `admission_gbps` finite and `>= 0`; `load` finite and `> 0`; `selection` as in [`SelectionParams::validate`] with
     /// `top_k <= hot_rows` (a step's distinct misses must fit in the hot cache); and
     /// [`SimConfig::geometry`] valid (`page_rows`, `hot_rows`, `tail_rows >= 1`, arena rows below
     /// 2^31, one request's fixed rows fit in the budget).
@@ -252,7 +278,45 @@ impl SimConfig {
         if self.chunk_pages == 0 {
             return bad("chunk_pages must be >= 1".into());
         }
-        let t = self.time;
+        if !(self.admission_gbps.is_finite() && self.admission_gbps >= 0.0) {
+            return bad(format!(
+                "admission_gbps {} must be finite and >= 0 GB/s",
+                self.admission_gbps
+            ));
+        }
+        for p in Placement::ALL {
+            self.time_for(p).validate(p.name())?;
+        }
+        self.selection.validate()?;
+        if self.selection.top_k > self.hot_rows {
+            return bad(format!(
+                "top_k {} must be <= hot_rows {} (a step's misses must fit in the hot cache)",
+                self.selection.top_k, self.hot_rows
+            ));
+        }
+        if !(self.load.is_finite() && self.load > 0.0) {
+            return bad(format!("load {} must be finite and > 0", self.load));
+        }
+        self.geometry().validate()
+    }
+
+    /// The step-time model `placement` runs with (`placement_time`'s, else `time`).
+    pub fn time_for(&self, placement: Placement) -> TimeModel {
+        match (self.placement_time, placement) {
+            (Some(t), Placement::FullyResident) => t.resident,
+            (Some(t), Placement::FixedHotCache) => t.fixed,
+            (Some(t), Placement::Elastic) => t.elastic,
+            (None, _) => self.time,
+        }
+    }
+}
+
+impl TimeModel {
+    /// Checks the terms (`KvError::InvalidConfig` naming `what`, e.g. the placement):
+    /// `step_base_us` finite and `> 0` µs, the per-request and per-miss terms finite and `>= 0`.
+    pub fn validate(&self, what: &str) -> Result<()> {
+        let bad = |m: String| Err(KvError::InvalidConfig(format!("{what}: {m}")));
+        let t = *self;
         if !(t.step_base_us.is_finite() && t.step_base_us > 0.0) {
             return bad(format!(
                 "step_base_us {} must be finite and > 0 µs",
@@ -271,19 +335,11 @@ impl SimConfig {
                 t.step_per_request_us
             ));
         }
-        if !(self.load.is_finite() && self.load > 0.0) {
-            return bad(format!("load {} must be finite and > 0", self.load));
-        }
-        self.selection.validate()?;
-        if self.selection.top_k > self.hot_rows {
-            return bad(format!(
-                "top_k {} must be <= hot_rows {} (a step's misses must fit in the hot cache)",
-                self.selection.top_k, self.hot_rows
-            ));
-        }
-        self.geometry().validate()
+        Ok(())
     }
+}
 
+impl SimConfig {
     /// HBM budget in token rows (`hbm_budget_bytes / kv_bytes_per_token`).
     pub fn budget_rows(&self) -> u64 {
         self.hbm_budget_bytes / self.kv_bytes_per_token.max(1)
@@ -427,6 +483,7 @@ pub fn simulate_placement(
         }
     };
     let mut sched = Scheduler::new(trace, cfg.load, cfg.max_batch)?;
+    let time = cfg.time_for(placement);
     let mut runs: HashMap<u64, Running> = HashMap::new();
     let mut r = PlacementReport {
         placement,
@@ -504,6 +561,16 @@ pub fn simulate_placement(
             }
         })?;
         r.admitted += admitted.len() as u64;
+        // The resident placement copies each admitted history into HBM before its first step.
+        if placement == Placement::FullyResident && cfg.admission_gbps > 0.0 {
+            let bytes: u64 = admitted
+                .iter()
+                .map(|a| a.input as u64 * cfg.kv_bytes_per_token)
+                .sum();
+            if bytes > 0 {
+                sched.stall(bytes as f64 / (cfg.admission_gbps * 1e3))?;
+            }
+        }
         match sched.before_step() {
             Ok(Phase::Step) => {}
             Ok(Phase::Waited) => continue,
@@ -590,9 +657,9 @@ pub fn simulate_placement(
             }
         }
         for f in sched.end_step(
-            cfg.time.step_base_us
-                + cfg.time.step_per_request_us * batch as f64
-                + cfg.time.step_per_miss_us * step_misses as f64,
+            time.step_base_us
+                + time.step_per_request_us * batch as f64
+                + time.step_per_miss_us * step_misses as f64,
         )? {
             runs.remove(&f.id);
         }
@@ -837,16 +904,7 @@ mod tests {
 
     #[test]
     fn misses_feed_back_into_step_time_when_priced() {
-        let trace = ArrivalTrace {
-            name: "t".into(),
-            requests: (0..40)
-                .map(|i| TraceRequest {
-                    arrival_ms: i,
-                    input_length: 400,
-                    output_length: 20,
-                })
-                .collect(),
-        };
+        let trace = trace(40, 1, 400);
         let free = simulate(
             &trace,
             &SimConfig {
@@ -884,6 +942,82 @@ mod tests {
             fixed(&priced).tokens_per_s > 0.0
                 && fixed(&priced).tokens_per_s < fixed(&free).tokens_per_s
         );
+    }
+
+    #[test]
+    fn per_placement_times_and_resident_admission_copies_are_applied() {
+        let trace = trace(40, 1, 400);
+        let base = SimConfig {
+            load: 4.0,
+            ..small()
+        };
+        let shared = simulate(&trace, &base).unwrap();
+        // The resident placement twice as dear per step, the pools as before.
+        let slow = TimeModel {
+            step_base_us: 2.0 * base.time.step_base_us,
+            ..base.time
+        };
+        let per = simulate(
+            &trace,
+            &SimConfig {
+                placement_time: Some(PlacementTimes {
+                    resident: slow,
+                    fixed: base.time,
+                    elastic: base.time,
+                }),
+                ..base
+            },
+        )
+        .unwrap();
+        assert!(per.placements[0].sim_seconds > shared.placements[0].sim_seconds);
+        assert_eq!(per.placements[1], shared.placements[1]);
+        assert_eq!(per.placements[2], shared.placements[2]);
+        assert_eq!(base.time_for(Placement::Elastic), base.time);
+        // Admission copies stall the resident placement only: 400 tokens × 100 B at 0.001 GB/s
+        // is 40 ms per admission.
+        let copies = simulate(
+            &trace,
+            &SimConfig {
+                admission_gbps: 0.001,
+                ..base
+            },
+        )
+        .unwrap();
+        let stalled = copies.placements[0].sim_seconds - shared.placements[0].sim_seconds;
+        let admitted = copies.placements[0].admitted as f64;
+        assert!(
+            (stalled - admitted * 0.04).abs() < 1e-6 * admitted.max(1.0),
+            "{stalled} s for {admitted} admissions"
+        );
+        assert!(copies.placements[0].tokens_per_s < shared.placements[0].tokens_per_s);
+        assert_eq!(copies.placements[1], shared.placements[1]);
+        assert_eq!(copies.placements[2], shared.placements[2]);
+        // Bad per-placement terms and rates are typed errors naming the placement.
+        let bad = SimConfig {
+            placement_time: Some(PlacementTimes {
+                resident: base.time,
+                fixed: TimeModel {
+                    step_base_us: 0.0,
+                    ..base.time
+                },
+                elastic: base.time,
+            }),
+            ..base
+        };
+        match bad.validate() {
+            Err(KvError::InvalidConfig(m)) => assert!(m.contains("fixed hot cache"), "{m}"),
+            r => panic!("{r:?}"),
+        }
+        for g in [f64::NAN, -1.0, f64::INFINITY] {
+            assert!(matches!(
+                SimConfig {
+                    admission_gbps: g,
+                    ..base
+                }
+                .validate(),
+                Err(KvError::InvalidConfig(_))
+            ));
+        }
     }
 
     #[test]
