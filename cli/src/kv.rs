@@ -87,6 +87,10 @@ struct SimulateArgs {
     /// Largest decode batch.
     #[arg(long, default_value_t = 256)]
     max_batch: u32,
+    /// Largest decode batch of the elastic placement only (default: --max-batch): a lower cap
+    /// leaves HBM to lend (see docs/kv.md for the sweep on the Mooncake arrivals).
+    #[arg(long)]
+    elastic_max_batch: Option<u32>,
     /// Pages handed back / lent per step between steps.
     #[arg(long, default_value_t = 1024)]
     chunk_pages: u32,
@@ -479,6 +483,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         tail_rows: a.tail_rows,
         page_rows: a.page_rows,
         max_batch: a.max_batch,
+        elastic_max_batch: a.elastic_max_batch,
         chunk_pages: a.chunk_pages,
         time: tierkit_sim::kv::serving::TimeModel {
             step_base_us: a.step_base_us,

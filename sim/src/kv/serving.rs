@@ -205,6 +205,10 @@ pub struct SimConfig {
     pub page_rows: u32,
     /// Most requests decoded together (engine's max batch).
     pub max_batch: u32,
+    /// Most requests the elastic placement decodes together (None: `max_batch`; at most
+    /// `max_batch`). A lower cap leaves HBM to lend: fewer sessions, each missing less.
+    #[serde(default)]
+    pub elastic_max_batch: Option<u32>,
     /// Most pages handed back / lent per step between steps.
     pub chunk_pages: u32,
     /// Step time model (every placement's, unless `placement_time` is set).
@@ -239,6 +243,7 @@ impl Default for SimConfig {
             tail_rows: 64,
             page_rows: 64,
             max_batch: 256,
+            elastic_max_batch: None,
             chunk_pages: 1024,
             time: TimeModel {
                 step_base_us: 25_000.0,
@@ -272,8 +277,10 @@ impl SimConfig {
         if self.kv_bytes_per_token == 0 {
             return bad("kv_bytes_per_token must be > 0".into());
         }
-        if self.max_batch == 0 {
-            return bad("max_batch must be >= 1 (no request could ever run)".into());
+        if self.max_batch == 0 || self.elastic_max_batch == Some(0) {
+            return bad(
+                "max_batch and elastic_max_batch must be >= 1 (no request could ever run)".into(),
+            );
         }
         if self.chunk_pages == 0 {
             return bad("chunk_pages must be >= 1".into());
@@ -482,7 +489,11 @@ pub fn simulate_placement(
             Store::Pool(Box::new(ElasticPool::new(g, PoolConfig { elastic: true })?))
         }
     };
-    let mut sched = Scheduler::new(trace, cfg.load, cfg.max_batch)?;
+    let cap = match (placement, cfg.elastic_max_batch) {
+        (Placement::Elastic, Some(c)) => c.min(cfg.max_batch),
+        _ => cfg.max_batch,
+    };
+    let mut sched = Scheduler::new(trace, cfg.load, cap)?;
     let time = cfg.time_for(placement);
     let mut runs: HashMap<u64, Running> = HashMap::new();
     let mut r = PlacementReport {
@@ -1018,6 +1029,27 @@ mod tests {
                 Err(KvError::InvalidConfig(_))
             ));
         }
+        // An elastic-only cap leaves the other placements alone and bounds elastic's batch.
+        let capped = simulate(
+            &trace,
+            &SimConfig {
+                elastic_max_batch: Some(3),
+                ..base
+            },
+        )
+        .unwrap();
+        assert_eq!(capped.placements[0], shared.placements[0]);
+        assert_eq!(capped.placements[1], shared.placements[1]);
+        assert!(capped.placements[2].peak_sessions <= 3);
+        assert!(shared.placements[2].peak_sessions > 3);
+        assert!(matches!(
+            SimConfig {
+                elastic_max_batch: Some(0),
+                ..base
+            }
+            .validate(),
+            Err(KvError::InvalidConfig(_))
+        ));
     }
 
     #[test]

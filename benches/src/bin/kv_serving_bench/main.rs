@@ -101,6 +101,10 @@ pub struct Args {
     pub ordered_maps: bool,
     /// CPU only: write the (truncated) trace's arrivals here and exit.
     pub export: Option<PathBuf>,
+    /// Most requests the elastic placement decodes at once (default: the scenario's max batch,
+    /// as the others). A cap keeps HBM free to lend: on the Mooncake arrivals the fitted
+    /// simulation gave elastic its most tokens/s at 96–112 concurrent sessions (`docs/kv.md`).
+    pub elastic_max_batch: Option<u32>,
     /// The scenario.
     pub scenario: Scenario,
 }
@@ -109,7 +113,7 @@ fn usage() -> &'static str {
     "kv_serving_bench [--short] [--trace PATH] [--loads 0.5,4,16,64] [--steps N] [--max-run-s S]
                  [--requests N] [--placements resident,fixed,elastic] [--check-every N]
                  [--budget-gib G] [--weights-gib G] [--group-layers L] [--out FILE.json]
-                 [--map-after-fill deferred|ordered]
+                 [--map-after-fill deferred|ordered] [--max-batch N] [--elastic-max-batch N]
                  [--export FILE.jsonl]   (CPU: write the first --requests arrivals and exit)"
 }
 
@@ -126,6 +130,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         out: None,
         ordered_maps: false,
         export: None,
+        elastic_max_batch: None,
         scenario: Scenario::published(),
     };
     let (mut loads_set, mut steps_set, mut wall_set) = (false, false, false);
@@ -185,6 +190,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 a.scenario.weights_bytes = b / 16 * 16;
             }
             "--group-layers" => a.scenario.group_layers = num(it.next(), "--group-layers")? as u32,
+            "--max-batch" => a.scenario.max_batch = num(it.next(), "--max-batch")? as u32,
+            "--elastic-max-batch" => {
+                a.elastic_max_batch = Some(num(it.next(), "--elastic-max-batch")? as u32)
+            }
             "-h" | "--help" => return Err(usage().into()),
             other => return Err(format!("unknown argument {other}\n{}", usage())),
         }
@@ -374,6 +383,9 @@ mod tests {
         assert!(!a.ordered_maps, "deferred mapping by default");
         assert!(parse("--map-after-fill ordered").unwrap().ordered_maps);
         assert!(!parse("--map-after-fill deferred").unwrap().ordered_maps);
+        let a = parse("--max-batch 128 --elastic-max-batch 96").unwrap();
+        assert_eq!((a.scenario.max_batch, a.elastic_max_batch), (128, Some(96)));
+        assert_eq!(parse("--short").unwrap().elastic_max_batch, None);
         for bad in [
             "--loads 1,-2",
             "--steps",
@@ -381,6 +393,8 @@ mod tests {
             "--group-layers 62",
             "--map-after-fill",
             "--map-after-fill eventually",
+            "--elastic-max-batch 0",
+            "--max-batch",
             "--frobnicate",
         ] {
             assert!(parse(bad).is_err(), "{bad}");

@@ -136,7 +136,13 @@ fn run_one(
 ) -> Res<RunReport> {
     let sc = args.scenario;
     let wall = Instant::now();
-    let mut sched = Scheduler::new(trace, load, sc.max_batch)?.with_id_base(id_base);
+    // The elastic placement may run under its own cap (`--elastic-max-batch`, at most the
+    // scenario's max batch, which sizes the device buffers).
+    let cap = match args.elastic_max_batch {
+        Some(c) if name == "elastic" => c.clamp(1, sc.max_batch),
+        _ => sc.max_batch,
+    };
+    let mut sched = Scheduler::new(trace, load, cap)?.with_id_base(id_base);
     let params = SelectionParams::calibrated(sc.top_k);
     let mut gens: HashMap<u64, SelectionGen> = HashMap::new();
     let s = dev.gpu.stream().clone();
@@ -413,6 +419,7 @@ fn run_one(
     let n = steps.len().max(1) as f64;
     Ok(RunReport {
         placement: name.into(),
+        max_batch: cap,
         load,
         step_us_median: median(steps.iter().map(|x| x.step_us as f64)),
         section_us_median: [

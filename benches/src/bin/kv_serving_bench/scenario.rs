@@ -133,6 +133,9 @@ pub struct RunReport {
     pub placement: String,
     /// Arrival speed-up over the trace.
     pub load: f64,
+    /// Most requests decoding at once in this run (the scenario's max batch, or
+    /// `--elastic-max-batch` for the elastic placement).
+    pub max_batch: u32,
     /// The scheduler's figures (tokens/s, batches, TTFT queueing).
     pub summary: ScheduleSummary,
     /// Median step time, µs.
