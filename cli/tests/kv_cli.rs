@@ -433,3 +433,21 @@ fn plot_bench_draws_three_charts_of_a_benchmark_report() {
         "no run has the fields",
     );
 }
+
+#[test]
+fn the_shipped_h200_serving_report_gives_the_documented_fits() {
+    // docs/kv-serving-h200.json: the kv_serving_bench --short report the docs' fitted
+    // simulations use (docs/kv.md, "Each placement's own step model").
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/kv-serving-h200.json");
+    let out = tierkit(&["kv", "fit-time", path]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for want in [
+        "--step-base-us 10688 --step-per-request-us 69.3",
+        "--step-base-us 11641 --step-per-request-us 38.3 --step-per-miss-us 1.105",
+        "--step-base-us 11128 --step-per-request-us 59.3 --step-per-miss-us 1.009",
+        "--admission-gbps 49.5",
+    ] {
+        assert!(text.contains(want), "{want} missing from:\n{text}");
+    }
+}
