@@ -114,7 +114,7 @@ struct SimulateArgs {
     /// Step-time models per placement fitted to a `kv_serving_bench --out` report (as `kv
     /// fit-time` prints them), and the resident admission rate it measured; replaces the
     /// --step-* flags (and --admission-gbps unless given).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["step_base_us", "step_per_request_us", "step_per_miss_us"])]
     time_from: Option<PathBuf>,
     /// Host → HBM rate of the fully resident placement's admission copies, GB/s (a stall before
     /// the step that follows them; 0 = free). The pools map borrowed pages after their fill and
@@ -442,6 +442,26 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (placement_time, measured_gbps) = match &a.time_from {
         Some(p) => {
             let (t, g) = placement_times_from(p)?;
+            for (name, m) in [
+                ("fully resident", t.resident),
+                ("fixed hot cache", t.fixed),
+                ("elastic", t.elastic),
+            ] {
+                println!(
+                    "step time of {name} (fitted to {}): {:.0} µs + {:.1} µs × batch + {:.3} µs × miss",
+                    p.display(),
+                    m.step_base_us,
+                    m.step_per_request_us,
+                    m.step_per_miss_us
+                );
+            }
+            match (g, a.admission_gbps) {
+                (_, Some(x)) => println!("resident admission copies: {x} GB/s (--admission-gbps)"),
+                (Some(x), None) => println!("resident admission copies: {x:.1} GB/s (measured)"),
+                (None, None) => println!(
+                    "resident admission copies: free (the report has no admission bytes and copy times for the resident runs; pass --admission-gbps)"
+                ),
+            }
             (Some(t), g)
         }
         None => (None, None),
@@ -601,7 +621,12 @@ fn print_reports(reports: &[SimReport]) {
             fixed.misses_per_step,
             if el.misses_per_step <= fixed.misses_per_step { "elastic ≤ fixed" } else { "ELASTIC > FIXED" }
         );
-        if rep.config.placement_time.is_some() || rep.config.time.step_per_miss_us > 0.0 {
+        let c = &rep.config;
+        if c.placement_time.is_some()
+            || c.time.step_per_miss_us > 0.0
+            || c.admission_gbps > 0.0
+            || c.elastic_max_batch.is_some()
+        {
             println!(
                 "load {}: decode tokens/s resident {:.0}, fixed {:.0}, elastic {:.0} (elastic ÷ resident {:.2}, ÷ fixed {:.2})",
                 rep.config.load,

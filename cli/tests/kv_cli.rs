@@ -379,6 +379,19 @@ fn simulate_takes_each_placements_time_model_from_a_benchmark_report() {
         &["kv", "simulate", "--admission-gbps=-3", QUIET],
         "--admission-gbps -3: must be finite and >= 0",
     );
+    // The fitted models replace the --step-* flags: giving both is a usage error (exit 2).
+    let both = tierkit(&[
+        "kv",
+        "simulate",
+        "--time-from",
+        path.to_str().unwrap(),
+        "--step-base-us",
+        "5",
+        QUIET,
+    ]);
+    let err = String::from_utf8_lossy(&both.stderr);
+    assert_eq!(both.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot be used with"), "{err}");
 }
 
 #[test]
