@@ -53,8 +53,11 @@ struct PlotBenchArgs {
 
 #[derive(Debug, Args)]
 struct FitTimeArgs {
-    /// `kv_serving_bench --out` JSON (`runs[].placement`, `runs[].steps[].{batch, misses, step_us}`).
-    report: PathBuf,
+    /// `kv_serving_bench --out` JSON (`runs[].placement`, `runs[].steps[].{batch, misses, step_us}`);
+    /// several reports pool their steps per placement (runs at different batches condition the
+    /// per-request and per-miss terms, which one load's runs leave nearly collinear).
+    #[arg(required = true, num_args = 1..)]
+    reports: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -113,9 +116,10 @@ struct SimulateArgs {
     step_per_miss_us: f64,
     /// Step-time models per placement fitted to a `kv_serving_bench --out` report (as `kv
     /// fit-time` prints them), and the resident admission rate it measured; replaces the
-    /// --step-* flags (and --admission-gbps unless given).
-    #[arg(long, conflicts_with_all = ["step_base_us", "step_per_request_us", "step_per_miss_us"])]
-    time_from: Option<PathBuf>,
+    /// --step-* flags (and --admission-gbps unless given). Comma-separated or repeated: several
+    /// reports pool their steps per placement.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["step_base_us", "step_per_request_us", "step_per_miss_us"])]
+    time_from: Vec<PathBuf>,
     /// Host → HBM rate of the fully resident placement's admission copies, GB/s (a stall before
     /// the step that follows them; 0 = free). The pools map borrowed pages after their fill and
     /// never stall.
@@ -297,22 +301,40 @@ fn admission_gbps(runs: &[serde_json::Value]) -> Option<f64> {
     (bytes > 0.0 && ms > 0.0).then(|| bytes / (ms * 1e6))
 }
 
-/// Per-placement step-time models fitted to a bench report (`--time-from`), and the resident
-/// admission rate it measured.
+/// The runs of several bench reports, in order (their steps pool per placement).
+fn bench_runs_of(paths: &[PathBuf]) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
+    let mut runs = Vec::new();
+    for p in paths {
+        runs.extend(bench_runs(p)?);
+    }
+    Ok(runs)
+}
+
+/// The reports' paths for messages: `a.json` or `a.json + b.json`.
+fn shown(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// Per-placement step-time models fitted to bench reports (`--time-from`, steps pooled per
+/// placement), and the resident admission rate they measured.
 fn placement_times_from(
-    path: &std::path::Path,
+    paths: &[PathBuf],
 ) -> Result<(tierkit_sim::kv::serving::PlacementTimes, Option<f64>), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::{PlacementTimes, TimeModel};
-    let runs = bench_runs(path)?;
+    let runs = bench_runs_of(paths)?;
     let by = steps_by_placement(&runs);
     let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
         let pts = by
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
-            .ok_or_else(|| format!("{}: no `{name}` runs to fit", path.display()))?;
+            .ok_or_else(|| format!("{}: no `{name}` runs to fit", shown(paths)))?;
         TimeModel::fit_with_misses(pts)
-            .map_err(|e| format!("{}: fitting `{name}`: {e}", path.display()).into())
+            .map_err(|e| format!("{}: fitting `{name}`: {e}", shown(paths)).into())
     };
     Ok((
         PlacementTimes {
@@ -326,7 +348,7 @@ fn placement_times_from(
 
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
-    let runs = bench_runs(&a.report)?;
+    let runs = bench_runs_of(&a.reports)?;
     let by = steps_by_placement(&runs);
     let pools: Steps = by
         .iter()
@@ -353,7 +375,11 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     println!(
         "(kv simulate --time-from {} applies each placement's fit and the admission rate)",
-        a.report.display()
+        a.reports
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     );
     Ok(())
 }
@@ -439,8 +465,9 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(g) = a.admission_gbps {
         positive("--admission-gbps", g, true)?;
     }
-    let (placement_time, measured_gbps) = match &a.time_from {
-        Some(p) => {
+    let (placement_time, measured_gbps) = match a.time_from.as_slice() {
+        [] => (None, None),
+        p => {
             let (t, g) = placement_times_from(p)?;
             for (name, m) in [
                 ("fully resident", t.resident),
@@ -449,7 +476,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
             ] {
                 println!(
                     "step time of {name} (fitted to {}): {:.0} µs + {:.1} µs × batch + {:.3} µs × miss",
-                    p.display(),
+                    shown(p),
                     m.step_base_us,
                     m.step_per_request_us,
                     m.step_per_miss_us
@@ -464,7 +491,6 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
             }
             (Some(t), g)
         }
-        None => (None, None),
     };
     for &load in &a.loads {
         positive("--loads", load, false)?;

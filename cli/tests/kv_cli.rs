@@ -464,3 +464,39 @@ fn the_shipped_h200_serving_report_gives_the_documented_fits() {
         assert!(text.contains(want), "{want} missing from:\n{text}");
     }
 }
+
+#[test]
+fn several_reports_pool_their_steps_per_placement() {
+    // docs/kv-serving-h200-cap112.json: the H200 run at equal 1,000-step horizons with the
+    // elastic batch capped at 112 (docs/kv.md). Pooled with the short-mode report, the fits are
+    // those the docs quote, and `--time-from a,b` names both reports.
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/");
+    let (a, b) = (
+        format!("{dir}kv-serving-h200.json"),
+        format!("{dir}kv-serving-h200-cap112.json"),
+    );
+    let out = tierkit(&["kv", "fit-time", &b]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("elastic:   1000 steps  --step-base-us 13103"),
+        "{text}"
+    );
+    let out = tierkit(&["kv", "fit-time", &a, &b]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for want in [
+        "fully resident:   2569 steps  --step-base-us 11000 --step-per-request-us 65.7",
+        "--step-base-us 11563 --step-per-request-us 36.5 --step-per-miss-us 1.129",
+        "elastic:   2124 steps  --step-base-us 11539 --step-per-request-us 30.8 --step-per-miss-us 1.107",
+        "--admission-gbps 48.9",
+    ] {
+        assert!(text.contains(want), "{want} missing from:\n{text}");
+    }
+    assert!(text.contains(&format!("--time-from {a},{b}")), "{text}");
+    // A missing second report fails, naming it.
+    fails_with(
+        &["kv", "fit-time", &a, "/nonexistent.json"],
+        "/nonexistent.json",
+    );
+}

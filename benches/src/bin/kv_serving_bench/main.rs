@@ -103,8 +103,8 @@ pub struct Args {
     pub export: Option<PathBuf>,
     /// Most requests the elastic placement decodes at once (default: the scenario's max batch,
     /// as the others). A cap keeps HBM free to lend: on the Mooncake arrivals the fitted
-    /// simulation gave elastic its most tokens/s at 96–112 concurrent sessions, and 112 met the
-    /// saturation targets over 1,000 and 2,000 steps (`docs/kv.md`).
+    /// simulation gave elastic its most tokens/s at 96–112 concurrent sessions, and on the H200
+    /// 112 met the saturation targets over 1,000 and 1,500 steps (`docs/kv.md`).
     pub elastic_max_batch: Option<u32>,
     /// The scenario.
     pub scenario: Scenario,
