@@ -35,17 +35,19 @@ enum KvCommand {
     /// Measure the selection model's miss rates against a bare hot cache of k / 2k / 4k rows.
     Calibrate(CalibrateArgs),
     /// Fit the simulation's step-time model (`--step-base-us`, `--step-per-request-us`,
-    /// `--step-per-miss-us`) to the measured steps of a `kv_serving_bench` JSON report.
+    /// `--step-per-miss-us`) to the measured steps of `kv_serving_bench` JSON reports (pooled per placement).
     FitTime(FitTimeArgs),
-    /// Plot a `kv_serving_bench` JSON report: decode tokens/s, median batch and miss MB per step
+    /// Plot `kv_serving_bench` JSON reports: decode tokens/s, median batch and miss MB per step
     /// against the load, one line per placement (`<OUT>-tokens.png`, `-batch.png`, `-misses.png`).
     PlotBench(PlotBenchArgs),
 }
 
 #[derive(Debug, Args)]
 struct PlotBenchArgs {
-    /// `kv_serving_bench --out` JSON.
-    report: PathBuf,
+    /// `kv_serving_bench --out` JSON; several reports (e.g. one per load) plot together, each
+    /// placement's points sorted by load.
+    #[arg(required = true, num_args = 1..)]
+    reports: Vec<PathBuf>,
     /// Output prefix of the three PNG files.
     #[arg(long)]
     out: PathBuf,
@@ -201,12 +203,15 @@ type BenchChart<'a> = (
 );
 
 fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let runs = bench_runs(&a.report)?;
-    // One line per placement, in report order; x = log2(load) so that 0.5 … 64 spread evenly.
+    let runs = bench_runs_of(&a.reports)?;
+    // One line per placement (a run capped below the largest `max_batch` of the reports is its
+    // own line, "elastic, batch ≤ 112"), in report order, points sorted by load; x = log2(load)
+    // so that 0.5 … 64 spread evenly.
+    let widest = runs.iter().filter_map(|r| r["max_batch"].as_u64()).max();
     let series = |f: &dyn Fn(&serde_json::Value) -> Option<f64>| -> Vec<plot::Series> {
         let mut out: Vec<plot::Series> = Vec::new();
         for r in &runs {
-            let (Some(name), Some(load), Some(y)) =
+            let (Some(placement), Some(load), Some(y)) =
                 (r["placement"].as_str(), r["load"].as_f64(), f(r))
             else {
                 continue;
@@ -214,11 +219,18 @@ fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             if load.is_nan() || load <= 0.0 {
                 continue;
             }
+            let name = match (r["max_batch"].as_u64(), widest) {
+                (Some(b), Some(w)) if b < w => format!("{placement}, batch ≤ {b}"),
+                _ => placement.to_string(),
+            };
             let pt = (load.log2(), y);
-            match out.iter_mut().find(|(n, _)| n == name) {
+            match out.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, pts)) => pts.push(pt),
-                None => out.push((name.to_string(), vec![pt])),
+                None => out.push((name, vec![pt])),
             }
+        }
+        for (_, pts) in &mut out {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
         }
         out
     };
@@ -254,7 +266,7 @@ fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         if s.is_empty() {
             return Err(format!(
                 "{}: no run has the fields this chart needs",
-                a.report.display()
+                shown(&a.reports)
             )
             .into());
         }

@@ -137,6 +137,11 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
     }
     for (i, (name, pts)) in spec.series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
+        // A series of few points (a benchmark's loads) shows each measured point: the lines
+        // between them are not measurements.
+        if pts.len() <= 24 {
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+        }
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
             .label(name.clone())

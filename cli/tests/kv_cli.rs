@@ -467,13 +467,13 @@ fn the_shipped_h200_serving_report_gives_the_documented_fits() {
 
 #[test]
 fn several_reports_pool_their_steps_per_placement() {
-    // docs/kv-serving-h200-cap112.json: the H200 run at equal 1,000-step horizons with the
+    // docs/kv-serving-h200-cap112-load64.json: the H200 run at equal 1,000-step horizons with the
     // elastic batch capped at 112 (docs/kv.md). Pooled with the short-mode report, the fits are
     // those the docs quote, and `--time-from a,b` names both reports.
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/");
     let (a, b) = (
         format!("{dir}kv-serving-h200.json"),
-        format!("{dir}kv-serving-h200-cap112.json"),
+        format!("{dir}kv-serving-h200-cap112-load64.json"),
     );
     let out = tierkit(&["kv", "fit-time", &b]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -494,6 +494,28 @@ fn several_reports_pool_their_steps_per_placement() {
         assert!(text.contains(want), "{want} missing from:\n{text}");
     }
     assert!(text.contains(&format!("--time-from {a},{b}")), "{text}");
+    // plot-bench draws the three loads' reports together (docs/kv-gpu-cap112-*.png).
+    let loads: Vec<String> = ["0.5", "16", "64"]
+        .iter()
+        .map(|l| format!("{dir}kv-serving-h200-cap112-load{l}.json"))
+        .collect();
+    let prefix = std::env::temp_dir().join(format!("tierkit-cap112-{}", std::process::id()));
+    let mut args = vec!["kv", "plot-bench"];
+    args.extend(loads.iter().map(String::as_str));
+    args.extend(["--out", prefix.to_str().unwrap()]);
+    let out = tierkit(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for suffix in ["-tokens.png", "-batch.png", "-misses.png"] {
+        let mut p = prefix.clone().into_os_string();
+        p.push(suffix);
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        std::fs::remove_file(&p).unwrap();
+    }
     // A missing second report fails, naming it.
     fails_with(
         &["kv", "fit-time", &a, "/nonexistent.json"],
