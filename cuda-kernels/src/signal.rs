@@ -60,9 +60,19 @@ impl EventSignal {
         stream.wait(&self.event).map_err(drv("cuStreamWaitEvent"))
     }
 
-    /// Whether the recorded work has completed (non-blocking), or the CUDA error of the query.
+    /// Whether the recorded work has completed (non-blocking). `false` also when a stream capture
+    /// forbids the query now ([`crate::CudaError::is_capture_conflict`]: e.g. another thread
+    /// captures in global mode; the context is healthy, ask again after the capture), so every
+    /// poller (the KV pool's deferred maps, the expert bank's deferred commits) reads it as "not
+    /// yet".
+    ///
+    /// # Errors
+    /// [`crate::CudaError::Driver`] for any other failed query (a broken context).
     pub fn try_complete(&self) -> Result<bool> {
-        self.event.try_is_complete().map_err(drv("cuEventQuery"))
+        match self.event.try_is_complete().map_err(drv("cuEventQuery")) {
+            Err(e) if e.is_capture_conflict() => Ok(false),
+            r => r,
+        }
     }
 
     /// The underlying event (e.g. for `cuStreamWaitEvent` on another stream).

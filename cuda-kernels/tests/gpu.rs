@@ -495,6 +495,35 @@ fn event_signal_holds_a_tier_core_fence_until_the_gpu_reader_finishes() {
     );
 }
 
+/// A query that a global-mode capture on another thread forbids reads as "not yet" (`Ok(false)`)
+/// rather than an error: pollers (the KV pool's deferred maps, the expert bank's deferred
+/// commits) keep their work pending instead of failing. Whether the driver forbids the query
+/// at all is its choice; either way the answer is `Ok`, and complete once the capture ends.
+#[test]
+fn event_signal_query_during_a_global_capture_is_not_yet_not_an_error() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    use cuda_kernels::cudarc_driver::sys;
+    let s = gpu.stream().clone();
+    let sig = EventSignal::record(&gpu, &s).unwrap();
+    s.synchronize().unwrap();
+    let capturing = gpu.ctx().new_stream().unwrap();
+    capturing
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+        .unwrap();
+    let during = std::thread::scope(|t| t.spawn(|| sig.try_complete()).join().unwrap());
+    // the capture may have been invalidated by the forbidden call; either way it ends here
+    let ended = capturing.end_capture(sys::CUgraphInstantiate_flags(0));
+    let during = during.expect("a capture conflict must read as Ok(false), not an error");
+    assert!(
+        sig.try_complete().unwrap(),
+        "complete once the capture ended"
+    );
+    println!(
+        "query during another thread's global capture: {during} (capture ended: {})",
+        if ended.is_ok() { "ok" } else { "invalidated" }
+    );
+}
+
 /// `count_forked` / `join_forked`: the earlier layers counted on the branch while the step stream
 /// counts the last layer, exact (with bad ids) after every step, in stream order and captured in
 /// a CUDA graph; a second fork before the join and a bad shape are typed errors that leave

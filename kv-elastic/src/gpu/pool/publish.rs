@@ -50,13 +50,10 @@ impl GpuElasticPool {
         self.counters.maps_dropped += dropped as u64;
         // A failed event query (a broken context) fails the publish (and poisons the pool)
         // rather than leaving the entries unmapped for ever; a query a stream capture forbids
-        // now (another thread capturing in global mode) only means "not yet".
+        // now (another thread capturing in global mode) is "not yet" (`try_complete`).
         let ready = self
             .deferred
-            .try_take_ready(|fill| match fill.try_complete() {
-                Err(e) if e.is_capture_conflict() => Ok(false),
-                r => r,
-            })
+            .try_take_ready(|fill| fill.try_complete())
             .map_err(cuda)?;
         if log.is_empty() && created.is_empty() && freed.is_empty() && ready.is_empty() {
             return Ok(());

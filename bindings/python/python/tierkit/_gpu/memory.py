@@ -23,15 +23,21 @@ def _track_pinned(owner, ptr: int, nbytes: int) -> weakref.finalize:
     native object that frees (or unregisters) it when it is collected — after ``close()`` *and*
     the last view. The entry lives exactly as long: none outlives its memory, none is dropped
     while the memory is still pinned, and no id is reused as a key."""
+    return _track(_PINNED, owner, (int(ptr), int(nbytes)))
+
+
+def _track(table: dict, owner, entry) -> weakref.finalize:
+    """Lists ``entry`` in ``table`` (``_PINNED`` or ``_DEVICE``) under a fresh key until the
+    returned finalizer runs (called, or ``owner`` collected)."""
     key = object()
     with _PINNED_LOCK:
-        _PINNED[key] = (int(ptr), int(nbytes))
-    return weakref.finalize(owner, _untrack_pinned, key)
+        table[key] = entry
+    return weakref.finalize(owner, _untrack, table, key)
 
 
-def _untrack_pinned(key) -> None:
+def _untrack(table: dict, key) -> None:
     with _PINNED_LOCK:
-        _PINNED.pop(key, None)
+        table.pop(key, None)
 
 
 class _DeviceArray:
@@ -103,15 +109,7 @@ def _track_device(owner, device: int, ptr: int, nbytes: int) -> weakref.finalize
     object) writes: its own HBM or engine memory lent to it, so that no second object is given
     memory the first one writes. Listed until the returned finalizer is called (the object's
     ``close()``, after which tierkit writes none of it) or ``owner`` is collected."""
-    key = object()
-    with _PINNED_LOCK:
-        _DEVICE[key] = (int(device), int(ptr), int(nbytes))
-    return weakref.finalize(owner, _untrack_device, key)
-
-
-def _untrack_device(key) -> None:
-    with _PINNED_LOCK:
-        _DEVICE.pop(key, None)
+    return _track(_DEVICE, owner, (int(device), int(ptr), int(nbytes)))
 
 
 def device_ranges():
