@@ -18,6 +18,9 @@ use tierkit_sim::kv::serving::{simulate_placement, Placement, SimConfig, SimRepo
 use tierkit_sim::kv::trace::ArrivalTrace;
 
 use crate::{plot, progress};
+
+mod report;
+use report::{Reports, Steps};
 use tierkit_sim::table;
 
 /// `tierkit kv`: elastic sparse-attention KV pool (HiSparse-style host history, hot cache, borrowed HBM pages).
@@ -46,7 +49,7 @@ enum KvCommand {
 struct PlotBenchArgs {
     /// `kv_serving_bench --out` JSON; several reports (e.g. one per load) plot together, each
     /// placement's points sorted by load.
-    #[arg(required = true, num_args = 1..)]
+    #[arg(required = true)]
     reports: Vec<PathBuf>,
     /// Output prefix of the three PNG files.
     #[arg(long)]
@@ -58,7 +61,7 @@ struct FitTimeArgs {
     /// `kv_serving_bench --out` JSON (`runs[].placement`, `runs[].steps[].{batch, misses, step_us}`);
     /// several reports pool their steps per placement (runs at different batches condition the
     /// per-request and per-miss terms, which one load's runs leave nearly collinear).
-    #[arg(required = true, num_args = 1..)]
+    #[arg(required = true)]
     reports: Vec<PathBuf>,
 }
 
@@ -118,9 +121,9 @@ struct SimulateArgs {
     step_per_miss_us: f64,
     /// Step-time models per placement fitted to a `kv_serving_bench --out` report (as `kv
     /// fit-time` prints them), and the resident admission rate it measured; replaces the
-    /// --step-* flags (and --admission-gbps unless given). Comma-separated or repeated: several
-    /// reports pool their steps per placement.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["step_base_us", "step_per_request_us", "step_per_miss_us"])]
+    /// --step-* flags (and --admission-gbps unless given). Repeat it to pool several reports'
+    /// steps per placement (same device and scenario; each file once).
+    #[arg(long, conflicts_with_all = ["step_base_us", "step_per_request_us", "step_per_miss_us"])]
     time_from: Vec<PathBuf>,
     /// Host → HBM rate of the fully resident placement's admission copies, GB/s (a stall before
     /// the step that follows them; 0 = free). The pools map borrowed pages after their fill and
@@ -170,30 +173,6 @@ pub fn run(args: KvArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
-/// The `runs` of a `kv_serving_bench --out` report (bounded read: at most 1 GiB).
-fn bench_runs(
-    path: &std::path::Path,
-) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() || meta.len() > 1 << 30 {
-        return Err(format!("{}: not a regular file of at most 1 GiB", path.display()).into());
-    }
-    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?).map_err(|e| {
-        format!(
-            "{}: not a kv_serving_bench JSON report: {e}",
-            path.display()
-        )
-    })?;
-    match v["runs"].take() {
-        serde_json::Value::Array(runs) => Ok(runs),
-        _ => Err(format!(
-            "{}: no `runs` array (a kv_serving_bench --out report?)",
-            path.display()
-        )
-        .into()),
-    }
-}
-
 /// One chart of `plot-bench`: file suffix, title, y label, and the y value of a run.
 type BenchChart<'a> = (
     &'a str,
@@ -203,37 +182,7 @@ type BenchChart<'a> = (
 );
 
 fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let runs = bench_runs_of(&a.reports)?;
-    // One line per placement (a run capped below the largest `max_batch` of the reports is its
-    // own line, "elastic, batch ≤ 112"), in report order, points sorted by load; x = log2(load)
-    // so that 0.5 … 64 spread evenly.
-    let widest = runs.iter().filter_map(|r| r["max_batch"].as_u64()).max();
-    let series = |f: &dyn Fn(&serde_json::Value) -> Option<f64>| -> Vec<plot::Series> {
-        let mut out: Vec<plot::Series> = Vec::new();
-        for r in &runs {
-            let (Some(placement), Some(load), Some(y)) =
-                (r["placement"].as_str(), r["load"].as_f64(), f(r))
-            else {
-                continue;
-            };
-            if load.is_nan() || load <= 0.0 {
-                continue;
-            }
-            let name = match (r["max_batch"].as_u64(), widest) {
-                (Some(b), Some(w)) if b < w => format!("{placement}, batch ≤ {b}"),
-                _ => placement.to_string(),
-            };
-            let pt = (load.log2(), y);
-            match out.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, pts)) => pts.push(pt),
-                None => out.push((name, vec![pt])),
-            }
-        }
-        for (_, pts) in &mut out {
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-        }
-        out
-    };
+    let reports = Reports::load(&a.reports)?;
     let name = |suffix: &str| {
         let mut s = a.out.as_os_str().to_owned();
         s.push(suffix);
@@ -262,11 +211,11 @@ fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     ];
     for (suffix, title, y, f) in charts {
         let path = name(suffix);
-        let s = series(f);
+        let s = reports.series_by_load(f)?;
         if s.is_empty() {
             return Err(format!(
                 "{}: no run has the fields this chart needs",
-                shown(&a.reports)
+                reports.shown()
             )
             .into());
         }
@@ -278,75 +227,22 @@ fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// (batch, misses, µs) steps of one placement.
-type Steps = Vec<(u32, u64, f64)>;
-
-/// A bench report's measured steps per placement name, in report order.
-fn steps_by_placement(runs: &[serde_json::Value]) -> Vec<(String, Steps)> {
-    let mut by: Vec<(String, Steps)> = Vec::new();
-    for r in runs {
-        let name = r["placement"].as_str().unwrap_or("?").to_string();
-        let steps = r["steps"].as_array().map(|s| s.as_slice()).unwrap_or(&[]);
-        let pts = steps.iter().filter_map(|s| {
-            Some((
-                s["batch"].as_u64()? as u32,
-                s["misses"].as_u64()?,
-                s["step_us"].as_f64()?,
-            ))
-        });
-        match by.iter_mut().find(|(n, _)| *n == name) {
-            Some((_, v)) => v.extend(pts),
-            None => by.push((name, pts.collect())),
-        }
-    }
-    by
-}
-
-/// The fully resident placement's admission copy rate in a bench report (its runs' admission
-/// bytes over their copy time), GB/s; None without such runs.
-fn admission_gbps(runs: &[serde_json::Value]) -> Option<f64> {
-    let (mut bytes, mut ms) = (0.0f64, 0.0f64);
-    for r in runs.iter().filter(|r| r["placement"] == "fully resident") {
-        bytes += r["admission_bytes"].as_f64().unwrap_or(0.0);
-        ms += r["admission_copy_ms"].as_f64().unwrap_or(0.0);
-    }
-    (bytes > 0.0 && ms > 0.0).then(|| bytes / (ms * 1e6))
-}
-
-/// The runs of several bench reports, in order (their steps pool per placement).
-fn bench_runs_of(paths: &[PathBuf]) -> Result<Vec<serde_json::Value>, Box<dyn std::error::Error>> {
-    let mut runs = Vec::new();
-    for p in paths {
-        runs.extend(bench_runs(p)?);
-    }
-    Ok(runs)
-}
-
-/// The reports' paths for messages: `a.json` or `a.json + b.json`.
-fn shown(paths: &[PathBuf]) -> String {
-    paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(" + ")
-}
-
 /// Per-placement step-time models fitted to bench reports (`--time-from`, steps pooled per
 /// placement), and the resident admission rate they measured.
 fn placement_times_from(
     paths: &[PathBuf],
 ) -> Result<(tierkit_sim::kv::serving::PlacementTimes, Option<f64>), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::{PlacementTimes, TimeModel};
-    let runs = bench_runs_of(paths)?;
-    let by = steps_by_placement(&runs);
+    let reports = Reports::load(paths)?;
+    let by = reports.steps_by_placement();
     let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
         let pts = by
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
-            .ok_or_else(|| format!("{}: no `{name}` runs to fit", shown(paths)))?;
+            .ok_or_else(|| format!("{}: no `{name}` runs to fit", reports.shown()))?;
         TimeModel::fit_with_misses(pts)
-            .map_err(|e| format!("{}: fitting `{name}`: {e}", shown(paths)).into())
+            .map_err(|e| format!("{}: fitting `{name}`: {e}", reports.shown()).into())
     };
     Ok((
         PlacementTimes {
@@ -354,14 +250,14 @@ fn placement_times_from(
             fixed: fit("fixed hot cache")?,
             elastic: fit("elastic")?,
         },
-        admission_gbps(&runs),
+        reports.admission_gbps(),
     ))
 }
 
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
-    let runs = bench_runs_of(&a.reports)?;
-    let by = steps_by_placement(&runs);
+    let reports = Reports::load(&a.reports)?;
+    let by = reports.steps_by_placement();
     let pools: Steps = by
         .iter()
         .filter(|(n, _)| n != "fully resident")
@@ -382,16 +278,15 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
             Err(e) => println!("{name:>24}: {:>6} steps  no fit: {e}", pts.len()),
         }
     }
-    if let Some(g) = admission_gbps(&runs) {
+    if let Some(g) = reports.admission_gbps() {
         println!("{:>24}: --admission-gbps {g:.1}", "fully resident copies");
     }
     println!(
-        "(kv simulate --time-from {} applies each placement's fit and the admission rate)",
+        "(kv simulate{} applies each placement's fit and the admission rate)",
         a.reports
             .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(",")
+            .map(|p| format!(" --time-from {}", p.display()))
+            .collect::<String>()
     );
     Ok(())
 }
@@ -488,7 +383,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
             ] {
                 println!(
                     "step time of {name} (fitted to {}): {:.0} µs + {:.1} µs × batch + {:.3} µs × miss",
-                    shown(p),
+                    report::shown(p),
                     m.step_base_us,
                     m.step_per_request_us,
                     m.step_per_miss_us

@@ -44,6 +44,10 @@ fn register_font() {
     });
 }
 
+/// Series of at most this many points get a marker on every point (a benchmark's few loads);
+/// longer ones (per-step curves) are lines only.
+const MARKED_POINTS: usize = 24;
+
 /// Draws `series` as a PNG line chart at `path` (1200×700 px, y from 0). Used by `tierkit kv`.
 ///
 /// # Errors
@@ -139,7 +143,7 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
         let color = Palette99::pick(i).to_rgba();
         // A series of few points (a benchmark's loads) shows each measured point: the lines
         // between them are not measurements.
-        if pts.len() <= 24 {
+        if pts.len() <= MARKED_POINTS {
             chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
         }
         chart

@@ -493,7 +493,12 @@ fn several_reports_pool_their_steps_per_placement() {
     ] {
         assert!(text.contains(want), "{want} missing from:\n{text}");
     }
-    assert!(text.contains(&format!("--time-from {a},{b}")), "{text}");
+    assert!(
+        text.contains(&format!("--time-from {a} --time-from {b}")),
+        "{text}"
+    );
+    // the same report twice would count its steps double: refused
+    fails_with(&["kv", "fit-time", &b, &b], "given twice");
     // plot-bench draws the three loads' reports together (docs/kv-gpu-cap112-*.png).
     let loads: Vec<String> = ["0.5", "16", "64"]
         .iter()

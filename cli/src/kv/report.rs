@@ -1,0 +1,303 @@
+//! `kv_serving_bench --out` JSON reports, read for `kv fit-time`, `kv simulate --time-from` and
+//! `kv plot-bench`: bounded reads, several reports pooled only when they describe the same
+//! scenario on the same device, and the per-placement views those commands need.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::plot;
+
+type Error = Box<dyn std::error::Error>;
+
+/// (batch, misses, µs) steps of one placement.
+pub type Steps = Vec<(u32, u64, f64)>;
+
+/// The runs of one or more reports, in the order given.
+pub struct Reports {
+    /// Every report's `runs[]`, each annotated with `"scenario_max_batch"`: its own report's
+    /// scenario batch limit (to tell a run capped below it).
+    pub runs: Vec<Value>,
+    paths: Vec<PathBuf>,
+}
+
+impl Reports {
+    /// Reads `paths` (each a regular file of at most 1 GiB with a `runs` array). Several reports
+    /// must name the same `device` and the same `scenario` apart from its `max_batch` (runs of
+    /// one workload on one GPU; their steps then pool per placement), and no file may be given
+    /// twice (its steps would count double).
+    pub fn load(paths: &[PathBuf]) -> Result<Self, Error> {
+        let mut runs = Vec::new();
+        let mut first: Option<(PathBuf, Value, Value)> = None;
+        let mut seen: Vec<PathBuf> = Vec::new();
+        for path in paths {
+            let canon =
+                std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            if seen.contains(&canon) {
+                return Err(format!(
+                    "{}: given twice (its steps would count double)",
+                    path.display()
+                )
+                .into());
+            }
+            seen.push(canon);
+            let mut v = read(path)?;
+            let device = v["device"].take();
+            let mut scenario = v["scenario"].take();
+            let max_batch = scenario["max_batch"].take();
+            match &first {
+                None => first = Some((path.clone(), device, scenario)),
+                Some((p0, d0, s0)) => {
+                    if *d0 != device {
+                        return Err(format!(
+                            "{} and {}: measured on different devices ({d0} vs {device}); fit or plot them separately",
+                            p0.display(),
+                            path.display()
+                        )
+                        .into());
+                    }
+                    if *s0 != scenario {
+                        return Err(format!(
+                            "{} and {}: different scenarios (row bytes, layers, top-k, hot rows, budget, ...; only max_batch may differ); fit or plot them separately",
+                            p0.display(),
+                            path.display()
+                        )
+                        .into());
+                    }
+                }
+            }
+            let Value::Array(rs) = v["runs"].take() else {
+                return Err(format!(
+                    "{}: no `runs` array (a kv_serving_bench --out report?)",
+                    path.display()
+                )
+                .into());
+            };
+            runs.extend(rs.into_iter().map(|mut r| {
+                r["scenario_max_batch"] = max_batch.clone();
+                r
+            }));
+        }
+        Ok(Reports {
+            runs,
+            paths: paths.to_vec(),
+        })
+    }
+
+    /// The reports' paths for messages: `a.json` or `a.json + b.json`.
+    pub fn shown(&self) -> String {
+        shown(&self.paths)
+    }
+
+    /// The measured steps per placement name, in report order (several reports pooled).
+    pub fn steps_by_placement(&self) -> Vec<(String, Steps)> {
+        let mut by: Vec<(String, Steps)> = Vec::new();
+        for r in &self.runs {
+            let name = r["placement"].as_str().unwrap_or("?").to_string();
+            let steps = r["steps"].as_array().map(|s| s.as_slice()).unwrap_or(&[]);
+            let pts = steps.iter().filter_map(|s| {
+                Some((
+                    s["batch"].as_u64()? as u32,
+                    s["misses"].as_u64()?,
+                    s["step_us"].as_f64()?,
+                ))
+            });
+            match by.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => v.extend(pts),
+                None => by.push((name, pts.collect())),
+            }
+        }
+        by
+    }
+
+    /// The fully resident placement's admission copy rate (its runs' admission bytes over their
+    /// copy time), GB/s; None without such runs.
+    pub fn admission_gbps(&self) -> Option<f64> {
+        let (mut bytes, mut ms) = (0.0f64, 0.0f64);
+        for r in self
+            .runs
+            .iter()
+            .filter(|r| r["placement"] == "fully resident")
+        {
+            bytes += r["admission_bytes"].as_f64().unwrap_or(0.0);
+            ms += r["admission_copy_ms"].as_f64().unwrap_or(0.0);
+        }
+        (bytes > 0.0 && ms > 0.0).then(|| bytes / (ms * 1e6))
+    }
+
+    /// One line per placement against the load for `kv plot-bench`: x = log2(load) (so 0.5 … 64
+    /// spread evenly), y = `f(run)`; points sorted by load. A run capped below its report's
+    /// scenario batch limit is its own line (`elastic, batch ≤ 112`). Runs without a positive
+    /// load or without `f` are left out.
+    ///
+    /// # Errors
+    /// Two runs on one line at the same load (e.g. one load's runs from two reports): the chart
+    /// would join them with a vertical segment; plot such reports separately.
+    pub fn series_by_load(
+        &self,
+        f: &dyn Fn(&Value) -> Option<f64>,
+    ) -> Result<Vec<plot::Series>, Error> {
+        let mut out: Vec<plot::Series> = Vec::new();
+        for r in &self.runs {
+            let (Some(placement), Some(load), Some(y)) =
+                (r["placement"].as_str(), r["load"].as_f64(), f(r))
+            else {
+                continue;
+            };
+            if load.is_nan() || load <= 0.0 {
+                continue;
+            }
+            let name = match (r["max_batch"].as_u64(), r["scenario_max_batch"].as_u64()) {
+                (Some(b), Some(limit)) if b < limit => format!("{placement}, batch ≤ {b}"),
+                _ => placement.to_string(),
+            };
+            let pt = (load.log2(), y);
+            match out.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, pts)) if pts.iter().any(|p| p.0 == pt.0) => {
+                    return Err(format!(
+                        "{}: two `{name}` runs at load {load}; plot these reports separately",
+                        self.shown()
+                    )
+                    .into())
+                }
+                Some((_, pts)) => pts.push(pt),
+                None => out.push((name, vec![pt])),
+            }
+        }
+        for (_, pts) in &mut out {
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        Ok(out)
+    }
+}
+
+/// Paths for messages: `a.json` or `a.json + b.json`.
+pub fn shown(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+/// One report as JSON (bounded read: a regular file of at most 1 GiB).
+fn read(path: &Path) -> Result<Value, Error> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !meta.is_file() || meta.len() > 1 << 30 {
+        return Err(format!("{}: not a regular file of at most 1 GiB", path.display()).into());
+    }
+    serde_json::from_slice(&std::fs::read(path)?).map_err(|e| {
+        format!(
+            "{}: not a kv_serving_bench JSON report: {e}",
+            path.display()
+        )
+        .into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn report(dir: &Path, name: &str, v: Value) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, v.to_string()).unwrap();
+        p
+    }
+
+    fn scenario(max_batch: u64, hot_rows: u64) -> Value {
+        json!({"row_bytes": 656, "hot_rows": hot_rows, "max_batch": max_batch})
+    }
+
+    fn run(placement: &str, load: f64, max_batch: u64, tokens: f64) -> Value {
+        json!({"placement": placement, "load": load, "max_batch": max_batch,
+               "summary": {"tokens_per_s": tokens},
+               "steps": [{"batch": 2, "misses": 10, "step_us": 100.0}]})
+    }
+
+    fn tmp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tierkit-report-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn series_are_sorted_by_load_and_a_capped_run_is_its_own_line() {
+        let d = tmp("series");
+        let a = report(
+            &d,
+            "a.json",
+            json!({"device": "H200", "scenario": scenario(256, 4096), "runs": [
+            run("elastic", 64.0, 112, 3.0), run("fixed hot cache", 64.0, 256, 2.0)]}),
+        );
+        let b = report(
+            &d,
+            "b.json",
+            json!({"device": "H200", "scenario": scenario(256, 4096), "runs": [
+            run("elastic", 0.5, 112, 1.0), run("fixed hot cache", 0.5, 256, 0.5)]}),
+        );
+        let r = Reports::load(&[a, b]).unwrap();
+        let s = r
+            .series_by_load(&|r| r["summary"]["tokens_per_s"].as_f64())
+            .unwrap();
+        assert_eq!(
+            s,
+            vec![
+                (
+                    "elastic, batch ≤ 112".to_string(),
+                    vec![(-1.0, 1.0), (6.0, 3.0)]
+                ),
+                ("fixed hot cache".to_string(), vec![(-1.0, 0.5), (6.0, 2.0)]),
+            ]
+        );
+        // the steps pool per placement
+        let by = r.steps_by_placement();
+        assert_eq!(by[0].0, "elastic");
+        assert_eq!(by[0].1.len(), 2);
+    }
+
+    #[test]
+    fn a_run_capped_by_its_own_scenario_keeps_the_plain_name_and_clashes_are_errors() {
+        let d = tmp("clash");
+        // --max-batch 112 for every placement: the scenario says 112, the run is not "capped"
+        let a = report(
+            &d,
+            "a.json",
+            json!({"device": "H200", "scenario": scenario(112, 4096), "runs": [
+            run("fixed hot cache", 64.0, 112, 3.0)]}),
+        );
+        let b = report(
+            &d,
+            "b.json",
+            json!({"device": "H200", "scenario": scenario(256, 4096), "runs": [
+            run("fixed hot cache", 64.0, 256, 2.0)]}),
+        );
+        let r = Reports::load(&[a.clone(), b]).unwrap();
+        let e = r
+            .series_by_load(&|r| r["summary"]["tokens_per_s"].as_f64())
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("two `fixed hot cache` runs at load 64"),
+            "{e}"
+        );
+        // the same file twice, another scenario, another device: refused, naming the files
+        let e = Reports::load(&[a.clone(), a.clone()]).err().unwrap();
+        assert!(e.to_string().contains("given twice"), "{e}");
+        let c = report(
+            &d,
+            "c.json",
+            json!({"device": "H200", "scenario": scenario(256, 2048), "runs": []}),
+        );
+        let e = Reports::load(&[a.clone(), c]).err().unwrap();
+        assert!(e.to_string().contains("different scenarios"), "{e}");
+        let g = report(
+            &d,
+            "g.json",
+            json!({"device": "B200", "scenario": scenario(112, 4096), "runs": []}),
+        );
+        let e = Reports::load(&[a, g]).err().unwrap();
+        assert!(e.to_string().contains("different devices"), "{e}");
+    }
+}
