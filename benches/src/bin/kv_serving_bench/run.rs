@@ -9,7 +9,7 @@ use tierkit_sim::kv::selection::{SelectionGen, SelectionParams};
 use tierkit_sim::kv::trace::ArrivalTrace;
 
 use crate::device::{cu, elapsed_us, CopyWindows, Device, Res};
-use crate::scenario::{Report, RunReport, Scenario, StepRecord};
+use crate::scenario::{DeviceErrors, Report, RunReport, Scenario, StepRecord};
 use crate::store::{Pattern, Store};
 use crate::Args;
 
@@ -76,7 +76,7 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
         for (run_no, &load) in args.loads.iter().enumerate() {
             // Each run of a pool takes fresh session ids (a pool never reuses a finished one).
             let id_base = (run_no as u64) << 32;
-            let r = run_one(
+            let mut r = run_one(
                 args,
                 &mut dev,
                 &mut store,
@@ -86,6 +86,16 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
                 name,
                 max_history,
             )?;
+            if let Store::Pool(p) = &store {
+                let e = p.device().errors()?;
+                r.device_errors = Some(DeviceErrors {
+                    bad_session: e.bad_session,
+                    bad_position: e.bad_position,
+                    overflow: e.overflow,
+                    bad_qsl: e.bad_qsl,
+                    stale_plan: e.stale_plan,
+                });
+            }
             let s = &r.summary;
             println!(
                 "{name:>16} load {load:>6}: {:>7.0} tok/s, batch peak {:>3} median {:>3}, TTFT p90 {:>9.1} ms, step {:>7.2} ms, miss {:>7.1} MB/step, {} steps, {} rows checked, {:.1} s",
@@ -441,6 +451,7 @@ fn run_one(
         device_gib_used: dev_gib,
         rows_checked: checked,
         rows_mismatched: mismatched,
+        device_errors: None,
         stopped_by_wall_clock: stopped,
         wall_s: wall.elapsed().as_secs_f64(),
         summary,

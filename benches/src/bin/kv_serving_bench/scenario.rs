@@ -126,6 +126,22 @@ pub struct StepRecord {
     pub copy_stall_us: f32,
 }
 
+/// The KV kernels' device error counters (`cuda_kernels::KvErrors`, field for field), saved with
+/// the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceErrors {
+    /// Requests with a bad slot or `seq_len`.
+    pub bad_session: u32,
+    /// Picks out of their row's bounds.
+    pub bad_position: u32,
+    /// Distinct positions that found no evictable hot row.
+    pub overflow: u32,
+    /// Calls with a malformed `query_start_loc`.
+    pub bad_qsl: u32,
+    /// Plan entries whose destination row no longer holds the position.
+    pub stale_plan: u32,
+}
+
 /// One placement at one load.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
@@ -167,6 +183,9 @@ pub struct RunReport {
     pub rows_checked: u64,
     /// Rows that differed (must be 0; the run fails otherwise).
     pub rows_mismatched: u64,
+    /// The pool's device error counters after this run (cumulative over the placement's runs;
+    /// `cuda_kernels::KvErrors`); None for the fully resident placement (no pool kernels).
+    pub device_errors: Option<DeviceErrors>,
     /// Run stopped at the wall-clock limit (`--max-run-s`).
     pub stopped_by_wall_clock: bool,
     /// Host wall time of the run, s.
