@@ -42,9 +42,19 @@ impl Reports {
             }
             seen.push(canon);
             let mut v = read(path)?;
-            let device = v["device"].take();
-            let mut scenario = v["scenario"].take();
-            let max_batch = scenario["max_batch"].take();
+            let Some(obj) = v.as_object_mut() else {
+                return Err(format!(
+                    "{}: not a JSON object (a kv_serving_bench --out report?)",
+                    path.display()
+                )
+                .into());
+            };
+            let device = obj.remove("device").unwrap_or(Value::Null);
+            let mut scenario = obj.remove("scenario").unwrap_or(Value::Null);
+            let max_batch = scenario
+                .as_object_mut()
+                .and_then(|s| s.remove("max_batch"))
+                .unwrap_or(Value::Null);
             match &first {
                 None => first = Some((path.clone(), device, scenario)),
                 Some((p0, d0, s0)) => {
@@ -66,17 +76,20 @@ impl Reports {
                     }
                 }
             }
-            let Value::Array(rs) = v["runs"].take() else {
+            let Some(Value::Array(rs)) = obj.remove("runs") else {
                 return Err(format!(
                     "{}: no `runs` array (a kv_serving_bench --out report?)",
                     path.display()
                 )
                 .into());
             };
-            runs.extend(rs.into_iter().map(|mut r| {
-                r["scenario_max_batch"] = max_batch.clone();
-                r
-            }));
+            for (i, mut r) in rs.into_iter().enumerate() {
+                let Some(run) = r.as_object_mut() else {
+                    return Err(format!("{}: runs[{i}] is not an object", path.display()).into());
+                };
+                run.insert("scenario_max_batch".into(), max_batch.clone());
+                runs.push(r);
+            }
         }
         Ok(Reports {
             runs,
@@ -292,6 +305,28 @@ mod tests {
         );
         let e = Reports::load(&[a.clone(), c]).err().unwrap();
         assert!(e.to_string().contains("different scenarios"), "{e}");
+        for (name, bad, want) in [
+            ("arr.json", json!([]), "not a JSON object"),
+            ("num.json", json!(5), "not a JSON object"),
+            ("runs.json", json!({"runs": 3}), "no `runs` array"),
+            ("run.json", json!({"runs": [1]}), "runs[0] is not an object"),
+        ] {
+            let p = report(&d, name, bad);
+            let e = Reports::load(&[p]).err().unwrap();
+            assert!(e.to_string().contains(want), "{name}: {e}");
+        }
+        // odd field types are left out, not a panic
+        let odd = report(
+            &d,
+            "odd.json",
+            json!({"scenario": 7, "runs": [{"placement": 5, "load": "a"}]}),
+        );
+        let r = Reports::load(&[odd]).unwrap();
+        assert!(r
+            .series_by_load(&|r| r["load"].as_f64())
+            .unwrap()
+            .is_empty());
+        assert_eq!(r.steps_by_placement()[0].1.len(), 0);
         let g = report(
             &d,
             "g.json",
