@@ -189,13 +189,14 @@ fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         PathBuf::from(s)
     };
     let x = "log2 of the arrival speed-up (× trace rate)";
+    let tokens_title = format!(
+        "Decode tokens/s vs load ({}, measured)",
+        reports.device.as_deref().unwrap_or("GPU")
+    );
     let charts: [BenchChart; 3] = [
-        (
-            "-tokens.png",
-            "Decode tokens/s vs load (H200, measured)",
-            "decode tokens/s",
-            &|r| r["summary"]["tokens_per_s"].as_f64(),
-        ),
+        ("-tokens.png", &tokens_title, "decode tokens/s", &|r| {
+            r["summary"]["tokens_per_s"].as_f64()
+        }),
         (
             "-batch.png",
             "Median decode batch vs load",
@@ -234,7 +235,13 @@ fn placement_times_from(
 ) -> Result<(tierkit_sim::kv::serving::PlacementTimes, Option<f64>), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::{PlacementTimes, TimeModel};
     let reports = Reports::load(paths)?;
-    let by = reports.steps_by_placement();
+    let (by, skipped) = reports.steps_by_placement();
+    if skipped > 0 {
+        eprintln!(
+            "warning: {}: {skipped} step records left out of the fits (fields missing or out of range)",
+            reports.shown()
+        );
+    }
     let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
         let pts = by
             .iter()
@@ -254,10 +261,27 @@ fn placement_times_from(
     ))
 }
 
+/// `s` as one shell word: as is when it has only safe characters, else single-quoted.
+fn shell_word(s: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || "/._-+=:,@%".contains(c);
+    if !s.is_empty() && s.chars().all(safe) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
     let reports = Reports::load(&a.reports)?;
-    let by = reports.steps_by_placement();
+    let (by, skipped) = reports.steps_by_placement();
+    if skipped > 0 {
+        eprintln!(
+            "warning: {}: {skipped} step records left out (fields missing or out of range)",
+            reports.shown()
+        );
+    }
+    let mut fitted = 0;
     let pools: Steps = by
         .iter()
         .filter(|(n, _)| n != "fully resident")
@@ -268,15 +292,21 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
         pools,
     ))) {
         match TimeModel::fit_with_misses(pts) {
-            Ok(m) => println!(
-                "{name:>24}: {:>6} steps  --step-base-us {:.0} --step-per-request-us {:.1} --step-per-miss-us {:.3}",
-                pts.len(),
-                m.step_base_us,
-                m.step_per_request_us,
-                m.step_per_miss_us
-            ),
+            Ok(m) => {
+                fitted += 1;
+                println!(
+                    "{name:>24}: {:>6} steps  --step-base-us {:.0} --step-per-request-us {:.1} --step-per-miss-us {:.3}",
+                    pts.len(),
+                    m.step_base_us,
+                    m.step_per_request_us,
+                    m.step_per_miss_us
+                )
+            }
             Err(e) => println!("{name:>24}: {:>6} steps  no fit: {e}", pts.len()),
         }
+    }
+    if fitted == 0 {
+        return Err(format!("{}: no placement could be fitted", reports.shown()).into());
     }
     if let Some(g) = reports.admission_gbps() {
         println!("{:>24}: --admission-gbps {g:.1}", "fully resident copies");
@@ -285,7 +315,7 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
         "(kv simulate{} applies each placement's fit and the admission rate)",
         a.reports
             .iter()
-            .map(|p| format!(" --time-from {}", p.display()))
+            .map(|p| format!(" --time-from {}", shell_word(&p.display().to_string())))
             .collect::<String>()
     );
     Ok(())
@@ -344,26 +374,6 @@ fn positive(flag: &str, v: f64, zero_ok: bool) -> Result<(), String> {
     }
 }
 
-/// Fails early (before minutes of simulation) when an output file cannot be written: its
-/// directory must exist and the path must not be a directory.
-fn check_output(flag: &str, path: &std::path::Path) -> Result<(), String> {
-    if path.is_dir() {
-        return Err(format!("{flag} {}: is a directory", path.display()));
-    }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => std::path::Path::new("."),
-    };
-    if !dir.is_dir() {
-        return Err(format!(
-            "{flag} {}: directory {} does not exist",
-            path.display(),
-            dir.display()
-        ));
-    }
-    Ok(())
-}
-
 fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     positive("--budget-gib", a.budget_gib, false)?;
     positive("--step-base-us", a.step_base_us, false)?;
@@ -399,14 +409,26 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
             (Some(t), g)
         }
     };
-    for &load in &a.loads {
+    for (i, &load) in a.loads.iter().enumerate() {
         positive("--loads", load, false)?;
+        if a.loads[..i].contains(&load) {
+            return Err(format!("--loads: {load} given twice").into());
+        }
+    }
+    if let Some(c) = a.elastic_max_batch {
+        if c > a.max_batch {
+            return Err(format!(
+                "--elastic-max-batch {c} is above --max-batch {} (the cap can only lower it)",
+                a.max_batch
+            )
+            .into());
+        }
     }
     if let Some(p) = &a.json {
-        check_output("--json", p)?;
+        tierkit_sim::output::check_writable("--json", p)?;
     }
     if let Some(p) = &a.plot {
-        check_output("--plot", p)?;
+        tierkit_sim::output::check_writable("--plot", p)?;
     }
     SelectionParams::calibrated(a.top_k).validate()?;
     let hot_rows = match a.hot_rows {
@@ -427,6 +449,9 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err("--requests must be >= 1".into());
         }
         trace.truncate(n);
+    }
+    for &load in &a.loads {
+        trace.check_load(load)?;
     }
     let base = SimConfig {
         // Finite and > 0 (checked above); `as` saturates a huge budget, which the geometry rejects.
@@ -545,9 +570,9 @@ fn print_reports(reports: &[SimReport]) {
     for rep in reports {
         let [full, fixed, el] = [&rep.placements[0], &rep.placements[1], &rep.placements[2]];
         println!(
-            "load {}: elastic admits {:.2}× the fully resident peak ({} vs {}); misses/step elastic {:.0} vs fixed {:.0} ({})",
+            "load {}: elastic admits {}× the fully resident peak ({} vs {}); misses/step elastic {:.0} vs fixed {:.0} ({})",
             rep.config.load,
-            el.peak_sessions as f64 / full.peak_sessions.max(1) as f64,
+            ratio(el.peak_sessions as f64, full.peak_sessions as f64),
             el.peak_sessions,
             full.peak_sessions,
             el.misses_per_step,
@@ -561,15 +586,25 @@ fn print_reports(reports: &[SimReport]) {
             || c.elastic_max_batch.is_some()
         {
             println!(
-                "load {}: decode tokens/s resident {:.0}, fixed {:.0}, elastic {:.0} (elastic ÷ resident {:.2}, ÷ fixed {:.2})",
+                "load {}: decode tokens/s resident {:.0}, fixed {:.0}, elastic {:.0} (elastic ÷ resident {}, ÷ fixed {})",
                 rep.config.load,
                 full.tokens_per_s,
                 fixed.tokens_per_s,
                 el.tokens_per_s,
-                el.tokens_per_s / full.tokens_per_s.max(f64::MIN_POSITIVE),
-                el.tokens_per_s / fixed.tokens_per_s.max(f64::MIN_POSITIVE)
+                ratio(el.tokens_per_s, full.tokens_per_s),
+                ratio(el.tokens_per_s, fixed.tokens_per_s)
             );
         }
+    }
+}
+
+/// `a ÷ b` to two decimals, `n/a` when `b` is not positive or the ratio is not a number to print.
+fn ratio(a: f64, b: f64) -> String {
+    let r = a / b;
+    if b > 0.0 && r.is_finite() && r < 1e6 {
+        format!("{r:.2}")
+    } else {
+        "n/a".to_string()
     }
 }
 
@@ -583,13 +618,14 @@ fn write_plots(
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    (
-                        p.name().to_string(),
-                        reports
+                    (p.name().to_string(), {
+                        let mut pts: Vec<(f64, f64)> = reports
                             .iter()
                             .map(|r| (r.config.load, f(&r.placements[i])))
-                            .collect(),
-                    )
+                            .collect();
+                        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                        pts
+                    })
                 })
                 .collect()
         };

@@ -44,6 +44,9 @@ fn register_font() {
     });
 }
 
+/// Largest magnitude a chart accepts on either axis (far beyond any tokens/s, bytes or share).
+const MAX_PLOTTED: f64 = 1e15;
+
 /// Series of at most this many points get a marker on every point (a benchmark's few loads);
 /// longer ones (per-step curves) are lines only.
 const MARKED_POINTS: usize = 24;
@@ -87,29 +90,46 @@ pub fn draw(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
         return Err(format!("{}: nothing to plot", path.display()).into());
     }
     std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    draw_png(path, spec)
-        .map_err(|e| format!("{}: cannot draw the chart: {e}", path.display()).into())
+    draw_png(path, spec).map_err(|e| {
+        // no half-written PNG left behind
+        let _ = std::fs::remove_file(path);
+        format!("{}: cannot draw the chart: {e}", path.display()).into()
+    })
 }
 
 fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Error>> {
     let points = spec.series.iter().flat_map(|s| s.1.iter());
-    let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
+    let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
+    let (mut y0, mut y1) = (0.0f64, 0.0f64);
     for &(x, y) in points {
         if x.is_finite() && y.is_finite() {
             x0 = x0.min(x);
             x1 = x1.max(x);
+            y0 = y0.min(y);
             y1 = y1.max(y);
         }
     }
     if !x0.is_finite() {
         return Err(format!("{}: nothing to plot", path.display()).into());
     }
+    // plotters spins on ranges whose ticks overflow: refuse values no chart of ours can mean.
+    if [x0, x1, y0, y1].iter().any(|v| v.abs() > MAX_PLOTTED) {
+        return Err(format!(
+            "{}: values beyond ±{MAX_PLOTTED:e} cannot be plotted (x {x0}..{x1}, y {y0}..{y1})",
+            path.display()
+        )
+        .into());
+    }
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    let (ylo, yhi) = spec
-        .y_range
-        .unwrap_or((0.0, if y1 > 0.0 { y1 * 1.08 } else { 1.0 }));
+    let (ylo, yhi) = spec.y_range.unwrap_or(if y1 > y0 {
+        // y from 0 (or the lowest negative value), 8% of headroom
+        let pad = (y1 - y0) * 0.08;
+        (if y0 < 0.0 { y0 - pad } else { 0.0 }, y1 + pad)
+    } else {
+        (0.0, 1.0)
+    });
     let root = BitMapBackend::new(path, spec.size).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -227,5 +247,18 @@ mod tests {
             }
         )
         .is_err());
+        // a value too large to plot is an error, not a hang, and leaves no file
+        let huge = dir.join("huge.png");
+        let s: Vec<Series> = vec![("a".into(), vec![(0.0, 1.7e308), (1.0, 1.0)])];
+        let e = line_chart(&huge, "t", "x", "y", &s)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot be plotted"), "{e}");
+        assert!(!huge.exists());
+        // negative values get an axis that shows them
+        let neg = dir.join("neg.png");
+        let s: Vec<Series> = vec![("a".into(), vec![(0.0, -3.0), (1.0, -1.0)])];
+        line_chart(&neg, "t", "x", "y", &s).unwrap();
+        assert!(std::fs::metadata(&neg).unwrap().len() > 0);
     }
 }

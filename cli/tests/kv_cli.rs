@@ -527,3 +527,36 @@ fn several_reports_pool_their_steps_per_placement() {
         "/nonexistent.json",
     );
 }
+
+#[test]
+fn simulate_refuses_caps_and_loads_it_cannot_honour() {
+    let short = |extra: &[&str], want: &str| {
+        let mut args = vec!["kv", "simulate", "--requests", "20", "--steps", "5"];
+        args.extend_from_slice(extra);
+        fails_with(&args, want);
+    };
+    short(
+        &["--max-batch", "10", "--elastic-max-batch", "11"],
+        "--elastic-max-batch 11 is above --max-batch 10",
+    );
+    short(&["--loads", "1,2,1"], "--loads: 1 given twice");
+    short(&["--loads", "1e-18"], "would come after 1e15 ms");
+}
+
+#[test]
+fn fit_time_fails_when_nothing_could_be_fitted() {
+    // every step's batch has the wrong type: nothing fits; the run says so and fails
+    let path = temp("fit-time-nothing.json");
+    std::fs::write(
+        &path,
+        r#"{"runs": [{"placement": "elastic", "steps": [
+            {"batch": "2", "misses": 1, "step_us": 10.0},
+            {"batch": "3", "misses": 1, "step_us": 12.0}]}]}"#,
+    )
+    .unwrap();
+    let out = tierkit(&["kv", "fit-time", path.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("2 step records left out"), "{err}");
+    assert!(err.contains("no placement could be fitted"), "{err}");
+}

@@ -22,4 +22,5 @@
 
 pub mod experts;
 pub mod kv;
+pub mod output;
 pub mod table;

@@ -15,6 +15,8 @@ pub type Steps = Vec<(u32, u64, f64)>;
 
 /// The runs of one or more reports, in the order given.
 pub struct Reports {
+    /// The reports' `device` (all agree), when it is a string.
+    pub device: Option<String>,
     /// Every report's `runs[]`, each annotated with `"scenario_max_batch"`: its own report's
     /// scenario batch limit (to tell a run capped below it).
     pub runs: Vec<Value>,
@@ -30,6 +32,7 @@ impl Reports {
         let mut runs = Vec::new();
         let mut first: Option<(PathBuf, Value, Value)> = None;
         let mut seen: Vec<PathBuf> = Vec::new();
+        let mut digests: Vec<(u64, u64)> = Vec::new();
         for path in paths {
             let canon =
                 std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -41,7 +44,16 @@ impl Reports {
                 .into());
             }
             seen.push(canon);
-            let mut v = read(path)?;
+            let (mut v, digest) = read(path)?;
+            if let Some(j) = digests.iter().position(|&d| d == digest) {
+                return Err(format!(
+                    "{} has the same contents as {} (its steps would count double)",
+                    path.display(),
+                    paths[j].display()
+                )
+                .into());
+            }
+            digests.push(digest);
             let Some(obj) = v.as_object_mut() else {
                 return Err(format!(
                     "{}: not a JSON object (a kv_serving_bench --out report?)",
@@ -91,7 +103,11 @@ impl Reports {
                 runs.push(r);
             }
         }
+        let device = first
+            .as_ref()
+            .and_then(|(_, d, _)| d.as_str().map(str::to_string));
         Ok(Reports {
+            device,
             runs,
             paths: paths.to_vec(),
         })
@@ -102,25 +118,37 @@ impl Reports {
         shown(&self.paths)
     }
 
-    /// The measured steps per placement name, in report order (several reports pooled).
-    pub fn steps_by_placement(&self) -> Vec<(String, Steps)> {
+    /// The measured steps per placement name, in report order (several reports pooled), and
+    /// how many step records were left out: not an object, or a `batch` that is not a whole
+    /// number below 2³², `misses` not a whole number, `step_us` not finite and ≥ 0.
+    pub fn steps_by_placement(&self) -> (Vec<(String, Steps)>, usize) {
         let mut by: Vec<(String, Steps)> = Vec::new();
+        let mut skipped = 0usize;
         for r in &self.runs {
             let name = r["placement"].as_str().unwrap_or("?").to_string();
             let steps = r["steps"].as_array().map(|s| s.as_slice()).unwrap_or(&[]);
-            let pts = steps.iter().filter_map(|s| {
-                Some((
-                    s["batch"].as_u64()? as u32,
-                    s["misses"].as_u64()?,
-                    s["step_us"].as_f64()?,
-                ))
-            });
+            let mut pts: Steps = Vec::with_capacity(steps.len());
+            for s in steps {
+                let step = (|| {
+                    Some((
+                        u32::try_from(s["batch"].as_u64()?).ok()?,
+                        s["misses"].as_u64()?,
+                        s["step_us"]
+                            .as_f64()
+                            .filter(|t| t.is_finite() && *t >= 0.0)?,
+                    ))
+                })();
+                match step {
+                    Some(p) => pts.push(p),
+                    None => skipped += 1,
+                }
+            }
             match by.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, v)) => v.extend(pts),
-                None => by.push((name, pts.collect())),
+                None => by.push((name, pts)),
             }
         }
-        by
+        (by, skipped)
     }
 
     /// The fully resident placement's admission copy rate (its runs' admission bytes over their
@@ -193,19 +221,37 @@ pub fn shown(paths: &[PathBuf]) -> String {
         .join(" + ")
 }
 
-/// One report as JSON (bounded read: a regular file of at most 1 GiB).
-fn read(path: &Path) -> Result<Value, Error> {
+/// Largest report read: a parsed report takes ~20× its size in memory; the H200 runs of 1,500
+/// steps × 3 placements are under 1 MiB.
+const MAX_REPORT_BYTES: u64 = 64 << 20;
+
+/// One report as JSON (bounded read: a regular file of at most [`MAX_REPORT_BYTES`]).
+/// Also returns the file's length and a hash of its bytes, to tell a copy of a report given
+/// under another name.
+fn read(path: &Path) -> Result<(Value, (u64, u64)), Error> {
     let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() || meta.len() > 1 << 30 {
-        return Err(format!("{}: not a regular file of at most 1 GiB", path.display()).into());
+    if !meta.is_file() || meta.len() > MAX_REPORT_BYTES {
+        return Err(format!(
+            "{}: not a regular file of at most {} MiB",
+            path.display(),
+            MAX_REPORT_BYTES >> 20
+        )
+        .into());
     }
-    serde_json::from_slice(&std::fs::read(path)?).map_err(|e| {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let digest = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        bytes.hash(&mut h);
+        (bytes.len() as u64, h.finish())
+    };
+    let v = serde_json::from_slice(&bytes).map_err(|e| {
         format!(
             "{}: not a kv_serving_bench JSON report: {e}",
             path.display()
         )
-        .into()
-    })
+    })?;
+    Ok((v, digest))
 }
 
 #[cfg(test)]
@@ -265,7 +311,8 @@ mod tests {
             ]
         );
         // the steps pool per placement
-        let by = r.steps_by_placement();
+        let (by, skipped) = r.steps_by_placement();
+        assert_eq!(skipped, 0);
         assert_eq!(by[0].0, "elastic");
         assert_eq!(by[0].1.len(), 2);
     }
@@ -298,6 +345,10 @@ mod tests {
         // the same file twice, another scenario, another device: refused, naming the files
         let e = Reports::load(&[a.clone(), a.clone()]).err().unwrap();
         assert!(e.to_string().contains("given twice"), "{e}");
+        let copy = d.join("copy-of-a.json");
+        std::fs::copy(&a, &copy).unwrap();
+        let e = Reports::load(&[a.clone(), copy]).err().unwrap();
+        assert!(e.to_string().contains("same contents"), "{e}");
         let c = report(
             &d,
             "c.json",
@@ -326,7 +377,22 @@ mod tests {
             .series_by_load(&|r| r["load"].as_f64())
             .unwrap()
             .is_empty());
-        assert_eq!(r.steps_by_placement()[0].1.len(), 0);
+        assert_eq!(r.steps_by_placement().0[0].1.len(), 0);
+        // steps with fields of the wrong type or range are counted as left out
+        let bad = report(
+            &d,
+            "steps.json",
+            json!({"runs": [{"placement": "elastic", "steps": [
+                {"batch": 2, "misses": 1, "step_us": 10.0},
+                {"batch": "2", "misses": 1, "step_us": 10.0},
+                {"batch": 4294967298u64, "misses": 1, "step_us": 10.0},
+                {"batch": 2, "misses": null, "step_us": 10.0},
+                {"batch": 2, "misses": 1, "step_us": -1.0},
+                7
+            ]}]}),
+        );
+        let (by, skipped) = Reports::load(&[bad]).unwrap().steps_by_placement();
+        assert_eq!((by[0].1.len(), skipped), (1, 5));
         let g = report(
             &d,
             "g.json",

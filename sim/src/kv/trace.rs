@@ -193,6 +193,30 @@ impl ArrivalTrace {
         self.requests.truncate(n);
     }
 
+    /// Whether [`ArrivalTrace::speed_up`] by `load` keeps every arrival time meaningful: finite
+    /// and > 0, and the last arrival, scaled, at most 1e15 ms (a load so small that it overflows
+    /// the millisecond clock would saturate every time silently).
+    ///
+    /// # Errors
+    /// A one-line message naming `--loads` and the value.
+    pub fn check_load(&self, load: f64) -> Result<(), String> {
+        if !(load.is_finite() && load > 0.0) {
+            return Err(format!("--loads {load}: must be finite and > 0"));
+        }
+        let last_ms = self
+            .requests
+            .iter()
+            .map(|q| q.arrival_ms)
+            .max()
+            .unwrap_or(0) as f64;
+        if last_ms / load > 1e15 {
+            return Err(format!(
+                "--loads {load:e}: the trace's last arrival ({last_ms} ms) would come after 1e15 ms"
+            ));
+        }
+        Ok(())
+    }
+
     /// Divides every arrival time by `factor` (> 1 = more load; finite and > 0, as
     /// [`crate::kv::serving::SimConfig::validate`] checks: a NaN factor would put every arrival at 0).
     pub fn speed_up(&mut self, factor: f64) {

@@ -80,6 +80,9 @@ const DEFAULT_TRACE: &str = "../shared/data/kv/mooncake/conversation_trace.jsonl
 pub struct Args {
     /// Arrival trace (JSONL: `timestamp` ms, `input_length`, `output_length`).
     pub trace: PathBuf,
+    /// `--trace` was given: a missing file is then an error, not a SKIP (which only the default
+    /// path, outside the repository, may give).
+    pub trace_given: bool,
     /// Short mode: 4 loads, 400 steps and 12 s per run unless given.
     pub short: bool,
     /// Arrival speed-ups over the trace.
@@ -121,6 +124,7 @@ fn usage() -> &'static str {
 fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut a = Args {
         trace: PathBuf::from(DEFAULT_TRACE),
+        trace_given: false,
         short: false,
         loads: vec![0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0],
         max_steps: 3000,
@@ -152,7 +156,10 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--short" => a.short = true,
-            "--trace" => a.trace = it.next().ok_or("--trace needs a path")?.into(),
+            "--trace" => {
+                a.trace = it.next().ok_or("--trace needs a path")?.into();
+                a.trace_given = true;
+            }
             "--out" => a.out = Some(it.next().ok_or("--out needs a path")?.into()),
             "--export" => a.export = Some(it.next().ok_or("--export needs a path")?.into()),
             "--loads" => {
@@ -161,17 +168,22 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     .split(',')
                     .map(|x| num(Some(x.to_string()), "--loads"))
                     .collect::<Result<_, _>>()?;
+                for (i, l) in a.loads.iter().enumerate() {
+                    if a.loads[..i].contains(l) {
+                        return Err(format!("--loads: {l} given twice"));
+                    }
+                }
                 loads_set = true;
             }
             "--steps" => {
-                a.max_steps = num(it.next(), "--steps")? as u64;
+                a.max_steps = count(it.next(), "--steps")? as u64;
                 steps_set = true;
             }
             "--max-run-s" => {
                 a.max_run_s = num(it.next(), "--max-run-s")?;
                 wall_set = true;
             }
-            "--requests" => a.requests = Some(num(it.next(), "--requests")? as usize),
+            "--requests" => a.requests = Some(count(it.next(), "--requests")? as usize),
             "--map-after-fill" => {
                 a.ordered_maps = match it.next().as_deref() {
                     Some("ordered") => true,
@@ -179,13 +191,16 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                     v => return Err(format!("--map-after-fill: ordered or deferred, not {v:?}")),
                 }
             }
-            "--check-every" => a.check_every = num(it.next(), "--check-every")? as u64,
+            "--check-every" => a.check_every = count(it.next(), "--check-every")? as u64,
             "--placements" => {
                 let v = it.next().ok_or("--placements needs a list")?;
                 a.placements = v.split(',').map(str::to_string).collect();
-                for p in &a.placements {
+                for (i, p) in a.placements.iter().enumerate() {
                     if !["resident", "fixed", "elastic"].contains(&p.as_str()) {
                         return Err(format!("unknown placement {p}"));
+                    }
+                    if a.placements[..i].contains(p) {
+                        return Err(format!("--placements: {p} given twice"));
                     }
                 }
             }
@@ -197,7 +212,7 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 let b = (num(it.next(), "--weights-gib")? * (1u64 << 30) as f64) as u64;
                 a.scenario.weights_bytes = b / 16 * 16;
             }
-            "--group-layers" => a.scenario.group_layers = num(it.next(), "--group-layers")? as u32,
+            "--group-layers" => a.scenario.group_layers = count(it.next(), "--group-layers")?,
             "--max-batch" => a.scenario.max_batch = count(it.next(), "--max-batch")?,
             "--elastic-max-batch" => {
                 a.elastic_max_batch = Some(count(it.next(), "--elastic-max-batch")?)
@@ -341,6 +356,10 @@ fn tokens_per_s_over(steps: &[StepRecord], n: usize) -> f64 {
 }
 
 fn main() {
+    if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
+        println!("{}", usage());
+        return;
+    }
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(a) => a,
         Err(e) => {
@@ -348,6 +367,19 @@ fn main() {
             std::process::exit(2);
         }
     };
+    if let Some(out) = &args.out {
+        if let Err(e) = tierkit_sim::output::check_writable("--out", out) {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    }
+    if args.trace_given && !args.trace.is_file() {
+        eprintln!(
+            "error: --trace {}: not a regular file",
+            args.trace.display()
+        );
+        std::process::exit(2);
+    }
     if !args.trace.is_file() {
         println!(
             "SKIP: no trace at {} (pass --trace PATH; the Mooncake conversation trace is in ../shared/data/kv/mooncake/)",
@@ -365,7 +397,21 @@ fn main() {
     if let Some(n) = args.requests {
         trace.truncate(n);
     }
+    if let Some(e) = args.loads.iter().find_map(|&l| trace.check_load(l).err()) {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     if let Some(path) = &args.export {
+        let same = std::fs::canonicalize(path)
+            .ok()
+            .is_some_and(|p| std::fs::canonicalize(&args.trace).ok() == Some(p));
+        if same {
+            eprintln!(
+                "error: --export {} is the --trace file; write the arrivals elsewhere",
+                path.display()
+            );
+            std::process::exit(2);
+        }
         if let Err(e) = export(&trace, path) {
             eprintln!("error: writing {}: {e}", path.display());
             std::process::exit(1);
@@ -436,6 +482,8 @@ mod tests {
         assert!(!a.ordered_maps, "deferred mapping by default");
         assert!(parse("--map-after-fill ordered").unwrap().ordered_maps);
         assert!(!parse("--map-after-fill deferred").unwrap().ordered_maps);
+        assert!(!parse("--short").unwrap().trace_given);
+        assert!(parse("--trace x.jsonl").unwrap().trace_given);
         let a = parse("--max-batch 128 --elastic-max-batch 96").unwrap();
         assert_eq!((a.scenario.max_batch, a.elastic_max_batch), (128, Some(96)));
         assert_eq!(parse("--short").unwrap().elastic_max_batch, None);
@@ -452,6 +500,15 @@ mod tests {
             "--max-batch 1.5",
             "--max-batch",
             "--frobnicate",
+            // whole-number flags take whole numbers (0.5 used to truncate to 0)
+            "--steps 0.5",
+            "--requests 0.5",
+            "--check-every 0.5",
+            "--group-layers 0.5",
+            "--group-layers 1e10",
+            // a list naming one item twice
+            "--placements resident,resident",
+            "--loads 4,4",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
