@@ -235,13 +235,7 @@ fn placement_times_from(
 ) -> Result<(tierkit_sim::kv::serving::PlacementTimes, Option<f64>), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::{PlacementTimes, TimeModel};
     let reports = Reports::load(paths)?;
-    let (by, skipped) = reports.steps_by_placement();
-    if skipped > 0 {
-        eprintln!(
-            "warning: {}: {skipped} step records left out of the fits (fields missing or out of range)",
-            reports.shown()
-        );
-    }
+    let by = reports.steps_by_placement_warned();
     let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
         let pts = by
             .iter()
@@ -253,9 +247,9 @@ fn placement_times_from(
     };
     Ok((
         PlacementTimes {
-            resident: fit("fully resident")?,
-            fixed: fit("fixed hot cache")?,
-            elastic: fit("elastic")?,
+            resident: fit(Placement::FullyResident.name())?,
+            fixed: fit(Placement::FixedHotCache.name())?,
+            elastic: fit(Placement::Elastic.name())?,
         },
         reports.admission_gbps(),
     ))
@@ -274,17 +268,11 @@ fn shell_word(s: &str) -> String {
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
     let reports = Reports::load(&a.reports)?;
-    let (by, skipped) = reports.steps_by_placement();
-    if skipped > 0 {
-        eprintln!(
-            "warning: {}: {skipped} step records left out (fields missing or out of range)",
-            reports.shown()
-        );
-    }
+    let by = reports.steps_by_placement_warned();
     let mut fitted = 0;
     let pools: Steps = by
         .iter()
-        .filter(|(n, _)| n != "fully resident")
+        .filter(|(n, _)| n != Placement::FullyResident.name())
         .flat_map(|(_, v)| v.iter().copied())
         .collect();
     for (name, pts) in by.iter().chain(std::iter::once(&(
@@ -386,11 +374,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         [] => (None, None),
         p => {
             let (t, g) = placement_times_from(p)?;
-            for (name, m) in [
-                ("fully resident", t.resident),
-                ("fixed hot cache", t.fixed),
-                ("elastic", t.elastic),
-            ] {
+            for (name, m) in Placement::ALL.map(|p| (p.name(), t.get(p))) {
                 println!(
                     "step time of {name} (fitted to {}): {:.0} µs + {:.1} µs × batch + {:.3} µs × miss",
                     report::shown(p),
@@ -415,14 +399,13 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
             return Err(format!("--loads: {load} given twice").into());
         }
     }
-    if let Some(c) = a.elastic_max_batch {
-        if c > a.max_batch {
-            return Err(format!(
-                "--elastic-max-batch {c} is above --max-batch {} (the cap can only lower it)",
-                a.max_batch
-            )
-            .into());
-        }
+    // SimConfig::validate refuses it too; here it is named by its flags.
+    if let Some(c) = a.elastic_max_batch.filter(|&c| c > a.max_batch) {
+        return Err(format!(
+            "--elastic-max-batch {c} is above --max-batch {} (the cap can only lower it)",
+            a.max_batch
+        )
+        .into());
     }
     if let Some(p) = &a.json {
         tierkit_sim::output::check_writable("--json", p)?;

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{fails_with, tierkit};
+use common::{fails_with, ok_stdout, tierkit};
 
 fn temp(name: &str) -> PathBuf {
     common::temp("kv-cli-tests", name)
@@ -415,24 +415,14 @@ fn plot_bench_draws_three_charts_of_a_benchmark_report() {
     let path = temp("plot-bench.json");
     std::fs::write(&path, format!(r#"{{"runs": [{}]}}"#, runs.join(","))).unwrap();
     let prefix = temp("plot-bench");
-    let out = tierkit(&[
+    ok_stdout(&[
         "kv",
         "plot-bench",
         path.to_str().unwrap(),
         "--out",
         prefix.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for suffix in ["-tokens.png", "-batch.png", "-misses.png"] {
-        let mut p = prefix.as_os_str().to_owned();
-        p.push(suffix);
-        let bytes = std::fs::read(&p).unwrap();
-        assert!(bytes.starts_with(b"\x89PNG"), "{suffix} is a PNG");
-    }
+    assert_pngs(&prefix, false);
     let empty = temp("plot-bench-empty.json");
     std::fs::write(&empty, r#"{"runs": [{"placement": "elastic"}]}"#).unwrap();
     fails_with(
@@ -452,9 +442,7 @@ fn the_shipped_h200_serving_report_gives_the_documented_fits() {
     // docs/kv-serving-h200.json: the kv_serving_bench --short report the docs' fitted
     // simulations use (docs/kv.md, "Each placement's own step model").
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/kv-serving-h200.json");
-    let out = tierkit(&["kv", "fit-time", path]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = ok_stdout(&["kv", "fit-time", path]);
     for want in [
         "--step-base-us 10688 --step-per-request-us 69.3",
         "--step-base-us 11641 --step-per-request-us 38.3 --step-per-miss-us 1.105",
@@ -475,16 +463,12 @@ fn several_reports_pool_their_steps_per_placement() {
         format!("{dir}kv-serving-h200.json"),
         format!("{dir}kv-serving-h200-cap112-load64.json"),
     );
-    let out = tierkit(&["kv", "fit-time", &b]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = ok_stdout(&["kv", "fit-time", &b]);
     assert!(
         text.contains("elastic:   1000 steps  --step-base-us 13103"),
         "{text}"
     );
-    let out = tierkit(&["kv", "fit-time", &a, &b]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
+    let text = ok_stdout(&["kv", "fit-time", &a, &b]);
     for want in [
         "fully resident:   2569 steps  --step-base-us 11000 --step-per-request-us 65.7",
         "--step-base-us 11563 --step-per-request-us 36.5 --step-per-miss-us 1.129",
@@ -508,19 +492,8 @@ fn several_reports_pool_their_steps_per_placement() {
     let mut args = vec!["kv", "plot-bench"];
     args.extend(loads.iter().map(String::as_str));
     args.extend(["--out", prefix.to_str().unwrap()]);
-    let out = tierkit(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for suffix in ["-tokens.png", "-batch.png", "-misses.png"] {
-        let mut p = prefix.clone().into_os_string();
-        p.push(suffix);
-        let bytes = std::fs::read(&p).unwrap();
-        assert_eq!(&bytes[1..4], b"PNG");
-        std::fs::remove_file(&p).unwrap();
-    }
+    ok_stdout(&args);
+    assert_pngs(&prefix, true);
     // A missing second report fails, naming it.
     fails_with(
         &["kv", "fit-time", &a, "/nonexistent.json"],
@@ -559,4 +532,18 @@ fn fit_time_fails_when_nothing_could_be_fitted() {
     assert!(!out.status.success());
     assert!(err.contains("2 step records left out"), "{err}");
     assert!(err.contains("no placement could be fitted"), "{err}");
+}
+
+/// The three charts of `kv plot-bench --out PREFIX` exist and are PNG files (removed after the
+/// check when `remove`).
+fn assert_pngs(prefix: &std::path::Path, remove: bool) {
+    for suffix in ["-tokens.png", "-batch.png", "-misses.png"] {
+        let mut p = prefix.as_os_str().to_owned();
+        p.push(suffix);
+        let bytes = std::fs::read(&p).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "{suffix} is a PNG");
+        if remove {
+            std::fs::remove_file(&p).unwrap();
+        }
+    }
 }

@@ -301,10 +301,38 @@ fn nvrtc_defines(v: Option<&str>) -> Vec<String> {
                 "tierkit: TIERKIT_NVRTC_DEFINES is set ({}): kernel ablation switches are on, \
                  results may be wrong on purpose",
                 out.join(" ")
-            )
+            );
+            let unread = unread_switches(&out, crate::kv::KV_MODULE.code);
+            if !unread.is_empty() {
+                eprintln!(
+                    "tierkit: no kernel reads {} (misspelt, or a switch that was removed): \
+                     those runs time the unmodified kernel",
+                    unread.join(" ")
+                );
+            }
         });
     }
     out
+}
+
+/// The switch names of `defines` (`-DNAME` or `-DNAME=VALUE`) that `src` never mentions.
+fn unread_switches<'a>(defines: &'a [String], src: &str) -> Vec<&'a str> {
+    defines
+        .iter()
+        .map(|d| {
+            let d = d.trim_start_matches("-D");
+            d.split_once('=').map_or(d, |(n, _)| n)
+        })
+        .filter(|n| {
+            // a whole-word mention: not a prefix of a longer name (NOTRIP of NOTRIP3)
+            !src.match_indices(n).any(|(i, _)| {
+                src[i + n.len()..]
+                    .bytes()
+                    .next()
+                    .is_none_or(|b| !(b.is_ascii_alphanumeric() || b == b'_'))
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -316,5 +344,16 @@ mod defines_tests {
             vec!["-DKV_ABL_A".to_string(), "-DKV_ABL_B=1".into()]
         );
         assert!(super::nvrtc_defines(None).is_empty());
+    }
+
+    #[test]
+    fn switches_no_kernel_reads_are_named() {
+        let d = super::nvrtc_defines(Some(
+            "KV_ABL_NOTICKET KV_ABL_NOSTAMP KV_ABL_NOTRIP KV_ABL_NOPOS=1",
+        ));
+        assert_eq!(
+            super::unread_switches(&d, crate::kv::KV_MODULE.code),
+            vec!["KV_ABL_NOSTAMP", "KV_ABL_NOTRIP"]
+        );
     }
 }

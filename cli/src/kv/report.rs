@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use tierkit_sim::kv::serving::Placement;
+
 use crate::plot;
 
 type Error = Box<dyn std::error::Error>;
@@ -26,28 +28,17 @@ pub struct Reports {
 impl Reports {
     /// Reads `paths` (each a regular file of at most 1 GiB with a `runs` array). Several reports
     /// must name the same `device` and the same `scenario` apart from its `max_batch` (runs of
-    /// one workload on one GPU; their steps then pool per placement), and no file may be given
-    /// twice (its steps would count double).
+    /// one workload on one GPU; their steps then pool per placement), and no report may be given
+    /// twice, under its name or another (same contents: its steps would count double).
     pub fn load(paths: &[PathBuf]) -> Result<Self, Error> {
         let mut runs = Vec::new();
         let mut first: Option<(PathBuf, Value, Value)> = None;
-        let mut seen: Vec<PathBuf> = Vec::new();
         let mut digests: Vec<(u64, u64)> = Vec::new();
         for path in paths {
-            let canon =
-                std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            if seen.contains(&canon) {
-                return Err(format!(
-                    "{}: given twice (its steps would count double)",
-                    path.display()
-                )
-                .into());
-            }
-            seen.push(canon);
             let (mut v, digest) = read(path)?;
             if let Some(j) = digests.iter().position(|&d| d == digest) {
                 return Err(format!(
-                    "{} has the same contents as {} (its steps would count double)",
+                    "{}: given twice (the same contents as {}; its steps would count double)",
                     path.display(),
                     paths[j].display()
                 )
@@ -151,6 +142,18 @@ impl Reports {
         (by, skipped)
     }
 
+    /// [`Reports::steps_by_placement`], with a warning on stderr when step records were left out.
+    pub fn steps_by_placement_warned(&self) -> Vec<(String, Steps)> {
+        let (by, skipped) = self.steps_by_placement();
+        if skipped > 0 {
+            eprintln!(
+                "warning: {}: {skipped} step records left out (fields missing or out of range)",
+                self.shown()
+            );
+        }
+        by
+    }
+
     /// The fully resident placement's admission copy rate (its runs' admission bytes over their
     /// copy time), GB/s; None without such runs.
     pub fn admission_gbps(&self) -> Option<f64> {
@@ -158,7 +161,7 @@ impl Reports {
         for r in self
             .runs
             .iter()
-            .filter(|r| r["placement"] == "fully resident")
+            .filter(|r| r["placement"] == Placement::FullyResident.name())
         {
             bytes += r["admission_bytes"].as_f64().unwrap_or(0.0);
             ms += r["admission_copy_ms"].as_f64().unwrap_or(0.0);

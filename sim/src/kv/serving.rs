@@ -190,6 +190,17 @@ pub struct PlacementTimes {
     pub elastic: TimeModel,
 }
 
+impl PlacementTimes {
+    /// `placement`'s model.
+    pub fn get(&self, placement: Placement) -> TimeModel {
+        match placement {
+            Placement::FullyResident => self.resident,
+            Placement::FixedHotCache => self.fixed,
+            Placement::Elastic => self.elastic,
+        }
+    }
+}
+
 /// Simulation parameters. [`SimConfig::default`] is the documented scenario of `docs/kv.md`.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SimConfig {
@@ -205,8 +216,8 @@ pub struct SimConfig {
     pub page_rows: u32,
     /// Most requests decoded together (engine's max batch).
     pub max_batch: u32,
-    /// Most requests the elastic placement decodes together (None: `max_batch`; at most
-    /// `max_batch`). A lower cap leaves HBM to lend: fewer sessions, each missing less.
+    /// Most requests the elastic placement decodes together (None: `max_batch`; above
+    /// `max_batch` is an invalid config). A lower cap leaves HBM to lend: fewer sessions, each missing less.
     #[serde(default)]
     pub elastic_max_batch: Option<u32>,
     /// Most pages handed back / lent per step between steps.
@@ -282,6 +293,12 @@ impl SimConfig {
                 "max_batch and elastic_max_batch must be >= 1 (no request could ever run)".into(),
             );
         }
+        if let Some(c) = self.elastic_max_batch.filter(|&c| c > self.max_batch) {
+            return bad(format!(
+                "elastic_max_batch {c} is above max_batch {} (the cap can only lower it)",
+                self.max_batch
+            ));
+        }
         if self.chunk_pages == 0 {
             return bad("chunk_pages must be >= 1".into());
         }
@@ -309,12 +326,7 @@ impl SimConfig {
 
     /// The step-time model `placement` runs with (`placement_time`'s, else `time`).
     pub fn time_for(&self, placement: Placement) -> TimeModel {
-        match (self.placement_time, placement) {
-            (Some(t), Placement::FullyResident) => t.resident,
-            (Some(t), Placement::FixedHotCache) => t.fixed,
-            (Some(t), Placement::Elastic) => t.elastic,
-            (None, _) => self.time,
-        }
+        self.placement_time.map_or(self.time, |t| t.get(placement))
     }
 }
 
@@ -490,7 +502,7 @@ pub fn simulate_placement(
         }
     };
     let cap = match (placement, cfg.elastic_max_batch) {
-        (Placement::Elastic, Some(c)) => c.min(cfg.max_batch),
+        (Placement::Elastic, Some(c)) => c,
         _ => cfg.max_batch,
     };
     let mut sched = Scheduler::new(trace, cfg.load, cap)?;
@@ -1049,6 +1061,14 @@ mod tests {
             }
             .validate(),
             Err(KvError::InvalidConfig(_))
+        ));
+        assert!(matches!(
+            SimConfig {
+                elastic_max_batch: Some(base.max_batch + 1),
+                ..base
+            }
+            .validate(),
+            Err(KvError::InvalidConfig(m)) if m.contains("is above max_batch")
         ));
     }
 
