@@ -388,6 +388,10 @@ pub struct ReplayArgs {
     /// With --json: every step's bytes and stall too (the per-window series are always there).
     #[arg(long)]
     bytes_per_step: bool,
+    /// Experiment (not a runtime mode): the controller rows count only run starts (an expert
+    /// picked at step t and not at t − 1), each as N picks, instead of every pick.
+    #[arg(long, value_name = "N")]
+    count_run_starts: Option<u32>,
     /// Print the full report as JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -416,6 +420,9 @@ struct ReplayOutput {
     seed_map: String,
     boot: Boot,
     link: LinkModel,
+    /// `--count-run-starts` (an experiment): the controller rows were fed run starts × N.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    count_run_starts: Option<u32>,
     summary: Vec<ScoreRow>,
     runs: Vec<Run>,
 }
@@ -563,6 +570,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         verify_bytes: a.verify_bytes,
         link,
         per_step_bytes: a.bytes_per_step,
+        count_run_starts: a.count_run_starts,
         ..ReplayOptions::default()
     };
     let boot = match a.boot {
@@ -607,6 +615,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         seed_map: seed_note,
         boot,
         link: opts.link.clone(),
+        count_run_starts: opts.count_run_starts,
         summary: scoreboard::summarize(&runs),
         runs,
     };
@@ -648,6 +657,11 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         g.expert_bytes,
         out.link.name
     );
+    if let Some(n) = out.count_run_starts {
+        println!(
+            "experiment: the controller rows count only run starts (an expert picked at step t and not at t − 1), each as {n} picks"
+        );
+    }
     println!();
     println!("{}", scoreboard::render(&out.summary));
     println!("\n{}", scoreboard::legend(&opts, &trace));

@@ -275,6 +275,21 @@ fn replay_bytes_link_and_boot_flags() {
         &["experts", "replay", "--hide-us=-1"],
         "hide_us must be finite and ≥ 0",
     );
+
+    // The run-start experiment feeds the controller rows other counts; static rows are unchanged.
+    let rs = replay_json(&["--policy", "static,adaptive", "--count-run-starts", "2"]);
+    assert_eq!(stall(&rs, 0), stall(&plain, 0));
+    let picks = replay_json(&["--policy", "static,adaptive"]);
+    assert_eq!(rs["count_run_starts"], 2);
+    assert!(picks.get("count_run_starts").is_none());
+    assert_ne!(
+        rs["summary"][1]["swaps_applied"],
+        picks["summary"][1]["swaps_applied"]
+    );
+    fails_with(
+        &["experts", "replay", "--count-run-starts", "0"],
+        "count_run_starts must be ≥ 1",
+    );
 }
 
 #[test]

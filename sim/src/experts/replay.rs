@@ -3,7 +3,8 @@
 
 use expert_residency::{
     fit_seed_map, Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry,
-    MemoryExecutor, NullExecutor, PickCounters, ResidencyMap, Result, SwapExecutor, SwapStats,
+    MemoryExecutor, NullExecutor, PickCounters, ResidencyMap, Result, StepPicks, SwapExecutor,
+    SwapStats,
 };
 
 use crate::experts::bound::LowerBound;
@@ -156,6 +157,15 @@ pub struct ReplayOptions {
     /// there).
     #[serde(default)]
     pub per_step_bytes: bool,
+    /// An experiment, not a runtime mode: feed the controller only **run starts** (an expert
+    /// picked in a layer at step `t` and not at `t − 1`), each counted as this many picks, instead
+    /// of every pick. With strong token-to-token reuse a touch count adds each run's geometric
+    /// length to the popularity signal; counting starts ranks with less noise when every expert's
+    /// runs are alike, and misranks when they are not (`docs/experts.md`, "Done-when bounds").
+    /// Once per step and layer whatever the batch; `None` (default): every pick, as the engine
+    /// counts. ≥ 1 when given.
+    #[serde(default)]
+    pub count_run_starts: Option<u32>,
 }
 
 impl ReplayOptions {
@@ -181,6 +191,9 @@ impl ReplayOptions {
                 return bad(format!("step_time_s must be finite and > 0, got {t}"));
             }
         }
+        if self.count_run_starts == Some(0) {
+            return bad("count_run_starts must be ≥ 1 when given".into());
+        }
         if let Some(b) = self.verify_bytes {
             if b == 0 || b > MemoryExecutor::MAX_BYTES {
                 return bad(format!(
@@ -204,6 +217,7 @@ impl Default for ReplayOptions {
             verify_bytes: None,
             link: LinkModel::default(),
             per_step_bytes: false,
+            count_run_starts: None,
         }
     }
 }
@@ -365,6 +379,45 @@ pub fn replay(
 }
 
 /// `(cold lookups, distinct cold pairs)` of a step under `map`.
+/// [`ReplayOptions::count_run_starts`]: the step each `(layer, expert)` was last picked.
+struct RunStarts {
+    experts: usize,
+    weight: u32,
+    /// Step index + 1 of the last pick per `(layer, expert)` cell (0: never).
+    last: Vec<u64>,
+    step: u64,
+}
+
+impl RunStarts {
+    fn new(geometry: &Geometry, weight: u32) -> Self {
+        let experts = geometry.experts_per_layer as usize;
+        RunStarts {
+            experts,
+            weight,
+            last: vec![0; geometry.layers as usize * experts],
+            step: 0,
+        }
+    }
+
+    /// Records `weight` picks for each expert whose run starts at this step (once per layer).
+    fn record(&mut self, counters: &PickCounters, s: &StepPicks) -> Result<()> {
+        self.step += 1;
+        let now = self.step;
+        for (l, picks) in s.layers.iter().enumerate() {
+            for &e in picks {
+                let cell = &mut self.last[l * self.experts + e as usize];
+                let before = std::mem::replace(cell, now);
+                if before == 0 || before + 1 < now {
+                    for _ in 0..self.weight {
+                        counters.record(l as u32, e)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 fn cold_under(map: &ResidencyMap, layers: &[Vec<u32>], uniq: &mut UniqueCold) -> (u64, u64) {
     let rows = map.layers();
     uniq.count(layers, |l, e| rows[l].table()[e] < 0)
@@ -554,10 +607,14 @@ pub fn replay_with(
             let mut null = NullExecutor::new();
             let mut ctl = Controller::new(map, c.clone())?;
             let counters = PickCounters::new(geometry)?;
+            let mut starts = opts.count_run_starts.map(|w| RunStarts::new(geometry, w));
             for s in &trace.steps {
                 let (cold, unique) = cold_under(ctl.map(), &s.layers, &mut uniq);
                 cold_per_step.push(cold);
-                counters.record_step(s)?;
+                match starts.as_mut() {
+                    Some(r) => r.record(&counters, s)?,
+                    None => counters.record_step(s)?,
+                }
                 let exec: &mut dyn SwapExecutor = match mem.as_mut() {
                     Some(m) => m,
                     None => &mut null,
@@ -656,4 +713,37 @@ pub fn replay_with(
         bytes,
         telemetry,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_starts_count_each_run_once_per_layer() {
+        let g = Geometry::new(2, 4, 2, 1000).unwrap();
+        let counters = PickCounters::new(&g).unwrap();
+        let mut r = RunStarts::new(&g, 3);
+        // Layer 0: expert 0 runs over steps 1-2 and starts again at 4; expert 1 at step 3 (picked
+        // by two tokens: one start). Layer 1: expert 2 every step (one run), expert 3 at 1 and 3.
+        let steps: [[&[u32]; 2]; 4] = [
+            [&[0], &[2, 3]],
+            [&[0], &[2]],
+            [&[1, 1], &[2, 3]],
+            [&[0], &[2]],
+        ];
+        for s in steps {
+            let s = StepPicks {
+                layers: s.iter().map(|l| l.to_vec()).collect(),
+            };
+            r.record(&counters, &s).unwrap();
+        }
+        // Cells are layer-major: [layer 0: e0 e1 e2 e3, layer 1: e0 e1 e2 e3] × weight 3.
+        assert_eq!(counters.snapshot(), vec![6, 3, 0, 0, 0, 0, 3, 6]);
+        let bad = ReplayOptions {
+            count_run_starts: Some(0),
+            ..ReplayOptions::default()
+        };
+        assert!(bad.validate().is_err());
+    }
 }
