@@ -1006,10 +1006,8 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
     __shared__ unsigned int sh_rowstart[KV_FAST_MAX_ROWS + 1];
-    if (threadIdx.x == 0) sh_call = t.call[0] + 1ull;
     if (threadIdx.x < KV_STATS) sh_count[threadIdx.x] = 0u;
     __syncthreads();
-    const unsigned long long call = sh_call;
     const unsigned int r = blockIdx.x;
 
     if (!kv_qsl_ok(qsl, sessions, rows)) {
@@ -1028,12 +1026,17 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
             ok = s.live != 0u && limit >= 1 && (unsigned int)limit <= s.committed + s.scratch_len;
         }
         if (ok) {
+            // The slot's call counter (thread 0; published by the barrier below). Only this block
+            // writes it during the call: a repeated slot is refused for every entry naming it.
+            if (threadIdx.x == 0) sh_call = t.call[sl] + 1ull;
             // A slot named by another request of this call is refused for every request naming it:
             // two blocks must never update one slot's hot cache (uniform: `ok` is block-wide).
             bool dup = false;
             for (unsigned int i = threadIdx.x; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
             ok = !__syncthreads_or(dup);
         }
+        const unsigned long long call = ok ? sh_call : 0ull;
+        if (ok && threadIdx.x == 0) t.call[sl] = call;  // published by the kernel's end
         if (!ok) {
             kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
         } else if (FAST && (row1 - row0) <= KV_FAST_MAX_ROWS &&
@@ -1049,17 +1052,6 @@ __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
         }
     }
     if (blockIdx.x == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len, plan_count, sessions, pc_len);
-    // The last block to finish advances the call counter (all blocks have read it by then).
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        const unsigned long long done = atomicAdd(&t.call[1], 1ull);
-        if (done == (unsigned long long)gridDim.x - 1ull) {
-            t.call[0] = call;
-            t.call[1] = 0ull;
-            __threadfence();
-        }
-    }
 }
 
 extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve(KV_RESOLVE_PARAMS) {
@@ -1074,16 +1066,17 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 // The lean engine (`tierkit_kv_resolve_lean`): the fast engine's decisions (and its steps C-G,
 // kv_fast_place) with the chain of dependent global round trips and barriers cut short; see
 // DESIGN.md, "Lean resolve engine":
-// 1. every load that depends on no other load is issued at once (call counter, the query_start_loc
-//    check, the entry's qsl words, slot and seq_len, the repeated-slot scan); as soon as those arrive,
-//    before any barrier, the slot's descriptor and fixed pages, the entry's picks and per-query
+// 1. every load that depends on no other load is issued at once (the query_start_loc check, the
+//    entry's qsl words, slot and seq_len, the repeated-slot scan); as soon as those arrive, before
+//    any barrier, the slot's descriptor, call counter and fixed pages, the entry's picks and per-query
 //    bounds; then per pick the page-table and position-table entries (both addresses depend only
 //    on the slot and the pick). These are reads of tables no other block writes during the call,
 //    bounds-checked on the entry's own words; the call is validated after them.
 // 2. one barrier validates the call (query_start_loc, repeated slot); a second pair only when it failed;
 //    before it, every warp previews its picks' classes into shared partials (kv_lean_preview), and
 //    a quiet entry (no miss, in place, no flagged warp) finishes from them with no further barrier;
-// 3. thread 0 alone reads the call counter and takes the block's ticket as soon as that read is done;
+// 3. the call counter is the slot's own (thread 0 reads it in trip 2 and stores it + 1 once the entry
+//    is accepted): no block waits for another, and there is no call-wide ticket;
 // 4. steps C-G run only when some pick of the entry missed (one __syncthreads_or), the direct path
 //    (s.full) does no hot-cache bookkeeping at all;
 // 5. in-place rows count their valid entries with per-row shared counters (no block scan).
@@ -1406,28 +1399,6 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     if (entry)
         for (unsigned int i = tid; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
 #endif
-    // The call counter is read by thread 0 alone (shared with the block at the validating barrier),
-    // which takes the block's ticket as soon as its read has completed (the fence orders the read
-    // before the add): the ticket's round trip overlaps trips 2 and 3 instead of following the barrier.
-    unsigned int ticket = 0;  // below gridDim.x
-    if (tid == 0) {
-#if defined(KV_ABL_NOTICKET)
-        sh_call = 1ull;  // ablation only: no call counter (wrong stamps on hot-cache steps)
-        ticket = 0xffffffffu;
-#elif defined(KV_ABL_ACQUIRE)
-        unsigned long long c0;
-        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(c0) : "l"(t.call) : "memory");
-        sh_call = c0 + 1ull;
-        ticket = (unsigned int)atomicAdd(&t.call[1], 1ull);
-#else
-        const unsigned long long c = t.call[0] + 1ull;
-        sh_call = c;
-#ifndef KV_ABL_NOFENCE
-        __threadfence();
-#endif
-        ticket = (unsigned int)atomicAdd(&t.call[1], 1ull);
-#endif
-    }
     // Round trip 2: the slot's descriptor and fixed pages, the entry's picks and query bounds (addresses
     // checked against the tables' extents here; validity is decided after the barrier).
     const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
@@ -1436,6 +1407,12 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     if (slot_in) {
         s = t.desc[sl];
         hand = t.hand[sl];  // the CLOCK hand before the call (used only when something missed)
+        // The slot's call counter, read by thread 0 and published by the validating barrier. Only
+        // this block writes it during the call (a repeated slot is refused for every entry naming
+        // it, before anything is written), so no other block's read can race with the write.
+        if (tid == 0) sh_call = t.call[sl] + 1ull;
+    } else if (tid == 0) {
+        sh_call = 0ull;  // no slot: the entry is refused and the value unused
     }
     int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
     bool fp_slow = false;  // a fixed row of this thread's pages could be negative
@@ -1508,6 +1485,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         const bool ok = slot_in && !dup_any && s.live != 0u && limit >= 1 &&
                         (unsigned int)limit <= s.committed + s.scratch_len;
         KvCopy* const plan = plan_all + (unsigned long long)r * d.hot_rows;
+        // The slot's call number advances with each accepted entry (the kernel's end publishes it
+        // to the next launch and to a prefetch that follows this resolve on the stream).
+        if (ok && tid == 0) t.call[sl] = call;
         if (!ok) {
             kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
         } else if (lean && layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part)) {
@@ -1524,14 +1504,6 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         }
     }
     if (r == sessions) kv_fill_pad(indices, valid_count, rows, k, idx_len, valid_len, plan_count, sessions, pc_len);
-    // The last block to take a ticket advances the call counter (every block read it before its
-    // ticket); the kernel's end publishes the writes to the next launch (no fence needed here).
-    // The ticket stays in thread 0's register (other threads hold 0): a shared flag here was read
-    // speculatively by every thread (a benign race, but racecheck reports it).
-    if (tid == 0 && ticket == gridDim.x - 1u) {
-        t.call[0] = call;
-        t.call[1] = 0ull;
-    }
 }
 
 // ResolveEngine::Lean: 1024 threads (64 registers per thread at most).
@@ -1569,7 +1541,7 @@ extern "C" __global__ void tierkit_kv_replay(KvDims d, KvTables t, const KvCopy*
 }
 
 // Candidate-pool prefetch (side stream). Block b: session slot slots[b], candidates
-// cand[b * stride .. + cand_count[b]]; pins with the current call (no increment), hits first, then
+// cand[b * stride .. + cand_count[b]]; pins with the slot's current call (no increment), hits first, then
 // misses in first-appearance order while victims last; copies into layers [l0, l0 + nl).
 extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
     KvDims d, KvTables t, const int* __restrict__ slots, const int* __restrict__ cand,
@@ -1578,7 +1550,6 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
     __shared__ unsigned int warp_sums[32];
     __shared__ unsigned int sh_taken;
     __shared__ int sh_last;
-    const unsigned long long call = t.call[0];
     const int sl = slots[blockIdx.x];
     KvCopy* plan = plan_all + (unsigned long long)blockIdx.x * d.hot_rows;
     if (sl < 0 || (unsigned int)sl >= d.max_slots || t.desc[sl].live == 0u) {
@@ -1590,6 +1561,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_prefetch(
     }
     const unsigned int slot = (unsigned int)sl;
     const KvSlotDesc s = t.desc[slot];
+    const unsigned long long call = t.call[slot];  // the slot's last resolve (no increment)
     const int* c = cand + (unsigned long long)blockIdx.x * stride;
     const unsigned int n = min(cand_count[blockIdx.x], stride);
     const int limit = (int)s.committed;

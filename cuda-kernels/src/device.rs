@@ -349,7 +349,7 @@ mod defines_tests {
     #[test]
     fn switches_no_kernel_reads_are_named() {
         let d = super::nvrtc_defines(Some(
-            "KV_ABL_NOTICKET KV_ABL_NOSTAMP KV_ABL_NOTRIP KV_ABL_NOPOS=1",
+            "KV_ABL_NOCOUNT KV_ABL_NOSTAMP KV_ABL_NOTRIP KV_ABL_NOPOS=1",
         ));
         assert_eq!(
             super::unread_switches(&d, crate::kv::KV_MODULE.code),

@@ -399,7 +399,9 @@ pub struct KvTables {
     pub hand: u64,
     /// `i32 [max_slots][max_history]`: dedup claims (first appearance), [`KV_UNCLAIMED`] at rest.
     pub first: u64,
-    /// `u64 [2]`: call counter.
+    /// `u64 [max_slots]`: per-slot call counters (the number of the slot's last accepted resolve;
+    /// a resolve entry uses `call[slot] + 1` and stores it, a prefetch uses `call[slot]`). Start
+    /// them at 1 so that zeroed hot-row stamps are never the current call's.
     pub call: u64,
     /// `u8 [layers][arena_rows][row_bytes]`: the arena.
     pub arena: u64,

@@ -26,8 +26,6 @@ pub(crate) struct Control {
     pub(crate) config: PoolConfig,
     pub(crate) pages: ArenaPages,
     pub(crate) sessions: BTreeMap<SessionId, SessionState>,
-    /// Resolve / prefetch call counter (hot-cache pins); starts at 1.
-    pub(crate) call: u64,
     pub(crate) grow_cursor: SessionId,
     pub(crate) counters: PoolCounters,
 }

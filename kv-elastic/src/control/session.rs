@@ -20,4 +20,9 @@ pub(crate) struct SessionState {
     pub(crate) pages: PageMap,
     /// The hot cache (CLOCK).
     pub(crate) hot: HotCache,
+    /// The session's resolve / prefetch call number (hot-cache pins): starts at 1, advanced by
+    /// each resolve that names the session; a prefetch pins with the current one. Per session, as
+    /// the GPU kernels' per-slot counters (`cuda-kernels/DESIGN.md`, "Call counters"): pins are
+    /// compared only within one session's hot cache.
+    pub(crate) call: u64,
 }

@@ -50,8 +50,8 @@ fn sync(stream: &CudaStream) -> Result<()> {
 }
 
 impl GpuArena {
-    /// Allocates every table (hot caches empty, no slot live, call counter 1 as in the CPU
-    /// reference), the arena (`layers × arena_rows × row_bytes` bytes, zeroed) and the mapped
+    /// Allocates every table (hot caches empty, no slot live, every slot's call counter 1, the
+    /// CPU reference's first value), the arena (`layers × arena_rows × row_bytes` bytes, zeroed) and the mapped
     /// pinned host store (`max_slots × max_history × layers × row_bytes` bytes), then loads the
     /// kernels.
     ///
@@ -123,7 +123,8 @@ impl GpuArena {
             stamp: DeviceBuffer::zeroed(ctx, hot)?,
             hand: DeviceBuffer::zeroed(ctx, slots)?,
             first: DeviceBuffer::from_host(ctx, &vec![KV_UNCLAIMED; hist])?,
-            call: DeviceBuffer::from_host(ctx, &[1u64, 0])?,
+            // Per-slot call counters at 1: a zeroed stamp is never this call's (calls start at 2).
+            call: DeviceBuffer::from_host(ctx, &vec![1u64; slots])?,
             arena,
             host: PinnedBuffer::zeroed(ctx, host_bytes)?,
             err: DeviceBuffer::zeroed(ctx, KV_ERR_WORDS)?,

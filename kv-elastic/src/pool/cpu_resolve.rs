@@ -63,8 +63,11 @@ impl Resolver for ElasticPool {
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved> {
         let hot_needed = self.validate_resolve(input, opts, out)?;
-        self.ctl.call += 1;
-        let call = self.ctl.call;
+        // Every session named by the call starts its next call number (direct ones too: a prefetch
+        // after this resolve pins with it).
+        for s in input.sessions {
+            self.ctl.sessions.get_mut(s).expect("validated").call += 1;
+        }
         let mut stats = ResolveStats::default();
         let mut copies = Vec::new();
         let g = self.ctl.geometry;
@@ -81,6 +84,7 @@ impl Resolver for ElasticPool {
                 continue;
             }
             let r = self.ctl.sessions.get_mut(&s).expect("validated");
+            let call = r.call;
             let mut misses = Vec::new();
             for &p in need {
                 match r.hot.lookup(p) {
@@ -184,7 +188,7 @@ impl Resolver for ElasticPool {
         self.validate_prefetch(session, candidates, layer)?;
         let r = self.session(session)?;
         let g = self.ctl.geometry;
-        let call = self.ctl.call;
+        let call = r.call;
         let tail_start = r.committed.saturating_sub(g.tail_rows);
         let mut copies = Vec::new();
         let r = self.ctl.sessions.get_mut(&session).expect("live");

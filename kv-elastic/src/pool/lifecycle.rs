@@ -98,6 +98,7 @@ impl<D: DataPlane> ElasticPool<D> {
             fixed_pages,
             pages,
             hot: HotCache::new(self.ctl.geometry.hot_rows, n),
+            call: 1,
         };
         self.ctl.sessions.insert(session, req);
         self.write_tail(session, 0, n);

@@ -164,7 +164,6 @@ impl<D: DataPlane> ElasticPool<D> {
                 config,
                 pages,
                 sessions: BTreeMap::new(),
-                call: 1,
                 grow_cursor: 0,
                 counters: PoolCounters::default(),
             },

@@ -18,6 +18,9 @@ pub(crate) struct DeferredMaps<S> {
     /// Entries per slot (a slot with any is served without the direct path).
     per_slot: HashMap<u32, u32>,
     len: usize,
+    /// [`DeferredMaps::try_take_ready`]'s per-batch answers, kept so that a publish with maps
+    /// waiting allocates nothing once warm.
+    done: Vec<bool>,
 }
 
 impl<S> Default for DeferredMaps<S> {
@@ -26,6 +29,7 @@ impl<S> Default for DeferredMaps<S> {
             batches: Vec::new(),
             per_slot: HashMap::new(),
             len: 0,
+            done: Vec::new(),
         }
     }
 }
@@ -112,7 +116,10 @@ impl<S> DeferredMaps<S> {
         &mut self,
         query: impl Fn(&S) -> Result<bool, E>,
     ) -> Result<Vec<(u32, u32, u32)>, E> {
-        let mut done = Vec::with_capacity(self.batches.len());
+        // Every batch is asked before anything is taken (an error takes nothing); the answers go
+        // to a kept buffer (lost only on that error path).
+        let mut done = std::mem::take(&mut self.done);
+        done.clear();
         for (fill, maps) in &self.batches {
             done.push(!maps.is_empty() && query(fill)?);
         }
@@ -135,6 +142,7 @@ impl<S> DeferredMaps<S> {
             false
         });
         self.len -= out.len();
+        self.done = done;
         Ok(out)
     }
 }
