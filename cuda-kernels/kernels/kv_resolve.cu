@@ -29,6 +29,20 @@ struct KvDims {
     unsigned int max_history, max_pages, arena_rows, pad0;
 };
 
+// A divisor with its round-up multiplier and shift (cuda-kernels/src/kv/fastdiv.rs computes them
+// per launch; CUTLASS's FastDivmod): x / d == umulhi(x, mul) >> shr for 0 <= x < 2^31, and
+// mul == 0 means d == 1. Two instructions where a division by a runtime value takes ~12.
+struct KvDiv {
+    unsigned int d, mul, shr, pad;
+};
+struct KvDivs {
+    KvDiv page, tail, k;  // page_rows, tail_rows, the call's top-k width
+};
+__device__ __forceinline__ unsigned int kv_quo(const KvDiv& v, unsigned int x) {
+    return v.mul ? __umulhi(x, v.mul) >> v.shr : x;
+}
+__device__ __forceinline__ unsigned int kv_rem(const KvDiv& v, unsigned int x) { return x - kv_quo(v, x) * v.d; }
+
 struct KvSlotDesc {
     unsigned int live, committed, scratch_len, full;
     unsigned int tail_start, pad0, pad1, pad2;
@@ -91,6 +105,12 @@ __device__ __forceinline__ unsigned long long kv_host_off(const KvDims& d, unsig
 // fixed-page table, in global or shared memory).
 __device__ __forceinline__ int kv_fixed_row_at(const KvDims& d, const int* fp, unsigned int local) {
     return fp[local / d.page_rows] * (int)d.page_rows + (int)(local % d.page_rows);
+}
+
+// kv_fixed_row_at with page_rows as a KvDiv (the lean engine's path).
+__device__ __forceinline__ int kv_fixed_row_fd(const KvDiv& pr, const int* fp, unsigned int local) {
+    const unsigned int j = kv_quo(pr, local);
+    return fp[j] * (int)pr.d + (int)(local - j * pr.d);
 }
 
 __device__ __forceinline__ const int* kv_slot_fixed(const KvDims& d, const KvTables& t, unsigned int slot) {
@@ -994,10 +1014,10 @@ __device__ void kv_entry_classic(const KvDims& d, const KvTables& t, int sl, con
         unsigned int rows, unsigned int k, unsigned int layer, unsigned int fetch, int* __restrict__ indices,  \
         int* __restrict__ valid_count, KvCopy* __restrict__ plan_all, unsigned int* __restrict__ plan_count,   \
         unsigned int* __restrict__ stats, unsigned int layout, const int* __restrict__ qseq,                   \
-        unsigned long long idx_len, unsigned long long valid_len, unsigned long long pc_len
+        unsigned long long idx_len, unsigned long long valid_len, unsigned long long pc_len, KvDivs dv
 #define KV_RESOLVE_ARGS                                                                                        \
     d, t, topk, qsl, seq_lens, session_slot, sessions, rows, k, layer, fetch, indices, valid_count, plan_all,  \
-        plan_count, stats, layout, qseq, idx_len, valid_len, pc_len
+        plan_count, stats, layout, qseq, idx_len, valid_len, pc_len, dv
 
 template <bool FAST>
 __device__ __forceinline__ void kv_resolve_body(KV_RESOLVE_PARAMS) {
@@ -1109,7 +1129,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 // partials. Valid outputs are counted by class: a tail, scratch or hot row is a fixed row
 // (non-negative when no lane is slow, which the fixed-page loader checks), a page row is v itself.
 // All lanes call it.
-__device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvSlotDesc& s, int limit,
+__device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvDivs& dv, const KvSlotDesc& s, int limit,
                                                  const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
                                                  const int (&pg)[KV_FAST_PER], const int (&hs)[KV_FAST_PER],
                                                  unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
@@ -1134,11 +1154,11 @@ __device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvSlotDe
             slow |= q - s.committed >= d.scratch_rows;
         } else if (q >= s.tail_start) {
             c |= KV_PICK_TAIL << (3u * i);
-            v[i] = (int)(d.hot_rows + q % d.tail_rows);
+            v[i] = (int)(d.hot_rows + kv_rem(dv.tail, q));
             w0 += 1u + (1u << 8);
         } else if (pg[i] >= 0) {
             c |= KV_PICK_PAGE << (3u * i);
-            v[i] = pg[i] * (int)d.page_rows + (int)(q % d.page_rows);
+            v[i] = pg[i] * (int)d.page_rows + (int)kv_rem(dv.page, q);
             w0 += (1u << 24) + (v[i] >= 0 ? 1u : 0u);
         } else if (hs[i] >= 0) {
             c |= KV_PICK_HOT << (3u * i);
@@ -1154,7 +1174,7 @@ __device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvSlotDe
     }
     *cls = c;
     const unsigned int a = (threadIdx.x & ~31u) * per, b = min(a + 32u * per, F);
-    slow |= a < b && a / k != (b - 1u) / k;
+    slow |= a < b && kv_quo(dv.k, a) != kv_quo(dv.k, b - 1u);
     w1 += slow ? 1u << 24 : 0u;
     w0 = kv_warp_sum(w0);
     w1 = kv_warp_sum(w1);
@@ -1210,7 +1230,7 @@ __device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[KV_FAST_PER
 // the stats row from the preview's partials, no block barrier. Warp w sums rows w, w + nw, ...; the
 // last warp writes the stats row and the bad positions.
 __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned int* part, unsigned int per,
-                                               unsigned int F, unsigned int R, unsigned int k, unsigned int row0,
+                                               unsigned int F, unsigned int R, const KvDiv& k, unsigned int row0,
                                                bool full, int* __restrict__ valid_count,
                                                unsigned int* __restrict__ plan_count_r,
                                                unsigned int* __restrict__ st) {
@@ -1219,7 +1239,7 @@ __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned
     const bool has = lane < nw && lane * wp < F;
     for (unsigned int row = warp; row < R; row += nw) {
         const unsigned int v =
-            kv_warp_sum(has && (lane * wp) / k == row ? part[lane * KV_LEAN_PARTS] & 0xffu : 0u);
+            kv_warp_sum(has && kv_quo(k, lane * wp) == row ? part[lane * KV_LEAN_PARTS] & 0xffu : 0u);
         if (lane == 0u) valid_count[row0 + row] = (int)v;
     }
     if (warp == nw - 1u) {
@@ -1252,7 +1272,7 @@ __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned
 // Steps A + B of a lean entry (tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim))
 // from the classes kv_lean_classify gave the speculative reads: the thread's outputs (-1 where
 // none, KV_OUT_PENDING for misses) and counters; touches hot hits and claims misses unless `full`.
-__device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvTables& t, unsigned int slot, bool full,
+__device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvDiv& pr, const KvTables& t, unsigned int slot, bool full,
                                               unsigned int cls, const int (&v)[KV_FAST_PER], unsigned int f0,
                                               unsigned long long call, const int* fp, int (&out)[KV_FAST_PER],
                                               unsigned int* c_tail, unsigned int* c_scr, unsigned int* c_page,
@@ -1266,17 +1286,17 @@ __device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvTables& t
         if (c == KV_PICK_BAD) {
             *bad += 1u;
         } else if (c == KV_PICK_SCRATCH) {
-            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
             *c_scr += 1u;
         } else if (c == KV_PICK_TAIL) {
-            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
             *c_tail += 1u;
         } else if (c == KV_PICK_PAGE) {
             out[i] = v[i];
             *c_page += 1u;
         } else if (c == KV_PICK_HOT) {
             if (!full) kv_touch(t, hb + v[i], call);
-            out[i] = kv_fixed_row_at(d, fp, (unsigned int)v[i]);
+            out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
             *c_hot += 1u;
         } else if (c == KV_PICK_MISS) {
             out[i] = KV_OUT_PENDING;
@@ -1288,7 +1308,7 @@ __device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvTables& t
 
 // A quiet lean entry (the preview saw no miss and no flagged warp; in-place layout): steps A + B,
 // one store per thread, the counts from the preview's partials; no barrier.
-__device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvTables& t, unsigned int slot,
+__device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
                                                     bool full, unsigned int cls, const int (&v)[KV_FAST_PER],
                                                     unsigned int f0, unsigned int fe, unsigned int per,
                                                     unsigned int F, unsigned int R, unsigned int row0,
@@ -1300,14 +1320,14 @@ __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvTab
     int out[KV_FAST_PER];
     unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
     bool miss = false;
-    kv_lean_picks(d, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
+    kv_lean_picks(d, dv.page, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
     kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
 #ifndef KV_ABL_NOCOUNT
-    kv_lean_counts(t, part, per, F, R, k, row0, full, valid_count, plan_count_r, stats_r);
+    kv_lean_counts(t, part, per, F, R, dv.k, row0, full, valid_count, plan_count_r, stats_r);
 #endif
 }
 
-__device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t, unsigned int slot,
+__device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
                                               const KvSlotDesc& s, unsigned int cls, const int (&v)[KV_FAST_PER],
                                               unsigned int f0, unsigned int fe,
                                               unsigned int per, unsigned int F, unsigned int R, unsigned int row0,
@@ -1322,7 +1342,7 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
     int out[KV_FAST_PER];
     unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
     bool miss = false;
-    kv_lean_picks(d, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
+    kv_lean_picks(d, dv.page, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
     if (!full && __syncthreads_or(miss))
@@ -1340,16 +1360,16 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvTables& t
             if (f0 + i < fe) base[f0 + i] = out[i];
         // The warp's picks f in [w0, w1): one row -> one warp sum, else per-pick adds (warp-uniform test).
         const unsigned int w0 = (threadIdx.x & ~31u) * per, w1 = min(w0 + 32u * per, F);
-        if (w0 < w1 && w0 / k == (w1 - 1u) / k) {
+        if (w0 < w1 && kv_quo(dv.k, w0) == kv_quo(dv.k, w1 - 1u)) {
             unsigned int v = 0;
 #pragma unroll
             for (unsigned int i = 0; i < KV_FAST_PER; ++i) v += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
             v = kv_warp_sum(v);
-            if ((threadIdx.x & 31u) == 0u && v) atomicAdd(&sh_rows[w0 / k], v);
+            if ((threadIdx.x & 31u) == 0u && v) atomicAdd(&sh_rows[kv_quo(dv.k, w0)], v);
         } else {
 #pragma unroll
             for (unsigned int i = 0; i < KV_FAST_PER; ++i)
-                if (f0 + i < fe && out[i] >= 0) atomicAdd(&sh_rows[(f0 + i) / k], 1u);
+                if (f0 + i < fe && out[i] >= 0) atomicAdd(&sh_rows[kv_quo(dv.k, f0 + i)], 1u);
         }
     }
     kv_add_counts_warp(sh_count, c_tail, c_scr, c_page, c_hot, bad);
@@ -1380,12 +1400,8 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
 #endif
     if (tid < KV_STATS) sh_count[tid] = 0u;
     if (tid <= KV_FAST_MAX_ROWS) sh_rows[tid] = 0u;
-    // Round trip 1: loads that depend on no other load.
-    bool bad_qsl = false;
-#ifndef KV_ABL_NODUP
-    for (unsigned int i = tid; i < sessions; i += blockDim.x) bad_qsl |= qsl[i + 1] < qsl[i];
-    if (tid == 0) bad_qsl |= qsl[0] < 0 || (unsigned int)qsl[sessions] > rows;
-#endif
+    // Round trip 1: loads that depend on no other load, all issued before any is used: the entry's
+    // words, its picks (speculatively, below), and the call-wide checks' words.
     const bool entry = r < sessions;
     int q0 = 0, q1 = 0, sl = -1, limit = 0;
     if (entry) {
@@ -1394,14 +1410,65 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         sl = session_slot[r];
         limit = seq_lens[r];
     }
-    bool dup = false;
+    // Speculatively: in a uniform batch (rows = m x sessions: decode, m = 1, or a speculative step
+    // with m query rows per entry) entry r's picks start at row r x m. They are loaded with the
+    // words above and kept when query_start_loc confirms that layout; otherwise they are loaded
+    // again from the entry's own rows below (the picks of a misguessed row are never used). Row
+    // r x m + m <= rows: in bounds of topk.
+    const unsigned int m = rows == sessions ? 1u : (sessions != 0u && rows % sessions == 0u) ? rows / sessions : 0u;
+    // The lean kernels' blocks are 512 or 1024 threads: ceil(x / blockDim) is a shift.
+    const unsigned int lb = 31u - (unsigned int)__clz((int)blockDim.x);
+    const bool guess = entry && m >= 1u && m <= KV_FAST_MAX_ROWS &&
+                       (unsigned long long)m * k <= (unsigned long long)KV_FAST_PER * blockDim.x;
+    int p[KV_FAST_PER];
+    {
+        const unsigned int gF = guess ? m * k : 0u;
+        const unsigned int gper = min((unsigned int)KV_FAST_PER, (gF + blockDim.x - 1u) >> lb);
+        const unsigned int g0 = tid * gper, ge = min(g0 + gper, gF);
+        kv_load_picks(topk + (unsigned long long)(guess ? r * m : 0u) * k + g0, p, ge > g0 ? ge - g0 : 0u);
+    }
+    // The query_start_loc check and the repeated-slot scan: each thread's first words go to
+    // registers with the loads above (a loop that compared as it loaded would wait for them first);
+    // batches over blockDim entries loop for the rest.
+    bool bad_qsl = false, dup = false;
 #ifndef KV_ABL_NODUP
-    if (entry)
-        for (unsigned int i = tid; i < sessions; i += blockDim.x) dup |= i != r && session_slot[i] == sl;
+    {
+        const bool mine = tid < sessions;
+        int a = 0, b = 0, o = -1, z0 = 0, zn = 0;
+        if (mine) {
+            a = qsl[tid];
+            b = qsl[tid + 1];
+            o = session_slot[tid];
+        }
+        if (tid == 0) {
+            z0 = qsl[0];
+            zn = qsl[sessions];
+        }
+        bad_qsl = (mine && b < a) || (tid == 0 && (z0 < 0 || (unsigned int)zn > rows));
+        dup = entry && mine && tid != r && o == sl;
+        for (unsigned int i = tid + blockDim.x; i < sessions; i += blockDim.x) {
+            bad_qsl |= qsl[i + 1] < qsl[i];
+            dup |= entry && i != r && session_slot[i] == sl;
+        }
+    }
 #endif
-    // Round trip 2: the slot's descriptor and fixed pages, the entry's picks and query bounds (addresses
-    // checked against the tables' extents here; validity is decided after the barrier).
+    // Round trip 2: the slot's descriptor, call counter and fixed pages, and per pick the page-table
+    // and position-table entries (their addresses depend only on the slot and the pick; used only
+    // where the lookup order reaches them). Addresses are checked against the tables' extents here;
+    // validity is decided after the barrier. Every load is issued before anything waits for one
+    // (the fixed pages go to shared memory last).
     const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
+    const bool rows_in = entry && q0 >= 0 && q0 <= q1 && (unsigned int)q1 <= rows;
+    const unsigned int R = rows_in ? (unsigned int)(q1 - q0) : 0u;
+    const bool lean = rows_in && R <= KV_FAST_MAX_ROWS &&
+                      (unsigned long long)R * k <= (unsigned long long)KV_FAST_PER * blockDim.x;
+    const unsigned int F = lean ? R * k : 0u;
+    const unsigned int per = min((unsigned int)KV_FAST_PER, (F + blockDim.x - 1u) >> lb);
+    const unsigned int f0 = tid * per, fe = min(f0 + per, F);
+    const int* const tk = topk + (unsigned long long)(lean ? q0 : 0) * k;
+    // Block-uniform: the guess holds iff this entry's rows are r x m .. r x m + m (then F, per, f0
+    // and fe equal the guessed ones, `lean` and `guess` having the same bounds).
+    if (!(guess && lean && (unsigned int)q0 == r * m && R == m)) kv_load_picks(tk + f0, p, fe > f0 ? fe - f0 : 0u);
     KvSlotDesc s = {};
     unsigned int hand = 0;
     if (slot_in) {
@@ -1414,31 +1481,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     } else if (tid == 0) {
         sh_call = 0ull;  // no slot: the entry is refused and the value unused
     }
-    int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
-    bool fp_slow = false;  // a fixed row of this thread's pages could be negative
-    if (slot_in) {
-        const int* const g = kv_slot_fixed(d, t, (unsigned int)sl);
-        for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) {
-            const int v = g[i];
-            fp[i] = v;
-            fp_slow |= v < 0 || (long long)v * d.page_rows + d.page_rows - 1ll > 0x7fffffffll;
-        }
-    }
-    const bool rows_in = entry && q0 >= 0 && q0 <= q1 && (unsigned int)q1 <= rows;
-    const unsigned int R = rows_in ? (unsigned int)(q1 - q0) : 0u;
-    const bool lean = rows_in && R <= KV_FAST_MAX_ROWS &&
-                      (unsigned long long)R * k <= (unsigned long long)KV_FAST_PER * blockDim.x;
-    const unsigned int F = lean ? R * k : 0u;
-    const unsigned int per = min((unsigned int)KV_FAST_PER, (F + blockDim.x - 1u) / blockDim.x);
-    const unsigned int f0 = tid * per, fe = min(f0 + per, F);
-    const int* const tk = topk + (unsigned long long)(lean ? q0 : 0) * k;
-    int p[KV_FAST_PER], rl[KV_FAST_PER];
-    kv_load_picks(tk + f0, p, fe > f0 ? fe - f0 : 0u);
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i)
-        rl[i] = (qseq && f0 + i < fe) ? qseq[(unsigned int)q0 + (f0 + i) / k] : KV_NO_BOUND;
-    // Round trip 3: per pick, the page-table and position-table entries (used only where the lookup
-    // order reaches them).
+    const int* const g = kv_slot_fixed(d, t, slot_in ? (unsigned int)sl : 0u);
+    const bool fp_mine = slot_in && tid < d.fixed_pages;
+    const int fp_first = fp_mine ? g[tid] : -1;
     const unsigned long long tb = (unsigned long long)(slot_in ? sl : 0) * d.max_pages;
     const unsigned long long pb = (unsigned long long)(slot_in ? sl : 0) * d.max_history;
     int pg[KV_FAST_PER], hs[KV_FAST_PER];
@@ -1452,7 +1497,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
 #else
         if (slot_in && p[i] >= 0) {
 #endif
-            const unsigned int j = (unsigned int)p[i] / d.page_rows;
+            const unsigned int j = kv_quo(dv.page, (unsigned int)p[i]);
             if (j < d.max_pages) pg[i] = t.page_tab[tb + j];
 #ifdef KV_ABL_NOPOS
             if (s.full == 0u)
@@ -1460,10 +1505,35 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
             if ((unsigned int)p[i] < d.max_history) hs[i] = t.pos_slot[pb + p[i]];
         }
     }
+#ifdef KV_ABL_MIN
+    // ablation only: a direct slot stores its page rows at once (no classification, validation,
+    // counts or tail rows: wrong outputs where a pick is a tail row) - the floor of a direct kernel
+    if (slot_in && s.full != 0u) {
+        int o[KV_FAST_PER];
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            o[i] = pg[i] >= 0 ? pg[i] * (int)d.page_rows + (int)kv_rem(dv.page, (unsigned int)p[i]) : -1;
+        kv_store_picks(indices + (unsigned long long)q0 * k + f0, o, fe > f0 ? fe - f0 : 0u);
+        return;
+    }
+#endif
+    int rl[KV_FAST_PER];
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+        rl[i] = (qseq && f0 + i < fe) ? qseq[(unsigned int)q0 + kv_quo(dv.k, f0 + i)] : KV_NO_BOUND;
+    int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
+    bool fp_slow = false;  // a fixed row of this thread's pages could be negative
+    if (slot_in) {
+        for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) {
+            const int v = i == tid ? fp_first : g[i];
+            fp[i] = v;
+            fp_slow |= v < 0 || (long long)v * d.page_rows + d.page_rows - 1ll > 0x7fffffffll;
+        }
+    }
     // Preview of the picks' classes into the warp partials (folded into the validating barrier).
     unsigned int cls;
     int v[KV_FAST_PER];
-    kv_lean_classify(d, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
+    kv_lean_classify(d, dv, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
     // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
 #ifdef KV_ABL_NOBARRIER
@@ -1491,10 +1561,10 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         if (!ok) {
             kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
         } else if (lean && layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part)) {
-            kv_entry_lean_quiet(d, t, (unsigned int)sl, s.full != 0u, cls, v, f0, fe, per, F, R, row0, k, indices,
+            kv_entry_lean_quiet(d, dv, t, (unsigned int)sl, s.full != 0u, cls, v, f0, fe, per, F, R, row0, k, indices,
                                 valid_count, plan_count + r, stats + r * KV_STATS, call, fp, sh_part);
         } else if (lean) {
-            kv_entry_lean(d, t, (unsigned int)sl, s, cls, v, f0, fe, per, F, R, row0, k, layer, fetch,
+            kv_entry_lean(d, dv, t, (unsigned int)sl, s, cls, v, f0, fe, per, F, R, row0, k, layer, fetch,
                           indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
                           warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
         } else {

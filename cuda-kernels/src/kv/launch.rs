@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
+use super::fastdiv::{KvDiv, KvDivs};
 use super::{
     CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, ResolveEngine,
     KV_BLOCK, KV_FAST_BLOCK, KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_PACKED,
@@ -169,6 +170,12 @@ impl KvKernels {
             ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_FAST_BLOCK / 2, lean_smem),
             _ => (&self.resolve, KV_BLOCK, 0),
         };
+        // page_rows, tail_rows and k as multipliers (the lean engine divides by them per pick).
+        let divs = KvDivs {
+            page: KvDiv::new(d.page_rows),
+            tail: KvDiv::new(d.tail_rows),
+            k: KvDiv::new(a.k),
+        };
         let mut b = stream.launch_builder(func);
         b.arg(d)
             .arg(t)
@@ -190,13 +197,15 @@ impl KvKernels {
             .arg(&o.query_seq_lens)
             .arg(&indices_len)
             .arg(&valid_len)
-            .arg(&plan_count_len);
+            .arg(&plan_count_len)
+            .arg(&divs);
         let cfg = LaunchConfig {
             grid_dim: (a.sessions + 1, 1, 1),
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean / _lean512 (same parameters); the
+        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean / _lean512 (same parameters,
+        // `KvDivs` last, `repr(C)` as `struct KvDivs`); the
         // fast and lean kernels' dynamic shared memory holds their two bitmaps of ceil(hot_rows /
         // 32) words and the fixed pages, the lean kernels' also the u16 victim table when
         // hot_rows <= KV_LEAN_VICTIM_MAX (its condition in the kernel); buffers per the caller's contract.

@@ -22,6 +22,7 @@ use cudarc::driver::DeviceRepr;
 use crate::device::KernelSource;
 use crate::error::{CudaError, Result};
 
+mod fastdiv;
 mod launch;
 
 pub use launch::{coalesce_runs, KvKernels};
