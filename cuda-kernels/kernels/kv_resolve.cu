@@ -58,7 +58,7 @@ struct KvTables {
     unsigned long long* stamp;
     unsigned int* hand;
     int* first;
-    unsigned long long* call;  // [0] = current call, [1] = finished blocks of the running resolve
+    unsigned long long* call;  // [max_slots]: each slot's last accepted resolve call (starts at 1)
     unsigned char* arena;
     unsigned char* host;
     unsigned int* err;

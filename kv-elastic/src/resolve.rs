@@ -187,7 +187,10 @@ pub trait Resolver {
 
     /// Prefetches up to [`MAX_CANDIDATES`] candidate positions of one session into its hot cache
     /// (in the given order, as far as rows not pinned by the current step allow), so that later
-    /// layers' picks find them resident. Returns the copies made into `layer` (replay for others).
+    /// layers' picks find them resident. "Pinned" means by the session's last resolve (or an
+    /// earlier prefetch since it): calls are numbered per session, so a session left out of the
+    /// latest resolve keeps its last resolve's rows pinned until its next one. Returns the copies
+    /// made into `layer` (replay for others).
     fn prefetch(
         &mut self,
         session: SessionId,

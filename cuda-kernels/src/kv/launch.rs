@@ -16,6 +16,9 @@ use crate::device::Gpu;
 use crate::error::{drv, CudaError, Result};
 use crate::raw;
 
+// The lean kernels compute `ceil(x / blockDim)` as a shift: their block sizes must be powers of two.
+const _: () = assert!(KV_FAST_BLOCK.is_power_of_two() && (KV_FAST_BLOCK / 2).is_power_of_two());
+
 /// The fused resolve, replay / check-plan, prefetch and write-back kernels of `kv_resolve.cu`,
 /// compiled for one [`Gpu`] (NVRTC at first use, cached per context).
 #[derive(Debug, Clone)]

@@ -66,8 +66,8 @@ pub enum ResolveEngine {
     Classic,
     /// `tierkit_kv_resolve_lean` with 1024 threads per entry: the fast engine's decisions with the
     /// dependent global round trips issued together before one validating barrier (descriptor,
-    /// fixed pages, picks, then page-table and position-table entries per pick), the call ticket
-    /// taken early, the placement steps skipped when no pick of the entry missed, no hot-cache
+    /// picks with the entry's words, then descriptor, fixed pages, page-table and position-table
+    /// entries per pick), the placement steps skipped when no pick of the entry missed, no hot-cache
     /// bookkeeping on the direct path and no block scan for in-place rows; an in-place entry
     /// without misses finishes after that one barrier (its counts folded into it). Same limits as
     /// `Fast`.
@@ -372,7 +372,7 @@ impl KvErrors {
 /// | `stamp` | `u64 [max_slots][hot_rows]` | 0 |
 /// | `hand` | `u32 [max_slots]` | 0 |
 /// | `first` | `i32 [max_slots][max_history]` | [`KV_UNCLAIMED`] |
-/// | `call` | `u64 [2]` | `[1, 0]` (call counter, as the CPU reference's) |
+/// | `call` | `u64 [max_slots]` | 1 in every entry (per-slot call counters, as the CPU reference's per-session ones) |
 /// | `arena` | `u8 [layers][arena_rows][row_bytes]` | anything |
 /// | `host` | `u8 [max_slots][max_history][layers][row_bytes]`, mapped pinned host memory (device address) | the history |
 /// | `err` | `u32 [`[`KV_ERR_WORDS`]`]` | 0 |
@@ -506,6 +506,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<KvCopy>(), 16);
         assert_eq!(std::mem::size_of::<KvFill>(), 16);
         assert_eq!(std::mem::size_of::<KvTables>(), 13 * 8);
+        assert_eq!(std::mem::size_of::<fastdiv::KvDivs>(), 48);
     }
 
     #[test]

@@ -123,7 +123,8 @@ impl GpuArena {
             stamp: DeviceBuffer::zeroed(ctx, hot)?,
             hand: DeviceBuffer::zeroed(ctx, slots)?,
             first: DeviceBuffer::from_host(ctx, &vec![KV_UNCLAIMED; hist])?,
-            // Per-slot call counters at 1: a zeroed stamp is never this call's (calls start at 2).
+            // Per-slot call counters at 1 (a resolve's first call is 2, a prefetch before any resolve uses 1):
+            // a zeroed stamp (call 0) is never the current call's.
             call: DeviceBuffer::from_host(ctx, &vec![1u64; slots])?,
             arena,
             host: PinnedBuffer::zeroed(ctx, host_bytes)?,

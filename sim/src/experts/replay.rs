@@ -378,7 +378,6 @@ pub fn replay(
     replay_with(trace, geometry, policy, cfg, &ReplayOptions::default())
 }
 
-/// `(cold lookups, distinct cold pairs)` of a step under `map`.
 /// [`ReplayOptions::count_run_starts`]: the step each `(layer, expert)` was last picked.
 struct RunStarts {
     experts: usize,
@@ -418,6 +417,7 @@ impl RunStarts {
     }
 }
 
+/// `(cold lookups, distinct cold pairs)` of a step under `map`.
 fn cold_under(map: &ResidencyMap, layers: &[Vec<u32>], uniq: &mut UniqueCold) -> (u64, u64) {
     let rows = map.layers();
     uniq.count(layers, |l, e| rows[l].table()[e] < 0)
