@@ -161,7 +161,8 @@ struct CalibrateArgs {
     /// History length, tokens.
     #[arg(long, default_value_t = 32_768)]
     history: u32,
-    /// Steps measured (after a warm-up of a third as many).
+    /// Steps measured (after a warm-up of a third as many), at least 3: the warm-up must be a step
+    /// or more, or the first step's cold misses (every pick misses an empty cache) are measured.
     #[arg(long, default_value_t = 300)]
     steps: u32,
     /// Seed.
@@ -318,6 +319,9 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Fewest `kv calibrate --steps`: a warm-up (`steps / 3`) of one step or more.
+const MIN_CALIBRATE_STEPS: u32 = 3;
+
 fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
     let p = SelectionParams::calibrated(a.top_k);
     p.validate()?;
@@ -325,8 +329,13 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("--top-k {}: 4 × top-k must fit in u32", a.top_k).into());
     };
     let sizes = [a.top_k, k2, k4];
-    if a.steps == 0 {
-        return Err("--steps must be >= 1".into());
+    if a.steps < MIN_CALIBRATE_STEPS {
+        return Err(format!(
+            "--steps {}: must be >= {MIN_CALIBRATE_STEPS} (the warm-up is a third of --steps; with \
+             no warm-up step the first step, where every pick misses the empty cache, is measured)",
+            a.steps
+        )
+        .into());
     }
     let total = a.steps.checked_add(a.steps / 3).ok_or_else(|| {
         format!(

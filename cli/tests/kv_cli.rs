@@ -230,7 +230,24 @@ fn calibrate_rejects_overflowing_arguments() {
         "history 4294967295",
     );
     fails_with(&["kv", "calibrate", "--history", "0"], "history 0");
-    fails_with(&["kv", "calibrate", "--steps", "0"], "--steps must be >= 1");
+    // Fewer than 3 steps: no warm-up step, the cold first step (all misses) would be measured.
+    for steps in ["0", "1", "2"] {
+        fails_with(
+            &["kv", "calibrate", "--steps", steps],
+            &format!("--steps {steps}: must be >= 3 (the warm-up is a third of --steps"),
+        );
+    }
+    let out = ok_stdout(&[
+        "kv",
+        "calibrate",
+        "--steps",
+        "3",
+        "--top-k",
+        "64",
+        "--history",
+        "1000",
+    ]);
+    assert!(out.contains("miss rate (measured)"), "{out}");
 }
 
 #[test]
