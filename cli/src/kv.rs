@@ -278,6 +278,11 @@ fn shell_word(s: &str) -> String {
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
     let reports = Reports::load(&a.reports)?;
+    println!(
+        "{}: kv_serving_bench built from commit {}",
+        reports.shown(),
+        reports.commits_shown()
+    );
     let by = reports.steps_by_placement_warned();
     let mut fitted = 0;
     let pools: Steps = by

@@ -585,8 +585,20 @@ fn the_shipped_h200_serving_report_gives_the_documented_fits() {
         "--step-base-us 11641 --step-per-request-us 38.3 --step-per-miss-us 1.105",
         "--step-base-us 11128 --step-per-request-us 59.3 --step-per-miss-us 1.009",
         "--admission-gbps 49.5",
+        // Written before reports recorded their build commit.
+        "kv_serving_bench built from commit unknown",
     ] {
         assert!(text.contains(want), "{want} missing from:\n{text}");
+    }
+    // Every shipped report still reads (plot-bench pools them as fit-time does).
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs");
+    for entry in std::fs::read_dir(docs).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("kv-serving-h200") && name.ends_with(".json") {
+            let text = ok_stdout(&["kv", "fit-time", p.to_str().unwrap()]);
+            assert!(text.contains("built from commit unknown"), "{name}: {text}");
+        }
     }
 }
 
