@@ -375,16 +375,6 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Checks a float flag: finite and `> 0` (or `>= 0` when `zero_ok`), naming the flag.
-fn positive(flag: &str, v: f64, zero_ok: bool) -> Result<(), String> {
-    if v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) {
-        Ok(())
-    } else {
-        let want = if zero_ok { ">= 0" } else { "> 0" };
-        Err(format!("{flag} {v}: must be finite and {want}"))
-    }
-}
-
 fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     checks::float_flags(&a)?;
     let (placement_time, measured_gbps) = match a.time_from.as_slice() {
@@ -411,7 +401,14 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     for (i, &load) in a.loads.iter().enumerate() {
-        positive("--loads", load, false)?;
+        checks::in_range(
+            "--loads",
+            load,
+            0.0,
+            true,
+            f64::MAX,
+            "× the trace's arrival rate",
+        )?;
         if a.loads[..i].contains(&load) {
             return Err(format!("--loads: {load} given twice").into());
         }
