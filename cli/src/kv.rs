@@ -328,6 +328,7 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
 const MIN_CALIBRATE_STEPS: u32 = 3;
 
 fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    checks::top_k(a.top_k)?;
     let p = SelectionParams::calibrated(a.top_k);
     p.validate()?;
     let (Some(k2), Some(k4)) = (a.top_k.checked_mul(2), a.top_k.checked_mul(4)) else {
@@ -427,6 +428,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = &a.plot {
         tierkit_sim::output::check_writable("--plot", p)?;
     }
+    checks::top_k(a.top_k)?;
     SelectionParams::calibrated(a.top_k).validate()?;
     let hot_rows = match a.hot_rows {
         Some(h) => h,

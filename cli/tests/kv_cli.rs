@@ -39,9 +39,12 @@ fn simulate_rejects_bad_numbers_with_typed_errors() {
         // `--top-k` huge: used to abort building the selection vector.
         (
             &["--top-k", "2147483680"],
-            "top_k 2147483680 must be in 1..=",
+            "--top-k 2147483680: must be in [1, 1048576] picks",
         ),
-        (&["--top-k", "0"], "top_k 0 must be in 1..="),
+        (
+            &["--top-k", "0"],
+            "--top-k 0: must be in [1, 1048576] picks",
+        ),
         (
             &["--top-k", "64", "--hot-rows", "8"],
             "--top-k 64 is above --hot-rows 8",
@@ -119,7 +122,7 @@ fn simulate_refuses_geometries_that_would_allocate_gigabytes() {
             "--hot-rows",
             "16000000",
         ],
-        "127 sessions at once (--max-batch 256, as many as the budget holds) of --hot-rows 16000000 rows",
+        "127 sessions at once (as many as --budget-gib 1.9 holds) of --hot-rows 16000000 rows",
         10,
     );
     // One more row than int32 indices reach: named by its flags with the largest budget.
@@ -130,7 +133,31 @@ fn simulate_refuses_geometries_that_would_allocate_gigabytes() {
     );
     fails_fast(
         &["--budget-gib", "1e-9"],
-        "fewer than one session's --hot-rows 4096 + --tail-rows 64 (65 pages): --budget-gib at least 0.155",
+        "--budget-gib 1e-9 holds 0 pages (0 token rows of --kv-bytes-per-token 40016 B), fewer than one session's --hot-rows 4096 + --tail-rows 64 (65 pages of --page-rows 64): --budget-gib at least 0.156",
+        10,
+    );
+    // No budget holds a page of more than 2^31 - 1 rows; no budget up to 1e9 GiB holds 2^64-byte tokens.
+    fails_fast(
+        &["--page-rows", "4294967295"],
+        "(1 pages of --page-rows 4294967295) take 4294967295 rows, above the simulated arena's 2^31 - 1: lower --page-rows",
+        10,
+    );
+    fails_fast(
+        &["--kv-bytes-per-token", "18446744073709551615"],
+        "--kv-bytes-per-token at most 6194664",
+        10,
+    );
+    // The session limit named is the binding one: the batch cap, or the whole trace.
+    fails_fast(
+        &[
+            "--top-k",
+            "1048576",
+            "--kv-bytes-per-token",
+            "1",
+            "--budget-gib",
+            "1.9",
+        ],
+        "256 sessions at once (--max-batch 256) of --hot-rows 2097152 rows",
         10,
     );
     // The bound is a flag: a lower one refuses the default scenario, a higher one lets it run.
@@ -189,7 +216,7 @@ fn simulate_names_the_flag_and_range_of_values_that_would_overflow() {
         ),
         (
             ["--budget-gib", "1e7"],
-            "--budget-gib 10000000 holds 268328124750 token rows of --kv-bytes-per-token 40016 B"
+            "--budget-gib 1e7 holds 268328124750 token rows of --kv-bytes-per-token 40016 B; the simulated arena takes at most 2^31 - 1 rows: --budget-gib at most 80031.999"
                 .to_string(),
         ),
         (
@@ -217,14 +244,12 @@ fn calibrate_rejects_overflowing_arguments() {
         ],
         "--steps 3221225472",
     );
-    fails_with(
-        &["kv", "calibrate", "--top-k", "4294967295"],
-        "top_k 4294967295",
-    );
-    fails_with(
-        &["kv", "calibrate", "--top-k", "1073741824"],
-        "top_k 1073741824",
-    );
+    for k in ["0", "4294967295", "1073741824"] {
+        fails_with(
+            &["kv", "calibrate", "--top-k", k],
+            &format!("--top-k {k}: must be in [1, 1048576] picks"),
+        );
+    }
     fails_with(
         &["kv", "calibrate", "--history", "4294967295"],
         "history 4294967295",

@@ -3,6 +3,7 @@
 
 use kv_elastic::MAX_HOT_ROWS;
 use tierkit_sim::kv::footprint::{self, Part};
+use tierkit_sim::kv::selection::MAX_TOP_K;
 use tierkit_sim::kv::serving::{SimConfig, MAX_STEP_TERM_US, MIN_ADMISSION_GBPS};
 use tierkit_sim::kv::trace::ArrivalTrace;
 
@@ -104,6 +105,15 @@ pub fn float_flags(a: &SimulateArgs) -> Result<(), String> {
     )
 }
 
+/// `--top-k` in `1..=MAX_TOP_K` (`kv simulate` and `kv calibrate`).
+pub fn top_k(k: u32) -> Result<(), String> {
+    if (1..=MAX_TOP_K).contains(&k) {
+        Ok(())
+    } else {
+        Err(format!("--top-k {k}: must be in [1, {MAX_TOP_K}] picks"))
+    }
+}
+
 /// The geometry flags against `cfg` (built from them): the checks of `Geometry::validate` and
 /// `SimConfig::validate`, phrased in flags.
 pub fn geometry(a: &SimulateArgs, cfg: &SimConfig) -> Result<(), String> {
@@ -152,22 +162,38 @@ pub fn geometry(a: &SimulateArgs, cfg: &SimConfig) -> Result<(), String> {
             "--budget-gib {} holds {rows} token rows of --kv-bytes-per-token {k} B; the simulated \
              arena takes at most 2^31 - 1 rows: --budget-gib at most {max_gib} at this \
              --kv-bytes-per-token, or raise --kv-bytes-per-token",
-            a.budget_gib
+            show(a.budget_gib)
         ));
     }
     if g.fixed_pages() > g.arena_pages {
-        let need_gib = g.fixed_pages() as f64 * a.page_rows as f64 * k as f64 / GIB;
-        return Err(format!(
-            "--budget-gib {} holds {} pages of --page-rows {} ({rows} token rows of \
-             --kv-bytes-per-token {k} B), fewer than one session's --hot-rows {} + --tail-rows {} \
-             ({} pages): --budget-gib at least {need_gib:.3}, or lower --hot-rows / \
-             --kv-bytes-per-token",
-            a.budget_gib,
-            g.arena_pages,
-            a.page_rows,
+        let fixed = format!(
+            "one session's --hot-rows {} + --tail-rows {} ({} pages of --page-rows {})",
             cfg.hot_rows,
             a.tail_rows,
-            g.fixed_pages()
+            g.fixed_pages(),
+            a.page_rows
+        );
+        let fixed_rows = g.fixed_pages() as u64 * a.page_rows as u64;
+        if fixed_rows > i32::MAX as u64 {
+            return Err(format!(
+                "{fixed} take {fixed_rows} rows, above the simulated arena's 2^31 - 1: lower \
+                 --page-rows, --hot-rows or --tail-rows"
+            ));
+        }
+        let need_gib = fixed_rows as f64 * k as f64 / GIB;
+        let remedy = if need_gib <= MAX_BUDGET_GIB {
+            format!("--budget-gib at least {:.3}", (need_gib * 1e3).ceil() / 1e3)
+        } else {
+            format!(
+                "--kv-bytes-per-token at most {}",
+                cfg.hbm_budget_bytes / fixed_rows
+            )
+        };
+        return Err(format!(
+            "--budget-gib {} holds {} pages ({rows} token rows of --kv-bytes-per-token {k} B), \
+             fewer than {fixed}: {remedy}, or lower --hot-rows / --tail-rows",
+            show(a.budget_gib),
+            g.arena_pages,
         ));
     }
     Ok(())
@@ -193,20 +219,28 @@ pub fn memory(a: &SimulateArgs, cfg: &SimConfig, trace: &ArrivalTrace) -> Result
              --kv-bytes-per-token, or lower --budget-gib {tail}",
             e.arena_pages,
             a.page_rows,
-            a.budget_gib,
+            show(a.budget_gib),
             a.kv_bytes_per_token,
             cfg.budget_rows(),
             (e.page_bytes.saturating_add(e.arena_bytes)) as f64 / GIB
         ),
-        Part::Sessions => format!(
-            "{head}: {} sessions at once (--max-batch {}, as many as the budget holds) of \
-             --hot-rows {} rows plus their histories take ~{:.1} GiB; lower --hot-rows or \
-             --max-batch, or use fewer / shorter requests {tail}",
-            e.sessions,
-            a.max_batch,
-            cfg.hot_rows,
-            e.session_bytes as f64 / GIB
-        ),
+        Part::Sessions => {
+            let limit = if e.sessions == a.max_batch as u64 {
+                format!("--max-batch {}", a.max_batch)
+            } else if e.sessions == trace.requests.len() as u64 {
+                "every request of the trace".to_string()
+            } else {
+                format!("as many as --budget-gib {} holds", show(a.budget_gib))
+            };
+            format!(
+                "{head}: {} sessions at once ({limit}) of --hot-rows {} rows plus their histories \
+                 take ~{:.1} GiB; lower --hot-rows or --max-batch, or use fewer / shorter requests \
+                 {tail}",
+                e.sessions,
+                cfg.hot_rows,
+                e.session_bytes as f64 / GIB
+            )
+        }
     })
 }
 
