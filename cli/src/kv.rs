@@ -19,6 +19,7 @@ use tierkit_sim::kv::trace::ArrivalTrace;
 
 use crate::{plot, progress};
 
+mod checks;
 mod report;
 use report::{Reports, Steps};
 use tierkit_sim::table;
@@ -30,6 +31,9 @@ pub struct KvArgs {
     command: KvCommand,
 }
 
+// Parsed once per process: the size of `simulate`'s flags costs nothing worth a box (boxing it
+// would only move the lint to `main`'s command enum, whose `experts` variant is as large).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum KvCommand {
     /// Serve an arrival trace with three placements (fully resident, fixed hot cache, elastic) and
@@ -133,6 +137,11 @@ struct SimulateArgs {
     /// Seed of the selection streams and of the synthetic scenario.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Refuse a run estimated to allocate more host memory than this, GiB (the estimate counts
+    /// the page tables, the arena and the admitted sessions' state that the geometry flags size;
+    /// the documented scenarios take well under 1 GiB).
+    #[arg(long, default_value_t = checks::DEFAULT_MAX_MEMORY_GIB)]
+    max_memory_gib: f64,
     /// Write `<PREFIX>-sessions.png` and `<PREFIX>-misses.png` (needs two loads or more).
     #[arg(long)]
     plot: Option<PathBuf>,
@@ -152,7 +161,8 @@ struct CalibrateArgs {
     /// History length, tokens.
     #[arg(long, default_value_t = 32_768)]
     history: u32,
-    /// Steps measured (after a warm-up of a third as many).
+    /// Steps measured (after a warm-up of a third as many), at least 3: the warm-up must be a step
+    /// or more, or the first step's cold misses (every pick misses an empty cache) are measured.
     #[arg(long, default_value_t = 300)]
     steps: u32,
     /// Seed.
@@ -268,6 +278,11 @@ fn shell_word(s: &str) -> String {
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
     let reports = Reports::load(&a.reports)?;
+    println!(
+        "{}: kv_serving_bench built from commit {}",
+        reports.shown(),
+        reports.commits_shown()
+    );
     let by = reports.steps_by_placement_warned();
     let mut fitted = 0;
     let pools: Steps = by
@@ -309,15 +324,24 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Fewest `kv calibrate --steps`: a warm-up (`steps / 3`) of one step or more.
+const MIN_CALIBRATE_STEPS: u32 = 3;
+
 fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
+    checks::top_k(a.top_k)?;
     let p = SelectionParams::calibrated(a.top_k);
     p.validate()?;
     let (Some(k2), Some(k4)) = (a.top_k.checked_mul(2), a.top_k.checked_mul(4)) else {
         return Err(format!("--top-k {}: 4 × top-k must fit in u32", a.top_k).into());
     };
     let sizes = [a.top_k, k2, k4];
-    if a.steps == 0 {
-        return Err("--steps must be >= 1".into());
+    if a.steps < MIN_CALIBRATE_STEPS {
+        return Err(format!(
+            "--steps {}: must be >= {MIN_CALIBRATE_STEPS} (the warm-up is a third of --steps; with \
+             no warm-up step the first step, where every pick misses the empty cache, is measured)",
+            a.steps
+        )
+        .into());
     }
     let total = a.steps.checked_add(a.steps / 3).ok_or_else(|| {
         format!(
@@ -352,24 +376,8 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Checks a float flag: finite and `> 0` (or `>= 0` when `zero_ok`), naming the flag.
-fn positive(flag: &str, v: f64, zero_ok: bool) -> Result<(), String> {
-    if v.is_finite() && (v > 0.0 || (zero_ok && v == 0.0)) {
-        Ok(())
-    } else {
-        let want = if zero_ok { ">= 0" } else { "> 0" };
-        Err(format!("{flag} {v}: must be finite and {want}"))
-    }
-}
-
 fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
-    positive("--budget-gib", a.budget_gib, false)?;
-    positive("--step-base-us", a.step_base_us, false)?;
-    positive("--step-per-request-us", a.step_per_request_us, true)?;
-    positive("--step-per-miss-us", a.step_per_miss_us, true)?;
-    if let Some(g) = a.admission_gbps {
-        positive("--admission-gbps", g, true)?;
-    }
+    checks::float_flags(&a)?;
     let (placement_time, measured_gbps) = match a.time_from.as_slice() {
         [] => (None, None),
         p => {
@@ -394,7 +402,14 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     for (i, &load) in a.loads.iter().enumerate() {
-        positive("--loads", load, false)?;
+        checks::in_range(
+            "--loads",
+            load,
+            0.0,
+            true,
+            f64::MAX,
+            "× the trace's arrival rate",
+        )?;
         if a.loads[..i].contains(&load) {
             return Err(format!("--loads: {load} given twice").into());
         }
@@ -413,6 +428,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     if let Some(p) = &a.plot {
         tierkit_sim::output::check_writable("--plot", p)?;
     }
+    checks::top_k(a.top_k)?;
     SelectionParams::calibrated(a.top_k).validate()?;
     let hot_rows = match a.hot_rows {
         Some(h) => h,
@@ -458,9 +474,11 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         selection: SelectionParams::calibrated(a.top_k),
         seed: a.seed,
     };
+    checks::geometry(&a, &base)?;
     for &load in &a.loads {
         SimConfig { load, ..base }.validate()?;
     }
+    checks::memory(&a, &base, &trace)?;
     println!(
         "trace {} ({} requests); HBM budget {:.1} GiB = {} tokens of {} B; top-k {}, hot {} + tail {} rows, pages of {} rows",
         trace.name,

@@ -17,9 +17,9 @@ const QUIET: &str = "--quiet";
 fn simulate_rejects_bad_numbers_with_typed_errors() {
     let cases: &[(&[&str], &str)] = &[
         // Item 1: used to hang forever.
-        (&["--max-batch", "0"], "max_batch must be >= 1"),
+        (&["--max-batch", "0"], "--max-batch 0: must be >= 1"),
         // Item 2: used to divide by zero.
-        (&["--page-rows", "0"], "page_rows must be > 0"),
+        (&["--page-rows", "0"], "--page-rows 0: must be >= 1"),
         // Item 3: hot + tail wrapped to 0 (index out of bounds); a 16 GB hot cache.
         (
             &[
@@ -30,19 +30,25 @@ fn simulate_rejects_bad_numbers_with_typed_errors() {
                 "--tail-rows",
                 "4294967232",
             ],
-            "must fit in u32",
+            "--tail-rows 4294967232: --hot-rows + --tail-rows must fit in u32",
         ),
         (
             &["--hot-rows", "4294967295", "--tail-rows", "1"],
-            "must fit in u32",
+            "--hot-rows 4294967295: must be in [--top-k, 16777216] rows",
         ),
         // `--top-k` huge: used to abort building the selection vector.
         (
             &["--top-k", "2147483680"],
-            "top_k 2147483680 must be in 1..=",
+            "--top-k 2147483680: must be in [1, 1048576] picks",
         ),
-        (&["--top-k", "0"], "top_k 0 must be in 1..="),
-        (&["--top-k", "64", "--hot-rows", "8"], "must be <= hot_rows"),
+        (
+            &["--top-k", "0"],
+            "--top-k 0: must be in [1, 1048576] picks",
+        ),
+        (
+            &["--top-k", "64", "--hot-rows", "8"],
+            "--top-k 64 is above --hot-rows 8",
+        ),
         // Item 13: NaN, negative and zero floats.
         (&["--loads", "NaN,-1,0"], "--loads NaN"),
         (&["--loads=1,-1"], "--loads -1"),
@@ -57,9 +63,9 @@ fn simulate_rejects_bad_numbers_with_typed_errors() {
         ),
         (
             &["--kv-bytes-per-token", "0"],
-            "kv_bytes_per_token must be > 0",
+            "--kv-bytes-per-token 0: must be >= 1",
         ),
-        (&["--chunk-pages", "0"], "chunk_pages must be >= 1"),
+        (&["--chunk-pages", "0"], "--chunk-pages 0: must be >= 1"),
         (&["--requests", "0"], "--requests must be >= 1"),
         // A 2^31-row hot cache in a valid arena (28 GB of CLOCK state per request).
         (
@@ -71,13 +77,154 @@ fn simulate_rejects_bad_numbers_with_typed_errors() {
                 "--kv-bytes-per-token",
                 "1",
             ],
-            "hot_rows must be <= MAX_HOT_ROWS",
+            "--hot-rows 2000000000: must be in [--top-k, 16777216] rows",
         ),
     ];
     for (extra, want) in cases {
         let mut args = vec!["kv", "simulate", QUIET];
         args.extend_from_slice(extra);
         fails_with(&args, want);
+    }
+}
+
+/// Runs `kv simulate extra`, expects `want` and that it failed within `secs` (before allocating).
+fn fails_fast(extra: &[&str], want: &str, secs: u64) {
+    let mut args = vec!["kv", "simulate", QUIET];
+    args.extend_from_slice(extra);
+    let start = std::time::Instant::now();
+    fails_with(&args, want);
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(secs),
+        "{args:?} took {:?}",
+        start.elapsed()
+    );
+}
+
+#[test]
+fn simulate_refuses_geometries_that_would_allocate_gigabytes() {
+    // Used to allocate until "cannot allocate 7929170392 bytes" after a minute (no flag named).
+    let pages = "raise --page-rows or --kv-bytes-per-token, or lower --budget-gib";
+    for (k, pr) in [("13", "1"), ("24", "1"), ("100", "1"), ("13", "2")] {
+        fails_fast(
+            &["--kv-bytes-per-token", k, "--page-rows", pr],
+            "above --max-memory-gib 4: ",
+            10,
+        );
+        fails_fast(&["--kv-bytes-per-token", k, "--page-rows", pr], pages, 10);
+    }
+    // 127 sessions of a 16-million-row hot cache in a 1.9 GiB arena of 1-byte tokens.
+    fails_fast(
+        &[
+            "--kv-bytes-per-token",
+            "1",
+            "--budget-gib",
+            "1.9",
+            "--hot-rows",
+            "16000000",
+        ],
+        "127 sessions at once (as many as --budget-gib 1.9 holds) of --hot-rows 16000000 rows",
+        10,
+    );
+    // One more row than int32 indices reach: named by its flags with the largest budget.
+    fails_fast(
+        &["--kv-bytes-per-token", "12", "--page-rows", "1"],
+        "--budget-gib 24 holds 2147483648 token rows of --kv-bytes-per-token 12 B; the simulated arena takes at most 2^31 - 1 rows: --budget-gib at most 23.999",
+        10,
+    );
+    fails_fast(
+        &["--budget-gib", "1e-9"],
+        "--budget-gib 1e-9 holds 0 pages (0 token rows of --kv-bytes-per-token 40016 B), fewer than one session's --hot-rows 4096 + --tail-rows 64 (65 pages of --page-rows 64): --budget-gib at least 0.156",
+        10,
+    );
+    // No budget holds a page of more than 2^31 - 1 rows; no budget up to 1e9 GiB holds 2^64-byte tokens.
+    fails_fast(
+        &["--page-rows", "4294967295"],
+        "(1 pages of --page-rows 4294967295) take 4294967295 rows, above the simulated arena's 2^31 - 1: lower --page-rows",
+        10,
+    );
+    fails_fast(
+        &["--kv-bytes-per-token", "18446744073709551615"],
+        "--kv-bytes-per-token at most 6194664",
+        10,
+    );
+    // The session limit named is the binding one: the batch cap, or the whole trace.
+    fails_fast(
+        &[
+            "--top-k",
+            "1048576",
+            "--kv-bytes-per-token",
+            "1",
+            "--budget-gib",
+            "1.9",
+        ],
+        "256 sessions at once (--max-batch 256) of --hot-rows 2097152 rows",
+        10,
+    );
+    // The bound is a flag: a lower one refuses the default scenario, a higher one lets it run.
+    fails_fast(
+        &["--max-memory-gib", "0.001"],
+        "above --max-memory-gib 0.001",
+        10,
+    );
+    fails_fast(
+        &["--max-memory-gib", "0"],
+        "--max-memory-gib 0: must be in (0, ∞) GiB",
+        10,
+    );
+    let out = ok_stdout(&[
+        "kv",
+        "simulate",
+        QUIET,
+        "--requests",
+        "20",
+        "--steps",
+        "5",
+        "--kv-bytes-per-token",
+        "100",
+        "--page-rows",
+        "1",
+        "--budget-gib",
+        "0.01",
+        "--hot-rows",
+        "4096",
+        "--max-memory-gib",
+        "8",
+    ]);
+    assert!(out.contains("pages of 1 rows"), "{out}");
+}
+
+#[test]
+fn simulate_names_the_flag_and_range_of_values_that_would_overflow() {
+    // Used to read "a duration of inf µs" / "arena rows must fit in int32 row indices".
+    let us = "must be in [0, 1e9] µs";
+    for (extra, want) in [
+        (
+            ["--step-base-us", "1e308"],
+            "--step-base-us 1e308: must be in (0, 1e9] µs".to_string(),
+        ),
+        (
+            ["--step-per-request-us", "1e308"],
+            format!("--step-per-request-us 1e308: {us}"),
+        ),
+        (
+            ["--step-per-miss-us", "2e9"],
+            format!("--step-per-miss-us 2e9: {us}"),
+        ),
+        (
+            ["--budget-gib", "1e308"],
+            "--budget-gib 1e308: must be in (0, 1e9] GiB".to_string(),
+        ),
+        (
+            ["--budget-gib", "1e7"],
+            "--budget-gib 1e7 holds 268328124750 token rows of --kv-bytes-per-token 40016 B; the simulated arena takes at most 2^31 - 1 rows: --budget-gib at most 80031.999"
+                .to_string(),
+        ),
+        (
+            ["--admission-gbps", "1e-300"],
+            "--admission-gbps 1e-300: must be in [0.001, ∞) GB/s (or 0: free)".to_string(),
+        ),
+    ] {
+        fails_fast(&extra, &want, 10);
     }
 }
 
@@ -97,20 +244,35 @@ fn calibrate_rejects_overflowing_arguments() {
         ],
         "--steps 3221225472",
     );
-    fails_with(
-        &["kv", "calibrate", "--top-k", "4294967295"],
-        "top_k 4294967295",
-    );
-    fails_with(
-        &["kv", "calibrate", "--top-k", "1073741824"],
-        "top_k 1073741824",
-    );
+    for k in ["0", "4294967295", "1073741824"] {
+        fails_with(
+            &["kv", "calibrate", "--top-k", k],
+            &format!("--top-k {k}: must be in [1, 1048576] picks"),
+        );
+    }
     fails_with(
         &["kv", "calibrate", "--history", "4294967295"],
         "history 4294967295",
     );
     fails_with(&["kv", "calibrate", "--history", "0"], "history 0");
-    fails_with(&["kv", "calibrate", "--steps", "0"], "--steps must be >= 1");
+    // Fewer than 3 steps: no warm-up step, the cold first step (all misses) would be measured.
+    for steps in ["0", "1", "2"] {
+        fails_with(
+            &["kv", "calibrate", "--steps", steps],
+            &format!("--steps {steps}: must be >= 3 (the warm-up is a third of --steps"),
+        );
+    }
+    let out = ok_stdout(&[
+        "kv",
+        "calibrate",
+        "--steps",
+        "3",
+        "--top-k",
+        "64",
+        "--history",
+        "1000",
+    ]);
+    assert!(out.contains("miss rate (measured)"), "{out}");
 }
 
 #[test]
@@ -377,7 +539,7 @@ fn simulate_takes_each_placements_time_model_from_a_benchmark_report() {
     );
     fails_with(
         &["kv", "simulate", "--admission-gbps=-3", QUIET],
-        "--admission-gbps -3: must be finite and >= 0",
+        "--admission-gbps -3: must be in [0.001, ∞) GB/s (or 0: free)",
     );
     // The fitted models replace the --step-* flags: giving both is a usage error (exit 2).
     let both = tierkit(&[
@@ -448,8 +610,20 @@ fn the_shipped_h200_serving_report_gives_the_documented_fits() {
         "--step-base-us 11641 --step-per-request-us 38.3 --step-per-miss-us 1.105",
         "--step-base-us 11128 --step-per-request-us 59.3 --step-per-miss-us 1.009",
         "--admission-gbps 49.5",
+        // Written before reports recorded their build commit.
+        "kv_serving_bench built from commit unknown",
     ] {
         assert!(text.contains(want), "{want} missing from:\n{text}");
+    }
+    // Every shipped report still reads (plot-bench pools them as fit-time does).
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs");
+    for entry in std::fs::read_dir(docs).unwrap() {
+        let p = entry.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("kv-serving-h200") && name.ends_with(".json") {
+            let text = ok_stdout(&["kv", "fit-time", p.to_str().unwrap()]);
+            assert!(text.contains("built from commit unknown"), "{name}: {text}");
+        }
     }
 }
 

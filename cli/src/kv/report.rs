@@ -22,6 +22,9 @@ pub struct Reports {
     /// Every report's `runs[]`, each annotated with `"scenario_max_batch"`: its own report's
     /// scenario batch limit (to tell a run capped below it).
     pub runs: Vec<Value>,
+    /// Each report's `commit` (the commit `kv_serving_bench` was built from), in the order given;
+    /// `unknown` for reports written before it was recorded (no `commit` field) or not a string.
+    pub commits: Vec<String>,
     paths: Vec<PathBuf>,
 }
 
@@ -32,6 +35,7 @@ impl Reports {
     /// twice, under its name or another (same contents: its steps would count double).
     pub fn load(paths: &[PathBuf]) -> Result<Self, Error> {
         let mut runs = Vec::new();
+        let mut commits = Vec::new();
         let mut first: Option<(PathBuf, Value, Value)> = None;
         let mut digests: Vec<(u64, u64)> = Vec::new();
         for path in paths {
@@ -52,6 +56,10 @@ impl Reports {
                 )
                 .into());
             };
+            commits.push(match obj.remove("commit") {
+                Some(Value::String(c)) if !c.is_empty() => c,
+                _ => "unknown".to_string(),
+            });
             let device = obj.remove("device").unwrap_or(Value::Null);
             let mut scenario = obj.remove("scenario").unwrap_or(Value::Null);
             let max_batch = scenario
@@ -100,8 +108,20 @@ impl Reports {
         Ok(Reports {
             device,
             runs,
+            commits,
             paths: paths.to_vec(),
         })
+    }
+
+    /// The distinct [`Reports::commits`] in order of first appearance, comma separated.
+    pub fn commits_shown(&self) -> String {
+        let mut seen: Vec<&str> = Vec::new();
+        for c in &self.commits {
+            if !seen.contains(&c.as_str()) {
+                seen.push(c);
+            }
+        }
+        seen.join(", ")
     }
 
     /// The reports' paths for messages: `a.json` or `a.json + b.json`.
@@ -282,6 +302,33 @@ mod tests {
         let d = std::env::temp_dir().join(format!("tierkit-report-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn the_build_commit_is_read_and_old_reports_without_one_read_as_unknown() {
+        let d = tmp("commit");
+        let body = |commit: Option<&str>, load: f64| {
+            let mut v = json!({"device": "H200", "scenario": scenario(256, 4096),
+                "runs": [run("elastic", load, 256, 1.0)]});
+            if let Some(c) = commit {
+                v["commit"] = json!(c);
+            }
+            v
+        };
+        let paths = [
+            report(&d, "new.json", body(Some("abc1234"), 1.0)),
+            report(&d, "old.json", body(None, 2.0)),
+            report(&d, "again.json", body(Some("abc1234"), 4.0)),
+        ];
+        let r = Reports::load(&paths).unwrap();
+        assert_eq!(r.commits, ["abc1234", "unknown", "abc1234"]);
+        assert_eq!(r.commits_shown(), "abc1234, unknown");
+        assert_eq!(
+            r.runs.len(),
+            3,
+            "the commit does not take part in the scenario check"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

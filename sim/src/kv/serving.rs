@@ -68,6 +68,14 @@ impl Placement {
     }
 }
 
+/// Most µs of each term of a [`TimeModel`] (10^9 µs, 1,000 s): with at most `u32::MAX` requests
+/// per step and `u64::MAX` steps, every step time and the clock stay finite.
+pub const MAX_STEP_TERM_US: f64 = 1e9;
+
+/// Least non-zero [`SimConfig::admission_gbps`], GB/s (1 MB/s): a copy of a whole `u64` budget then
+/// stalls at most ~1.8 × 10^19 µs, so the clock stays finite.
+pub const MIN_ADMISSION_GBPS: f64 = 1e-3;
+
 /// Decode step time model (µs).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TimeModel {
@@ -276,7 +284,7 @@ impl SimConfig {
     /// geometry's `InvalidGeometry` / `ArenaTooSmall`). Bounds: `hbm_budget_bytes`,
     /// `kv_bytes_per_token` (bytes), `max_batch` (requests) and `chunk_pages` (pages) `>= 1`;
     /// every placement's step-time model as in [`TimeModel::validate`] (the error names the
-    /// placement); `admission_gbps` finite and `>= 0`; `load` finite and `> 0`; `selection` as in [`SelectionParams::validate`] with
+    /// placement); `admission_gbps` 0 or finite and `>=` [`MIN_ADMISSION_GBPS`] GB/s; `load` finite and `> 0`; `selection` as in [`SelectionParams::validate`] with
     /// `top_k <= hot_rows` (a step's distinct misses must fit in the hot cache); and
     /// [`SimConfig::geometry`] valid (`page_rows`, `hot_rows`, `tail_rows >= 1`, arena rows below
     /// 2^31, one request's fixed rows fit in the budget).
@@ -302,10 +310,10 @@ impl SimConfig {
         if self.chunk_pages == 0 {
             return bad("chunk_pages must be >= 1".into());
         }
-        if !(self.admission_gbps.is_finite() && self.admission_gbps >= 0.0) {
+        let g = self.admission_gbps;
+        if !(g.is_finite() && (g == 0.0 || g >= MIN_ADMISSION_GBPS)) {
             return bad(format!(
-                "admission_gbps {} must be finite and >= 0 GB/s",
-                self.admission_gbps
+                "admission_gbps {g} must be 0 (free) or finite and >= {MIN_ADMISSION_GBPS} GB/s"
             ));
         }
         for p in Placement::ALL {
@@ -332,27 +340,25 @@ impl SimConfig {
 
 impl TimeModel {
     /// Checks the terms (`KvError::InvalidConfig` naming `what`, e.g. the placement):
-    /// `step_base_us` finite and `> 0` µs, the per-request and per-miss terms finite and `>= 0`.
+    /// `step_base_us` in `(0, MAX_STEP_TERM_US]` µs, the per-request and per-miss terms in
+    /// `[0, MAX_STEP_TERM_US]` µs ([`MAX_STEP_TERM_US`] keeps every step time and the clock finite).
     pub fn validate(&self, what: &str) -> Result<()> {
         let bad = |m: String| Err(KvError::InvalidConfig(format!("{what}: {m}")));
         let t = *self;
-        if !(t.step_base_us.is_finite() && t.step_base_us > 0.0) {
+        let max = MAX_STEP_TERM_US;
+        if !(t.step_base_us.is_finite() && t.step_base_us > 0.0 && t.step_base_us <= max) {
             return bad(format!(
-                "step_base_us {} must be finite and > 0 µs",
+                "step_base_us {} must be in (0, {max:e}] µs",
                 t.step_base_us
             ));
         }
-        if !(t.step_per_miss_us.is_finite() && t.step_per_miss_us >= 0.0) {
-            return bad(format!(
-                "step_per_miss_us {} must be finite and >= 0 µs",
-                t.step_per_miss_us
-            ));
-        }
-        if !(t.step_per_request_us.is_finite() && t.step_per_request_us >= 0.0) {
-            return bad(format!(
-                "step_per_request_us {} must be finite and >= 0 µs",
-                t.step_per_request_us
-            ));
+        for (name, v) in [
+            ("step_per_miss_us", t.step_per_miss_us),
+            ("step_per_request_us", t.step_per_request_us),
+        ] {
+            if !(v.is_finite() && (0.0..=max).contains(&v)) {
+                return bad(format!("{name} {v} must be in [0, {max:e}] µs"));
+            }
         }
         Ok(())
     }
@@ -772,7 +778,8 @@ mod tests {
         for load in [f64::NAN, -1.0, 0.0, f64::INFINITY] {
             inval(SimConfig { load, ..small() });
         }
-        for step_base_us in [f64::NAN, 0.0, -5.0] {
+        // Finite but so large that a step (or the clock) would overflow to inf.
+        for step_base_us in [f64::NAN, 0.0, -5.0, 1e308, MAX_STEP_TERM_US * 2.0] {
             inval(SimConfig {
                 time: TimeModel {
                     step_base_us,
@@ -790,14 +797,22 @@ mod tests {
             },
             ..small()
         });
-        inval(SimConfig {
-            time: TimeModel {
-                step_base_us: 1.0,
-                step_per_request_us: 1.0,
-                step_per_miss_us: -1.0,
-            },
-            ..small()
-        });
+        for (step_per_request_us, step_per_miss_us) in [(1.0, -1.0), (1e308, 0.0), (0.0, 1e10)] {
+            inval(SimConfig {
+                time: TimeModel {
+                    step_base_us: 1.0,
+                    step_per_request_us,
+                    step_per_miss_us,
+                },
+                ..small()
+            });
+        }
+        for admission_gbps in [1e-300, MIN_ADMISSION_GBPS / 2.0] {
+            inval(SimConfig {
+                admission_gbps,
+                ..small()
+            });
+        }
         inval(SimConfig {
             hbm_budget_bytes: 0,
             ..small()

@@ -357,7 +357,11 @@ fn tokens_per_s_over(steps: &[StepRecord], n: usize) -> f64 {
 
 fn main() {
     if std::env::args().skip(1).any(|a| a == "-h" || a == "--help") {
-        println!("{}", usage());
+        println!(
+            "{}\n(built from commit {})",
+            usage(),
+            scenario::BUILD_COMMIT
+        );
         return;
     }
     let args = match parse_args(std::env::args().skip(1)) {
@@ -533,6 +537,15 @@ mod tests {
         assert!(close(tokens_per_s_over(&steps, 3), 70.0 / 12e-3));
         assert!(close(tokens_per_s_over(&steps, 99), 70.0 / 12e-3));
         assert_eq!(tokens_per_s_over(&[], 5), 0.0);
+    }
+
+    #[test]
+    fn the_build_commit_is_a_short_hash_or_unknown() {
+        let c = scenario::BUILD_COMMIT;
+        assert!(
+            c == "unknown" || (c.len() >= 4 && c.chars().all(|ch| ch.is_ascii_hexdigit())),
+            "{c:?}"
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tierkit_sim::kv::selection::{SelectionGen, SelectionParams};
 use tierkit_sim::kv::trace::ArrivalTrace;
 
 use crate::device::{cu, elapsed_us, CopyWindows, Device, Res};
-use crate::scenario::{DeviceErrors, Report, RunReport, Scenario, StepRecord};
+use crate::scenario::{DeviceErrors, Report, RunReport, Scenario, StepRecord, BUILD_COMMIT};
 use crate::store::{Pattern, Store};
 use crate::Args;
 
@@ -37,7 +37,7 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
         .next_multiple_of(sc.page_rows as u64)
         .min(tierkit_sim::kv::trace::MAX_REQUEST_TOKENS as u64) as u32;
     println!(
-        "device: {} ({}); trace {} ({} requests, longest {max_history} tokens); budget {:.1} GiB = {} pages of {} tokens x {} layers x {} B; weights read {:.1} GiB/step; layers held {} of {}",
+        "device: {} ({}); build {BUILD_COMMIT}; trace {} ({} requests, longest {max_history} tokens); budget {:.1} GiB = {} pages of {} tokens x {} layers x {} B; weights read {:.1} GiB/step; layers held {} of {}",
         gpu.name()?,
         gpu.arch(),
         trace.name,
@@ -119,6 +119,7 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
         gpu.synchronize()?;
     }
     Ok(Some(Report {
+        commit: BUILD_COMMIT.to_string(),
         device: gpu.name()?,
         trace: args.trace.display().to_string(),
         requests: trace.requests.len(),

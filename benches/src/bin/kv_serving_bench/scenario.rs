@@ -194,9 +194,16 @@ pub struct RunReport {
     pub steps: Vec<StepRecord>,
 }
 
+/// The commit the binary was built from (`git rev-parse --short HEAD` at build time, `unknown`
+/// without git; see `benches/build.rs`).
+pub const BUILD_COMMIT: &str = env!("TIERKIT_BUILD_COMMIT");
+
 /// The whole benchmark.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// The commit the binary was built from ([`BUILD_COMMIT`]). Reports written before it was
+    /// recorded have no `commit`; readers (`tierkit kv fit-time`, `plot-bench`) take `unknown`.
+    pub commit: String,
     /// GPU name.
     pub device: String,
     /// Trace file and requests read.
