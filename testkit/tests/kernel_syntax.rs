@@ -1,0 +1,105 @@
+//! Every kernel source NVRTC compiles, parsed by the host C++ compiler against a stand-in for the
+//! CUDA headers (`tests/fake_cuda.h`): on machines without NVRTC (CI) a kernel edit that does not
+//! parse, names an undeclared function or passes the wrong arguments fails here instead of at the
+//! first device run. The KV resolve module is also parsed with each benchmark-only `KV_ABL_*`
+//! switch, whose code is compiled only when the switch is defined. SKIP without `g++`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cuda_kernels::{KernelSource, COUNT_MODULE, KV_MODULE, TABLE_MODULE};
+use tierkit_testkit::{router_standins, EXPERT_READERS_MODULE, KV_STANDINS, SGLANG_HISPARSE};
+
+const FAKE_CUDA: &str = include_str!("fake_cuda.h");
+
+/// The ablation switches `kv_resolve.cu` reads (`cuda-kernels/DESIGN.md`).
+const KV_SWITCHES: [&str; 7] = [
+    "KV_ABL_EMPTY",
+    "KV_ABL_MIN",
+    "KV_ABL_NODUP",
+    "KV_ABL_NOBARRIER",
+    "KV_ABL_NOCOUNT",
+    "KV_ABL_NOTRIP3",
+    "KV_ABL_NOPOS",
+];
+
+fn gxx() -> Option<&'static str> {
+    let ok = Command::new("g++")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    ok.then_some("g++")
+}
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tierkit-kernel-syntax-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `g++ -fsyntax-only` of `src` with `defines`: the compiler's errors, if any.
+fn parse(cxx: &str, d: &Path, src: &KernelSource, defines: &[&str]) -> Option<String> {
+    let header = d.join("fake_cuda.h");
+    std::fs::write(&header, FAKE_CUDA).unwrap();
+    let file = d.join(format!("{}.cu", src.name));
+    std::fs::write(&file, src.code).unwrap();
+    let mut cmd = Command::new(cxx);
+    cmd.args(["-std=c++17", "-fsyntax-only", "-w", "-x", "c++", "-include"])
+        .arg(&header)
+        .arg(&file);
+    for def in defines {
+        cmd.arg(format!("-D{def}"));
+    }
+    let out = cmd.output().expect("g++ runs");
+    (!out.status.success()).then(|| {
+        format!(
+            "{} {defines:?}:\n{}",
+            src.name,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn every_kernel_source_parses() {
+    let Some(cxx) = gxx() else {
+        println!("SKIP: no g++ to parse the kernel sources");
+        return;
+    };
+    let d = dir();
+    let sources = [
+        KV_MODULE,
+        COUNT_MODULE,
+        TABLE_MODULE,
+        EXPERT_READERS_MODULE,
+        KV_STANDINS,
+        SGLANG_HISPARSE,
+        router_standins(),
+    ];
+    let mut errors: Vec<String> = sources
+        .iter()
+        .filter_map(|s| parse(cxx, &d, s, &[]))
+        .collect();
+    for sw in KV_SWITCHES {
+        assert!(
+            KV_MODULE.code.contains(sw),
+            "{sw} is no longer in kv_resolve.cu: update KV_SWITCHES"
+        );
+        errors.extend(parse(cxx, &d, &KV_MODULE, &[sw]));
+    }
+    // The check itself: a source with an undeclared builtin must fail.
+    let broken = KernelSource {
+        name: "broken",
+        code: "__device__ int f(int x) { return __no_such_builtin(x); }",
+    };
+    assert!(
+        parse(cxx, &d, &broken, &[]).is_some(),
+        "the parse check accepts anything"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(
+        errors.is_empty(),
+        "kernel sources that do not parse:\n{}",
+        errors.join("\n")
+    );
+}
