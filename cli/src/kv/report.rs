@@ -69,17 +69,16 @@ impl Reports {
             match &first {
                 None => first = Some((path.clone(), device, scenario)),
                 Some((p0, d0, s0)) => {
-                    if *d0 != device {
+                    let why = if *d0 != device {
+                        format!("measured on different devices ({d0} vs {device})")
+                    } else if *s0 != scenario {
+                        "different scenarios (row bytes, layers, top-k, hot rows, budget, ...; only max_batch may differ)".into()
+                    } else {
+                        String::new()
+                    };
+                    if !why.is_empty() {
                         return Err(format!(
-                            "{} and {}: measured on different devices ({d0} vs {device}); fit or plot them separately",
-                            p0.display(),
-                            path.display()
-                        )
-                        .into());
-                    }
-                    if *s0 != scenario {
-                        return Err(format!(
-                            "{} and {}: different scenarios (row bytes, layers, top-k, hot rows, budget, ...; only max_batch may differ); fit or plot them separately",
+                            "{} and {}: {why}; fit or plot them separately",
                             p0.display(),
                             path.display()
                         )
