@@ -29,19 +29,35 @@ struct KvDims {
     unsigned int max_history, max_pages, arena_rows, pad0;
 };
 
-// A divisor with its round-up multiplier and shift (cuda-kernels/src/kv/fastdiv.rs computes them
-// per launch; CUTLASS's FastDivmod): x / d == umulhi(x, mul) >> shr for 0 <= x < 2^31, and
-// mul == 0 means d == 1. Two instructions where a division by a runtime value takes ~12.
+// A divisor with its multiplier and shift (cuda-kernels/src/kv/fastdiv.rs computes them per
+// launch; Granlund and Montgomery's 33-bit multiplier 2^32 + mul): x / d == (umulhi(x, mul) + x) >> shr
+// for 0 <= x < 2^31 (the sum cannot overflow there), d == 1 included (mul = 1, shr = 0). Three
+// instructions, no select, where a division by a runtime value takes ~12.
 struct KvDiv {
     unsigned int d, mul, shr, pad;
 };
 struct KvDivs {
     KvDiv page, tail, k;  // page_rows, tail_rows, the call's top-k width
+    // The lean engines' launch-time batch shape (cuda-kernels/src/kv/fastdiv.rs): m = query rows
+    // per entry of a uniform batch (rows = m x sessions, 1 <= m <= KV_FAST_MAX_ROWS, m x k <=
+    // KV_FAST_PER x blockDim), 0 when the batch is not uniform; gper = picks per thread of such an
+    // entry (min(KV_FAST_PER, ceil(m x k / blockDim))); fp_max = the largest fixed page whose last
+    // row fits an int ((2^31 - 1 - (page_rows - 1)) / page_rows).
+    unsigned int m, gper, fp_max, pad;
 };
 __device__ __forceinline__ unsigned int kv_quo(const KvDiv& v, unsigned int x) {
-    return v.mul ? __umulhi(x, v.mul) >> v.shr : x;
+    return (__umulhi(x, v.mul) + x) >> v.shr;
 }
 __device__ __forceinline__ unsigned int kv_rem(const KvDiv& v, unsigned int x) { return x - kv_quo(v, x) * v.d; }
+
+// Keeps a pointer in a register as computed: an empty asm the compiler cannot see through, so each
+// lookup scales a 32-bit index onto it (one IMAD.WIDE) instead of re-forming `base + 4 * (offset +
+// i)` from the kernel parameters at every use. The pointer then reads through __ldca (ld.global.ca,
+// the default caching) so the load stays a global one, not a generic one.
+__device__ __forceinline__ void kv_pin(const int*& p) {
+    asm("" : "+l"(p));
+    __builtin_assume(__isGlobal(p));
+}
 
 struct KvSlotDesc {
     unsigned int live, committed, scratch_len, full;
@@ -466,11 +482,8 @@ __device__ __forceinline__ unsigned int kv_block_scan_u32(unsigned int v, unsign
     return before + x - v;
 }
 
-__device__ __forceinline__ unsigned int kv_warp_sum(unsigned int v) {
-#pragma unroll
-    for (unsigned int o = 16; o > 0u; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
+// The sum of v over the warp, in every lane (one REDUX on sm_80 and later; all lanes call it).
+__device__ __forceinline__ unsigned int kv_warp_sum(unsigned int v) { return __reduce_add_sync(0xffffffffu, v); }
 
 __device__ __forceinline__ unsigned int kv_bit(const unsigned int* bits, unsigned int s) {
     return (bits[s >> 5] >> (s & 31u)) & 1u;
@@ -1119,8 +1132,8 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 #define KV_PICK_BAD 1u
 #define KV_PICK_SCRATCH 2u
 #define KV_PICK_TAIL 3u
-#define KV_PICK_PAGE 4u
-#define KV_PICK_HOT 5u
+#define KV_PICK_HOT 4u   // scratch, tail and hot are consecutive: the fixed-row classes
+#define KV_PICK_PAGE 5u
 #define KV_PICK_MISS 6u
 
 // The lean engine's classification and preview (before the validating barrier, no side effect):
@@ -1128,10 +1141,12 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 // -> miss) into *cls (3 bits per pick) and v, and folds the counts and flags into the warp's
 // partials. Valid outputs are counted by class: a tail, scratch or hot row is a fixed row
 // (non-negative when no lane is slow, which the fixed-page loader checks), a page row is v itself.
-// All lanes call it.
-__device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvDivs& dv, const KvSlotDesc& s, int limit,
+// pj: each pick's page (its page-table index, read in trip 2). Returns whether the warp has a
+// pick of a fixed-row class (warp-uniform). All lanes call it.
+__device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& dv, const KvSlotDesc& s, int limit,
                                                  const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
-                                                 const int (&pg)[KV_FAST_PER], const int (&hs)[KV_FAST_PER],
+                                                 const int (&pg)[KV_FAST_PER], const unsigned int (&pj)[KV_FAST_PER],
+                                                 const int (&hs)[KV_FAST_PER],
                                                  unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
                                                  unsigned int k, bool slow, unsigned int* part, unsigned int* cls,
                                                  int (&v)[KV_FAST_PER]) {
@@ -1158,7 +1173,7 @@ __device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvDivs& 
             w0 += 1u + (1u << 8);
         } else if (pg[i] >= 0) {
             c |= KV_PICK_PAGE << (3u * i);
-            v[i] = pg[i] * (int)d.page_rows + (int)kv_rem(dv.page, q);
+            v[i] = pg[i] * (int)d.page_rows + (int)(q - pj[i] * d.page_rows);  // pj: q's page (trip 2)
             w0 += (1u << 24) + (v[i] >= 0 ? 1u : 0u);
         } else if (hs[i] >= 0) {
             c |= KV_PICK_HOT << (3u * i);
@@ -1182,6 +1197,7 @@ __device__ __forceinline__ void kv_lean_classify(const KvDims& d, const KvDivs& 
         part[(threadIdx.x >> 5) * KV_LEAN_PARTS] = w0;
         part[(threadIdx.x >> 5) * KV_LEAN_PARTS + 1u] = w1;
     }
+    return ((w0 >> 8) & 0xffffu) != 0u || (w1 & 0xffu) != 0u;  // the warp has a tail, scratch or hot pick
 }
 
 // After the validating barrier: whether no warp of the block raised a preview flag (block-uniform).
@@ -1306,11 +1322,34 @@ __device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvDiv& pr, 
     }
 }
 
+// The outputs of a quiet lean entry from the preview's classes (its counts are in the partials):
+// a page pick's output is v itself, a scratch, tail or hot pick's the fixed row of v (looked up
+// only in warps that have one: `fixed_any`, warp-uniform), anything else -1; hot hits are touched
+// unless the slot is full (block-uniform).
+__device__ __forceinline__ void kv_lean_outputs(const KvDiv& pr, const KvTables& t, unsigned long long hb, bool full,
+                                                bool fixed_any, unsigned int cls, const int (&v)[KV_FAST_PER],
+                                                unsigned long long call, const int* fp, int (&out)[KV_FAST_PER]) {
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) out[i] = ((cls >> (3u * i)) & 7u) == KV_PICK_PAGE ? v[i] : -1;
+    if (fixed_any) {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (((cls >> (3u * i)) & 7u) - KV_PICK_SCRATCH <= KV_PICK_HOT - KV_PICK_SCRATCH)
+                out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
+    }
+    if (!full) {
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (((cls >> (3u * i)) & 7u) == KV_PICK_HOT) kv_touch(t, hb + (unsigned int)v[i], call);
+    }
+}
+
 // A quiet lean entry (the preview saw no miss and no flagged warp; in-place layout): steps A + B,
 // one store per thread, the counts from the preview's partials; no barrier.
 __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
-                                                    bool full, unsigned int cls, const int (&v)[KV_FAST_PER],
-                                                    unsigned int f0, unsigned int fe, unsigned int per,
+                                                    bool full, bool fixed_any, unsigned int cls,
+                                                    const int (&v)[KV_FAST_PER], unsigned int f0, unsigned int fe,
+                                                    unsigned int per,
                                                     unsigned int F, unsigned int R, unsigned int row0,
                                                     unsigned int k, int* __restrict__ indices,
                                                     int* __restrict__ valid_count,
@@ -1318,13 +1357,9 @@ __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDiv
                                                     unsigned int* __restrict__ stats_r, unsigned long long call,
                                                     const int* fp, const unsigned int* part) {
     int out[KV_FAST_PER];
-    unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
-    bool miss = false;
-    kv_lean_picks(d, dv.page, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
+    kv_lean_outputs(dv.page, t, (unsigned long long)slot * d.hot_rows, full, fixed_any, cls, v, call, fp, out);
     kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
-#ifndef KV_ABL_NOCOUNT
     kv_lean_counts(t, part, per, F, R, dv.k, row0, full, valid_count, plan_count_r, stats_r);
-#endif
 }
 
 __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
@@ -1411,27 +1446,24 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         limit = seq_lens[r];
     }
     // Speculatively: in a uniform batch (rows = m x sessions: decode, m = 1, or a speculative step
-    // with m query rows per entry) entry r's picks start at row r x m. They are loaded with the
-    // words above and kept when query_start_loc confirms that layout; otherwise they are loaded
-    // again from the entry's own rows below (the picks of a misguessed row are never used). Row
-    // r x m + m <= rows: in bounds of topk.
-    const unsigned int m = rows == sessions ? 1u : (sessions != 0u && rows % sessions == 0u) ? rows / sessions : 0u;
+    // with m query rows per entry; dv.m != 0, its shape computed at launch) entry r's picks start
+    // at row r x m. They are loaded with the words above and kept when query_start_loc confirms
+    // that layout; otherwise they are loaded again from the entry's own rows below (the picks of a
+    // misguessed row are never used). Row r x m + m <= rows: in bounds of topk.
+    const unsigned int m = dv.m;
     // The lean kernels' blocks are 512 or 1024 threads: ceil(x / blockDim) is a shift.
     const unsigned int lb = 31u - (unsigned int)__clz((int)blockDim.x);
-    const bool guess = entry && m >= 1u && m <= KV_FAST_MAX_ROWS &&
-                       (unsigned long long)m * k <= (unsigned long long)KV_FAST_PER * blockDim.x;
+    const bool guess = entry && m != 0u;
     int p[KV_FAST_PER];
     {
         const unsigned int gF = guess ? m * k : 0u;
-        const unsigned int gper = min((unsigned int)KV_FAST_PER, (gF + blockDim.x - 1u) >> lb);
-        const unsigned int g0 = tid * gper, ge = min(g0 + gper, gF);
+        const unsigned int g0 = tid * dv.gper, ge = min(g0 + dv.gper, gF);
         kv_load_picks(topk + (unsigned long long)(guess ? r * m : 0u) * k + g0, p, ge > g0 ? ge - g0 : 0u);
     }
     // The query_start_loc check and the repeated-slot scan: each thread's first words go to
     // registers with the loads above (a loop that compared as it loaded would wait for them first);
     // batches over blockDim entries loop for the rest.
     bool bad_qsl = false, dup = false;
-#ifndef KV_ABL_NODUP
     {
         const bool mine = tid < sessions;
         int a = 0, b = 0, o = -1, z0 = 0, zn = 0;
@@ -1451,7 +1483,6 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
             dup |= entry && i != r && session_slot[i] == sl;
         }
     }
-#endif
     // Round trip 2: the slot's descriptor, call counter and fixed pages, and per pick the page-table
     // and position-table entries (their addresses depend only on the slot and the pick; used only
     // where the lookup order reaches them). Addresses are checked against the tables' extents here;
@@ -1460,8 +1491,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
     const bool rows_in = entry && q0 >= 0 && q0 <= q1 && (unsigned int)q1 <= rows;
     const unsigned int R = rows_in ? (unsigned int)(q1 - q0) : 0u;
-    const bool lean = rows_in && R <= KV_FAST_MAX_ROWS &&
-                      (unsigned long long)R * k <= (unsigned long long)KV_FAST_PER * blockDim.x;
+    // R <= KV_FAST_MAX_ROWS and k <= KV_FAST_PER x blockDim: R x k fits 32 bits.
+    const bool lean = rows_in && R <= KV_FAST_MAX_ROWS && k <= KV_FAST_PER * blockDim.x &&
+                      R * k <= KV_FAST_PER * blockDim.x;
     const unsigned int F = lean ? R * k : 0u;
     const unsigned int per = min((unsigned int)KV_FAST_PER, (F + blockDim.x - 1u) >> lb);
     const unsigned int f0 = tid * per, fe = min(f0 + per, F);
@@ -1484,63 +1516,48 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     const int* const g = kv_slot_fixed(d, t, slot_in ? (unsigned int)sl : 0u);
     const bool fp_mine = slot_in && tid < d.fixed_pages;
     const int fp_first = fp_mine ? g[tid] : -1;
-    const unsigned long long tb = (unsigned long long)(slot_in ? sl : 0) * d.max_pages;
-    const unsigned long long pb = (unsigned long long)(slot_in ? sl : 0) * d.max_history;
+    // The slot's rows of the page and position tables: one 64-bit base each (the offsets pinned by
+    // kv_pin, so each lookup is one 32-bit index scaled onto the base, not a 64-bit offset sum
+    // re-formed per pick), then per pick two loads predicated on their bounds, no branch.
+    const int* ptab = t.page_tab + (unsigned long long)(slot_in ? sl : 0) * d.max_pages;
+    const int* pslot = t.pos_slot + (unsigned long long)(slot_in ? sl : 0) * d.max_history;
+    kv_pin(ptab);
+    kv_pin(pslot);
     int pg[KV_FAST_PER], hs[KV_FAST_PER];
+    unsigned int pj[KV_FAST_PER];  // each pick's page (reused by the classification)
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        pg[i] = -1;
-        hs[i] = -1;
-#ifdef KV_ABL_NOTRIP3
-        if (p[i] >= 0) pg[i] = 0;
-        if (0) {
-#else
-        if (slot_in && p[i] >= 0) {
-#endif
-            const unsigned int j = kv_quo(dv.page, (unsigned int)p[i]);
-            if (j < d.max_pages) pg[i] = t.page_tab[tb + j];
-#ifdef KV_ABL_NOPOS
-            if (s.full == 0u)
-#endif
-            if ((unsigned int)p[i] < d.max_history) hs[i] = t.pos_slot[pb + p[i]];
-        }
+        const unsigned int q = (unsigned int)p[i];  // >= 2^31 for a negative pick
+        const unsigned int j = kv_quo(dv.page, q);  // meaningful only for q < 2^31
+        const bool look = slot_in && p[i] >= 0;
+        pj[i] = j;
+        pg[i] = look && j < d.max_pages ? ptab[j] : -1;
+        hs[i] = look && q < d.max_history ? pslot[q] : -1;
     }
-#ifdef KV_ABL_MIN
-    // ablation only: a direct slot stores its page rows at once (no classification, validation,
-    // counts or tail rows: wrong outputs where a pick is a tail row) - the floor of a direct kernel
-    if (slot_in && s.full != 0u) {
-        int o[KV_FAST_PER];
-#pragma unroll
-        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
-            o[i] = pg[i] >= 0 ? pg[i] * (int)d.page_rows + (int)kv_rem(dv.page, (unsigned int)p[i]) : -1;
-        kv_store_picks(indices + (unsigned long long)q0 * k + f0, o, fe > f0 ? fe - f0 : 0u);
-        return;
-    }
-#endif
     int rl[KV_FAST_PER];
 #pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i)
-        rl[i] = (qseq && f0 + i < fe) ? qseq[(unsigned int)q0 + kv_quo(dv.k, f0 + i)] : KV_NO_BOUND;
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) rl[i] = KV_NO_BOUND;
+    if (qseq != nullptr) {  // a launch-wide branch: without per-query bounds none of this issues
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
+            if (f0 + i < fe) rl[i] = qseq[(unsigned int)q0 + kv_quo(dv.k, f0 + i)];
+    }
     int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
     bool fp_slow = false;  // a fixed row of this thread's pages could be negative
     if (slot_in) {
         for (unsigned int i = tid; i < d.fixed_pages; i += blockDim.x) {
             const int v = i == tid ? fp_first : g[i];
             fp[i] = v;
-            fp_slow |= v < 0 || (long long)v * d.page_rows + d.page_rows - 1ll > 0x7fffffffll;
+            fp_slow |= (unsigned int)v > dv.fp_max;  // negative, or its last row overflows an int
         }
     }
     // Preview of the picks' classes into the warp partials (folded into the validating barrier).
     unsigned int cls;
     int v[KV_FAST_PER];
-    kv_lean_classify(d, dv, s, limit, p, rl, pg, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
+    const bool fixed_any = kv_lean_classify(d, dv, s, limit, p, rl, pg, pj, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
     // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
-#ifdef KV_ABL_NOBARRIER
-    if (0) {
-#else
     if (__syncthreads_or(bad_qsl | dup)) {
-#endif
         qsl_bad = __syncthreads_or(bad_qsl);
         dup_any = __syncthreads_or(dup);
     }
@@ -1561,7 +1578,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         if (!ok) {
             kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
         } else if (lean && layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part)) {
-            kv_entry_lean_quiet(d, dv, t, (unsigned int)sl, s.full != 0u, cls, v, f0, fe, per, F, R, row0, k, indices,
+            kv_entry_lean_quiet(d, dv, t, (unsigned int)sl, s.full != 0u, fixed_any, cls, v, f0, fe, per, F, R, row0, k, indices,
                                 valid_count, plan_count + r, stats + r * KV_STATS, call, fp, sh_part);
         } else if (lean) {
             kv_entry_lean(d, dv, t, (unsigned int)sl, s, cls, v, f0, fe, per, F, R, row0, k, layer, fetch,

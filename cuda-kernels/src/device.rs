@@ -349,11 +349,11 @@ mod defines_tests {
     #[test]
     fn switches_no_kernel_reads_are_named() {
         let d = super::nvrtc_defines(Some(
-            "KV_ABL_NOCOUNT KV_ABL_NOSTAMP KV_ABL_NOTRIP KV_ABL_NOPOS=1",
+            "KV_ABL_EMPTY KV_ABL_NOSTAMP KV_ABL_EMPT KV_ABL_NOPOS=1",
         ));
         assert_eq!(
             super::unread_switches(&d, crate::kv::KV_MODULE.code),
-            vec!["KV_ABL_NOSTAMP", "KV_ABL_NOTRIP"]
+            vec!["KV_ABL_NOSTAMP", "KV_ABL_EMPT", "KV_ABL_NOPOS"]
         );
     }
 }

@@ -17,7 +17,7 @@ struct int4 { int x, y, z, w; }; struct int2 { int x, y; }; struct uint4 { unsig
 typedef unsigned long size_t;
 void __syncthreads(); int __syncthreads_or(int); int __syncthreads_and(int); int __syncthreads_count(int);
 void __syncwarp(unsigned = 0xffffffffu); void __threadfence(); void __threadfence_block();
-unsigned __ballot_sync(unsigned, int); int __any_sync(unsigned, int); int __all_sync(unsigned, int);
+unsigned __reduce_add_sync(unsigned, unsigned); unsigned __ballot_sync(unsigned, int); int __any_sync(unsigned, int); int __all_sync(unsigned, int);
 template<class T> T __shfl_sync(unsigned, T, int, int = 32); template<class T> T __shfl_xor_sync(unsigned, T, int, int = 32);
 template<class T> T __shfl_down_sync(unsigned, T, unsigned, int = 32); template<class T> T __shfl_up_sync(unsigned, T, unsigned, int = 32);
 template<class T> T atomicAdd(T*, T); template<class T> T atomicMin(T*, T); template<class T> T atomicMax(T*, T);
@@ -25,7 +25,8 @@ template<class T> T atomicCAS(T*, T, T); template<class T> T atomicExch(T*, T); 
 int __popc(unsigned); int __ffs(int); int __clz(int); int __popcll(unsigned long long); int __ffsll(long long); unsigned __umulhi(unsigned, unsigned);
 unsigned __brev(unsigned); int __clzll(long long);
 template<class T> T min(T, T); template<class T> T max(T, T);
-template<class T> T __ldg(const T*);
+template<class T> T __ldg(const T*); unsigned __isGlobal(const void*);
+#define __builtin_assume(x) ((void)(x))
 unsigned __activemask();
 inline int4 make_int4(int a,int b,int c,int d){return {a,b,c,d};} inline int2 make_int2(int a,int b){return {a,b};}
 struct longlong2 { long long x, y; }; struct longlong4 { long long x, y, z, w; }; struct uint2 { unsigned x, y; };

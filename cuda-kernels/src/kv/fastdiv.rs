@@ -1,12 +1,13 @@
 //! Division by a launch-time constant without a hardware divide: the resolve kernels' page, tail
-//! and top-k divisors as a round-up multiplier and shift, computed here once per launch (the
-//! method of CUTLASS's `FastDivmod`, after Granlund and Montgomery, "Division by invariant integers
-//! using multiplication", PLDI 1994).
+//! and top-k divisors as a multiplier and shift, computed here once per launch (Granlund and
+//! Montgomery, "Division by invariant integers using multiplication", PLDI 1994, the 33-bit
+//! multiplier of their figure 4.1; CUTLASS's `FastDivmod` is the same idea).
 //!
-//! For a divisor `d ≥ 2`, with `p = 31 + ⌈log2 d⌉`, `mul = ⌈2^p / d⌉` and `shr = p − 32`, every
-//! `x < 2^31` has `x / d == umulhi(x, mul) >> shr` (`umulhi` = the high 32 bits of the 64-bit
-//! product); `d == 1` is `mul == 0` (the quotient is `x`). On the H200 a `u32` division by a
-//! runtime value is ~12 SASS instructions (reciprocal, conversions, corrections); this is 2.
+//! For a divisor `d ≥ 1`, with `l = ⌈log2 d⌉`, `mul = ⌊2^32 (2^l − d) / d⌋ + 1` and `shr = l`, every
+//! `x < 2^31` has `x / d == (umulhi(x, mul) + x) >> shr` (`umulhi` = the high 32 bits of the 64-bit
+//! product; the sum stays below 2^32 there). `d == 1` is `mul == 1, shr == 0`, so the device needs
+//! no select; a `d > 2^31` is `mul == 0, shr == 31` (every quotient 0, no shift by 32). On the H200 a `u32` division by a runtime value is ~12 SASS instructions
+//! (reciprocal, conversions, corrections); this is 3.
 
 use bytemuck::{Pod, Zeroable};
 use cudarc::driver::DeviceRepr;
@@ -17,9 +18,9 @@ use cudarc::driver::DeviceRepr;
 pub(crate) struct KvDiv {
     /// The divisor (≥ 1).
     pub d: u32,
-    /// Round-up multiplier (0 for `d == 1`).
+    /// The low 32 bits of the 33-bit multiplier `2^32 + mul`.
     pub mul: u32,
-    /// Right shift after the high product.
+    /// Right shift after the sum.
     pub shr: u32,
     /// Padding (0).
     pub pad: u32,
@@ -30,19 +31,21 @@ impl KvDiv {
     /// before a launch, and a zero never reaches a kernel).
     pub(crate) fn new(d: u32) -> Self {
         let d = d.max(1);
-        if d == 1 {
+        if d > 1 << 31 {
+            // every x < 2^31 has quotient 0: (0 + x) >> 31 (no shift by 32 on the device)
             return KvDiv {
                 d,
-                ..KvDiv::default()
+                mul: 0,
+                shr: 31,
+                pad: 0,
             };
         }
-        let log = 32 - (d - 1).leading_zeros(); // ⌈log2 d⌉ for d ≥ 2
-        let p = 31 + log;
-        let mul = (1u64 << p).div_ceil(d as u64);
+        let l = 32 - (d - 1).leading_zeros(); // ⌈log2 d⌉ (0 for d == 1, at most 31 here)
+        let mul = ((1u64 << 32) * ((1u64 << l) - d as u64)) / d as u64 + 1;
         KvDiv {
             d,
             mul: mul as u32,
-            shr: p - 32,
+            shr: l,
             pad: 0,
         }
     }
@@ -50,15 +53,19 @@ impl KvDiv {
     /// `x / d` as the device computes it (valid for `x < 2^31`).
     #[cfg(test)]
     fn quo(&self, x: u32) -> u32 {
-        if self.mul == 0 {
-            x
-        } else {
-            ((x as u64 * self.mul as u64) >> 32) as u32 >> self.shr
-        }
+        let hi = ((x as u64 * self.mul as u64) >> 32) as u32;
+        (hi + x) >> self.shr
     }
 }
 
-/// The divisors of one resolve launch: `struct KvDivs` in `kv_resolve.cu`, passed by value.
+/// Picks per thread and query rows per entry the lean kernels hold (`KV_FAST_PER`,
+/// `KV_FAST_MAX_ROWS` in `kv_resolve.cu`).
+const KV_FAST_PER: u64 = 4;
+const KV_FAST_MAX_ROWS: u32 = 64;
+
+/// The launch-time constants of one resolve launch: `struct KvDivs` in `kv_resolve.cu`, passed by
+/// value: the divisors, the batch shape the lean kernels guess their picks from, and the largest
+/// fixed page whose rows fit an `int`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub(crate) struct KvDivs {
@@ -68,6 +75,53 @@ pub(crate) struct KvDivs {
     pub tail: KvDiv,
     /// The call's top-k width `k`.
     pub k: KvDiv,
+    /// Query rows per entry of a uniform batch (`rows = m × sessions`, `1 ≤ m ≤ 64`, `m × k ≤
+    /// 4 × block`), 0 otherwise.
+    pub m: u32,
+    /// Picks per thread of such an entry: `min(4, ⌈m × k / block⌉)`.
+    pub gper: u32,
+    /// `(2^31 − 1 − (page_rows − 1)) / page_rows`: a fixed page above it (or negative) has a row
+    /// that does not fit an `int`.
+    pub fp_max: u32,
+    /// Padding (0).
+    pub pad: u32,
+}
+
+impl KvDivs {
+    /// The constants of a launch of `block` threads per entry over `sessions` entries and `rows`
+    /// query rows of `k` picks each.
+    pub(crate) fn new(
+        page_rows: u32,
+        tail_rows: u32,
+        k: u32,
+        rows: u32,
+        sessions: u32,
+        block: u32,
+    ) -> Self {
+        let m = if rows == sessions {
+            1
+        } else if sessions != 0 && rows.is_multiple_of(sessions) {
+            rows / sessions
+        } else {
+            0
+        };
+        let fits = (1..=KV_FAST_MAX_ROWS).contains(&m)
+            && m as u64 * k as u64 <= KV_FAST_PER * block as u64;
+        let m = if fits { m } else { 0 };
+        let gper = (m as u64 * k as u64)
+            .div_ceil(block.max(1) as u64)
+            .min(KV_FAST_PER) as u32;
+        let pr = page_rows.max(1);
+        KvDivs {
+            page: KvDiv::new(page_rows),
+            tail: KvDiv::new(tail_rows),
+            k: KvDiv::new(k),
+            m,
+            gper,
+            fp_max: (i32::MAX as u32 - (pr - 1)) / pr,
+            pad: 0,
+        }
+    }
 }
 
 // SAFETY: `KvDivs` is `repr(C)`, Pod, and matches `struct KvDivs` in kv_resolve.cu field for field.
@@ -105,5 +159,29 @@ mod tests {
         }
         assert_eq!(KvDiv::new(0), KvDiv::new(1));
         assert_eq!(KvDiv::new(64).quo(200), 3);
+    }
+
+    /// The batch shape the lean kernels guess from: decode, uniform speculative steps, and the
+    /// shapes that must not guess (ragged, too many rows, too many picks for the block).
+    #[test]
+    fn batch_shape_and_fixed_page_bound() {
+        let v = KvDivs::new(64, 128, 2048, 64, 64, 512);
+        assert_eq!((v.m, v.gper), (1, 4));
+        assert_eq!(KvDivs::new(64, 128, 2048, 64, 64, 1024).gper, 2);
+        assert_eq!(KvDivs::new(64, 128, 256, 192, 64, 512).m, 3);
+        assert_eq!(KvDivs::new(64, 128, 256, 192, 64, 512).gper, 2);
+        assert_eq!(KvDivs::new(64, 128, 2048, 65, 64, 512).m, 0); // ragged
+        assert_eq!(KvDivs::new(64, 128, 2048, 128, 64, 512).m, 0); // 4096 picks > 4 × 512
+        assert_eq!(KvDivs::new(64, 128, 1, 65 * 2, 2, 512).m, 0); // 65 rows per entry
+        assert_eq!(KvDivs::new(64, 128, 2049, 1, 1, 512).m, 0);
+        assert_eq!(KvDivs::new(64, 128, 0, 0, 0, 512).gper, 0);
+        for pr in [1u32, 2, 3, 64, 1000, 1 << 20] {
+            let fp_max = KvDivs::new(pr, 1, 1, 1, 1, 512).fp_max as i64;
+            let last = |v: i64| v * pr as i64 + pr as i64 - 1;
+            assert!(
+                last(fp_max) <= i32::MAX as i64 && last(fp_max + 1) > i32::MAX as i64,
+                "{pr}"
+            );
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
-use super::fastdiv::{KvDiv, KvDivs};
+use super::fastdiv::KvDivs;
 use super::{
     CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, ResolveEngine,
     KV_BLOCK, KV_FAST_BLOCK, KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_PACKED,
@@ -173,12 +173,9 @@ impl KvKernels {
             ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_FAST_BLOCK / 2, lean_smem),
             _ => (&self.resolve, KV_BLOCK, 0),
         };
-        // page_rows, tail_rows and k as multipliers (the lean engine divides by them per pick).
-        let divs = KvDivs {
-            page: KvDiv::new(d.page_rows),
-            tail: KvDiv::new(d.tail_rows),
-            k: KvDiv::new(a.k),
-        };
+        // page_rows, tail_rows and k as multipliers (the lean engine divides by them per pick), and
+        // the batch shape the lean engine guesses its picks from.
+        let divs = KvDivs::new(d.page_rows, d.tail_rows, a.k, a.rows, a.sessions, block);
         let mut b = stream.launch_builder(func);
         b.arg(d)
             .arg(t)

@@ -506,7 +506,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<KvCopy>(), 16);
         assert_eq!(std::mem::size_of::<KvFill>(), 16);
         assert_eq!(std::mem::size_of::<KvTables>(), 13 * 8);
-        assert_eq!(std::mem::size_of::<fastdiv::KvDivs>(), 48);
+        assert_eq!(std::mem::size_of::<fastdiv::KvDivs>(), 64);
     }
 
     #[test]
