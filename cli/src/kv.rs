@@ -473,6 +473,9 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         load: 1.0,
         selection: SelectionParams::calibrated(a.top_k),
         seed: a.seed,
+        // checks::memory refuses above it first, naming the flags; the library checks it too
+        // (a finite GiB within range: `as` saturates)
+        max_memory_bytes: (a.max_memory_gib * (1u64 << 30) as f64) as u64,
     };
     checks::geometry(&a, &base)?;
     for &load in &a.loads {

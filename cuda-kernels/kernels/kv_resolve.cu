@@ -1464,7 +1464,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     // registers with the loads above (a loop that compared as it loaded would wait for them first);
     // batches over blockDim entries loop for the rest.
     bool bad_qsl = false, dup = false;
-    {
+    // Only warps with a session to check (and warp 0, which checks the ends) run the scans: a
+    // warp-uniform branch, so the others issue none of it (predicated loads would still issue).
+    if ((tid & ~31u) < sessions || tid < 32u) {
         const bool mine = tid < sessions;
         int a = 0, b = 0, o = -1, z0 = 0, zn = 0;
         if (mine) {

@@ -63,11 +63,6 @@ impl Resolver for ElasticPool {
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved> {
         let hot_needed = self.validate_resolve(input, opts, out)?;
-        // Every session named by the call starts its next call number (direct ones too: a prefetch
-        // after this resolve pins with it).
-        for s in input.sessions {
-            self.ctl.sessions.get_mut(s).expect("validated").call += 1;
-        }
         let mut stats = ResolveStats::default();
         let mut copies = Vec::new();
         let g = self.ctl.geometry;
@@ -75,15 +70,20 @@ impl Resolver for ElasticPool {
         // in first-appearance order while a victim exists (the contract's "Overflow": a step
         // needing more rows than the cache has is served as far as evictable rows last; the
         // kernel's sweep makes the same choices, including one failing sweep at the end).
+        // (`hot_needed` has one entry per session of the call, in order; the sessions are distinct.)
         for (ri, need) in hot_needed.iter().enumerate() {
             let s = input.sessions[ri];
+            let r = self.ctl.sessions.get_mut(&s).expect("validated");
+            // Every session named by the call starts its next call number (direct ones too: a
+            // prefetch after this resolve pins with it).
+            r.call += 1;
             if need.is_empty() {
-                if self.fully_held(&self.ctl.sessions[&s]) {
-                    stats.direct_sessions += 1;
+                let (mapped, committed) = (r.pages.mapped_count(), r.committed);
+                if mapped == self.needed_pages(committed) {
+                    stats.direct_sessions += 1; // fully_held
                 }
                 continue;
             }
-            let r = self.ctl.sessions.get_mut(&s).expect("validated");
             let call = r.call;
             let mut misses = Vec::new();
             for &p in need {

@@ -251,6 +251,18 @@ pub struct SimConfig {
     pub selection: SelectionParams,
     /// Seed of the selection streams.
     pub seed: u64,
+    /// Host memory a run may be estimated to allocate ([`crate::kv::footprint::estimate`]),
+    /// bytes: [`simulate_placement`] refuses a larger run before allocating anything (the
+    /// documented scenarios take well under 1 GiB). Missing in older JSON: the default.
+    #[serde(default = "default_max_memory_bytes")]
+    pub max_memory_bytes: u64,
+}
+
+/// [`SimConfig::max_memory_bytes`]'s default: 4 GiB (`tierkit kv simulate --max-memory-gib`'s).
+pub const DEFAULT_MAX_MEMORY_BYTES: u64 = 4 << 30;
+
+fn default_max_memory_bytes() -> u64 {
+    DEFAULT_MAX_MEMORY_BYTES
 }
 
 impl Default for SimConfig {
@@ -275,6 +287,7 @@ impl Default for SimConfig {
             load: 1.0,
             selection: SelectionParams::calibrated(2048),
             seed: 1,
+            max_memory_bytes: DEFAULT_MAX_MEMORY_BYTES,
         }
     }
 }
@@ -471,7 +484,9 @@ pub fn simulate(trace: &ArrivalTrace, cfg: &SimConfig) -> Result<SimReport> {
 /// Simulates one placement (see the module doc). Errors (checked before anything runs):
 /// [`SimConfig::validate`]'s (`InvalidConfig`, `InvalidGeometry`, `ArenaTooSmall` when the budget
 /// cannot hold one request's fixed rows); `KvError::Trace` for an empty trace or a request of more than
-/// [`crate::kv::trace::MAX_REQUEST_TOKENS`] tokens; `InvalidConfig` if a request could not be admitted
+/// [`crate::kv::trace::MAX_REQUEST_TOKENS`] tokens; `InvalidConfig` when the run's estimated host
+/// memory ([`crate::kv::footprint::estimate`]) is above [`SimConfig::max_memory_bytes`], naming the
+/// part that dominates; `InvalidConfig` if a request could not be admitted
 /// into an idle pool (never expected, but it ends the run instead of spinning); pool errors (none
 /// expected).
 pub fn simulate_placement(
@@ -494,6 +509,33 @@ pub fn simulate_placement(
         return Err(KvError::Trace(format!(
             "request {i}: {} + {} tokens, at most {MAX_REQUEST_TOKENS}",
             q.input_length, q.output_length
+        )));
+    }
+    let e = crate::kv::footprint::estimate(cfg, trace);
+    if e.total() > cfg.max_memory_bytes {
+        let size = |b: u64| match b {
+            b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+            b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+            b => format!("{b} B"),
+        };
+        let part = match e.largest_part() {
+            crate::kv::footprint::Part::Pages => format!(
+                "{} pages take {} of page tables and arena (raise page_rows or \
+                 kv_bytes_per_token, or lower hbm_budget_bytes)",
+                e.arena_pages,
+                size(e.page_bytes.saturating_add(e.arena_bytes))
+            ),
+            crate::kv::footprint::Part::Sessions => format!(
+                "{} sessions at once take {} (lower hot_rows or max_batch, or use fewer / \
+                 shorter requests)",
+                e.sessions,
+                size(e.session_bytes)
+            ),
+        };
+        return Err(KvError::InvalidConfig(format!(
+            "the run would allocate about {} of host memory, above max_memory_bytes ({}): {part}",
+            size(e.total()),
+            size(cfg.max_memory_bytes)
         )));
     }
     let g = cfg.geometry();
@@ -870,6 +912,37 @@ mod tests {
         assert!(matches!(r, Err(KvError::Trace(_))), "{r:?}");
         let r = simulate(&trace(0, 1, 10), &small());
         assert!(matches!(r, Err(KvError::Trace(m)) if m.contains("empty trace")));
+    }
+
+    /// A library caller is held to `max_memory_bytes` as the CLI is: refused before anything is
+    /// allocated, the dominant part named; the limit is the estimate's (one byte more runs); JSON
+    /// without the field reads the default.
+    #[test]
+    fn runs_above_the_memory_limit_are_refused_before_allocating() {
+        let t = trace(20, 10, 30);
+        let need = crate::kv::footprint::estimate(&small(), &t).total();
+        assert!(need > 0);
+        let tight = SimConfig {
+            max_memory_bytes: need - 1,
+            ..small()
+        };
+        for p in Placement::ALL {
+            let r = simulate_placement(&t, &tight, p);
+            assert!(
+                matches!(&r, Err(KvError::InvalidConfig(m))
+                    if m.contains("max_memory_bytes") && m.contains("20 sessions at once")),
+                "{p:?}: {r:?}"
+            );
+        }
+        let fits = SimConfig {
+            max_memory_bytes: need,
+            ..small()
+        };
+        assert!(simulate_placement(&t, &fits, Placement::Elastic).is_ok());
+        let mut json = serde_json::to_value(small()).unwrap();
+        json.as_object_mut().unwrap().remove("max_memory_bytes");
+        let back: SimConfig = serde_json::from_value(json).unwrap();
+        assert_eq!(back.max_memory_bytes, DEFAULT_MAX_MEMORY_BYTES);
     }
 
     #[test]

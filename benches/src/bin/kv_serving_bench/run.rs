@@ -404,6 +404,12 @@ fn run_one(
         });
         growth_before = g_us;
     }
+    // The growth after the last step stalled the clock too (`sched.stall` above) but has no next
+    // step to be booked on: it goes on the last one, so the per-step stall counts every stall
+    // the clock does.
+    if let Some(last) = steps.last_mut() {
+        last.copy_stall_us += growth_before as f32;
+    }
     // Drain: every session still running ends; pools hand their pages back for the next run.
     let left: Vec<u64> = sched.running().iter().map(|a| a.id).collect();
     for id in left {

@@ -122,7 +122,8 @@ pub struct StepRecord {
     pub attend_us: f32,
     /// New rows written and written back, µs.
     pub write_us: f32,
-    /// Copies before the step that it waited for (admissions, page growth), µs.
+    /// Copies before the step that it waited for (admissions, page growth), µs; the last step's
+    /// also holds the growth after it (waited for before the run ends).
     pub copy_stall_us: f32,
 }
 

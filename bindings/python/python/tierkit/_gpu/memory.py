@@ -10,7 +10,7 @@ import weakref
 import torch
 
 from tierkit import _native
-from tierkit._gpu.checks import _tensor
+from tierkit._gpu.checks import _no_capture, _tensor
 
 Tensor = torch.Tensor
 
@@ -173,4 +173,21 @@ class _Closable:
     def _check_open(self) -> None:
         if self._closed:
             raise _native.ClosedError(f"{type(self).__name__} is closed")
+
+    # Untrack callbacks of the device ranges the object writes (``_track_device``), set by the
+    # objects that own or borrow device memory.
+    _device_tracks = ()
+
+    def _close_native(self, what: str) -> bool:
+        """Closes ``self._native`` once: refused during a CUDA graph capture (``what`` names the
+        call in the error) before anything is marked, then the object is closed and its device
+        ranges are released. False when it was already closed."""
+        if self._closed:
+            return False
+        _no_capture(what, self.device)
+        self._native.close()  # refuses during a capture too, before anything is marked
+        self._closed = True
+        for untrack in self._device_tracks:  # tierkit writes none of it from now on
+            untrack()
+        return True
 

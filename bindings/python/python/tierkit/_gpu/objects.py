@@ -209,12 +209,7 @@ class ExpertBank(_Closable):
         return controller.step(counters, self)
 
     def close(self) -> None:
-        if not self._closed:
-            _no_capture("ExpertBank.close", self.device)
-            self._native.close()  # refuses during a capture too, before anything is marked
-            self._closed = True
-            for untrack in self._device_tracks:  # tierkit writes none of it from now on
-                untrack()
+        self._close_native("ExpertBank.close")
 
 
 class KvPool(_Closable):
@@ -373,10 +368,5 @@ class KvPool(_Closable):
         )
 
     def close(self) -> None:
-        if not self._closed:
-            _no_capture("KvPool.close", self.device)
-            self._native.close()  # refuses during a capture too, before anything is marked
-            self._closed = True
+        if self._close_native("KvPool.close"):
             _ops._POOLS.pop(self._id, None)
-            for untrack in self._device_tracks:  # tierkit writes none of it from now on
-                untrack()
