@@ -52,8 +52,9 @@ __device__ __forceinline__ unsigned int kv_rem(const KvDiv& v, unsigned int x) {
 
 // Keeps a pointer in a register as computed: an empty asm the compiler cannot see through, so each
 // lookup scales a 32-bit index onto it (one IMAD.WIDE) instead of re-forming `base + 4 * (offset +
-// i)` from the kernel parameters at every use. The pointer then reads through __ldca (ld.global.ca,
-// the default caching) so the load stays a global one, not a generic one.
+// i)` from the kernel parameters at every use. The asm hides the pointer's address space too;
+// __builtin_assume(__isGlobal) restores it, so the loads stay global (LDG), not generic (LD).
+// Only for pointers into the device tables (global memory, never null).
 __device__ __forceinline__ void kv_pin(const int*& p) {
     asm("" : "+l"(p));
     __builtin_assume(__isGlobal(p));
@@ -482,8 +483,17 @@ __device__ __forceinline__ unsigned int kv_block_scan_u32(unsigned int v, unsign
     return before + x - v;
 }
 
-// The sum of v over the warp, in every lane (one REDUX on sm_80 and later; all lanes call it).
-__device__ __forceinline__ unsigned int kv_warp_sum(unsigned int v) { return __reduce_add_sync(0xffffffffu, v); }
+// The sum of v over the warp, in every lane (all lanes call it): one REDUX on sm_80 and later,
+// five shuffle-and-add steps before (the module still compiles for older GPUs).
+__device__ __forceinline__ unsigned int kv_warp_sum(unsigned int v) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_add_sync(0xffffffffu, v);
+#else
+#pragma unroll
+    for (unsigned int o = 16; o > 0u; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+#endif
+}
 
 __device__ __forceinline__ unsigned int kv_bit(const unsigned int* bits, unsigned int s) {
     return (bits[s >> 5] >> (s & 31u)) & 1u;

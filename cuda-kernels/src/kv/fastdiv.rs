@@ -59,7 +59,8 @@ impl KvDiv {
 }
 
 /// Picks per thread and query rows per entry the lean kernels hold (`KV_FAST_PER`,
-/// `KV_FAST_MAX_ROWS` in `kv_resolve.cu`).
+/// `KV_FAST_MAX_ROWS` in `kv_resolve.cu`; the kernel trusts `m` and `gper` computed from them, so
+/// a test reads the kernel's `#define`s and compares).
 const KV_FAST_PER: u64 = 4;
 const KV_FAST_MAX_ROWS: u32 = 64;
 
@@ -118,7 +119,8 @@ impl KvDivs {
             k: KvDiv::new(k),
             m,
             gper,
-            fp_max: (i32::MAX as u32 - (pr - 1)) / pr,
+            // 0 when even page 0's last row overflows (page_rows > 2^31)
+            fp_max: (i32::MAX as u32).saturating_sub(pr - 1) / pr,
             pad: 0,
         }
     }
@@ -175,7 +177,17 @@ mod tests {
         assert_eq!(KvDivs::new(64, 128, 1, 65 * 2, 2, 512).m, 0); // 65 rows per entry
         assert_eq!(KvDivs::new(64, 128, 2049, 1, 1, 512).m, 0);
         assert_eq!(KvDivs::new(64, 128, 0, 0, 0, 512).gper, 0);
-        for pr in [1u32, 2, 3, 64, 1000, 1 << 20] {
+        for pr in [
+            1u32,
+            2,
+            3,
+            64,
+            1000,
+            1 << 20,
+            1 << 30,
+            (1 << 31) - 1,
+            1 << 31,
+        ] {
             let fp_max = KvDivs::new(pr, 1, 1, 1, 1, 512).fp_max as i64;
             let last = |v: i64| v * pr as i64 + pr as i64 - 1;
             assert!(
@@ -183,5 +195,24 @@ mod tests {
                 "{pr}"
             );
         }
+        // Pages over 2^31 rows: no page fits, and the bound saturates at 0 instead of wrapping
+        // (such dims fail `KvDims::validate`: arena rows stay below 2^31).
+        assert_eq!(KvDivs::new((1 << 31) + 1, 1, 1, 1, 1, 512).fp_max, 0);
+        assert_eq!(KvDivs::new(u32::MAX, 1, 1, 1, 1, 512).fp_max, 0);
+    }
+
+    /// The constants the batch shape is computed from are the kernel's.
+    #[test]
+    fn batch_constants_match_the_kernel() {
+        let code = crate::kv::KV_MODULE.code;
+        let define = |name: &str| -> u64 {
+            let line = code
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("#define {name} not found in kv_resolve.cu"));
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        };
+        assert_eq!(define("KV_FAST_PER"), KV_FAST_PER);
+        assert_eq!(define("KV_FAST_MAX_ROWS"), KV_FAST_MAX_ROWS as u64);
     }
 }

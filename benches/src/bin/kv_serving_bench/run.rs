@@ -405,11 +405,10 @@ fn run_one(
         growth_before = g_us;
     }
     // The growth after the last step stalled the clock too (`sched.stall` above) but has no next
-    // step to be booked on: it goes on the last one, so the per-step stall counts every stall
-    // the clock does.
-    if let Some(last) = steps.last_mut() {
-        last.copy_stall_us += growth_before as f32;
-    }
+    // step to be booked on: it is reported on its own (`trailing_copy_stall_us`) and counted in the
+    // mean stall, but not added to a step, so ratios over the first n steps of runs of different
+    // lengths compare the same kind of steps.
+    let trailing_us = growth_before;
     // Drain: every session still running ends; pools hand their pages back for the next run.
     let left: Vec<u64> = sched.running().iter().map(|a| a.id).collect();
     for id in left {
@@ -449,7 +448,10 @@ fn run_one(
         misses_per_step: steps.iter().map(|x| x.misses as f64).sum::<f64>() / n,
         miss_bytes_per_step: steps.iter().map(|x| x.misses as f64).sum::<f64>() / n
             * sc.token_bytes_model() as f64,
-        copy_stall_us_per_step: steps.iter().map(|x| x.copy_stall_us as f64).sum::<f64>() / n,
+        copy_stall_us_per_step: (steps.iter().map(|x| x.copy_stall_us as f64).sum::<f64>()
+            + trailing_us)
+            / n,
+        trailing_copy_stall_us: trailing_us,
         admission_copy_ms: adm_ms,
         admission_bytes: adm_bytes,
         growth_copy_ms: growth_ms,

@@ -122,8 +122,7 @@ pub struct StepRecord {
     pub attend_us: f32,
     /// New rows written and written back, µs.
     pub write_us: f32,
-    /// Copies before the step that it waited for (admissions, page growth), µs; the last step's
-    /// also holds the growth after it (waited for before the run ends).
+    /// Copies before the step that it waited for (admissions, page growth), µs.
     pub copy_stall_us: f32,
 }
 
@@ -166,8 +165,12 @@ pub struct RunReport {
     pub misses_per_step: f64,
     /// Mean bytes fetched from host memory per step for misses, all model layers.
     pub miss_bytes_per_step: f64,
-    /// Mean copy stall per step (admissions and page growth the next step waited for), µs.
+    /// Mean copy stall per step (admissions and page growth the next step waited for, and the
+    /// growth after the last step), µs.
     pub copy_stall_us_per_step: f64,
+    /// The growth copy after the last step that the run waited for (no step follows it), µs;
+    /// counted in `copy_stall_us_per_step`, in no step record.
+    pub trailing_copy_stall_us: f64,
     /// Admission copy time, all admissions, ms (copy-stream events).
     pub admission_copy_ms: f64,
     /// Bytes copied host → HBM by admissions, all model layers.
