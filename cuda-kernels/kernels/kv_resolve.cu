@@ -1165,6 +1165,7 @@ __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& 
 #pragma unroll
     for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         v[i] = -1;
+        // Picks past the thread's share were loaded as -1 (kv_load_picks), so -1 covers them.
         if (f0 + i >= fe || p[i] == -1) continue;
         if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
             c |= KV_PICK_BAD << (3u * i);
@@ -1172,7 +1173,13 @@ __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& 
             continue;
         }
         const unsigned int q = (unsigned int)p[i];
-        if (q >= s.committed) {
+        // The common class first: a borrowed page serves q only below the tail (tail_start <=
+        // committed), so testing it before scratch and tail decides the same class.
+        if (q < s.tail_start && pg[i] >= 0) {
+            c |= KV_PICK_PAGE << (3u * i);
+            v[i] = pg[i] * (int)d.page_rows + (int)(q - pj[i] * d.page_rows);  // pj: q's page (trip 2)
+            w0 += (1u << 24) + (v[i] >= 0 ? 1u : 0u);
+        } else if (q >= s.committed) {
             c |= KV_PICK_SCRATCH << (3u * i);
             v[i] = (int)(d.hot_rows + d.tail_rows + (q - s.committed));
             w0 += 1u + (1u << 16);
@@ -1181,10 +1188,6 @@ __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& 
             c |= KV_PICK_TAIL << (3u * i);
             v[i] = (int)(d.hot_rows + kv_rem(dv.tail, q));
             w0 += 1u + (1u << 8);
-        } else if (pg[i] >= 0) {
-            c |= KV_PICK_PAGE << (3u * i);
-            v[i] = pg[i] * (int)d.page_rows + (int)(q - pj[i] * d.page_rows);  // pj: q's page (trip 2)
-            w0 += (1u << 24) + (v[i] >= 0 ? 1u : 0u);
         } else if (hs[i] >= 0) {
             c |= KV_PICK_HOT << (3u * i);
             v[i] = hs[i];
