@@ -4,6 +4,7 @@
 use tier_core::{PageHandle, PageMap};
 
 use crate::control::HotCache;
+use crate::layout::Geometry;
 
 /// One live session's control state (see the module docs).
 #[derive(Debug)]
@@ -25,4 +26,13 @@ pub(crate) struct SessionState {
     /// the GPU kernels' per-slot counters (`cuda-kernels/DESIGN.md`, "Call counters"): pins are
     /// compared only within one session's hot cache.
     pub(crate) call: u64,
+}
+
+impl SessionState {
+    /// Whether every committed position below the tail is on a borrowed page (the direct path):
+    /// its mapped pages equal `ceil((committed - tail_rows) / page_rows)`.
+    pub(crate) fn fully_held(&self, g: &Geometry) -> bool {
+        let needed = self.committed.saturating_sub(g.tail_rows).div_ceil(g.page_rows);
+        self.pages.mapped_count() == needed
+    }
 }

@@ -78,9 +78,8 @@ impl Resolver for ElasticPool {
             // prefetch after this resolve pins with it).
             r.call += 1;
             if need.is_empty() {
-                let (mapped, committed) = (r.pages.mapped_count(), r.committed);
-                if mapped == self.needed_pages(committed) {
-                    stats.direct_sessions += 1; // fully_held
+                if r.fully_held(&g) {
+                    stats.direct_sessions += 1;
                 }
                 continue;
             }

@@ -284,14 +284,8 @@ impl<D: DataPlane> ElasticPool<D> {
             .min(committed / g.page_rows)
     }
 
-    fn needed_pages(&self, committed: u32) -> u32 {
-        committed
-            .saturating_sub(self.ctl.geometry.tail_rows)
-            .div_ceil(self.ctl.geometry.page_rows)
-    }
-
     fn fully_held(&self, r: &SessionState) -> bool {
-        r.pages.mapped_count() == self.needed_pages(r.committed)
+        r.fully_held(&self.ctl.geometry)
     }
 
     #[inline]
