@@ -32,7 +32,10 @@ impl SessionState {
     /// Whether every committed position below the tail is on a borrowed page (the direct path):
     /// its mapped pages equal `ceil((committed - tail_rows) / page_rows)`.
     pub(crate) fn fully_held(&self, g: &Geometry) -> bool {
-        let needed = self.committed.saturating_sub(g.tail_rows).div_ceil(g.page_rows);
+        let needed = self
+            .committed
+            .saturating_sub(g.tail_rows)
+            .div_ceil(g.page_rows);
         self.pages.mapped_count() == needed
     }
 }
