@@ -649,18 +649,17 @@ __device__ void kv_pick_victims_block(const KvDims& d, const KvTables& t, unsign
 // Packed outputs, step 1 (before a barrier): ranks the thread's valid outputs across the entry (one
 // block scan; thread order is flat order) and records each row's first rank in sh_rows[rr],
 // sh_rows[R] = the total. Returns the rank of the thread's first valid output.
-template <unsigned int PER>
-__device__ __forceinline__ unsigned int kv_rank_valid(const int (&out)[PER], unsigned int f0, unsigned int fe,
+__device__ __forceinline__ unsigned int kv_rank_valid(const int (&out)[KV_FAST_PER], unsigned int f0, unsigned int fe,
                                                       unsigned int k, unsigned int R, unsigned int* warp_sums,
                                                       unsigned int* sh_rows) {
     unsigned int nv = 0;
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) nv += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) nv += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
     unsigned int total;
     const unsigned int rank = kv_block_scan_u32(nv, &total, warp_sums);
     unsigned int loc = 0;
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         const unsigned int f = f0 + i;
         if (f < fe && f % k == 0u) sh_rows[f / k] = rank + loc;
         loc += (f < fe && out[i] >= 0) ? 1u : 0u;
@@ -671,13 +670,12 @@ __device__ __forceinline__ unsigned int kv_rank_valid(const int (&out)[PER], uns
 
 // Packed outputs, step 2 (after the barrier): valid entries at the front of their rows in column
 // order, -1 after them. `base`: the entry's first row.
-template <unsigned int PER>
-__device__ __forceinline__ void kv_write_packed(const int (&out)[PER], unsigned int f0, unsigned int fe,
+__device__ __forceinline__ void kv_write_packed(const int (&out)[KV_FAST_PER], unsigned int f0, unsigned int fe,
                                                 unsigned int k, unsigned int R, unsigned int rank,
                                                 const unsigned int* sh_rows, int* base) {
     unsigned int loc = 0;
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         const unsigned int f = f0 + i;
         if (f >= fe) continue;
         const unsigned int rr = f / k;
@@ -724,9 +722,9 @@ __device__ __forceinline__ unsigned short* kv_victim_table(const KvDims& d) {
 // the whole block, installs, does the sweep bookkeeping and gives each pending pick (KV_OUT_PENDING)
 // its placed row or -1 (unserved). Returns the distinct misses and placed rows; adds placed picks
 // to *c_hot. `p`, `out`: the thread's picks and outputs (f0 + i: flat index in the entry).
-template <bool LEAN, unsigned int PER>
+template <bool LEAN>
 __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t, unsigned int slot,
-                                              const int (&p)[PER], int (&out)[PER],
+                                              const int (&p)[KV_FAST_PER], int (&out)[KV_FAST_PER],
                                               unsigned int f0, unsigned long long call, KvCopy* __restrict__ plan,
                                               unsigned int* bits, unsigned int* warp_sums, const int* fp,
                                               unsigned int* sh_taken, int* sh_last, unsigned int hand,
@@ -739,19 +737,19 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     //    The lean engine builds the victim candidate bitmaps while the claims' loads are in flight
     //    (the candidate state includes this call's pins, all made before the caller's barrier, and
     //    nothing before the victim search changes it); the barriers of the scan below publish them.
-    int fr[PER];
+    int fr[KV_FAST_PER];
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) fr[i] = out[i] == KV_OUT_PENDING ? t.first[pb + p[i]] : -1;
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) fr[i] = out[i] == KV_OUT_PENDING ? t.first[pb + p[i]] : -1;
     if (LEAN) kv_victim_bits(d, t, slot, call, bits);
-    bool own[PER];
+    bool own[KV_FAST_PER];
     unsigned int cnt = 0;
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         own[i] = out[i] == KV_OUT_PENDING && fr[i] == (int)(f0 + i);
         cnt += own[i];
     }
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i)
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i)
         if (own[i]) t.first[pb + p[i]] = KV_UNCLAIMED;
     unsigned int at = kv_block_scan_u32(cnt, &misses, warp_sums);
     // Lean with a victim table (hot_rows <= KV_LEAN_VICTIM_MAX): victim slot of each rank in shared
@@ -759,7 +757,7 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     // KV_OUT_OWNER - rank, so that step G reads no global memory for owners.
     const bool vt = LEAN && d.hot_rows <= KV_LEAN_VICTIM_MAX;
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (!own[i]) continue;
         if (at < d.hot_rows) plan[at].position = (unsigned int)p[i];
         if (vt) out[i] = KV_OUT_OWNER - (int)at;
@@ -785,12 +783,12 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
     // issues these loads before the sweep (which writes only reference marks and the hand, never
     // the position table) so that they overlap its stores, and needs no barrier after the sweep:
     // nothing later in the block reads what it writes or writes what it reads.
-    int h[PER];
+    int h[KV_FAST_PER];
     if (LEAN) {
         // An owner of rank `at` holds the victim of that rank, vt[at], if placed (at < taken), else
         // nothing (-1): what the position table holds for it after the installs.
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i) {
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
             h[i] = -1;
             if (out[i] == KV_OUT_PENDING) {
                 h[i] = t.pos_slot[pb + p[i]];
@@ -807,10 +805,10 @@ __device__ __forceinline__ void kv_fast_place(const KvDims& d, const KvTables& t
             __syncthreads();
         }
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i) h[i] = out[i] == KV_OUT_PENDING ? t.pos_slot[pb + p[i]] : -1;
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) h[i] = out[i] == KV_OUT_PENDING ? t.pos_slot[pb + p[i]] : -1;
     }
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         if (out[i] != KV_OUT_PENDING) continue;
         out[i] = h[i] >= 0 ? kv_fixed_row_at(d, fp, (unsigned int)h[i]) : -1;
         *c_hot += h[i] >= 0;
@@ -892,7 +890,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     unsigned int misses = 0, taken = 0;
     if (s.full == 0u) {
         __syncthreads();
-        kv_fast_place<false, KV_FAST_PER>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last,
+        kv_fast_place<false>(d, t, slot, p, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last,
                              t.hand[slot], &misses, &taken, &c_hot);
     }
     // H. outputs: one scan ranks the valid entries (packed position, per-row counts)
@@ -1130,35 +1128,12 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 #define KV_NO_BOUND 0x7fffffff
 
 // Per-warp partials of the lean engine, written before the validating barrier by lane 0 of every
-// warp (no initialisation needed: each warp writes its own words): eight counts per warp, packed
-// B bits each into W u32 (KvLeanPart<PER>): B = 8 while a warp holds at most 32 x 4 = 128 picks
-// (W = 2), B = 16 at 8 picks per thread (W = 4), so no field overflows. Fields in order:
-// valid outputs, tail, scratch, page, hot, bad, missed picks, slow lanes (slow: the warp's picks
-// span two rows, or a fixed row could be negative or lie outside the slot's fixed rows). Missed
-// and slow are the last two fields: the top 2B bits of the last word.
-#define KV_LF_VALID 0u
-#define KV_LF_TAIL 1u
-#define KV_LF_SCRATCH 2u
-#define KV_LF_PAGE 3u
-#define KV_LF_HOT 4u
-#define KV_LF_BAD 5u
-#define KV_LF_MISS 6u
-#define KV_LF_SLOW 7u
-template <unsigned int PER>
-struct KvLeanPart {
-    static constexpr unsigned int B = PER <= 4u ? 8u : 16u;  // bits per count (a warp's count <= 32 x PER)
-    static constexpr unsigned int W = 8u * B / 32u;          // u32 words per warp
-    static constexpr unsigned int MASK = (1u << B) - 1u;
-    // x in field f of the packed words (f a constant: one add after inlining).
-    static __device__ __forceinline__ void add(unsigned int (&w)[W], unsigned int f, unsigned int x) {
-        w[f * B / 32u] += x << (f * B % 32u);
-    }
-    // Field f of warp `warp`'s partials.
-    static __device__ __forceinline__ unsigned int get(const unsigned int* part, unsigned int warp, unsigned int f) {
-        return (part[warp * W + f * B / 32u] >> (f * B % 32u)) & MASK;
-    }
-};
-#define KV_LEAN_PARTS_MAX 4u  // KvLeanPart<PER>::W for every PER the kernels use
+// warp (no initialisation needed: each warp writes its own words): two u32 per warp, four 8-bit
+// counts each (a warp holds at most 32 × KV_FAST_PER = 128 picks, so no field overflows):
+// word 0 = valid outputs | tail << 8 | scratch << 16 | page << 24,
+// word 1 = hot | bad << 8 | missed picks << 16 | slow lanes << 24 (slow: the warp's picks span two
+// rows, or a fixed row could be negative or lie outside the slot's fixed rows).
+#define KV_LEAN_PARTS 2
 
 // Classes of a lean pick (3 bits per pick in a thread's class word), decided before the validating
 // barrier from the speculative reads; the pick's value v beside it: the fixed local row (scratch,
@@ -1178,25 +1153,23 @@ struct KvLeanPart {
 // (non-negative when no lane is slow, which the fixed-page loader checks), a page row is v itself.
 // pj: each pick's page (its page-table index, read in trip 2). Returns whether the warp has a
 // pick of a fixed-row class (warp-uniform). All lanes call it.
-template <unsigned int PER>
 __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& dv, const KvSlotDesc& s, int limit,
-                                                 const int (&p)[PER], const int (&rl)[PER],
-                                                 const int (&pg)[PER], const unsigned int (&pj)[PER],
-                                                 const int (&hs)[PER],
+                                                 const int (&p)[KV_FAST_PER], const int (&rl)[KV_FAST_PER],
+                                                 const int (&pg)[KV_FAST_PER], const unsigned int (&pj)[KV_FAST_PER],
+                                                 const int (&hs)[KV_FAST_PER],
                                                  unsigned int f0, unsigned int fe, unsigned int per, unsigned int F,
                                                  unsigned int k, bool slow, unsigned int* part, unsigned int* cls,
-                                                 int (&v)[PER]) {
+                                                 int (&v)[KV_FAST_PER]) {
     const bool full = s.full != 0u;
-    using LP = KvLeanPart<PER>;
-    unsigned int w[LP::W] = {}, c = 0u;
+    unsigned int w0 = 0u, w1 = 0u, c = 0u;
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         v[i] = -1;
         // Picks past the thread's share were loaded as -1 (kv_load_picks), so -1 covers them.
         if (f0 + i >= fe || p[i] == -1) continue;
         if (p[i] < 0 || p[i] >= min(rl[i], limit)) {
             c |= KV_PICK_BAD << (3u * i);
-            LP::add(w, KV_LF_BAD, 1u);
+            w1 += 1u << 8;
             continue;
         }
         const unsigned int q = (unsigned int)p[i];
@@ -1205,93 +1178,66 @@ __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& 
         if (q < s.tail_start && pg[i] >= 0) {
             c |= KV_PICK_PAGE << (3u * i);
             v[i] = pg[i] * (int)d.page_rows + (int)(q - pj[i] * d.page_rows);  // pj: q's page (trip 2)
-            LP::add(w, KV_LF_PAGE, 1u);
-            LP::add(w, KV_LF_VALID, v[i] >= 0 ? 1u : 0u);
+            w0 += (1u << 24) + (v[i] >= 0 ? 1u : 0u);
         } else if (q >= s.committed) {
             c |= KV_PICK_SCRATCH << (3u * i);
             v[i] = (int)(d.hot_rows + d.tail_rows + (q - s.committed));
-            LP::add(w, KV_LF_VALID, 1u);
-            LP::add(w, KV_LF_SCRATCH, 1u);
+            w0 += 1u + (1u << 16);
             slow |= q - s.committed >= d.scratch_rows;
         } else if (q >= s.tail_start) {
             c |= KV_PICK_TAIL << (3u * i);
             v[i] = (int)(d.hot_rows + kv_rem(dv.tail, q));
-            LP::add(w, KV_LF_VALID, 1u);
-            LP::add(w, KV_LF_TAIL, 1u);
+            w0 += 1u + (1u << 8);
         } else if (hs[i] >= 0) {
             c |= KV_PICK_HOT << (3u * i);
             v[i] = hs[i];
-            LP::add(w, KV_LF_VALID, 1u);
-            LP::add(w, KV_LF_HOT, 1u);
+            w0 += 1u;
+            w1 += 1u;
             slow |= (unsigned int)hs[i] >= d.hot_rows;
         } else if (!full) {
             c |= KV_PICK_MISS << (3u * i);
             v[i] = p[i];
-            LP::add(w, KV_LF_MISS, 1u);
+            w1 += 1u << 16;
         }
     }
     *cls = c;
     const unsigned int a = (threadIdx.x & ~31u) * per, b = min(a + 32u * per, F);
     slow |= a < b && kv_quo(dv.k, a) != kv_quo(dv.k, b - 1u);
-    LP::add(w, KV_LF_SLOW, slow ? 1u : 0u);
-#pragma unroll
-    for (unsigned int j = 0; j < LP::W; ++j) w[j] = kv_warp_sum(w[j]);
+    w1 += slow ? 1u << 24 : 0u;
+    w0 = kv_warp_sum(w0);
+    w1 = kv_warp_sum(w1);
     if ((threadIdx.x & 31u) == 0u) {
-#pragma unroll
-        for (unsigned int j = 0; j < LP::W; ++j) part[(threadIdx.x >> 5) * LP::W + j] = w[j];
+        part[(threadIdx.x >> 5) * KV_LEAN_PARTS] = w0;
+        part[(threadIdx.x >> 5) * KV_LEAN_PARTS + 1u] = w1;
     }
-    // The warp has a tail, scratch or hot pick.
-    const unsigned int fixed = ((w[KV_LF_TAIL * LP::B / 32u] >> (KV_LF_TAIL * LP::B % 32u)) & LP::MASK) |
-                               ((w[KV_LF_SCRATCH * LP::B / 32u] >> (KV_LF_SCRATCH * LP::B % 32u)) & LP::MASK) |
-                               ((w[KV_LF_HOT * LP::B / 32u] >> (KV_LF_HOT * LP::B % 32u)) & LP::MASK);
-    return fixed != 0u;
+    return ((w0 >> 8) & 0xffffu) != 0u || (w1 & 0xffu) != 0u;  // the warp has a tail, scratch or hot pick
 }
 
 // After the validating barrier: whether no warp of the block raised a preview flag (block-uniform).
-template <unsigned int PER>
 __device__ __forceinline__ bool kv_lean_quiet(const unsigned int* part) {
     const unsigned int lane = threadIdx.x & 31u;
-    using LP = KvLeanPart<PER>;
-    // Missed and slow: the top 2B bits of the warp's last word.
-    return !__any_sync(0xffffffffu, lane < (blockDim.x >> 5) && (part[lane * LP::W + LP::W - 1u] >> (32u - 2u * LP::B)) != 0u);
+    return !__any_sync(0xffffffffu, lane < (blockDim.x >> 5) && (part[lane * KV_LEAN_PARTS + 1u] >> 16) != 0u);
 }
 
-// Stores a thread's consecutive outputs o[0 .. n): 16-byte stores (n = 4 or PER = 8) or one 8-byte
-// store (n = 2) when n and the address allow.
-template <unsigned int PER>
-__device__ __forceinline__ void kv_store_picks(int* o, const int (&out)[PER], unsigned int n) {
+// Stores a thread's consecutive outputs o[0 .. n): one 16- or 8-byte store when n and the address allow.
+__device__ __forceinline__ void kv_store_picks(int* o, const int (&out)[KV_FAST_PER], unsigned int n) {
     const unsigned long long a = (unsigned long long)(size_t)o;
-    if (PER % 4u == 0u && n == PER && (a & 15u) == 0u) {
-#pragma unroll
-        for (unsigned int i = 0; i < PER; i += 4u) *(int4*)(o + i) = make_int4(out[i], out[i + 1], out[i + 2], out[i + 3]);
-    } else if (n == 4u && (a & 15u) == 0u) {
+    if (n == 4u && (a & 15u) == 0u) {
         *(int4*)o = make_int4(out[0], out[1], out[2], out[3]);
     } else if (n == 2u && (a & 7u) == 0u) {
         *(int2*)o = make_int2(out[0], out[1]);
     } else {
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i)
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
             if (i < n) o[i] = out[i];
     }
 }
 
-// Loads a thread's consecutive picks p[0 .. n) (-1 beyond n): 16-byte loads (n = 4 or PER = 8) or
-// one 8-byte load (n = 2) when n and the address allow.
-template <unsigned int PER>
-__device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[PER], unsigned int n) {
+// Loads a thread's consecutive picks p[0 .. n) (-1 beyond n): one 16- or 8-byte load when n and the
+// address allow.
+__device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[KV_FAST_PER], unsigned int n) {
     const unsigned long long a = (unsigned long long)(size_t)g;
-#pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) p[i] = -1;
-    if (PER % 4u == 0u && n == PER && (a & 15u) == 0u) {
-#pragma unroll
-        for (unsigned int i = 0; i < PER; i += 4u) {
-            const int4 v = *(const int4*)(g + i);
-            p[i] = v.x;
-            p[i + 1] = v.y;
-            p[i + 2] = v.z;
-            p[i + 3] = v.w;
-        }
-    } else if (n == 4u && (a & 15u) == 0u) {
+    if (n == 4u && (a & 15u) == 0u) {
         const int4 v = *(const int4*)g;
         p[0] = v.x;
         p[1] = v.y;
@@ -1301,35 +1247,39 @@ __device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[PER], unsig
         const int2 v = *(const int2*)g;
         p[0] = v.x;
         p[1] = v.y;
+        p[2] = -1;
+        p[3] = -1;
     } else {
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i) p[i] = i < n ? g[i] : -1;
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) p[i] = i < n ? g[i] : -1;
     }
 }
 
 // The quiet finish of a lean in-place entry (no miss, every warp within one row): valid counts and
 // the stats row from the preview's partials, no block barrier. Warp w sums rows w, w + nw, ...; the
 // last warp writes the stats row and the bad positions.
-template <unsigned int PER>
 __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned int* part, unsigned int per,
                                                unsigned int F, unsigned int R, const KvDiv& k, unsigned int row0,
                                                bool full, int* __restrict__ valid_count,
                                                unsigned int* __restrict__ plan_count_r,
                                                unsigned int* __restrict__ st) {
-    using LP = KvLeanPart<PER>;
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const unsigned int wp = 32u * per;
     const bool has = lane < nw && lane * wp < F;
     for (unsigned int row = warp; row < R; row += nw) {
         const unsigned int v =
-            kv_warp_sum(has && kv_quo(k, lane * wp) == row ? LP::get(part, lane, KV_LF_VALID) : 0u);
+            kv_warp_sum(has && kv_quo(k, lane * wp) == row ? part[lane * KV_LEAN_PARTS] & 0xffu : 0u);
         if (lane == 0u) valid_count[row0 + row] = (int)v;
     }
     if (warp == nw - 1u) {
-        // Unpacked per lane first (a block's sums exceed a field): tail, scratch, page, hot, bad.
+        // Unpacked per lane first (a block's sums exceed 8 bits): tail, scratch, page, hot, bad.
+        const unsigned int a = has ? part[lane * KV_LEAN_PARTS] : 0u, b = has ? part[lane * KV_LEAN_PARTS + 1u] : 0u;
         unsigned int c[6];
-#pragma unroll
-        for (unsigned int f = KV_LF_TAIL; f <= KV_LF_BAD; ++f) c[f] = kv_warp_sum(has ? LP::get(part, lane, f) : 0u);
+        c[1] = kv_warp_sum((a >> 8) & 0xffu);
+        c[2] = kv_warp_sum((a >> 16) & 0xffu);
+        c[3] = kv_warp_sum(a >> 24);
+        c[4] = kv_warp_sum(b & 0xffu);
+        c[5] = kv_warp_sum((b >> 8) & 0xffu);
         if (lane == 0u) {
             *plan_count_r = 0u;
             st[0] = c[1] + c[2] + c[3] + c[4];
@@ -1351,16 +1301,15 @@ __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned
 // Steps A + B of a lean entry (tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim))
 // from the classes kv_lean_classify gave the speculative reads: the thread's outputs (-1 where
 // none, KV_OUT_PENDING for misses) and counters; touches hot hits and claims misses unless `full`.
-template <unsigned int PER>
 __device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvDiv& pr, const KvTables& t, unsigned int slot, bool full,
-                                              unsigned int cls, const int (&v)[PER], unsigned int f0,
-                                              unsigned long long call, const int* fp, int (&out)[PER],
+                                              unsigned int cls, const int (&v)[KV_FAST_PER], unsigned int f0,
+                                              unsigned long long call, const int* fp, int (&out)[KV_FAST_PER],
                                               unsigned int* c_tail, unsigned int* c_scr, unsigned int* c_page,
                                               unsigned int* c_hot, unsigned int* bad, bool* miss) {
     const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
     const unsigned long long pb = (unsigned long long)slot * d.max_history;
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         out[i] = -1;
         const unsigned int c = (cls >> (3u * i)) & 7u;
         if (c == KV_PICK_BAD) {
@@ -1390,31 +1339,29 @@ __device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvDiv& pr, 
 // a page pick's output is v itself, a scratch, tail or hot pick's the fixed row of v (looked up
 // only in warps that have one: `fixed_any`, warp-uniform), anything else -1; hot hits are touched
 // unless the slot is full (block-uniform).
-template <unsigned int PER>
 __device__ __forceinline__ void kv_lean_outputs(const KvDiv& pr, const KvTables& t, unsigned long long hb, bool full,
-                                                bool fixed_any, unsigned int cls, const int (&v)[PER],
-                                                unsigned long long call, const int* fp, int (&out)[PER]) {
+                                                bool fixed_any, unsigned int cls, const int (&v)[KV_FAST_PER],
+                                                unsigned long long call, const int* fp, int (&out)[KV_FAST_PER]) {
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) out[i] = ((cls >> (3u * i)) & 7u) == KV_PICK_PAGE ? v[i] : -1;
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) out[i] = ((cls >> (3u * i)) & 7u) == KV_PICK_PAGE ? v[i] : -1;
     if (fixed_any) {
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i)
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
             if (((cls >> (3u * i)) & 7u) - KV_PICK_SCRATCH <= KV_PICK_HOT - KV_PICK_SCRATCH)
                 out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
     }
     if (!full) {
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i)
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
             if (((cls >> (3u * i)) & 7u) == KV_PICK_HOT) kv_touch(t, hb + (unsigned int)v[i], call);
     }
 }
 
 // A quiet lean entry (the preview saw no miss and no flagged warp; in-place layout): steps A + B,
 // one store per thread, the counts from the preview's partials; no barrier.
-template <unsigned int PER>
 __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
                                                     bool full, bool fixed_any, unsigned int cls,
-                                                    const int (&v)[PER], unsigned int f0, unsigned int fe,
+                                                    const int (&v)[KV_FAST_PER], unsigned int f0, unsigned int fe,
                                                     unsigned int per,
                                                     unsigned int F, unsigned int R, unsigned int row0,
                                                     unsigned int k, int* __restrict__ indices,
@@ -1422,15 +1369,14 @@ __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDiv
                                                     unsigned int* __restrict__ plan_count_r,
                                                     unsigned int* __restrict__ stats_r, unsigned long long call,
                                                     const int* fp, const unsigned int* part) {
-    int out[PER];
+    int out[KV_FAST_PER];
     kv_lean_outputs(dv.page, t, (unsigned long long)slot * d.hot_rows, full, fixed_any, cls, v, call, fp, out);
     kv_store_picks(indices + (unsigned long long)row0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
-    kv_lean_counts<PER>(t, part, per, F, R, dv.k, row0, full, valid_count, plan_count_r, stats_r);
+    kv_lean_counts(t, part, per, F, R, dv.k, row0, full, valid_count, plan_count_r, stats_r);
 }
 
-template <unsigned int PER>
 __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
-                                              const KvSlotDesc& s, unsigned int cls, const int (&v)[PER],
+                                              const KvSlotDesc& s, unsigned int cls, const int (&v)[KV_FAST_PER],
                                               unsigned int f0, unsigned int fe,
                                               unsigned int per, unsigned int F, unsigned int R, unsigned int row0,
                                               unsigned int k, unsigned int layer, unsigned int fetch,
@@ -1441,14 +1387,14 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv,
                                               unsigned int* warp_sums, unsigned int* sh_rows, unsigned int* sh_count,
                                               unsigned int* sh_taken, int* sh_last, unsigned int hand) {
     const bool full = s.full != 0u;
-    int out[PER];
+    int out[KV_FAST_PER];
     unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
     bool miss = false;
     kv_lean_picks(d, dv.page, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
     if (!full && __syncthreads_or(miss))
-        kv_fast_place<true, PER>(d, t, slot, v, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
+        kv_fast_place<true>(d, t, slot, v, out, f0, call, plan, bits, warp_sums, fp, sh_taken, sh_last, hand,
                             &misses, &taken, &c_hot);
     // H. outputs. Packed: one scan ranks the valid entries; in place: per-row shared counters.
     const bool packed = layout == KV_LAYOUT_PACKED;
@@ -1458,19 +1404,19 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv,
         rank = kv_rank_valid(out, f0, fe, k, R, warp_sums, sh_rows);
     } else {
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i)
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
             if (f0 + i < fe) base[f0 + i] = out[i];
         // The warp's picks f in [w0, w1): one row -> one warp sum, else per-pick adds (warp-uniform test).
         const unsigned int w0 = (threadIdx.x & ~31u) * per, w1 = min(w0 + 32u * per, F);
         if (w0 < w1 && kv_quo(dv.k, w0) == kv_quo(dv.k, w1 - 1u)) {
             unsigned int v = 0;
 #pragma unroll
-            for (unsigned int i = 0; i < PER; ++i) v += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
+            for (unsigned int i = 0; i < KV_FAST_PER; ++i) v += (f0 + i < fe && out[i] >= 0) ? 1u : 0u;
             v = kv_warp_sum(v);
             if ((threadIdx.x & 31u) == 0u && v) atomicAdd(&sh_rows[kv_quo(dv.k, w0)], v);
         } else {
 #pragma unroll
-            for (unsigned int i = 0; i < PER; ++i)
+            for (unsigned int i = 0; i < KV_FAST_PER; ++i)
                 if (f0 + i < fe && out[i] >= 0) atomicAdd(&sh_rows[kv_quo(dv.k, f0 + i)], 1u);
         }
     }
@@ -1489,13 +1435,12 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv,
     }
 }
 
-template <unsigned int PER>
 __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int warp_sums[32];
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
     __shared__ unsigned int sh_rows[KV_FAST_MAX_ROWS + 1];
-    __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS_MAX];
+    __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS];
     __shared__ unsigned long long sh_call;
     const unsigned int r = blockIdx.x, tid = threadIdx.x;
 #ifdef KV_ABL_EMPTY
@@ -1522,7 +1467,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     // The lean kernels' blocks are 512 or 1024 threads: ceil(x / blockDim) is a shift.
     const unsigned int lb = 31u - (unsigned int)__clz((int)blockDim.x);
     const bool guess = entry && m != 0u;
-    int p[PER];
+    int p[KV_FAST_PER];
     {
         const unsigned int gF = guess ? m * k : 0u;
         const unsigned int g0 = tid * dv.gper, ge = min(g0 + dv.gper, gF);
@@ -1561,11 +1506,11 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     const bool slot_in = entry && sl >= 0 && (unsigned int)sl < d.max_slots;
     const bool rows_in = entry && q0 >= 0 && q0 <= q1 && (unsigned int)q1 <= rows;
     const unsigned int R = rows_in ? (unsigned int)(q1 - q0) : 0u;
-    // R <= KV_FAST_MAX_ROWS and k <= PER x blockDim: R x k fits 32 bits.
-    const bool lean = rows_in && R <= KV_FAST_MAX_ROWS && k <= PER * blockDim.x &&
-                      R * k <= PER * blockDim.x;
+    // R <= KV_FAST_MAX_ROWS and k <= KV_FAST_PER x blockDim: R x k fits 32 bits.
+    const bool lean = rows_in && R <= KV_FAST_MAX_ROWS && k <= KV_FAST_PER * blockDim.x &&
+                      R * k <= KV_FAST_PER * blockDim.x;
     const unsigned int F = lean ? R * k : 0u;
-    const unsigned int per = min((unsigned int)PER, (F + blockDim.x - 1u) >> lb);
+    const unsigned int per = min((unsigned int)KV_FAST_PER, (F + blockDim.x - 1u) >> lb);
     const unsigned int f0 = tid * per, fe = min(f0 + per, F);
     const int* const tk = topk + (unsigned long long)(lean ? q0 : 0) * k;
     // Block-uniform: the guess holds iff this entry's rows are r x m .. r x m + m (then F, per, f0
@@ -1593,10 +1538,10 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     const int* pslot = t.pos_slot + (unsigned long long)(slot_in ? sl : 0) * d.max_history;
     kv_pin(ptab);
     kv_pin(pslot);
-    int pg[PER], hs[PER];
-    unsigned int pj[PER];  // each pick's page (reused by the classification)
+    int pg[KV_FAST_PER], hs[KV_FAST_PER];
+    unsigned int pj[KV_FAST_PER];  // each pick's page (reused by the classification)
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) {
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
         const unsigned int q = (unsigned int)p[i];  // >= 2^31 for a negative pick
         const unsigned int j = kv_quo(dv.page, q);  // meaningful only for q < 2^31
         const bool look = slot_in && p[i] >= 0;
@@ -1604,12 +1549,12 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         pg[i] = look && j < d.max_pages ? ptab[j] : -1;
         hs[i] = look && q < d.max_history ? pslot[q] : -1;
     }
-    int rl[PER];
+    int rl[KV_FAST_PER];
 #pragma unroll
-    for (unsigned int i = 0; i < PER; ++i) rl[i] = KV_NO_BOUND;
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) rl[i] = KV_NO_BOUND;
     if (qseq != nullptr) {  // a launch-wide branch: without per-query bounds none of this issues
 #pragma unroll
-        for (unsigned int i = 0; i < PER; ++i)
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i)
             if (f0 + i < fe) rl[i] = qseq[(unsigned int)q0 + kv_quo(dv.k, f0 + i)];
     }
     int* const fp = (int*)(kv_dyn + 2u * ((d.hot_rows + 31u) >> 5));
@@ -1623,7 +1568,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     }
     // Preview of the picks' classes into the warp partials (folded into the validating barrier).
     unsigned int cls;
-    int v[PER];
+    int v[KV_FAST_PER];
     const bool fixed_any = kv_lean_classify(d, dv, s, limit, p, rl, pg, pj, hs, f0, fe, per, F, k, fp_slow, sh_part, &cls, v);
     // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
@@ -1647,7 +1592,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         if (ok && tid == 0) t.call[sl] = call;
         if (!ok) {
             kv_refuse_entry(t, row0, row1, k, indices, valid_count, plan_count + r, stats + r * KV_STATS);
-        } else if (lean && layout != KV_LAYOUT_PACKED && kv_lean_quiet<PER>(sh_part)) {
+        } else if (lean && layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part)) {
             kv_entry_lean_quiet(d, dv, t, (unsigned int)sl, s.full != 0u, fixed_any, cls, v, f0, fe, per, F, R, row0, k, indices,
                                 valid_count, plan_count + r, stats + r * KV_STATS, call, fp, sh_part);
         } else if (lean) {
@@ -1665,21 +1610,12 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
 
 // ResolveEngine::Lean: 1024 threads (64 registers per thread at most).
 extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_lean(KV_RESOLVE_PARAMS) {
-    kv_resolve_lean_body<KV_FAST_PER>(KV_RESOLVE_ARGS);
+    kv_resolve_lean_body(KV_RESOLVE_ARGS);
 }
 
 // ResolveEngine::Lean512: the same body compiled for 512 threads (up to 128 registers: no spills).
 extern "C" __global__ void __launch_bounds__(512) tierkit_kv_resolve_lean512(KV_RESOLVE_PARAMS) {
-    kv_resolve_lean_body<KV_FAST_PER>(KV_RESOLVE_ARGS);
-}
-
-// ResolveEngine::Lean256: the lean body with 8 picks per thread, compiled for and launched with 256
-// threads (one block per SM asked for, so ptxas may use up to 255 registers: 158, no spills, where
-// plain __launch_bounds__(256) capped it at 128 with spills): the entries Lean512 takes (up to 2048 picks), with half the warps,
-// so the per-warp work (the entry's words, scans, descriptor, barrier, counts) is paid half as often.
-#define KV_LEAN256_PER 8
-extern "C" __global__ void __launch_bounds__(256, 1) tierkit_kv_resolve_lean256(KV_RESOLVE_PARAMS) {
-    kv_resolve_lean_body<KV_LEAN256_PER>(KV_RESOLVE_ARGS);
+    kv_resolve_lean_body(KV_RESOLVE_ARGS);
 }
 
 // Plan replay into layers [l0, l0 + nl): block b copies plan[b * stride .. + count[b]].

@@ -58,11 +58,10 @@ impl KvDiv {
     }
 }
 
-/// Picks per thread and query rows per entry the lean kernels hold (`KV_FAST_PER` for lean and
-/// lean512, `KV_LEAN256_PER` for lean256, `KV_FAST_MAX_ROWS` in `kv_resolve.cu`; the kernel trusts
-/// `m` and `gper` computed from them, so a test reads the kernel's `#define`s and compares).
-pub(crate) const KV_FAST_PER: u32 = 4;
-pub(crate) const KV_LEAN256_PER: u32 = 8;
+/// Picks per thread and query rows per entry the lean kernels hold (`KV_FAST_PER`,
+/// `KV_FAST_MAX_ROWS` in `kv_resolve.cu`; the kernel trusts `m` and `gper` computed from them, so
+/// a test reads the kernel's `#define`s and compares).
+const KV_FAST_PER: u64 = 4;
 const KV_FAST_MAX_ROWS: u32 = 64;
 
 /// The launch-time constants of one resolve launch: `struct KvDivs` in `kv_resolve.cu`, passed by
@@ -78,9 +77,9 @@ pub(crate) struct KvDivs {
     /// The call's top-k width `k`.
     pub k: KvDiv,
     /// Query rows per entry of a uniform batch (`rows = m × sessions`, `1 ≤ m ≤ 64`, `m × k ≤
-    /// per × block`), 0 otherwise.
+    /// 4 × block`), 0 otherwise.
     pub m: u32,
-    /// Picks per thread of such an entry: `min(per, ⌈m × k / block⌉)`.
+    /// Picks per thread of such an entry: `min(4, ⌈m × k / block⌉)`.
     pub gper: u32,
     /// `(2^31 − 1 − (page_rows − 1)) / page_rows`: a fixed page above it (or negative) has a row
     /// that does not fit an `int`.
@@ -90,9 +89,8 @@ pub(crate) struct KvDivs {
 }
 
 impl KvDivs {
-    /// The constants of a launch of `block` threads per entry, each holding up to `per` picks
-    /// (the kernel's `KV_FAST_PER` or `KV_LEAN256_PER`), over `sessions` entries and `rows` query
-    /// rows of `k` picks each.
+    /// The constants of a launch of `block` threads per entry over `sessions` entries and `rows`
+    /// query rows of `k` picks each.
     pub(crate) fn new(
         page_rows: u32,
         tail_rows: u32,
@@ -100,7 +98,6 @@ impl KvDivs {
         rows: u32,
         sessions: u32,
         block: u32,
-        per: u32,
     ) -> Self {
         let m = if rows == sessions {
             1
@@ -109,12 +106,12 @@ impl KvDivs {
         } else {
             0
         };
-        let fits =
-            (1..=KV_FAST_MAX_ROWS).contains(&m) && m as u64 * k as u64 <= per as u64 * block as u64;
+        let fits = (1..=KV_FAST_MAX_ROWS).contains(&m)
+            && m as u64 * k as u64 <= KV_FAST_PER * block as u64;
         let m = if fits { m } else { 0 };
         let gper = (m as u64 * k as u64)
             .div_ceil(block.max(1) as u64)
-            .min(per as u64) as u32;
+            .min(KV_FAST_PER) as u32;
         let pr = page_rows.max(1);
         KvDivs {
             page: KvDiv::new(page_rows),
@@ -170,30 +167,16 @@ mod tests {
     /// shapes that must not guess (ragged, too many rows, too many picks for the block).
     #[test]
     fn batch_shape_and_fixed_page_bound() {
-        let v = KvDivs::new(64, 128, 2048, 64, 64, 512, KV_FAST_PER);
+        let v = KvDivs::new(64, 128, 2048, 64, 64, 512);
         assert_eq!((v.m, v.gper), (1, 4));
-        assert_eq!(
-            KvDivs::new(64, 128, 2048, 64, 64, 1024, KV_FAST_PER).gper,
-            2
-        );
-        assert_eq!(KvDivs::new(64, 128, 256, 192, 64, 512, KV_FAST_PER).m, 3);
-        assert_eq!(KvDivs::new(64, 128, 256, 192, 64, 512, KV_FAST_PER).gper, 2);
-        assert_eq!(KvDivs::new(64, 128, 2048, 65, 64, 512, KV_FAST_PER).m, 0); // ragged
-        assert_eq!(KvDivs::new(64, 128, 2048, 128, 64, 512, KV_FAST_PER).m, 0); // 4096 picks > 4 × 512
-        assert_eq!(KvDivs::new(64, 128, 1, 65 * 2, 2, 512, KV_FAST_PER).m, 0); // 65 rows per entry
-        assert_eq!(KvDivs::new(64, 128, 2049, 1, 1, 512, KV_FAST_PER).m, 0);
-        assert_eq!(KvDivs::new(64, 128, 0, 0, 0, 512, KV_FAST_PER).gper, 0);
-        // lean256: 8 picks per thread over 256 threads, the same 2048-pick capacity as lean512
-        let v = KvDivs::new(64, 128, 2048, 64, 64, 256, KV_LEAN256_PER);
-        assert_eq!((v.m, v.gper), (1, 8));
-        assert_eq!(
-            KvDivs::new(64, 128, 256, 192, 64, 256, KV_LEAN256_PER).gper,
-            3
-        );
-        assert_eq!(
-            KvDivs::new(64, 128, 2048, 128, 64, 256, KV_LEAN256_PER).m,
-            0
-        );
+        assert_eq!(KvDivs::new(64, 128, 2048, 64, 64, 1024).gper, 2);
+        assert_eq!(KvDivs::new(64, 128, 256, 192, 64, 512).m, 3);
+        assert_eq!(KvDivs::new(64, 128, 256, 192, 64, 512).gper, 2);
+        assert_eq!(KvDivs::new(64, 128, 2048, 65, 64, 512).m, 0); // ragged
+        assert_eq!(KvDivs::new(64, 128, 2048, 128, 64, 512).m, 0); // 4096 picks > 4 × 512
+        assert_eq!(KvDivs::new(64, 128, 1, 65 * 2, 2, 512).m, 0); // 65 rows per entry
+        assert_eq!(KvDivs::new(64, 128, 2049, 1, 1, 512).m, 0);
+        assert_eq!(KvDivs::new(64, 128, 0, 0, 0, 512).gper, 0);
         for pr in [
             1u32,
             2,
@@ -205,7 +188,7 @@ mod tests {
             (1 << 31) - 1,
             1 << 31,
         ] {
-            let fp_max = KvDivs::new(pr, 1, 1, 1, 1, 512, KV_FAST_PER).fp_max as i64;
+            let fp_max = KvDivs::new(pr, 1, 1, 1, 1, 512).fp_max as i64;
             let last = |v: i64| v * pr as i64 + pr as i64 - 1;
             assert!(
                 last(fp_max) <= i32::MAX as i64 && last(fp_max + 1) > i32::MAX as i64,
@@ -214,14 +197,8 @@ mod tests {
         }
         // Pages over 2^31 rows: no page fits, and the bound saturates at 0 instead of wrapping
         // (such dims fail `KvDims::validate`: arena rows stay below 2^31).
-        assert_eq!(
-            KvDivs::new((1 << 31) + 1, 1, 1, 1, 1, 512, KV_FAST_PER).fp_max,
-            0
-        );
-        assert_eq!(
-            KvDivs::new(u32::MAX, 1, 1, 1, 1, 512, KV_FAST_PER).fp_max,
-            0
-        );
+        assert_eq!(KvDivs::new((1 << 31) + 1, 1, 1, 1, 1, 512).fp_max, 0);
+        assert_eq!(KvDivs::new(u32::MAX, 1, 1, 1, 1, 512).fp_max, 0);
     }
 
     /// The constants the batch shape is computed from are the kernel's.
@@ -235,8 +212,7 @@ mod tests {
                 .unwrap_or_else(|| panic!("#define {name} not found in kv_resolve.cu"));
             line.split_whitespace().nth(2).unwrap().parse().unwrap()
         };
-        assert_eq!(define("KV_FAST_PER"), KV_FAST_PER as u64);
-        assert_eq!(define("KV_LEAN256_PER"), KV_LEAN256_PER as u64);
+        assert_eq!(define("KV_FAST_PER"), KV_FAST_PER);
         assert_eq!(define("KV_FAST_MAX_ROWS"), KV_FAST_MAX_ROWS as u64);
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
-use super::fastdiv::{KvDivs, KV_FAST_PER, KV_LEAN256_PER};
+use super::fastdiv::KvDivs;
 use super::{
     CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, ResolveEngine,
     KV_BLOCK, KV_FAST_BLOCK, KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_PACKED,
@@ -28,7 +28,6 @@ pub struct KvKernels {
     resolve_fast: CudaFunction,
     resolve_lean: CudaFunction,
     resolve_lean512: CudaFunction,
-    resolve_lean256: CudaFunction,
     replay: CudaFunction,
     prefetch: CudaFunction,
     write_back: CudaFunction,
@@ -63,7 +62,6 @@ impl KvKernels {
             resolve_fast: gpu.function(&KV_MODULE, "tierkit_kv_resolve_fast")?,
             resolve_lean: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean")?,
             resolve_lean512: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean512")?,
-            resolve_lean256: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean256")?,
             replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
             prefetch: gpu.function(&KV_MODULE, "tierkit_kv_prefetch")?,
             write_back: gpu.function(&KV_MODULE, "tierkit_kv_write_back")?,
@@ -102,7 +100,7 @@ impl KvKernels {
     /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel (`Auto`, the default,
     /// through [`ResolveEngine::for_call`])
     /// ([`ResolveEngine::Fast`] and [`ResolveEngine::Lean`]: [`KV_FAST_BLOCK`] threads per block,
-    /// `Lean512` half of that, `Lean256` a quarter, all with `8 × ceil(hot_rows / 32) + 4 × fixed_pages` bytes of
+    /// `Lean512` half of that, all three with `8 × ceil(hot_rows / 32) + 4 × fixed_pages` bytes of
     /// dynamic shared memory, the lean ones `2 × hot_rows` more up to 8192 hot rows; `Classic`, or any of them over [`KV_FAST_MAX_HOT_ROWS`] /
     /// [`KV_FAST_MAX_FIXED_PAGES`]: [`KV_BLOCK`] threads); results are identical.
     /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
@@ -169,36 +167,15 @@ impl KvKernels {
             } else {
                 0
             };
-        let (func, block, per, smem) = match o.engine.for_call(a.rows, a.sessions, a.k) {
-            ResolveEngine::Fast if fits => (&self.resolve_fast, KV_FAST_BLOCK, KV_FAST_PER, smem),
-            ResolveEngine::Lean if fits => {
-                (&self.resolve_lean, KV_FAST_BLOCK, KV_FAST_PER, lean_smem)
-            }
-            ResolveEngine::Lean512 if fits => (
-                &self.resolve_lean512,
-                KV_FAST_BLOCK / 2,
-                KV_FAST_PER,
-                lean_smem,
-            ),
-            ResolveEngine::Lean256 if fits => (
-                &self.resolve_lean256,
-                KV_FAST_BLOCK / 4,
-                KV_LEAN256_PER,
-                lean_smem,
-            ),
-            _ => (&self.resolve, KV_BLOCK, KV_FAST_PER, 0),
+        let (func, block, smem) = match o.engine.for_call(a.rows, a.sessions, a.k) {
+            ResolveEngine::Fast if fits => (&self.resolve_fast, KV_FAST_BLOCK, smem),
+            ResolveEngine::Lean if fits => (&self.resolve_lean, KV_FAST_BLOCK, lean_smem),
+            ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_FAST_BLOCK / 2, lean_smem),
+            _ => (&self.resolve, KV_BLOCK, 0),
         };
         // page_rows, tail_rows and k as multipliers (the lean engine divides by them per pick), and
         // the batch shape the lean engine guesses its picks from.
-        let divs = KvDivs::new(
-            d.page_rows,
-            d.tail_rows,
-            a.k,
-            a.rows,
-            a.sessions,
-            block,
-            per,
-        );
+        let divs = KvDivs::new(d.page_rows, d.tail_rows, a.k, a.rows, a.sessions, block);
         let mut b = stream.launch_builder(func);
         b.arg(d)
             .arg(t)
@@ -227,7 +204,7 @@ impl KvKernels {
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean / _lean512 / _lean256 (same parameters,
+        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean / _lean512 (same parameters,
         // `KvDivs` last, `repr(C)` as `struct KvDivs`); the
         // fast and lean kernels' dynamic shared memory holds their two bitmaps of ceil(hot_rows /
         // 32) words and the fixed pages, the lean kernels' also the u16 victim table when

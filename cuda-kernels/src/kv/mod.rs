@@ -76,12 +76,6 @@ pub enum ResolveEngine {
     /// entry (up to 128 registers, no spills; up to 4 picks per thread: entries
     /// over 2048 picks take the classic path).
     Lean512,
-    /// `tierkit_kv_resolve_lean256`: the lean body with 8 picks per thread, launched with 256
-    /// threads per entry (up to 255 registers): the entries `Lean512` takes (up to 2048 picks),
-    /// with half its warps, so the per-warp part of the work (the entry's words, the validation
-    /// scans, the descriptor, the barrier, the counts) is paid half as often. Fewer threads also
-    /// share a miss step's victim search and in-kernel copy.
-    Lean256,
     /// The default: [`ResolveEngine::Lean512`] for a decode-shaped call (no more query rows than
     /// sessions, `k ≤ 2048`: in decode, one row per entry, every entry fits its 512 threads),
     /// else [`ResolveEngine::Lean`] (e.g. speculative rows, 2 × 2048 picks per entry, which would
@@ -97,12 +91,11 @@ pub enum ResolveEngine {
 impl ResolveEngine {
     /// Every concrete engine, in declaration order (tests and benches run them side by side;
     /// [`ResolveEngine::Auto`] launches one of them).
-    pub const ALL: [ResolveEngine; 5] = [
+    pub const ALL: [ResolveEngine; 4] = [
         ResolveEngine::Fast,
         ResolveEngine::Classic,
         ResolveEngine::Lean,
         ResolveEngine::Lean512,
-        ResolveEngine::Lean256,
     ];
 
     /// The concrete engine a call of `rows` query rows over `sessions` entries with `k` picks per

@@ -36,20 +36,19 @@ enum Kernel {
     Ours(ResolveEngine),
 }
 
-const KERNELS: [Kernel; 6] = [
+const KERNELS: [Kernel; 5] = [
     Kernel::Sglang,
     Kernel::Ours(ResolveEngine::Fast),
     Kernel::Ours(ResolveEngine::Classic),
     Kernel::Ours(ResolveEngine::Lean),
     Kernel::Ours(ResolveEngine::Lean512),
-    Kernel::Ours(ResolveEngine::Lean256),
 ];
 
 /// Column names of [`KERNELS`].
-const NAMES: [&str; 6] = ["SGLang", "fast", "classic", "lean", "lean512", "lean256"];
+const NAMES: [&str; 5] = ["SGLang", "fast", "classic", "lean", "lean512"];
 
 /// Kernels whose copy speed is reported (indices into [`KERNELS`]).
-const GBS: [usize; 5] = [0, 1, 3, 4, 5];
+const GBS: [usize; 3] = [0, 1, 3];
 
 /// How a run launches and whether it copies.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -307,8 +306,8 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         "peer mode: device {} ({}), batch {REQS}, top-k {K}, rows {ROW} B, 1 layer, history in \
          mapped pinned host memory (read in place), {reps} timed steps per phase (median); \
          SGLang = load_cache_to_device_buffer_kernel (960 threads/block); ours fast / classic / \
-         lean / lean512 / lean256 = tierkit_kv_resolve_fast / tierkit_kv_resolve / \
-         tierkit_kv_resolve_lean(512, 256) (1024 / 512 / 256 threads, lean256 with 8 picks per thread)",
+         lean / lean512 = tierkit_kv_resolve_fast / tierkit_kv_resolve / tierkit_kv_resolve_lean(512) \
+         (1024 / 512 threads)",
         gpu.name()?,
         gpu.arch()
     );
