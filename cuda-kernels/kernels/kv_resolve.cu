@@ -1255,6 +1255,31 @@ __device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[KV_FAST_PER
     }
 }
 
+// The block's tail, scratch, page, hot and bad counts from the preview's partials, summed by one warp
+// (all its lanes call it; `has`: the warp of this lane's index wrote partials and holds picks):
+// c[0 .. 5) in every lane, unpacked per lane first (a block's sums exceed 8 bits).
+__device__ __forceinline__ void kv_lean_part_sums(const unsigned int* part, bool has, unsigned int (&c)[5]) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int a = has ? part[lane * KV_LEAN_PARTS] : 0u, b = has ? part[lane * KV_LEAN_PARTS + 1u] : 0u;
+    c[0] = kv_warp_sum((a >> 8) & 0xffu);   // tail
+    c[1] = kv_warp_sum((a >> 16) & 0xffu);  // scratch
+    c[2] = kv_warp_sum(a >> 24);            // page
+    c[3] = kv_warp_sum(b & 0xffu);          // hot
+    c[4] = kv_warp_sum((b >> 8) & 0xffu);   // bad
+}
+
+// The preview's counts into the block's shared counters (sh_count[1 .. 5), [7]; one shared add each
+// by the last warp), for an entry that finishes through kv_write_stats.
+__device__ __forceinline__ void kv_lean_stat_counts(const unsigned int* part, unsigned int per, unsigned int F,
+                                                    unsigned int* sh_count) {
+    const unsigned int lane = threadIdx.x & 31u, nw = blockDim.x >> 5;
+    if ((threadIdx.x >> 5) == nw - 1u) {
+        unsigned int c[5];
+        kv_lean_part_sums(part, lane < nw && lane * 32u * per < F, c);
+        if (lane == 0u) kv_add_counts(sh_count, c[0], c[1], c[2], c[3], c[4]);
+    }
+}
+
 // The quiet finish of a lean in-place entry (no miss, every warp within one row): valid counts and
 // the stats row from the preview's partials, no block barrier. Warp w sums rows w, w + nw, ...; the
 // last warp writes the stats row and the bad positions.
@@ -1272,73 +1297,27 @@ __device__ __forceinline__ void kv_lean_counts(const KvTables& t, const unsigned
         if (lane == 0u) valid_count[row0 + row] = (int)v;
     }
     if (warp == nw - 1u) {
-        // Unpacked per lane first (a block's sums exceed 8 bits): tail, scratch, page, hot, bad.
-        const unsigned int a = has ? part[lane * KV_LEAN_PARTS] : 0u, b = has ? part[lane * KV_LEAN_PARTS + 1u] : 0u;
-        unsigned int c[6];
-        c[1] = kv_warp_sum((a >> 8) & 0xffu);
-        c[2] = kv_warp_sum((a >> 16) & 0xffu);
-        c[3] = kv_warp_sum(a >> 24);
-        c[4] = kv_warp_sum(b & 0xffu);
-        c[5] = kv_warp_sum((b >> 8) & 0xffu);
+        unsigned int c[5];  // tail, scratch, page, hot, bad
+        kv_lean_part_sums(part, has, c);
         if (lane == 0u) {
             *plan_count_r = 0u;
-            st[0] = c[1] + c[2] + c[3] + c[4];
-            st[1] = c[1];
-            st[2] = c[2];
-            st[3] = c[3];
-            st[4] = c[4];
+            st[0] = c[0] + c[1] + c[2] + c[3];
+            st[1] = c[0];
+            st[2] = c[1];
+            st[3] = c[2];
+            st[4] = c[3];
             st[5] = 0u;
             st[6] = full ? 1u : 0u;
-            st[7] = c[5];
-            if (c[5]) atomicAdd(&t.err[KV_ERR_BAD_POSITION], c[5]);
+            st[7] = c[4];
+            if (c[4]) atomicAdd(&t.err[KV_ERR_BAD_POSITION], c[4]);
         }
     }
 }
 
-// One entry of the lean engine, after the validating barrier: p, rl, pg, hs are the thread's picks,
-// their query rows' bounds (KV_NO_BOUND without per-query bounds), page-table and position-table
-// entries (-1 where not read), read before the barrier; fp holds the slot's fixed pages (shared).
-// Steps A + B of a lean entry (tail -> scratch -> borrowed page -> hot cache (pin) -> miss (claim))
-// from the classes kv_lean_classify gave the speculative reads: the thread's outputs (-1 where
-// none, KV_OUT_PENDING for misses) and counters; touches hot hits and claims misses unless `full`.
-__device__ __forceinline__ void kv_lean_picks(const KvDims& d, const KvDiv& pr, const KvTables& t, unsigned int slot, bool full,
-                                              unsigned int cls, const int (&v)[KV_FAST_PER], unsigned int f0,
-                                              unsigned long long call, const int* fp, int (&out)[KV_FAST_PER],
-                                              unsigned int* c_tail, unsigned int* c_scr, unsigned int* c_page,
-                                              unsigned int* c_hot, unsigned int* bad, bool* miss) {
-    const unsigned long long hb = (unsigned long long)slot * d.hot_rows;
-    const unsigned long long pb = (unsigned long long)slot * d.max_history;
-#pragma unroll
-    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
-        out[i] = -1;
-        const unsigned int c = (cls >> (3u * i)) & 7u;
-        if (c == KV_PICK_BAD) {
-            *bad += 1u;
-        } else if (c == KV_PICK_SCRATCH) {
-            out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
-            *c_scr += 1u;
-        } else if (c == KV_PICK_TAIL) {
-            out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
-            *c_tail += 1u;
-        } else if (c == KV_PICK_PAGE) {
-            out[i] = v[i];
-            *c_page += 1u;
-        } else if (c == KV_PICK_HOT) {
-            if (!full) kv_touch(t, hb + v[i], call);
-            out[i] = kv_fixed_row_fd(pr, fp, (unsigned int)v[i]);
-            *c_hot += 1u;
-        } else if (c == KV_PICK_MISS) {
-            out[i] = KV_OUT_PENDING;
-            atomicMin(&t.first[pb + v[i]], (int)(f0 + i));
-            *miss = true;
-        }
-    }
-}
-
-// The outputs of a quiet lean entry from the preview's classes (its counts are in the partials):
-// a page pick's output is v itself, a scratch, tail or hot pick's the fixed row of v (looked up
-// only in warps that have one: `fixed_any`, warp-uniform), anything else -1; hot hits are touched
-// unless the slot is full (block-uniform).
+// Step A + B of a lean entry from the preview's classes (its counts are in the partials): a page
+// pick's output is v itself, a scratch, tail or hot pick's the fixed row of v (looked up only in
+// warps that have one: `fixed_any`, warp-uniform), anything else -1 (a missed pick too: the caller
+// claims it); hot hits are touched (pinned) unless the slot is full (block-uniform).
 __device__ __forceinline__ void kv_lean_outputs(const KvDiv& pr, const KvTables& t, unsigned long long hb, bool full,
                                                 bool fixed_any, unsigned int cls, const int (&v)[KV_FAST_PER],
                                                 unsigned long long call, const int* fp, int (&out)[KV_FAST_PER]) {
@@ -1375,22 +1354,38 @@ __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDiv
     kv_lean_counts(t, part, per, F, R, dv.k, row0, full, valid_count, plan_count_r, stats_r);
 }
 
+// One entry of the lean engine, after the validating barrier, when the quiet finish does not apply
+// (a miss, the packed layout, or a flagged warp): steps A + B from the preview's classes
+// (kv_lean_outputs; missed picks claimed on the slot's `first` table), C-G when something missed,
+// then the outputs, valid counts and stats. cls, v: the preview's classes and values; fp: the
+// slot's fixed pages (shared); part: the preview's per-warp partials, whose counts make the stats
+// row (hot hits plus the picks placed by C-G).
 __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
-                                              const KvSlotDesc& s, unsigned int cls, const int (&v)[KV_FAST_PER],
-                                              unsigned int f0, unsigned int fe,
+                                              const KvSlotDesc& s, bool fixed_any, unsigned int cls,
+                                              const int (&v)[KV_FAST_PER], unsigned int f0, unsigned int fe,
                                               unsigned int per, unsigned int F, unsigned int R, unsigned int row0,
                                               unsigned int k, unsigned int layer, unsigned int fetch,
                                               int* __restrict__ indices, int* __restrict__ valid_count,
                                               KvCopy* __restrict__ plan, unsigned int* __restrict__ plan_count_r,
                                               unsigned int* __restrict__ stats_r, unsigned int layout,
                                               unsigned long long call, unsigned int* bits, const int* fp,
-                                              unsigned int* warp_sums, unsigned int* sh_rows, unsigned int* sh_count,
+                                              const unsigned int* part, unsigned int* warp_sums,
+                                              unsigned int* sh_rows, unsigned int* sh_count,
                                               unsigned int* sh_taken, int* sh_last, unsigned int hand) {
     const bool full = s.full != 0u;
     int out[KV_FAST_PER];
-    unsigned int c_tail = 0, c_scr = 0, c_page = 0, c_hot = 0, bad = 0;
+    kv_lean_outputs(dv.page, t, (unsigned long long)slot * d.hot_rows, full, fixed_any, cls, v, call, fp, out);
+    // B. claims: each missed pick bids its flat index for its position's first appearance.
+    const unsigned long long pb = (unsigned long long)slot * d.max_history;
     bool miss = false;
-    kv_lean_picks(d, dv.page, t, slot, full, cls, v, f0, call, fp, out, &c_tail, &c_scr, &c_page, &c_hot, &bad, &miss);
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        if (((cls >> (3u * i)) & 7u) != KV_PICK_MISS) continue;
+        out[i] = KV_OUT_PENDING;
+        atomicMin(&t.first[pb + v[i]], (int)(f0 + i));
+        miss = true;
+    }
+    unsigned int c_hot = 0;  // picks placed by C-G (hot hits from this call's installs)
     // C-G only when some pick of the entry missed (`full` is block-uniform).
     unsigned int misses = 0, taken = 0;
     if (!full && __syncthreads_or(miss))
@@ -1420,7 +1415,11 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv,
                 if (f0 + i < fe && out[i] >= 0) atomicAdd(&sh_rows[kv_quo(dv.k, f0 + i)], 1u);
         }
     }
-    kv_add_counts_warp(sh_count, c_tail, c_scr, c_page, c_hot, bad);
+    // Stats: the preview's counts (the last warp sums the partials; sh_count was zeroed before the
+    // validating barrier) plus the placed picks (one shared add per warp).
+    kv_lean_stat_counts(part, per, F, sh_count);
+    c_hot = kv_warp_sum(c_hot);
+    if ((threadIdx.x & 31u) == 0u && c_hot) atomicAdd(&sh_count[4], c_hot);
     __syncthreads();
     if (packed) kv_write_packed(out, f0, fe, k, R, rank, sh_rows, base);
     if (threadIdx.x < R)
@@ -1596,9 +1595,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
             kv_entry_lean_quiet(d, dv, t, (unsigned int)sl, s.full != 0u, fixed_any, cls, v, f0, fe, per, F, R, row0, k, indices,
                                 valid_count, plan_count + r, stats + r * KV_STATS, call, fp, sh_part);
         } else if (lean) {
-            kv_entry_lean(d, dv, t, (unsigned int)sl, s, cls, v, f0, fe, per, F, R, row0, k, layer, fetch,
+            kv_entry_lean(d, dv, t, (unsigned int)sl, s, fixed_any, cls, v, f0, fe, per, F, R, row0, k, layer, fetch,
                           indices, valid_count, plan, plan_count + r, stats + r * KV_STATS, layout, call, kv_dyn, fp,
-                          warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
+                          sh_part, warp_sums, sh_rows, sh_count, &sh_taken, &sh_last, hand);
         } else {
             kv_entry_classic(d, t, sl, s, limit, topk, qseq, row0, row1, k, layer, fetch, indices, valid_count, plan,
                              plan_count + r, stats + r * KV_STATS, layout, call, warp_sums, sh_count, &sh_taken,
