@@ -1116,7 +1116,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 //    on the slot and the pick). These are reads of tables no other block writes during the call,
 //    bounds-checked on the entry's own words; the call is validated after them.
 // 2. one barrier validates the call (query_start_loc, repeated slot); a second pair only when it failed;
-//    before it, every warp previews its picks' classes into shared partials (kv_lean_preview), and
+//    before it, every warp previews its picks' classes into shared partials (kv_lean_classify), and
 //    a quiet entry (no miss, in place, no flagged warp) finishes from them with no further barrier;
 // 3. the call counter is the slot's own (thread 0 reads it in trip 2 and stores it + 1 once the entry
 //    is accepted): no block waits for another, and there is no call-wide ticket;
@@ -1134,6 +1134,7 @@ extern "C" __global__ void __launch_bounds__(1024) tierkit_kv_resolve_fast(KV_RE
 // word 1 = hot | bad << 8 | missed picks << 16 | slow lanes << 24 (slow: the warp's picks span two
 // rows, or a fixed row could be negative or lie outside the slot's fixed rows).
 #define KV_LEAN_PARTS 2
+static_assert(32 * KV_FAST_PER < 256, "a warp's counts must fit the partials' 8-bit fields");
 
 // Classes of a lean pick (3 bits per pick in a thread's class word), decided before the validating
 // barrier from the speculative reads; the pick's value v beside it: the fixed local row (scratch,
@@ -1256,7 +1257,7 @@ __device__ __forceinline__ void kv_load_picks(const int* g, int (&p)[KV_FAST_PER
 }
 
 // The block's tail, scratch, page, hot and bad counts from the preview's partials, summed by one warp
-// (all its lanes call it; `has`: the warp of this lane's index wrote partials and holds picks):
+// (all its lanes call it; `has`: the warp of this lane's index holds picks; every warp wrote partials):
 // c[0 .. 5) in every lane, unpacked per lane first (a block's sums exceed 8 bits).
 __device__ __forceinline__ void kv_lean_part_sums(const unsigned int* part, bool has, unsigned int (&c)[5]) {
     const unsigned int lane = threadIdx.x & 31u;
@@ -1358,8 +1359,8 @@ __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDiv
 // (a miss, the packed layout, or a flagged warp): steps A + B from the preview's classes
 // (kv_lean_outputs; missed picks claimed on the slot's `first` table), C-G when something missed,
 // then the outputs, valid counts and stats. cls, v: the preview's classes and values; fp: the
-// slot's fixed pages (shared); part: the preview's per-warp partials, whose counts make the stats
-// row (hot hits plus the picks placed by C-G).
+// slot's fixed pages (shared); part: the preview's per-warp partials, whose tail, scratch, page,
+// hot and bad counts, plus the picks placed by C-G, make the stats row.
 __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv, const KvTables& t, unsigned int slot,
                                               const KvSlotDesc& s, bool fixed_any, unsigned int cls,
                                               const int (&v)[KV_FAST_PER], unsigned int f0, unsigned int fe,
@@ -1439,6 +1440,8 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     __shared__ unsigned int sh_taken, sh_count[KV_STATS];
     __shared__ int sh_last;
     __shared__ unsigned int sh_rows[KV_FAST_MAX_ROWS + 1];
+    // Written by kv_lean_classify before the validating barrier, read after it (kv_lean_quiet,
+    // kv_lean_counts, kv_lean_stat_counts): nothing else may write it in between.
     __shared__ unsigned int sh_part[32 * KV_LEAN_PARTS];
     __shared__ unsigned long long sh_call;
     const unsigned int r = blockIdx.x, tid = threadIdx.x;
