@@ -7,7 +7,7 @@
 //! `--mode peer`: our resolve kernels (fast and classic) against SGLang HiSparse's swap-in kernel
 //! on the issue-13 cases (hot 2048 / 4096 / 8192, history 16K-128K, hit-only first-set and scattered
 //! steps, 9.5% and 25.9% misses, all resident), plain launch, CUDA graph and bookkeeping (the copy left
-//! out); see `kv_gpu_bench/peer.rs`. `--mode admit`: a 500K-token history admitted on the copy
+//! out, plain and in a graph); see `kv_gpu_bench/peer.rs`. `--mode admit`: a 500K-token history admitted on the copy
 //! stream while decode steps run (copy time, GB/s, step time with and without it; see
 //! `kv_gpu_bench/admit.rs`; `--reps` caps at 5 admissions per fill back-end). Default
 //! (`--mode all`): the table below.
