@@ -234,7 +234,8 @@ impl<D: DataPlane> ElasticPool<D> {
 
     /// Whether a live session holds its whole history (tail + borrowed pages): the direct path.
     pub fn holds_all(&self, session: SessionId) -> Result<bool> {
-        self.session(session).map(|r| self.fully_held(r))
+        self.session(session)
+            .map(|r| r.fully_held(&self.ctl.geometry))
     }
 
     /// Where a live session's rows are, for a device mirror (the GPU back-end publishes this between
@@ -248,7 +249,7 @@ impl<D: DataPlane> ElasticPool<D> {
             page_table: r.pages.table(),
             committed: r.committed,
             scratch_len: r.scratch_len,
-            full: self.fully_held(r),
+            full: r.fully_held(&self.ctl.geometry),
         })
     }
 
@@ -282,10 +283,6 @@ impl<D: DataPlane> ElasticPool<D> {
             .saturating_sub(g.tail_rows)
             .div_ceil(g.page_rows)
             .min(committed / g.page_rows)
-    }
-
-    fn fully_held(&self, r: &SessionState) -> bool {
-        r.fully_held(&self.ctl.geometry)
     }
 
     #[inline]

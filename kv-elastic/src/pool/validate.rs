@@ -95,7 +95,7 @@ impl<D: DataPlane> ElasticPool<D> {
                 });
             }
             let tail_start = r.committed.saturating_sub(g.tail_rows);
-            let full = self.fully_held(r);
+            let full = r.fully_held(&self.ctl.geometry);
             let mut need = Vec::new();
             let mut need_set = if full {
                 HashSet::new()
