@@ -28,6 +28,7 @@ fn setup(elastic: bool) -> (ElasticPool, Vec<Vec<i32>>) {
         hot_rows: 2 * K as u32,
         tail_rows: 64,
         scratch_rows: 0,
+        layer_groups: Default::default(),
     };
     let mut pool = ElasticPool::new(g, PoolConfig { elastic }).unwrap();
     let history = vec![7u8; HISTORY as usize * 64];
@@ -97,6 +98,7 @@ fn reclaim_bench(c: &mut Criterion) {
         hot_rows: 64,
         tail_rows: 64,
         scratch_rows: 0,
+        layer_groups: Default::default(),
     };
     let history = vec![1u8; (100 * 64 + 64) * 16];
     c.bench_function("kv_reclaim_10000_pages", |b| {

@@ -11,7 +11,9 @@
 //   arena  [layers][arena_rows][row_bytes]                         (device, one allocation)
 //   host   [max_slots][max_history][layers][row_bytes]             (mapped pinned host memory)
 //   per slot b: fixed_pages[b][fixed_pages], page_tab[b][max_pages], pos_slot[b][max_history],
-//               slot_pos/mark/stamp[b][hot_rows], hand[b], first[b][max_history]
+//               slot_pos/mark/stamp[b][hot_rows], hand[b], first[b][max_history], call[b]
+// The hot-cache tables (pos_slot, slot_pos, mark, stamp, hand, call) are one layer group's: the host passes
+// the group's tables of the layer it resolves (kv-elastic lays them out [groups][max_slots][...]).
 
 #define KV_NONE (-1)
 #define KV_UNCLAIMED 0x7fffffff
@@ -907,7 +909,7 @@ __device__ void kv_entry_fast(const KvDims& d, const KvTables& t, unsigned int s
     for (unsigned int rr = 0; rr < R; ++rr)
         if (threadIdx.x == 0) valid_count[row0 + rr] = (int)(sh_rowstart[rr + 1] - sh_rowstart[rr]);
     // The copy last: the outputs above are plain stores that need nothing from it.
-    if (fetch && taken > 0u) kv_fetch(d, t, plan, taken, layer, 1u);
+    if (fetch && taken > 0u) kv_fetch(d, t, plan, taken, layer, fetch);
     // Stats (warp sums, then one shared add per warp).
     kv_add_counts_warp(sh_count, c_tail, c_scr, c_page, c_hot, bad);
     __syncthreads();
@@ -958,7 +960,7 @@ __device__ void kv_entry_classic(const KvDims& d, const KvTables& t, int sl, con
         taken = kv_place_warp(d, t, slot, call, plan, misses, sh_taken, sh_last);
         __syncthreads();
         // 6. fetch from mapped host memory
-        if (fetch) kv_fetch(d, t, plan, taken, layer, 1u);
+        if (fetch) kv_fetch(d, t, plan, taken, layer, fetch);
     } else {
         // Direct path: only the invalid picks need counting (the output pass skips them).
         for (unsigned int row = row0; row < row1; ++row) {
@@ -1027,7 +1029,8 @@ __device__ void kv_entry_classic(const KvDims& d, const KvTables& t, int sl, con
 // of oversized buffers). Outputs: indices int32 [idx_len >= rows * k] (row stride k), valid_count int32
 // [valid_len >= rows], plan [sessions][hot_rows] with plan_count [pc_len >= sessions] (entries past sessions
 // written 0), stats [sessions][KV_STATS].
-// fetch = 1: gather misses into `layer` now; 0: leave copies to the caller (DMA). layout: 0 in place, 1 packed.
+// fetch = n > 0: gather misses into layers [layer, layer + n) now (a layer group's planes); 0: leave copies to
+// the caller (DMA). layout: 0 in place, 1 packed.
 // qseq: int32 [rows] per-query causal bound, or null (the entry's seq_len for every row).
 // FAST = false: the classic body (`tierkit_kv_resolve`); true: entries that fit take kv_entry_fast
 // (`tierkit_kv_resolve_fast`, dynamic shared memory 2 × ceil(hot_rows / 32) u32 + fixed_pages int32).
@@ -1427,7 +1430,7 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv,
         valid_count[row0 + threadIdx.x] =
             (int)(packed ? sh_rows[threadIdx.x + 1] - sh_rows[threadIdx.x] : sh_rows[threadIdx.x]);
     // The copy last: the outputs above are plain stores that need nothing from it.
-    if (fetch && taken > 0u) kv_fetch(d, t, plan, taken, layer, 1u);
+    if (fetch && taken > 0u) kv_fetch(d, t, plan, taken, layer, fetch);
     if (threadIdx.x == 0) {
         *plan_count_r = taken;
         if (taken < misses) atomicAdd(&t.err[KV_ERR_OVERFLOW], misses - taken);
@@ -1620,24 +1623,40 @@ extern "C" __global__ void __launch_bounds__(512) tierkit_kv_resolve_lean512(KV_
     kv_resolve_lean_body(KV_RESOLVE_ARGS);
 }
 
+// Whether hot row `c.dst_row` of slot `c.slot` still holds `c.position` in these tables (a layer group's).
+__device__ __forceinline__ bool kv_plan_fresh(const KvDims& d, const KvTables& t, const KvCopy& c) {
+    if (c.slot >= d.max_slots || c.position >= d.max_history) return false;
+    const int hs = t.pos_slot[(unsigned long long)c.slot * d.max_history + c.position];
+    return hs >= 0 && kv_fixed_row(d, t, c.slot, (unsigned int)hs) == (int)c.dst_row;
+}
+
 // Plan replay into layers [l0, l0 + nl): block b copies plan[b * stride .. + count[b]].
-// check = 1: copy nothing, count entries whose destination no longer holds the position.
+// check = 0: copy every entry (the caller knows the rows: page fills); 1: copy nothing, count entries whose
+// destination no longer holds the position; 2: copy each entry whose destination still holds its position in
+// these tables (a plan replayed into its own layer group), skip and count the others (a stale plan, or one of
+// another group, whose rows hold other positions here).
 extern "C" __global__ void tierkit_kv_replay(KvDims d, KvTables t, const KvCopy* __restrict__ plan,
                                              const unsigned int* __restrict__ count, unsigned int stride,
                                              unsigned int l0, unsigned int nl, unsigned int check) {
     const KvCopy* p = plan + (unsigned long long)blockIdx.x * stride;
     const unsigned int n = min(count[blockIdx.x], stride);
+    if (check == 2u) {
+        const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+        for (unsigned long long w = warp; w < (unsigned long long)n * nl; w += nw) {
+            const unsigned int i = (unsigned int)(w % n), l = l0 + (unsigned int)(w / n);
+            const KvCopy c = p[i];
+            if (!kv_plan_fresh(d, t, c) || c.dst_row >= d.arena_rows || l >= d.layers) {
+                if (lane == 0 && w < n) atomicAdd(&t.err[KV_ERR_STALE_PLAN], 1u);
+                continue;
+            }
+            kv_warp_copy(t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes,
+                         t.host + kv_host_off(d, c.slot, c.position, l), d.row_bytes, lane);
+        }
+        return;
+    }
     if (check) {
         unsigned int stale = 0;
-        for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) {
-            const KvCopy c = p[i];
-            bool ok = c.slot < d.max_slots && c.position < d.max_history;
-            if (ok) {
-                const int hs = t.pos_slot[(unsigned long long)c.slot * d.max_history + c.position];
-                ok = hs >= 0 && kv_fixed_row(d, t, c.slot, (unsigned int)hs) == (int)c.dst_row;
-            }
-            stale += !ok;
-        }
+        for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) stale += !kv_plan_fresh(d, t, p[i]);
         if (stale) atomicAdd(&t.err[KV_ERR_STALE_PLAN], stale);
         return;
     }

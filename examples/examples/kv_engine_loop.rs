@@ -1,9 +1,11 @@
 //! Reference integration of `kv-elastic` in a CPU engine loop: size the pool from an HBM budget,
-//! admit sessions with their history, and each decode step resolve the indexer's top-k picks of
-//! layer 0 (misses are fetched from host into the session's hot cache), replay the fetches into
-//! the other layers, "attend" over the resolved rows, append each session's new token, finish
-//! sessions, and between steps hand pages back and lend free HBM to sessions missing history.
-//! Every resolved row is checked against the host copy: the tier is exact.
+//! admit sessions with their history, and each decode step, layer by layer, resolve that layer's
+//! indexer top-k picks (a per-layer indexer, as DeepSeek-V3.2's: the geometry's default layer
+//! groups give each layer its own hot cache; misses are fetched from host into it), "attend" over
+//! the resolved rows, then append each session's new token, finish sessions, and between steps
+//! hand pages back and lend free HBM to sessions missing history. Every resolved row is checked
+//! against the host copy: the tier is exact. (Layers that share one indexer's picks are declared
+//! one group, `g.layer_groups = LayerGroups::one()`: one resolve then fills all of them.)
 //!
 //! Run: `cargo run --release -p tierkit-examples --example kv_engine_loop`
 use kv_elastic::{ElasticPool, Geometry, PoolConfig, PoolSizing};
@@ -44,52 +46,51 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let seq_lens: Vec<i32> = sessions.iter().map(|s| len[s] as i32).collect();
         // One query row per session.
         let qsl: Vec<i32> = (0..=sessions.len() as i32).collect();
-        // The indexer's top-k: recent tokens and a spread over the history, -1 padding last.
-        let pick = |n: i32, j: i32| {
-            if j + 1 == K as i32 {
-                -1
-            } else {
-                (n - 1 - 3 * j * j).max(0)
-            }
-        };
-        let topk: Vec<i32> = seq_lens
-            .iter()
-            .flat_map(|&n| (0..K as i32).map(move |j| pick(n, j)))
-            .collect();
-        let (mut indices, mut valid) = (vec![0i32; topk.len()], vec![0i32; sessions.len()]);
-        let input = ResolveInput {
-            sessions: &sessions,
-            query_start_loc: &qsl,
-            seq_lens: &seq_lens,
-            topk: &topk,
-            k: K,
-            layer: 0,
-        };
-        let mut out = ResolveOutput {
-            indices: &mut indices,
-            valid_count: &mut valid,
-        };
-        let done = pool.resolve(&input, &mut out)?;
-        for layer in 1..LAYERS as u32 {
-            pool.replay(&done.plan, layer)?; // the same misses, fetched into the other layers
-        }
-        // "Attention": every resolved row holds the bytes a fully resident cache would.
-        for (i, (&pos, &row)) in topk
-            .iter()
-            .zip(&indices)
-            .enumerate()
-            .filter(|(_, (&p, _))| p >= 0)
-        {
-            let want = token(sessions[i / K], pos as u64);
-            for layer in 0..LAYERS {
+        for layer in 0..LAYERS {
+            // This layer's indexer top-k: recent tokens and a spread over the history (each layer
+            // its own), -1 padding last.
+            let pick = |n: i32, j: i32| {
+                if j + 1 == K as i32 {
+                    -1
+                } else {
+                    (n - 1 - (3 + layer as i32) * j * j).max(0)
+                }
+            };
+            let topk: Vec<i32> = seq_lens
+                .iter()
+                .flat_map(|&n| (0..K as i32).map(move |j| pick(n, j)))
+                .collect();
+            let (mut indices, mut valid) = (vec![0i32; topk.len()], vec![0i32; sessions.len()]);
+            let input = ResolveInput {
+                sessions: &sessions,
+                query_start_loc: &qsl,
+                seq_lens: &seq_lens,
+                topk: &topk,
+                k: K,
+                layer: layer as u32,
+            };
+            let mut out = ResolveOutput {
+                indices: &mut indices,
+                valid_count: &mut valid,
+            };
+            let done = pool.resolve(&input, &mut out)?;
+            // "Attention" at this layer: every resolved row holds the bytes a fully resident
+            // cache would.
+            for (i, (&pos, &row)) in topk
+                .iter()
+                .zip(&indices)
+                .enumerate()
+                .filter(|(_, (&p, _))| p >= 0)
+            {
+                let want = token(sessions[i / K], pos as u64);
                 assert_eq!(
                     pool.arena_row(layer as u32, row),
                     Some(&want[layer * ROW..][..ROW])
                 );
             }
+            (picks, misses) = (picks + done.stats.picks, misses + done.stats.misses);
+            done.ticket.complete(); // the kernels that read these rows have finished
         }
-        (picks, misses) = (picks + done.stats.picks, misses + done.stats.misses);
-        done.ticket.complete(); // the kernels that read these rows have finished
         for &s in &sessions {
             let n = len[&s];
             pool.append(s, &token(s, n))?; // the step's new KV row, committed to host

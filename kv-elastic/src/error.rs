@@ -129,6 +129,19 @@ pub enum KvError {
         /// Layers in the geometry.
         layers: u32,
     },
+    /// A plan replayed into a layer of another layer group: its rows are hot rows of its own group,
+    /// which in another group's planes hold other positions ([`crate::LayerGroups`]).
+    #[error("layer {layer} is outside the plan's layer group {group} (layers {first}..{end}); a plan replays only into its own group's layers")]
+    LayerOutsideGroup {
+        /// Given layer.
+        layer: u32,
+        /// The plan's layer group.
+        group: u32,
+        /// Its first layer.
+        first: u32,
+        /// One past its last layer.
+        end: u32,
+    },
     /// A plan's destination rows were reassigned since it was made (a later resolve or prefetch).
     #[error("stale plan: hot row {row} no longer holds position {position} of session {session}")]
     StalePlan {

@@ -2,6 +2,7 @@
 //! carved out of one contiguous device arena.
 
 use crate::error::{KvError, Result};
+use crate::groups::LayerGroups;
 
 /// Most layers (arena planes) a [`Geometry`] may have (DeepSeek-V3 has 61).
 pub const MAX_LAYERS: u32 = 4096;
@@ -19,13 +20,15 @@ pub const MAX_ARENA_BYTES: u64 = 1 << 40;
 /// keeps 13 bytes of host-side CLOCK state per hot row ([`crate::HotCache`]).
 pub const MAX_HOT_ROWS: u32 = 1 << 24;
 
-/// The shape of one pool: row size, layers, page size and how the arena is carved.
+/// The shape of one pool: row size, layers, page size, how the arena is carved, and which layers
+/// share top-k picks.
 ///
 /// The device arena is `arena_pages × page_rows` rows of `row_bytes` bytes, one plane per layer
-/// (every layer uses the same row indices, so one resolve serves all layers of a group). It is one
-/// contiguous range because sparse-attention kernels (FlashMLA) index a single array. Pages are
-/// the unit of allocation: each admitted session takes [`Geometry::fixed_pages`] pages for its
-/// fixed rows (hot cache, tail, scratch), and the rest is lent as elastic history pages.
+/// (every layer uses the same row indices). It is one contiguous range because sparse-attention
+/// kernels (FlashMLA) index a single array. Pages are the unit of allocation: each admitted
+/// session takes [`Geometry::fixed_pages`] pages for its fixed rows (hot cache, tail, scratch),
+/// and the rest is lent as elastic history pages. The hot rows serve every layer group: each
+/// [`LayerGroups`] group maps its own positions to them, in its own layer planes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Geometry {
     /// Bytes per token row per layer (656 for DeepSeek fp8 MLA, 1152 for bf16 576-dim).
@@ -42,6 +45,11 @@ pub struct Geometry {
     pub tail_rows: u32,
     /// Scratch rows per session: speculative (draft) KV not yet accepted.
     pub scratch_rows: u32,
+    /// Which layers share one indexer's picks (and so one hot cache per session); default
+    /// [`LayerGroups::per_layer`] (every layer its own: exact for any order of resolves, as
+    /// DeepSeek-V3.2's per-layer indexers need). See [`LayerGroups`].
+    #[serde(default)]
+    pub layer_groups: LayerGroups,
 }
 
 /// What [`Geometry::for_hbm_budget`] sizes a pool from, by name (seven integers a caller could
@@ -74,7 +82,8 @@ impl Geometry {
     /// (`layers × row_bytes`) at most [`MAX_TOKEN_BYTES`]; arena rows (`arena_pages × page_rows`)
     /// fit in `int32` row indices; the whole arena (`layers × arena_rows × row_bytes` bytes) at most
     /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32`, `hot_rows <=`
-    /// [`MAX_HOT_ROWS`], and one session's fixed pages fit in the arena.
+    /// [`MAX_HOT_ROWS`], one session's fixed pages fit in the arena, and `layer_groups` partitions
+    /// the layers ([`LayerGroups::validate`]).
     pub fn validate(&self) -> Result<()> {
         if self.row_bytes == 0 {
             return Err(KvError::InvalidGeometry("row_bytes must be > 0"));
@@ -129,6 +138,7 @@ impl Geometry {
                 "hot_rows must be <= MAX_HOT_ROWS (16 Mi rows per session)",
             ));
         }
+        self.layer_groups.validate(self.layers)?;
         if self.fixed_pages() > self.arena_pages {
             return Err(KvError::ArenaTooSmall {
                 arena_pages: self.arena_pages,
@@ -147,7 +157,8 @@ impl Geometry {
     /// pinned host store come on top); every other argument in bytes or rows as named. The arena is
     /// capped at the largest valid one (`int32` row indices, [`MAX_ARENA_BYTES`]). Every admitted
     /// session takes [`Geometry::fixed_pages`] of these pages; the rest is lent as history pages
-    /// (the elastic tier of Adaptive HiSparse).
+    /// (the elastic tier of Adaptive HiSparse). The result has per-layer [`LayerGroups`]; set
+    /// `layer_groups` on it for layers that share picks (the arena's size does not depend on it).
     ///
     /// # Errors
     /// [`KvError::InvalidGeometry`] for a field [`Geometry::validate`] rejects;
@@ -183,6 +194,7 @@ impl Geometry {
             hot_rows,
             tail_rows,
             scratch_rows,
+            layer_groups: LayerGroups::per_layer(),
         };
         // Field checks first (with one page: only `ArenaTooSmall` may remain).
         match g.validate() {
@@ -222,6 +234,22 @@ impl Geometry {
         }
     }
 
+    /// Layer groups ([`LayerGroups::count`] of `layers`).
+    pub fn groups(&self) -> u32 {
+        self.layer_groups.count(self.layers)
+    }
+
+    /// The layer group holding `layer` (`layer < layers`).
+    pub fn group_of(&self, layer: u32) -> u32 {
+        self.layer_groups.group_of(layer)
+    }
+
+    /// The layers of the group holding `layer`: a resolve or prefetch at `layer` fetches its
+    /// misses into all of them.
+    pub fn group_layers(&self, layer: u32) -> std::ops::Range<u32> {
+        self.layer_groups.group_layers(layer, self.layers)
+    }
+
     /// Rows in the arena (`arena_pages × page_rows`).
     pub fn arena_rows(&self) -> u64 {
         self.arena_pages as u64 * self.page_rows as u64
@@ -253,6 +281,7 @@ mod tests {
             hot_rows: 6,
             tail_rows: 4,
             scratch_rows: 2,
+            layer_groups: Default::default(),
         }
     }
 
@@ -346,6 +375,7 @@ mod tests {
             hot_rows: (1 << 31) - (1 << 17),
             tail_rows: 1,
             scratch_rows: 0,
+            layer_groups: Default::default(),
         }));
         // At the bounds: still valid.
         Geometry {
@@ -356,6 +386,7 @@ mod tests {
             hot_rows: 4096,
             tail_rows: 64,
             scratch_rows: 0,
+            layer_groups: Default::default(),
         }
         .validate()
         .unwrap();

@@ -39,6 +39,7 @@ mod error;
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
 pub mod gpu;
+mod groups;
 mod layout;
 mod pool;
 mod resolve;
@@ -47,6 +48,7 @@ mod ticket;
 pub use control::{HotCache, PageCounts};
 pub use data::{CpuData, DataPlane, HostBytes, HostStore, SessionId, VecBytes};
 pub use error::{KvError, Result};
+pub use groups::LayerGroups;
 pub use layout::{
     Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
 };

@@ -5,7 +5,7 @@ use crate::data::SessionId;
 use crate::error::Result;
 use crate::ticket::ReadTicket;
 
-/// Most prefetch candidates one session may announce at a group's first layer.
+/// Most prefetch candidates one session may announce for a layer group.
 pub const MAX_CANDIDATES: usize = 16_384;
 
 /// One step's selections, in the shapes FlashMLA sparse decode and vLLM's sparse-MLA path use.
@@ -23,8 +23,8 @@ pub struct ResolveInput<'a> {
     pub topk: &'a [i32],
     /// Picks per row (top-k); any `k >= 1` (nothing is compiled for a fixed k).
     pub k: usize,
-    /// The layer whose arena plane the misses are copied into now; other layers of the group
-    /// replay the returned plan.
+    /// The layer being resolved: its layer group's hot cache serves the picks, and the misses are
+    /// copied into every layer of that group ([`crate::LayerGroups`]; per layer by default).
     pub layer: u32,
 }
 
@@ -99,12 +99,16 @@ pub struct RowCopy {
     pub dst_row: u32,
 }
 
-/// The copies one resolve or prefetch made (the deduplicated miss list), to replay for the other
-/// layers of a layer group that shares indices.
+/// The copies one resolve or prefetch made (the deduplicated miss list), already applied to every
+/// layer of its layer group ([`crate::LayerGroups`]). [`Resolver::replay`] copies them again into
+/// one layer of the same group (never needed for exactness; refused for another group's layer).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResolvePlan {
     /// Copies, deduplicated per session.
     pub copies: Vec<RowCopy>,
+    /// The layer group whose hot rows the copies filled.
+    #[serde(default)]
+    pub group: u32,
 }
 
 /// What one resolve found, counted per pick unless said otherwise.
@@ -133,7 +137,7 @@ pub struct ResolveStats {
 /// One resolve's result besides the outputs.
 #[derive(Debug)]
 pub struct Resolved {
-    /// Copies made into `input.layer`; replay them for the group's other layers.
+    /// Copies made (into every layer of `input.layer`'s group).
     pub plan: ResolvePlan,
     /// Counts.
     pub stats: ResolveStats,
@@ -146,9 +150,11 @@ pub struct Resolved {
 /// reference; the GPU back-end (feature `cuda`) implements the same trait with the same
 /// inputs and outputs (plain `int32` slices and Pod copy lists).
 pub trait Resolver {
-    /// Resolves one step: for each position, tail → scratch → borrowed page → hot cache → miss;
-    /// misses are deduplicated per session across its rows and copied from the host store into
-    /// victim hot-cache rows of `input.layer`. Writes every element of `out`.
+    /// Resolves one step at one layer: for each position, tail → scratch → borrowed page → the
+    /// hot cache of `input.layer`'s layer group → miss; misses are deduplicated per session across
+    /// its rows and copied from the host store into victim hot-cache rows of every layer of the
+    /// group ([`crate::LayerGroups`]), so the returned rows hold `input.layer`'s bytes whatever
+    /// the group's other layers resolved before. Writes every element of `out`.
     ///
     /// In-place rows and per-session causal bounds: [`Resolver::resolve_with`] with
     /// [`ResolveOptions::default`].
@@ -180,17 +186,21 @@ pub trait Resolver {
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved>;
 
-    /// Applies a plan's copies to another layer's plane. Errors: `LayerOutOfRange`, `StalePlan`
-    /// (a later resolve or prefetch reassigned a destination row), session errors; nothing is
-    /// copied on error.
+    /// Copies a plan's rows again into one layer of its layer group. Resolves and prefetches
+    /// already fill every layer of their group, so this is never needed for exactness; it is kept
+    /// for engines written against the per-layer replay of earlier versions. Errors:
+    /// `LayerOutOfRange`, `LayerOutsideGroup` (`layer` is not in `plan.group`: the rows belong to
+    /// that group's hot cache), `StalePlan` (a later resolve or prefetch reassigned a destination
+    /// row), session errors; nothing is copied on error.
     fn replay(&mut self, plan: &ResolvePlan, layer: u32) -> Result<()>;
 
-    /// Prefetches up to [`MAX_CANDIDATES`] candidate positions of one session into its hot cache
-    /// (in the given order, as far as rows not pinned by the current step allow), so that later
-    /// layers' picks find them resident. "Pinned" means by the session's last resolve (or an
-    /// earlier prefetch since it): calls are numbered per session, so a session left out of the
+    /// Prefetches up to [`MAX_CANDIDATES`] candidate positions of one session into the hot cache
+    /// of `layer`'s layer group (in the given order, as far as rows not pinned by the current step
+    /// allow), copying them into every layer of the group, so that the group's later picks find
+    /// them resident. "Pinned" means by the group's last resolve of the session (or an earlier
+    /// prefetch since it): calls are numbered per session and group, so a session left out of the
     /// latest resolve keeps its last resolve's rows pinned until its next one. Returns the copies
-    /// made into `layer` (replay for others).
+    /// made.
     fn prefetch(
         &mut self,
         session: SessionId,

@@ -1,14 +1,15 @@
 //! The exactness property: for any selection, the bytes at the resolved rows equal the bytes a fully
 //! resident cache holds at those positions — over random sessions, selections, admissions, appends,
 //! speculative drafts, reclaims (also in the middle of a step, with readers in flight), finishes and
-//! hand-backs; bad input gets typed errors with the pool unchanged; no page leaks.
+//! hand-backs, and random layer groups (per layer, one shared group, mixtures) resolved at random
+//! layers with their own picks; bad input gets typed errors with the pool unchanged; no page leaks.
 //!
 //! Case count: `PROPTEST_CASES` (default 10,000; tiny geometries keep that cheap in debug builds).
 
 use std::collections::BTreeMap;
 
 use kv_elastic::{
-    Admission, ElasticPool, Geometry, KvError, OutputLayout, PoolConfig, ResolveInput,
+    Admission, ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig, ResolveInput,
     ResolveOptions, ResolveOutput, Resolver,
 };
 use proptest::prelude::*;
@@ -32,6 +33,11 @@ static UNSERVED: AtomicU64 = AtomicU64::new(0);
 static PACKED: AtomicU64 = AtomicU64::new(0);
 static ROW_BOUNDS: AtomicU64 = AtomicU64::new(0);
 static PADDED: AtomicU64 = AtomicU64::new(0);
+/// Resolves at a layer other than its group's first (the per-layer-picks case), in a geometry of
+/// several groups, of which one holds several layers (a mixture); replays inside a group.
+static NOT_FIRST_LAYER: AtomicU64 = AtomicU64::new(0);
+static MIXED_GROUPS: AtomicU64 = AtomicU64::new(0);
+static REPLAYS: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -112,18 +118,48 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Layer groups for `layers` layers: per layer, one group, or a random partition (`cuts` bit `l`
+/// set: a group starts at layer `l + 1`).
+fn layer_groups(layers: u32, kind: u8, cuts: u8) -> LayerGroups {
+    match kind % 3 {
+        0 => LayerGroups::per_layer(),
+        1 => LayerGroups::one(),
+        _ => {
+            let mut sizes = vec![1u32];
+            for l in 1..layers {
+                if cuts & (1 << (l - 1)) != 0 {
+                    sizes.push(1);
+                } else {
+                    *sizes.last_mut().unwrap() += 1;
+                }
+            }
+            LayerGroups::from_sizes(&sizes).unwrap()
+        }
+    }
+}
+
 fn geometry() -> impl Strategy<Value = Geometry> {
     (
         prop::sample::select(vec![16u32, 24, 32, 64]),
-        1u32..3,
+        1u32..5,
         2u32..5,
         2u32..9,
         1u32..5,
         0u32..3,
         0u32..12,
+        (any::<u8>(), any::<u8>()),
     )
         .prop_map(
-            |(row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows, extra)| {
+            |(
+                row_bytes,
+                layers,
+                page_rows,
+                hot_rows,
+                tail_rows,
+                scratch_rows,
+                extra,
+                (kind, cuts),
+            )| {
                 let mut g = Geometry {
                     row_bytes,
                     layers,
@@ -132,6 +168,7 @@ fn geometry() -> impl Strategy<Value = Geometry> {
                     hot_rows,
                     tail_rows,
                     scratch_rows,
+                    layer_groups: layer_groups(layers, kind, cuts),
                 };
                 g.arena_pages = g.fixed_pages() * 2 + extra;
                 g
@@ -319,13 +356,13 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     let cands: Vec<i32> = (0..n)
                         .map(|_| (mix(&mut x) % (len + 1)) as i32 - 1)
                         .collect();
+                    // Into a random layer's group (it fills every layer of the group).
+                    let layer = (mix(&mut x) % g.layers as u64) as u32;
                     let plan = pool
-                        .prefetch(s, &cands, 0)
+                        .prefetch(s, &cands, layer)
                         .map_err(|e| TestCaseError::fail(format!("prefetch: {e}")))?;
-                    for l in 1..g.layers {
-                        pool.replay(&plan, l)
-                            .map_err(|e| TestCaseError::fail(format!("replay: {e}")))?;
-                    }
+                    prop_assert_eq!(plan.group, g.group_of(layer));
+                    replay_checked(&mut pool, &g, &plan, mix(&mut x))?;
                 }
             }
             Op::Resolve {
@@ -374,7 +411,16 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         }
                     }
                 }
+                // A random layer: its group's hot cache serves the picks (each layer of a group
+                // may pick its own positions: every resolve fills all the group's layers).
                 let layer = (mix(&mut x) % g.layers as u64) as u32;
+                NOT_FIRST_LAYER.fetch_add(u64::from(g.group_layers(layer).start != layer), Relaxed);
+                MIXED_GROUPS.fetch_add(
+                    u64::from(
+                        g.groups() > 1 && g.layer_groups.sizes(g.layers).iter().any(|&n| n > 1),
+                    ),
+                    Relaxed,
+                );
                 let n_rows = topk.len() / k;
                 // Sometimes a persistent max-size buffer: the extra entries are padding.
                 let (pad_idx, pad_rows) = if mix(&mut x).is_multiple_of(3) {
@@ -443,10 +489,8 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 SCRATCH_HITS.fetch_add(done.stats.scratch_hits, Relaxed);
                 TAIL_HITS.fetch_add(done.stats.tail_hits, Relaxed);
                 DIRECT.fetch_add(done.stats.direct_sessions, Relaxed);
-                for l in (0..g.layers).filter(|&l| l != layer) {
-                    pool.replay(&done.plan, l)
-                        .map_err(|e| TestCaseError::fail(format!("replay: {e}")))?;
-                }
+                prop_assert_eq!(done.plan.group, g.group_of(layer));
+                replay_checked(&mut pool, &g, &done.plan, mix(&mut x))?;
                 // Expected bytes, captured before mid-step operations change the model: per output
                 // entry, the bytes of the pick it serves. In place: column j serves pick j (or is
                 // -1: padding or unserved). Packed: the served picks in column order, matched
@@ -515,9 +559,11 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     check_books(&pool)?;
                 }
                 PENDING_AT_CHECK.fetch_add(pool.pages().pending as u64, Relaxed);
+                // Every layer of the resolved layer's group holds the picks' bytes (the resolve
+                // filled them all); other groups' planes are theirs.
                 let rb = g.row_bytes as usize;
                 for (j, want) in &expect {
-                    for l in 0..g.layers as usize {
+                    for l in g.group_layers(layer).map(|l| l as usize) {
                         let got = pool.arena_row(l as u32, idx[*j]).expect("index in range");
                         prop_assert_eq!(got, &want[l * rb..(l + 1) * rb], "pick {} layer {}", j, l);
                     }
@@ -540,6 +586,39 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
         pool.between_steps(7).unwrap();
     }
     prop_assert_eq!(pool.pages().free, g.arena_pages);
+    Ok(())
+}
+
+/// Replays `plan` into a layer picked by `x`: inside the plan's group it copies the same bytes
+/// again (the pool unchanged but for a re-copy); outside it is refused with `LayerOutsideGroup`
+/// and nothing changes.
+fn replay_checked(
+    pool: &mut ElasticPool,
+    g: &Geometry,
+    plan: &kv_elastic::ResolvePlan,
+    x: u64,
+) -> Result<(), TestCaseError> {
+    if !x.is_multiple_of(3) {
+        return Ok(());
+    }
+    let layer = ((x / 3) % g.layers as u64) as u32;
+    let before = digest(pool);
+    match pool.replay(plan, layer) {
+        Ok(()) => {
+            prop_assert_eq!(g.group_of(layer), plan.group);
+            prop_assert_eq!(
+                before,
+                digest(pool),
+                "a replay inside its group re-copies the same bytes"
+            );
+            REPLAYS.fetch_add(1, Relaxed);
+        }
+        Err(KvError::LayerOutsideGroup { group, .. }) => {
+            prop_assert!(g.group_of(layer) != plan.group && group == plan.group);
+            prop_assert_eq!(before, digest(pool), "a refused replay changes nothing");
+        }
+        Err(e) => return Err(TestCaseError::fail(format!("replay: {e}"))),
+    }
     Ok(())
 }
 
@@ -707,6 +786,15 @@ fn the_property_reaches_every_path() {
         ("packed-layout resolves", PACKED.load(Relaxed)),
         ("resolves with per-query bounds", ROW_BOUNDS.load(Relaxed)),
         ("resolves into padded buffers", PADDED.load(Relaxed)),
+        (
+            "resolves at a layer other than its group's first",
+            NOT_FIRST_LAYER.load(Relaxed),
+        ),
+        (
+            "resolves with mixed layer groups",
+            MIXED_GROUPS.load(Relaxed),
+        ),
+        ("replays inside a group", REPLAYS.load(Relaxed)),
     ];
     eprintln!("{c:?}");
     for (what, n) in c {

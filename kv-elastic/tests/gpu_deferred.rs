@@ -39,6 +39,7 @@ fn geometry() -> Geometry {
         hot_rows: HOT,
         tail_rows: 4,
         scratch_rows: 4,
+        layer_groups: Default::default(),
     };
     // Six sessions' fixed pages and three sessions' histories: room for admissions while pages
     // reclaimed under held fills stay pending.

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use cuda_kernels::{CopyBackend, ResolveEngine};
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
 use kv_elastic::{
-    ElasticPool, Geometry, KvError, OutputLayout, PoolConfig, ResolveInput, ResolveOptions,
-    ResolveOutput, ResolvePlan, Resolver,
+    ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig, ResolveInput,
+    ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
 };
 use tierkit_testkit::pattern_tokens;
 
@@ -146,13 +146,18 @@ impl Case {
         }
     }
 
-    /// Replays a plan made in `layer` into every other layer on both pools (what an engine does
-    /// for a layer group sharing indices; without it a hot row holds only the fetching layer).
+    /// Replays a plan made at `layer` into every other layer on both pools: inside the layer's
+    /// group a re-copy (the resolve filled the group already), outside it refused alike
+    /// (`LayerOutsideGroup`).
     fn replay_others(&mut self, plan: &ResolvePlan, layer: u32) {
         for l in (0..self.g.layers).filter(|&l| l != layer) {
             let a = self.cpu.replay(plan, l);
             assert_eq!(a, self.gpu.replay(plan, l), "replay into layer {l}");
-            a.unwrap();
+            if self.g.group_of(l) == self.g.group_of(layer) {
+                a.unwrap();
+            } else {
+                assert!(matches!(a, Err(KvError::LayerOutsideGroup { .. })), "{a:?}");
+            }
         }
     }
 
@@ -461,9 +466,13 @@ impl Case {
                 let served = self.served(layer, &sessions, &qsl, &topk, k, &i2, layout);
                 let wanted = topk.iter().filter(|&&p| p >= 0).count();
                 assert_eq!(served.len() as u64 + a.stats.unserved, wanted as u64);
-                self.check_bytes(layer, &served);
+                // The resolve filled every layer of its group: bytes right in each (other
+                // groups' planes are theirs).
+                for l in g.group_layers(layer) {
+                    self.check_bytes(l, &served);
+                }
                 self.replay_others(&a.plan, layer);
-                for l in 0..g.layers {
+                for l in g.group_layers(layer) {
                     self.check_bytes(l, &served);
                 }
                 if !a.plan.copies.is_empty() && g.layers > 1 {
@@ -494,12 +503,21 @@ fn gpu_resolver_equals_cpu_reference() {
         let rbs = [16u32, 24, 32, 656];
         let mut g = Geometry {
             row_bytes: rbs[below(&mut rng, 4) as usize],
-            layers: 1 + below(&mut rng, 2) as u32,
+            layers: 1 + below(&mut rng, 3) as u32,
             page_rows: 2 + below(&mut rng, 4) as u32,
             arena_pages: 0,
             hot_rows: 4 + below(&mut rng, 12) as u32,
             tail_rows: 1 + below(&mut rng, 4) as u32,
             scratch_rows: below(&mut rng, 3) as u32,
+            layer_groups: LayerGroups::per_layer(),
+        };
+        // Per layer, one shared group, or a mixture (3 layers as [1, 2] or [2, 1]).
+        g.layer_groups = match (below(&mut rng, 3), g.layers) {
+            (0, _) => LayerGroups::per_layer(),
+            (1, _) => LayerGroups::one(),
+            (_, 3) if case % 2 == 0 => LayerGroups::from_sizes(&[1, 2]).unwrap(),
+            (_, 3) => LayerGroups::from_sizes(&[2, 1]).unwrap(),
+            _ => LayerGroups::every(1).unwrap(),
         };
         g.arena_pages = g.fixed_pages() * 3 + below(&mut rng, 24) as u32;
         let config = PoolConfig {
@@ -608,6 +626,7 @@ fn large_geometry_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveE
         hot_rows: 512,
         tail_rows: 64,
         scratch_rows: 4,
+        layer_groups: Default::default(),
     };
     let (mut cpu, mut gp) = four_session_pools(gpu, g);
     gp.set_settle_readers(true);
@@ -682,6 +701,7 @@ fn publish_work_is_o_changed_and_exact() {
         hot_rows: 128,
         tail_rows: 64,
         scratch_rows: 0,
+        layer_groups: Default::default(),
     };
     let history = 2048u32;
     g.arena_pages = 4 * (g.fixed_pages() + history / 64) + 16;
@@ -867,6 +887,7 @@ fn admit_batch_reclaimed_page_holds_only_the_new_owners_fills() {
         hot_rows: 32,
         tail_rows: 16,
         scratch_rows: 0,
+        layer_groups: Default::default(),
     };
     let f = g.fixed_pages();
     // A's fixed pages + every other page borrowed by A: B's fixed pages all come from A's loans.
@@ -965,6 +986,7 @@ fn drafts_after_partial_accept_keep_their_bytes() {
         hot_rows: 32,
         tail_rows: 16,
         scratch_rows: 8,
+        layer_groups: Default::default(),
     };
     let (mut cpu, mut gp) = four_session_pools(&gpu, g);
     let s = 31u64;
@@ -1094,5 +1116,6 @@ fn small_geometry() -> Geometry {
         hot_rows: 32,
         tail_rows: 16,
         scratch_rows: 4,
+        layer_groups: Default::default(),
     }
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use cuda_kernels::*;
 use cuda_kernels::{DeviceBuffer, Gpu};
 use kv_elastic::gpu::GpuArena;
+use kv_elastic::LayerGroups;
 use tierkit_testkit::gpu_or_skip;
 
 const ROW: u32 = 656;
@@ -73,7 +74,8 @@ fn byte(slot: u32, pos: u32, layer: u32, i: usize) -> u8 {
 /// Slot 0 live: 1000 committed, fixed pages 0..5, logical pages 0..10 borrowed at pages 5..15.
 fn setup(gpu: &Arc<Gpu>) -> GpuArena {
     let d = dims();
-    let mut kv = GpuArena::new(gpu, d).unwrap();
+    // The two layers share one hot cache (resolves at either fill both).
+    let mut kv = GpuArena::new(gpu, d, LayerGroups::one()).unwrap();
     let store = kv.host_store_mut();
     for slot in 0..d.max_slots {
         for pos in 0..d.max_history {
@@ -417,6 +419,7 @@ fn dma_and_gather_write_the_same_bytes_and_replay_fills_other_layers_on(gpu: Arc
             c.count.device_ptr(),
             1,
             64,
+            0,
         )
     }
     .unwrap();
@@ -451,7 +454,6 @@ fn prefetched_candidates_are_hits_and_write_back_reaches_the_host_store_on(gpu: 
             1,
             60,
             0,
-            2,
             plan.device_ptr(),
             pc.device_ptr(),
         )
@@ -582,7 +584,7 @@ fn cuda_failures_are_typed_with_the_cuda_name() {
         arena_rows: i32::MAX as u32,
         ..dims()
     };
-    match GpuArena::new(&gpu, d) {
+    match GpuArena::new(&gpu, d, LayerGroups::per_layer()) {
         Err(e) => assert_eq!(e.cuda_name(), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{e}"),
         Ok(_) => panic!("a 1.4 TB arena was allocated"),
     }
@@ -599,7 +601,7 @@ fn a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact_on(gpu: Arc<Gpu>)
     let first: Vec<i32> = (0..k as i32).map(|j| 300 + j).collect();
     let c = call(&gpu, &first, &[0, 1], &[1000], &[0], k);
     run(&kv, &c, 1, 0, CopyBackend::Gather);
-    let hot_before = kv.download_hot(0).unwrap();
+    let hot_before = kv.download_hot(0, 0).unwrap();
     // Slot 0 named by both requests, with other misses: both refused, nothing placed or fetched.
     let other: Vec<i32> = (0..2 * k as i32).map(|j| 600 + j).collect();
     let c = call(&gpu, &other, &[0, 1, 2], &[1000, 1000], &[0, 0], k);
@@ -609,7 +611,7 @@ fn a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact_on(gpu: Arc<Gpu>)
     assert_eq!(c.count.download().unwrap(), vec![0, 0]);
     assert_eq!(kv.errors().unwrap().bad_session, 2);
     assert_eq!(
-        kv.download_hot(0).unwrap(),
+        kv.download_hot(0, 0).unwrap(),
         hot_before,
         "hot cache untouched"
     );

@@ -2,7 +2,7 @@
 //! oldest-first in proportion, bounded hand-back, prefetch, speculative scratch, typed errors.
 
 use kv_elastic::{
-    Admission, ElasticPool, Geometry, KvError, OutputLayout, PoolConfig, ResolveInput,
+    Admission, ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig, ResolveInput,
     ResolveOptions, ResolveOutput, Resolver,
 };
 use tierkit_testkit::{pattern_row, pattern_tokens};
@@ -17,6 +17,8 @@ fn geometry(arena_pages: u32) -> Geometry {
         hot_rows: 8,
         tail_rows: 4,
         scratch_rows: 4,
+        // Both layers share the indexer's picks (the scenarios resolve at layer 0).
+        layer_groups: LayerGroups::one(),
     }
 }
 
@@ -327,6 +329,7 @@ fn huge_geometries_are_typed_errors_not_aborts() {
         hot_rows: 8,
         tail_rows: 4,
         scratch_rows: 0,
+        layer_groups: Default::default(),
     };
     g.validate().unwrap();
     match ElasticPool::new(g, PoolConfig::default()) {
@@ -387,7 +390,7 @@ fn a_session_named_twice_is_refused_and_later_resolves_stay_exact() {
         .unwrap();
     let (idx, _) = resolve(&mut pool, 1, 40, &[3, 4, 5]);
     assert_rows(&pool, 1, &[3, 4, 5], &idx);
-    let hot_before = pool.hot_cache(1).unwrap().slot_table().to_vec();
+    let hot_before = pool.hot_cache(1, 0).unwrap().slot_table().to_vec();
     let (r, idx2, valid) = resolve_opts(
         &mut pool,
         &[1, 1],
@@ -401,7 +404,7 @@ fn a_session_named_twice_is_refused_and_later_resolves_stay_exact() {
     );
     assert_eq!(r.err(), Some(KvError::DuplicateSession(1)));
     assert_eq!((idx2, valid), (vec![-1, -1], vec![0, 0]));
-    assert_eq!(pool.hot_cache(1).unwrap().slot_table(), &hot_before[..]);
+    assert_eq!(pool.hot_cache(1, 0).unwrap().slot_table(), &hot_before[..]);
     let (idx, st) = resolve(&mut pool, 1, 40, &[3, 4, 5, 6, 7]);
     assert_eq!((st.hot_hits, st.misses), (5, 2));
     assert_rows(&pool, 1, &[3, 4, 5, 6, 7], &idx);

@@ -20,11 +20,15 @@
 //! 2. miss fetch at 0 / 10 / 30% misses (fresh positions replace that share of each request's set
 //!    every step), gather back-end (inside the fused kernel) and DMA back-end (`cuMemcpyBatchAsync`
 //!    of the plan), plus a plain warp-per-row gather of 32,768 rows (the ceiling's shape);
-//! 3. decode-step microbenchmark (resolve + plan replay + gather-and-dot attention over 4 layers)
-//!    against the fully resident step (block-table conversion + the same attention);
+//! 3. decode-step microbenchmark (one resolve filling the layer group's 4 layers + gather-and-dot
+//!    attention over them) against the fully resident step (block-table conversion + the same
+//!    attention);
 //! 4. candidate prefetch: a 4,096-position pool announced at the group's first layer, prefetched
 //!    on a side stream into the group's 4 layers while layer 0's attention runs; demand misses of
-//!    layers 1–3 (their own demand misses are replayed into the other layers, as an engine must).
+//!    layers 1–3, which pick their own positions in the same group (each resolve fills all 4).
+//!
+//! The pools here declare the 4 layers one layer group (`LayerGroups::one`): one hot cache, and
+//! every resolve or prefetch fills all four planes.
 //!
 //! Without a device it prints `SKIP: no CUDA device`; without the `cuda` feature, how to build it.
 
@@ -62,7 +66,7 @@ mod bench {
     use cuda_kernels::{CopyBackend, KvCopy, KvResolveArgs, KV_STATS};
     use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
     use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
-    use kv_elastic::{Geometry, PoolConfig};
+    use kv_elastic::{Geometry, LayerGroups, PoolConfig};
     use tierkit_testkit::{pattern_tokens, KvStandins};
 
     pub(crate) type Res<T> = Result<T, Box<dyn std::error::Error>>;
@@ -212,6 +216,9 @@ mod bench {
             hot_rows,
             tail_rows: 64,
             scratch_rows: 0,
+            // The bench's layers share one hot cache (a shared-index group; section 4's layers
+            // pick their own positions in it): every resolve fills all of them.
+            layer_groups: LayerGroups::one(),
         };
         let hist_pages = if elastic { history / 64 } else { 0 };
         g.arena_pages = REQS as u32 * (g.fixed_pages() + hist_pages) + 4;
@@ -598,8 +605,21 @@ mod bench {
             for i in 0..warm + reps {
                 ev.start(&s)?;
                 // SAFETY: 64 segments of 512 entries; destination rows inside the arena (layer 3's
-                // plane, rows 0..32768: hot rows not yet filled and tail rows no pick reads).
-                unsafe { dev.replay_async(&s, pb.device_ptr(), cb.device_ptr(), 64, 512, 3, 1)? };
+                // plane, rows 0..32768: hot rows not yet filled and tail rows no pick reads). The
+                // kernel's unchecked copy (the arena's replay copies only rows a hot cache maps).
+                unsafe {
+                    dev.kernels().replay_async(
+                        &s,
+                        dev.dims(),
+                        &dev.tables(0)?,
+                        pb.device_ptr(),
+                        cb.device_ptr(),
+                        64,
+                        512,
+                        3,
+                        1,
+                    )?
+                };
                 let us = ev.stop_us(&s)?;
                 if i >= warm {
                     tt.push(us);
@@ -730,7 +750,7 @@ mod bench {
             );
         }
 
-        // High-load decode step: resolve (layer 0) + replay the plan into layers 1..3 + attention.
+        // High-load decode step: one resolve fills the group's 4 layers + attention over them.
         for (rate, label) in [(0.10, "10%"), (0.30, "30%")] {
             let steps: Vec<Vec<i32>> = (0..warm + reps).map(|_| churn.step(rate)).collect();
             let p = upload_steps(&gpu, &steps)?;
@@ -741,15 +761,6 @@ mod bench {
                 // SAFETY: as above; the plan is the resolve's own output (fresh).
                 unsafe {
                     dev.resolve_async(&s, &out.args(&hot, at(&p, i), 0), CopyBackend::Gather)?;
-                    dev.replay_async(
-                        &s,
-                        out.plan.device_ptr(),
-                        out.count.device_ptr(),
-                        REQS as u32,
-                        8192,
-                        1,
-                        LAYERS - 1,
-                    )?;
                 }
                 attend_all(dev, &out)?;
                 let us = ev.stop_us(&s)?;
@@ -759,7 +770,7 @@ mod bench {
             }
             let us = median(&mut tt);
             t.row(
-                &format!("decode step, elastic {label} misses (+ replay x3)"),
+                &format!("decode step, elastic {label} misses (resolve fills 4 layers)"),
                 format!("{us:.1} us"),
                 format!("+{:.1} us vs resident", us - resident_step),
                 format!(
@@ -814,15 +825,6 @@ mod bench {
                         &out.args(&hot, p0d.device_ptr(), 0),
                         CopyBackend::Gather,
                     )?;
-                    dev.replay_async(
-                        &s,
-                        out.plan.device_ptr(),
-                        out.count.device_ptr(),
-                        REQS as u32,
-                        8192,
-                        1,
-                        LAYERS - 1,
-                    )?;
                     if prefetch {
                         let e0 = s.record_event(None).map_err(cu("cuEventRecord"))?;
                         side.wait(&e0).map_err(cu("cuStreamWaitEvent"))?;
@@ -834,7 +836,6 @@ mod bench {
                             REQS as u32,
                             pool_n as u32,
                             0,
-                            LAYERS,
                             pf_plan.device_ptr(),
                             pf_count.device_ptr(),
                         )?;
@@ -861,27 +862,6 @@ mod bench {
                             &o.args(&hot, lpd[l as usize - 1].device_ptr(), l),
                             CopyBackend::Gather,
                         )?;
-                        // Demand misses fill only layer l: replay them into the group's other layers.
-                        dev.replay_async(
-                            &s,
-                            o.plan.device_ptr(),
-                            o.count.device_ptr(),
-                            REQS as u32,
-                            8192,
-                            0,
-                            l,
-                        )?;
-                        if l + 1 < LAYERS {
-                            dev.replay_async(
-                                &s,
-                                o.plan.device_ptr(),
-                                o.count.device_ptr(),
-                                REQS as u32,
-                                8192,
-                                l + 1,
-                                LAYERS - 1 - l,
-                            )?;
-                        }
                         standins.attend_async(
                             &s,
                             dev.plane_ptr(l)?,

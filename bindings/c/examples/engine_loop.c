@@ -4,9 +4,10 @@
  *     llama.cpp's ffn_moe_topk), the engine reads every picked expert through the in-memory
  *     executor, the picks are counted, and the controller swaps busier experts in at step
  *     boundaries; every move is verified lossless.
- *  2. KV: size a pool from an HBM budget, admit sessions, resolve each step's top-k picks of
- *     layer 0, replay into layer 1, check every resolved row against the host copy, append the
- *     new token, finish a session, hand pages back between steps.
+ *  2. KV: size a pool from an HBM budget (both layers one layer group: they share the picks),
+ *     admit sessions, resolve each step's top-k picks (filling both layers), check every resolved
+ *     row of both layers against the host copy, append the new token, finish a session, hand
+ *     pages back between steps.
  *
  * Build (from the repository root, after `cargo build -p tierkit-c`):
  *   cc -std=c11 -Wall -Wextra -Werror -Ibindings/c/include bindings/c/examples/engine_loop.c \
@@ -104,6 +105,9 @@ static void token(uint64_t s, uint64_t t, uint8_t *out) {
 static void kv_loop(void) {
     tierkit_kv_geometry g;
     OK(tierkit_kv_geometry_for_hbm_budget(128 << 10, ROW, KV_LAYERS, 16, 32, 16, 0, &g, &err_));
+    /* Both layers read the indexer's picks of layer 0: one layer group, so every resolve fetches
+       its misses into both layers (the default, 0, is one group per layer: per-layer indexers). */
+    g.group_layers = KV_LAYERS;
     tierkit_kv_pool *pool = NULL;
     OK(tierkit_kv_pool_new(&g, true, &pool, &err_));
     printf("arena: %u pages of %u rows\n", g.arena_pages, g.page_rows);
@@ -134,7 +138,6 @@ static void kv_loop(void) {
         tierkit_kv_stats st;
         uint64_t read = 0;
         OK(tierkit_kv_pool_resolve(pool, &b, indices, live * K, valid, live, &st, &read, &err_));
-        OK(tierkit_kv_pool_replay(pool, read, 1, &err_)); /* same misses, layer 1 */
         for (size_t i = 0; i < live * K; i++) {
             if (topk[i] < 0) continue;
             token(sessions[i / K], (uint64_t)topk[i], want);

@@ -90,7 +90,13 @@ typedef struct tierkit_step_report {
   bool counter_reset;
 } tierkit_step_report;
 
-// The pool's arena shape, by value (see `tierkit_kv_geometry_for_hbm_budget`).
+// The pool's arena shape, by value (see `tierkit_kv_geometry_for_hbm_budget`). The last three
+// fields say which layers share one indexer's picks (one hot cache per *layer group*, and a
+// resolve at any layer fills every layer of its group; `kv_elastic::LayerGroups`): all zero (the
+// default, as a zero-initialized struct has them) is one group per layer, for per-layer indexers
+// (DeepSeek-V3.2); `group_layers = n` makes groups of `n` consecutive layers (`n >= layers`: one
+// group); `group_count > 0` gives the group sizes explicitly (`group_sizes[group_count]`, summing
+// to `layers`, read only during the call that takes the geometry).
 typedef struct tierkit_kv_geometry {
   // Bytes of one token's row in one layer.
   uint32_t row_bytes;
@@ -106,6 +112,12 @@ typedef struct tierkit_kv_geometry {
   uint32_t tail_rows;
   // Draft (scratch) rows per session.
   uint32_t scratch_rows;
+  // Layers per layer group (0: one group per layer), unless `group_count > 0`.
+  uint32_t group_layers;
+  // Explicit layer groups: their number (0: none, `group_layers` decides).
+  uint32_t group_count;
+  // Explicit layer groups: `group_count` sizes in layer order (NULL when `group_count` is 0).
+  const uint32_t *group_sizes;
 } tierkit_kv_geometry;
 
 // The outcome of an admission.
@@ -595,11 +607,13 @@ tierkit_code tierkit_kv_geometry_for_hbm_budget(uint64_t budget_bytes,
                                                 struct tierkit_kv_geometry *out_geometry,
                                                 struct tierkit_error **err);
 
-// A new pool of `geometry`; `elastic` lends free HBM as history pages (Adaptive HiSparse),
-// false keeps the fixed hot cache only (HiSparse).
+// A new pool of `geometry` (its layer groups included, see `tierkit_kv_geometry`); `elastic`
+// lends free HBM as history pages (Adaptive HiSparse), false keeps the fixed hot cache only
+// (HiSparse).
 //
 // # Safety
-// `geometry` points to a readable geometry; `out_pool` valid for a pointer write; `err` NULL or
+// `geometry` points to a readable geometry (and, when its `group_count > 0`, its `group_sizes`
+// to `group_count` readable `uint32_t`); `out_pool` valid for a pointer write; `err` NULL or
 // valid for a write.
 tierkit_code tierkit_kv_pool_new(const struct tierkit_kv_geometry *geometry,
                                  bool elastic,
@@ -653,9 +667,10 @@ tierkit_code tierkit_kv_pool_between_steps(const struct tierkit_kv_pool *pool,
 
 // Resolves one step's top-k positions to arena rows (the exact CPU resolver): writes
 // `indices` (`int32 [>= rows * k]`, row stride `k`; entries past `rows * k` are written `-1`)
-// and `valid_count` (`int32 [>= rows]`, entries past `rows` written 0), fetches misses into the
-// layer `batch->layer`, and opens a read: `*read` receives its id. Replay the read into the
-// group's other layers with `tierkit_kv_pool_replay`, and end it with
+// and `valid_count` (`int32 [>= rows]`, entries past `rows` written 0), resolves against the hot
+// cache of `batch->layer`'s layer group and fetches misses into every layer of that group (so the
+// group's layers read the same indices, with no replay), and opens a read: `*read` receives its
+// id. End it with
 // `tierkit_kv_pool_end_read` once the attention that reads the rows is done: until then the
 // rows' pages are not reused. `stats` may be NULL. On error nothing changes and no read is
 // opened (the outputs are filled with `-1` / 0 when long enough).
@@ -675,8 +690,9 @@ tierkit_code tierkit_kv_pool_resolve(const struct tierkit_kv_pool *pool,
                                      uint64_t *read,
                                      struct tierkit_error **err);
 
-// Applies an open read's copies to another layer's plane (the other layers of a layer group
-// that shares indices).
+// Copies an open read's rows again into one layer of its layer group (never needed: the resolve
+// filled every layer of the group). A layer of another group is refused
+// (`TIERKIT_ERR_INVALID_ARGUMENT`: its planes hold other positions at those rows).
 //
 // # Safety
 // `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.

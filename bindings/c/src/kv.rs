@@ -1,7 +1,7 @@
 //! The KV tier's C API: pool sizing, the elastic pool's session lifecycle, the CPU resolver.
 //!
 //! A resolve hands back a *read id* instead of a plan and a ticket object: the pool keeps the
-//! plan (for `tierkit_kv_pool_replay` into the group's other layers) and the reader registration
+//! plan (for `tierkit_kv_pool_replay`, a re-copy into one layer of its layer group) and the reader registration
 //! until `tierkit_kv_pool_end_read`, so no per-step handle is allocated and a read id used after
 //! its end is an error, never a dangling pointer.
 
@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kv_elastic::{
-    Admission, ElasticPool, Geometry, OutputLayout, PoolConfig, ReadTicket, ResolveInput,
-    ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
+    Admission, ElasticPool, Geometry, LayerGroups, OutputLayout, PoolConfig, ReadTicket,
+    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
 };
 use tierkit_bindings::{strided_len, Code};
 
@@ -26,9 +26,15 @@ pub const TIERKIT_KV_PACKED: u32 = 1;
 /// Most reads a pool keeps open at once (resolves not yet ended by `tierkit_kv_pool_end_read`).
 pub const TIERKIT_KV_MAX_OPEN_READS: usize = 4096;
 
-/// The pool's arena shape, by value (see `tierkit_kv_geometry_for_hbm_budget`).
+/// The pool's arena shape, by value (see `tierkit_kv_geometry_for_hbm_budget`). The last three
+/// fields say which layers share one indexer's picks (one hot cache per *layer group*, and a
+/// resolve at any layer fills every layer of its group; `kv_elastic::LayerGroups`): all zero (the
+/// default, as a zero-initialized struct has them) is one group per layer, for per-layer indexers
+/// (DeepSeek-V3.2); `group_layers = n` makes groups of `n` consecutive layers (`n >= layers`: one
+/// group); `group_count > 0` gives the group sizes explicitly (`group_sizes[group_count]`, summing
+/// to `layers`, read only during the call that takes the geometry).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct TierkitKvGeometry {
     /// Bytes of one token's row in one layer.
     pub row_bytes: u32,
@@ -44,10 +50,35 @@ pub struct TierkitKvGeometry {
     pub tail_rows: u32,
     /// Draft (scratch) rows per session.
     pub scratch_rows: u32,
+    /// Layers per layer group (0: one group per layer), unless `group_count > 0`.
+    pub group_layers: u32,
+    /// Explicit layer groups: their number (0: none, `group_layers` decides).
+    pub group_count: u32,
+    /// Explicit layer groups: `group_count` sizes in layer order (NULL when `group_count` is 0).
+    pub group_sizes: *const u32,
 }
 
-impl From<Geometry> for TierkitKvGeometry {
-    fn from(g: Geometry) -> Self {
+impl Default for TierkitKvGeometry {
+    fn default() -> Self {
+        TierkitKvGeometry {
+            row_bytes: 0,
+            layers: 0,
+            page_rows: 0,
+            arena_pages: 0,
+            hot_rows: 0,
+            tail_rows: 0,
+            scratch_rows: 0,
+            group_layers: 0,
+            group_count: 0,
+            group_sizes: std::ptr::null(),
+        }
+    }
+}
+
+impl TierkitKvGeometry {
+    /// A geometry with one layer group per layer (what `tierkit_kv_geometry_for_hbm_budget`
+    /// returns).
+    fn per_layer(g: &Geometry) -> Self {
         TierkitKvGeometry {
             row_bytes: g.row_bytes,
             layers: g.layers,
@@ -56,21 +87,36 @@ impl From<Geometry> for TierkitKvGeometry {
             hot_rows: g.hot_rows,
             tail_rows: g.tail_rows,
             scratch_rows: g.scratch_rows,
+            ..TierkitKvGeometry::default()
         }
     }
-}
 
-impl From<TierkitKvGeometry> for Geometry {
-    fn from(g: TierkitKvGeometry) -> Self {
-        Geometry {
-            row_bytes: g.row_bytes,
-            layers: g.layers,
-            page_rows: g.page_rows,
-            arena_pages: g.arena_pages,
-            hot_rows: g.hot_rows,
-            tail_rows: g.tail_rows,
-            scratch_rows: g.scratch_rows,
-        }
+    /// The geometry, its layer groups read from `group_sizes` when `group_count > 0`.
+    ///
+    /// # Safety
+    /// When `group_count > 0`, `group_sizes` points to `group_count` readable `u32`.
+    unsafe fn read_geometry(&self) -> R<Geometry> {
+        let layer_groups = if self.group_count > 0 {
+            // SAFETY: the caller's contract (checked for NULL and alignment by `view`).
+            let sizes =
+                unsafe { view(self.group_sizes, self.group_count as usize, "group_sizes")? };
+            LayerGroups::from_sizes(sizes)?
+        } else {
+            match self.group_layers {
+                0 => LayerGroups::per_layer(),
+                n => LayerGroups::every(n)?,
+            }
+        };
+        Ok(Geometry {
+            row_bytes: self.row_bytes,
+            layers: self.layers,
+            page_rows: self.page_rows,
+            arena_pages: self.arena_pages,
+            hot_rows: self.hot_rows,
+            tail_rows: self.tail_rows,
+            scratch_rows: self.scratch_rows,
+            layer_groups,
+        })
     }
 }
 
@@ -204,16 +250,22 @@ pub unsafe extern "C" fn tierkit_kv_geometry_for_hbm_budget(
                 tail_rows,
                 scratch_rows,
             })?;
-            out(out_geometry, g.into(), "out_geometry")
+            out(
+                out_geometry,
+                TierkitKvGeometry::per_layer(&g),
+                "out_geometry",
+            )
         })
     }
 }
 
-/// A new pool of `geometry`; `elastic` lends free HBM as history pages (Adaptive HiSparse),
-/// false keeps the fixed hot cache only (HiSparse).
+/// A new pool of `geometry` (its layer groups included, see `tierkit_kv_geometry`); `elastic`
+/// lends free HBM as history pages (Adaptive HiSparse), false keeps the fixed hot cache only
+/// (HiSparse).
 ///
 /// # Safety
-/// `geometry` points to a readable geometry; `out_pool` valid for a pointer write; `err` NULL or
+/// `geometry` points to a readable geometry (and, when its `group_count > 0`, its `group_sizes`
+/// to `group_count` readable `uint32_t`); `out_pool` valid for a pointer write; `err` NULL or
 /// valid for a write.
 #[no_mangle]
 pub unsafe extern "C" fn tierkit_kv_pool_new(
@@ -225,7 +277,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_new(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
-            let g: Geometry = view(geometry, 1, "geometry")?[0].into();
+            let g = view(geometry, 1, "geometry")?[0].read_geometry()?;
             let pool = ElasticPool::new(g, PoolConfig { elastic })?;
             let state = PoolState {
                 pool,
@@ -356,9 +408,10 @@ pub unsafe extern "C" fn tierkit_kv_pool_between_steps(
 
 /// Resolves one step's top-k positions to arena rows (the exact CPU resolver): writes
 /// `indices` (`int32 [>= rows * k]`, row stride `k`; entries past `rows * k` are written `-1`)
-/// and `valid_count` (`int32 [>= rows]`, entries past `rows` written 0), fetches misses into the
-/// layer `batch->layer`, and opens a read: `*read` receives its id. Replay the read into the
-/// group's other layers with `tierkit_kv_pool_replay`, and end it with
+/// and `valid_count` (`int32 [>= rows]`, entries past `rows` written 0), resolves against the hot
+/// cache of `batch->layer`'s layer group and fetches misses into every layer of that group (so the
+/// group's layers read the same indices, with no replay), and opens a read: `*read` receives its
+/// id. End it with
 /// `tierkit_kv_pool_end_read` once the attention that reads the rows is done: until then the
 /// rows' pages are not reused. `stats` may be NULL. On error nothing changes and no read is
 /// opened (the outputs are filled with `-1` / 0 when long enough).
@@ -483,8 +536,9 @@ pub unsafe extern "C" fn tierkit_kv_pool_resolve(
     }
 }
 
-/// Applies an open read's copies to another layer's plane (the other layers of a layer group
-/// that shares indices).
+/// Copies an open read's rows again into one layer of its layer group (never needed: the resolve
+/// filled every layer of the group). A layer of another group is refused
+/// (`TIERKIT_ERR_INVALID_ARGUMENT`: its planes hold other positions at those rows).
 ///
 /// # Safety
 /// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.

@@ -238,6 +238,13 @@ fn kv_resolve_reads_replay_and_end() {
             .0,
             0
         );
+        assert_eq!(
+            (g.group_layers, g.group_count),
+            (0, 0),
+            "per layer by default"
+        );
+        // The two layers share the picks: one layer group (replay inside it is a re-copy).
+        g.group_layers = 2;
         assert_eq!(check(|e| tierkit_kv_pool_new(&g, true, &mut pool, e)).0, 0);
         let history: Vec<u8> = (0..20 * 32).map(|i| (i / 32) as u8).collect();
         let mut adm = TierkitKvAdmission::default();
@@ -320,6 +327,141 @@ fn kv_resolve_reads_replay_and_end() {
             check(|e| tierkit_kv_pool_finish(pool, 7, e)).0,
             TIERKIT_ERR_INVALID_HANDLE
         );
+    }
+}
+
+/// Resolves `pos` of session 1 (one row, k = 1) at `layer`; the arena row of `layer` it returns.
+///
+/// # Safety
+/// `pool` a live pool handle.
+unsafe fn resolve_row(pool: *mut TierkitKvPool, pos: i32, layer: u32) -> Vec<u8> {
+    let (sessions, qsl, seq, topk) = ([1u64], [0i32, 1], [40i32], [pos]);
+    let batch = TierkitKvBatch {
+        sessions: sessions.as_ptr(),
+        reqs: 1,
+        query_start_loc: qsl.as_ptr(),
+        seq_lens: seq.as_ptr(),
+        topk: topk.as_ptr(),
+        rows: 1,
+        k: 1,
+        topk_row_stride: 1,
+        query_seq_lens: null(),
+        layer,
+        flags: 0,
+    };
+    let (mut idx, mut valid, mut read) = ([0i32; 1], [0i32; 1], 0u64);
+    // SAFETY: the caller's pool; buffers of the lengths given.
+    unsafe {
+        let (c, m) = check(|e| {
+            tierkit_kv_pool_resolve(
+                pool,
+                &batch,
+                idx.as_mut_ptr(),
+                1,
+                valid.as_mut_ptr(),
+                1,
+                null_mut(),
+                &mut read,
+                e,
+            )
+        });
+        assert_eq!(c, 0, "{m}");
+        let (mut p, mut n) = (null(), 0usize);
+        assert_eq!(
+            check(|e| tierkit_kv_pool_arena_row(pool, layer, idx[0], &mut p, &mut n, e)).0,
+            0
+        );
+        let row = std::slice::from_raw_parts(p, n).to_vec();
+        assert_eq!(check(|e| tierkit_kv_pool_end_read(pool, read, e)).0, 0);
+        row
+    }
+}
+
+#[test]
+fn kv_layer_groups_cross_the_c_abi() {
+    // The reliability issue's reproducer: 2 layers, token t is bytes t (layer 0), 100 + t (layer 1).
+    let history: Vec<u8> = (0..40u8)
+        .flat_map(|t| std::iter::repeat_n(t, 16).chain(std::iter::repeat_n(100 + t, 16)))
+        .collect();
+    let base = TierkitKvGeometry {
+        row_bytes: 16,
+        layers: 2,
+        page_rows: 4,
+        arena_pages: 16,
+        hot_rows: 8,
+        tail_rows: 4,
+        ..TierkitKvGeometry::default()
+    };
+    let sizes = [1u32, 1];
+    let bad_sizes = [1u32, 2];
+    for (what, g) in [
+        ("default (per layer)", base),
+        (
+            "explicit sizes",
+            TierkitKvGeometry {
+                group_count: 2,
+                group_sizes: sizes.as_ptr(),
+                ..base
+            },
+        ),
+        (
+            "one group",
+            TierkitKvGeometry {
+                group_layers: 2,
+                ..base
+            },
+        ),
+    ] {
+        let mut pool = null_mut();
+        // SAFETY: the geometry's pointers outlive the call; the pool is freed below.
+        unsafe {
+            assert_eq!(check(|e| tierkit_kv_pool_new(&g, false, &mut pool, e)).0, 0);
+            assert_eq!(
+                check(|e| tierkit_kv_pool_admit(
+                    pool,
+                    1,
+                    history.as_ptr(),
+                    history.len(),
+                    null_mut(),
+                    e
+                ))
+                .0,
+                0
+            );
+            for layer in 0..2u32 {
+                let want = if layer == 0 { 5 } else { 105 };
+                assert_eq!(
+                    resolve_row(pool, 5, layer),
+                    vec![want; 16],
+                    "{what}: layer {layer}"
+                );
+            }
+            tierkit_kv_pool_free(pool);
+        }
+    }
+    // Sizes that do not sum to the layers, NULL sizes: argument errors, no pool.
+    for (g, code) in [
+        (
+            TierkitKvGeometry {
+                group_count: 2,
+                group_sizes: bad_sizes.as_ptr(),
+                ..base
+            },
+            TIERKIT_ERR_INVALID_ARGUMENT,
+        ),
+        (
+            TierkitKvGeometry {
+                group_count: 2,
+                ..base
+            },
+            TIERKIT_ERR_NULL_ARGUMENT,
+        ),
+    ] {
+        let mut pool = null_mut();
+        // SAFETY: as above; the call fails before any pool exists.
+        let (c, m) = unsafe { check(|e| tierkit_kv_pool_new(&g, false, &mut pool, e)) };
+        assert_eq!(c, code, "{m}");
+        assert!(pool.is_null());
     }
 }
 

@@ -95,6 +95,7 @@ pub fn classify_kv(e: &KvError) -> Code {
         | E::ScratchOverflow { .. }
         | E::TooManyCandidates { .. }
         | E::LayerOutOfRange { .. }
+        | E::LayerOutsideGroup { .. }
         | E::InvalidConfig(_) => Code::InvalidArgument,
         E::StalePlan { .. } | E::HotCacheOverflow { .. } => Code::State,
         E::NoRoom { .. } | E::OutOfMemory { .. } => Code::NoRoom,

@@ -565,22 +565,34 @@ impl PyGpuKvPool {
             ))
         })
     }
-    /// `{layers, arena_rows, row_bytes, hot_rows, max_sessions, max_history, kv_stats,
-    /// plane_ptrs, host_ptr, host_bytes}`: the arena is `uint8 [layers][arena_rows][row_bytes]`,
+    /// `{layers, layer_groups, arena_rows, row_bytes, hot_rows, max_sessions, max_history,
+    /// kv_stats, plane_ptrs, host_ptr, host_bytes, hot_table_bytes}`: `layer_groups` the group
+    /// sizes in layer order (a resolve at a layer fills its whole group; the hot-cache tables,
+    /// `hot_table_bytes` of HBM, are one set per group); the arena is
+    /// `uint8 [layers][arena_rows][row_bytes]`,
     /// planes at fixed addresses; the host store is mapped pinned memory at `host_ptr` (one
     /// address for host and device: unified addressing) of `host_bytes` bytes.
     fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let (dims, planes, host) = self.with(|p| {
+        let (dims, planes, host, groups, hot_bytes) = self.with(|p| {
             let dev = p.device();
             let dims = *dev.dims();
             let planes = (0..dims.layers)
                 .map(|l| dev.plane_ptr(l).map_err(cuda_err))
                 .collect::<PyResult<Vec<u64>>>()?;
             let h = dev.host_store();
-            Ok((dims, planes, (h.as_ptr() as u64, h.len())))
+            let groups = dev.layer_groups().sizes(dims.layers);
+            Ok((
+                dims,
+                planes,
+                (h.as_ptr() as u64, h.len()),
+                groups,
+                dev.hot_table_bytes(),
+            ))
         })?;
         let d = PyDict::new(py);
         d.set_item("layers", dims.layers)?;
+        d.set_item("layer_groups", groups)?;
+        d.set_item("hot_table_bytes", hot_bytes)?;
         d.set_item("arena_rows", dims.arena_rows)?;
         d.set_item("row_bytes", dims.row_bytes)?;
         d.set_item("hot_rows", dims.hot_rows)?;
@@ -665,8 +677,9 @@ impl PyGpuKvPool {
     /// [sessions]`, `session_slot [sessions]`; outputs `indices [indices_len]`, `valid_count
     /// [valid_len]` (0 = exact), `plan` (16-byte copies `[sessions][hot_rows]`), `plan_count
     /// [plan_count_len]` (0 = sessions; entries past `sessions` written 0, so a replay of more
-    /// sessions copies nothing stale, in a graph too), `stats [sessions][kv_stats]`; misses are
-    /// gathered into arena plane `layer`.
+    /// sessions copies nothing stale, in a graph too), `stats [sessions][kv_stats]`; the picks
+    /// resolve against the hot cache of `layer`'s layer group and the misses are gathered into
+    /// every plane of that group.
     #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len, plan_count_len))]
     #[allow(clippy::too_many_arguments)]
     fn resolve(
@@ -742,9 +755,10 @@ impl PyGpuKvPool {
         })
     }
     /// Copies the last resolve's plan (`plan [sessions][hot_rows]`, `plan_count [sessions]`, the
-    /// resolve's outputs) from the host store into arena planes `layer0 .. layer0 + layers` on
-    /// `stream`: the other layers of the resolved layer's group. Run it on the resolve's stream
-    /// before anything else resolves.
+    /// resolve's outputs) from the host store again into arena planes `layer0 .. layer0 + layers`
+    /// of one layer group on `stream` (never needed: the resolve filled the group); entries whose
+    /// rows that group's hot cache no longer maps to their positions (another group's plan, or a
+    /// stale one) are skipped and counted as `stale_plan`. A range across groups: `ValueError`.
     #[allow(clippy::too_many_arguments)]
     fn replay(
         &self,

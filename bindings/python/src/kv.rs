@@ -3,8 +3,8 @@
 use std::sync::Mutex;
 
 use kv_elastic::{
-    Admission, ElasticPool, Geometry, OutputLayout, PoolConfig, ReadTicket, ResolveInput,
-    ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
+    Admission, ElasticPool, Geometry, LayerGroups, OutputLayout, PoolConfig, ReadTicket,
+    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
 };
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
@@ -14,8 +14,51 @@ use pyo3::types::{PyBytes, PyDict};
 use crate::arrays::{bytes, ints, narrow, out_i32};
 use crate::{guard, kv_err, to_py, Slot};
 
+/// `layer_groups` as Python gives it: `None` or `"per_layer"` (every layer its own group, the
+/// default), `"one"` (one group of every layer), an `int` n (groups of n layers) or a sequence of
+/// group sizes summing to `layers`.
+fn layer_groups_arg(arg: Option<&Bound<'_, PyAny>>) -> PyResult<LayerGroups> {
+    let bad = || {
+        PyTypeError::new_err(
+            "layer_groups must be None, \"per_layer\", \"one\", an int (layers per group) or a sequence of group sizes",
+        )
+    };
+    let Some(a) = arg.filter(|a| !a.is_none()) else {
+        return Ok(LayerGroups::per_layer());
+    };
+    let groups = if let Ok(name) = a.extract::<String>() {
+        match name.as_str() {
+            "per_layer" => Ok(LayerGroups::per_layer()),
+            "one" => Ok(LayerGroups::one()),
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "layer_groups: unknown name {name:?} (\"per_layer\" or \"one\")"
+                )))
+            }
+        }
+    } else if a.is_instance_of::<pyo3::types::PyInt>() {
+        let n: i128 = a.extract().map_err(|_| bad())?;
+        let n = u32::try_from(n).map_err(|_| {
+            PyValueError::new_err(format!("layer_groups: {n} layers per group (1..=4096)"))
+        })?;
+        LayerGroups::every(n)
+    } else {
+        let sizes: Vec<i128> = a.extract().map_err(|_| bad())?;
+        let sizes = sizes
+            .iter()
+            .map(|&n| u32::try_from(n))
+            .collect::<Result<Vec<u32>, _>>()
+            .map_err(|_| PyValueError::new_err("layer_groups: group sizes must be in 1..=4096"))?;
+        LayerGroups::from_sizes(&sizes)
+    };
+    groups.map_err(kv_err)
+}
+
 /// The pool's arena shape. Build it with `Geometry.for_hbm_budget(...)` (or the constructor,
-/// which validates the fields).
+/// which validates the fields). `layer_groups` says which layers share one indexer's picks (one
+/// hot cache per group; a resolve at a layer fills every layer of its group): `None` /
+/// `"per_layer"` (default: every layer its own, as DeepSeek-V3.2's per-layer indexers),
+/// `"one"`, an `int` n (groups of n layers) or a list of group sizes.
 #[pyclass(name = "KvGeometry", module = "tierkit.kv", frozen, eq)]
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) struct PyKvGeometry(pub(crate) Geometry);
@@ -23,7 +66,8 @@ pub(crate) struct PyKvGeometry(pub(crate) Geometry);
 #[pymethods]
 impl PyKvGeometry {
     #[new]
-    #[pyo3(signature = (row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows = 0))]
+    #[pyo3(signature = (row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows = 0, layer_groups = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         row_bytes: u32,
         layers: u32,
@@ -32,6 +76,7 @@ impl PyKvGeometry {
         hot_rows: u32,
         tail_rows: u32,
         scratch_rows: u32,
+        layer_groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let g = Geometry {
             row_bytes,
@@ -41,13 +86,15 @@ impl PyKvGeometry {
             hot_rows,
             tail_rows,
             scratch_rows,
+            layer_groups: layer_groups_arg(layer_groups)?,
         };
         guard(|| g.validate().map(|()| PyKvGeometry(g)).map_err(kv_err))
     }
     /// Sizes the arena from an HBM budget in bytes (`budget_bytes`), as many pages of
-    /// `page_rows × layers × row_bytes` bytes as fit.
+    /// `page_rows × layers × row_bytes` bytes as fit; `layer_groups` as in the constructor.
     #[staticmethod]
-    #[pyo3(signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = 0))]
+    #[pyo3(signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = 0, layer_groups = None))]
+    #[allow(clippy::too_many_arguments)]
     fn for_hbm_budget(
         budget_bytes: u64,
         row_bytes: u32,
@@ -56,9 +103,11 @@ impl PyKvGeometry {
         hot_rows: u32,
         tail_rows: u32,
         scratch_rows: u32,
+        layer_groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let layer_groups = layer_groups_arg(layer_groups)?;
         guard(|| {
-            Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
+            let mut g = Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
                 budget_bytes,
                 row_bytes,
                 layers,
@@ -67,8 +116,10 @@ impl PyKvGeometry {
                 tail_rows,
                 scratch_rows,
             })
-            .map(PyKvGeometry)
-            .map_err(kv_err)
+            .map_err(kv_err)?;
+            g.layer_groups = layer_groups;
+            g.validate().map_err(kv_err)?;
+            Ok(PyKvGeometry(g))
         })
     }
     #[getter]
@@ -99,6 +150,21 @@ impl PyKvGeometry {
     fn scratch_rows(&self) -> u32 {
         self.0.scratch_rows
     }
+    /// The layer groups' sizes, in layer order (one hot cache per group and session).
+    #[getter]
+    fn layer_groups(&self) -> Vec<u32> {
+        self.0.layer_groups.sizes(self.0.layers)
+    }
+    /// The layer group holding `layer` (`ValueError` past the last layer).
+    fn group_of(&self, layer: i64) -> PyResult<u32> {
+        match u32::try_from(layer) {
+            Ok(l) if l < self.0.layers => Ok(self.0.group_of(l)),
+            _ => Err(PyValueError::new_err(format!(
+                "layer: {layer} outside 0..{}",
+                self.0.layers
+            ))),
+        }
+    }
     /// Bytes of one token over all layers (`layers × row_bytes`): history is whole tokens.
     #[getter]
     fn token_bytes(&self) -> usize {
@@ -117,14 +183,15 @@ impl PyKvGeometry {
     fn __repr__(&self) -> String {
         let g = self.0;
         format!(
-            "Geometry(row_bytes={}, layers={}, page_rows={}, arena_pages={}, hot_rows={}, tail_rows={}, scratch_rows={})",
-            g.row_bytes, g.layers, g.page_rows, g.arena_pages, g.hot_rows, g.tail_rows, g.scratch_rows
+            "Geometry(row_bytes={}, layers={}, page_rows={}, arena_pages={}, hot_rows={}, tail_rows={}, scratch_rows={}, layer_groups={:?})",
+            g.row_bytes, g.layers, g.page_rows, g.arena_pages, g.hot_rows, g.tail_rows, g.scratch_rows,
+            g.layer_groups.sizes(g.layers)
         )
     }
 }
 
-/// The copies one resolve or prefetch made (the deduplicated miss list); `ElasticPool.replay`
-/// applies them to another layer of the group.
+/// The copies one resolve or prefetch made (the deduplicated miss list), already in every layer of
+/// its layer group (`group`); `ElasticPool.replay` copies them again into one layer of that group.
 #[pyclass(name = "ResolvePlan", module = "tierkit.kv", frozen)]
 pub(crate) struct PyResolvePlan(ResolvePlan);
 
@@ -141,13 +208,23 @@ impl PyResolvePlan {
             .map(|c| (c.session, c.position, c.dst_row))
             .collect()
     }
+    /// The layer group whose hot rows the copies filled.
+    #[getter]
+    fn group(&self) -> u32 {
+        self.0.group
+    }
     fn __repr__(&self) -> String {
-        format!("ResolvePlan({} copies)", self.0.copies.len())
+        format!(
+            "ResolvePlan({} copies, group {})",
+            self.0.copies.len(),
+            self.0.group
+        )
     }
 }
 
 /// One resolve's result: `indices` (`int32 [rows, k]`, or the caller's array), `valid_count`
-/// (`int32 [rows]`), `stats` (a dict), `plan` (replay it into the group's other layers). The
+/// (`int32 [rows]`), `stats` (a dict), `plan` (the misses fetched, into every layer of the
+/// resolved layer's group). The
 /// rows stay valid (their pages are not reused) until `complete()` (or the end of a `with`
 /// block, or garbage collection): call it once the attention that reads them is done.
 #[pyclass(name = "Resolved", module = "tierkit.kv", frozen)]
@@ -291,7 +368,9 @@ impl PyElasticPool {
     /// `valid_count` when given (int32, C-contiguous, writeable, at least `rows × k` / `rows`
     /// elements; the rest is written `-1` / 0), else to new arrays. `packed=True` packs each
     /// row's valid entries to the front (FlashMLA's `topk_length`); `query_seq_lens` (`[rows]`)
-    /// bounds each query row (speculative rows).
+    /// bounds each query row (speculative rows). The picks resolve against the hot cache of
+    /// `layer`'s layer group (`Geometry.layer_groups`) and the misses are fetched into every
+    /// layer of that group.
     #[pyo3(signature = (sessions, query_start_loc, seq_lens, topk, layer = 0, *, k = None, indices = None, valid_count = None, packed = false, query_seq_lens = None))]
     #[allow(clippy::too_many_arguments)]
     fn resolve<'py>(
@@ -392,7 +471,9 @@ impl PyElasticPool {
             ticket: Mutex::new(Some(ticket)),
         })
     }
-    /// Applies a plan (or a `Resolved`'s plan) to another layer's plane.
+    /// Copies a plan's (or a `Resolved`'s plan's) rows again into one layer of its layer group
+    /// (never needed: the resolve filled every layer of the group); `ValueError` for a layer of
+    /// another group, whose planes hold other positions at those rows.
     fn replay(&self, plan: &Bound<'_, PyAny>, layer: u32) -> PyResult<()> {
         let plan: Py<PyResolvePlan> = if let Ok(r) = plan.cast::<PyResolved>() {
             r.get().plan.clone_ref(plan.py())
@@ -406,8 +487,8 @@ impl PyElasticPool {
         let plan = plan.get();
         self.0.with(|p| p.replay(&plan.0, layer).map_err(kv_err))
     }
-    /// Prefetches candidate positions of a session into its hot cache (up to 16,384); returns
-    /// the plan of copies made into `layer`.
+    /// Prefetches candidate positions of a session into the hot cache of `layer`'s layer group
+    /// (up to 16,384), fetching them into every layer of the group; returns the plan of copies.
     fn prefetch(
         &self,
         session: u64,

@@ -14,8 +14,9 @@ def token(s, t):
 
 
 def test_engine_loop_resolves_exactly():
-    g = kv.Geometry.for_hbm_budget(128 << 10, ROW, LAYERS, 16, 32, 16)
-    assert g.token_bytes == LAYERS * ROW
+    # Both layers read the indexer's picks: one layer group (each resolve fills both layers).
+    g = kv.Geometry.for_hbm_budget(128 << 10, ROW, LAYERS, 16, 32, 16, layer_groups="one")
+    assert g.token_bytes == LAYERS * ROW and g.layer_groups == [LAYERS]
     pool = kv.ElasticPool(g)
     length = {}
     for s in range(1, 5):
@@ -32,7 +33,7 @@ def test_engine_loop_resolves_exactly():
         topk = np.maximum(seq[:, None] - 1 - 3 * j * j, 0).astype(np.int32)
         topk[:, K - 1] = -1
         with pool.resolve(sessions, qsl, seq, topk, layer=0) as r:
-            pool.replay(r, 1)
+            assert r.plan.group == 0
             for i, s in enumerate(sessions):
                 for c in range(K):
                     if topk[i, c] < 0:
@@ -121,3 +122,40 @@ def test_reclaim_takes_back_lent_pages():
     assert pool.reclaim(lent + 5) == lent
     assert pool.pages()["history"] == 0
     pool.check_invariants()
+
+
+def test_per_layer_picks_read_their_own_layer():
+    """The reliability issue's reproducer: layers picking on their own (the default geometry,
+    no layer groups declared) read their own layer's bytes (layer 1 used to read zeros)."""
+    g = kv.Geometry(row_bytes=16, layers=2, page_rows=4, arena_pages=16, hot_rows=8, tail_rows=4)
+    assert g.layer_groups == [1, 1] and g.group_of(1) == 1
+    pool = kv.ElasticPool(g, elastic=False)
+    pool.admit(1, np.concatenate([np.r_[np.full(16, t), np.full(16, 100 + t)] for t in range(40)]).astype(np.uint8))
+    for layer in (0, 1):
+        with pool.resolve([1], [0, 1], [40], np.array([[5]], np.int32), layer=layer) as r:
+            assert bytes(pool.arena_row(layer, int(r.indices[0, 0]))) == bytes([5 + 100 * layer] * 16)
+            assert r.stats["misses"] == 1 and r.plan.group == layer
+    pool.check_invariants()
+    # A plan replays only into its own group's layers.
+    with pool.resolve([1], [0, 1], [40], np.array([[6]], np.int32), layer=0) as r:
+        with pytest.raises(ValueError, match="outside the plan's layer group"):
+            pool.replay(r, 1)
+
+
+@pytest.mark.parametrize("groups, sizes", [
+    (None, [1, 1, 1, 1]), ("per_layer", [1, 1, 1, 1]), ("one", [4]), (2, [2, 2]), (3, [3, 1]),
+    ([1, 3], [1, 3]), ((2, 1, 1), [2, 1, 1]),
+])
+def test_layer_groups_forms(groups, sizes):
+    g = kv.Geometry(16, 4, 4, 32, 8, 4, layer_groups=groups)
+    assert g.layer_groups == sizes
+    assert [g.group_of(layer) for layer in range(4)] == [i for i, n in enumerate(sizes) for _ in range(n)]
+
+
+@pytest.mark.parametrize("groups, exc", [
+    ([1, 1], ValueError), ([0, 4], ValueError), ([], ValueError), (0, ValueError), (-1, ValueError),
+    ("two", ValueError), (2.5, TypeError), ([1.5, 2.5], TypeError), ({"a": 1}, TypeError),
+])
+def test_bad_layer_groups_are_refused(groups, exc):
+    with pytest.raises(exc):
+        kv.Geometry(16, 4, 4, 32, 8, 4, layer_groups=groups)

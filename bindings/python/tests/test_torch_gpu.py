@@ -447,8 +447,34 @@ def token(s, t):
     return np.repeat((s * 31 + t * 7 + np.arange(KV_LAYERS)) % 256, ROW).astype(np.uint8)
 
 
-def kv_geometry():
-    return kv.Geometry.for_hbm_budget(96 << 10, ROW, KV_LAYERS, 16, 32, 16)
+def kv_geometry(layer_groups="one"):
+    # the tests below resolve layer 0's picks for every layer: one layer group
+    return kv.Geometry.for_hbm_budget(96 << 10, ROW, KV_LAYERS, 16, 32, 16, layer_groups=layer_groups)
+
+
+@needs_gpu
+def test_kv_per_layer_picks_read_their_own_layer_on_the_gpu():
+    """The reliability issue's reproducer on the device: the default geometry (one layer group per
+    layer), layers resolving on their own: each reads its own layer's bytes; a replay across
+    groups is refused."""
+    g = kv_geometry(None)
+    assert g.layer_groups == [1] * KV_LAYERS
+    pool = tt.KvPool(g, max_sessions=2, max_history=256)
+    assert pool.layout["layer_groups"] == [1] * KV_LAYERS and pool.layout["hot_table_bytes"] > 0
+    pool.admit(1, np.concatenate([token(1, t) for t in range(40)]))
+    i32 = dict(dtype=torch.int32, device="cuda")
+    topk, qsl = torch.full((1, K), -1, **i32), torch.tensor([0, 1], **i32)
+    topk[0, 0] = 5
+    seq, slot = torch.tensor([40], **i32), torch.tensor([pool.slot_of(1)], **i32)
+    for layer in range(KV_LAYERS):
+        out, valid = torch.zeros(K, **i32), torch.zeros(1, **i32)
+        pool.resolve(topk, qsl, seq, slot, out, valid, layer=layer)
+        torch.cuda.synchronize()
+        row = pool.planes[layer][int(out[0])].cpu().numpy()
+        assert row.tobytes() == token(1, 5)[layer * ROW:(layer + 1) * ROW].tobytes(), layer
+    with pytest.raises(ValueError, match="cross layer groups"):
+        pool.replay(1, 0, KV_LAYERS)
+    assert pool.errors()["stale_plan"] == 0
 
 
 def small_kv_pool():

@@ -103,14 +103,15 @@ impl KvKernels {
     /// `Lean512` half of that, all three with `8 × ceil(hot_rows / 32) + 4 × fixed_pages` bytes of
     /// dynamic shared memory, the lean ones `2 × hot_rows` more up to 8192 hot rows; `Classic`, or any of them over [`KV_FAST_MAX_HOT_ROWS`] /
     /// [`KV_FAST_MAX_FIXED_PAGES`]: [`KV_BLOCK`] threads); results are identical.
-    /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into `a.layer` inside the kernel, `Dma`
+    /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into layers `a.layer ..
+    /// a.layer + max(o.fill_layers, 1)` inside the kernel (a layer group's planes), `Dma`
     /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
     /// (FlashMLA `topk_length`-compatible packing or in place), per-query causal bounds and
     /// oversized (padded) output buffers; see [`KvResolveOptions`] and the KV resolve kernel
     /// contract in `DESIGN.md`.
     ///
     /// # Errors
-    /// `OutOfRange` for `a.layer` or `o.layout`, `Shape` for `a.k == 0` or output lengths
+    /// `OutOfRange` for the layer range or `o.layout`, `Shape` for `a.k == 0` or output lengths
     /// (`o.indices_len`, `o.valid_len`, `o.plan_count_len`) below `rows × k` / `rows` /
     /// `sessions`, the driver's launch error.
     ///
@@ -129,7 +130,8 @@ impl KvKernels {
         o: &KvResolveOptions,
         backend: CopyBackend,
     ) -> Result<()> {
-        check_layers(d, a.layer, 1)?;
+        let fill_layers = o.fill_layers.max(1);
+        check_layers(d, a.layer, fill_layers)?;
         if a.k == 0 {
             return Err(CudaError::Shape {
                 what: "k",
@@ -156,7 +158,12 @@ impl KvKernels {
             a.sessions as u64,
             "plan_count entries (at least sessions)",
         )?;
-        let fetch = u32::from(backend == CopyBackend::Gather);
+        // Gather: the kernel copies the misses into the `fill_layers` planes from `a.layer`.
+        let fetch = if backend == CopyBackend::Gather {
+            fill_layers
+        } else {
+            0
+        };
         let fits = d.hot_rows <= KV_FAST_MAX_HOT_ROWS && d.fixed_pages <= KV_FAST_MAX_FIXED_PAGES;
         // Candidate bitmaps (2 × ceil(hot_rows / 32) u32), then the entry's fixed pages.
         let smem = 8 * d.hot_rows.div_ceil(32) + 4 * d.fixed_pages;
@@ -239,6 +246,34 @@ impl KvKernels {
     ) -> Result<()> {
         // SAFETY: forwarded.
         unsafe { self.replay_launch(stream, d, t, plan, count, segments, stride, l0, nl, 0) }
+    }
+
+    /// Replays plan segments into layers `l0 .. l0 + nl` as [`KvKernels::replay_async`] does,
+    /// copying each entry only where its destination row still holds its position in `t`'s hot
+    /// tables (a plan replayed into its own layer group); every other entry (stale, or a plan of
+    /// another group, whose rows hold other positions in these planes) is skipped and counted in
+    /// the `stale_plan` error word. What engines replay with.
+    ///
+    /// # Errors
+    /// `OutOfRange` for the layer range, the driver's launch error.
+    ///
+    /// # Safety
+    /// As [`KvKernels::replay_async`], without the freshness precondition.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn replay_fresh_async(
+        &self,
+        stream: &CudaStream,
+        d: &KvDims,
+        t: &KvTables,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+        l0: u32,
+        nl: u32,
+    ) -> Result<()> {
+        // SAFETY: forwarded.
+        unsafe { self.replay_launch(stream, d, t, plan, count, segments, stride, l0, nl, 2) }
     }
 
     /// Counts plan entries whose destination row no longer holds the position into the

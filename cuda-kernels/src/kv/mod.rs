@@ -442,7 +442,8 @@ pub struct KvResolveArgs {
     pub rows: u32,
     /// Picks per row.
     pub k: u32,
-    /// Arena plane the misses are fetched into.
+    /// First arena plane the misses are fetched into ([`KvResolveOptions::fill_layers`] planes
+    /// from it).
     pub layer: u32,
     /// `int32 [rows, k]` output arena rows (`-1` padding; layout and longer buffers:
     /// [`KvResolveOptions`]).
@@ -493,6 +494,10 @@ pub struct KvResolveOptions {
     /// Which kernel runs ([`ResolveEngine::Auto`] by default, see [`ResolveEngine::for_call`]);
     /// results are identical.
     pub engine: ResolveEngine,
+    /// Layers the misses are copied into, from [`KvResolveArgs::layer`] (0 = 1): a layer
+    /// group's planes (kv-elastic's `LayerGroups`), all filled by the one resolve. The layer
+    /// range must end within `KvDims::layers` (`OutOfRange` otherwise).
+    pub fill_layers: u32,
 }
 
 #[cfg(test)]

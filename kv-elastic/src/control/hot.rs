@@ -123,6 +123,25 @@ impl HotCache {
     pub fn slot_table(&self) -> &[i32] {
         &self.slot_pos
     }
+
+    /// Checks that both tables describe the same mapping (every occupied slot's position maps
+    /// back to it, every mapped position's slot holds it) and that every cached position is below
+    /// `committed`; the first inconsistency otherwise.
+    pub fn check(&self, committed: u32) -> std::result::Result<(), String> {
+        for (s, &p) in self.slot_pos.iter().enumerate() {
+            if p >= 0 && (p as u32 >= committed || self.lookup(p as u32) != Some(s as u32)) {
+                return Err(format!("hot row {s} holds position {p}, which maps elsewhere or is not committed ({committed})"));
+            }
+        }
+        for (p, &s) in self.pos_slot.iter().enumerate() {
+            if s >= 0 && self.position_of(s as u32) != Some(p as u32) {
+                return Err(format!(
+                    "position {p} maps to hot row {s}, which holds another"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -19,16 +19,26 @@ pub(crate) struct SessionState {
     pub(crate) fixed_pages: Vec<u32>,
     /// Borrowed history pages: logical page → physical page (`tier_core::NOT_RESIDENT` if none).
     pub(crate) pages: PageMap,
-    /// The hot cache (CLOCK).
-    pub(crate) hot: HotCache,
-    /// The session's resolve / prefetch call number (hot-cache pins): starts at 1, advanced by
-    /// each resolve that names the session; a prefetch pins with the current one. Per session, as
-    /// the GPU kernels' per-slot counters (`cuda-kernels/DESIGN.md`, "Call counters"): pins are
-    /// compared only within one session's hot cache.
-    pub(crate) call: u64,
+    /// The hot cache (CLOCK) of each layer group (`Geometry::groups` entries).
+    pub(crate) hot: Vec<HotCache>,
+    /// Each layer group's resolve / prefetch call number (hot-cache pins): starts at 1, advanced
+    /// by each resolve at the group that names the session; a prefetch pins with the current one.
+    /// Per session and group, as the GPU kernels' per-(group, slot) counters
+    /// (`cuda-kernels/DESIGN.md`, "Call counters"): pins are compared only within one hot cache.
+    pub(crate) call: Vec<u64>,
 }
 
 impl SessionState {
+    /// Fresh hot caches (empty, call 1) for every layer group of `g`, for a history of `history`
+    /// positions.
+    pub(crate) fn new_hot(g: &Geometry, history: u32) -> (Vec<HotCache>, Vec<u64>) {
+        let n = g.groups() as usize;
+        (
+            (0..n).map(|_| HotCache::new(g.hot_rows, history)).collect(),
+            vec![1; n],
+        )
+    }
+
     /// Whether every committed position below the tail is on a borrowed page (the direct path):
     /// its mapped pages equal `ceil((committed - tail_rows) / page_rows)`.
     pub(crate) fn fully_held(&self, g: &Geometry) -> bool {

@@ -57,6 +57,11 @@ pub trait DataPlane: sealed::Sealed + Send {
 
     /// The session's placement (lengths, pages) changed; the GPU republishes its descriptor.
     fn placement_changed(&mut self, session: SessionId);
+
+    /// Whether arena row `row` of plane `layer` holds committed position `position` of `session`
+    /// (the invariant checks); `None` where the data plane cannot tell without waiting for a
+    /// device (the GPU back-end).
+    fn row_holds(&self, session: SessionId, position: u32, layer: u32, row: u32) -> Option<bool>;
 }
 
 /// The CPU back-end's data plane: the host store in `Vec`s and the CPU arena
@@ -135,4 +140,9 @@ impl DataPlane for CpuData {
     }
 
     fn placement_changed(&mut self, _session: SessionId) {}
+
+    fn row_holds(&self, session: SessionId, position: u32, layer: u32, row: u32) -> Option<bool> {
+        let want = self.host.row(session, position, layer).ok()?;
+        Some(self.arena.row(layer, row as i32) == Some(want))
+    }
 }

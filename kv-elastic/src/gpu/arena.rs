@@ -16,17 +16,25 @@ use cuda_kernels::{
 };
 use tier_core::NOT_RESIDENT;
 
+use crate::LayerGroups;
+
 /// The GPU back-end's device state (the tables of [`KvTables`]) and the kernels bound to it.
 ///
 /// Layouts: arena `u8 [layers][arena_rows][row_bytes]` (one allocation, FlashMLA indexes one
 /// array); host store `u8 [max_slots][max_history][layers][row_bytes]` in mapped pinned memory,
-/// read in place by the kernels over PCIe / C2C. The synchronous methods (`set_slot`, `reset_slot`,
+/// read in place by the kernels over PCIe / C2C; hot-cache tables one set per layer group
+/// (`[groups][max_slots][...]`, [`GpuArena::tables`] gives a group's, [`GpuArena::hot_table_bytes`]
+/// their HBM). The `*_async` launchers that take a layer act on that layer's group: a resolve or
+/// prefetch fills every layer of the group, a replay copies only rows its group still maps. The synchronous methods (`set_slot`, `reset_slot`,
 /// `upload_rows`, downloads) run between steps on the step stream ([`Gpu::stream`]) and wait for
 /// it; the `*_async` launchers queue on the stream they are given.
 #[derive(Debug)]
 pub struct GpuArena {
     gpu: Arc<Gpu>,
     dims: KvDims,
+    groups: LayerGroups,
+    /// Layer groups (`groups.count(dims.layers)`).
+    n_groups: u32,
     desc: DeviceBuffer<KvSlotDesc>,
     fixed_pages: DeviceBuffer<i32>,
     page_tab: DeviceBuffer<i32>,
@@ -51,14 +59,15 @@ fn sync(stream: &CudaStream) -> Result<()> {
 
 impl GpuArena {
     /// Allocates every table (hot caches empty, no slot live, every slot's call counter 1, the
-    /// CPU reference's first value), the arena (`layers × arena_rows × row_bytes` bytes, zeroed) and the mapped
-    /// pinned host store (`max_slots × max_history × layers × row_bytes` bytes), then loads the
-    /// kernels.
+    /// CPU reference's first value; one set of hot-cache tables per layer group of `groups`), the
+    /// arena (`layers × arena_rows × row_bytes` bytes, zeroed) and the mapped pinned host store
+    /// (`max_slots × max_history × layers × row_bytes` bytes), then loads the kernels.
     ///
     /// # Errors
-    /// [`KvDims::validate`]'s errors; CUDA errors (e.g. `CUDA_ERROR_OUT_OF_MEMORY`); NVRTC errors.
-    pub fn new(gpu: &Arc<Gpu>, dims: KvDims) -> Result<Self> {
-        Self::with_arena(gpu, dims, None)
+    /// [`KvDims::validate`]'s errors; `OutOfRange` for `groups` not partitioning `dims.layers`;
+    /// CUDA errors (e.g. `CUDA_ERROR_OUT_OF_MEMORY`); NVRTC errors.
+    pub fn new(gpu: &Arc<Gpu>, dims: KvDims, groups: LayerGroups) -> Result<Self> {
+        Self::with_arena(gpu, dims, groups, None)
     }
 
     /// As [`GpuArena::new`], with the arena in caller-owned device memory where `arena` is given
@@ -71,13 +80,31 @@ impl GpuArena {
     pub fn with_arena(
         gpu: &Arc<Gpu>,
         dims: KvDims,
+        groups: LayerGroups,
         arena: Option<DeviceBuffer<u8>>,
     ) -> Result<Self> {
         dims.validate()?;
+        if groups.validate(dims.layers).is_err() {
+            return Err(CudaError::OutOfRange {
+                what: "layer groups (their sizes must sum to the layers)",
+                value: groups.sizes(dims.layers).iter().map(|&n| n as u64).sum(),
+                limit: dims.layers as u64 + 1,
+            });
+        }
+        let n_groups = groups.count(dims.layers);
         let ctx = gpu.ctx();
         let slots = dims.max_slots as usize;
         let hist = slots * dims.max_history as usize;
-        let hot = slots * dims.hot_rows as usize;
+        let ng = n_groups as usize;
+        let too_big = || CudaError::OutOfRange {
+            what: "hot-cache tables (groups × max_slots × max_history)",
+            value: u64::MAX,
+            limit: isize::MAX as u64,
+        };
+        let group_hist = hist.checked_mul(ng).ok_or_else(too_big)?;
+        let hot = (slots * dims.hot_rows as usize)
+            .checked_mul(ng)
+            .ok_or_else(too_big)?;
         let arena_bytes =
             dims.plane_bytes()
                 .checked_mul(dims.layers as usize)
@@ -117,21 +144,24 @@ impl GpuArena {
             desc: DeviceBuffer::zeroed(ctx, slots)?,
             fixed_pages: DeviceBuffer::zeroed(ctx, slots * dims.fixed_pages as usize)?,
             page_tab: minus(slots * dims.max_pages as usize)?,
-            pos_slot: minus(hist)?,
+            pos_slot: minus(group_hist)?,
             slot_pos: minus(hot)?,
             mark: DeviceBuffer::zeroed(ctx, hot)?,
             stamp: DeviceBuffer::zeroed(ctx, hot)?,
-            hand: DeviceBuffer::zeroed(ctx, slots)?,
+            hand: DeviceBuffer::zeroed(ctx, slots * ng)?,
+            // Dedup claims live only within one call (reset by its end): one table for all groups.
             first: DeviceBuffer::from_host(ctx, &vec![KV_UNCLAIMED; hist])?,
-            // Per-slot call counters at 1 (a resolve's first call is 2, a prefetch before any resolve uses 1):
-            // a zeroed stamp (call 0) is never the current call's.
-            call: DeviceBuffer::from_host(ctx, &vec![1u64; slots])?,
+            // Per-(group, slot) call counters at 1 (a resolve's first call is 2, a prefetch before
+            // any resolve uses 1): a zeroed stamp (call 0) is never the current call's.
+            call: DeviceBuffer::from_host(ctx, &vec![1u64; slots * ng])?,
             arena,
             host: PinnedBuffer::zeroed(ctx, host_bytes)?,
             err: DeviceBuffer::zeroed(ctx, KV_ERR_WORDS)?,
             kernels: KvKernels::new(gpu)?,
             gpu: gpu.clone(),
             dims,
+            groups,
+            n_groups,
         })
     }
 
@@ -150,23 +180,65 @@ impl GpuArena {
         &self.kernels
     }
 
-    /// Device pointers of every table (valid while `self` lives).
-    pub fn tables(&self) -> KvTables {
-        KvTables {
+    /// The layer groups (one set of hot-cache tables each).
+    pub fn layer_groups(&self) -> LayerGroups {
+        self.groups
+    }
+
+    /// Layer groups.
+    pub fn group_count(&self) -> u32 {
+        self.n_groups
+    }
+
+    /// Bytes of HBM the hot-cache tables take over all layer groups: per group and slot
+    /// `4 × max_history` (position → hot row) `+ 20 × hot_rows` (hot row → position, CLOCK mark
+    /// and stamp) `+ 12` (hand, call counter).
+    pub fn hot_table_bytes(&self) -> u64 {
+        let d = &self.dims;
+        self.n_groups as u64
+            * d.max_slots as u64
+            * (4 * d.max_history as u64 + 20 * d.hot_rows as u64 + 12)
+    }
+
+    /// Device pointers of every table, the hot-cache tables (`pos_slot`, `slot_pos`, `mark`,
+    /// `stamp`, `hand`, `call`) those of layer group `group` (valid while `self` lives): what a
+    /// kernel launched by hand on a layer of that group takes.
+    ///
+    /// # Errors
+    /// `OutOfRange` for a group past the last.
+    pub fn tables(&self, group: u32) -> Result<KvTables> {
+        if group >= self.n_groups {
+            return Err(CudaError::OutOfRange {
+                what: "layer group",
+                value: group as u64,
+                limit: self.n_groups as u64,
+            });
+        }
+        let d = &self.dims;
+        let (g, slots) = (group as u64, d.max_slots as u64);
+        let hot = g * slots * d.hot_rows as u64;
+        Ok(KvTables {
             desc: self.desc.device_ptr(),
             fixed_pages: self.fixed_pages.device_ptr(),
             page_tab: self.page_tab.device_ptr(),
-            pos_slot: self.pos_slot.device_ptr(),
-            slot_pos: self.slot_pos.device_ptr(),
-            mark: self.mark.device_ptr(),
-            stamp: self.stamp.device_ptr(),
-            hand: self.hand.device_ptr(),
+            pos_slot: self.pos_slot.device_ptr() + 4 * g * slots * d.max_history as u64,
+            slot_pos: self.slot_pos.device_ptr() + 4 * hot,
+            mark: self.mark.device_ptr() + 8 * hot,
+            stamp: self.stamp.device_ptr() + 8 * hot,
+            hand: self.hand.device_ptr() + 4 * g * slots,
             first: self.first.device_ptr(),
-            call: self.call.device_ptr(),
+            call: self.call.device_ptr() + 8 * g * slots,
             arena: self.arena.device_ptr(),
             host: self.host.device_ptr(),
             err: self.err.device_ptr(),
-        }
+        })
+    }
+
+    /// The layer group of `layer` and its layers, checked.
+    fn group_at(&self, layer: u32) -> Result<(u32, std::ops::Range<u32>)> {
+        self.check_layers(layer, 1)?;
+        let g = self.groups.group_of(layer);
+        Ok((g, self.groups.layers(g, self.dims.layers)))
     }
 
     /// Device pointer of arena plane `layer` (`u8 [arena_rows][row_bytes]`).
@@ -341,11 +413,12 @@ impl GpuArena {
         self.clear_hot(slot)
     }
 
-    /// Empties one live slot's hot cache (all hot slots free, reference marks and stamps 0, hand 0,
-    /// position table [`NOT_RESIDENT`]) and keeps its descriptor, fixed pages and page table
-    /// (synchronous; nothing in flight may read the slot). Resident rows (tail, scratch, borrowed
-    /// pages) are unaffected; the next resolve fetches every hot-cache position again. Used to
-    /// start comparisons from the same cold state without rebuilding the pool.
+    /// Empties one live slot's hot caches, in every layer group (all hot slots free, reference
+    /// marks and stamps 0, hand 0, position table [`NOT_RESIDENT`]) and keeps its descriptor,
+    /// fixed pages and page table (synchronous; nothing in flight may read the slot). Resident
+    /// rows (tail, scratch, borrowed pages) are unaffected; the next resolve fetches every
+    /// hot-cache position again. Used to start comparisons from the same cold state without
+    /// rebuilding the pool.
     ///
     /// # Errors
     /// `OutOfRange` for the slot; driver errors.
@@ -353,12 +426,15 @@ impl GpuArena {
         self.check_slot(slot)?;
         let d = self.dims;
         let (h, n) = (d.hot_rows as usize, d.max_history as usize);
-        let s = slot as usize;
-        self.put(self.slot_pos.device_ptr_at(s * h)?, &vec![-1i32; h])?;
-        self.put(self.mark.device_ptr_at(s * h)?, &vec![0u64; h])?;
-        self.put(self.stamp.device_ptr_at(s * h)?, &vec![0u64; h])?;
-        self.put(self.hand.device_ptr_at(s)?, &[0u32])?;
-        self.put(self.pos_slot.device_ptr_at(s * n)?, &vec![NOT_RESIDENT; n])
+        for g in 0..self.n_groups as usize {
+            let s = g * d.max_slots as usize + slot as usize;
+            self.put(self.slot_pos.device_ptr_at(s * h)?, &vec![-1i32; h])?;
+            self.put(self.mark.device_ptr_at(s * h)?, &vec![0u64; h])?;
+            self.put(self.stamp.device_ptr_at(s * h)?, &vec![0u64; h])?;
+            self.put(self.hand.device_ptr_at(s)?, &[0u32])?;
+            self.put(self.pos_slot.device_ptr_at(s * n)?, &vec![NOT_RESIDENT; n])?;
+        }
+        Ok(())
     }
 
     /// Writes `bytes` (whole rows) into plane `layer` from row `row0` (synchronous).
@@ -386,26 +462,41 @@ impl GpuArena {
         Ok(out)
     }
 
-    /// Downloads one slot's hot-cache `hot slot → position` table and its hand (synchronous; tests).
-    pub fn download_hot(&self, slot: u32) -> Result<(Vec<i32>, u32)> {
+    /// The index of `(group, slot)` in the `[groups][max_slots]` hot-cache tables, checked.
+    fn group_slot(&self, group: u32, slot: u32) -> Result<usize> {
         self.check_slot(slot)?;
+        if group >= self.n_groups {
+            return Err(CudaError::OutOfRange {
+                what: "layer group",
+                value: group as u64,
+                limit: self.n_groups as u64,
+            });
+        }
+        Ok(group as usize * self.dims.max_slots as usize + slot as usize)
+    }
+
+    /// Downloads one slot's `hot slot → position` table and hand in layer group `group`
+    /// (synchronous; tests).
+    pub fn download_hot(&self, slot: u32, group: u32) -> Result<(Vec<i32>, u32)> {
+        let gs = self.group_slot(group, slot)?;
         self.gpu.synchronize()?;
         let h = self.dims.hot_rows as usize;
         let mut sp = vec![0i32; h];
         let mut hand = [0u32];
-        self.get(&mut sp, self.slot_pos.device_ptr_at(slot as usize * h)?)?;
-        self.get(&mut hand, self.hand.device_ptr_at(slot as usize)?)?;
+        self.get(&mut sp, self.slot_pos.device_ptr_at(gs * h)?)?;
+        self.get(&mut hand, self.hand.device_ptr_at(gs)?)?;
         Ok((sp, hand[0]))
     }
 
-    /// The hot slot holding `position` of session slot `slot` (synchronous; `None` if not cached).
-    pub fn hot_slot_of(&self, slot: u32, position: u32) -> Result<Option<u32>> {
-        self.check_slot(slot)?;
+    /// The hot slot holding `position` of session slot `slot` in layer group `group`
+    /// (synchronous; `None` if not cached).
+    pub fn hot_slot_of(&self, slot: u32, group: u32, position: u32) -> Result<Option<u32>> {
+        let gs = self.group_slot(group, slot)?;
         if position >= self.dims.max_history {
             return Ok(None);
         }
         let mut v = [0i32];
-        let at = slot as usize * self.dims.max_history as usize + position as usize;
+        let at = gs * self.dims.max_history as usize + position as usize;
         self.get(&mut v, self.pos_slot.device_ptr_at(at)?)?;
         Ok((v[0] >= 0).then_some(v[0] as u32))
     }
@@ -420,7 +511,11 @@ impl GpuArena {
         self.err.upload(&[0u32; KV_ERR_WORDS])
     }
 
-    /// [`KvKernels::resolve_async`] on these tables.
+    /// [`KvKernels::resolve_async`] on these tables: the picks resolve against the hot cache of
+    /// `a.layer`'s layer group, and the misses are copied into every layer of the group.
+    ///
+    /// # Errors
+    /// As [`GpuArena::resolve_async_with`].
     ///
     /// # Safety
     /// Every pointer of `a` addresses a live device buffer of the documented shape; no other
@@ -431,19 +526,18 @@ impl GpuArena {
         a: &KvResolveArgs,
         backend: CopyBackend,
     ) -> Result<()> {
-        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
-        unsafe {
-            self.kernels
-                .resolve_async(stream, &self.dims, &self.tables(), a, backend)
-        }
+        // SAFETY: forwarded; the default options name no extra buffer.
+        unsafe { self.resolve_async_with(stream, a, &KvResolveOptions::default(), backend) }
     }
 
     /// [`KvKernels::resolve_async_with`] on these tables: output layout (packed, FlashMLA
     /// `topk_length`-compatible, or in place), per-query causal bounds and padded oversized output
-    /// buffers ([`KvResolveOptions`]).
+    /// buffers ([`KvResolveOptions`]). The picks resolve against the hot cache of `a.layer`'s
+    /// layer group, and the misses are copied into every layer of the group (`o.fill_layers` is
+    /// set to the group's; with [`CopyBackend::Dma`] the caller copies the plan into them).
     ///
     /// # Errors
-    /// As [`KvKernels::resolve_async_with`].
+    /// `OutOfRange` for `a.layer`; as [`KvKernels::resolve_async_with`].
     ///
     /// # Safety
     /// As [`GpuArena::resolve_async`]; `o.query_seq_lens` is 0 or a live `int32 [rows]`, and the
@@ -455,18 +549,37 @@ impl GpuArena {
         o: &KvResolveOptions,
         backend: CopyBackend,
     ) -> Result<()> {
-        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        let (group, layers) = self.group_at(a.layer)?;
+        let a = KvResolveArgs {
+            layer: layers.start,
+            ..*a
+        };
+        let o = KvResolveOptions {
+            fill_layers: layers.len() as u32,
+            ..*o
+        };
+        let t = self.tables(group)?;
+        // SAFETY: our tables are live and shaped by `dims` (the group's hot tables inside their
+        // allocations); the rest is the caller's contract.
         unsafe {
             self.kernels
-                .resolve_async_with(stream, &self.dims, &self.tables(), a, o, backend)
+                .resolve_async_with(stream, &self.dims, &t, &a, &o, backend)
         }
     }
 
-    /// [`KvKernels::replay_async`] on these tables.
+    /// Replays plan segments into layers `l0 .. l0 + nl` of one layer group
+    /// ([`KvKernels::replay_fresh_async`] on the group's tables): each entry is copied only where
+    /// its destination row still holds its position in that group's hot cache; entries of a
+    /// stale plan, or of another group's plan (whose rows hold other positions here), are skipped
+    /// and counted in [`KvErrors::stale_plan`]. Resolves and prefetches already fill every layer
+    /// of their group, so this is never needed for exactness.
+    ///
+    /// # Errors
+    /// `OutOfRange` for a layer range past the last layer or across two layer groups; the
+    /// driver's launch error.
     ///
     /// # Safety
-    /// `plan` holds `segments × stride` [`KvCopy`] and `count` `segments` u32 on the device; the
-    /// plan's destination rows still hold its positions (see [`GpuArena::check_plan_async`]).
+    /// `plan` holds `segments × stride` [`KvCopy`] and `count` `segments` u32 on the device.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn replay_async(
         &self,
@@ -478,18 +591,57 @@ impl GpuArena {
         l0: u32,
         nl: u32,
     ) -> Result<()> {
-        let (d, t) = (&self.dims, &self.tables());
-        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        let (group, layers) = self.group_at(l0)?;
+        if nl == 0 || l0 as u64 + nl as u64 > layers.end as u64 {
+            return Err(CudaError::OutOfRange {
+                what: "replay layer range end (within the layer group of its first layer)",
+                value: l0 as u64 + nl as u64,
+                limit: layers.end as u64 + 1,
+            });
+        }
+        let t = self.tables(group)?;
+        // SAFETY: our tables are live and shaped by `dims`; the kernel checks each entry against
+        // the group's tables before copying; the rest is the caller's contract.
         unsafe {
-            self.kernels
-                .replay_async(stream, d, t, plan, count, segments, stride, l0, nl)
+            self.kernels.replay_fresh_async(
+                stream, &self.dims, &t, plan, count, segments, stride, l0, nl,
+            )
         }
     }
 
-    /// [`KvKernels::check_plan_async`] on these tables.
+    /// Copies `(slot, position) → dst_row` entries from the pinned store into layers `l0 .. l0 +
+    /// nl` without checking the hot tables ([`KvKernels::replay_async`]): page fills, and plans
+    /// the caller has just checked fresh.
     ///
     /// # Safety
-    /// As [`GpuArena::replay_async`].
+    /// As [`KvKernels::replay_async`]: the rows are the copies' to write.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn fill_rows_async(
+        &self,
+        stream: &CudaStream,
+        plan: u64,
+        count: u64,
+        segments: u32,
+        stride: u32,
+        l0: u32,
+        nl: u32,
+    ) -> Result<()> {
+        let t = self.tables(0)?;
+        // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
+        unsafe {
+            self.kernels.replay_async(
+                stream, &self.dims, &t, plan, count, segments, stride, l0, nl,
+            )
+        }
+    }
+
+    /// [`KvKernels::check_plan_async`] on the tables of `layer`'s layer group.
+    ///
+    /// # Errors
+    /// `OutOfRange` for `layer`; the driver's launch error.
+    ///
+    /// # Safety
+    /// `plan` holds `segments × stride` [`KvCopy`] and `count` `segments` u32 on the device.
     pub unsafe fn check_plan_async(
         &self,
         stream: &CudaStream,
@@ -497,16 +649,22 @@ impl GpuArena {
         count: u64,
         segments: u32,
         stride: u32,
+        layer: u32,
     ) -> Result<()> {
-        let (d, t) = (&self.dims, &self.tables());
+        let (group, _) = self.group_at(layer)?;
+        let t = self.tables(group)?;
         // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
         unsafe {
             self.kernels
-                .check_plan_async(stream, d, t, plan, count, segments, stride)
+                .check_plan_async(stream, &self.dims, &t, plan, count, segments, stride)
         }
     }
 
-    /// [`KvKernels::prefetch_async`] on these tables.
+    /// [`KvKernels::prefetch_async`] on the hot cache of `layer`'s layer group: the candidates
+    /// are copied into every layer of the group.
+    ///
+    /// # Errors
+    /// `OutOfRange` for `layer`; the driver's launch error.
     ///
     /// # Safety
     /// Device buffers of the documented shapes; no resolve of the same slots in flight.
@@ -519,16 +677,18 @@ impl GpuArena {
         cand_count: u64,
         requests: u32,
         stride: u32,
-        l0: u32,
-        nl: u32,
+        layer: u32,
         plan: u64,
         plan_count: u64,
     ) -> Result<()> {
-        let (d, t) = (&self.dims, &self.tables());
+        let (group, layers) = self.group_at(layer)?;
+        let (l0, nl) = (layers.start, layers.len() as u32);
+        let t = self.tables(group)?;
         // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
         unsafe {
             self.kernels.prefetch_async(
-                stream, d, t, slots, cand, cand_count, requests, stride, l0, nl, plan, plan_count,
+                stream, &self.dims, &t, slots, cand, cand_count, requests, stride, l0, nl, plan,
+                plan_count,
             )
         }
     }
@@ -546,7 +706,7 @@ impl GpuArena {
         l0: u32,
         nl: u32,
     ) -> Result<()> {
-        let (d, t) = (&self.dims, &self.tables());
+        let (d, t) = (&self.dims, &self.tables(0)?);
         // SAFETY: our tables are live and shaped by `dims`; the rest is the caller's contract.
         unsafe {
             self.kernels
@@ -561,7 +721,7 @@ impl GpuArena {
     /// # Errors
     /// `OutOfRange` for entries outside the tables; the driver's error.
     pub fn dma_runs_async(&self, stream: &CudaStream, copies: &[KvCopy]) -> Result<Option<usize>> {
-        let (d, t) = (&self.dims, &self.tables());
+        let (d, t) = (&self.dims, &self.tables(0)?);
         let host = self.host.host_ptr();
         // SAFETY: the arena and the pinned store are owned by `self`, which the caller keeps alive
         // until the stream passes the copy (as with every launcher of this type).
@@ -594,7 +754,7 @@ impl GpuArena {
         nl: u32,
         prefer_overlap: bool,
     ) -> Result<()> {
-        let (d, t) = (&self.dims, &self.tables());
+        let (d, t) = (&self.dims, &self.tables(0)?);
         let host = self.host.host_ptr();
         // SAFETY: the arena and the pinned store are owned by `self`, which the caller keeps alive
         // until the stream passes the copy (as with every launcher of this type).

@@ -14,11 +14,13 @@ use crate::resolve::{
 use crate::ticket::ReadTicket;
 
 impl ElasticPool {
-    /// Physical row of a valid position (tail → scratch → page → hot); `None` if not resident.
+    /// Physical row of a valid position (tail → scratch → page → the hot cache of layer group
+    /// `group`); `None` if not resident.
     #[inline]
     fn locate(
         &self,
         r: &SessionState,
+        group: usize,
         p: u32,
         tail_start: u32,
         stats: &mut ResolveStats,
@@ -42,15 +44,17 @@ impl ElasticPool {
             stats.page_hits += 1;
             return Some(pg as u32 * g.page_rows + p % g.page_rows);
         }
-        let slot = r.hot.lookup(p)?;
+        let slot = r.hot[group].lookup(p)?;
         stats.hot_hits += 1;
         Some(self.fixed_row(r, slot))
     }
 
-    fn apply_copies(&mut self, copies: &[RowCopy], layer: u32) {
+    fn apply_copies(&mut self, copies: &[RowCopy], layers: std::ops::Range<u32>) {
         for c in copies {
-            self.data
-                .copy_host_row(c.session, c.position, layer, c.dst_row);
+            for layer in layers.clone() {
+                self.data
+                    .copy_host_row(c.session, c.position, layer, c.dst_row);
+            }
         }
     }
 }
@@ -66,6 +70,8 @@ impl Resolver for ElasticPool {
         let mut stats = ResolveStats::default();
         let mut copies = Vec::new();
         let g = self.ctl.geometry;
+        // The layer group's hot cache serves the picks; misses fill every layer of the group.
+        let group = g.group_of(input.layer) as usize;
         // Hot-cache bookkeeping: pin hits, install misses into victims (never this call's rows),
         // in first-appearance order while a victim exists (the contract's "Overflow": a step
         // needing more rows than the cache has is served as far as evictable rows last; the
@@ -76,26 +82,27 @@ impl Resolver for ElasticPool {
             let r = self.ctl.sessions.get_mut(&s).expect("validated");
             // Every session named by the call starts its next call number (direct ones too: a
             // prefetch after this resolve pins with it).
-            r.call += 1;
+            r.call[group] += 1;
             if need.is_empty() {
                 if r.fully_held(&g) {
                     stats.direct_sessions += 1;
                 }
                 continue;
             }
-            let call = r.call;
+            let call = r.call[group];
+            let hot = &mut r.hot[group];
             let mut misses = Vec::new();
             for &p in need {
-                match r.hot.lookup(p) {
-                    Some(slot) => r.hot.touch(slot, call),
+                match hot.lookup(p) {
+                    Some(slot) => hot.touch(slot, call),
                     None => misses.push(p),
                 }
             }
             for &p in &misses {
-                let Some(slot) = r.hot.victim(call) else {
+                let Some(slot) = hot.victim(call) else {
                     break;
                 };
-                r.hot.install(slot, p, call);
+                hot.install(slot, p, call);
                 let pr = g.page_rows;
                 let dst_row = r.fixed_pages[(slot / pr) as usize] * pr + slot % pr;
                 copies.push(RowCopy {
@@ -106,7 +113,7 @@ impl Resolver for ElasticPool {
                 stats.misses += 1;
             }
         }
-        self.apply_copies(&copies, input.layer);
+        self.apply_copies(&copies, g.group_layers(input.layer));
         self.ctl.counters.miss_tokens += stats.misses;
         // Outputs: every element written (padding past rows × k and rows too).
         let k = input.k;
@@ -120,7 +127,7 @@ impl Resolver for ElasticPool {
                     let at = if p < 0 {
                         -1
                     } else {
-                        match self.locate(r, p as u32, tail_start, &mut stats) {
+                        match self.locate(r, group, p as u32, tail_start, &mut stats) {
                             Some(x) => x as i32,
                             None => {
                                 stats.unserved += 1;
@@ -147,23 +154,21 @@ impl Resolver for ElasticPool {
         out.indices[input.topk.len()..].fill(-1);
         out.valid_count[rows..].fill(0);
         Ok(Resolved {
-            plan: ResolvePlan { copies },
+            plan: ResolvePlan {
+                copies,
+                group: group as u32,
+            },
             stats,
             ticket: ReadTicket::host(self.ctl.pages.fence()),
         })
     }
 
     fn replay(&mut self, plan: &ResolvePlan, layer: u32) -> Result<()> {
-        if layer >= self.ctl.geometry.layers {
-            return Err(KvError::LayerOutOfRange {
-                layer,
-                layers: self.ctl.geometry.layers,
-            });
-        }
+        self.validate_replay(plan, layer)?;
+        let group = plan.group as usize;
         for c in &plan.copies {
             let r = self.session(c.session)?;
-            let ok = r
-                .hot
+            let ok = r.hot[group]
                 .lookup(c.position)
                 .is_some_and(|slot| self.fixed_row(r, slot) == c.dst_row);
             if !ok {
@@ -174,7 +179,7 @@ impl Resolver for ElasticPool {
                 });
             }
         }
-        self.apply_copies(&plan.copies, layer);
+        self.apply_copies(&plan.copies, layer..layer + 1);
         Ok(())
     }
 
@@ -187,7 +192,8 @@ impl Resolver for ElasticPool {
         self.validate_prefetch(session, candidates, layer)?;
         let r = self.session(session)?;
         let g = self.ctl.geometry;
-        let call = r.call;
+        let group = g.group_of(layer) as usize;
+        let call = r.call[group];
         let tail_start = r.committed.saturating_sub(g.tail_rows);
         let mut copies = Vec::new();
         let r = self.ctl.sessions.get_mut(&session).expect("live");
@@ -209,17 +215,17 @@ impl Resolver for ElasticPool {
             {
                 continue;
             }
-            if let Some(slot) = r.hot.lookup(p) {
-                r.hot.touch(slot, call);
+            if let Some(slot) = r.hot[group].lookup(p) {
+                r.hot[group].touch(slot, call);
             } else if seen.insert(p) {
                 misses.push(p);
             }
         }
         for p in misses {
-            let Some(slot) = r.hot.victim(call) else {
+            let Some(slot) = r.hot[group].victim(call) else {
                 break;
             };
-            r.hot.install(slot, p, call);
+            r.hot[group].install(slot, p, call);
             let pr = g.page_rows;
             copies.push(RowCopy {
                 session,
@@ -227,8 +233,11 @@ impl Resolver for ElasticPool {
                 dst_row: r.fixed_pages[(slot / pr) as usize] * pr + slot % pr,
             });
         }
-        self.apply_copies(&copies, layer);
+        self.apply_copies(&copies, g.group_layers(layer));
         self.ctl.counters.prefetch_tokens += copies.len() as u64;
-        Ok(ResolvePlan { copies })
+        Ok(ResolvePlan {
+            copies,
+            group: group as u32,
+        })
     }
 }

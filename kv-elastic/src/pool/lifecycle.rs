@@ -5,7 +5,7 @@
 use tier_core::PageMap;
 
 use super::{Admission, ElasticPool, StepMaintenance};
-use crate::control::{HotCache, SessionState};
+use crate::control::SessionState;
 use crate::data::{DataPlane, HostBytes, SessionId};
 use crate::error::{KvError, Result};
 
@@ -91,14 +91,15 @@ impl<D: DataPlane> ElasticPool<D> {
             .expect("checked above (check_new, check_room)");
         let fixed_pages = fixed.iter().map(|h| h.page().0).collect();
         let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
+        let (hot, call) = SessionState::new_hot(&self.ctl.geometry, n);
         let req = SessionState {
             committed: n,
             scratch_len: 0,
             fixed,
             fixed_pages,
             pages,
-            hot: HotCache::new(self.ctl.geometry.hot_rows, n),
-            call: 1,
+            hot,
+            call,
         };
         self.ctl.sessions.insert(session, req);
         self.write_tail(session, 0, n);
@@ -178,7 +179,7 @@ impl<D: DataPlane> ElasticPool<D> {
             let r = self.ctl.sessions.get_mut(&session).expect("live");
             r.committed = new;
             r.scratch_len = 0;
-            r.hot.grow(new);
+            r.hot.iter_mut().for_each(|h| h.grow(new));
             r.pages.resize(new / pr)?;
         }
         if write_tail {
@@ -317,9 +318,12 @@ impl<D: DataPlane> ElasticPool<D> {
         })
     }
 
-    /// Checks the pool's books: every page is free, lent, pending or queued exactly once, and each
-    /// live session's page table agrees with the lender. Returns a description of the first
-    /// inconsistency (tests call this after every operation).
+    /// Checks the pool's books: every page is free, lent, pending or queued exactly once, each
+    /// live session's page table agrees with the lender, each session has one consistent hot cache
+    /// per layer group, and (on the CPU pool, whose arena is in host memory) every row the control
+    /// plane maps holds its position's committed bytes in every layer it serves: tail rows and
+    /// borrowed pages in all layers, a group's hot rows in the group's layers. Returns a
+    /// description of the first inconsistency (tests call this after every operation).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let l = &self.ctl.pages;
         l.check_books()?;
@@ -348,6 +352,58 @@ impl<D: DataPlane> ElasticPool<D> {
                         "session {s}: page {} not mapped as lent",
                         loan.logical
                     ));
+                }
+            }
+            self.check_rows(s, r)?;
+        }
+        Ok(())
+    }
+
+    /// One session's share of [`ElasticPool::check_invariants`]: one hot cache per layer group,
+    /// each consistent, and every row the control plane maps (tail, borrowed pages, each group's
+    /// hot rows in each of the group's layers) holding its position's committed bytes, where the
+    /// data plane can tell without waiting for a device ([`DataPlane::row_holds`]).
+    fn check_rows(&self, s: SessionId, r: &SessionState) -> std::result::Result<(), String> {
+        let g = &self.ctl.geometry;
+        if r.hot.len() != g.groups() as usize || r.call.len() != r.hot.len() {
+            return Err(format!(
+                "session {s}: {} hot caches for {} layer groups",
+                r.hot.len(),
+                g.groups()
+            ));
+        }
+        let check = |p: u32, row: u32, layers: std::ops::Range<u32>, what: &str| {
+            for layer in layers {
+                if self.data.row_holds(s, p, layer, row) == Some(false) {
+                    return Err(format!(
+                        "session {s}: {what} row {row} does not hold position {p} at layer {layer}"
+                    ));
+                }
+            }
+            Ok(())
+        };
+        for p in r.committed.saturating_sub(g.tail_rows)..r.committed {
+            check(p, self.tail_row(r, p), 0..g.layers, "tail")?;
+        }
+        for (j, &pg) in r.pages.table().iter().enumerate() {
+            if pg >= 0 {
+                for p in j as u32 * g.page_rows..(j as u32 + 1) * g.page_rows {
+                    check(
+                        p,
+                        pg as u32 * g.page_rows + p % g.page_rows,
+                        0..g.layers,
+                        "page",
+                    )?;
+                }
+            }
+        }
+        for (group, hot) in r.hot.iter().enumerate() {
+            hot.check(r.committed)
+                .map_err(|e| format!("session {s}, layer group {group}: {e}"))?;
+            let layers = g.layer_groups.layers(group as u32, g.layers);
+            for slot in 0..hot.rows() {
+                if let Some(p) = hot.position_of(slot) {
+                    check(p, self.fixed_row(r, slot), layers.clone(), "hot")?;
                 }
             }
         }

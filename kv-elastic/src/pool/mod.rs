@@ -253,10 +253,15 @@ impl<D: DataPlane> ElasticPool<D> {
         })
     }
 
-    /// A live session's hot cache (CLOCK state: `slot → position` table, lookups), read-only.
-    /// Errors: `UnknownSession`, `SessionFinished`.
-    pub fn hot_cache(&self, session: SessionId) -> Result<&crate::control::HotCache> {
-        self.session(session).map(|r| &r.hot)
+    /// A live session's hot cache of layer group `group` (CLOCK state: `slot → position` table,
+    /// lookups), read-only. Errors: `UnknownSession`, `SessionFinished`, `LayerOutOfRange`
+    /// (naming the group and the group count) for a group past the last.
+    pub fn hot_cache(&self, session: SessionId, group: u32) -> Result<&crate::control::HotCache> {
+        let r = self.session(session)?;
+        r.hot.get(group as usize).ok_or(KvError::LayerOutOfRange {
+            layer: group,
+            layers: r.hot.len() as u32,
+        })
     }
 
     /// Elastic pages lent to live sessions.

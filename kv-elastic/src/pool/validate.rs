@@ -7,7 +7,7 @@ use super::ElasticPool;
 use crate::data::DataPlane;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
-use crate::resolve::{ResolveInput, ResolveOptions, ResolveOutput, MAX_CANDIDATES};
+use crate::resolve::{ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, MAX_CANDIDATES};
 
 impl<D: DataPlane> ElasticPool<D> {
     /// Checks a batch; returns the distinct positions per batch entry that need the hot cache
@@ -180,6 +180,29 @@ impl<D: DataPlane> ElasticPool<D> {
                 Err(e)
             }
         }
+    }
+
+    /// A replay's checks, shared by every back-end: `LayerOutOfRange`, `LayerOutsideGroup` (the
+    /// plan's rows are hot rows of `plan.group`, which another group's planes use for other
+    /// positions).
+    pub(crate) fn validate_replay(&self, plan: &ResolvePlan, layer: u32) -> Result<()> {
+        let g = &self.ctl.geometry;
+        if layer >= g.layers {
+            return Err(KvError::LayerOutOfRange {
+                layer,
+                layers: g.layers,
+            });
+        }
+        if g.group_of(layer) != plan.group {
+            let r = g.layer_groups.layers(plan.group, g.layers);
+            return Err(KvError::LayerOutsideGroup {
+                layer,
+                group: plan.group,
+                first: r.start,
+                end: r.end,
+            });
+        }
+        Ok(())
     }
 
     /// A prefetch's checks, shared by every back-end: `LayerOutOfRange`, `TooManyCandidates`,

@@ -398,6 +398,7 @@ impl SimConfig {
             hot_rows: self.hot_rows,
             tail_rows: self.tail_rows,
             scratch_rows: 0,
+            layer_groups: kv_elastic::LayerGroups::per_layer(),
         }
     }
 }

@@ -76,6 +76,7 @@ impl Bench {
             hot_rows: 2048,
             tail_rows: 64,
             scratch_rows: 0,
+            layer_groups: Default::default(),
         };
         // Decode sessions fully resident, two admissions' pages (the second one may start before
         // the first one's pages are back), fixed pages of every slot.

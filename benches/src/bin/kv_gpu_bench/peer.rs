@@ -152,7 +152,7 @@ impl Bed {
     fn new(gpu: &Arc<Gpu>, hot: u32, history: u32, elastic: bool, sg_hot: u32) -> Res<Self> {
         let ours = setup(gpu, hot, history, elastic, 1)?;
         let d = *ours.pool.device().dims();
-        let t = ours.pool.device().tables();
+        let t = ours.pool.device().tables(0)?;
         // SGLang's host_cache_locs: token p of request r lives at our host row (slot, p, layer 0).
         let mut locs = Vec::with_capacity(REQS * history as usize);
         for r in 0..REQS {

@@ -24,8 +24,8 @@
 //! - *elastic* (Adaptive HiSparse): `GpuElasticPool` with `elastic: true`.
 //!
 //! **A decode step** (all on the step stream, timed with events): the weights read; the resolve
-//! section (pools: the fused resolve of the batch's top-k into the group's first plane, its plan
-//! replayed into the group's other plane(s), and the same misses' rows of the other 59 layers read
+//! section (pools: the fused resolve of the batch's top-k, fetching the misses into every physical
+//! plane (the pool's layers are one layer group sharing the picks), and the same misses' rows of the other 59 layers read
 //! from pinned host memory by a stand-in — so PCIe carries all 61 layers' miss bytes; resident: the
 //! block-table conversion); attention over 61 layers (a gather-and-dot stand-in reading every
 //! resolved row, 656 B × k per query per layer, from the group's planes in turn); the new token's

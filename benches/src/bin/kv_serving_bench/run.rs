@@ -278,21 +278,9 @@ fn run_one(
                 // (plan: hot_rows per request); nothing else touches the pool's tables now (the
                 // copy stream's fills were waited for above, or, deferred, write only rows of
                 // pages not mapped yet).
+                // (The pool's layers are one layer group: the resolve fetched the misses into
+                // every physical plane.)
                 unsafe { p.device().resolve_async(&s, &a, CopyBackend::Gather)? };
-                if sc.group_layers > 1 {
-                    // SAFETY: the plan is this resolve's own output (fresh), b segments of hot_rows.
-                    unsafe {
-                        p.device().replay_async(
-                            &s,
-                            io.plan.device_ptr(),
-                            io.count.device_ptr(),
-                            b as u32,
-                            sc.hot_rows,
-                            1,
-                            sc.group_layers - 1,
-                        )?
-                    };
-                }
                 dev.shadow_misses(
                     &s,
                     b as u32,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cuda_kernels::cudarc_driver::CudaStream;
 use cuda_kernels::{copy_htod_async, CopyBackend, DeviceBuffer, PinnedBuffer};
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig, MapAfterFill};
-use kv_elastic::{Admission, Geometry, KvError, PoolConfig};
+use kv_elastic::{Admission, Geometry, KvError, LayerGroups, PoolConfig};
 use tier_core::{PageHandle, PagePool, Tier};
 use tierkit_sim::kv::schedule::{Active, Decision};
 
@@ -127,6 +127,9 @@ impl Store {
             hot_rows: sc.hot_rows,
             tail_rows: sc.tail_rows,
             scratch_rows: 0,
+            // The physical layers share the indexer's picks: one layer group, filled by each
+            // resolve.
+            layer_groups: LayerGroups::one(),
         };
         g.validate()?;
         let max_sessions = pool_slots(&g, sc);

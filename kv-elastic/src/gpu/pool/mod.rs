@@ -222,7 +222,7 @@ fn segments(copies: &[KvCopy]) -> (Vec<KvCopy>, Vec<u32>) {
 /// pinned store into every layer of their rows, on `stream`.
 ///
 /// # Safety
-/// As [`GpuArena::replay_async`]: the staging stays readable until `stream` passes the launch.
+/// As [`GpuArena::fill_rows_async`]: the staging stays readable until `stream` passes the launch.
 unsafe fn copy_segments(
     dev: &GpuArena,
     stream: &CudaStream,
@@ -233,7 +233,7 @@ unsafe fn copy_segments(
     let layers = dev.dims().layers;
     // SAFETY: forwarded to the caller's contract.
     unsafe {
-        dev.replay_async(
+        dev.fill_rows_async(
             stream,
             base + at.0 as u64,
             base + at.1 as u64,
@@ -335,7 +335,7 @@ impl GpuElasticPool {
             arena_rows: geometry.arena_rows() as u32,
             pad0: 0,
         };
-        let dev = GpuArena::with_arena(gpu, dims, arena).map_err(cuda)?;
+        let dev = GpuArena::with_arena(gpu, dims, geometry.layer_groups, arena).map_err(cuda)?;
         let cpu = ElasticPool::with_data(geometry, config, GpuData::new(dev))?;
         Ok(Self {
             cpu,

@@ -60,7 +60,8 @@ impl GpuElasticPool {
         }
         let defer = self.map_after_fill == MapAfterFill::Deferred;
         let d = *self.device().dims();
-        let t = self.device().tables();
+        let t = self.device().tables(0).map_err(cuda)?;
+        let groups = self.device().group_count() as u64;
         let g = *self.cpu.geometry();
         // Table patches: ranges (slot resets) in one launch, then single words (last one wins).
         let mut ranges: Vec<KvFill> = Vec::new();
@@ -78,15 +79,21 @@ impl GpuElasticPool {
             d.fixed_pages as u64,
         );
         let desc_words = (std::mem::size_of::<KvSlotDesc>() / 4) as u64;
+        let slots = d.max_slots as u64;
         for &b in created.iter().chain(&freed) {
             let b = b as u64;
             range(&mut ranges, t.desc, b * desc_words, desc_words as usize, 0);
-            range(&mut ranges, t.slot_pos, b * h, h as usize, u32::MAX);
-            range(&mut ranges, t.mark, 2 * b * h, 2 * h as usize, 0);
-            range(&mut ranges, t.stamp, 2 * b * h, 2 * h as usize, 0);
-            range(&mut ranges, t.hand, b, 1, 0);
-            range(&mut ranges, t.pos_slot, b * nh, nh as usize, u32::MAX);
             range(&mut ranges, t.page_tab, b * mp, mp as usize, u32::MAX);
+            // The slot's hot caches in every layer group (tables laid out [groups][max_slots][..]
+            // from group 0's pointers; call counters keep counting).
+            for g in 0..groups {
+                let gb = g * slots + b;
+                range(&mut ranges, t.slot_pos, gb * h, h as usize, u32::MAX);
+                range(&mut ranges, t.mark, 2 * gb * h, 2 * h as usize, 0);
+                range(&mut ranges, t.stamp, 2 * gb * h, 2 * h as usize, 0);
+                range(&mut ranges, t.hand, gb, 1, 0);
+                range(&mut ranges, t.pos_slot, gb * nh, nh as usize, u32::MAX);
+            }
         }
         ranges.dedup();
         let mut words: HashMap<u64, u32> = HashMap::new();

@@ -37,15 +37,16 @@ impl GpuElasticPool {
         Ok(())
     }
 
-    /// Copies `copies` into layer `layer` with the configured back-end (synchronous).
-    pub(super) fn copy_rows(&self, copies: &[KvCopy], layer: u32) -> Result<()> {
+    /// Copies `copies` into layers `layers` with the configured back-end (synchronous).
+    pub(super) fn copy_rows(&self, copies: &[KvCopy], layers: std::ops::Range<u32>) -> Result<()> {
+        let (l0, nl) = (layers.start, layers.len() as u32);
         if copies.is_empty() {
             return Ok(());
         }
         let gpu = self.cpu.data.dev.gpu().clone();
         let stream = gpu.stream();
         match self.gcfg.backend {
-            CopyBackend::Dma => self.cpu.data.dev.dma_copy_async(stream, copies, layer, 1),
+            CopyBackend::Dma => self.cpu.data.dev.dma_copy_async(stream, copies, l0, nl),
             CopyBackend::Gather => {
                 let ctx = gpu.ctx();
                 let plan = DeviceBuffer::from_host(ctx, copies)?;
@@ -54,14 +55,14 @@ impl GpuElasticPool {
                 // SAFETY: one segment of `copies.len()` entries in live device buffers that outlive
                 // the launch (we synchronize below); the plan's rows were checked fresh.
                 unsafe {
-                    self.cpu.data.dev.replay_async(
+                    self.cpu.data.dev.fill_rows_async(
                         stream,
                         plan.device_ptr(),
                         count.device_ptr(),
                         1,
                         copies.len() as u32,
-                        layer,
-                        1,
+                        l0,
+                        nl,
                     )
                 }?;
                 stream
@@ -142,6 +143,7 @@ impl Resolver for GpuElasticPool {
             valid_len: out.valid_count.len() as u64,
             plan_count_len: 0,
             engine: self.engine,
+            fill_layers: 0, // the arena fills the layer group's planes
         };
         let stream = gpu.stream();
         // SAFETY: every pointer addresses a live buffer of the documented shape (allocated above,
@@ -163,8 +165,9 @@ impl Resolver for GpuElasticPool {
         for (r, &c) in counts.iter().enumerate() {
             copies.extend_from_slice(&all[r * hot..r * hot + c as usize]);
         }
+        let group = self.cpu.geometry().group_of(input.layer);
         if self.gcfg.backend == CopyBackend::Dma {
-            self.copy_rows(&copies, input.layer)?;
+            self.copy_rows(&copies, self.cpu.geometry().group_layers(input.layer))?;
         }
         let n_idx = out.indices.len();
         out.indices
@@ -191,6 +194,7 @@ impl Resolver for GpuElasticPool {
         Ok(Resolved {
             plan: ResolvePlan {
                 copies: self.plan_from_device(&copies),
+                group,
             },
             stats,
             ticket: self.register_reader(),
@@ -199,13 +203,8 @@ impl Resolver for GpuElasticPool {
 
     fn replay(&mut self, plan: &ResolvePlan, layer: u32) -> Result<()> {
         self.check_poison()?;
+        self.cpu.validate_replay(plan, layer)?;
         let g = *self.cpu.geometry();
-        if layer >= g.layers {
-            return Err(KvError::LayerOutOfRange {
-                layer,
-                layers: g.layers,
-            });
-        }
         // Staleness: each destination row must still hold its position (checked in plan order
         // against the device's position table, as the CPU reference checks its hot cache).
         let mut copies = Vec::with_capacity(plan.copies.len());
@@ -217,7 +216,7 @@ impl Resolver for GpuElasticPool {
                     .cpu
                     .data
                     .dev
-                    .hot_slot_of(slot, c.position)
+                    .hot_slot_of(slot, plan.group, c.position)
                     .map_err(cuda)?
                     .is_some_and(|s| {
                         pl.fixed_pages[(s / g.page_rows) as usize] * g.page_rows + s % g.page_rows
@@ -237,7 +236,7 @@ impl Resolver for GpuElasticPool {
                 pad: 0,
             });
         }
-        self.copy_rows(&copies, layer)
+        self.copy_rows(&copies, layer..layer + 1)
     }
 
     fn prefetch(
@@ -280,7 +279,6 @@ impl Resolver for GpuElasticPool {
                 1,
                 n as u32,
                 layer,
-                1,
                 plan.device_ptr(),
                 plan_count.device_ptr(),
             )
@@ -294,6 +292,7 @@ impl Resolver for GpuElasticPool {
         self.device_errors_clean(layer)?;
         Ok(ResolvePlan {
             copies: self.plan_from_device(&copies),
+            group: self.cpu.geometry().group_of(layer),
         })
     }
 }

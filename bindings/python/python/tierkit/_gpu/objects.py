@@ -331,8 +331,9 @@ class KvPool(_Closable):
         padding), ``query_start_loc [sessions + 1]``, ``seq_lens [sessions]``, ``session_slot
         [sessions]`` (``slot_of``); outputs ``indices`` (at least ``rows × k``: arena rows,
         ``-1`` padding; longer buffers padded) and ``valid_count`` (at least ``rows``).
-        ``packed`` packs valid entries to the front (FlashMLA's ``topk_length``). Misses are
-        gathered into plane ``layer``. Per-step sizes live in the device tensors, so a captured
+        ``packed`` packs valid entries to the front (FlashMLA's ``topk_length``). The picks
+        resolve against the hot cache of ``layer``'s layer group (``layout["layer_groups"]``)
+        and misses are gathered into every plane of that group. Per-step sizes live in the device tensors, so a captured
         graph replays with new values; the shapes are fixed by the capture.
         """
         self._check_open()
@@ -360,8 +361,10 @@ class KvPool(_Closable):
         )
 
     def replay(self, sessions: int, layer0: int, layers: int) -> None:
-        """Copies the last resolve's misses (its ``sessions`` entries) into planes ``layer0 ..
-        layer0 + layers`` on the current stream (capturable): the other layers of a group."""
+        """Copies the last resolve's misses (its ``sessions`` entries) again into planes
+        ``layer0 .. layer0 + layers`` of one layer group on the current stream (capturable).
+        Never needed (the resolve filled its group); entries the group's hot cache does not map
+        are skipped (``errors()["stale_plan"]``); a range across groups is a ValueError."""
         self._check_open()
         torch.ops.tierkit.kv_replay(
             self._id, self.plan, self.plan_count, self.planes, sessions, layer0, layers

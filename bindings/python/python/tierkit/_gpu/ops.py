@@ -117,6 +117,17 @@ def _arena_planes(p, planes: List[Tensor]) -> None:
             raise ValueError(f"planes[{i}] has shape {tuple(t.shape)}, the arena plane {shape}")
 
 
+def _group_layers(p, layer: int) -> range:
+    """The layers of ``layer``'s layer group (``KvPool.layout["layer_groups"]``): a resolve at
+    ``layer`` fills all of them."""
+    start = 0
+    for n in p.layout["layer_groups"]:
+        if layer < start + n:
+            return range(start, start + n)
+        start += n
+    raise ValueError(f"layer {layer} out of range ({p.layers} layers)")
+
+
 def _sync_planes(p, planes: List[Tensor], layers: range) -> None:
     """Where torch.compile handed the op copies of the planes (functionalization without
     reinplacing clones mutated arguments and copies them back after the op), fills the copies of
@@ -214,7 +225,7 @@ def kv_resolve(
         valid_count.numel(),
         plan_count.numel(),
     )
-    _sync_planes(p, planes, range(layer, layer + 1))
+    _sync_planes(p, planes, _group_layers(p, layer))
 
 
 @kv_resolve.register_fake
@@ -234,8 +245,8 @@ def kv_replay(
     layer0: int,
     layers: int,
 ) -> None:
-    """Copies the last resolve's misses into arena planes ``layer0 .. layer0 + layers``
-    (``KvPool.replay``; ``planes`` = ``KvPool.planes``)."""
+    """Copies the last resolve's misses again into arena planes ``layer0 .. layer0 + layers`` of
+    one layer group (``KvPool.replay``; ``planes`` = ``KvPool.planes``)."""
     p = _POOLS.get(pool)
     if p is None:
         raise _native.ClosedError(f"KvPool {pool} is closed or unknown")
@@ -248,6 +259,12 @@ def kv_replay(
     _plan_outputs(p, plan, plan_count, sessions)
     if not (0 <= layer0 and layers >= 1 and layer0 + layers <= p.layers):
         raise ValueError(f"layers {layer0}..{layer0 + layers} outside 0..{p.layers}")
+    group = _group_layers(p, layer0)
+    if layer0 + layers > group.stop:
+        raise ValueError(
+            f"layers {layer0}..{layer0 + layers} cross layer groups (layer {layer0}'s group is "
+            f"{group.start}..{group.stop}): a plan replays only into its own group"
+        )
     _arena_planes(p, planes)
     p._native.replay(
         _stream(p.device), plan.data_ptr(), plan_count.data_ptr(), sessions, layer0, layers
