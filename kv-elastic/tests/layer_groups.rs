@@ -459,6 +459,60 @@ mod gpu {
         }
     }
 
+    /// The HBM the per-group hot-cache tables take, measured (free device memory before and after
+    /// building an arena) for 61 per-layer groups against one group, beside
+    /// `GpuArena::hot_table_bytes`.
+    #[test]
+    fn per_group_hot_tables_cost_what_hot_table_bytes_says() {
+        use cuda_kernels::KvDims;
+        use kv_elastic::gpu::GpuArena;
+        let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+            return;
+        };
+        // DeepSeek-V3.2's 61 layers and 2 × top-k hot rows; small rows and slots keep the pinned
+        // store (4 × 16,384 × 61 × 16 B) small.
+        let dims = KvDims {
+            row_bytes: 16,
+            layers: 61,
+            page_rows: 64,
+            hot_rows: 4096,
+            tail_rows: 64,
+            scratch_rows: 0,
+            fixed_pages: 65,
+            max_slots: 4,
+            max_history: 16384,
+            max_pages: 256,
+            arena_rows: 64 * 512,
+            pad0: 0,
+        };
+        let used = |groups: LayerGroups| {
+            gpu.synchronize().unwrap();
+            let (free0, _) = gpu.ctx().mem_get_info().unwrap();
+            let arena = GpuArena::new(&gpu, dims, groups).unwrap();
+            gpu.synchronize().unwrap();
+            let (free1, _) = gpu.ctx().mem_get_info().unwrap();
+            (free0 as i64 - free1 as i64, arena.hot_table_bytes() as i64)
+        };
+        let (one, one_tables) = used(LayerGroups::one());
+        let (per, per_tables) = used(LayerGroups::per_layer());
+        let (measured, counted) = (per - one, per_tables - one_tables);
+        println!(
+            "HBM of the hot-cache tables, 4 slots x 16,384 positions x 4,096 hot rows: one group \
+             {one_tables} B, 61 groups {per_tables} B (counted); 61 groups take {measured} B more \
+             device memory than one (measured), {counted} B counted"
+        );
+        assert_eq!(
+            per_tables,
+            61 * 4 * (4 * 16384 + 20 * 4096 + 12),
+            "the documented formula"
+        );
+        // Allocation granularity (2 MiB pages) per table: within 16 MiB.
+        assert!(
+            (measured - counted).abs() <= 16 << 20,
+            "{measured} vs {counted}"
+        );
+    }
+
     #[test]
     fn engine_loop_with_two_layer_groups_reads_exact_bytes_on_the_gpu() {
         let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
