@@ -1,7 +1,7 @@
 //! Fallible allocation for tables sized by caller input: each helper returns
 //! [`CoreError::AllocationFailed`] (naming what was being allocated and how many bytes) where
 //! `vec![v; n]`, `to_vec` or `extend_from_slice` would abort the process when the allocator
-//! refuses, or panic on a size overflow. Built on the standard library's `try_reserve_exact`;
+//! refuses, or panic on a size overflow. Built on the standard library's `try_reserve`;
 //! the tiers map the error to their own `OutOfMemory`.
 
 use crate::error::{CoreError, Result};
@@ -11,13 +11,17 @@ fn bytes_of<T>(n: usize) -> u64 {
     (n as u64).saturating_mul(std::mem::size_of::<T>() as u64)
 }
 
-/// Reserves room for exactly `additional` more elements in `v` (nothing changes on an error).
+/// Reserves room for at least `additional` more elements in `v`, growing as `Vec::reserve` does
+/// (amortised doubling, so appends in small steps stay O(1) each; from empty, about exactly
+/// `additional`); where the doubled buffer cannot be had, exactly what is needed. Nothing changes
+/// on an error.
 ///
 /// # Errors
 /// [`CoreError::AllocationFailed`] naming `what` and the bytes the grown buffer needs, when the
 /// size overflows or the allocator refuses.
 pub fn try_reserve<T>(v: &mut Vec<T>, additional: usize, what: &'static str) -> Result<()> {
-    v.try_reserve_exact(additional)
+    v.try_reserve(additional)
+        .or_else(|_| v.try_reserve_exact(additional))
         .map_err(|_| CoreError::AllocationFailed {
             what,
             bytes: bytes_of::<T>(v.len().saturating_add(additional)),
