@@ -46,6 +46,11 @@ pub fn under_memory_limit<S>(
     let out = Command::new(exe)
         .args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD, test)
+        // glibc: one arena (a thread's own arena reserves 64 MiB of address space up front,
+        // which would serve allocations past the cap) and a fixed mmap threshold (each large
+        // buffer mapped and unmapped on its own, so freed ones do not linger in the heap).
+        .env("MALLOC_ARENA_MAX", "1")
+        .env("MALLOC_MMAP_THRESHOLD_", "131072")
         .output()
         .expect("run the test binary again as the memory-limited child");
     let stdout = String::from_utf8_lossy(&out.stdout);
