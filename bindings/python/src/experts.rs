@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{counts, ints};
-use crate::{expert_err, guard, json_arg, raise, to_py, Slot};
+use crate::{expert_err, guard, json_arg, to_py, Slot};
 use tierkit_bindings::Executor as Exec;
 
 /// A MoE model's expert bank and its hot set: `layers` × `experts_per_layer` experts of
@@ -171,7 +171,7 @@ impl PyPickCounters {
                 c.experts_per_layer(),
                 &mut picks,
             )
-            .map_err(|m| raise(tierkit_bindings::Code::InvalidArgument, m))?;
+            .map_err(crate::failure)?;
             c.record_layer(layer, &picks).map_err(expert_err)
         })
     }
