@@ -33,6 +33,7 @@ mod arrays;
 mod experts;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod ints;
 mod kv;
 mod sim;
 
@@ -71,6 +72,11 @@ pub(crate) fn expert_err(e: expert_residency::ExpertError) -> PyErr {
 /// A shared helper's failure as a Python exception.
 pub(crate) fn failure(f: tierkit_bindings::Failure) -> PyErr {
     raise(f.code, f.message)
+}
+
+/// A `tier-core` error (an allocation of ours that failed: `MemoryError`) as a Python exception.
+pub(crate) fn core_err(e: tier_core::CoreError) -> PyErr {
+    failure(e.into())
 }
 
 /// A `kv-elastic` error as a Python exception.
