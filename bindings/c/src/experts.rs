@@ -617,7 +617,7 @@ pub unsafe extern "C" fn tierkit_controller_apply_control(
             let live = live();
             let snapshot = match counters.is_null() {
                 true => None,
-                false => Some(live.get(counters, "counters")?.0.snapshot()),
+                false => Some(live.get(counters, "counters")?.0.try_snapshot()?),
             };
             let mut ctl = lock(&live.get(controller, "controller")?.0, "controller")?;
             Ok(ctl.apply_control(&msg, snapshot.as_deref())?)

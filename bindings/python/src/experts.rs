@@ -489,7 +489,7 @@ impl PyController {
     ) -> PyResult<()> {
         let json = json_arg(Some(message))?.unwrap_or_default();
         let snapshot = match counters {
-            Some(c) => Some(c.0.with(|c| Ok(c.snapshot()))?),
+            Some(c) => Some(c.0.with(|c| c.try_snapshot().map_err(expert_err))?),
             None => None,
         };
         self.0.with(|c| {
