@@ -39,7 +39,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::arrays::with_bytes;
 use crate::experts::PyResidencyMap;
 use crate::ints::int_arg;
-use crate::kv::{admission, PyKvGeometry};
+use crate::kv::{admission, maintenance, PyKvGeometry};
 use crate::{expert_err, guard, int_args, kv_err, Slot};
 
 /// Caller memory: the tensor's storage that owns it, its address, its bytes and (the host
@@ -719,11 +719,7 @@ impl PyGpuKvPool {
         let m = self.0.host(py, "GpuKvPool.between_steps", |p| {
             p.between_steps(chunk).map_err(kv_err)
         })?;
-        let d = PyDict::new(py);
-        d.set_item("handed_back", m.handed_back)?;
-        d.set_item("collected", m.collected)?;
-        d.set_item("grown", m.grown)?;
-        Ok(d)
+        maintenance(py, m)
     }
     /// The device session slot of a live session (the `session_slot` input of `resolve`).
     fn slot_of(&self, py: Python<'_>, session: &Bound<'_, PyAny>) -> PyResult<u32> {

@@ -225,6 +225,18 @@ impl PyResolved {
     }
 }
 
+/// What `between_steps` did, as `{"handed_back", "collected", "grown"}`.
+pub(crate) fn maintenance<'py>(
+    py: Python<'py>,
+    m: kv_elastic::StepMaintenance,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("handed_back", m.handed_back)?;
+    d.set_item("collected", m.collected)?;
+    d.set_item("grown", m.grown)?;
+    Ok(d)
+}
+
 pub(crate) fn admission<'py>(py: Python<'py>, a: Admission) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     match a {
@@ -315,11 +327,7 @@ impl PyElasticPool {
     ) -> PyResult<Bound<'py, PyDict>> {
         int_args!(chunk: u32 = 8);
         let m = self.0.with(|p| p.between_steps(chunk).map_err(kv_err))?;
-        let d = PyDict::new(py);
-        d.set_item("handed_back", m.handed_back)?;
-        d.set_item("collected", m.collected)?;
-        d.set_item("grown", m.grown)?;
-        Ok(d)
+        maintenance(py, m)
     }
     /// Resolves one step's top-k positions to arena rows.
     ///
