@@ -11,7 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{counts, int_lists, ints};
-use crate::{core_err, expert_err, guard, int_args, json_arg, to_py, Slot};
+use crate::ints::int_args;
+use crate::{core_err, expert_err, guard, json_arg, to_py, Slot};
 use tierkit_bindings::Executor as Exec;
 
 /// A MoE model's expert bank and its hot set: `layers` × `experts_per_layer` experts of

@@ -38,9 +38,9 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::arrays::with_bytes;
 use crate::experts::PyResidencyMap;
-use crate::ints::int_arg;
+use crate::ints::{int_arg, int_args};
 use crate::kv::{admission, maintenance, PyKvGeometry};
-use crate::{expert_err, guard, int_args, kv_err, Slot};
+use crate::{expert_err, guard, kv_err, Slot};
 
 /// Caller memory: the tensor's storage that owns it, its address, its bytes and (the host
 /// store's) whether tierkit registers it.

@@ -1,5 +1,5 @@
 //! Integer arguments. Every integer a Python caller passes (a parameter, an element of an int
-//! list) is read by [`int_arg`], usually through [`int_args!`](crate::int_args): an int (or
+//! list) is read by [`int_arg`], usually through [`int_args!`]: an int (or
 //! anything with `__index__`, such as a numpy integer) outside the parameter's range is a
 //! `ValueError` naming the argument and the range, anything else a `TypeError` naming it — never
 //! PyO3's `OverflowError` ("can't convert negative int to unsigned"), which names neither.
@@ -100,19 +100,19 @@ fn shorten(s: String) -> String {
 /// optional forms) into checked values named after the parameter, shadowing it:
 /// `int_args!(layer: u32, k: Option<usize>, chunk: u32 = 8)`. Errors are those of [`int_arg`];
 /// `= default` applies when the argument is absent or `None`.
-#[macro_export]
 macro_rules! int_args {
     () => {};
     ($name:ident: Option<$t:ty> $(, $($rest:tt)*)?) => {
         let $name: Option<$t> = $crate::ints::opt_int_arg($name, stringify!($name))?;
-        $crate::int_args!($($($rest)*)?);
+        $crate::ints::int_args!($($($rest)*)?);
     };
     ($name:ident: $t:ty = $default:expr $(, $($rest:tt)*)?) => {
         let $name: $t = $crate::ints::opt_int_arg($name, stringify!($name))?.unwrap_or($default);
-        $crate::int_args!($($($rest)*)?);
+        $crate::ints::int_args!($($($rest)*)?);
     };
     ($name:ident: $t:ty $(, $($rest:tt)*)?) => {
         let $name: $t = $crate::ints::int_arg($name, stringify!($name))?;
-        $crate::int_args!($($($rest)*)?);
+        $crate::ints::int_args!($($($rest)*)?);
     };
 }
+pub(crate) use int_args;

@@ -11,7 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{ints, narrow, out_i32, with_bytes, zeros_i32};
-use crate::{guard, int_args, kv_err, to_py, Slot};
+use crate::ints::int_args;
+use crate::{guard, kv_err, to_py, Slot};
 
 /// The pool's arena shape. Build it with `Geometry.for_hbm_budget(...)` (or the constructor,
 /// which validates the fields).

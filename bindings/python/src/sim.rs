@@ -8,7 +8,8 @@ use tierkit_sim::experts::scoreboard::{self as board, Policy};
 use tierkit_sim::experts::trace::synth::{generate, SynthConfig};
 use tierkit_sim::experts::ReplayOptions;
 
-use crate::{expert_err, guard, int_args, json_arg, raise, to_py};
+use crate::ints::int_args;
+use crate::{expert_err, guard, json_arg, raise, to_py};
 use tierkit_bindings::Code;
 
 /// Replays an OLMoE-shaped synthetic scenario (16 layers × 64 experts, top-8; traffic shifting
