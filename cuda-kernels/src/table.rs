@@ -30,26 +30,26 @@ struct TableUpdate {
 unsafe impl DeviceRepr for TableUpdate {}
 
 /// Checks an update batch against a table of `table_len` entries: every index below
-/// `table_len` and no index twice (one launch writes its entries in parallel, so a repeated
-/// index would leave either value).
+/// `table_len` (the first one that is not is reported) and no index twice (the smallest repeated
+/// one is; one launch writes its entries in parallel, so a repeated index would leave either
+/// value). Its scratch is a sorted copy of the batch's indices, not a table-sized bitmap.
 fn check_updates(table_len: usize, updates: &[(u32, u64)]) -> Result<()> {
-    let mut seen = vec![false; table_len];
-    for &(idx, _) in updates {
-        let Some(s) = seen.get_mut(idx as usize) else {
-            return Err(CudaError::OutOfRange {
-                what: "table update index",
-                value: idx as u64,
-                limit: table_len as u64,
-            });
-        };
-        if std::mem::replace(s, true) {
-            return Err(CudaError::Duplicate {
-                what: "table update index",
-                value: idx as u64,
-            });
-        }
+    if let Some(&(idx, _)) = updates.iter().find(|u| u.0 as usize >= table_len) {
+        return Err(CudaError::OutOfRange {
+            what: "table update index",
+            value: idx as u64,
+            limit: table_len as u64,
+        });
     }
-    Ok(())
+    let mut idx: Vec<u32> = updates.iter().map(|u| u.0).collect();
+    idx.sort_unstable();
+    match idx.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(CudaError::Duplicate {
+            what: "table update index",
+            value: w[0] as u64,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// CPU reference of [`TableUpdater::launch`]: `table[idx] = val` for each `(idx, val)` of
@@ -307,5 +307,21 @@ mod tests {
         let ups: Vec<(u32, u64)> = (0..150).map(|i| (i * 4 / 3, i as u64 + 1)).collect();
         apply_table_updates_cpu(&mut big, &ups).unwrap();
         assert!(ups.iter().all(|&(i, v)| big[i as usize] == v));
+    }
+
+    #[test]
+    fn checking_a_batch_allocates_no_table_sized_scratch() {
+        // A 64 Mi-entry table (lazily zeroed, never touched but for the two entries): the check
+        // of a two-entry batch must not need a 64 MiB bitmap under a 16 MiB cap.
+        tierkit_testkit::under_memory_limit(
+            "table::tests::checking_a_batch_allocates_no_table_sized_scratch",
+            16 << 20,
+            || vec![0u64; 64 << 20],
+            |mut table| {
+                apply_table_updates_cpu(&mut table, &[(7, 1), ((64 << 20) - 1, 2)]).unwrap();
+                assert_eq!((table[7], table[(64 << 20) - 1]), (1, 2));
+                assert!(apply_table_updates_cpu(&mut table, &[(3, 1), (3, 2)]).is_err());
+            },
+        );
     }
 }

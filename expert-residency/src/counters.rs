@@ -71,16 +71,16 @@ impl PickCounters {
     /// [`crate::MAX_CELLS`]).
     ///
     /// Errors: the errors of [`Geometry::validate`] (a geometry built by hand may be invalid or
-    /// too large); [`ExpertError::InvalidGeometry`] if the table cannot be allocated.
+    /// too large); [`ExpertError::OutOfMemory`] if the table cannot be allocated.
     pub fn new(geometry: &Geometry) -> Result<Self> {
         geometry.validate()?;
         let (layers, experts) = (geometry.layers, geometry.experts_per_layer);
         let n = geometry.cells();
-        let mut cells = Vec::new();
-        cells.try_reserve_exact(n).map_err(|e| {
-            ExpertError::InvalidGeometry(format!("cannot allocate {n} pick counters: {e}"))
-        })?;
-        cells.extend((0..n).map(|_| AtomicU32::new(0)));
+        let cells = tier_core::alloc::try_collect(
+            n,
+            std::iter::repeat_with(|| AtomicU32::new(0)),
+            "pick counters",
+        )?;
         Ok(PickCounters {
             layers,
             experts,
@@ -251,11 +251,21 @@ impl PickCounters {
     }
 
     /// A copy of the table (`[layers × experts]` u32, row-major).
+    ///
+    /// # Panics
+    /// When the host cannot allocate the copy ([`PickCounters::try_snapshot`] returns the error).
     pub fn snapshot(&self) -> Vec<u32> {
-        self.cells
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect()
+        self.try_snapshot().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`PickCounters::snapshot`], or [`ExpertError::OutOfMemory`] when the host cannot allocate
+    /// the copy.
+    pub fn try_snapshot(&self) -> Result<Vec<u32>> {
+        Ok(tier_core::alloc::try_collect(
+            self.cells.len(),
+            self.cells.iter().map(|c| c.load(Ordering::Relaxed)),
+            "pick counter snapshot",
+        )?)
     }
 
     /// The raw cells, row-major `[layers][experts]`.

@@ -109,9 +109,30 @@ pub enum ExpertError {
     /// A saved file could not be parsed or has an unsupported version.
     #[error("format: {0}")]
     Format(String),
-    /// An error from `tier-core` (EMA counters).
+    /// The host could not allocate a table the geometry or the caller's input asks for (pick
+    /// counters, controller tables, maps, executor memory, a counter dump). Nothing changed.
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for (saturated at `u64::MAX`).
+        bytes: u64,
+    },
+    /// An error from `tier-core` (EMA counters, maps); its allocation failures come as
+    /// [`ExpertError::OutOfMemory`] instead.
     #[error(transparent)]
-    Core(#[from] tier_core::CoreError),
+    Core(tier_core::CoreError),
+}
+
+impl From<tier_core::CoreError> for ExpertError {
+    fn from(e: tier_core::CoreError) -> Self {
+        match e {
+            tier_core::CoreError::AllocationFailed { what, bytes } => {
+                ExpertError::OutOfMemory { what, bytes }
+            }
+            e => ExpertError::Core(e),
+        }
+    }
 }
 
 /// Result alias with [`ExpertError`].

@@ -7,6 +7,7 @@ use crate::error::{ExpertError, Result};
 use crate::executor::{check_layer_idle, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 use crate::geometry::Geometry;
 use crate::rowmap::ResidencyMap;
+use tier_core::alloc::{try_collect, try_filled};
 use tier_core::NOT_RESIDENT;
 
 /// An executor over plain byte buffers, for tests and replays that must prove the moves lossless.
@@ -65,8 +66,8 @@ impl MemoryExecutor {
     /// [`MemoryExecutor::MAX_BYTES`] (1 GiB): it stands in for the real bank in tests and replays.
     ///
     /// Errors: [`ExpertError::InvalidConfig`] for `bytes == 0`, for buffers above
-    /// [`MemoryExecutor::MAX_BYTES`] (or overflowing `usize`), or if they cannot be allocated;
-    /// geometry errors of [`Geometry::validate`].
+    /// [`MemoryExecutor::MAX_BYTES`] (or overflowing `usize`); [`ExpertError::OutOfMemory`] if
+    /// they cannot be allocated; geometry errors of [`Geometry::validate`].
     pub fn new(map: &ResidencyMap, bytes: usize, seed: u64) -> Result<Self> {
         if bytes == 0 {
             return Err(ExpertError::InvalidConfig(
@@ -97,24 +98,20 @@ impl MemoryExecutor {
         {
             return Err(too_big());
         }
-        let zeroed = |n: usize| -> Result<Vec<u8>> {
-            let mut v = Vec::new();
-            v.try_reserve_exact(n).map_err(|e| {
-                ExpertError::InvalidConfig(format!("cannot allocate {n} executor bytes: {e}"))
-            })?;
-            v.resize(n, 0);
-            Ok(v)
-        };
-        let mut host = zeroed(host_len)?;
-        let hbm = zeroed(hbm_len)?;
+        let mut host = try_filled(host_len, 0, "in-memory executor host bytes")?;
+        let hbm = try_filled(hbm_len, 0, "in-memory executor HBM bytes")?;
         fill_pseudo_random(&mut host, seed);
-        let host_sums = host.chunks_exact(bytes).map(checksum).collect();
+        let host_sums = try_collect(
+            layers * experts,
+            host.chunks_exact(bytes).map(checksum),
+            "in-memory executor checksums",
+        )?;
         let mut ex = MemoryExecutor {
             geometry: g,
             bytes,
             hbm,
-            table: vec![NOT_RESIDENT; layers * experts],
-            spare: vec![hot as u32; layers],
+            table: try_filled(layers * experts, NOT_RESIDENT, "in-memory executor table")?,
+            spare: try_filled(layers, hot as u32, "in-memory executor table")?,
             host,
             host_sums,
             pending: Vec::new(),

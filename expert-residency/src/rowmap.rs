@@ -4,6 +4,7 @@
 use crate::error::{ExpertError, Result};
 use crate::executor::PlannedSwap;
 use crate::geometry::Geometry;
+use tier_core::alloc::{try_collect, try_copied, try_filled};
 use tier_core::{CoreError, PageMap, NOT_RESIDENT};
 
 /// Format tag written into saved maps.
@@ -32,7 +33,8 @@ impl RowMap {
     ///
     /// Errors: [`ExpertError::ExpertOutOfRange`] for an id `>= experts`, [`ExpertError::InvalidRowMap`] for a
     /// duplicate id or an empty hot set, [`ExpertError::HotExceedsExperts`] if `hot` is longer than
-    /// `experts`.
+    /// `experts`, [`ExpertError::OutOfMemory`] if the `4 × experts`-byte table cannot be
+    /// allocated.
     pub fn from_hot(experts: u32, hot: &[u32]) -> Result<Self> {
         if hot.is_empty() {
             return Err(ExpertError::InvalidRowMap("empty hot set".into()));
@@ -43,7 +45,7 @@ impl RowMap {
                 experts,
             });
         }
-        let mut table = vec![NOT_RESIDENT; experts as usize];
+        let mut table = try_filled(experts as usize, NOT_RESIDENT, "residency map table")?;
         for (slot, &e) in hot.iter().enumerate() {
             if e >= experts {
                 return Err(ExpertError::ExpertOutOfRange { expert: e, experts });
@@ -57,7 +59,7 @@ impl RowMap {
         }
         Ok(RowMap {
             map: PageMap::from_table(table)?,
-            expert_in: hot.to_vec(),
+            expert_in: try_copied(hot, "residency map hot set")?,
         })
     }
 
@@ -195,17 +197,32 @@ pub struct MapFile {
 impl ResidencyMap {
     /// The "static first-K" map: experts `0..hot_per_layer` hot in every layer (a uniform map: it
     /// knows nothing of the traffic).
+    ///
+    /// Errors: geometry errors; [`ExpertError::OutOfMemory`] if the map's tables (`4 × experts`
+    /// bytes per layer) cannot be allocated.
     pub fn first_k(model: impl Into<String>, geometry: Geometry) -> Result<Self> {
         geometry.validate()?;
-        let hot: Vec<u32> = (0..geometry.hot_per_layer).collect();
-        Self::from_hot_sets(model, geometry, vec![hot; geometry.layers as usize])
+        let hot = try_collect(
+            geometry.hot_per_layer as usize,
+            0..geometry.hot_per_layer,
+            "residency map hot set",
+        )?;
+        let layers = (0..geometry.layers)
+            .map(|_| RowMap::from_hot(geometry.experts_per_layer, &hot))
+            .collect::<Result<_>>()?;
+        Ok(ResidencyMap {
+            model: model.into(),
+            geometry,
+            layers,
+        })
     }
 
     /// A map from hot sets, `hot[layer]` listing the hot experts in slot order.
     ///
     /// Errors: [`ExpertError::LengthMismatch`] if `hot` does not have `layers` entries,
     /// [`ExpertError::InvalidRowMap`] if a layer does not have exactly `hot_per_layer` distinct experts,
-    /// [`ExpertError::ExpertOutOfRange`] for a bad id; invalid geometry errors.
+    /// [`ExpertError::ExpertOutOfRange`] for a bad id; invalid geometry errors;
+    /// [`ExpertError::OutOfMemory`] if the tables cannot be allocated.
     pub fn from_hot_sets(
         model: impl Into<String>,
         geometry: Geometry,

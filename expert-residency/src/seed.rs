@@ -86,13 +86,18 @@ impl CounterDump {
         Ok(())
     }
 
-    /// A dump of a u32 counter snapshot ([`crate::PickCounters::snapshot`]).
+    /// A dump of a u32 counter snapshot ([`crate::PickCounters::snapshot`]). Errors: those of
+    /// [`CounterDump::new`]; [`ExpertError::OutOfMemory`] if the counts cannot be allocated.
     pub fn from_snapshot(
         name: impl Into<String>,
         geometry: &Geometry,
         snapshot: &[u32],
     ) -> Result<Self> {
-        let counts = snapshot.iter().map(|&c| c as f64).collect();
+        let counts = tier_core::alloc::try_collect(
+            snapshot.len(),
+            snapshot.iter().map(|&c| c as f64),
+            "counter dump",
+        )?;
         Self::new(name, geometry.layers, geometry.experts_per_layer, counts)
     }
 
@@ -101,7 +106,8 @@ impl CounterDump {
     ///
     /// Errors: [`ExpertError::EmptyTrace`] for no step, [`ExpertError::InvalidGeometry`] for a shape with zero
     /// or too many cells, [`ExpertError::LengthMismatch`] for a step with the wrong number of layers,
-    /// [`ExpertError::ExpertOutOfRange`].
+    /// [`ExpertError::ExpertOutOfRange`], [`ExpertError::OutOfMemory`] for counts the host cannot
+    /// allocate.
     pub fn from_steps(
         name: impl Into<String>,
         layers: u32,
@@ -119,7 +125,8 @@ impl CounterDump {
         }
         crate::geometry::check_bank_size(layers, experts)
             .map_err(|m| ExpertError::InvalidGeometry(format!("{name:?}: {m}")))?;
-        let mut counts = vec![0f64; layers as usize * experts as usize];
+        let mut counts =
+            tier_core::alloc::try_filled(layers as usize * experts as usize, 0f64, "counter dump")?;
         for s in steps {
             if s.layers.len() != layers as usize {
                 return Err(ExpertError::LengthMismatch {
@@ -217,7 +224,7 @@ fn sum_scale(counts: &[f64]) -> f64 {
 ///
 /// Errors: [`ExpertError::EmptyTrace`] for no dump, [`ExpertError::GeometryMismatch`] for dumps of different
 /// shapes, [`ExpertError::InvalidConfig`] for a negative, non-finite or all-zero weight; the errors of
-/// [`CounterDump::validate`].
+/// [`CounterDump::validate`]; [`ExpertError::OutOfMemory`] for counts the host cannot allocate.
 pub fn merge_dumps(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
     let (first, _) = dumps
         .first()
@@ -230,7 +237,7 @@ pub fn merge_dumps(dumps: &[(&CounterDump, f64)]) -> Result<CounterDump> {
             "merge weights must be ≥ 0, not all 0".into(),
         ));
     }
-    let mut out = vec![0f64; first.counts.len()];
+    let mut out = tier_core::alloc::try_filled(first.counts.len(), 0f64, "counter dump")?;
     for (d, w) in dumps {
         if d.layers != layers || d.experts_per_layer != experts {
             return Err(ExpertError::GeometryMismatch {

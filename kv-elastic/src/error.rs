@@ -160,7 +160,8 @@ pub enum KvError {
         /// Free + reclaimable + pending pages.
         available: u32,
     },
-    /// The host could not allocate a buffer the geometry asks for (the arena planes).
+    /// The host could not allocate a buffer the geometry or the caller's input asks for (the
+    /// arena planes, a session's history and its tables, a copy of draft rows). Nothing changed.
     #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
     OutOfMemory {
         /// What was being allocated.
@@ -181,14 +182,26 @@ pub enum KvError {
     /// A trace file could not be read or parsed.
     #[error("trace: {0}")]
     Trace(String),
-    /// An error from `tier-core` (pool, map, loans).
+    /// An error from `tier-core` (pool, map, loans); its allocation failures come as
+    /// [`KvError::OutOfMemory`] instead.
     #[error(transparent)]
-    Core(#[from] tier_core::CoreError),
+    Core(tier_core::CoreError),
     /// A CUDA error of the GPU back-end (carries the CUDA error name, e.g.
     /// `CUDA_ERROR_OUT_OF_MEMORY`), or a device capacity limit.
     #[cfg(feature = "cuda")]
     #[error(transparent)]
     Cuda(#[from] cuda_kernels::CudaError),
+}
+
+impl From<tier_core::CoreError> for KvError {
+    fn from(e: tier_core::CoreError) -> Self {
+        match e {
+            tier_core::CoreError::AllocationFailed { what, bytes } => {
+                KvError::OutOfMemory { what, bytes }
+            }
+            e => KvError::Core(e),
+        }
+    }
 }
 
 /// `Result` with [`KvError`].

@@ -1,12 +1,14 @@
 //! # tierkit-testkit
 //!
 //! Dev-only helpers for tierkit's tests, benches and GPU timing binaries; no library crate depends
-//! on it. GPU skip ([`gpu_or_skip`]), byte patterns, invariant checkers, and the stand-in kernels
+//! on it. GPU skip ([`gpu_or_skip`]), allocation-failure runs under an address-space limit
+//! ([`under_memory_limit`]), byte patterns, invariant checkers, and the stand-in kernels
 //! (routers, sparse attention, readers) that only tests and benches compile.
 
 mod experts;
 mod gpu;
 mod kv;
+mod memlimit;
 mod routers;
 mod sglang;
 
@@ -16,6 +18,7 @@ pub use experts::{
 };
 pub use gpu::{gpu_or_skip, TIMING_EVENT};
 pub use kv::{pattern_row, pattern_tokens, KvStandins, KV_STANDINS, STREAM_READ_BLOCKS};
+pub use memlimit::under_memory_limit;
 pub use routers::{launch_count_ids_striped, launch_standin_router, router_standins};
 pub use sglang::{
     sglang_smem_bytes, SglangHisparse, SglangShape, SGLANG_BLOCK, SGLANG_HISPARSE, SGLANG_TOP_K,

@@ -1,6 +1,7 @@
 //! Decaying (EMA) counters with a half-life in steps.
 
-use crate::error::{try_filled, CoreError, Result};
+use crate::alloc::try_filled;
+use crate::error::{CoreError, Result};
 
 /// A table of exponentially decaying counters ("heat"), one `f64` per entry
 /// (expert, page, ...).
@@ -65,7 +66,7 @@ impl DecayingCounters {
         }
         check_half_life(half_life_steps)?;
         Ok(DecayingCounters {
-            values: try_filled(len, 0.0)?,
+            values: try_filled(len, 0.0, "decaying counters")?,
             half_life_steps,
         })
     }

@@ -151,25 +151,14 @@ pub enum CoreError {
         reason: &'static str,
     },
     /// A table of `bytes` bytes could not be allocated (size overflow or the
-    /// allocator refused).
-    #[error("cannot allocate {bytes} bytes")]
+    /// allocator refused): see [`crate::alloc`].
+    #[error("out of memory: cannot allocate {bytes} bytes for {what}")]
     AllocationFailed {
+        /// What was being allocated.
+        what: &'static str,
         /// Bytes requested (saturated at `u64::MAX`).
         bytes: u64,
     },
-}
-
-/// A `Vec` of `n` copies of `v`, or [`CoreError::AllocationFailed`] instead
-/// of a capacity-overflow panic or an allocation abort.
-pub(crate) fn try_filled<T: Clone>(n: usize, v: T) -> Result<Vec<T>> {
-    let mut out = Vec::new();
-    if out.try_reserve_exact(n).is_err() {
-        return Err(CoreError::AllocationFailed {
-            bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
-        });
-    }
-    out.resize(n, v);
-    Ok(out)
 }
 
 /// `Result` with [`CoreError`] as the default error.

@@ -13,7 +13,9 @@
 //!   chunks, always through an [`EpochFence`];
 //! - [`EpochFence`] + [`Retired`]: epoch-based reader fences; a GPU completion
 //!   signal ([`CompletionSignal`]) stands in for a CPU reader;
-//! - [`DecayingCounters`]: EMA heat counters with a half-life in steps.
+//! - [`DecayingCounters`]: EMA heat counters with a half-life in steps;
+//! - [`alloc`]: fallible allocation for tables sized by caller input
+//!   ([`CoreError::AllocationFailed`] instead of an abort).
 //!
 //! Errors are one [`CoreError`] enum; no call panics on caller input, and a
 //! failed call changes nothing. See `DESIGN.md` for the fence and the loan
@@ -42,6 +44,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alloc;
 mod ema;
 mod error;
 mod fence;

@@ -1,6 +1,7 @@
 //! Logical-to-physical page map: a flat `i32` table, O(1) lookup.
 
-use crate::error::{try_filled, CoreError, Result};
+use crate::alloc::{try_filled, try_reserve};
+use crate::error::{CoreError, Result};
 use crate::page::PageId;
 
 /// Table value of a logical entry with no physical page (`-1`, as block tables
@@ -104,7 +105,7 @@ impl PageMap {
     /// allocated.
     pub fn new(len: u32) -> Result<Self> {
         Ok(PageMap {
-            table: try_filled(len as usize, NOT_RESIDENT)?,
+            table: try_filled(len as usize, NOT_RESIDENT, "page map table")?,
             mapped: 0,
             generation: 0,
         })
@@ -251,14 +252,25 @@ impl PageMap {
             }
         }
         let next = self.next_generation()?;
-        if n > self.table.len() && self.table.try_reserve_exact(n - self.table.len()).is_err() {
-            return Err(CoreError::AllocationFailed {
-                bytes: (n as u64) * 4,
-            });
+        if n > self.table.len() {
+            let extra = n - self.table.len();
+            try_reserve(&mut self.table, extra, "page map table")?;
         }
         self.table.resize(n, NOT_RESIDENT);
         self.generation = next;
         Ok(())
+    }
+
+    /// Reserves room for `len` logical entries without changing the map, so a
+    /// later [`resize`](Self::resize) up to `len` allocates nothing (a caller
+    /// that must not fail half-way reserves first). Nothing changes on an
+    /// error.
+    ///
+    /// # Errors
+    /// [`CoreError::AllocationFailed`] if the table cannot be allocated.
+    pub fn reserve(&mut self, len: u32) -> Result<()> {
+        let extra = (len as usize).saturating_sub(self.table.len());
+        try_reserve(&mut self.table, extra, "page map table")
     }
 
     /// The map's generation: starts at 0, bumped by every change, never above

@@ -1,6 +1,7 @@
 //! Fixed-capacity page pool with O(1) alloc/free and generation-tagged handles.
 
-use crate::error::{try_filled, CoreError, Result};
+use crate::alloc::try_filled;
+use crate::error::{CoreError, Result};
 use crate::page::{PageHandle, PageId, Tier};
 
 /// A fixed-capacity pool of physical pages (or slots) in one [`Tier`].
@@ -54,7 +55,7 @@ impl PagePool {
             return Err(CoreError::ZeroCapacity);
         }
         let n = capacity as usize;
-        let mut free = try_filled(n, 0u32)?;
+        let mut free = try_filled(n, 0u32, "page pool free list")?;
         // Reversed so the first allocations hand out 0, 1, 2, ...
         for (slot, p) in free.iter_mut().zip((0..capacity).rev()) {
             *slot = p;
@@ -62,8 +63,8 @@ impl PagePool {
         Ok(PagePool {
             tier,
             free,
-            generation: try_filled(n, 0)?,
-            state: try_filled(n, PageState::Fresh)?,
+            generation: try_filled(n, 0, "page pool generations")?,
+            state: try_filled(n, PageState::Fresh, "page pool states")?,
         })
     }
 

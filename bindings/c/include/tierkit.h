@@ -213,7 +213,7 @@ typedef struct tierkit_kv_stats {
 // The object's state refuses the call now (stale swap or plan, executor refusal, ...).
 #define TIERKIT_ERR_STATE 6
 
-// Not enough room (HBM pages, host memory, open reads).
+// Not enough room (HBM pages, open reads).
 #define TIERKIT_ERR_NO_ROOM 7
 
 // A panic inside tierkit was caught at the boundary. A handle that was being changed when it
@@ -229,6 +229,10 @@ typedef struct tierkit_kv_stats {
 // The entry point needs a feature this library was built without: the GPU entry points
 // (`*_cuda`) of a build without the `cuda` feature.
 #define TIERKIT_ERR_UNSUPPORTED 11
+
+// The host could not allocate memory the call needs (a copy of the input, a table the geometry
+// sizes). Nothing changed; the call may succeed once memory is freed.
+#define TIERKIT_ERR_OUT_OF_MEMORY 12
 
 #ifdef __cplusplus
 extern "C" {

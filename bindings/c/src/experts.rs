@@ -212,7 +212,7 @@ pub unsafe extern "C" fn tierkit_fit_seed_map(
     unsafe {
         call(err, || {
             let g = geometry_arg(geometry)?;
-            let counts = view(counts, len, "counts")?.to_vec();
+            let counts = tier_core::alloc::try_copied(view(counts, len, "counts")?, "counts")?;
             let dump = CounterDump::new("c-api", g.layers, g.experts_per_layer, counts)?;
             let map = fit_seed_map(c_str(model, "model")?, &g, &dump)?;
             out(out_map, new_handle(TierkitResidencyMap(map)), "out_map")
@@ -394,8 +394,7 @@ unsafe fn record<T: Copy + Into<i64>>(
         row_stride,
         c.experts_per_layer(),
         &mut picks,
-    )
-    .map_err(|m| fail(Code::InvalidArgument, m))?;
+    )?;
     Ok(c.record_layer(layer, &picks)?)
 }
 
@@ -618,7 +617,7 @@ pub unsafe extern "C" fn tierkit_controller_apply_control(
             let live = live();
             let snapshot = match counters.is_null() {
                 true => None,
-                false => Some(live.get(counters, "counters")?.0.snapshot()),
+                false => Some(live.get(counters, "counters")?.0.try_snapshot()?),
             };
             let mut ctl = lock(&live.get(controller, "controller")?.0, "controller")?;
             Ok(ctl.apply_control(&msg, snapshot.as_deref())?)

@@ -30,7 +30,7 @@ pub const TIERKIT_ERR_LAYOUT: TierkitCode = 4;
 pub const TIERKIT_ERR_INVALID_HANDLE: TierkitCode = 5;
 /// The object's state refuses the call now (stale swap or plan, executor refusal, ...).
 pub const TIERKIT_ERR_STATE: TierkitCode = 6;
-/// Not enough room (HBM pages, host memory, open reads).
+/// Not enough room (HBM pages, open reads).
 pub const TIERKIT_ERR_NO_ROOM: TierkitCode = 7;
 /// A panic inside tierkit was caught at the boundary. A handle that was being changed when it
 /// happened is poisoned (`TIERKIT_ERR_POISONED` from then on); other handles are unaffected.
@@ -42,6 +42,9 @@ pub const TIERKIT_ERR_INTERNAL: TierkitCode = 10;
 /// The entry point needs a feature this library was built without: the GPU entry points
 /// (`*_cuda`) of a build without the `cuda` feature.
 pub const TIERKIT_ERR_UNSUPPORTED: TierkitCode = 11;
+/// The host could not allocate memory the call needs (a copy of the input, a table the geometry
+/// sizes). Nothing changed; the call may succeed once memory is freed.
+pub const TIERKIT_ERR_OUT_OF_MEMORY: TierkitCode = 12;
 
 /// An error: a code and a message. Returned through the `tierkit_error **err` argument of a
 /// failing call (when `err` is not NULL); read it with `tierkit_error_code` and
@@ -84,6 +87,18 @@ impl From<expert_residency::ExpertError> for Fail {
 impl From<kv_elastic::KvError> for Fail {
     fn from(e: kv_elastic::KvError) -> Self {
         fail(tierkit_bindings::classify_kv(&e), e.to_string())
+    }
+}
+
+impl From<tierkit_bindings::Failure> for Fail {
+    fn from(f: tierkit_bindings::Failure) -> Self {
+        fail(f.code, f.message)
+    }
+}
+
+impl From<tier_core::CoreError> for Fail {
+    fn from(e: tier_core::CoreError) -> Self {
+        tierkit_bindings::Failure::from(e).into()
     }
 }
 

@@ -465,10 +465,13 @@ pub unsafe extern "C" fn tierkit_kv_pool_resolve(
             let topk = if b.topk_row_stride == b.k || b.rows <= 1 {
                 &topk_view[..b.rows * b.k]
             } else {
-                gathered = (0..b.rows)
-                    .flat_map(|r| &topk_view[r * b.topk_row_stride..][..b.k])
-                    .copied()
-                    .collect();
+                gathered = tier_core::alloc::try_collect(
+                    b.rows * b.k,
+                    (0..b.rows)
+                        .flat_map(|r| &topk_view[r * b.topk_row_stride..][..b.k])
+                        .copied(),
+                    "gathered batch.topk",
+                )?;
                 &gathered
             };
             let qsls = match b.query_seq_lens.is_null() {

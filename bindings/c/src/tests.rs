@@ -200,6 +200,7 @@ fn codes_match_the_shared_classes() {
         (Code::Poisoned, TIERKIT_ERR_POISONED),
         (Code::Internal, TIERKIT_ERR_INTERNAL),
         (Code::Unsupported, TIERKIT_ERR_UNSUPPORTED),
+        (Code::OutOfMemory, TIERKIT_ERR_OUT_OF_MEMORY),
     ];
     for (class, code) in pairs {
         assert_eq!(ffi::code_of(class), code, "{class:?}");

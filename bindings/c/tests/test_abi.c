@@ -5,10 +5,18 @@
  *   cc -std=c11 -Wall -Wextra -Werror -Ibindings/c/include bindings/c/tests/test_abi.c \
  *      -Ltarget/debug -ltierkit_c -Wl,-rpath,target/debug -o target/test_abi
  */
+#define _DEFAULT_SOURCE /* fork, setrlimit under -std=c11 */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tierkit.h"
+
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 static int passed, failed;
 
@@ -33,6 +41,71 @@ static void expect(const char *name, tierkit_code code, tierkit_error *err, tier
 
 #define EXPECT(name, call, want, needle) \
     do { tierkit_error *err_ = NULL; tierkit_code c_ = (call); expect(name, c_, err_, want, needle); } while (0)
+
+#if defined(__linux__)
+/* Caps this process's address space at what it maps now plus `headroom` bytes (as a container's
+ * memory limit would); 0 on success. */
+static int limit_address_space(unsigned long long headroom) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long pages = 0;
+    int ok = f != NULL && fscanf(f, "%llu", &pages) == 1;
+    if (f) fclose(f);
+    if (!ok) return -1;
+    struct rlimit old;
+    if (getrlimit(RLIMIT_AS, &old) != 0) return -1;
+    rlim_t cap = (rlim_t)(pages * (unsigned long long)sysconf(_SC_PAGESIZE) + headroom);
+    if (old.rlim_max != RLIM_INFINITY && old.rlim_max < cap) return -1;
+    struct rlimit lim = {cap, old.rlim_max};
+    return setrlimit(RLIMIT_AS, &lim);
+}
+
+/* In a forked child under an address-space cap: an admission whose history the host cannot copy
+ * and counters the geometry makes too large are TIERKIT_ERR_OUT_OF_MEMORY (before: an abort),
+ * and the library goes on. The child's exit status is the number of failed cases. */
+static void out_of_memory_cases(void) {
+    fflush(stdout); /* nothing buffered is printed twice */
+    pid_t pid = fork();
+    if (pid == 0) {
+        passed = failed = 0;
+        size_t big = (size_t)256 << 20; /* the caller's history: calloc'd, never touched */
+        uint8_t *history = calloc(big, 1);
+        tierkit_kv_geometry kg;
+        tierkit_kv_pool *pool = NULL;
+        tierkit_kv_geometry_for_hbm_budget(64 * 16 * 64, 64, 1, 16, 16, 16, 0, &kg, NULL);
+        if (history == NULL || tierkit_kv_pool_new(&kg, true, &pool, NULL) != TIERKIT_OK ||
+            limit_address_space((unsigned long long)32 << 20) != 0) {
+            printf("SKIP: out of memory cases (no address-space limit here)\n");
+            fflush(stdout);
+            _exit(0);
+        }
+        EXPECT("oom: admit a history the host cannot copy",
+               tierkit_kv_pool_admit(pool, 1, history, big, NULL, &err_), TIERKIT_ERR_OUT_OF_MEMORY, "history");
+        static uint8_t small[64 * 40];
+        EXPECT("oom: the pool goes on", tierkit_kv_pool_admit(pool, 1, small, sizeof small, NULL, &err_),
+               TIERKIT_OK, NULL);
+        EXPECT("oom: append past the cap", tierkit_kv_pool_append(pool, 1, history, big, NULL, &err_),
+               TIERKIT_ERR_OUT_OF_MEMORY, "history");
+        tierkit_expert_geometry huge = {16, 1u << 20, 4, 1}; /* 64 MiB of counters */
+        tierkit_pick_counters *c = NULL;
+        EXPECT("oom: counters too large for the cap", tierkit_pick_counters_new(&huge, &c, &err_),
+               TIERKIT_ERR_OUT_OF_MEMORY, "pick counters");
+        tierkit_kv_pool_free(pool);
+        fflush(stdout);
+        _exit(failed);
+    }
+    int status = 0;
+    int good = pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (pid > 0 && WIFSIGNALED(status))
+        printf("FAIL out-of-memory child killed by signal %d (an allocation failure aborted it)\n",
+               WTERMSIG(status));
+    printf("%s out-of-memory cases under an address-space limit (forked child)\n", good ? "ok  " : "FAIL");
+    good ? passed++ : failed++;
+}
+#else
+static void out_of_memory_cases(void) {
+    printf("SKIP: out-of-memory cases need Linux (setrlimit(RLIMIT_AS), /proc/self/statm)\n");
+}
+#endif
 
 int main(void) {
     tierkit_expert_geometry g = {2, 8, 2, 64};
@@ -155,6 +228,8 @@ int main(void) {
     int code_alone = tierkit_expert_geometry_validate(&bad_g, NULL) == TIERKIT_ERR_INVALID_ARGUMENT;
     printf("%s no err argument: the code alone\n", code_alone ? "ok  " : "FAIL");
     code_alone ? passed++ : failed++;
+
+    out_of_memory_cases();
 
     /* GPU entry points: in every header; a build without CUDA refuses them with a code. */
     if (!tierkit_has_cuda()) {

@@ -4,7 +4,8 @@
 //! both front ends classify errors and read inputs the same way:
 //!
 //! - [`Code`]: the error classes of both front ends (the C ABI's `tierkit_code`, a Python exception
-//!   type each), and [`classify_expert`] / [`classify_kv`], which put every tier error in one.
+//!   type each), and [`classify_expert`] / [`classify_kv`] / [`classify_core`], which put every
+//!   tier error in one; [`Failure`], a class and a message, what the shared helpers return.
 //! - [`controller_config`]: a [`ControllerConfig`] from optional JSON (missing fields take their
 //!   defaults, unknown fields are refused, the values are validated).
 //! - [`gather_ids`]: a router's `[tokens, k]` expert ids, possibly strided and signed, checked and
@@ -16,6 +17,7 @@
 
 use expert_residency::{ControllerConfig, ExpertError, MemoryExecutor, NullExecutor, SwapExecutor};
 use kv_elastic::KvError;
+use tier_core::CoreError;
 
 /// The class of an error, as both front ends report it. The C ABI returns these numbers
 /// (`tierkit_code`); Python raises `TypeError` ([`Code::TypeMismatch`]), `ValueError` (the input
@@ -50,6 +52,43 @@ pub enum Code {
     /// The entry point needs a feature this build lacks (the GPU entry points of a build without
     /// the `cuda` feature).
     Unsupported = 11,
+    /// The host could not allocate memory the call needs (a copy of the input, a table the
+    /// geometry sizes): Python's `MemoryError`. Nothing changed.
+    OutOfMemory = 12,
+}
+
+/// A failure of a shared helper: its class and message (each front end raises or returns it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The class.
+    pub code: Code,
+    /// What went wrong, naming the argument.
+    pub message: String,
+}
+
+impl Failure {
+    /// A failure of class `code`.
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<CoreError> for Failure {
+    fn from(e: CoreError) -> Self {
+        Failure::new(classify_core(&e), e.to_string())
+    }
+}
+
+/// The class of a `tier-core` error: its allocation failures are [`Code::OutOfMemory`], the rest
+/// bad input.
+pub fn classify_core(e: &CoreError) -> Code {
+    match e {
+        CoreError::AllocationFailed { .. } => Code::OutOfMemory,
+        _ => Code::InvalidArgument,
+    }
 }
 
 /// The class of an `expert-residency` error.
@@ -70,6 +109,7 @@ pub fn classify_expert(e: &ExpertError) -> Code {
         E::StaleSwap { .. } | E::InvalidSwap(_) | E::Executor(_) | E::CounterReset { .. } => {
             Code::State
         }
+        E::OutOfMemory { .. } | E::Core(CoreError::AllocationFailed { .. }) => Code::OutOfMemory,
         _ => Code::Internal,
     }
 }
@@ -98,7 +138,8 @@ pub fn classify_kv(e: &KvError) -> Code {
         | E::LayerOutsideGroup { .. }
         | E::InvalidConfig(_) => Code::InvalidArgument,
         E::StalePlan { .. } | E::HotCacheOverflow { .. } => Code::State,
-        E::NoRoom { .. } | E::OutOfMemory { .. } => Code::NoRoom,
+        E::NoRoom { .. } => Code::NoRoom,
+        E::OutOfMemory { .. } | E::Core(CoreError::AllocationFailed { .. }) => Code::OutOfMemory,
         _ => Code::Internal,
     }
 }
@@ -118,9 +159,10 @@ pub fn controller_config(json: Option<&str>) -> Result<ControllerConfig, ExpertE
 
 /// Gathers a router's `[tokens, k]` expert ids into `out` (cleared first), row `t` starting at
 /// element `t * row_stride` (`row_stride ≥ k`, in elements). Every id must be in `0..experts`;
-/// the error names the first one that is not (`[token, column] = id`), and `out` is then left
-/// empty. `ids` must hold at least `(tokens - 1) * row_stride + k` elements (the caller checks
-/// the pointer side; here a short slice is a [`Code::InvalidArgument`] message).
+/// the error ([`Code::InvalidArgument`]) names the first one that is not (`[token, column] =
+/// id`), and `out` is then left empty. `ids` must hold at least `(tokens - 1) * row_stride + k`
+/// elements (the caller checks the pointer side; here a short slice is an invalid argument).
+/// [`Code::OutOfMemory`] when the host cannot allocate the `4 × tokens × k` bytes of `out`.
 pub fn gather_ids<T: Copy + Into<i64>>(
     ids: &[T],
     tokens: usize,
@@ -128,31 +170,32 @@ pub fn gather_ids<T: Copy + Into<i64>>(
     row_stride: usize,
     experts: u32,
     out: &mut Vec<u32>,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
+    let bad = |m: String| Failure::new(Code::InvalidArgument, m);
     out.clear();
     if tokens == 0 || k == 0 {
         return Ok(());
     }
     if row_stride < k {
-        return Err(format!("row_stride {row_stride} is below k {k}"));
+        return Err(bad(format!("row_stride {row_stride} is below k {k}")));
     }
     let need = strided_len(tokens, k, row_stride)
-        .ok_or_else(|| format!("{tokens} rows of stride {row_stride} overflow"))?;
+        .ok_or_else(|| bad(format!("{tokens} rows of stride {row_stride} overflow")))?;
     if ids.len() < need {
-        return Err(format!(
+        return Err(bad(format!(
             "ids hold {} elements, {tokens} rows of stride {row_stride} and width {k} need {need}",
             ids.len()
-        ));
+        )));
     }
-    out.reserve(tokens * k);
+    tier_core::alloc::try_reserve(out, tokens * k, "gathered expert ids")?;
     for t in 0..tokens {
         for (j, &id) in ids[t * row_stride..][..k].iter().enumerate() {
             let id: i64 = id.into();
             if !(0..experts as i64).contains(&id) {
                 out.clear();
-                return Err(format!(
+                return Err(bad(format!(
                     "expert id {id} at [{t}, {j}] is out of range (experts per layer: {experts})"
-                ));
+                )));
             }
             out.push(id as u32);
         }
@@ -219,7 +262,11 @@ mod tests {
         assert_eq!(out, [1, 2, 3, 0]);
         let bad: [i64; 5] = [1, 2, 0, -1, 0];
         let e = gather_ids(&bad, 2, 2, 3, 4, &mut out).unwrap_err();
-        assert!(e.contains("[1, 0]") && e.contains("-1"), "{e}");
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(
+            e.message.contains("[1, 0]") && e.message.contains("-1"),
+            "{e:?}"
+        );
         assert!(out.is_empty());
         assert!(gather_ids(&ids, 2, 2, 1, 4, &mut out).is_err()); // stride < k
         assert!(gather_ids(&ids, 3, 2, 3, 4, &mut out).is_err()); // too short
@@ -262,6 +309,21 @@ mod tests {
             }),
             Code::NoRoom
         );
+        let oom = KvError::OutOfMemory {
+            what: "history",
+            bytes: 1 << 40,
+        };
+        assert_eq!(classify_kv(&oom), Code::OutOfMemory);
+        let oom = ExpertError::OutOfMemory {
+            what: "counters",
+            bytes: 1 << 40,
+        };
+        assert_eq!(classify_expert(&oom), Code::OutOfMemory);
+        let core = CoreError::AllocationFailed {
+            what: "t",
+            bytes: 1,
+        };
+        assert_eq!(Failure::from(core).code, Code::OutOfMemory);
         assert_eq!(
             classify_expert(&ExpertError::Executor("busy".into())),
             Code::State

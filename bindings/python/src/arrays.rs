@@ -1,5 +1,7 @@
 //! Array arguments: numpy arrays, CPU tensors through DLPack, buffer-protocol objects; dtype,
-//! shape, alignment, contiguity and writability checked before any Rust code reads them.
+//! shape, alignment, contiguity and writability checked before any Rust code reads them. Copies
+//! are allocated fallibly (`MemoryError` when the host refuses, never an abort); byte buffers
+//! are borrowed where they are contiguous.
 
 use numpy::{
     PyArrayDyn, PyArrayMethods, PyReadwriteArrayDyn, PyUntypedArray, PyUntypedArrayMethods,
@@ -7,6 +9,10 @@ use numpy::{
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
+use tier_core::alloc::{try_collect, try_reserve};
+
+use crate::core_err;
+use crate::ints::{int_arg, IntType};
 
 /// DLPack's device type of host memory (`kDLCPU`).
 const DL_CPU: i64 = 1;
@@ -80,10 +86,12 @@ pub(crate) fn ints(
     dims: &str,
 ) -> PyResult<(Vec<i64>, Vec<usize>)> {
     if ndim == 1 && (obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>()) {
-        let v: Vec<i64> = obj.extract().map_err(|_| {
-            PyTypeError::new_err(format!("{what} must hold ints (each fitting an int64)"))
-        })?;
-        let n = v.len();
+        let n = obj.len()?;
+        let mut v = Vec::new();
+        try_reserve(&mut v, n, "an int list's copy").map_err(core_err)?;
+        for (i, x) in obj.try_iter()?.enumerate() {
+            v.push(int_arg::<i64>(&x?, &format!("{what}[{i}]"))?);
+        }
         return Ok((v, vec![n]));
     }
     let a = ndarray(obj, what)?;
@@ -95,7 +103,8 @@ pub(crate) fn ints(
                 let r = t
                     .try_readonly()
                     .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-                let mut out = Vec::with_capacity(r.len());
+                let mut out = Vec::new();
+                try_reserve(&mut out, r.len(), "an int array's copy").map_err(core_err)?;
                 for &v in r.as_array().iter() {
                     out.push(i64::try_from(v).map_err(|_| {
                         PyValueError::new_err(format!("{what}: {v} does not fit an int64"))
@@ -112,19 +121,54 @@ pub(crate) fn ints(
     Err(dtype_error(&a, what, "int32 or int64"))
 }
 
+/// A sequence of int sequences (`[[7, 2], [0, 1]]`, tuples, the rows of a 2-D array), each
+/// element read by [`int_arg`] as `what[i][j]` (its own list's length is the caller's).
+pub(crate) fn int_lists<T: IntType>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<Vec<T>>> {
+    let mut out = Vec::new();
+    for (i, row) in sequence(obj, what)?.enumerate() {
+        let (row, name) = (row?, format!("{what}[{i}]"));
+        let mut v = Vec::new();
+        for (j, x) in sequence(&row, &name)?.enumerate() {
+            v.push(int_arg::<T>(&x?, &format!("{name}[{j}]"))?);
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// An iterator over a sequence argument (not a string): `TypeError` naming `what` otherwise.
+fn sequence<'py>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
+    let not_seq = || {
+        PyTypeError::new_err(format!(
+            "{what} must be a sequence of ints, not {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    if obj.is_instance_of::<pyo3::types::PyString>() {
+        return Err(not_seq());
+    }
+    obj.try_iter().map_err(|_| not_seq())
+}
+
 /// Narrows ints to `T`, naming the first value out of range.
 pub(crate) fn narrow<T: TryFrom<i64>>(v: &[i64], what: &str) -> PyResult<Vec<T>> {
-    v.iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            T::try_from(x).map_err(|_| {
-                PyValueError::new_err(format!(
-                    "{what}[{i}] = {x} is out of range for {}",
-                    std::any::type_name::<T>()
-                ))
-            })
-        })
-        .collect()
+    let mut out = Vec::new();
+    try_reserve(&mut out, v.len(), "a narrowed int array").map_err(core_err)?;
+    for (i, &x) in v.iter().enumerate() {
+        out.push(T::try_from(x).map_err(|_| {
+            PyValueError::new_err(format!(
+                "{what}[{i}] = {x} is out of range for {}",
+                std::any::type_name::<T>()
+            ))
+        })?);
+    }
+    Ok(out)
 }
 
 /// Non-negative counts as f64: a 2-D numeric array (`[layers, experts]`) of any int or float
@@ -139,7 +183,10 @@ pub(crate) fn counts(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Vec<f64>, 
                 let r = t
                     .try_readonly()
                     .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-                return Ok((r.as_array().iter().map(|&v| v as f64).collect(), shape));
+                let a = r.as_array();
+                let v = try_collect(a.len(), a.iter().map(|&v| v as f64), "a counts copy")
+                    .map_err(core_err)?;
+                return Ok((v, shape));
             }
         };
     }
@@ -152,14 +199,23 @@ pub(crate) fn counts(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<(Vec<f64>, 
     Err(dtype_error(&a, what, "a float or int dtype"))
 }
 
-/// Bytes: `bytes`, `bytearray`, or a uint8 array / tensor of any shape (copied in row-major
-/// order).
-pub(crate) fn bytes(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
+/// Runs `f` on bytes: `bytes` and contiguous uint8 arrays / tensors (any shape, row-major) are
+/// borrowed for the call; a `bytearray` (Python code could resize it) and strided arrays are
+/// copied first (`MemoryError` when the host cannot). `f` must not run Python code.
+pub(crate) fn with_bytes<R>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    f: impl FnOnce(&[u8]) -> PyResult<R>,
+) -> PyResult<R> {
     if let Ok(b) = obj.cast::<PyBytes>() {
-        return Ok(b.as_bytes().to_vec());
+        return f(b.as_bytes());
     }
     if let Ok(b) = obj.cast::<PyByteArray>() {
-        return Ok(b.to_vec());
+        // SAFETY: no Python code runs while the slice lives (the copy is plain Rust), so nothing
+        // can resize or free the bytearray's buffer meanwhile.
+        let copy = tier_core::alloc::try_copied(unsafe { b.as_bytes() }, "a bytearray's copy")
+            .map_err(core_err)?;
+        return f(&copy);
     }
     let a = ndarray(obj, what)?;
     if !a.is_aligned() {
@@ -171,10 +227,21 @@ pub(crate) fn bytes(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u8>> {
     let r = t
         .try_readonly()
         .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-    Ok(match r.as_slice() {
-        Ok(s) => s.to_vec(),
-        Err(_) => r.as_array().iter().copied().collect(),
-    })
+    match r.as_slice() {
+        Ok(s) => f(s),
+        Err(_) => {
+            let a = r.as_array();
+            let copy = try_collect(a.len(), a.iter().copied(), "a strided byte array's copy")
+                .map_err(core_err)?;
+            f(&copy)
+        }
+    }
+}
+
+/// A new zeroed numpy int32 array of `shape` (numpy allocates: `MemoryError` when it cannot).
+pub(crate) fn zeros_i32<'py>(py: Python<'py>, shape: &[usize]) -> PyResult<Bound<'py, PyAny>> {
+    let np = py.import("numpy")?;
+    np.call_method1("zeros", (shape.to_vec(), np.getattr("int32")?))
 }
 
 /// A caller-provided int32 output array: a numpy array of dtype int32, C-contiguous, aligned,

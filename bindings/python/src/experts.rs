@@ -10,8 +10,9 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::arrays::{counts, ints};
-use crate::{expert_err, guard, json_arg, raise, to_py, Slot};
+use crate::arrays::{counts, int_lists, ints};
+use crate::ints::int_args;
+use crate::{core_err, expert_err, guard, json_arg, to_py, Slot};
 use tierkit_bindings::Executor as Exec;
 
 /// A MoE model's expert bank and its hot set: `layers` × `experts_per_layer` experts of
@@ -23,13 +24,17 @@ pub(crate) struct PyGeometry(pub(crate) Geometry);
 #[pymethods]
 impl PyGeometry {
     #[new]
-    #[pyo3(signature = (layers, experts_per_layer, hot_per_layer, expert_bytes = 1))]
+    #[pyo3(
+        signature = (layers, experts_per_layer, hot_per_layer, expert_bytes = None),
+        text_signature = "(layers, experts_per_layer, hot_per_layer, expert_bytes=1)"
+    )]
     fn new(
-        layers: u32,
-        experts_per_layer: u32,
-        hot_per_layer: u32,
-        expert_bytes: u64,
+        layers: &Bound<'_, PyAny>,
+        experts_per_layer: &Bound<'_, PyAny>,
+        hot_per_layer: &Bound<'_, PyAny>,
+        expert_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        int_args!(layers: u32, experts_per_layer: u32, hot_per_layer: u32, expert_bytes: u64 = 1);
         guard(|| {
             Geometry::new(layers, experts_per_layer, hot_per_layer, expert_bytes)
                 .map(PyGeometry)
@@ -82,8 +87,9 @@ impl PyResidencyMap {
     fn from_hot_sets(
         model: &str,
         geometry: &PyGeometry,
-        hot_sets: Vec<Vec<u32>>,
+        hot_sets: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
+        let hot_sets = int_lists::<u32>(hot_sets, "hot_sets")?;
         guard(|| {
             ResidencyMap::from_hot_sets(model, geometry.0, hot_sets)
                 .map(PyResidencyMap)
@@ -112,11 +118,13 @@ impl PyResidencyMap {
         self.0.model().to_string()
     }
     /// Whether `expert` of `layer` is hot (`ValueError` for an id out of range).
-    fn is_hot(&self, layer: u32, expert: u32) -> PyResult<bool> {
+    fn is_hot(&self, layer: &Bound<'_, PyAny>, expert: &Bound<'_, PyAny>) -> PyResult<bool> {
+        int_args!(layer: u32, expert: u32);
         guard(|| self.0.is_hot_checked(layer, expert).map_err(expert_err))
     }
     /// The hot experts of `layer`, slot order.
-    fn hot_experts(&self, layer: u32) -> PyResult<Vec<u32>> {
+    fn hot_experts(&self, layer: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+        int_args!(layer: u32);
         guard(|| {
             Ok(self
                 .0
@@ -131,7 +139,8 @@ impl PyResidencyMap {
         self.0.hot_sets()
     }
     /// The layer's generation (swaps applied since the map was made).
-    fn generation(&self, layer: u32) -> PyResult<u64> {
+    fn generation(&self, layer: &Bound<'_, PyAny>) -> PyResult<u64> {
+        int_args!(layer: u32);
         guard(|| Ok(self.0.layer(layer).map_err(expert_err)?.generation()))
     }
     fn __repr__(&self) -> String {
@@ -159,7 +168,8 @@ impl PyPickCounters {
     /// Counts one layer's routing: `ids` is the router's top-k expert ids, `[tokens, k]`, int32
     /// or int64 (uint32/uint64 too), any strides (a view into a wider array is fine), a numpy
     /// array or a CPU tensor. All ids are checked first: on error nothing is counted.
-    fn record_layer(&self, layer: u32, ids: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn record_layer(&self, layer: &Bound<'_, PyAny>, ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(layer: u32);
         let (v, shape) = guard(|| ints(ids, "ids", 2, "[tokens, k]"))?;
         self.0.with(|c| {
             let mut picks = Vec::new();
@@ -171,7 +181,7 @@ impl PyPickCounters {
                 c.experts_per_layer(),
                 &mut picks,
             )
-            .map_err(|m| raise(tierkit_bindings::Code::InvalidArgument, m))?;
+            .map_err(crate::failure)?;
             c.record_layer(layer, &picks).map_err(expert_err)
         })
     }
@@ -199,14 +209,15 @@ impl PyPickCounters {
         })
     }
     /// Counts one pick.
-    fn record(&self, layer: u32, expert: u32) -> PyResult<()> {
+    fn record(&self, layer: &Bound<'_, PyAny>, expert: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(layer: u32, expert: u32);
         self.0.with(|c| c.record(layer, expert).map_err(expert_err))
     }
     /// A copy of the counters, `uint32 [layers, experts]`.
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let (snap, layers, experts) = self.0.with(|c| {
             Ok((
-                c.snapshot(),
+                c.try_snapshot().map_err(expert_err)?,
                 c.layers() as usize,
                 c.experts_per_layer() as usize,
             ))
@@ -245,8 +256,16 @@ pub(crate) struct PyMemoryExecutor(Slot<Exec>);
 #[pymethods]
 impl PyMemoryExecutor {
     #[new]
-    #[pyo3(signature = (map, bytes_per_expert, seed = 0))]
-    fn new(map: &PyResidencyMap, bytes_per_expert: usize, seed: u64) -> PyResult<Self> {
+    #[pyo3(
+        signature = (map, bytes_per_expert, seed = None),
+        text_signature = "(map, bytes_per_expert, seed=0)"
+    )]
+    fn new(
+        map: &PyResidencyMap,
+        bytes_per_expert: &Bound<'_, PyAny>,
+        seed: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        int_args!(bytes_per_expert: usize, seed: u64 = 0);
         guard(|| {
             let m = MemoryExecutor::new(&map.0, bytes_per_expert, seed).map_err(expert_err)?;
             Ok(PyMemoryExecutor(Slot::new(
@@ -256,15 +275,24 @@ impl PyMemoryExecutor {
         })
     }
     /// The bytes an engine reads for `expert` of `layer` now (HBM slot if hot, else host copy).
-    fn read<'py>(&self, py: Python<'py>, layer: u32, expert: u32) -> PyResult<Bound<'py, PyBytes>> {
-        let v = self.0.with(|e| match e {
-            Exec::Memory(m) => m
-                .read(layer, expert)
-                .map(<[u8]>::to_vec)
-                .map_err(expert_err),
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        layer: &Bound<'py, PyAny>,
+        expert: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        int_args!(layer: u32, expert: u32);
+        self.0.with(|e| match e {
+            // Copied straight into a new bytes object (Python allocates it: MemoryError).
+            Exec::Memory(m) => {
+                let src = m.read(layer, expert).map_err(expert_err)?;
+                PyBytes::new_with(py, src.len(), |b| {
+                    b.copy_from_slice(src);
+                    Ok(())
+                })
+            }
             Exec::Null(_) => unreachable!("a MemoryExecutor holds the memory executor"),
-        })?;
-        Ok(PyBytes::new(py, &v))
+        })
     }
     /// Checks every hot slot against its host bytes under `map` (e.g. `Controller.map`).
     fn verify(&self, map: &PyResidencyMap) -> PyResult<()> {
@@ -426,7 +454,7 @@ impl PyController {
         let (v, l, e) = self.0.with(|c| {
             let g = *c.map().geometry();
             Ok((
-                c.ema_values().to_vec(),
+                tier_core::alloc::try_copied(c.ema_values(), "EMA copy").map_err(core_err)?,
                 g.layers as usize,
                 g.experts_per_layer as usize,
             ))
@@ -462,7 +490,7 @@ impl PyController {
     ) -> PyResult<()> {
         let json = json_arg(Some(message))?.unwrap_or_default();
         let snapshot = match counters {
-            Some(c) => Some(c.0.with(|c| Ok(c.snapshot()))?),
+            Some(c) => Some(c.0.with(|c| c.try_snapshot().map_err(expert_err))?),
             None => None,
         };
         self.0.with(|c| {

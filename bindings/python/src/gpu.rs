@@ -32,14 +32,47 @@ use cuda_kernels::{
 use expert_residency::gpu::{CommitMode, ExpertBankGpu, GpuExecutor};
 use kv_elastic::gpu::{CopyBackend, GpuElasticPool, GpuPoolConfig};
 use kv_elastic::PoolConfig;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
-use crate::arrays::bytes;
+use crate::arrays::with_bytes;
 use crate::experts::PyResidencyMap;
-use crate::kv::{admission, PyKvGeometry};
+use crate::ints::{int_arg, int_args};
+use crate::kv::{admission, maintenance, PyKvGeometry};
 use crate::{expert_err, guard, kv_err, Slot};
+
+/// Caller memory: the tensor's storage that owns it, its address, its bytes and (the host
+/// store's) whether tierkit registers it.
+type CallerMemory = (Py<PyAny>, u64, usize, bool);
+
+/// A caller memory argument, `(owner, data_ptr, bytes)` or with `register` the host store's
+/// `(owner, data_ptr, bytes, register)` (`None` when absent): a `TypeError` naming `name` unless
+/// it is such a tuple, its ints read by [`int_arg`] as `name[1]` and `name[2]`.
+fn memory_arg(
+    obj: Option<&Bound<'_, PyAny>>,
+    name: &str,
+    with_register: bool,
+) -> PyResult<Option<CallerMemory>> {
+    let Some(o) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    let n = if with_register { 4 } else { 3 };
+    let t = o
+        .cast::<PyTuple>()
+        .ok()
+        .filter(|t| t.len() == n)
+        .ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "{name} must be a tuple (owner, data_ptr, bytes{})",
+                if with_register { ", register" } else { "" }
+            ))
+        })?;
+    let ptr: u64 = int_arg(&t.get_item(1)?, &format!("{name}[1] (data_ptr)"))?;
+    let bytes: usize = int_arg(&t.get_item(2)?, &format!("{name}[2] (bytes)"))?;
+    let register = with_register && t.get_item(3)?.extract::<bool>()?;
+    Ok(Some((t.get_item(0)?.unbind(), ptr, bytes, register)))
+}
 
 /// A caller's CUDA memory `(owner, data_ptr, bytes)` (`owner`: the tensor's storage) as device
 /// memory of an object being built: `owner` is kept in `keep`, which the object holds for as
@@ -48,9 +81,9 @@ use crate::{expert_err, guard, kv_err, Slot};
 fn borrow_device(
     gpu: &Gpu,
     keep: &mut Vec<Py<PyAny>>,
-    mem: Option<(Py<PyAny>, u64, usize)>,
+    mem: Option<CallerMemory>,
 ) -> PyResult<Option<DeviceBuffer<u8>>> {
-    let Some((t, ptr, bytes)) = mem else {
+    let Some((t, ptr, bytes, _)) = mem else {
         return Ok(None);
     };
     keep.push(t);
@@ -114,7 +147,8 @@ fn gpu_guard<T>(f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
 /// Loads the kernels of device `device` (NVRTC compile at first use): call once before a CUDA
 /// graph capture so no module loads inside it.
 #[pyfunction]
-fn warmup(device_index: usize) -> PyResult<()> {
+fn warmup(device_index: &Bound<'_, PyAny>) -> PyResult<()> {
+    int_args!(device_index: usize);
     gpu_guard(|| device(device_index).map(|_| ()))
 }
 
@@ -128,20 +162,34 @@ fn warmup(device_index: usize) -> PyResult<()> {
 #[pyo3(signature = (device_index, stream, ids, dtype, tokens, k, row_stride, layer, counts, layers, experts, rejected, control))]
 #[allow(clippy::too_many_arguments)]
 fn count_topk(
-    device_index: usize,
-    stream: u64,
-    ids: u64,
+    device_index: &Bound<'_, PyAny>,
+    stream: &Bound<'_, PyAny>,
+    ids: &Bound<'_, PyAny>,
     dtype: &str,
-    tokens: u32,
-    k: u32,
-    row_stride: u64,
-    layer: u32,
-    counts: u64,
-    layers: u32,
-    experts: u32,
-    rejected: u64,
-    control: u64,
+    tokens: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    row_stride: &Bound<'_, PyAny>,
+    layer: &Bound<'_, PyAny>,
+    counts: &Bound<'_, PyAny>,
+    layers: &Bound<'_, PyAny>,
+    experts: &Bound<'_, PyAny>,
+    rejected: &Bound<'_, PyAny>,
+    control: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
+    int_args!(
+        device_index: usize,
+        stream: u64,
+        ids: u64,
+        tokens: u32,
+        k: u32,
+        row_stride: u64,
+        layer: u32,
+        counts: u64,
+        layers: u32,
+        experts: u32,
+        rejected: u64,
+        control: u64
+    );
     let dtype = ids_dtype(dtype)?;
     gpu_guard(|| {
         let d = device(device_index)?;
@@ -175,16 +223,27 @@ fn count_topk(
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn expert_slot_ids(
-    device_index: usize,
-    stream: u64,
-    table: u64,
-    out: u64,
-    cells: u32,
-    experts: u32,
-    hbm: u64,
-    slot_bytes: u64,
-    slots_per_layer: u32,
+    device_index: &Bound<'_, PyAny>,
+    stream: &Bound<'_, PyAny>,
+    table: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    cells: &Bound<'_, PyAny>,
+    experts: &Bound<'_, PyAny>,
+    hbm: &Bound<'_, PyAny>,
+    slot_bytes: &Bound<'_, PyAny>,
+    slots_per_layer: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
+    int_args!(
+        device_index: usize,
+        stream: u64,
+        table: u64,
+        out: u64,
+        cells: u32,
+        experts: u32,
+        hbm: u64,
+        slot_bytes: u64,
+        slots_per_layer: u32
+    );
     gpu_guard(|| {
         let d = device(device_index)?;
         // SAFETY: the caller's live stream of this device.
@@ -358,15 +417,21 @@ impl PyGpuExpertBank {
     /// long as the bank. A range the driver refuses (not pinned, misaligned, too short, another
     /// device) is a `ValueError`; overlap with another tierkit object is checked by tierkit.torch.
     #[new]
-    #[pyo3(signature = (map, device_index, stream, threads = 4, host = None, slots = None))]
+    #[pyo3(
+        signature = (map, device_index, stream, threads = None, host = None, slots = None),
+        text_signature = "(map, device_index, stream, threads=4, host=None, slots=None)"
+    )]
     fn new(
         map: &PyResidencyMap,
-        device_index: usize,
-        stream: u64,
-        threads: usize,
-        host: Option<(Py<PyAny>, u64, usize, bool)>,
-        slots: Option<(Py<PyAny>, u64, usize)>,
+        device_index: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyAny>,
+        threads: Option<&Bound<'_, PyAny>>,
+        host: Option<&Bound<'_, PyAny>>,
+        slots: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        int_args!(device_index: usize, stream: u64, threads: usize = 4);
+        let host = memory_arg(host, "host", true)?;
+        let slots = memory_arg(slots, "slots", false)?;
         gpu_guard(|| {
             // SAFETY: `stream` is the caller's live stream of this device, kept alive as long as
             // the bank (tierkit.torch holds the torch.cuda.Stream object).
@@ -456,11 +521,13 @@ impl PyGpuExpertBank {
         })
     }
     /// Whether `(layer, expert)` is in an HBM slot now.
-    fn is_hot(&self, layer: u32, expert: u32) -> PyResult<bool> {
+    fn is_hot(&self, layer: &Bound<'_, PyAny>, expert: &Bound<'_, PyAny>) -> PyResult<bool> {
+        int_args!(layer: u32, expert: u32);
         self.with(|e| Ok(e.bank().is_hot(layer, expert)))
     }
     /// The HBM slot of each hot expert of `layer` as `{expert: slot}`.
-    fn slots_of(&self, layer: u32) -> PyResult<HashMap<u32, u32>> {
+    fn slots_of(&self, layer: &Bound<'_, PyAny>) -> PyResult<HashMap<u32, u32>> {
+        int_args!(layer: u32);
         self.with(|e| {
             let b = e.bank();
             let slots = b.store().geometry().slots_per_layer();
@@ -530,14 +597,21 @@ impl PyGpuKvPool {
     #[allow(clippy::too_many_arguments)]
     fn new(
         geometry: &PyKvGeometry,
-        device_index: usize,
-        stream: u64,
-        max_sessions: u32,
-        max_history: u32,
+        device_index: &Bound<'_, PyAny>,
+        stream: &Bound<'_, PyAny>,
+        max_sessions: &Bound<'_, PyAny>,
+        max_history: &Bound<'_, PyAny>,
         elastic: bool,
         settle_readers: bool,
-        arena: Option<(Py<PyAny>, u64, usize)>,
+        arena: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        int_args!(
+            device_index: usize,
+            stream: u64,
+            max_sessions: u32,
+            max_history: u32
+        );
+        let arena = memory_arg(arena, "arena", false)?;
         gpu_guard(|| {
             // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
@@ -608,47 +682,60 @@ impl PyGpuKvPool {
     fn admit<'py>(
         &self,
         py: Python<'py>,
-        session: u64,
+        session: &Bound<'py, PyAny>,
         history: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let h = bytes(history, "history")?;
-        let a = self.0.host(py, "GpuKvPool.admit", |p| {
-            p.admit(session, &h).map_err(kv_err)
+        int_args!(session: u64);
+        let a = with_bytes(history, "history", |h| {
+            self.0.host(py, "GpuKvPool.admit", |p| {
+                p.admit(session, h).map_err(kv_err)
+            })
         })?;
         admission(py, a)
     }
     /// Appends committed tokens (whole tokens); returns the new length.
-    fn append(&self, py: Python<'_>, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let t = bytes(tokens, "tokens")?;
-        self.0.host(py, "GpuKvPool.append", |p| {
-            p.append(session, &t).map_err(kv_err)
+    fn append(
+        &self,
+        py: Python<'_>,
+        session: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<u32> {
+        int_args!(session: u64);
+        with_bytes(tokens, "tokens", |t| {
+            self.0.host(py, "GpuKvPool.append", |p| {
+                p.append(session, t).map_err(kv_err)
+            })
         })
     }
     /// Finishes a session.
-    fn finish(&self, py: Python<'_>, session: u64) -> PyResult<()> {
+    fn finish(&self, py: Python<'_>, session: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(session: u64);
         self.0.host(py, "GpuKvPool.finish", |p| {
             p.finish(session).map_err(kv_err)
         })
     }
     /// Takes back up to `n` lent pages; returns how many.
-    fn reclaim(&self, py: Python<'_>, n: u32) -> PyResult<u32> {
+    fn reclaim(&self, py: Python<'_>, n: &Bound<'_, PyAny>) -> PyResult<u32> {
+        int_args!(n: u32);
         self.0
             .host(py, "GpuKvPool.reclaim", |p| p.reclaim(n).map_err(kv_err))
     }
     /// Between steps (hand-backs, collection, growth); returns the counts.
-    #[pyo3(signature = (chunk = 8))]
-    fn between_steps<'py>(&self, py: Python<'py>, chunk: u32) -> PyResult<Bound<'py, PyDict>> {
+    #[pyo3(signature = (chunk = None), text_signature = "($self, chunk=8)")]
+    fn between_steps<'py>(
+        &self,
+        py: Python<'py>,
+        chunk: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        int_args!(chunk: u32 = 8);
         let m = self.0.host(py, "GpuKvPool.between_steps", |p| {
             p.between_steps(chunk).map_err(kv_err)
         })?;
-        let d = PyDict::new(py);
-        d.set_item("handed_back", m.handed_back)?;
-        d.set_item("collected", m.collected)?;
-        d.set_item("grown", m.grown)?;
-        Ok(d)
+        maintenance(py, m)
     }
     /// The device session slot of a live session (the `session_slot` input of `resolve`).
-    fn slot_of(&self, py: Python<'_>, session: u64) -> PyResult<u32> {
+    fn slot_of(&self, py: Python<'_>, session: &Bound<'_, PyAny>) -> PyResult<u32> {
+        int_args!(session: u64);
         self.0.host(py, "GpuKvPool.slot_of", |p| {
             p.slot_of(session).map_err(kv_err)
         })
@@ -684,26 +771,46 @@ impl PyGpuKvPool {
     #[allow(clippy::too_many_arguments)]
     fn resolve(
         &self,
-        stream: u64,
-        topk: u64,
-        query_start_loc: u64,
-        seq_lens: u64,
-        session_slot: u64,
-        sessions: u32,
-        rows: u32,
-        k: u32,
-        layer: u32,
-        indices: u64,
-        valid_count: u64,
-        plan: u64,
-        plan_count: u64,
-        stats: u64,
+        stream: &Bound<'_, PyAny>,
+        topk: &Bound<'_, PyAny>,
+        query_start_loc: &Bound<'_, PyAny>,
+        seq_lens: &Bound<'_, PyAny>,
+        session_slot: &Bound<'_, PyAny>,
+        sessions: &Bound<'_, PyAny>,
+        rows: &Bound<'_, PyAny>,
+        k: &Bound<'_, PyAny>,
+        layer: &Bound<'_, PyAny>,
+        indices: &Bound<'_, PyAny>,
+        valid_count: &Bound<'_, PyAny>,
+        plan: &Bound<'_, PyAny>,
+        plan_count: &Bound<'_, PyAny>,
+        stats: &Bound<'_, PyAny>,
         packed: bool,
-        query_seq_lens: u64,
-        indices_len: u64,
-        valid_len: u64,
-        plan_count_len: u64,
+        query_seq_lens: &Bound<'_, PyAny>,
+        indices_len: &Bound<'_, PyAny>,
+        valid_len: &Bound<'_, PyAny>,
+        plan_count_len: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        int_args!(
+            stream: u64,
+            topk: u64,
+            query_start_loc: u64,
+            seq_lens: u64,
+            session_slot: u64,
+            sessions: u32,
+            rows: u32,
+            k: u32,
+            layer: u32,
+            indices: u64,
+            valid_count: u64,
+            plan: u64,
+            plan_count: u64,
+            stats: u64,
+            query_seq_lens: u64,
+            indices_len: u64,
+            valid_len: u64,
+            plan_count_len: u64
+        );
         let gpu = self.0.gpu.clone();
         self.with(|p| {
             let max = p.device().dims().max_slots;
@@ -762,13 +869,21 @@ impl PyGpuKvPool {
     #[allow(clippy::too_many_arguments)]
     fn replay(
         &self,
-        stream: u64,
-        plan: u64,
-        plan_count: u64,
-        sessions: u32,
-        layer0: u32,
-        layers: u32,
+        stream: &Bound<'_, PyAny>,
+        plan: &Bound<'_, PyAny>,
+        plan_count: &Bound<'_, PyAny>,
+        sessions: &Bound<'_, PyAny>,
+        layer0: &Bound<'_, PyAny>,
+        layers: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
+        int_args!(
+            stream: u64,
+            plan: u64,
+            plan_count: u64,
+            sessions: u32,
+            layer0: u32,
+            layers: u32
+        );
         let gpu = self.0.gpu.clone();
         self.with(|p| {
             let dims = *p.device().dims();

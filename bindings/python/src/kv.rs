@@ -6,23 +6,18 @@ use kv_elastic::{
     Admission, ElasticPool, Geometry, LayerGroups, OutputLayout, PoolConfig, ReadTicket,
     ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
 };
-use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::arrays::{bytes, ints, narrow, out_i32};
+use crate::arrays::{ints, narrow, out_i32, with_bytes, zeros_i32};
+use crate::ints::{int_arg, int_args};
 use crate::{guard, kv_err, to_py, Slot};
 
 /// `layer_groups` as Python gives it: `None` or `"per_layer"` (every layer its own group, the
 /// default), `"one"` (one group of every layer), an `int` n (groups of n layers) or a sequence of
 /// group sizes summing to `layers`.
 fn layer_groups_arg(arg: Option<&Bound<'_, PyAny>>) -> PyResult<LayerGroups> {
-    let bad = || {
-        PyTypeError::new_err(
-            "layer_groups must be None, \"per_layer\", \"one\", an int (layers per group) or a sequence of group sizes",
-        )
-    };
     let Some(a) = arg.filter(|a| !a.is_none()) else {
         return Ok(LayerGroups::per_layer());
     };
@@ -37,19 +32,22 @@ fn layer_groups_arg(arg: Option<&Bound<'_, PyAny>>) -> PyResult<LayerGroups> {
             }
         }
     } else if a.is_instance_of::<pyo3::types::PyInt>() {
-        let n: i128 = a.extract().map_err(|_| bad())?;
-        let n = u32::try_from(n).map_err(|_| {
-            PyValueError::new_err(format!("layer_groups: {n} layers per group (1..=4096)"))
-        })?;
-        LayerGroups::every(n)
-    } else {
-        let sizes: Vec<i128> = a.extract().map_err(|_| bad())?;
-        let sizes = sizes
-            .iter()
-            .map(|&n| u32::try_from(n))
-            .collect::<Result<Vec<u32>, _>>()
-            .map_err(|_| PyValueError::new_err("layer_groups: group sizes must be in 1..=4096"))?;
+        LayerGroups::every(int_arg::<u32>(a, "layer_groups")?)
+    } else if let Ok(seq) = a.try_iter() {
+        let mut sizes = Vec::new();
+        for item in seq {
+            if sizes.len() == kv_elastic::MAX_LAYERS as usize {
+                return Err(PyValueError::new_err(
+                    "layer_groups: more groups than MAX_LAYERS (4096)",
+                ));
+            }
+            sizes.push(int_arg::<u32>(&item?, "layer_groups[i]")?);
+        }
         LayerGroups::from_sizes(&sizes)
+    } else {
+        return Err(PyTypeError::new_err(
+            "layer_groups must be None, \"per_layer\", \"one\", an int (layers per group) or a sequence of group sizes",
+        ));
     };
     groups.map_err(kv_err)
 }
@@ -66,18 +64,30 @@ pub(crate) struct PyKvGeometry(pub(crate) Geometry);
 #[pymethods]
 impl PyKvGeometry {
     #[new]
-    #[pyo3(signature = (row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows = 0, layer_groups = None))]
+    #[pyo3(
+        signature = (row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows = None, layer_groups = None),
+        text_signature = "(row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows=0, layer_groups=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        row_bytes: u32,
-        layers: u32,
-        page_rows: u32,
-        arena_pages: u32,
-        hot_rows: u32,
-        tail_rows: u32,
-        scratch_rows: u32,
+        row_bytes: &Bound<'_, PyAny>,
+        layers: &Bound<'_, PyAny>,
+        page_rows: &Bound<'_, PyAny>,
+        arena_pages: &Bound<'_, PyAny>,
+        hot_rows: &Bound<'_, PyAny>,
+        tail_rows: &Bound<'_, PyAny>,
+        scratch_rows: Option<&Bound<'_, PyAny>>,
         layer_groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        int_args!(
+            row_bytes: u32,
+            layers: u32,
+            page_rows: u32,
+            arena_pages: u32,
+            hot_rows: u32,
+            tail_rows: u32,
+            scratch_rows: u32 = 0
+        );
         let g = Geometry {
             row_bytes,
             layers,
@@ -93,18 +103,30 @@ impl PyKvGeometry {
     /// Sizes the arena from an HBM budget in bytes (`budget_bytes`), as many pages of
     /// `page_rows × layers × row_bytes` bytes as fit; `layer_groups` as in the constructor.
     #[staticmethod]
-    #[pyo3(signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = 0, layer_groups = None))]
+    #[pyo3(
+        signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = None, layer_groups = None),
+        text_signature = "(budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows=0, layer_groups=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn for_hbm_budget(
-        budget_bytes: u64,
-        row_bytes: u32,
-        layers: u32,
-        page_rows: u32,
-        hot_rows: u32,
-        tail_rows: u32,
-        scratch_rows: u32,
+        budget_bytes: &Bound<'_, PyAny>,
+        row_bytes: &Bound<'_, PyAny>,
+        layers: &Bound<'_, PyAny>,
+        page_rows: &Bound<'_, PyAny>,
+        hot_rows: &Bound<'_, PyAny>,
+        tail_rows: &Bound<'_, PyAny>,
+        scratch_rows: Option<&Bound<'_, PyAny>>,
         layer_groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        int_args!(
+            budget_bytes: u64,
+            row_bytes: u32,
+            layers: u32,
+            page_rows: u32,
+            hot_rows: u32,
+            tail_rows: u32,
+            scratch_rows: u32 = 0
+        );
         let layer_groups = layer_groups_arg(layer_groups)?;
         guard(|| {
             let mut g = Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
@@ -277,6 +299,18 @@ impl PyResolved {
     }
 }
 
+/// What `between_steps` did, as `{"handed_back", "collected", "grown"}`.
+pub(crate) fn maintenance<'py>(
+    py: Python<'py>,
+    m: kv_elastic::StepMaintenance,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("handed_back", m.handed_back)?;
+    d.set_item("collected", m.collected)?;
+    d.set_item("grown", m.grown)?;
+    Ok(d)
+}
+
 pub(crate) fn admission<'py>(py: Python<'py>, a: Admission) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     match a {
@@ -318,47 +352,56 @@ impl PyElasticPool {
     fn admit<'py>(
         &self,
         py: Python<'py>,
-        session: u64,
+        session: &Bound<'py, PyAny>,
         history: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let h = bytes(history, "history")?;
-        let a = self.0.with(|p| p.admit(session, &h).map_err(kv_err))?;
+        int_args!(session: u64);
+        let a = with_bytes(history, "history", |h| {
+            self.0.with(|p| p.admit(session, h).map_err(kv_err))
+        })?;
         admission(py, a)
     }
     /// Appends committed tokens (whole tokens) to a session; returns its new length in tokens.
-    fn append(&self, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let t = bytes(tokens, "tokens")?;
-        self.0.with(|p| p.append(session, &t).map_err(kv_err))
+    fn append(&self, session: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<u32> {
+        int_args!(session: u64);
+        with_bytes(tokens, "tokens", |t| {
+            self.0.with(|p| p.append(session, t).map_err(kv_err))
+        })
     }
     /// Writes draft tokens into the session's scratch (speculative decoding).
-    fn write_scratch(&self, session: u64, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
-        let t = bytes(tokens, "tokens")?;
-        self.0
-            .with(|p| p.write_scratch(session, &t).map_err(kv_err))
+    fn write_scratch(&self, session: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(session: u64);
+        with_bytes(tokens, "tokens", |t| {
+            self.0.with(|p| p.write_scratch(session, t).map_err(kv_err))
+        })
     }
     /// Accepts the first `n` draft tokens as committed; returns the new length.
-    fn accept(&self, session: u64, n: u32) -> PyResult<u32> {
+    fn accept(&self, session: &Bound<'_, PyAny>, n: &Bound<'_, PyAny>) -> PyResult<u32> {
+        int_args!(session: u64, n: u32);
         self.0.with(|p| p.accept(session, n).map_err(kv_err))
     }
     /// Finishes a session; its pages go back in bounded chunks at `between_steps`.
-    fn finish(&self, session: u64) -> PyResult<()> {
+    fn finish(&self, session: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(session: u64);
         self.0.with(|p| p.finish(session).map_err(kv_err))
     }
     /// Takes back up to `n` lent (elastic) pages from the sessions holding them, for new
     /// admissions; returns how many. Their positions are served from the host store again.
-    fn reclaim(&self, n: u32) -> PyResult<u32> {
+    fn reclaim(&self, n: &Bound<'_, PyAny>) -> PyResult<u32> {
+        int_args!(n: u32);
         self.0.with(|p| p.reclaim(n).map_err(kv_err))
     }
     /// Between steps: hands back up to `chunk` pages of finished sessions, frees pages whose
     /// readers completed, lends free pages to sessions missing history. Returns the counts.
-    #[pyo3(signature = (chunk = 8))]
-    fn between_steps<'py>(&self, py: Python<'py>, chunk: u32) -> PyResult<Bound<'py, PyDict>> {
+    #[pyo3(signature = (chunk = None), text_signature = "($self, chunk=8)")]
+    fn between_steps<'py>(
+        &self,
+        py: Python<'py>,
+        chunk: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        int_args!(chunk: u32 = 8);
         let m = self.0.with(|p| p.between_steps(chunk).map_err(kv_err))?;
-        let d = PyDict::new(py);
-        d.set_item("handed_back", m.handed_back)?;
-        d.set_item("collected", m.collected)?;
-        d.set_item("grown", m.grown)?;
-        Ok(d)
+        maintenance(py, m)
     }
     /// Resolves one step's top-k positions to arena rows.
     ///
@@ -371,7 +414,10 @@ impl PyElasticPool {
     /// bounds each query row (speculative rows). The picks resolve against the hot cache of
     /// `layer`'s layer group (`Geometry.layer_groups`) and the misses are fetched into every
     /// layer of that group.
-    #[pyo3(signature = (sessions, query_start_loc, seq_lens, topk, layer = 0, *, k = None, indices = None, valid_count = None, packed = false, query_seq_lens = None))]
+    #[pyo3(
+        signature = (sessions, query_start_loc, seq_lens, topk, layer = None, *, k = None, indices = None, valid_count = None, packed = false, query_seq_lens = None),
+        text_signature = "($self, sessions, query_start_loc, seq_lens, topk, layer=0, *, k=None, indices=None, valid_count=None, packed=False, query_seq_lens=None)"
+    )]
     #[allow(clippy::too_many_arguments)]
     fn resolve<'py>(
         &self,
@@ -380,13 +426,14 @@ impl PyElasticPool {
         query_start_loc: &Bound<'py, PyAny>,
         seq_lens: &Bound<'py, PyAny>,
         topk: &Bound<'py, PyAny>,
-        layer: u32,
-        k: Option<usize>,
+        layer: Option<&Bound<'py, PyAny>>,
+        k: Option<&Bound<'py, PyAny>>,
         indices: Option<&Bound<'py, PyAny>>,
         valid_count: Option<&Bound<'py, PyAny>>,
         packed: bool,
         query_seq_lens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyResolved> {
+        int_args!(layer: u32 = 0, k: Option<usize>);
         let sessions: Vec<u64> = narrow(&ints(sessions, "sessions", 1, "[reqs]")?.0, "sessions")?;
         let qsl: Vec<i32> = narrow(
             &ints(query_start_loc, "query_start_loc", 1, "[reqs + 1]")?.0,
@@ -411,13 +458,11 @@ impl PyElasticPool {
         // Outputs: the caller's (checked) or new ones.
         let idx_arr: Bound<'py, PyAny> = match indices {
             Some(a) if !a.is_none() => a.clone(),
-            _ => PyArray1::<i32>::zeros(py, [rows * kk], false)
-                .reshape([rows, kk])?
-                .into_any(),
+            _ => zeros_i32(py, &[rows, kk])?,
         };
         let val_arr: Bound<'py, PyAny> = match valid_count {
             Some(a) if !a.is_none() => a.clone(),
-            _ => PyArray1::<i32>::zeros(py, [rows], false).into_any(),
+            _ => zeros_i32(py, &[rows])?,
         };
         if idx_arr.is(&val_arr) {
             return Err(PyValueError::new_err(
@@ -474,7 +519,8 @@ impl PyElasticPool {
     /// Copies a plan's (or a `Resolved`'s plan's) rows again into one layer of its layer group
     /// (never needed: the resolve filled every layer of the group); `ValueError` for a layer of
     /// another group, whose planes hold other positions at those rows.
-    fn replay(&self, plan: &Bound<'_, PyAny>, layer: u32) -> PyResult<()> {
+    fn replay(&self, plan: &Bound<'_, PyAny>, layer: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(layer: u32);
         let plan: Py<PyResolvePlan> = if let Ok(r) = plan.cast::<PyResolved>() {
             r.get().plan.clone_ref(plan.py())
         } else if let Ok(p) = plan.cast::<PyResolvePlan>() {
@@ -491,10 +537,11 @@ impl PyElasticPool {
     /// (up to 16,384), fetching them into every layer of the group; returns the plan of copies.
     fn prefetch(
         &self,
-        session: u64,
+        session: &Bound<'_, PyAny>,
         candidates: &Bound<'_, PyAny>,
-        layer: u32,
+        layer: &Bound<'_, PyAny>,
     ) -> PyResult<PyResolvePlan> {
+        int_args!(session: u64, layer: u32);
         let c: Vec<i32> = narrow(&ints(candidates, "candidates", 1, "[n]")?.0, "candidates")?;
         self.0.with(|p| {
             p.prefetch(session, &c, layer)
@@ -507,16 +554,24 @@ impl PyElasticPool {
     fn arena_row<'py>(
         &self,
         py: Python<'py>,
-        layer: u32,
-        row: i32,
+        layer: &Bound<'py, PyAny>,
+        row: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let v = self
-            .0
-            .with(|p| Ok(p.arena_row(layer, row).map(<[u8]>::to_vec)))?;
-        Ok(v.map(|b| PyBytes::new(py, &b)))
+        int_args!(layer: u32, row: i32);
+        self.0.with(|p| {
+            p.arena_row(layer, row)
+                .map(|src| {
+                    PyBytes::new_with(py, src.len(), |b| {
+                        b.copy_from_slice(src);
+                        Ok(())
+                    })
+                })
+                .transpose()
+        })
     }
     /// Committed tokens of a session.
-    fn committed_len(&self, session: u64) -> PyResult<u32> {
+    fn committed_len(&self, session: &Bound<'_, PyAny>) -> PyResult<u32> {
+        int_args!(session: u64);
         self.0.with(|p| p.committed_len(session).map_err(kv_err))
     }
     /// Sessions admitted and not finished.

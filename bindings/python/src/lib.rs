@@ -9,8 +9,9 @@
 //! - **Arrays** come in as numpy arrays, CPU tensors through DLPack (torch, jax, cupy-on-host...)
 //!   or buffer-protocol objects; dtype, shape, alignment and (for outputs) contiguity and
 //!   writability are checked: `TypeError` for a dtype, `ValueError` for the rest (`src/arrays.rs`).
-//! - **Errors** of the tiers become `ValueError` (bad input) or `RuntimeError` (state, room),
-//!   after the classes shared with the C ABI (`tierkit_bindings::Code`).
+//! - **Errors** of the tiers become `ValueError` (bad input), `MemoryError` (the host could not
+//!   allocate what the call needs) or `RuntimeError` (state, room), after the classes shared with
+//!   the C ABI (`tierkit_bindings::Code`).
 //! - **Panics** are caught in every method and raised as `tierkit.InternalError` (a
 //!   `RuntimeError`); the object that panicked is poisoned (closed), every other object goes on.
 //! - **Lifetimes**: every resource object has `close()` (and is a context manager); a closed
@@ -24,7 +25,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, TryLockError};
 
-use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use tierkit_bindings::{panic_message, Code};
 
@@ -32,6 +33,7 @@ mod arrays;
 mod experts;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod ints;
 mod kv;
 mod sim;
 
@@ -55,6 +57,7 @@ pub(crate) fn raise(code: Code, message: String) -> PyErr {
         Code::NullArgument | Code::InvalidArgument | Code::Layout => PyValueError::new_err(message),
         Code::InvalidHandle | Code::Poisoned => ClosedError::new_err(message),
         Code::Panic => InternalError::new_err(message),
+        Code::OutOfMemory => PyMemoryError::new_err(message),
         Code::Ok | Code::State | Code::NoRoom | Code::Internal | Code::Unsupported => {
             PyRuntimeError::new_err(message)
         }
@@ -64,6 +67,16 @@ pub(crate) fn raise(code: Code, message: String) -> PyErr {
 /// An `expert-residency` error as a Python exception.
 pub(crate) fn expert_err(e: expert_residency::ExpertError) -> PyErr {
     raise(tierkit_bindings::classify_expert(&e), e.to_string())
+}
+
+/// A shared helper's failure as a Python exception.
+pub(crate) fn failure(f: tierkit_bindings::Failure) -> PyErr {
+    raise(f.code, f.message)
+}
+
+/// A `tier-core` error (an allocation of ours that failed: `MemoryError`) as a Python exception.
+pub(crate) fn core_err(e: tier_core::CoreError) -> PyErr {
+    failure(e.into())
 }
 
 /// A `kv-elastic` error as a Python exception.

@@ -8,6 +8,7 @@ use tierkit_sim::experts::scoreboard::{self as board, Policy};
 use tierkit_sim::experts::trace::synth::{generate, SynthConfig};
 use tierkit_sim::experts::ReplayOptions;
 
+use crate::ints::int_args;
 use crate::{expert_err, guard, json_arg, raise, to_py};
 use tierkit_bindings::Code;
 
@@ -19,21 +20,32 @@ use tierkit_bindings::Code;
 /// scenario. Releases the GIL while it replays (its worker threads are joined before it
 /// returns).
 #[pyfunction]
-#[pyo3(signature = (*, steps = 3000, shift_at = 1000, tokens_per_step = 32, seed = 42, hot = 16, from_domain = "github", to_domain = "book", policies = None, config = None, expert_bytes = 6 << 20))]
+#[pyo3(
+    signature = (*, steps = None, shift_at = None, tokens_per_step = None, seed = None, hot = None, from_domain = "github", to_domain = "book", policies = None, config = None, expert_bytes = None),
+    text_signature = "(*, steps=3000, shift_at=1000, tokens_per_step=32, seed=42, hot=16, from_domain='github', to_domain='book', policies=None, config=None, expert_bytes=6291456)"
+)]
 #[allow(clippy::too_many_arguments)]
 fn scoreboard<'py>(
     py: Python<'py>,
-    steps: u64,
-    shift_at: u64,
-    tokens_per_step: u32,
-    seed: u64,
-    hot: u32,
+    steps: Option<&Bound<'py, PyAny>>,
+    shift_at: Option<&Bound<'py, PyAny>>,
+    tokens_per_step: Option<&Bound<'py, PyAny>>,
+    seed: Option<&Bound<'py, PyAny>>,
+    hot: Option<&Bound<'py, PyAny>>,
     from_domain: &str,
     to_domain: &str,
     policies: Option<Vec<String>>,
     config: Option<&Bound<'py, PyAny>>,
-    expert_bytes: u64,
+    expert_bytes: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    int_args!(
+        steps: u64 = 3000,
+        shift_at: u64 = 1000,
+        tokens_per_step: u32 = 32,
+        seed: u64 = 42,
+        hot: u32 = 16,
+        expert_bytes: u64 = 6 << 20
+    );
     let cfg_json = json_arg(config)?;
     let policies: Vec<Policy> = match policies {
         None => Policy::ALL.to_vec(),

@@ -22,6 +22,7 @@ use crate::policy::{CostPolicy, RatioPolicy, RecencyPolicy, SwapChoice, SwapPoli
 use crate::rowmap::ResidencyMap;
 use crate::telemetry::{DrainTelemetry, SwapStats};
 use drain::ShiftState;
+use tier_core::alloc::try_filled;
 use tier_core::DecayingCounters;
 
 /// What one [`Controller::step`] did.
@@ -108,7 +109,8 @@ impl Controller {
     /// `cfg.policy` names: [`CostPolicy`] (default) at `cfg.cost` and `cfg.link`, the published
     /// [`RatioPolicy`] at `cfg.ratio`, or [`RecencyPolicy`]; frozen if `cfg.boot_frozen`.
     ///
-    /// Errors: [`ExpertError::InvalidConfig`] for a bad config.
+    /// Errors: [`ExpertError::InvalidConfig`] for a bad config; [`ExpertError::OutOfMemory`] (see
+    /// [`Controller::with_policy`]).
     pub fn new(map: ResidencyMap, cfg: ControllerConfig) -> Result<Self> {
         cfg.validate()?;
         let policy: Box<dyn SwapPolicy> = match cfg.policy {
@@ -124,7 +126,9 @@ impl Controller {
     /// builds and are unused here; everything else in `cfg` (drain cadence, half-life, caps,
     /// budget, window, shift response) applies whatever the policy.
     ///
-    /// Errors: [`ExpertError::InvalidConfig`] for a bad config.
+    /// Errors: [`ExpertError::InvalidConfig`] for a bad config; [`ExpertError::OutOfMemory`] when
+    /// the host cannot allocate the controller's per-cell tables (about 40 bytes per
+    /// `(layer, expert)` cell, plus 16 bytes per layer and window drain).
     pub fn with_policy(
         map: ResidencyMap,
         cfg: ControllerConfig,
@@ -134,28 +138,29 @@ impl Controller {
         let g = *map.geometry();
         let cells = g.cells();
         let layers = g.layers as usize;
+        let what = "controller tables";
         Ok(Controller {
             ema: DecayingCounters::new(cells, cfg.half_life_steps)?,
-            prev: vec![0; cells],
-            snap: vec![0; cells],
-            deltas: vec![0; cells],
+            prev: try_filled(cells, 0, what)?,
+            snap: try_filled(cells, 0, what)?,
+            deltas: try_filled(cells, 0, what)?,
             step: 0,
             last_drain_step: 0,
             drains: 0,
             frozen: cfg.boot_frozen,
             queue: Vec::new(),
-            busy: vec![0; layers],
-            in_flight: vec![false; layers],
+            busy: try_filled(layers, 0, what)?,
+            in_flight: try_filled(layers, false, what)?,
             stats: SwapStats::default(),
-            window: vec![(0, 0); layers * cfg.window_drains as usize],
+            window: try_filled(layers * cfg.window_drains as usize, (0, 0), what)?,
             window_pos: 0,
             shift: ShiftState::default(),
             policy,
             choices: Vec::new(),
             counter_resets: 0,
-            touch: vec![0.0; cells],
-            touch_scratch: vec![0.0; cells],
-            last_touch: vec![0; cells],
+            touch: try_filled(cells, 0.0, what)?,
+            touch_scratch: try_filled(cells, 0.0, what)?,
+            last_touch: try_filled(cells, 0, what)?,
             touched_per_step: None,
             base_half_life: cfg.half_life_steps,
             drain_gap: Self::first_gap(&cfg),

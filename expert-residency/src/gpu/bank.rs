@@ -211,9 +211,10 @@ impl ExpertBankGpu {
                 )));
             }
         }
-        let placement = Placement::new(map);
+        let placement = Placement::new(map)?;
+        let mut table =
+            tier_core::alloc::try_filled(self.geometry.cells(), 0u64, "GPU bank table")?;
         self.store.gpu().synchronize()?;
-        let mut table = vec![0u64; self.geometry.cells()];
         for l in 0..self.geometry.layers {
             for e in 0..self.geometry.experts_per_layer {
                 let cell = self.store.cell(l, e) as usize;

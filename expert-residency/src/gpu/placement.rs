@@ -11,6 +11,7 @@
 use crate::error::{ExpertError, Result};
 use crate::executor::PlannedSwap;
 use crate::rowmap::ResidencyMap;
+use tier_core::alloc::try_filled;
 
 /// Residency bookkeeping of a GPU bank (see the module docs).
 #[derive(Clone, Debug)]
@@ -30,20 +31,21 @@ pub(crate) struct Placement {
 
 impl Placement {
     /// `map`'s hot slot `i` of every layer in physical slot `i`; slot `hot_per_layer` is the
-    /// spare; nothing in flight.
-    pub(crate) fn new(map: &ResidencyMap) -> Self {
+    /// spare; nothing in flight. Errors: `OutOfMemory` for tables the host cannot allocate.
+    pub(crate) fn new(map: &ResidencyMap) -> Result<Self> {
         let g = *map.geometry();
         let (layers, experts, hot) = (g.layers, g.experts_per_layer, g.hot_per_layer);
         let slots_per_layer = hot + 1;
-        let mut slot_of = vec![None; (layers * experts) as usize];
-        let mut expert_in_slot = vec![None; (layers * slots_per_layer) as usize];
+        let what = "GPU bank placement tables";
+        let mut slot_of = try_filled((layers * experts) as usize, None, what)?;
+        let mut expert_in_slot = try_filled((layers * slots_per_layer) as usize, None, what)?;
         for (l, row) in map.layers().iter().enumerate() {
             for (s, &e) in row.hot_experts().iter().enumerate() {
                 slot_of[l * experts as usize + e as usize] = Some(s as u32);
                 expert_in_slot[l * slots_per_layer as usize + s] = Some(e);
             }
         }
-        Placement {
+        Ok(Placement {
             map: map.clone(),
             experts,
             slots_per_layer,
@@ -51,7 +53,7 @@ impl Placement {
             expert_in_slot,
             spare: vec![hot; layers as usize],
             inflight: vec![None; layers as usize],
-        }
+        })
     }
 
     /// The mirror of the controller's map (as of the last flip).
@@ -186,7 +188,7 @@ mod tests {
     fn placement() -> Placement {
         // 2 layers x 6 experts, 3 hot (slots 0..3, spare 3)
         let g = Geometry::new(2, 6, 3, 64).unwrap();
-        Placement::new(&ResidencyMap::first_k("t", g).unwrap())
+        Placement::new(&ResidencyMap::first_k("t", g).unwrap()).unwrap()
     }
 
     fn swap(p: &Placement, layer: u32, incoming: u32, outgoing: u32) -> PlannedSwap {

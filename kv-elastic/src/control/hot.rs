@@ -1,6 +1,10 @@
 //! The per-session hot cache: a fixed number of device rows holding recently picked history
 //! positions, replaced by CLOCK (second chance). Rows used by the current step are pinned.
 
+use tier_core::alloc::{try_filled, try_reserve};
+
+use crate::error::Result;
+
 /// Sentinel for "no slot" / "no position" in the flat tables.
 const NONE: i32 = -1;
 
@@ -23,16 +27,35 @@ pub struct HotCache {
 
 impl HotCache {
     /// An empty cache of `hot_rows` slots for a history of `history` positions. It allocates
-    /// `13 × hot_rows + 4 × history` bytes (the pool's callers bound both: [`crate::Geometry`]
-    /// and the committed history).
+    /// `13 × hot_rows + 4 × history` bytes.
+    ///
+    /// # Panics
+    /// When the host cannot allocate them (sizes from caller input: [`HotCache::try_new`]).
     pub fn new(hot_rows: u32, history: u32) -> Self {
-        Self {
-            slot_pos: vec![NONE; hot_rows as usize],
-            pos_slot: vec![NONE; history as usize],
-            referenced: vec![false; hot_rows as usize],
-            stamp: vec![0; hot_rows as usize],
+        Self::try_new(hot_rows, history).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`HotCache::new`], or `OutOfMemory` when the host cannot allocate the tables.
+    pub fn try_new(hot_rows: u32, history: u32) -> Result<Self> {
+        let (rows, what) = (hot_rows as usize, "hot-cache tables");
+        Ok(Self {
+            slot_pos: try_filled(rows, NONE, what)?,
+            pos_slot: try_filled(history as usize, NONE, "hot-cache position table")?,
+            referenced: try_filled(rows, false, what)?,
+            stamp: try_filled(rows, 0, what)?,
             hand: 0,
-        }
+        })
+    }
+
+    /// Reserves room for a history of `history` positions, so a [`HotCache::grow`] up to it
+    /// allocates nothing. Errors: `OutOfMemory` (nothing changed).
+    pub fn reserve(&mut self, history: u32) -> Result<()> {
+        let extra = (history as usize).saturating_sub(self.pos_slot.len());
+        Ok(try_reserve(
+            &mut self.pos_slot,
+            extra,
+            "hot-cache position table",
+        )?)
     }
 
     /// Slots.
@@ -40,7 +63,8 @@ impl HotCache {
         self.slot_pos.len() as u32
     }
 
-    /// Grows the position table to `history` positions (history is append-only).
+    /// Grows the position table to `history` positions (history is append-only); allocates
+    /// nothing after a [`HotCache::reserve`] of at least `history`.
     pub fn grow(&mut self, history: u32) {
         if history as usize > self.pos_slot.len() {
             self.pos_slot.resize(history as usize, NONE);

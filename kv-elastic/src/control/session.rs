@@ -1,9 +1,11 @@
 //! [`SessionState`]: one live session's control state — its committed and draft lengths, its fixed
 //! pages (hot cache, tail, scratch), its borrowed-page table and its hot cache.
 
+use tier_core::alloc::{try_filled, try_reserve};
 use tier_core::{PageHandle, PageMap};
 
 use crate::control::HotCache;
+use crate::error::Result;
 use crate::layout::Geometry;
 
 /// One live session's control state (see the module docs).
@@ -30,13 +32,16 @@ pub(crate) struct SessionState {
 
 impl SessionState {
     /// Fresh hot caches (empty, call 1) for every layer group of `g`, for a history of `history`
-    /// positions.
-    pub(crate) fn new_hot(g: &Geometry, history: u32) -> (Vec<HotCache>, Vec<u64>) {
+    /// positions. Errors: `OutOfMemory` when the host cannot allocate them (their sizes come from
+    /// the caller's geometry and history).
+    pub(crate) fn try_new_hot(g: &Geometry, history: u32) -> Result<(Vec<HotCache>, Vec<u64>)> {
         let n = g.groups() as usize;
-        (
-            (0..n).map(|_| HotCache::new(g.hot_rows, history)).collect(),
-            vec![1; n],
-        )
+        let mut hot = Vec::new();
+        try_reserve(&mut hot, n, "hot caches of the layer groups")?;
+        for _ in 0..n {
+            hot.push(HotCache::try_new(g.hot_rows, history)?);
+        }
+        Ok((hot, try_filled(n, 1, "hot-cache call counters")?))
     }
 
     /// Whether every committed position below the tail is on a borrowed page (the direct path):

@@ -6,6 +6,7 @@
 //! `cuda`), which the kernels read in place, so the GPU pool holds the history once.
 
 use hashbrown::{HashMap, HashSet};
+use tier_core::alloc::try_reserve;
 
 use crate::error::{KvError, Result};
 
@@ -25,9 +26,21 @@ pub trait HostBytes: sealed::Sealed + Send + std::fmt::Debug {
     /// Whether a new session of `history_bytes` committed bytes fits (the pinned store's slots and
     /// per-slot capacity). Errors: a capacity error naming the limit.
     fn check_room(&self, history_bytes: usize) -> Result<()>;
-    /// A new session with its first committed bytes (after [`HostBytes::check_room`]).
+    /// Allocates the host memory a new session of `history_bytes` committed bytes needs, so the
+    /// [`HostBytes::create`] that follows allocates nothing (the pool calls it before it changes
+    /// anything, so an admission the host cannot hold changes nothing). Errors: `OutOfMemory`.
+    /// The default allocates nothing (a backing whose memory was allocated up front).
+    fn reserve_new(&mut self, history_bytes: usize) -> Result<()> {
+        let _ = history_bytes;
+        Ok(())
+    }
+    /// Frees what [`HostBytes::reserve_new`] allocated when no `create` follows (the admission
+    /// waits for pages).
+    fn release_reserved(&mut self) {}
+    /// A new session with its first committed bytes (after [`HostBytes::check_room`]). Errors:
+    /// `OutOfMemory` where [`HostBytes::reserve_new`] did not reserve the room.
     fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()>;
-    /// Appends committed bytes.
+    /// Appends committed bytes. Errors: `OutOfMemory` (nothing appended).
     fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()>;
     /// Grows the committed history by `bytes` bytes whose contents a device kernel writes
     /// (write-back); a backing that cannot be written by the device refuses (`Unsupported`).
@@ -39,27 +52,50 @@ pub trait HostBytes: sealed::Sealed + Send + std::fmt::Debug {
     fn remove(&mut self, session: SessionId);
 }
 
-/// The CPU backing of a [`HostStore`]: one `Vec<u8>` per live session.
+/// The CPU backing of a [`HostStore`]: one `Vec<u8>` per live session, allocated fallibly (the
+/// host refusing a history is `OutOfMemory`, never an abort).
 #[derive(Debug, Clone, Default)]
-pub struct VecBytes(HashMap<SessionId, Vec<u8>>);
+pub struct VecBytes {
+    sessions: HashMap<SessionId, Vec<u8>>,
+    /// The next session's buffer, allocated by [`HostBytes::reserve_new`].
+    reserved: Vec<u8>,
+}
 
 impl sealed::Sealed for VecBytes {}
+
+/// What a session's history buffer is called in `OutOfMemory`.
+const HISTORY: &str = "a session's history (host store)";
 
 impl HostBytes for VecBytes {
     fn check_room(&self, _history_bytes: usize) -> Result<()> {
         Ok(())
     }
 
+    fn reserve_new(&mut self, history_bytes: usize) -> Result<()> {
+        self.reserved = Vec::new();
+        reserve_entry(&mut self.sessions, "host store session table")?;
+        try_reserve(&mut self.reserved, history_bytes, HISTORY)?;
+        Ok(())
+    }
+
+    fn release_reserved(&mut self) {
+        self.reserved = Vec::new();
+    }
+
     fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()> {
-        self.0.insert(session, history.to_vec());
+        let mut v = std::mem::take(&mut self.reserved);
+        v.clear();
+        try_reserve(&mut v, history.len(), HISTORY)?;
+        reserve_entry(&mut self.sessions, "host store session table")?;
+        v.extend_from_slice(history);
+        self.sessions.insert(session, v);
         Ok(())
     }
 
     fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()> {
-        self.0
-            .get_mut(&session)
-            .expect("checked live")
-            .extend_from_slice(bytes);
+        let v = self.sessions.get_mut(&session).expect("checked live");
+        try_reserve(v, bytes.len(), HISTORY)?;
+        v.extend_from_slice(bytes);
         Ok(())
     }
 
@@ -70,12 +106,23 @@ impl HostBytes for VecBytes {
     }
 
     fn bytes(&self, session: SessionId) -> Result<&[u8]> {
-        Ok(&self.0[&session])
+        Ok(&self.sessions[&session])
     }
 
     fn remove(&mut self, session: SessionId) {
-        self.0.remove(&session);
+        self.sessions.remove(&session);
     }
+}
+
+/// Room for one more entry in `map` (so the insert that follows allocates nothing).
+fn reserve_entry<K, V>(map: &mut HashMap<K, V>, what: &'static str) -> Result<()>
+where
+    K: std::hash::Hash + Eq,
+{
+    map.try_reserve(1).map_err(|_| KvError::OutOfMemory {
+        what,
+        bytes: ((map.len() as u64) + 1).saturating_mul(std::mem::size_of::<(K, V)>() as u64),
+    })
 }
 
 /// Every session's committed KV history in host memory (the GPU back-end pins it), append-only.
@@ -150,11 +197,26 @@ impl<B: HostBytes> HostStore<B> {
         Ok((bytes.len() / tb) as u32)
     }
 
+    /// Allocates what [`HostStore::create`] of a session with `history_bytes` committed bytes
+    /// needs, so that it then allocates nothing (see [`HostBytes::reserve_new`]). Errors:
+    /// `OutOfMemory` (nothing changed).
+    pub fn reserve_new(&mut self, history_bytes: usize) -> Result<()> {
+        reserve_entry(&mut self.live, "host store session table")?;
+        self.bytes.reserve_new(history_bytes)
+    }
+
+    /// Frees what [`HostStore::reserve_new`] allocated (no `create` follows).
+    pub fn release_reserved(&mut self) {
+        self.bytes.release_reserved();
+    }
+
     /// Creates a session with its first committed tokens (`[tokens][layers][row_bytes]`).
-    /// Errors: `SessionExists`, `RaggedRows`, `EmptyHistory`.
+    /// Errors: `SessionExists`, `RaggedRows`, `EmptyHistory`, `OutOfMemory` (unless
+    /// [`HostStore::reserve_new`] reserved the room); nothing changes on an error.
     pub fn create(&mut self, session: SessionId, history: &[u8]) -> Result<u32> {
         self.check_new(session)?;
         let n = self.check_tokens(history, false)?;
+        reserve_entry(&mut self.live, "host store session table")?;
         self.bytes.create(session, history)?;
         self.live.insert(session, n);
         Ok(n)
@@ -172,7 +234,7 @@ impl<B: HostBytes> HostStore<B> {
     }
 
     /// Appends committed tokens; returns the new length in tokens.
-    /// Errors: `UnknownSession`, `SessionFinished`, `RaggedRows`.
+    /// Errors: `UnknownSession`, `SessionFinished`, `RaggedRows`, `OutOfMemory` (nothing changed).
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         self.check_live(session)?;
         let n = self.check_tokens(tokens, true)?;
@@ -243,9 +305,23 @@ impl<B: HostBytes> HostStore<B> {
         })
     }
 
-    /// Marks a session finished and drops its bytes. Errors: `UnknownSession`, `SessionFinished`.
+    /// Room to remember one more finished session, so the [`HostStore::finish`] that follows
+    /// allocates nothing. Errors: `OutOfMemory`.
+    pub fn reserve_finish(&mut self) -> Result<()> {
+        self.finished
+            .try_reserve(1)
+            .map_err(|_| KvError::OutOfMemory {
+                what: "host store finished-session set",
+                bytes: (self.finished.len() as u64 + 1) * 8,
+            })
+    }
+
+    /// Marks a session finished and drops its bytes. Errors: `UnknownSession`, `SessionFinished`,
+    /// `OutOfMemory` (unless [`HostStore::reserve_finish`] reserved the room); nothing changes on
+    /// an error.
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
         self.check_live(session)?;
+        self.reserve_finish()?;
         self.live.remove(&session);
         self.bytes.remove(session);
         self.finished.insert(session);

@@ -47,7 +47,8 @@ pub trait DataPlane: sealed::Sealed + Send {
     fn write_draft(&mut self, session: SessionId, position: u32, row: u32, token: &[u8]);
 
     /// Appends the tokens held in arena rows `rows` (all layers; drafts in scratch) to the
-    /// session's committed history, in order; returns the new committed length.
+    /// session's committed history, in order; returns the new committed length. Errors:
+    /// `OutOfMemory` (nothing changed).
     fn commit_rows(&mut self, session: SessionId, rows: &[u32]) -> Result<u32>;
 
     /// As [`DataPlane::commit_rows`] for rows the engine wrote on the device (new tokens in the
@@ -126,7 +127,12 @@ impl DataPlane for CpuData {
     }
 
     fn commit_rows(&mut self, session: SessionId, rows: &[u32]) -> Result<u32> {
-        let mut tokens = Vec::with_capacity(rows.len() * self.host.token_bytes());
+        let mut tokens = Vec::new();
+        tier_core::alloc::try_reserve(
+            &mut tokens,
+            rows.len() * self.host.token_bytes(),
+            "accepted draft rows",
+        )?;
         for &row in rows {
             self.arena.read_token(row, &mut tokens);
         }

@@ -5,7 +5,7 @@
 use tier_core::PageMap;
 
 use super::{Admission, ElasticPool, StepMaintenance};
-use crate::control::SessionState;
+use crate::control::{HotCache, SessionState};
 use crate::data::{DataPlane, HostBytes, SessionId};
 use crate::error::{KvError, Result};
 
@@ -48,13 +48,36 @@ impl<D: DataPlane> ElasticPool<D> {
     /// as much of its history as fits, newest first, copying that history in.
     ///
     /// Errors (nothing changes): `SessionExists`, `RaggedRows`, `EmptyHistory`,
-    /// `NoRoom` (fixed rows do not fit even after reclaiming every borrowed page).
+    /// `NoRoom` (fixed rows do not fit even after reclaiming every borrowed page), `OutOfMemory`
+    /// (the host cannot hold the history's copy or the session's tables: everything the session
+    /// needs in host memory is allocated before anything changes).
     /// [`Admission::Waiting`] is not an error: pages were reclaimed (a requested effect) but wait for
     /// readers in flight; the session was not created.
     pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
         self.data.host().check_new(session)?;
         let n = self.data.host().check_tokens(history, false)?;
         self.data.host().backing().check_room(history.len())?;
+        // Host memory first: an admission the host cannot hold is `OutOfMemory` before any page
+        // moves.
+        let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
+        let (hot, call) = SessionState::try_new_hot(&self.ctl.geometry, n)?;
+        self.data.host_mut().reserve_new(history.len())?;
+        let admitted = self.admit_reserved(session, history, n, pages, hot, call);
+        // The reserved buffer when no session was created (nothing once one was).
+        self.data.host_mut().release_reserved();
+        admitted
+    }
+
+    /// [`ElasticPool::admit`] once the host memory is reserved: fixed pages, then the session.
+    fn admit_reserved(
+        &mut self,
+        session: SessionId,
+        history: &[u8],
+        n: u32,
+        pages: PageMap,
+        hot: Vec<HotCache>,
+        call: Vec<u64>,
+    ) -> Result<Admission> {
         let f = self.ctl.geometry.fixed_pages();
         self.ctl.pages.collect();
         if self.ctl.pages.free_count() < f {
@@ -88,10 +111,8 @@ impl<D: DataPlane> ElasticPool<D> {
         self.data
             .host_mut()
             .create(session, history)
-            .expect("checked above (check_new, check_room)");
+            .expect("checked above (check_new, check_room, reserve_new)");
         let fixed_pages = fixed.iter().map(|h| h.page().0).collect();
-        let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
-        let (hot, call) = SessionState::new_hot(&self.ctl.geometry, n);
         let req = SessionState {
             committed: n,
             scratch_len: 0,
@@ -126,13 +147,28 @@ impl<D: DataPlane> ElasticPool<D> {
 
     /// Appends committed tokens (`[tokens][layers][row_bytes]`) to a live session: host store,
     /// then the tail ring. Clears the session's scratch (drafts are relative to the old length).
-    /// Errors (nothing changes): `UnknownSession`, `SessionFinished`, `RaggedRows`.
+    /// Errors (nothing changes): `UnknownSession`, `SessionFinished`, `RaggedRows`,
+    /// `OutOfMemory` (the host cannot hold the longer history or its tables).
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         self.session(session)?;
-        self.data.host().check_tokens(tokens, true)?;
+        let n = self.data.host().check_tokens(tokens, true)?;
         let old = self.ctl.sessions[&session].committed;
+        self.reserve_growth(session, old.saturating_add(n))?;
         let new = self.data.host_mut().append(session, tokens)?;
         self.appended(session, old, new, true)
+    }
+
+    /// Reserves the host memory a live session's tables need to grow to `committed` positions
+    /// (hot-cache position table, page table), so [`Self::appended`] allocates nothing after the
+    /// history grew. Errors: `OutOfMemory` (nothing changed).
+    fn reserve_growth(&mut self, session: SessionId, committed: u32) -> Result<()> {
+        let pr = self.ctl.geometry.page_rows;
+        let r = self.ctl.sessions.get_mut(&session).expect("live");
+        for h in &mut r.hot {
+            h.reserve(committed)?;
+        }
+        r.pages.reserve(committed / pr)?;
+        Ok(())
     }
 
     /// Appends `n` committed tokens whose rows the engine already wrote into the session's tail
@@ -140,7 +176,8 @@ impl<D: DataPlane> ElasticPool<D> {
     /// `n <= tail_rows`); the data plane writes them back to the host store (GPU: a write-back
     /// kernel on the step stream, no host sync). Clears the scratch. Errors: session errors,
     /// `ScratchOverflow` when `n > tail_rows` (named as the tail's rows), `Unsupported` on the CPU
-    /// pool (its arena is the host's: use [`ElasticPool::append`]).
+    /// pool (its arena is the host's: use [`ElasticPool::append`]), `OutOfMemory` (the session's
+    /// tables cannot grow).
     pub fn append_written(&mut self, session: SessionId, n: u32) -> Result<u32> {
         self.session(session)?;
         let tail = self.ctl.geometry.tail_rows;
@@ -152,6 +189,7 @@ impl<D: DataPlane> ElasticPool<D> {
             });
         }
         let old = self.ctl.sessions[&session].committed;
+        self.reserve_growth(session, old.saturating_add(n))?;
         let r = &self.ctl.sessions[&session];
         let rows: Vec<u32> = (old..old + n).map(|p| self.tail_row(r, p)).collect();
         let new = self.data.commit_written_rows(session, &rows)?;
@@ -226,7 +264,8 @@ impl<D: DataPlane> ElasticPool<D> {
 
     /// Commits the first `n` scratch tokens as history (verification accepted them) and drops the
     /// rest. Only committed history is eligible for the elastic tier. Errors: session errors,
-    /// `ScratchOverflow` when `n > scratch_len`.
+    /// `ScratchOverflow` when `n > scratch_len`, `OutOfMemory` (the host cannot hold the longer
+    /// history); nothing changes on an error.
     pub fn accept(&mut self, session: SessionId, n: u32) -> Result<u32> {
         let r = self.session(session)?;
         if n > r.scratch_len {
@@ -238,15 +277,18 @@ impl<D: DataPlane> ElasticPool<D> {
         }
         let rows: Vec<u32> = (0..n).map(|i| self.scratch_row(r, i)).collect();
         let old = r.committed;
+        self.reserve_growth(session, old + n)?;
         let new = self.data.commit_rows(session, &rows)?;
         self.appended(session, old, new, true)
     }
 
     /// Finishes a session: its fixed pages go back through the reader fence at once, its borrowed
     /// pages are queued and handed back to others in bounded chunks by
-    /// [`ElasticPool::between_steps`]. Errors (nothing changes): `UnknownSession`, `SessionFinished`.
+    /// [`ElasticPool::between_steps`]. Errors (nothing changes): `UnknownSession`, `SessionFinished`,
+    /// `OutOfMemory` (no room to remember the finished id).
     pub fn finish(&mut self, session: SessionId) -> Result<()> {
         self.session(session)?;
+        self.data.host_mut().reserve_finish()?;
         let r = self.ctl.sessions.remove(&session).expect("live");
         self.ctl.pages.release_fixed(r.fixed)?;
         self.ctl.pages.finish_history(session)?;

@@ -276,6 +276,8 @@ impl<P: ReclaimPolicy> Lender<P> {
     /// - [`CoreError::PoolExhausted`] if fewer than `logical.len()` pages are
     ///   free (call [`collect`](Self::collect) or
     ///   [`reclaim`](Self::reclaim) first).
+    /// - [`CoreError::AllocationFailed`] if the sorted copy of `logical` the
+    ///   duplicate check makes cannot be allocated.
     pub fn lend(&mut self, b: BorrowerId, logical: &[u32]) -> Result<Vec<Loan>> {
         let existing = self.borrowers.get(&b);
         if existing.is_some_and(|s| s.finished) {
@@ -283,7 +285,7 @@ impl<P: ReclaimPolicy> Lender<P> {
         }
         // Duplicate check without hashing: sort a copy (O(m log m)), look at
         // neighbours, then probe the held set only where it overlaps.
-        let mut sorted = logical.to_vec();
+        let mut sorted = crate::alloc::try_copied(logical, "lend: sorted logical pages")?;
         sorted.sort_unstable();
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
             return Err(Self::duplicate(b, w[0]));

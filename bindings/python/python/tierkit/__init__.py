@@ -12,7 +12,8 @@ Submodules:
 
 Arrays are numpy arrays, CPU tensors through DLPack (torch) or buffer-protocol objects, with
 dtype (``TypeError``), shape, alignment and contiguity (``ValueError``) checked. Errors of bad
-input are ``ValueError``; refusals of state or room are ``RuntimeError``; an object used after
+input are ``ValueError`` (an integer argument out of its range names the argument); host memory
+a call cannot allocate is ``MemoryError``; refusals of state or room are ``RuntimeError``; an object used after
 ``close()`` raises ``ClosedError``; a panic inside the Rust core raises ``InternalError`` (both
 ``RuntimeError`` subclasses) and never takes the interpreter down. Nothing here starts a thread
 that outlives the call that started it.
