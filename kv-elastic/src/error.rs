@@ -33,6 +33,15 @@ pub enum KvError {
     /// A session with this id already exists (or existed).
     #[error("session {0} already exists")]
     SessionExists(u64),
+    /// A session's history would pass [`crate::MAX_HISTORY`] tokens (positions are `int32`, as
+    /// the indexer's top-k and FlashMLA's indices are).
+    #[error("history of {tokens} tokens, at most {max}")]
+    HistoryTooLong {
+        /// Tokens the history would hold.
+        tokens: u64,
+        /// The limit.
+        max: u32,
+    },
     /// A session must be admitted with at least one committed token.
     #[error("zero-length history")]
     EmptyHistory,

@@ -7,6 +7,10 @@ use crate::groups::LayerGroups;
 /// Most layers (arena planes) a [`Geometry`] may have (DeepSeek-V3 has 61).
 pub const MAX_LAYERS: u32 = 4096;
 
+/// Most committed tokens one session's history may hold: positions are `int32` (the indexer's
+/// top-k, FlashMLA's indices), so `i32::MAX`.
+pub const MAX_HISTORY: u32 = i32::MAX as u32;
+
 /// Most bytes of one token over all layers (`layers × row_bytes`), 16 MiB (DeepSeek-V3.2 fp8 MLA:
 /// 40,016 B).
 pub const MAX_TOKEN_BYTES: u64 = 1 << 24;

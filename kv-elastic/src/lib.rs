@@ -50,7 +50,7 @@ pub use data::{CpuData, DataPlane, HostBytes, HostStore, SessionId, VecBytes};
 pub use error::{KvError, Result};
 pub use groups::LayerGroups;
 pub use layout::{
-    Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
+    Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HISTORY, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
 };
 pub use pool::{
     Admission, ElasticPool, PoolConfig, PoolCounters, SessionPlacement, StepMaintenance,

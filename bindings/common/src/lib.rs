@@ -136,6 +136,7 @@ pub fn classify_kv(e: &KvError) -> Code {
         | E::TooManyCandidates { .. }
         | E::LayerOutOfRange { .. }
         | E::LayerOutsideGroup { .. }
+        | E::HistoryTooLong { .. }
         | E::InvalidConfig(_) => Code::InvalidArgument,
         E::StalePlan { .. } | E::HotCacheOverflow { .. } => Code::State,
         E::NoRoom { .. } => Code::NoRoom,

@@ -9,6 +9,7 @@ use hashbrown::{HashMap, HashSet};
 use tier_core::alloc::try_reserve;
 
 use crate::error::{KvError, Result};
+use crate::layout::MAX_HISTORY;
 
 /// Session id (the engine's request id; one word in this crate: session): any `u64`.
 pub type SessionId = u64;
@@ -182,7 +183,8 @@ impl<B: HostBytes> HostStore<B> {
         Ok(())
     }
 
-    /// Checks that `bytes` is a whole, non-zero number of tokens; returns the token count.
+    /// Checks that `bytes` is a whole, non-zero number of tokens, at most [`MAX_HISTORY`];
+    /// returns the token count.
     pub fn check_tokens(&self, bytes: &[u8], allow_empty: bool) -> Result<u32> {
         let tb = self.token_bytes();
         if !bytes.len().is_multiple_of(tb) {
@@ -194,7 +196,27 @@ impl<B: HostBytes> HostStore<B> {
         if bytes.is_empty() && !allow_empty {
             return Err(KvError::EmptyHistory);
         }
-        Ok((bytes.len() / tb) as u32)
+        let n = bytes.len() / tb;
+        if n > MAX_HISTORY as usize {
+            return Err(KvError::HistoryTooLong {
+                tokens: n as u64,
+                max: MAX_HISTORY,
+            });
+        }
+        Ok(n as u32)
+    }
+
+    /// The length a live session's history would reach with `more` tokens, checked against
+    /// [`MAX_HISTORY`] (`HistoryTooLong`).
+    fn grown_len(&self, session: SessionId, more: u32) -> Result<u32> {
+        let len = self.live[&session] as u64 + more as u64;
+        if len > MAX_HISTORY as u64 {
+            return Err(KvError::HistoryTooLong {
+                tokens: len,
+                max: MAX_HISTORY,
+            });
+        }
+        Ok(len as u32)
     }
 
     /// Allocates what [`HostStore::create`] of a session with `history_bytes` committed bytes
@@ -234,14 +256,15 @@ impl<B: HostBytes> HostStore<B> {
     }
 
     /// Appends committed tokens; returns the new length in tokens.
-    /// Errors: `UnknownSession`, `SessionFinished`, `RaggedRows`, `OutOfMemory` (nothing changed).
+    /// Errors: `UnknownSession`, `SessionFinished`, `RaggedRows`, `HistoryTooLong` (past
+    /// [`MAX_HISTORY`]), `OutOfMemory` (nothing changed).
     pub fn append(&mut self, session: SessionId, tokens: &[u8]) -> Result<u32> {
         self.check_live(session)?;
         let n = self.check_tokens(tokens, true)?;
+        let new = self.grown_len(session, n)?;
         self.bytes.append(session, tokens)?;
-        let len = self.live.get_mut(&session).expect("checked live");
-        *len += n;
-        Ok(*len)
+        *self.live.get_mut(&session).expect("checked live") = new;
+        Ok(new)
     }
 
     /// Appends `tokens` committed tokens whose bytes a device kernel writes into the backing
@@ -249,11 +272,11 @@ impl<B: HostBytes> HostStore<B> {
     /// that kernel has run. Errors: session errors, `Unsupported` on the CPU backing.
     pub fn append_device_written(&mut self, session: SessionId, tokens: u32) -> Result<u32> {
         self.check_live(session)?;
+        let new = self.grown_len(session, tokens)?;
         self.bytes
             .extend_device_written(session, tokens as usize * self.token_bytes())?;
-        let len = self.live.get_mut(&session).expect("checked live");
-        *len += tokens;
-        Ok(*len)
+        *self.live.get_mut(&session).expect("checked live") = new;
+        Ok(new)
     }
 
     /// Committed length of a live session, in tokens.
@@ -359,5 +382,21 @@ mod tests {
         assert_eq!(h.append(1, &[0; 8]), Err(KvError::SessionFinished(1)));
         assert_eq!(h.finish(1), Err(KvError::SessionFinished(1)));
         assert_eq!(h.create(1, &[1; 8]), Err(KvError::SessionExists(1)));
+    }
+
+    #[test]
+    fn histories_stop_at_max_history_instead_of_wrapping() {
+        let mut h = HostStore::new(4, 2);
+        h.create(7, &[0; 8]).unwrap();
+        // As if the session held MAX_HISTORY - 1 tokens (without allocating them).
+        *h.live.get_mut(&7).unwrap() = MAX_HISTORY - 1;
+        let too_long = Err(KvError::HistoryTooLong {
+            tokens: MAX_HISTORY as u64 + 1,
+            max: MAX_HISTORY,
+        });
+        assert_eq!(h.append(7, &[0; 16]), too_long);
+        assert_eq!(h.append_device_written(7, 2), too_long);
+        assert_eq!(h.len(7), Ok(MAX_HISTORY - 1), "nothing changed");
+        assert_eq!(h.append(7, &[0; 8]), Ok(MAX_HISTORY));
     }
 }
