@@ -68,6 +68,8 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     cc: (i32, i32),
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// `-lineinfo` for the modules compiled from now on ([`Gpu::set_line_info`]).
+    line_info: std::sync::atomic::AtomicBool,
 }
 
 impl Gpu {
@@ -141,6 +143,7 @@ impl Gpu {
             stream,
             cc,
             modules: Mutex::new(HashMap::new()),
+            line_info: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -193,7 +196,9 @@ impl Gpu {
             .map_err(drv("cuModuleGetFunction"))
     }
 
-    /// Loads (compiling on first use) module `src`; cached per context.
+    /// Loads (compiling on first use) module `src`; cached per context. Compiled with the
+    /// options of [`Gpu::set_line_info`] at that time (the module is cached by name: set them
+    /// before the first use of a module).
     pub fn module(&self, src: &KernelSource) -> Result<Arc<CudaModule>> {
         let mut cache = self
             .modules
@@ -202,47 +207,60 @@ impl Gpu {
         if let Some(m) = cache.get(src.name) {
             return Ok(m.clone());
         }
+        let m = self.compile(src.name, src.code, &[])?;
+        cache.insert(src.name, m.clone());
+        Ok(m)
+    }
+
+    /// Compiles `code` (named `name` in errors and line tables) for this device with NVRTC and
+    /// loads it, uncached: sources known only at run time (a peer's kernel read from its released
+    /// package, in the benchmarks). `options` are added to this crate's own (`-std=c++17`, the
+    /// architecture, `-lineinfo` when [`Gpu::set_line_info`] is on), e.g. `-I<dir>` or `-D<NAME>`.
+    ///
+    /// # Errors
+    /// [`CudaError::Compile`] with NVRTC's log, [`CudaError::Driver`] on load failure.
+    pub fn compile(
+        &self,
+        name: &'static str,
+        code: &str,
+        options: &[String],
+    ) -> Result<Arc<CudaModule>> {
         // Real architecture first (sm_XY); if this NVRTC cannot hand back PTX for it, fall back
         // to the virtual one (compute_XY, JIT-compiled by the driver at load).
-        // `TIERKIT_NVRTC_LINEINFO=1` adds source line tables (compute-sanitizer and profilers then
-        // name `.cu` lines); the code generated is the same.
-        let lineinfo = std::env::var_os("TIERKIT_NVRTC_LINEINFO").is_some_and(|v| v == "1");
-        // `TIERKIT_NVRTC_DEFINES="KV_ABL_A KV_ABL_B=1"` defines the kernels' ablation switches for
-        // benchmarks (`KV_ABL_` names only; see `nvrtc_defines`).
-        let defines = nvrtc_defines(std::env::var("TIERKIT_NVRTC_DEFINES").ok().as_deref());
+        let lineinfo = self.line_info.load(std::sync::atomic::Ordering::Relaxed);
         let compile = |arch: String| {
-            let mut options = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
+            let mut opts = vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()];
             if lineinfo {
-                options.push("-lineinfo".into());
+                opts.push("-lineinfo".into());
             }
-            options.extend(defines.iter().cloned());
+            opts.extend(options.iter().cloned());
             let opts = CompileOptions {
-                options,
-                name: Some(format!("{}.cu", src.name)),
+                options: opts,
+                name: Some(format!("{name}.cu")),
                 ..Default::default()
             };
-            cudarc::nvrtc::compile_ptx_with_opts(src.code, opts)
+            cudarc::nvrtc::compile_ptx_with_opts(code, opts)
+        };
+        let failed = |e: cudarc::nvrtc::CompileError| CudaError::Compile {
+            module: name,
+            log: format!("{e:?}"),
         };
         let ptx = match compile(self.arch()) {
             Ok(p) => p,
             Err(cudarc::nvrtc::CompileError::GetPtxError(_)) => {
-                compile(format!("compute_{}{}", self.cc.0, self.cc.1)).map_err(|e| {
-                    CudaError::Compile {
-                        module: src.name,
-                        log: format!("{e:?}"),
-                    }
-                })?
+                compile(format!("compute_{}{}", self.cc.0, self.cc.1)).map_err(failed)?
             }
-            Err(e) => {
-                return Err(CudaError::Compile {
-                    module: src.name,
-                    log: format!("{e:?}"),
-                })
-            }
+            Err(e) => return Err(failed(e)),
         };
-        let m = self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))?;
-        cache.insert(src.name, m.clone());
-        Ok(m)
+        self.ctx.load_module(ptx).map_err(drv("cuModuleLoadData"))
+    }
+
+    /// Source line tables in the modules compiled from now on (`-lineinfo`: compute-sanitizer
+    /// and Nsight Compute then name `.cu` lines; the code generated is the same). Off by default;
+    /// modules already loaded keep theirs.
+    pub fn set_line_info(&self, on: bool) {
+        self.line_info
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the step stream, or the caller's stream `other` (e.g. torch's current stream),
@@ -276,84 +294,5 @@ impl Gpu {
     /// Blocks until all work on the device has completed.
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.synchronize().map_err(drv("cuCtxSynchronize"))
-    }
-}
-
-/// `-D` options from `TIERKIT_NVRTC_DEFINES` (space-separated `KV_ABL_NAME` or
-/// `KV_ABL_NAME=VALUE`, letters, digits and `_` only: the benchmark-only ablation switches;
-/// other items are ignored). When any is active a warning goes to stderr once per process: these
-/// switches make kernels give wrong results on purpose.
-fn nvrtc_defines(v: Option<&str>) -> Vec<String> {
-    let ok = |x: &str| !x.is_empty() && x.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    let out: Vec<String> = v
-        .unwrap_or("")
-        .split_whitespace()
-        .filter(|d| match d.split_once('=') {
-            Some((n, val)) => n.starts_with("KV_ABL_") && ok(n) && ok(val),
-            None => d.starts_with("KV_ABL_") && ok(d),
-        })
-        .map(|d| format!("-D{d}"))
-        .collect();
-    if !out.is_empty() {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!(
-                "tierkit: TIERKIT_NVRTC_DEFINES is set ({}): kernel ablation switches are on, \
-                 results may be wrong on purpose",
-                out.join(" ")
-            );
-            let unread = unread_switches(&out, crate::kv::KV_MODULE.code);
-            if !unread.is_empty() {
-                eprintln!(
-                    "tierkit: no kernel reads {} (misspelt, or a switch that was removed): \
-                     those runs time the unmodified kernel",
-                    unread.join(" ")
-                );
-            }
-        });
-    }
-    out
-}
-
-/// The switch names of `defines` (`-DNAME` or `-DNAME=VALUE`) that `src` never mentions.
-fn unread_switches<'a>(defines: &'a [String], src: &str) -> Vec<&'a str> {
-    defines
-        .iter()
-        .map(|d| {
-            let d = d.trim_start_matches("-D");
-            d.split_once('=').map_or(d, |(n, _)| n)
-        })
-        .filter(|n| {
-            // a whole-word mention: not a prefix of a longer name (NOTRIP of NOTRIP3)
-            !src.match_indices(n).any(|(i, _)| {
-                src[i + n.len()..]
-                    .bytes()
-                    .next()
-                    .is_none_or(|b| !(b.is_ascii_alphanumeric() || b == b'_'))
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod defines_tests {
-    #[test]
-    fn defines_are_filtered() {
-        assert_eq!(
-            super::nvrtc_defines(Some(" KV_ABL_A  KV_ABL_B=1 B=1 KV_A bad;rm KV_ABL_x=  =y ")),
-            vec!["-DKV_ABL_A".to_string(), "-DKV_ABL_B=1".into()]
-        );
-        assert!(super::nvrtc_defines(None).is_empty());
-    }
-
-    #[test]
-    fn switches_no_kernel_reads_are_named() {
-        let d = super::nvrtc_defines(Some(
-            "KV_ABL_EMPTY KV_ABL_NOSTAMP KV_ABL_EMPT KV_ABL_NOPOS=1",
-        ));
-        assert_eq!(
-            super::unread_switches(&d, crate::kv::KV_MODULE.code),
-            vec!["KV_ABL_NOSTAMP", "KV_ABL_EMPT", "KV_ABL_NOPOS"]
-        );
     }
 }

@@ -64,10 +64,11 @@ pub use count::{
 pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_CUH, TABLE_MODULE};
 pub use error::{CudaError, Result};
 pub use geometry::StoreGeometry;
+#[cfg(feature = "test-hooks")]
+pub use kv::ResolveEngine;
 pub use kv::{
-    coalesce_runs, CopyBackend, KvCopy, KvDims, KvErrors, KvFill, KvKernels, KvResolveArgs,
-    KvResolveOptions, KvSlotDesc, KvTables, ResolveEngine, KV_BLOCK, KV_ERR_WORDS, KV_FAST_BLOCK,
-    KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE,
+    CopyBackend, KvCopy, KvDims, KvErrors, KvFill, KvKernels, KvResolveArgs, KvResolveOptions,
+    KvSlotDesc, KvStats, KvTables, KV_ERR_WORDS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE,
     KV_STATS, KV_UNCLAIMED,
 };
 pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, HostBacking, PinnedBuffer};

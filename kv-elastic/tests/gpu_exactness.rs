@@ -7,7 +7,7 @@
 //! and every resolve kernel (`ResolveEngine::ALL`: fast, classic, lean, lean with 512 threads).
 //!
 //! Prints `SKIP: no CUDA device` and passes where no device exists. Cases: `KV_GPU_CASES` (default 40).
-#![cfg(feature = "cuda")]
+#![cfg(feature = "test-hooks")]
 
 use std::collections::BTreeMap;
 

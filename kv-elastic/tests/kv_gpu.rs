@@ -7,7 +7,7 @@
 //! a direct-path and an overflowing entry. Every test prints `SKIP: no CUDA device` and returns
 //! where no device exists.
 
-#![cfg(feature = "cuda")]
+#![cfg(feature = "test-hooks")]
 
 use std::cell::Cell;
 use std::collections::HashSet;
@@ -23,7 +23,7 @@ const ROW: u32 = 656;
 
 thread_local! {
     /// The resolve kernel [`run`] and [`run_with`] launch (each test runs on its own thread).
-    static ENGINE: Cell<ResolveEngine> = const { Cell::new(ResolveEngine::Fast) };
+    static ENGINE: Cell<ResolveEngine> = const { Cell::new(ResolveEngine::Auto) };
 }
 
 fn engine() -> ResolveEngine {

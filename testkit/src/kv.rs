@@ -48,6 +48,18 @@ pub fn pattern_tokens(
     out
 }
 
+/// The KV resolve lab (`kernels/kv_lab.cu` after cuda-kernels' `kv_abi.cuh`): the empty launch
+/// with the production resolve's parameters (`tierkit_kv_resolve_empty`), for the launch floor in
+/// `kv_gpu_bench`.
+pub const KV_LAB: KernelSource = KernelSource {
+    name: "kv_lab",
+    code: concat!(
+        include_str!("../../cuda-kernels/kernels/kv_abi.cuh"),
+        "\n",
+        include_str!("../kernels/kv_lab.cu")
+    ),
+};
+
 /// The stand-in kernels (`kernels/kv_standins.cu`).
 pub const KV_STANDINS: KernelSource = KernelSource {
     name: "kv_standins",
@@ -372,5 +384,62 @@ mod tests {
         }
         pattern_row(1, 2, 0, &mut b);
         assert_eq!(a, b);
+    }
+}
+
+/// The empty resolve of [`KV_LAB`] (`tierkit_kv_resolve_empty`), launched with a production
+/// resolve's grid, block, dynamic shared memory and parameter bytes: the launch floor.
+#[derive(Debug, Clone)]
+pub struct KvLab {
+    empty: CudaFunction,
+}
+
+/// Bytes of `struct KvCall` and `struct KvDivs` (cuda-kernels' `kv_abi.cuh`), passed as opaque
+/// words: the empty kernel reads none of them, only their size matters to the launch.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ParamWords<const N: usize>([u64; N]);
+// SAFETY: plain words, `repr(C)`, the size of the kernel parameter they stand for.
+unsafe impl<const N: usize> cuda_kernels::cudarc_driver::DeviceRepr for ParamWords<N> {}
+
+impl KvLab {
+    /// Loads the lab on `gpu`.
+    ///
+    /// # Errors
+    /// NVRTC / driver errors.
+    pub fn new(gpu: &Arc<Gpu>) -> Result<Self, CudaError> {
+        Ok(KvLab {
+            empty: gpu.function(&KV_LAB, "tierkit_kv_resolve_empty")?,
+        })
+    }
+
+    /// Launches the empty resolve on `stream` with `sessions + 1` blocks of `block` threads and
+    /// `smem` bytes of dynamic shared memory (a production resolve's launch shape).
+    ///
+    /// # Errors
+    /// The driver's launch error.
+    pub fn launch_empty(
+        &self,
+        stream: &CudaStream,
+        dims: &cuda_kernels::KvDims,
+        tables: &cuda_kernels::KvTables,
+        sessions: u32,
+        block: u32,
+        smem: u32,
+    ) -> Result<(), CudaError> {
+        // KvCall: 13 u64 + 8 u32 = 17 words; KvDivs: 16 u32 = 8 words.
+        let (call, divs) = (ParamWords([0u64; 17]), ParamWords([0u64; 8]));
+        let mut b = stream.launch_builder(&self.empty);
+        b.arg(dims).arg(tables).arg(&call).arg(&divs);
+        let cfg = LaunchConfig {
+            grid_dim: (sessions + 1, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: the parameters have the sizes and order of tierkit_kv_resolve_empty's (KvDims,
+        // KvTables, KvCall, KvDivs); the kernel reads nothing.
+        unsafe { b.launch(cfg) }
+            .map_err(|e| CudaError::driver("cuLaunchKernel(tierkit_kv_resolve_empty)", e))?;
+        Ok(())
     }
 }

@@ -17,9 +17,12 @@ pub use experts::{
     EXPERT_READERS_MODULE,
 };
 pub use gpu::{gpu_or_skip, TIMING_EVENT};
-pub use kv::{pattern_row, pattern_tokens, KvStandins, KV_STANDINS, STREAM_READ_BLOCKS};
+pub use kv::{
+    pattern_row, pattern_tokens, KvLab, KvStandins, KV_LAB, KV_STANDINS, STREAM_READ_BLOCKS,
+};
 pub use memlimit::under_memory_limit;
 pub use routers::{launch_count_ids_striped, launch_standin_router, router_standins};
 pub use sglang::{
-    sglang_smem_bytes, SglangHisparse, SglangShape, SGLANG_BLOCK, SGLANG_HISPARSE, SGLANG_TOP_K,
+    assemble as assemble_sglang_peer, SglangHisparse, SglangShape, SglangSource, SGLANG_BLOCK,
+    SGLANG_TOP_K,
 };

@@ -1,7 +1,11 @@
 //! The peer of `kv_gpu_bench --mode peer`: SGLang HiSparse's swap-in kernel
-//! (`load_cache_to_device_buffer_kernel`, Apache-2.0, ported in `kernels/sglang_hisparse.cu` with
-//! its provenance) with the state SGLang's HiSparse coordinator keeps per request, set up so it
-//! reads the same host rows as tierkit's pool.
+//! (`load_cache_to_device_buffer_kernel`), read at bench time from the released sglang wheel
+//! (`scripts/fetch-sglang-peer` extracts `hisparse.cuh` and the DeepSeek-V4 `kvcacheio.cuh` it
+//! includes into a git-ignored folder; nothing of the peer is kept in this tree), compiled with
+//! NVRTC behind tierkit's own shim (`kernels/sglang_shim.cuh` + `kernels/sglang_entries.cu`), and
+//! launched with SGLang's own values (grid = batch, 960 threads, `SmemLayout` shared memory), with
+//! the state SGLang's HiSparse coordinator keeps per request, set up so it reads the same host rows
+//! as tierkit's pool.
 //!
 //! State per request `r` (request pool index `r`), as SGLang's coordinator allocates it:
 //! `device_buffer_tokens int32 [reqs][hot + 1]` (token held by each buffer slot, `-1` empty; slot
@@ -11,30 +15,193 @@
 //! `top_k_device_locs int32 [reqs][k]` (the output). The device buffer is `u8 [reqs × (hot + 1)]
 //! [item_bytes]` in HBM; the host cache is read in place through its device address.
 
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use cuda_kernels::cudarc_driver::sys::CUfunction_attribute_enum;
-use cuda_kernels::cudarc_driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use cuda_kernels::{CudaError, DeviceBuffer, Gpu, KernelSource};
-
-/// The ported kernel (`kernels/sglang_hisparse.cu`).
-pub const SGLANG_HISPARSE: KernelSource = KernelSource {
-    name: "sglang_hisparse",
-    code: include_str!("../kernels/sglang_hisparse.cu"),
+use cuda_kernels::cudarc_driver::{
+    CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg,
 };
+use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
+use sha2::{Digest, Sha256};
 
 /// Threads per block, as SGLang's HiSparse coordinator launches the kernel.
 pub const SGLANG_BLOCK: u32 = 960;
 
-/// The top-k the port is instantiated for.
+/// The top-k the entry points are instantiated for.
 pub const SGLANG_TOP_K: u32 = 2048;
 
-/// Dynamic shared memory of one block (`SmemLayout<NUM_TOP_K, HOT_BUFFER_SIZE>::BYTES`).
-pub fn sglang_smem_bytes(k: u32, hot: u32) -> u32 {
-    let chunks = hot.div_ceil(32);
-    let i32s = k + 2 * (chunks + 1) + 2 * k + 2;
-    let i16s = hot + 2 * k;
-    4 * i32s + 2 * i16s
+/// The shim's prelude: stand-ins for what the peer's JIT headers give its device code.
+const SHIM_PRELUDE: &str = include_str!("../kernels/sglang_shim.cuh");
+/// The shim's entry points (one instantiation per hot size, with and without the byte copy).
+const SHIM_ENTRIES: &str = include_str!("../kernels/sglang_entries.cu");
+
+/// The peer's files in a folder made by `scripts/fetch-sglang-peer`: `hisparse.cuh`,
+/// `kvcacheio.cuh` and `PROVENANCE` (the wheel they came from), with their SHA-256, and the NVRTC
+/// source assembled from them and the shim.
+#[derive(Debug)]
+pub struct SglangSource {
+    /// The folder.
+    pub dir: PathBuf,
+    /// `PROVENANCE`'s first line (the wheel's file name, e.g. `sglang-0.5.23-...whl`).
+    pub wheel: String,
+    /// `(file, sha256 hex)` of the peer's two files.
+    pub files: Vec<(String, String)>,
+    code: String,
+    module: OnceLock<Arc<CudaModule>>,
+}
+
+impl SglangSource {
+    /// Reads the peer from `dir`.
+    ///
+    /// # Errors
+    /// A message naming the missing file and how to get it (`scripts/fetch-sglang-peer`), or what
+    /// the peer's text lacks (its source changed shape).
+    pub fn load(dir: &Path) -> Result<Self, String> {
+        let read = |name: &str| {
+            std::fs::read_to_string(dir.join(name)).map_err(|e| {
+                format!(
+                    "{}: {e}; fetch the released peer with `scripts/fetch-sglang-peer {}` (needs the \
+                     package registry) and pass that folder",
+                    dir.join(name).display(),
+                    dir.display()
+                )
+            })
+        };
+        let provenance = read("PROVENANCE")?;
+        let hisparse = read("hisparse.cuh")?;
+        let kvcacheio = read("kvcacheio.cuh")?;
+        let sha = |t: &str| {
+            Sha256::digest(t.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        };
+        let code = assemble(&kvcacheio, &hisparse)?;
+        Ok(SglangSource {
+            dir: dir.to_path_buf(),
+            wheel: provenance.lines().next().unwrap_or("").trim().to_string(),
+            files: vec![
+                ("hisparse.cuh".into(), sha(&hisparse)),
+                ("kvcacheio.cuh".into(), sha(&kvcacheio)),
+            ],
+            code,
+            module: OnceLock::new(),
+        })
+    }
+
+    /// The NVRTC source (shim prelude, the peer's device code, the shim's entry points).
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    fn function(&self, gpu: &Gpu, name: &str) -> Result<CudaFunction, CudaError> {
+        let module = match self.module.get() {
+            Some(m) => m.clone(),
+            None => {
+                let m = gpu.compile("sglang_hisparse", &self.code, &[])?;
+                self.module.get_or_init(|| m).clone()
+            }
+        };
+        module
+            .load_function(name)
+            .map_err(|e| CudaError::driver("cuModuleGetFunction", e))
+    }
+}
+
+/// The peer's text as NVRTC compiles it behind the shim: `#include` lines commented out, the host
+/// launchers (top-level functions taking `tvm::ffi::TensorView`) removed, its `__global__` kernels
+/// made `__device__` functions without launch bounds (the shim's entry points are the kernels).
+pub fn assemble(kvcacheio: &str, hisparse: &str) -> Result<String, String> {
+    let peer = |t: &str| -> Result<String, String> {
+        let t = t
+            .lines()
+            .map(|l| {
+                if l.starts_with("#include") {
+                    format!("// (tierkit shim) {l}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let t = strip_host_launchers(&t)?;
+        Ok(strip_launch_bounds(&t.replace("__global__", "__device__")))
+    };
+    let hs = peer(hisparse)?;
+    if !hs.contains("load_cache_to_device_buffer_kernel") || !hs.contains("struct SmemLayout") {
+        return Err(
+            "hisparse.cuh has no load_cache_to_device_buffer_kernel / SmemLayout: not the \
+                    peer the shim was written for"
+                .into(),
+        );
+    }
+    Ok(format!(
+        "{SHIM_PRELUDE}\n{}\n{hs}\n{SHIM_ENTRIES}",
+        peer(kvcacheio)?
+    ))
+}
+
+/// Removes every top-level function whose parameters name `tvm::ffi::TensorView` (with the
+/// `template <...>` line before it).
+fn strip_host_launchers(t: &str) -> Result<String, String> {
+    let mut t = t.to_string();
+    while let Some(i) = t.find("tvm::ffi::TensorView") {
+        let lines: Vec<(usize, &str)> = t[..i]
+            .match_indices('\n')
+            .map(|(p, _)| p + 1)
+            .map(|p| (p, &t[p..]))
+            .collect();
+        let start = lines
+            .iter()
+            .rev()
+            .find(|(_, l)| l.starts_with("void ") || l.starts_with("inline void "))
+            .map(|&(p, _)| p)
+            .ok_or("a TensorView outside a top-level function")?;
+        // The `template <` block right before it (no `;` or `{` in between).
+        let start = lines
+            .iter()
+            .rev()
+            .find(|(p, l)| *p < start && l.starts_with("template"))
+            .filter(|(p, _)| !t[*p..start].contains(';') && !t[*p..start].contains('{'))
+            .map_or(start, |&(p, _)| p);
+        let open = t[start..]
+            .find('{')
+            .map(|o| start + o)
+            .ok_or("a host launcher without a body")?;
+        let mut depth = 0usize;
+        let mut end = None;
+        for (k, c) in t[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = Some(open + k + 1);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let end = end.ok_or("an unbalanced host launcher")?;
+        t.replace_range(start..end, "// (tierkit shim: host launcher removed)");
+    }
+    Ok(t)
+}
+
+/// Removes `__launch_bounds__(...)` annotations.
+fn strip_launch_bounds(t: &str) -> String {
+    let mut out = String::with_capacity(t.len());
+    let mut rest = t;
+    while let Some(i) = rest.find("__launch_bounds__(") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + "__launch_bounds__(".len()..];
+        let close = after.find(')').map_or(after.len(), |c| c + 1);
+        rest = &after[close..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Geometry of one [`SglangHisparse`] instance.
@@ -55,6 +222,7 @@ pub struct SglangShape {
 pub struct SglangHisparse {
     full: CudaFunction,
     nocopy: CudaFunction,
+    smem: u32,
     shape: SglangShape,
     host_stride: u32,
     host_ptr: u64,
@@ -72,13 +240,15 @@ pub struct SglangHisparse {
 impl SglangHisparse {
     /// Builds the state: `host_locs` is `int64 [reqs][host_stride]` (host row of token `p` of
     /// request `r` at `r × host_stride + p`, in units of `item_bytes` from `host_ptr`, the device
-    /// address of the host cache); empty buffers, LRU order `0 .. hot`.
+    /// address of the host cache); empty buffers, LRU order `0 .. hot`. The kernel's dynamic
+    /// shared memory is the peer's own `SmemLayout<2048, hot>::BYTES`, read from the device.
     ///
     /// # Errors
-    /// `Shape` for a hot size without an instantiation, a top-k other than 2048 is not offered,
-    /// `host_locs` of the wrong length; NVRTC / driver errors.
+    /// `Shape` for a hot size without an entry point or `host_locs` of the wrong length; NVRTC /
+    /// driver errors.
     pub fn new(
         gpu: &Arc<Gpu>,
+        source: &SglangSource,
         shape: SglangShape,
         host_ptr: u64,
         host_locs: &[i64],
@@ -100,23 +270,36 @@ impl SglangHisparse {
             });
         }
         let name = format!("sglang_hisparse_k{SGLANG_TOP_K}_h{}", shape.hot);
-        let full = gpu.function(&SGLANG_HISPARSE, &name)?;
-        let nocopy = gpu.function(&SGLANG_HISPARSE, &format!("{name}_nocopy"))?;
-        let smem = sglang_smem_bytes(SGLANG_TOP_K, shape.hot) as i32;
+        let full = source.function(gpu, &name)?;
+        let nocopy = source.function(gpu, &format!("{name}_nocopy"))?;
+        let ctx = gpu.ctx();
+        // SmemLayout<K, HOT>::BYTES as the peer computes it.
+        let smem = {
+            let f = source.function(gpu, &format!("{name}_smem"))?;
+            let out = DeviceBuffer::<i32>::zeroed(ctx, 1)?;
+            let mut b = gpu.stream().launch_builder(&f);
+            let p = out.device_ptr();
+            b.arg(&p);
+            // SAFETY: one thread writes one int32 into `out`, alive until the download below.
+            unsafe { b.launch(LaunchConfig::for_num_elems(1)) }
+                .map_err(|e| CudaError::driver("cuLaunchKernel(sglang smem)", e))?;
+            gpu.synchronize()?;
+            out.download()?[0] as u32
+        };
         for f in [&full, &nocopy] {
             f.set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem,
+                smem as i32,
             )
             .map_err(|e| CudaError::driver("cuFuncSetAttribute", e))?;
         }
-        let ctx = gpu.ctx();
         let stride = shape.hot as usize + 1;
         let n = shape.reqs as usize;
         let locs: Vec<i32> = (0..(n * stride) as i32).collect();
         let mut s = SglangHisparse {
             full,
             nocopy,
+            smem,
             shape,
             host_stride,
             host_ptr,
@@ -156,8 +339,13 @@ impl SglangHisparse {
         &self.buffer
     }
 
+    /// The kernel's dynamic shared memory per block (the peer's `SmemLayout::BYTES`).
+    pub fn smem_bytes(&self) -> u32 {
+        self.smem
+    }
+
     /// One swap-in over all requests: `topk` is `int32 [reqs][2048]` on the device. `copy = false`
-    /// launches the bookkeeping-only instance (identical except the final miss copies).
+    /// launches the peer's SkipIO instantiation (everything but the byte movement).
     ///
     /// # Errors
     /// The driver's launch error.
@@ -178,7 +366,7 @@ impl SglangHisparse {
             stride,                  // buffer_stride_0
             self.host_stride as i64, // host_stride
             self.shape.hot as i64,   // lru_slot_stride_0
-            SGLANG_TOP_K as i64,     // top_k_tokens_stride
+            SGLANG_TOP_K as i64,     // top_k_stride
             SGLANG_TOP_K as i64,     // top_k_device_locs_stride
             1i64,                    // page_size
             self.shape.item_bytes as i64,
@@ -206,12 +394,64 @@ impl SglangHisparse {
         let cfg = LaunchConfig {
             grid_dim: (self.shape.reqs, 1, 1),
             block_dim: (SGLANG_BLOCK, 1, 1),
-            shared_mem_bytes: sglang_smem_bytes(SGLANG_TOP_K, self.shape.hot),
+            shared_mem_bytes: self.smem,
         };
-        // SAFETY: the argument list matches the entry point (11 pointers, 7 int64); the state
-        // buffers are owned by `self`, `topk` and the host cache per the caller's contract.
+        // SAFETY: the argument list matches the shim's entry points (11 pointers, 7 int64); the
+        // state buffers are owned by `self`, `topk` and the host cache per the caller's contract.
         unsafe { b.launch(cfg) }
             .map_err(|e| CudaError::driver("cuLaunchKernel(sglang_hisparse)", e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A miniature of the peer's shape: includes, a device helper, a kernel with launch bounds,
+    /// a templated host launcher taking TensorViews, and a plain one.
+    const FAKE: &str = "#include <sgl_kernel/tensor.h>
+namespace sglang {
+template <int N>
+struct SmemLayout { static constexpr int BYTES = N; };
+template <int B>
+__global__ __launch_bounds__(B, 1) void load_cache_to_device_buffer_kernel(int* x) { if (x) { *x = B; } }
+template <int B>
+void launch(
+    tvm::ffi::TensorView a,
+    int b) {
+  auto f = [=] { return b; };
+  if (f()) { throw 1; }
+}
+void other(tvm::ffi::TensorView t) { { } }
+}  // namespace sglang
+";
+
+    #[test]
+    fn the_shim_keeps_the_device_code_and_drops_the_host_launchers() {
+        let code = assemble("// kvcacheio\n#include <x.h>\n", FAKE).unwrap();
+        assert!(!code.contains("TensorView"), "{code}");
+        assert!(!code.contains("\n#include"), "{code}");
+        assert!(code.contains("__device__  void load_cache_to_device_buffer_kernel(int* x) { if (x) { *x = B; } }"), "{code}");
+        assert!(code.contains("}  // namespace sglang"));
+        assert!(code.contains("SGLANG_ENTRY(sglang_hisparse_k2048_h4096"));
+        assert!(assemble("", "void f() {}").is_err(), "not the peer");
+    }
+
+    /// The released peer, where `scripts/fetch-sglang-peer` put it (`.peer/` at the repository
+    /// root); SKIP otherwise.
+    #[test]
+    fn the_released_peer_assembles_when_fetched() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.peer/sglang");
+        let Ok(src) = SglangSource::load(&dir) else {
+            println!(
+                "SKIP: no released peer at {} (scripts/fetch-sglang-peer)",
+                dir.display()
+            );
+            return;
+        };
+        assert!(src.wheel.starts_with("sglang-"), "{}", src.wheel);
+        assert!(!src.code().contains("tvm::ffi::TensorView"));
+        assert_eq!(src.files.len(), 2);
     }
 }

@@ -61,7 +61,9 @@ mod bench {
     use std::collections::HashSet;
     use std::sync::Arc;
 
-    use cuda_kernels::cudarc_driver::sys::CUevent_flags;
+    use cuda_kernels::cudarc_driver::sys::{
+        CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
+    };
     use cuda_kernels::cudarc_driver::{CudaEvent, CudaStream};
     use cuda_kernels::{CopyBackend, KvCopy, KvResolveArgs, KV_STATS};
     use cuda_kernels::{CudaError, DeviceBuffer, Gpu};
@@ -368,25 +370,79 @@ mod bench {
         }
     }
 
+    /// The launch floor of the all-resident step: the lab's empty kernel with the launch shape
+    /// the library uses for `s`'s decode call (512 threads, `REQS + 1` blocks, the lean kernels'
+    /// dynamic shared memory), `n` launches plain and `n` in a CUDA graph; median µs of each.
+    pub(crate) fn empty_launch_floor(
+        gpu: &Arc<Gpu>,
+        s: &Setup,
+        _out: &Out,
+        n: usize,
+    ) -> Res<(f64, f64)> {
+        let lab = tierkit_testkit::KvLab::new(gpu)?;
+        let dev = s.pool.device();
+        let (d, t) = (*dev.dims(), dev.tables(0)?);
+        // The launcher's formula (cuda-kernels/src/kv/launch.rs): bitmaps, fixed pages, victim table.
+        let smem = 8 * d.hot_rows.div_ceil(32)
+            + 4 * d.fixed_pages
+            + if d.hot_rows <= 8192 {
+                2 * d.hot_rows
+            } else {
+                0
+            };
+        let st = gpu.stream().clone();
+        let ev = Ev::new(gpu)?;
+        let mut plain = Vec::new();
+        for _ in 0..n {
+            ev.start(&st)?;
+            lab.launch_empty(&st, &d, &t, REQS as u32, 512, smem)?;
+            plain.push(ev.stop_us(&st)?);
+        }
+        st.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(cu("cuStreamBeginCapture"))?;
+        let launched = lab.launch_empty(&st, &d, &t, REQS as u32, 512, smem);
+        let graph = st
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(cu("cuStreamEndCapture"))?;
+        launched?;
+        let graph = graph.ok_or("empty graph")?;
+        let mut in_graph = Vec::new();
+        for _ in 0..n {
+            ev.start(&st)?;
+            graph.launch().map_err(cu("cuGraphLaunch"))?;
+            in_graph.push(ev.stop_us(&st)?);
+        }
+        Ok((median(&mut plain), median(&mut in_graph)))
+    }
+
     pub fn run() -> Res<()> {
+        let mode = std::env::args()
+            .skip_while(|a| a != "--mode")
+            .nth(1)
+            .unwrap_or_else(|| "all".into());
+        // The peer's source first: a missing one is refused with or without a device.
+        let peer = if mode.starts_with("peer") {
+            Some(crate::peer::PeerArgs::from_args()?)
+        } else {
+            None
+        };
         let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
             return Ok(());
         };
+        if std::env::args().any(|a| a == "--lineinfo") {
+            gpu.set_line_info(true); // source lines for compute-sanitizer / Nsight Compute
+        }
         let reps: usize = std::env::args()
             .skip_while(|a| a != "--reps")
             .nth(1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(20);
-        let mode = std::env::args()
-            .skip_while(|a| a != "--mode")
-            .nth(1)
-            .unwrap_or_else(|| "all".into());
-        match mode.as_str() {
-            "all" => {}
-            "peer" => return crate::peer::run(&gpu, reps),
-            "peer-resident" => return crate::peer::run_resident(&gpu, reps),
-            "admit" => return crate::admit::run(&gpu, reps),
-            other => {
+        match (mode.as_str(), &peer) {
+            ("all", _) => {}
+            ("peer", Some(p)) => return crate::peer::run(&gpu, reps, p),
+            ("peer-resident", Some(p)) => return crate::peer::run_resident(&gpu, reps, p),
+            ("admit", _) => return crate::admit::run(&gpu, reps),
+            (other, _) => {
                 return Err(
                     format!("unknown --mode {other} (all, peer, peer-resident, admit)").into(),
                 )

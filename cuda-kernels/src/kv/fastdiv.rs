@@ -12,7 +12,9 @@
 use bytemuck::{Pod, Zeroable};
 use cudarc::driver::DeviceRepr;
 
-/// One divisor: `struct KvDiv` in `kv_resolve.cu` (`kv_quo` / `kv_rem` there).
+use super::abi::{KV_FAST_MAX_ROWS, KV_FAST_PER};
+
+/// One divisor: `struct KvDiv` in `kv_abi.cuh` (`kv_quo` / `kv_rem` there).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub(crate) struct KvDiv {
@@ -58,13 +60,7 @@ impl KvDiv {
     }
 }
 
-/// Picks per thread and query rows per entry the lean kernels hold (`KV_FAST_PER`,
-/// `KV_FAST_MAX_ROWS` in `kv_resolve.cu`; the kernel trusts `m` and `gper` computed from them, so
-/// a test reads the kernel's `#define`s and compares).
-const KV_FAST_PER: u64 = 4;
-const KV_FAST_MAX_ROWS: u32 = 64;
-
-/// The launch-time constants of one resolve launch: `struct KvDivs` in `kv_resolve.cu`, passed by
+/// The launch-time constants of one resolve launch: `struct KvDivs` in `kv_abi.cuh`, passed by
 /// value: the divisors, the batch shape the lean kernels guess their picks from, and the largest
 /// fixed page whose rows fit an `int`.
 #[repr(C)]
@@ -107,11 +103,11 @@ impl KvDivs {
             0
         };
         let fits = (1..=KV_FAST_MAX_ROWS).contains(&m)
-            && m as u64 * k as u64 <= KV_FAST_PER * block as u64;
+            && m as u64 * k as u64 <= KV_FAST_PER as u64 * block as u64;
         let m = if fits { m } else { 0 };
         let gper = (m as u64 * k as u64)
             .div_ceil(block.max(1) as u64)
-            .min(KV_FAST_PER) as u32;
+            .min(KV_FAST_PER as u64) as u32;
         let pr = page_rows.max(1);
         KvDivs {
             page: KvDiv::new(page_rows),
@@ -126,7 +122,7 @@ impl KvDivs {
     }
 }
 
-// SAFETY: `KvDivs` is `repr(C)`, Pod, and matches `struct KvDivs` in kv_resolve.cu field for field.
+// SAFETY: `KvDivs` is `repr(C)`, Pod, and matches `struct KvDivs` in kv_abi.cuh field for field.
 unsafe impl DeviceRepr for KvDivs {}
 
 #[cfg(test)]
@@ -199,20 +195,5 @@ mod tests {
         // (such dims fail `KvDims::validate`: arena rows stay below 2^31).
         assert_eq!(KvDivs::new((1 << 31) + 1, 1, 1, 1, 1, 512).fp_max, 0);
         assert_eq!(KvDivs::new(u32::MAX, 1, 1, 1, 1, 512).fp_max, 0);
-    }
-
-    /// The constants the batch shape is computed from are the kernel's.
-    #[test]
-    fn batch_constants_match_the_kernel() {
-        let code = crate::kv::KV_MODULE.code;
-        let define = |name: &str| -> u64 {
-            let line = code
-                .lines()
-                .find(|l| l.starts_with(&format!("#define {name} ")))
-                .unwrap_or_else(|| panic!("#define {name} not found in kv_resolve.cu"));
-            line.split_whitespace().nth(2).unwrap().parse().unwrap()
-        };
-        assert_eq!(define("KV_FAST_PER"), KV_FAST_PER);
-        assert_eq!(define("KV_FAST_MAX_ROWS"), KV_FAST_MAX_ROWS as u64);
     }
 }

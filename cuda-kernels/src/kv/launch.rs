@@ -6,18 +6,18 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
+use super::abi::{
+    KvCall, KV_CLASSIC_BLOCK, KV_LEAN512_BLOCK, KV_LEAN_BLOCK, KV_LEAN_MAX_FIXED_PAGES,
+    KV_LEAN_MAX_HOT_ROWS, KV_LEAN_VICTIM_MAX, KV_REPLAY_CHECK, KV_REPLAY_COPY, KV_REPLAY_FRESH,
+};
 use super::fastdiv::KvDivs;
 use super::{
     CopyBackend, KvCopy, KvDims, KvResolveArgs, KvResolveOptions, KvTables, ResolveEngine,
-    KV_BLOCK, KV_FAST_BLOCK, KV_FAST_MAX_FIXED_PAGES, KV_FAST_MAX_HOT_ROWS, KV_LAYOUT_PACKED,
-    KV_MODULE,
+    KV_LAYOUT_PACKED, KV_MODULE,
 };
 use crate::device::Gpu;
 use crate::error::{drv, CudaError, Result};
 use crate::raw;
-
-// The lean kernels compute `ceil(x / blockDim)` as a shift: their block sizes must be powers of two.
-const _: () = assert!(KV_FAST_BLOCK.is_power_of_two() && (KV_FAST_BLOCK / 2).is_power_of_two());
 
 /// The fused resolve, replay / check-plan, prefetch and write-back kernels of `kv_resolve.cu`,
 /// compiled for one [`Gpu`] (NVRTC at first use, cached per context).
@@ -25,7 +25,6 @@ const _: () = assert!(KV_FAST_BLOCK.is_power_of_two() && (KV_FAST_BLOCK / 2).is_
 pub struct KvKernels {
     gpu: Arc<Gpu>,
     resolve: CudaFunction,
-    resolve_fast: CudaFunction,
     resolve_lean: CudaFunction,
     resolve_lean512: CudaFunction,
     replay: CudaFunction,
@@ -33,11 +32,6 @@ pub struct KvKernels {
     write_back: CudaFunction,
     fill_words: CudaFunction,
 }
-
-/// Hot rows up to which the lean kernels keep a rank -> victim slot table in shared memory
-/// (`KV_LEAN_VICTIM_MAX` in `kv_resolve.cu`; 16 KiB at most, so the dynamic shared memory stays
-/// under the 48 KiB that needs no opt-in with the fast limits' 16 KiB of fixed pages).
-const KV_LEAN_VICTIM_MAX: u32 = 8192;
 
 /// Checks a layer range `l0 .. l0 + nl` against `d.layers` (`OutOfRange` otherwise, and for `nl == 0`).
 fn check_layers(d: &KvDims, l0: u32, nl: u32) -> Result<()> {
@@ -59,7 +53,6 @@ impl KvKernels {
     pub fn new(gpu: &Arc<Gpu>) -> Result<Self> {
         Ok(KvKernels {
             resolve: gpu.function(&KV_MODULE, "tierkit_kv_resolve")?,
-            resolve_fast: gpu.function(&KV_MODULE, "tierkit_kv_resolve_fast")?,
             resolve_lean: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean")?,
             resolve_lean512: gpu.function(&KV_MODULE, "tierkit_kv_resolve_lean512")?,
             replay: gpu.function(&KV_MODULE, "tierkit_kv_replay")?,
@@ -97,13 +90,11 @@ impl KvKernels {
     }
 
     /// Launches the fused resolve on `stream` (graph capturable: only `t`, the buffers of `a` and
-    /// `o.query_seq_lens` are read and written). `o.engine` picks the kernel (`Auto`, the default,
-    /// through [`ResolveEngine::for_call`])
-    /// ([`ResolveEngine::Fast`] and [`ResolveEngine::Lean`]: [`KV_FAST_BLOCK`] threads per block,
-    /// `Lean512` half of that, all three with `8 × ceil(hot_rows / 32) + 4 × fixed_pages` bytes of
-    /// dynamic shared memory, the lean ones `2 × hot_rows` more up to 8192 hot rows; `Classic`, or any of them over [`KV_FAST_MAX_HOT_ROWS`] /
-    /// [`KV_FAST_MAX_FIXED_PAGES`]: [`KV_BLOCK`] threads); results are identical.
-    /// Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into layers `a.layer ..
+    /// `o.query_seq_lens` are read and written): the 512-thread lean kernel for decode-shaped
+    /// calls, the 1024-thread one otherwise (`8 × ⌈hot_rows / 32⌉ + 4 × fixed_pages` bytes of
+    /// dynamic shared memory, `2 × hot_rows` more up to 8192 hot rows), the classic kernel (512
+    /// threads, no dynamic shared memory) for tables over 65,536 hot rows or 4,096 fixed pages;
+    /// results are identical (`DESIGN.md`, "The production resolve"). Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into layers `a.layer ..
     /// a.layer + max(o.fill_layers, 1)` inside the kernel (a layer group's planes), `Dma`
     /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
     /// (FlashMLA `topk_length`-compatible packing or in place), per-query causal bounds and
@@ -164,7 +155,7 @@ impl KvKernels {
         } else {
             0
         };
-        let fits = d.hot_rows <= KV_FAST_MAX_HOT_ROWS && d.fixed_pages <= KV_FAST_MAX_FIXED_PAGES;
+        let fits = d.hot_rows <= KV_LEAN_MAX_HOT_ROWS && d.fixed_pages <= KV_LEAN_MAX_FIXED_PAGES;
         // Candidate bitmaps (2 × ceil(hot_rows / 32) u32), then the entry's fixed pages.
         let smem = 8 * d.hot_rows.div_ceil(32) + 4 * d.fixed_pages;
         // The lean kernels' rank -> victim table (u16 per hot row) up to KV_LEAN_VICTIM_MAX hot rows.
@@ -174,48 +165,53 @@ impl KvKernels {
             } else {
                 0
             };
-        let (func, block, smem) = match o.engine.for_call(a.rows, a.sessions, a.k) {
-            ResolveEngine::Fast if fits => (&self.resolve_fast, KV_FAST_BLOCK, smem),
-            ResolveEngine::Lean if fits => (&self.resolve_lean, KV_FAST_BLOCK, lean_smem),
-            ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_FAST_BLOCK / 2, lean_smem),
-            _ => (&self.resolve, KV_BLOCK, 0),
+        #[cfg(feature = "test-hooks")]
+        let engine = o.engine;
+        #[cfg(not(feature = "test-hooks"))]
+        let engine = ResolveEngine::Auto;
+        let (func, block, smem) = match engine.for_call(a.rows, a.sessions, a.k) {
+            ResolveEngine::Lean if fits => (&self.resolve_lean, KV_LEAN_BLOCK, lean_smem),
+            ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_LEAN512_BLOCK, lean_smem),
+            _ => (&self.resolve, KV_CLASSIC_BLOCK, 0),
         };
         // page_rows, tail_rows and k as multipliers (the lean engine divides by them per pick), and
         // the batch shape the lean engine guesses its picks from.
         let divs = KvDivs::new(d.page_rows, d.tail_rows, a.k, a.rows, a.sessions, block);
+        let call = KvCall {
+            topk: a.topk,
+            qsl: a.query_start_loc,
+            seq_lens: a.seq_lens,
+            session_slot: a.session_slot,
+            indices: a.indices,
+            valid_count: a.valid_count,
+            plan: a.plan,
+            plan_count: a.plan_count,
+            stats: a.stats,
+            qseq: o.query_seq_lens,
+            idx_len: indices_len,
+            valid_len,
+            pc_len: plan_count_len,
+            sessions: a.sessions,
+            rows: a.rows,
+            k: a.k,
+            layer: a.layer,
+            fetch,
+            layout: o.layout,
+            pad0: 0,
+            pad1: 0,
+        };
         let mut b = stream.launch_builder(func);
-        b.arg(d)
-            .arg(t)
-            .arg(&a.topk)
-            .arg(&a.query_start_loc)
-            .arg(&a.seq_lens)
-            .arg(&a.session_slot)
-            .arg(&a.sessions)
-            .arg(&a.rows)
-            .arg(&a.k)
-            .arg(&a.layer)
-            .arg(&fetch)
-            .arg(&a.indices)
-            .arg(&a.valid_count)
-            .arg(&a.plan)
-            .arg(&a.plan_count)
-            .arg(&a.stats)
-            .arg(&o.layout)
-            .arg(&o.query_seq_lens)
-            .arg(&indices_len)
-            .arg(&valid_len)
-            .arg(&plan_count_len)
-            .arg(&divs);
+        b.arg(d).arg(t).arg(&call).arg(&divs);
         let cfg = LaunchConfig {
             grid_dim: (a.sessions + 1, 1, 1),
             block_dim: (block, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: argument list matches tierkit_kv_resolve / _fast / _lean / _lean512 (same parameters,
-        // `KvDivs` last, `repr(C)` as `struct KvDivs`); the
-        // fast and lean kernels' dynamic shared memory holds their two bitmaps of ceil(hot_rows /
-        // 32) words and the fixed pages, the lean kernels' also the u16 victim table when
-        // hot_rows <= KV_LEAN_VICTIM_MAX (its condition in the kernel); buffers per the caller's contract.
+        // SAFETY: the argument list matches tierkit_kv_resolve / _lean / _lean512 (KvDims, KvTables,
+        // KvCall, KvDivs by value, `repr(C)` as in kv_abi.cuh); the lean kernels' dynamic shared
+        // memory holds their two bitmaps of ceil(hot_rows / 32) words, the fixed pages and the u16
+        // victim table when hot_rows <= KV_LEAN_VICTIM_MAX (its condition in the kernel); the
+        // classic kernel needs none; buffers per the caller's contract.
         unsafe { b.launch(cfg) }.map_err(drv("cuLaunchKernel(tierkit_kv_resolve)"))?;
         Ok(())
     }
@@ -245,7 +241,20 @@ impl KvKernels {
         nl: u32,
     ) -> Result<()> {
         // SAFETY: forwarded.
-        unsafe { self.replay_launch(stream, d, t, plan, count, segments, stride, l0, nl, 0) }
+        unsafe {
+            self.replay_launch(
+                stream,
+                d,
+                t,
+                plan,
+                count,
+                segments,
+                stride,
+                l0,
+                nl,
+                KV_REPLAY_COPY,
+            )
+        }
     }
 
     /// Replays plan segments into layers `l0 .. l0 + nl` as [`KvKernels::replay_async`] does,
@@ -273,7 +282,20 @@ impl KvKernels {
         nl: u32,
     ) -> Result<()> {
         // SAFETY: forwarded.
-        unsafe { self.replay_launch(stream, d, t, plan, count, segments, stride, l0, nl, 2) }
+        unsafe {
+            self.replay_launch(
+                stream,
+                d,
+                t,
+                plan,
+                count,
+                segments,
+                stride,
+                l0,
+                nl,
+                KV_REPLAY_FRESH,
+            )
+        }
     }
 
     /// Counts plan entries whose destination row no longer holds the position into the
@@ -296,7 +318,20 @@ impl KvKernels {
         stride: u32,
     ) -> Result<()> {
         // SAFETY: forwarded.
-        unsafe { self.replay_launch(stream, d, t, plan, count, segments, stride, 0, 1, 1) }
+        unsafe {
+            self.replay_launch(
+                stream,
+                d,
+                t,
+                plan,
+                count,
+                segments,
+                stride,
+                0,
+                1,
+                KV_REPLAY_CHECK,
+            )
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -382,7 +417,7 @@ impl KvKernels {
             .arg(&plan_count);
         let cfg = LaunchConfig {
             grid_dim: (sessions, 1, 1),
-            block_dim: (KV_BLOCK, 1, 1),
+            block_dim: (KV_CLASSIC_BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: argument list matches tierkit_kv_prefetch; buffers per the caller's contract.
@@ -601,7 +636,7 @@ impl KvKernels {
 /// a copy extends the run before it when it has the same slot, the next position and the next
 /// arena row. The copies' order does not matter to a fill (distinct destinations); duplicates
 /// (the same slot and position twice) start a new run.
-pub fn coalesce_runs(copies: &[KvCopy]) -> Vec<(KvCopy, u32)> {
+pub(crate) fn coalesce_runs(copies: &[KvCopy]) -> Vec<(KvCopy, u32)> {
     let mut sorted = copies.to_vec();
     sorted.sort_by_key(|c| (c.slot, c.position, c.dst_row));
     let mut runs: Vec<(KvCopy, u32)> = Vec::new();

@@ -22,120 +22,38 @@ use cudarc::driver::DeviceRepr;
 use crate::device::KernelSource;
 use crate::error::{CudaError, Result};
 
+mod abi;
+mod engine;
 mod fastdiv;
 mod launch;
 
-pub use launch::{coalesce_runs, KvKernels};
+pub use abi::{
+    KvStats, KV_ERR_WORDS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS, KV_UNCLAIMED,
+};
+#[cfg(feature = "test-hooks")]
+pub use engine::ResolveEngine;
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) use engine::ResolveEngine;
+pub use launch::KvKernels;
 
-/// The KV kernels (`kernels/kv_resolve.cu`).
+/// The KV kernels, one NVRTC module in this order: `kernels/kv_abi.cuh` (the structs and constants
+/// shared with the host, checked by a test against this module's types), `kv_device.cuh` (device
+/// primitives), `kv_clock.cuh` (the hot cache's CLOCK), `kv_resolve.cu` (the resolve kernels and
+/// the prefetch) and `kv_copy.cu` (replay, write-back, table patches).
 pub const KV_MODULE: KernelSource = KernelSource {
     name: "kv_resolve",
-    code: include_str!("../../kernels/kv_resolve.cu"),
+    code: concat!(
+        include_str!("../../kernels/kv_abi.cuh"),
+        "\n",
+        include_str!("../../kernels/kv_device.cuh"),
+        "\n",
+        include_str!("../../kernels/kv_clock.cuh"),
+        "\n",
+        include_str!("../../kernels/kv_resolve.cu"),
+        "\n",
+        include_str!("../../kernels/kv_copy.cu")
+    ),
 };
-
-/// Threads per block of the classic resolve and the prefetch kernels (one block per session).
-pub const KV_BLOCK: u32 = 512;
-
-/// Threads per block of the fast resolve engine ([`ResolveEngine::Fast`]).
-pub const KV_FAST_BLOCK: u32 = 1024;
-
-/// Most hot rows per session the fast engine takes (its candidate bitmaps, `2 × ceil(hot_rows /
-/// 32)` u32 = 16 KiB at this size, stay well inside the default 48 KiB of shared memory); above it
-/// the launch uses the classic kernel (same results).
-pub const KV_FAST_MAX_HOT_ROWS: u32 = 65536;
-
-/// Most fixed pages per session the fast engine takes (it keeps an entry's fixed-page table,
-/// `4 × fixed_pages` bytes, in shared memory beside the bitmaps: at most 32 KiB together); above
-/// it the launch uses the classic kernel (same results).
-pub const KV_FAST_MAX_FIXED_PAGES: u32 = 4096;
-
-/// Which resolve kernel runs. Both implement the same contract (`DESIGN.md`, KV resolve kernel
-/// contract) and give identical outputs, plans, stats and table updates; they differ in how the
-/// bookkeeping is organised on the device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ResolveEngine {
-    /// `tierkit_kv_resolve_fast`: 1024 threads per entry, each holding up to 4 consecutive
-    /// picks in registers from lookup to output, one block scan per ordering, CLOCK victims chosen
-    /// by the whole block from candidate bitmaps, the entry's fixed pages in shared memory.
-    /// Entries over 4096 picks or 64 query rows, and tables over [`KV_FAST_MAX_HOT_ROWS`] hot rows
-    /// or [`KV_FAST_MAX_FIXED_PAGES`] fixed pages, take the classic path.
-    Fast,
-    /// `tierkit_kv_resolve` (the first kernel, kept for comparison): three passes over the picks,
-    /// each repeating the lookups, and victims chosen by one warp walking the clock.
-    Classic,
-    /// `tierkit_kv_resolve_lean` with 1024 threads per entry: the fast engine's decisions with the
-    /// dependent global round trips issued together before one validating barrier (descriptor,
-    /// picks with the entry's words, then descriptor, fixed pages, page-table and position-table
-    /// entries per pick), the placement steps skipped when no pick of the entry missed, no hot-cache
-    /// bookkeeping on the direct path and no block scan for in-place rows; an in-place entry
-    /// without misses finishes after that one barrier (its counts folded into it). Same limits as
-    /// `Fast`.
-    Lean,
-    /// `tierkit_kv_resolve_lean512`: the lean body compiled for and launched with 512 threads per
-    /// entry (up to 128 registers, no spills; up to 4 picks per thread: entries
-    /// over 2048 picks take the classic path).
-    Lean512,
-    /// The default: [`ResolveEngine::Lean512`] for a decode-shaped call (no more query rows than
-    /// sessions, `k ≤ 2048`: in decode, one row per entry, every entry fits its 512 threads),
-    /// else [`ResolveEngine::Lean`] (e.g. speculative rows, 2 × 2048 picks per entry, which would
-    /// send `Lean512` to its classic path). Chosen at launch from the call's host-side sizes, so
-    /// a captured graph keeps its choice; a call whose rows are spread unevenly (an entry with
-    /// two rows beside one with none) can still send an entry to the classic path (same
-    /// results, slower). On the H200 peer comparison (three runs, `benches/README.md`) lean512 was below
-    /// SGLang's kernel on all 16 step rows, plain and in a graph, and lean on 15.
-    #[default]
-    Auto,
-}
-
-impl ResolveEngine {
-    /// Every concrete engine, in declaration order (tests and benches run them side by side;
-    /// [`ResolveEngine::Auto`] launches one of them).
-    pub const ALL: [ResolveEngine; 4] = [
-        ResolveEngine::Fast,
-        ResolveEngine::Classic,
-        ResolveEngine::Lean,
-        ResolveEngine::Lean512,
-    ];
-
-    /// The concrete engine a call of `rows` query rows over `sessions` entries with `k` picks per
-    /// row launches: `Auto` decides (see [`ResolveEngine::Auto`]), every other engine is itself.
-    pub fn for_call(self, rows: u32, sessions: u32, k: u32) -> ResolveEngine {
-        match self {
-            ResolveEngine::Auto if rows <= sessions && k <= KV_LEAN512_MAX_PICKS => {
-                ResolveEngine::Lean512
-            }
-            ResolveEngine::Auto => ResolveEngine::Lean,
-            e => e,
-        }
-    }
-}
-
-/// Most picks of one entry the 512-thread lean kernel takes on its own path (4 per thread).
-pub const KV_LEAN512_MAX_PICKS: u32 = 2048;
-
-#[cfg(test)]
-mod engine_tests {
-    use super::*;
-
-    #[test]
-    fn auto_takes_lean512_for_decode_shaped_calls_only() {
-        let auto = ResolveEngine::default();
-        assert_eq!(auto, ResolveEngine::Auto);
-        assert_eq!(auto.for_call(64, 64, 2048), ResolveEngine::Lean512);
-        assert_eq!(auto.for_call(3, 4, 16), ResolveEngine::Lean512);
-        assert_eq!(auto.for_call(128, 64, 2048), ResolveEngine::Lean); // speculative rows
-        assert_eq!(auto.for_call(64, 64, 4096), ResolveEngine::Lean);
-        for e in ResolveEngine::ALL {
-            assert_eq!(e.for_call(128, 64, 4096), e);
-        }
-    }
-}
-
-/// Per-session counters written by the resolve kernel (`u32 [sessions][KV_STATS]`): picks, tail hits,
-/// scratch hits, page hits, hot hits (including picks of rows fetched this call), misses (distinct
-/// rows fetched), direct path (1 if the whole history is resident), invalid picks.
-pub const KV_STATS: usize = 8;
 
 /// Sizes of the device tables (all counts; `row_bytes` in bytes).
 #[repr(C)]
@@ -167,7 +85,7 @@ pub struct KvDims {
     pub pad0: u32,
 }
 
-// SAFETY: `KvDims` is `repr(C)`, Pod, and matches `struct KvDims` in kv_resolve.cu field for field.
+// SAFETY: `KvDims` is `repr(C)`, Pod, and matches `struct KvDims` in kv_abi.cuh field for field.
 unsafe impl DeviceRepr for KvDims {}
 
 impl KvDims {
@@ -411,15 +329,8 @@ pub struct KvTables {
     /// `u32 [KV_ERR_WORDS]`: error counters ([`KvErrors::from_words`]).
     pub err: u64,
 }
-// SAFETY: `repr(C)` of 13 u64 device pointers, matching `struct KvTables` in kv_resolve.cu.
+// SAFETY: `repr(C)` of 13 u64 device pointers, matching `struct KvTables` in kv_abi.cuh.
 unsafe impl DeviceRepr for KvTables {}
-
-/// Words of the device error counters (`u32`, [`KvTables::err`]).
-pub const KV_ERR_WORDS: usize = 8;
-
-/// Initial value of the dedup claim table [`KvTables::first`] (`i32::MAX`, `KV_UNCLAIMED` in the
-/// kernel source).
-pub const KV_UNCLAIMED: i32 = i32::MAX;
 
 /// Device buffers of one fused resolve call (raw device pointers, e.g. tensors' `data_ptr()`).
 /// Output layout, per-query bounds and oversized output buffers: [`KvResolveOptions`].
@@ -459,13 +370,6 @@ pub struct KvResolveArgs {
     pub stats: u64,
 }
 
-/// [`KvResolveOptions::layout`]: arena rows stay in their picks' columns, `-1` where invalid;
-/// `valid_count` counts the non `-1` entries (not FlashMLA's `topk_length`).
-pub const KV_LAYOUT_IN_PLACE: u32 = 0;
-/// [`KvResolveOptions::layout`]: valid entries packed to the front of each row in column order,
-/// `-1` after; `valid_count` is the packed length (FlashMLA's `topk_length`).
-pub const KV_LAYOUT_PACKED: u32 = 1;
-
 /// Optional inputs of one fused resolve ([`KvKernels::resolve_async_with`]); the default (all
 /// zero) is [`KvKernels::resolve_async`]'s behaviour. Kept apart from [`KvResolveArgs`] so that
 /// code building the arguments as a struct literal keeps compiling.
@@ -491,8 +395,9 @@ pub struct KvResolveOptions {
     /// stale (a persistent `[max_sessions]` buffer inside a CUDA graph). Smaller than `sessions`
     /// is refused at launch (`Shape`).
     pub plan_count_len: u64,
-    /// Which kernel runs ([`ResolveEngine::Auto`] by default, see [`ResolveEngine::for_call`]);
+    /// Which kernel runs (a test hook, feature `test-hooks`: `ResolveEngine::Auto` by default);
     /// results are identical.
+    #[cfg(feature = "test-hooks")]
     pub engine: ResolveEngine,
     /// Layers the misses are copied into, from [`KvResolveArgs::layer`] (0 = 1): a layer
     /// group's planes (kv-elastic's `LayerGroups`), all filled by the one resolve. The layer
@@ -503,16 +408,6 @@ pub struct KvResolveOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn layouts_match_the_kernel_structs() {
-        assert_eq!(std::mem::size_of::<KvDims>(), 48);
-        assert_eq!(std::mem::size_of::<KvSlotDesc>(), 32);
-        assert_eq!(std::mem::size_of::<KvCopy>(), 16);
-        assert_eq!(std::mem::size_of::<KvFill>(), 16);
-        assert_eq!(std::mem::size_of::<KvTables>(), 13 * 8);
-        assert_eq!(std::mem::size_of::<fastdiv::KvDivs>(), 64);
-    }
 
     #[test]
     fn dims_validation_is_typed() {

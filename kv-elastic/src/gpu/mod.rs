@@ -12,7 +12,9 @@ mod pool;
 pub use arena::GpuArena;
 /// The copy back-ends of the GPU pool (re-exported from `cuda_kernels`).
 pub use cuda_kernels::CopyBackend;
-/// The resolve kernels of the GPU pool (re-exported from `cuda_kernels`).
+/// The resolve kernels of the GPU pool (a test hook, feature `test-hooks`; re-exported from
+/// `cuda_kernels`).
+#[cfg(feature = "test-hooks")]
 pub use cuda_kernels::ResolveEngine;
 pub use data::{GpuData, PinnedBytes};
 pub use pool::{GpuElasticPool, GpuFlushCounters, GpuPoolConfig, MapAfterFill};

@@ -1,30 +1,34 @@
-//! `kv_gpu_bench --mode peer`: our resolve kernels (fast, classic, lean with 1024 and 512 threads per
-//! entry) against SGLang HiSparse's
-//! swap-in kernel (`load_cache_to_device_buffer_kernel`, ported in
-//! `testkit/kernels/sglang_hisparse.cu`, launched as SGLang's coordinator does: one block of 960
-//! threads per request) on identical inputs: batch 64, top-k 2048, 656 B rows, one layer, the full
-//! history in mapped pinned host memory read in place by both, the same selection sequence
-//! (`Churn`, seed 7). Each kernel starts cold and runs the same phases in order:
+//! `kv_gpu_bench --mode peer --peer-source DIR`: tierkit's resolve (the production kernel the
+//! library launches, `ResolveEngine::Auto`) against SGLang HiSparse's swap-in kernel
+//! (`load_cache_to_device_buffer_kernel`) read from its released wheel (`scripts/fetch-sglang-peer
+//! DIR`: the version and every file's SHA-256 are printed) and compiled behind tierkit's shim,
+//! launched as SGLang's coordinator does (one block of 960 threads per request, `SmemLayout` shared
+//! memory), on identical inputs: batch 64, top-k 2048, 656 B rows, one layer, the full history in
+//! mapped pinned host memory read in place by both, the same selection sequence (`Churn`, seed 7).
+//! Each kernel starts cold and runs the same phases in order:
 //!
 //! 1. *hits only, first set*: the first set (loaded by one untimed step) repeated;
 //! 2. *9.5% misses*: 10% of each set replaced per step (≈ 9.5% distinct fresh positions);
 //! 3. *25.9% misses*: 30% replaced per step;
 //! 4. *hits only, scattered*: the last set repeated (its hot slots now scattered by the churn).
 //!
-//! Each phase: `warm` untimed steps, then `reps` timed ones (CUDA events, median). Four runs per
-//! kernel from the same cold state: plain launch, the launch captured once in a CUDA graph and
-//! replayed, *bookkeeping* (plain launch with the byte copy left out: SGLang's kernel without
-//! its final copy loop, ours with the DMA back-end's placement and no copy), and the same
-//! bookkeeping launch in a CUDA graph (the launch overhead out of the figure). Copy GB/s: the step's
-//! distinct misses × 656 B over (step − bookkeeping) time. Also the all-resident case: SGLang's
-//! short-sequence path (history 4096 ≤ hot 4096) against our direct path (history in borrowed pages).
+//! Each phase: `warm` untimed steps, then `reps` timed ones (CUDA events, median). Four launch
+//! modes per kernel from the same cold state: plain launch, the launch captured once in a CUDA
+//! graph and replayed, *bookkeeping* (plain launch with the byte copy left out: SGLang's own SkipIO
+//! instantiation, ours with the DMA back-end's placement and no copy), and the same bookkeeping
+//! launch in a CUDA graph. Copy GB/s: the step's distinct misses × 656 B over (step − bookkeeping)
+//! time. `--runs N` (default 3) repeats everything, the kernels' order alternating between runs
+//! (SGLang first in odd runs, ours first in even ones); each cell is the median over the runs, and
+//! the largest per-run ratio is shown beside it. Also the all-resident case: SGLang's
+//! short-sequence path (history 4096 ≤ hot 4096) against our direct path (history in borrowed
+//! pages), with the floor: an empty kernel of our parameters launched with our grid (`KV_LAB`).
 
 use std::sync::Arc;
 
 use cuda_kernels::cudarc_driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cuda_kernels::cudarc_driver::{CudaGraph, CudaStream};
-use cuda_kernels::{CopyBackend, DeviceBuffer, Gpu, KvResolveOptions, ResolveEngine};
-use tierkit_testkit::{SglangHisparse, SglangShape};
+use cuda_kernels::{CopyBackend, DeviceBuffer, Gpu, KvResolveOptions};
+use tierkit_testkit::{SglangHisparse, SglangShape, SglangSource};
 
 use crate::bench::{
     cu, median, resident_sets, setup, Churn, Ev, Out, Res, Setup, Table, K, REQS, ROW,
@@ -34,22 +38,13 @@ use crate::bench::{
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kernel {
     Sglang,
-    Ours(ResolveEngine),
+    Ours,
 }
 
-const KERNELS: [Kernel; 5] = [
-    Kernel::Sglang,
-    Kernel::Ours(ResolveEngine::Fast),
-    Kernel::Ours(ResolveEngine::Classic),
-    Kernel::Ours(ResolveEngine::Lean),
-    Kernel::Ours(ResolveEngine::Lean512),
-];
+const KERNELS: [Kernel; 2] = [Kernel::Sglang, Kernel::Ours];
 
 /// Column names of [`KERNELS`].
-const NAMES: [&str; 5] = ["SGLang", "fast", "classic", "lean", "lean512"];
-
-/// Kernels whose copy speed is reported (indices into [`KERNELS`]).
-const GBS: [usize; 3] = [0, 1, 3];
+const NAMES: [&str; 2] = ["SGLang", "tierkit"];
 
 /// How a run launches and whether it copies.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -73,8 +68,8 @@ const RUNS: [Run; 4] = [
 /// Column suffixes of [`RUNS`].
 const RUN_NAMES: [&str; 4] = ["us", "graph us", "bookkeeping us", "bookkeeping graph us"];
 
-/// The table's header: configuration, then per run every kernel's median and the best of ours
-/// over SGLang's (with the engine that gave it), then copy speeds.
+/// The table's header: configuration, then per launch mode both kernels' medians and ours over
+/// SGLang's (median over runs, the largest run's in brackets), then copy speeds.
 fn header() -> Vec<String> {
     let mut h: Vec<String> = ["hot / history", "step", "misses/step"]
         .iter()
@@ -82,26 +77,39 @@ fn header() -> Vec<String> {
         .collect();
     for run in RUN_NAMES {
         h.extend(NAMES.iter().map(|k| format!("{k} {run}")));
-        h.push(format!("best ours / SGLang ({run})"));
+        h.push(format!("tierkit / SGLang ({run}; worst run)"));
     }
-    h.extend(GBS.iter().map(|&k| format!("{} copy GB/s", NAMES[k])));
+    h.extend(NAMES.iter().map(|k| format!("{k} copy GB/s")));
     h
 }
 
-/// One row's timing columns from `med[kernel][run]` (µs; `None` where a run was not made).
-fn timing_cells(med: &[[Option<f64>; 4]]) -> Vec<String> {
+/// `v` sorted: its median.
+fn med_of(mut v: Vec<f64>) -> Option<f64> {
+    (!v.is_empty()).then(|| median(&mut v))
+}
+
+/// One row's timing columns from `runs[r][kernel][mode]` (µs medians of each run; `None` where a
+/// mode was not timed): per mode both kernels' medians over runs, and ours / SGLang as the median
+/// of the per-run ratios with the largest in brackets.
+fn timing_cells(runs: &[Vec<[Option<f64>; 4]>]) -> Vec<String> {
     let mut c = Vec::new();
     for ri in 0..RUNS.len() {
-        c.extend(med.iter().map(|m| match m[ri] {
-            Some(v) => format!("{v:.1}"),
+        for ki in 0..KERNELS.len() {
+            c.push(
+                match med_of(runs.iter().filter_map(|r| r[ki][ri]).collect()) {
+                    Some(v) => format!("{v:.1}"),
+                    None => "-".into(),
+                },
+            );
+        }
+        let ratios: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| Some(r[1][ri]? / r[0][ri]?))
+            .collect();
+        let worst = ratios.iter().copied().fold(f64::NAN, f64::max);
+        c.push(match med_of(ratios) {
+            Some(m) => format!("{m:.2} ({worst:.2})"),
             None => "-".into(),
-        }));
-        let best = (1..med.len())
-            .filter_map(|k| med[k][ri].map(|v| (v, k)))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        c.push(match (best, med[0][ri]) {
-            (Some((v, k)), Some(sg)) => format!("{:.2} ({})", v / sg, NAMES[k]),
-            _ => "-".into(),
         });
     }
     c
@@ -149,7 +157,14 @@ struct Bed {
 }
 
 impl Bed {
-    fn new(gpu: &Arc<Gpu>, hot: u32, history: u32, elastic: bool, sg_hot: u32) -> Res<Self> {
+    fn new(
+        gpu: &Arc<Gpu>,
+        peer: &SglangSource,
+        hot: u32,
+        history: u32,
+        elastic: bool,
+        sg_hot: u32,
+    ) -> Res<Self> {
         let ours = setup(gpu, hot, history, elastic, 1)?;
         let d = *ours.pool.device().dims();
         let t = ours.pool.device().tables(0)?;
@@ -163,6 +178,7 @@ impl Bed {
         }
         let sg = SglangHisparse::new(
             gpu,
+            peer,
             SglangShape {
                 reqs: REQS as u32,
                 hot: sg_hot,
@@ -200,12 +216,9 @@ impl Bed {
                 // pool's pinned store) outlives the launch.
                 unsafe { self.sg.launch(s, self.cur.device_ptr(), copy)? }
             }
-            Kernel::Ours(engine) => {
+            Kernel::Ours => {
                 let a = self.out.args(&self.ours, self.cur.device_ptr(), 0);
-                let o = KvResolveOptions {
-                    engine,
-                    ..Default::default()
-                };
+                let o = KvResolveOptions::default();
                 let backend = if copy {
                     CopyBackend::Gather
                 } else {
@@ -223,7 +236,7 @@ impl Bed {
         Ok(())
     }
 
-    /// The port reads the right bytes: every pick of the last step maps to a device-buffer row
+    /// The peer reads the right bytes: every pick of the last step maps to a device-buffer row
     /// holding the host row of its position (the setup's `host_cache_locs` mapping is correct).
     fn check_sglang_rows(&self, step: &[i32]) -> Res<()> {
         let locs = self.sg.out().download()?;
@@ -238,7 +251,7 @@ impl Bed {
                 let h = (slot * d.max_history as usize + p) * d.layers as usize * rb;
                 if buf[loc * rb..(loc + 1) * rb] != host[h..h + rb] {
                     return Err(format!(
-                        "SGLang port: request {r} pick {j} (position {p}) wrong row"
+                        "SGLang peer: request {r} pick {j} (position {p}) wrong row"
                     )
                     .into());
                 }
@@ -286,7 +299,7 @@ fn run_sequence(
         }
         us.push(ev.stop_us(&s)?);
         misses.push(match kernel {
-            Kernel::Ours(_) => bed.out.misses()?,
+            Kernel::Ours => bed.out.misses()?,
             Kernel::Sglang => 0,
         });
     }
@@ -297,7 +310,7 @@ fn run_sequence(
         }
     }
     let mut last = Vec::new();
-    if let Kernel::Ours(_) = kernel {
+    if kernel == Kernel::Ours {
         let e = bed.ours.pool.device().errors()?;
         if e != Default::default() {
             return Err(format!("device error counters after {kernel:?} {run:?}: {e:?}").into());
@@ -310,20 +323,73 @@ fn run_sequence(
     Ok((us, misses, last))
 }
 
-/// Runs every configuration and prints one table row per (configuration, phase).
-pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
+/// The peer's folder (`--peer-source DIR`) and runs (`--runs N`, default 3) from the command line.
+pub(crate) struct PeerArgs {
+    source: SglangSource,
+    runs: usize,
+}
+
+impl PeerArgs {
+    /// Reads `--peer-source` (required: the folder `scripts/fetch-sglang-peer` made) and `--runs`.
+    pub(crate) fn from_args() -> Res<Self> {
+        let arg = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
+        let dir = arg("--peer-source").ok_or(
+            "--mode peer needs --peer-source DIR: the SGLang peer is read from its released wheel; \
+             fetch it with `scripts/fetch-sglang-peer DIR` (on a machine that reaches the package \
+             registry) and carry DIR here",
+        )?;
+        let source = SglangSource::load(std::path::Path::new(&dir))?;
+        let runs = match arg("--runs") {
+            Some(r) => r
+                .parse::<usize>()
+                .ok()
+                .filter(|r| (1..=9).contains(r))
+                .ok_or("--runs must be 1..=9")?,
+            None => 3,
+        };
+        Ok(PeerArgs { source, runs })
+    }
+
+    fn describe(&self) -> String {
+        let files: Vec<String> = self
+            .source
+            .files
+            .iter()
+            .map(|(f, h)| format!("{f} sha256 {h}"))
+            .collect();
+        format!(
+            "peer: {} from {} ({})",
+            self.source.wheel,
+            self.source.dir.display(),
+            files.join(", ")
+        )
+    }
+}
+
+/// The kernels in the order of run `r` (0-based): SGLang first in even runs, ours first in odd ones.
+fn order(r: usize) -> [usize; 2] {
+    if r.is_multiple_of(2) {
+        [0, 1]
+    } else {
+        [1, 0]
+    }
+}
+
+/// Runs every configuration `--runs` times and prints one table row per (configuration, phase).
+pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
     let warm = 3;
     println!(
         "peer mode: device {} ({}), batch {REQS}, top-k {K}, rows {ROW} B, 1 layer, history in \
-         mapped pinned host memory (read in place), {reps} timed steps per phase (median); \
-         SGLang = load_cache_to_device_buffer_kernel (960 threads/block); ours fast / classic / \
-         lean / lean512 = tierkit_kv_resolve_fast / tierkit_kv_resolve / tierkit_kv_resolve_lean(512) \
-         (1024 / 512 threads)",
+         mapped pinned host memory (read in place), {reps} timed steps per phase (median), {} runs \
+         (order alternating); SGLang = load_cache_to_device_buffer_kernel (960 threads/block); \
+         tierkit = the library's resolve (ResolveEngine::Auto)\n{}",
         gpu.name()?,
-        gpu.arch()
+        gpu.arch(),
+        peer.runs,
+        peer.describe()
     );
     let mut t = Table(vec![header()]);
-    // Mismatches are reported after the table (rows marked WRONG), so an ablation still times.
+    // Mismatches are reported after the table (rows marked WRONG).
     let mut wrong: Vec<String> = Vec::new();
     for (hot, history) in [
         (4096u32, 32768u32),
@@ -332,29 +398,32 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         (4096, 131072),
     ] {
         let seq = sequence(history, warm, reps);
-        let mut bed = Bed::new(gpu, hot, history, false, hot)?;
-        // times[kernel][run] = per-step µs; misses from our fast kernel's plain run.
-        let mut times = vec![vec![Vec::new(); RUNS.len()]; KERNELS.len()];
+        let mut bed = Bed::new(gpu, &peer.source, hot, history, false, hot)?;
+        // times[run][kernel][mode] = per-step µs; our misses and last outputs of each run.
+        let mut times = vec![vec![vec![Vec::new(); RUNS.len()]; KERNELS.len()]; peer.runs];
         let (mut misses, mut last) = (Vec::new(), Vec::new());
         let wrong_before = wrong.len();
-        for (ki, &kernel) in KERNELS.iter().enumerate() {
-            for (ri, &run) in RUNS.iter().enumerate() {
-                let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
-                if kernel == Kernel::Ours(ResolveEngine::Fast) && run == Run::Plain {
-                    (misses, last) = (m, l);
-                } else if matches!(kernel, Kernel::Ours(_)) && (m != misses || l != last) {
-                    // Same decisions: every engine fetches the same distinct misses per step and
-                    // returns the same last step.
-                    wrong.push(format!(
-                        "hot {hot} / {history}: {kernel:?} {run:?}: outputs differ from fast's"
-                    ));
+        for (r, per_run) in times.iter_mut().enumerate() {
+            for ki in order(r) {
+                let kernel = KERNELS[ki];
+                for (ri, &run) in RUNS.iter().enumerate() {
+                    let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+                    if kernel == Kernel::Ours {
+                        if misses.is_empty() {
+                            (misses, last) = (m, l);
+                        } else if m != misses || l != last {
+                            // The same decisions in every launch mode and run.
+                            wrong.push(format!(
+                                "hot {hot} / {history}: run {r} {run:?}: outputs differ"
+                            ));
+                        }
+                    }
+                    per_run[ki][ri] = us;
                 }
-                times[ki][ri] = us;
             }
         }
         for ph in &seq.phases {
             let timed = ph.start + warm..ph.start + warm + reps;
-            let med = |ki: usize, ri: usize| median(&mut times[ki][ri][timed.clone()].to_vec());
             let m = median(
                 &mut misses[timed.clone()]
                     .iter()
@@ -362,16 +431,28 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
                     .collect::<Vec<_>>(),
             );
             let bytes = m * ROW as f64;
-            let meds: Vec<[Option<f64>; 4]> = (0..KERNELS.len())
-                .map(|ki| [0, 1, 2, 3].map(|ri| Some(med(ki, ri))))
+            // meds[run][kernel][mode]
+            let meds: Vec<Vec<[Option<f64>; 4]>> = times
+                .iter()
+                .map(|per_run| {
+                    per_run
+                        .iter()
+                        .map(|modes| {
+                            [0, 1, 2, 3]
+                                .map(|ri| Some(median(&mut modes[ri][timed.clone()].to_vec())))
+                        })
+                        .collect()
+                })
                 .collect();
             let gbs = |ki: usize| {
-                let net = med(ki, 0) - med(ki, 2);
-                if bytes > 0.0 && net > 0.0 {
-                    format!("{:.1}", bytes / (net * 1e3))
-                } else {
-                    "-".into()
-                }
+                let rates: Vec<f64> = meds
+                    .iter()
+                    .filter_map(|r| {
+                        let net = r[ki][0]? - r[ki][2]?;
+                        (bytes > 0.0 && net > 0.0).then(|| bytes / (net * 1e3))
+                    })
+                    .collect();
+                med_of(rates).map_or("-".into(), |g| format!("{g:.1}"))
             };
             let mut row = vec![
                 format!("{hot} / {}K", history / 1024),
@@ -383,17 +464,17 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
                 format!("{m:.0} ({:.1}%)", m / (REQS * K) as f64 * 100.0),
             ];
             row.extend(timing_cells(&meds));
-            row.extend(GBS.iter().map(|&ki| gbs(ki)));
+            row.extend((0..KERNELS.len()).map(gbs));
             t.0.push(row);
         }
         eprintln!("peer: hot {hot}, history {history} done");
     }
-    all_resident(gpu, reps, warm, &mut t)?;
+    all_resident(gpu, &peer.source, peer.runs, reps, warm, &mut t)?;
     t.print();
     println!(
-        "bookkeeping target (issue 13): <= 10 us everywhere (plain launches; the bookkeeping \
-         graph columns time the same steps in a CUDA graph); copy: >= 45 GB/s (in-place gather \
-         ceiling 47 GB/s); misses/step: our distinct misses (SGLang's are the same fresh positions)"
+        "copy target: >= 45 GB/s (in-place gather ceiling 47 GB/s); misses/step: our distinct \
+         misses (SGLang's are the same fresh positions); ratios: median over the runs (the worst \
+         run in brackets)"
     );
     if !wrong.is_empty() {
         return Err(wrong.join("; ").into());
@@ -401,40 +482,55 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
     Ok(())
 }
 
-/// Only the all-resident row (a quick run for kernel ablations, `--mode peer-resident`).
-pub(crate) fn run_resident(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
+/// Only the all-resident row (`--mode peer-resident`).
+pub(crate) fn run_resident(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
+    println!("{}", peer.describe());
     let mut t = Table(vec![header()]);
-    all_resident(gpu, reps, 3, &mut t)?;
+    all_resident(gpu, &peer.source, peer.runs, reps, 3, &mut t)?;
     t.print();
     Ok(())
 }
 
 /// The all-resident case: SGLang's short-sequence path (history 4096 ≤ its hot 4096: every token
-/// already in its device buffer) against our direct path (history in borrowed pages, hot 2048).
-fn all_resident(gpu: &Arc<Gpu>, reps: usize, warm: usize, t: &mut Table) -> Res<()> {
+/// already in its device buffer) against our direct path (history in borrowed pages, hot 2048),
+/// and the floor of ours: the empty kernel of our parameters with our grid, block and shared
+/// memory (`KV_LAB`'s `tierkit_kv_resolve_empty`), plain and in a graph.
+fn all_resident(
+    gpu: &Arc<Gpu>,
+    peer: &SglangSource,
+    runs: usize,
+    reps: usize,
+    warm: usize,
+    t: &mut Table,
+) -> Res<()> {
     let history = 4096u32;
-    let mut bed = Bed::new(gpu, 2048, history, true, 4096)?;
+    let mut bed = Bed::new(gpu, peer, 2048, history, true, 4096)?;
     let steps = resident_sets(history - 64, 42);
     let seq = Sequence {
         steps: (0..warm + reps).map(|i| steps[i % 4].clone()).collect(),
         phases: Vec::new(),
     };
-    let mut med = vec![[None; 4]; KERNELS.len()];
+    let mut meds = vec![vec![[None; 4]; KERNELS.len()]; runs];
     let mut last = Vec::new();
-    // Timed rows are printed even when a kernel's outputs differ (the run then fails after them).
+    // Timed rows are printed even when the outputs differ (the run then fails after them).
     let mut wrong = Vec::new();
-    for (ki, &kernel) in KERNELS.iter().enumerate() {
-        for (ri, run) in [Run::Plain, Run::Graph].into_iter().enumerate() {
-            let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
-            if m.iter().any(|&m| m > 0) {
-                wrong.push(format!("{kernel:?} {run:?}: fetched rows"));
+    for (r, per_run) in meds.iter_mut().enumerate() {
+        for ki in order(r) {
+            let kernel = KERNELS[ki];
+            for (ri, run) in [Run::Plain, Run::Graph].into_iter().enumerate() {
+                let (us, m, l) = run_sequence(gpu, &mut bed, &seq, kernel, run)?;
+                if m.iter().any(|&m| m > 0) {
+                    wrong.push(format!("{kernel:?} {run:?}: fetched rows"));
+                }
+                if kernel == Kernel::Ours {
+                    if last.is_empty() {
+                        last = l;
+                    } else if l != last {
+                        wrong.push(format!("{kernel:?} {run:?}: outputs differ"));
+                    }
+                }
+                per_run[ki][ri] = Some(median(&mut us[warm..].to_vec()));
             }
-            if kernel == Kernel::Ours(ResolveEngine::Fast) && run == Run::Plain {
-                last = l;
-            } else if matches!(kernel, Kernel::Ours(_)) && l != last {
-                wrong.push(format!("{kernel:?} {run:?}: outputs differ"));
-            }
-            med[ki][ri] = Some(median(&mut us[warm..].to_vec()));
         }
     }
     let what = if wrong.is_empty() {
@@ -447,9 +543,25 @@ fn all_resident(gpu: &Arc<Gpu>, reps: usize, warm: usize, t: &mut Table) -> Res<
         what.into(),
         "0".into(),
     ];
-    row.extend(timing_cells(&med));
-    row.extend(GBS.iter().map(|_| "-".to_string()));
+    row.extend(timing_cells(&meds));
+    row.extend((0..KERNELS.len()).map(|_| "-".to_string()));
     t.0.push(row);
+    let (plain, graph) = crate::bench::empty_launch_floor(gpu, &bed.ours, &bed.out, warm + reps)?;
+    let mut floor = vec![
+        "all resident (4K history)".to_string(),
+        "floor: empty kernel, our launch shape".into(),
+        "0".into(),
+    ];
+    floor.extend([
+        "-".into(),
+        format!("{plain:.1}"),
+        "-".into(),
+        "-".into(),
+        format!("{graph:.1}"),
+        "-".into(),
+    ]);
+    floor.extend((0..header().len() - floor.len()).map(|_| "-".to_string()));
+    t.0.push(floor);
     if !wrong.is_empty() {
         t.print();
         return Err(format!("all resident: {}", wrong.join("; ")).into());

@@ -63,9 +63,11 @@ use std::sync::OnceLock;
 
 use bytemuck::Pod;
 use cuda_kernels::cudarc_driver::CudaStream;
+#[cfg(feature = "test-hooks")]
+use cuda_kernels::ResolveEngine;
 use cuda_kernels::{
-    CopyBackend, KvCopy, KvDims, KvFill, KvResolveArgs, KvResolveOptions, KvSlotDesc,
-    ResolveEngine, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
+    CopyBackend, KvCopy, KvDims, KvFill, KvResolveArgs, KvResolveOptions, KvSlotDesc, KvStats,
+    KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
 use hashbrown::{HashMap, HashSet};
@@ -267,7 +269,8 @@ pub struct GpuElasticPool {
     /// The event recorded at the end of the last publish that queued work.
     last_publish: Option<EventSignal>,
     settle: bool,
-    /// The resolve kernel ([`ResolveEngine::Auto`], the default, unless set).
+    /// The resolve kernel (`ResolveEngine::Auto` unless a test set another).
+    #[cfg(feature = "test-hooks")]
     engine: ResolveEngine,
     /// How page fills run on the copy stream ([`CopyBackend::Dma`] unless set).
     fill_backend: CopyBackend,
@@ -349,6 +352,7 @@ impl GpuElasticPool {
             draft_reads: DraftReads::default(),
             last_publish: None,
             settle: false,
+            #[cfg(feature = "test-hooks")]
             engine: ResolveEngine::default(),
             fill_backend: CopyBackend::Dma,
             poisoned: None,
@@ -390,13 +394,15 @@ impl GpuElasticPool {
         self.gcfg.backend = backend;
     }
 
-    /// The resolve kernel [`Resolver::resolve`] launches.
+    /// The resolve kernel [`Resolver::resolve`] launches (a test hook, feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
     pub fn resolve_engine(&self) -> ResolveEngine {
         self.engine
     }
 
-    /// Switches the resolve kernel (all give identical results; [`ResolveEngine::Classic`] and the
-    /// lean variants are kept so benchmarks and tests can compare them).
+    /// Switches the resolve kernel (a test hook, feature `test-hooks`: every kernel gives
+    /// identical results; the tests run each).
+    #[cfg(feature = "test-hooks")]
     pub fn set_resolve_engine(&mut self, engine: ResolveEngine) {
         self.engine = engine;
     }

@@ -142,6 +142,7 @@ impl Resolver for GpuElasticPool {
             indices_len: out.indices.len() as u64,
             valid_len: out.valid_count.len() as u64,
             plan_count_len: 0,
+            #[cfg(feature = "test-hooks")]
             engine: self.engine,
             fill_layers: 0, // the arena fills the layer group's planes
         };
@@ -178,14 +179,14 @@ impl Resolver for GpuElasticPool {
         self.device_errors_clean(input.layer)?;
         let st = stats.download().map_err(cuda)?;
         let mut stats = ResolveStats::default();
-        for r in st.chunks(KV_STATS) {
-            stats.picks += r[0] as u64;
-            stats.tail_hits += r[1] as u64;
-            stats.scratch_hits += r[2] as u64;
-            stats.page_hits += r[3] as u64;
-            stats.hot_hits += r[4] as u64;
-            stats.misses += r[5] as u64;
-            stats.direct_sessions += r[6] as u64;
+        for r in KvStats::from_rows(&st) {
+            stats.picks += r.picks as u64;
+            stats.tail_hits += r.tail_hits as u64;
+            stats.scratch_hits += r.scratch_hits as u64;
+            stats.page_hits += r.page_hits as u64;
+            stats.hot_hits += r.hot_hits as u64;
+            stats.misses += r.misses as u64;
+            stats.direct_sessions += u64::from(r.direct);
         }
         // Valid picks (validated: all in range) the kernel could not serve (no evictable hot row).
         let wanted = input.topk.iter().filter(|&&p| p >= 0).count() as u64;
