@@ -91,6 +91,11 @@ struct KvTables {
     unsigned char* arena;
     unsigned char* host;
     unsigned int* err;
+    // Null, or a u32 the owner of the tables sets to 1 only while every live slot's descriptor has
+    // full = 1 (kv-elastic's pool, at publish): the resolve then reads no position table and takes
+    // no hot-cache path (a slot that is not full after all gets -1 for its hot-cache picks, never a
+    // wrong row).
+    const unsigned int* direct;
 };
 
 // One row copy of a plan: (slot, position) of the host store <-> arena row dst_row.

@@ -411,10 +411,10 @@ static_assert(32 * KV_FAST_PER < 256, "a warp's counts must fit the partials' 8-
 // partials. Valid outputs are counted by class: a tail, scratch or hot row is a fixed row
 // (non-negative when no lane is slow, which the fixed-page loader checks), a page row is v itself.
 // lk.pj: each pick's page (its page-table index, read in trip 2). Returns whether the warp has a
-// pick of a fixed-row class (warp-uniform). All lanes call it.
+// pick of a fixed-row class (warp-uniform); *missed: whether it has a missed pick. All lanes call it.
 __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& dv, const KvEntry& e,
                                                  const KvLookups& lk, bool slow, unsigned int* part,
-                                                 unsigned int* cls, int (&v)[KV_FAST_PER]) {
+                                                 unsigned int* cls, int (&v)[KV_FAST_PER], bool* missed) {
     const KvSlotDesc& s = e.s;
     const int(&p)[KV_FAST_PER] = lk.p;
     const bool full = s.full != 0u;
@@ -467,6 +467,7 @@ __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& 
         part[(threadIdx.x >> 5) * KV_LEAN_PARTS] = w0;
         part[(threadIdx.x >> 5) * KV_LEAN_PARTS + 1u] = w1;
     }
+    *missed = ((w1 >> 16) & 0xffu) != 0u;
     return ((w0 >> 8) & 0xffffu) != 0u || (w1 & 0xffu) != 0u;  // the warp has a tail, scratch or hot pick
 }
 
@@ -550,14 +551,18 @@ __device__ __forceinline__ void kv_lean_outputs(const KvDiv& pr, const KvTables&
 }
 
 // A quiet lean entry (the preview saw no miss and no flagged warp; in-place layout): steps A + B,
-// one store per thread, the counts from the preview's partials; no barrier.
+// one store per thread (unless the warp stored its outputs early), the counts from the preview's
+// partials; no barrier.
 __device__ __forceinline__ void kv_entry_lean_quiet(const KvDims& d, const KvDivs& dv, const KvTables& t,
                                                     const KvCall& c, const KvEntry& e, const KvShared& sh,
-                                                    bool fixed_any, unsigned int cls, const int (&v)[KV_FAST_PER]) {
-    int out[KV_FAST_PER];
-    kv_lean_outputs(dv.page, t, (unsigned long long)e.slot * d.hot_rows, e.s.full != 0u, fixed_any, cls, v, e.call,
-                    sh.fp, out);
-    kv_store_picks(c.indices + (unsigned long long)e.row0 * c.k + e.f0, out, e.fe > e.f0 ? e.fe - e.f0 : 0u);
+                                                    bool fixed_any, unsigned int cls, const int (&v)[KV_FAST_PER],
+                                                    bool early) {
+    if (!early) {
+        int out[KV_FAST_PER];
+        kv_lean_outputs(dv.page, t, (unsigned long long)e.slot * d.hot_rows, e.s.full != 0u, fixed_any, cls, v,
+                        e.call, sh.fp, out);
+        kv_store_picks(c.indices + (unsigned long long)e.row0 * c.k + e.f0, out, e.fe > e.f0 ? e.fe - e.f0 : 0u);
+    }
     kv_lean_counts(t, dv, c, e, sh.part);
 }
 
@@ -655,6 +660,9 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     // Round trip 1: loads that depend on no other load, all issued before any is used: the entry's
     // words, its picks (speculatively, below), and the call-wide checks' words.
     const bool entry = r < sessions;
+    // A direct batch (the pool's word: every live slot's whole history is resident): no position-table
+    // reads, no hot-cache path (DESIGN.md, "Direct batches").
+    const bool direct = t.direct != nullptr && *t.direct != 0u;
     int q0 = 0, q1 = 0, sl = -1, limit = 0;
     if (entry) {
         q0 = qsl[r];
@@ -753,7 +761,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         const bool look = slot_in && p[i] >= 0;
         pj[i] = j;
         pg[i] = look && j < d.max_pages ? ptab[j] : -1;
-        hs[i] = look && q < d.max_history ? pslot[q] : -1;
+        hs[i] = look && !direct && q < d.max_history ? pslot[q] : -1;
     }
     int(&rl)[KV_FAST_PER] = lk.rl;
 #pragma unroll
@@ -773,12 +781,27 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         }
     }
     // The entry as far as it is known before the validating barrier, and the block's scratch.
+    if (direct) s.full = 1u;  // the pool's promise: nothing of this slot is on the hot-cache path
     KvEntry e = {slot_in ? (unsigned int)sl : 0u, s, limit, (unsigned int)q0, R, F, per, f0, fe, 0ull, hand};
     const KvShared sh = {kv_dyn, fp, warp_sums, sh_rows, sh_count, sh_part, &sh_taken, &sh_last};
     // Preview of the picks' classes into the warp partials (folded into the validating barrier).
     unsigned int cls;
     int v[KV_FAST_PER];
-    const bool fixed_any = kv_lean_classify(d, dv, e, lk, fp_slow, sh_part, &cls, v);
+    bool missed;
+    const bool fixed_any = kv_lean_classify(d, dv, e, lk, fp_slow, sh_part, &cls, v, &missed);
+    // Early outputs (in place): a warp of a well-formed entry whose picks are all page rows, -1 or
+    // invalid stores them now, before the validating barrier: every later path writes the same
+    // values there, and a refusal after the barrier rewrites the entry's rows -1 (in this block,
+    // ordered by the barrier). The warps holding tail, scratch or hot picks wait for the fixed pages.
+    const bool may_early = lean && c.layout != KV_LAYOUT_PACKED && slot_in && s.live != 0u && limit >= 1 &&
+                           (unsigned int)limit <= s.committed + s.scratch_len;
+    const bool early = may_early && !fixed_any && !missed;  // warp-uniform
+    if (early) {
+        int out[KV_FAST_PER];
+#pragma unroll
+        for (unsigned int i = 0; i < KV_FAST_PER; ++i) out[i] = ((cls >> (3u * i)) & 7u) == KV_PICK_PAGE ? v[i] : -1;
+        kv_store_picks(c.indices + (unsigned long long)q0 * k + f0, out, fe > f0 ? fe - f0 : 0u);
+    }
     // The validating barrier (it also publishes sh_call).
     bool qsl_bad = false, dup_any = false;
     if (__syncthreads_or(bad_qsl | dup)) {
@@ -788,6 +811,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     const unsigned long long call = sh_call;
     if (qsl_bad) {
         kv_refuse_call(t, c);
+        if (may_early) kv_fill_rows(c, (unsigned int)q0, (unsigned int)q1);  // this block's early stores
     } else if (r == sessions) {
         kv_fill_rows(c, 0, (unsigned int)qsl[0]);
         kv_fill_rows(c, (unsigned int)qsl[sessions], rows);
@@ -805,7 +829,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
         if (!ok) {
             kv_refuse_entry(t, c, r, row0, row1);
         } else if (lean && c.layout != KV_LAYOUT_PACKED && kv_lean_quiet(sh_part)) {
-            kv_entry_lean_quiet(d, dv, t, c, e, sh, fixed_any, cls, v);
+            kv_entry_lean_quiet(d, dv, t, c, e, sh, fixed_any, cls, v, early);
         } else if (lean) {
             kv_entry_lean(d, dv, t, c, e, sh, fixed_any, cls, v);
         } else {

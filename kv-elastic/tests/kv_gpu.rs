@@ -2,7 +2,9 @@
 //! state ([`GpuArena`]; the CPU reference comparison lives in `tests/gpu_exactness.rs`): bad input never reads or writes out of bounds and comes out
 //! as `-1` with typed counters, misses are deduplicated across a session's rows and fetched bit-exact
 //! from the mapped host store, both copy back-ends write the same bytes, prefetched candidates are
-//! hits for the next resolve, write-back lands in the host store. The resolve tests run once per
+//! hits for the next resolve, write-back lands in the host store, a direct batch (the pool's word:
+//! every live slot full) gives the hot-cache path's outputs and a broken promise never a wrong row.
+//! The resolve tests run once per
 //! resolve engine (`ResolveEngine::ALL`), and every engine equals the classic kernel on a large,
 //! a direct-path and an overflowing entry. Every test prints `SKIP: no CUDA device` and returns
 //! where no device exists.
@@ -904,4 +906,138 @@ fn every_engine_equals_the_classic_one_on_large_direct_and_overflowing_entries()
             );
         }
     }
+}
+
+/// Slot 1 of [`setup`]'s arena made live and full: 160 committed positions, the tail 144..160 in
+/// its fixed rows, logical pages 0..10 (positions 0..160) borrowed at pages 5..15 (slot 0's
+/// rows there: the test reads indices, not bytes, for slot 1).
+fn full_slot_1(kv: &mut GpuArena) {
+    let pages: Vec<i32> = (0..64).map(|j| if j < 10 { 5 + j } else { -1 }).collect();
+    let desc = KvSlotDesc {
+        live: 1,
+        committed: 160,
+        scratch_len: 0,
+        full: 1,
+        tail_start: 144,
+        pad: [0; 3],
+    };
+    kv.set_slot(1, desc, &[0, 1, 2, 3, 4], &pages).unwrap();
+}
+
+/// Indices, valid counts, plan counts, stats and error words of one call, as one comparable string.
+fn outcome(kv: &GpuArena, c: &Call) -> String {
+    format!(
+        "{:?} {:?} {:?} {:?} {:?}",
+        c.idx.download().unwrap(),
+        c.valid.download().unwrap(),
+        c.count.download().unwrap(),
+        c.stats.download().unwrap(),
+        kv.errors().unwrap()
+    )
+}
+
+#[test]
+fn a_direct_batch_equals_the_hot_cache_path_and_a_broken_promise_is_never_a_wrong_row() {
+    each_engine(
+        a_direct_batch_equals_the_hot_cache_path_and_a_broken_promise_is_never_a_wrong_row_on,
+    );
+}
+
+fn a_direct_batch_equals_the_hot_cache_path_and_a_broken_promise_is_never_a_wrong_row_on(
+    gpu: Arc<Gpu>,
+) {
+    // 1. The word follows the descriptors: slot 0 (not full) live keeps it off; once slot 1 (full)
+    // is the only live slot it is on, and off again when a slot that is not full is published.
+    let mut kv = setup(&gpu);
+    assert!(!kv.direct_batch());
+    full_slot_1(&mut kv);
+    assert!(!kv.direct_batch(), "slot 0 is live and not full");
+    kv.reset_slot(0).unwrap();
+    assert!(kv.direct_batch(), "every live slot is full");
+    // Page, tail, padding and invalid picks in two rows (k = 40): with the word on and forced
+    // off, every engine gives the same indices, counts, stats (direct bit included) and errors.
+    let k = 40u32;
+    let topk: Vec<i32> = (0..2 * k as i32)
+        .map(|j| match j % 10 {
+            0 => -1,
+            1 => 170 + j, // beyond seq_len: invalid
+            2 => 144 + j % 16,
+            _ => (j * 7) % 144,
+        })
+        .collect();
+    let mut got = Vec::new();
+    for word in [1u32, 0] {
+        kv.force_direct_word(word).unwrap();
+        for layout in [KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED] {
+            let c = call(&gpu, &topk, &[0, 2], &[160], &[1], k);
+            run_layout(&kv, &c, 1, layout);
+            got.push(outcome(&kv, &c));
+            let stats = KvStats::from_row(&c.stats.download().unwrap());
+            assert!(stats.direct, "the direct bit (word {word})");
+            kv.clear_errors().unwrap();
+        }
+    }
+    assert_eq!(got[0], got[2], "in place: direct word on = off");
+    assert_eq!(got[1], got[3], "packed: direct word on = off");
+    // 2. Refusals after early stores (page-only warps store before the validating barrier): a
+    // slot named twice and a malformed query_start_loc still leave every row -1.
+    kv.force_direct_word(1).unwrap();
+    let pages: Vec<i32> = (0..2 * k as i32).map(|j| (j * 3) % 144).collect();
+    let c = call(&gpu, &pages, &[0, 1, 2], &[160, 160], &[1, 1], k);
+    run(&kv, &c, 2, 0, CopyBackend::Gather);
+    assert!(
+        c.idx.download().unwrap().iter().all(|&x| x == -1),
+        "slot named twice"
+    );
+    assert_eq!(kv.errors().unwrap().bad_session, 2);
+    kv.clear_errors().unwrap();
+    let c = call(&gpu, &pages, &[0, 2, 1], &[160, 160], &[1, 2], k);
+    run(&kv, &c, 2, 0, CopyBackend::Gather);
+    assert!(
+        c.idx.download().unwrap().iter().all(|&x| x == -1),
+        "malformed qsl"
+    );
+    assert_eq!(kv.errors().unwrap().bad_qsl, 1);
+    kv.clear_errors().unwrap();
+
+    // 3. A broken promise: slot 0 (not full) with its hot cache warm, the word forced on. Its
+    // hot-cache positions come out -1 (never a wrong row), nothing is placed, the hot tables are
+    // untouched; its page and tail picks are the rows the hot-cache path gives.
+    let mut kv = setup(&gpu);
+    let warm: Vec<i32> = (0..8).map(|j| 300 + j).collect();
+    let c = call(&gpu, &warm, &[0, 1], &[1000], &[0], 8);
+    run(&kv, &c, 1, 0, CopyBackend::Gather);
+    let hot_before = kv.download_hot(0, 0).unwrap();
+    let mixed: Vec<i32> = vec![300, 5, 990, 301, 17, 302, 600, 150];
+    let reference = {
+        let c = call(&gpu, &mixed[..], &[0, 1], &[1000], &[0], 8);
+        // Word off, a fresh arena in the same warm state: the hot-cache path's rows.
+        let fresh = setup(&gpu);
+        let w = call(&gpu, &warm, &[0, 1], &[1000], &[0], 8);
+        run(&fresh, &w, 1, 0, CopyBackend::Gather);
+        run(&fresh, &c, 1, 0, CopyBackend::Gather);
+        c.idx.download().unwrap()
+    };
+    kv.force_direct_word(1).unwrap();
+    let c = call(&gpu, &mixed, &[0, 1], &[1000], &[0], 8);
+    run(&kv, &c, 1, 0, CopyBackend::Gather);
+    let idx = c.idx.download().unwrap();
+    for (j, &p) in mixed.iter().enumerate() {
+        let resident = !(160..984).contains(&p);
+        if resident {
+            assert_eq!(idx[j], reference[j], "position {p}: a resident row");
+        } else {
+            assert_eq!(
+                idx[j], -1,
+                "position {p}: hot-cache path skipped, never a wrong row"
+            );
+        }
+    }
+    assert_eq!(c.count.download().unwrap(), vec![0], "nothing placed");
+    assert_eq!(
+        kv.download_hot(0, 0).unwrap(),
+        hot_before,
+        "hot tables untouched"
+    );
+    assert!(kv.errors().unwrap().is_clean());
 }

@@ -333,7 +333,8 @@ mod tests {
                 call,
                 arena,
                 host,
-                err
+                err,
+                direct
             ]
         );
         same_layout!("KvCopy", KvCopy, [slot, position, dst_row, pad]);

@@ -276,7 +276,7 @@ impl KvErrors {
 }
 
 /// Device pointers of every table the kernels read and write (`repr(C)`, matches `struct KvTables`
-/// in `kv_resolve.cu`). Shapes, with the extents of the [`KvDims`] passed alongside (element types
+/// in `kernels/kv_abi.cuh`). Shapes, with the extents of the [`KvDims`] passed alongside (element types
 /// in brackets; "slot" = session slot):
 ///
 /// | field | shape | initial contents |
@@ -294,6 +294,7 @@ impl KvErrors {
 /// | `arena` | `u8 [layers][arena_rows][row_bytes]` | anything |
 /// | `host` | `u8 [max_slots][max_history][layers][row_bytes]`, mapped pinned host memory (device address) | the history |
 /// | `err` | `u32 [`[`KV_ERR_WORDS`]`]` | 0 |
+/// | `direct` | `u32 [1]`, or 0 (null) | 0 (see the field) |
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Pod, Zeroable)]
 pub struct KvTables {
@@ -328,8 +329,14 @@ pub struct KvTables {
     pub host: u64,
     /// `u32 [KV_ERR_WORDS]`: error counters ([`KvErrors::from_words`]).
     pub err: u64,
+    /// `u32 [1]` or 0 (null): the *direct-batch* word. Its owner sets it to 1 only while every
+    /// live slot's descriptor has `full = 1`; the resolve kernels then read no position table and
+    /// take no hot-cache path (`DESIGN.md`, "Direct batches"). A slot that is not full after all
+    /// gets `-1` for the picks its hot cache would serve (never a wrong row, no table written but
+    /// the call counter). kv-elastic's pool maintains it at publish.
+    pub direct: u64,
 }
-// SAFETY: `repr(C)` of 13 u64 device pointers, matching `struct KvTables` in kv_abi.cuh.
+// SAFETY: `repr(C)` of 14 u64 device pointers, matching `struct KvTables` in kv_abi.cuh.
 unsafe impl DeviceRepr for KvTables {}
 
 /// Device buffers of one fused resolve call (raw device pointers, e.g. tensors' `data_ptr()`).

@@ -16,6 +16,7 @@ use cuda_kernels::{
 };
 use tier_core::NOT_RESIDENT;
 
+use super::direct::DirectBatch;
 use crate::LayerGroups;
 
 /// The GPU back-end's device state (the tables of [`KvTables`]) and the kernels bound to it.
@@ -48,6 +49,10 @@ pub struct GpuArena {
     arena: DeviceBuffer<u8>,
     host: PinnedBuffer<u8>,
     err: DeviceBuffer<u32>,
+    /// The direct-batch word (`KvTables::direct`): 1 while every live slot is full.
+    direct: DeviceBuffer<u32>,
+    /// The descriptors written (through this arena or noted by the pool) the word follows.
+    direct_batch: DirectBatch,
     kernels: KvKernels,
 }
 
@@ -157,6 +162,8 @@ impl GpuArena {
             arena,
             host: PinnedBuffer::zeroed(ctx, host_bytes)?,
             err: DeviceBuffer::zeroed(ctx, KV_ERR_WORDS)?,
+            direct: DeviceBuffer::zeroed(ctx, 1)?,
+            direct_batch: DirectBatch::new(slots),
             kernels: KvKernels::new(gpu)?,
             gpu: gpu.clone(),
             dims,
@@ -231,7 +238,40 @@ impl GpuArena {
             arena: self.arena.device_ptr(),
             host: self.host.device_ptr(),
             err: self.err.device_ptr(),
+            direct: self.direct.device_ptr(),
         })
+    }
+
+    /// Records that slot `slot`'s descriptor is now `desc` (written by the caller, e.g. as a
+    /// queued table patch) and returns the value the direct-batch word must take, if it changes:
+    /// `Some(1)` when every live slot is now full, `Some(0)` when that stopped being so. The
+    /// caller writes it in the same stream order as the descriptors (kv-elastic's publish puts
+    /// both in one patch launch) and the arena then assumes it written.
+    pub(crate) fn note_desc(&mut self, slot: u32, desc: &KvSlotDesc) -> Option<u32> {
+        self.direct_batch
+            .note(slot, (desc.live != 0).then_some(desc.full != 0))
+    }
+
+    /// Whether the direct-batch word is (or is queued to be) set: every live slot full, at least
+    /// one. Resolves then take the direct path (`cuda-kernels/DESIGN.md`, "Direct batches").
+    pub fn direct_batch(&self) -> bool {
+        self.direct_batch.on()
+    }
+
+    /// Writes the direct-batch word as given, whatever the descriptors say (tests of the kernels'
+    /// behaviour under a broken promise; synchronous). The next descriptor write recomputes it.
+    #[cfg(feature = "test-hooks")]
+    pub fn force_direct_word(&mut self, value: u32) -> Result<()> {
+        self.put(self.direct.device_ptr(), &[value])
+    }
+
+    /// Writes `desc` as slot `slot`'s descriptor and keeps the direct-batch word in step (synchronous).
+    fn put_desc(&mut self, slot: u32, desc: KvSlotDesc) -> Result<()> {
+        self.put(self.desc.device_ptr_at(slot as usize)?, &[desc])?;
+        if let Some(v) = self.note_desc(slot, &desc) {
+            self.put(self.direct.device_ptr(), &[v])?;
+        }
+        Ok(())
     }
 
     /// The layer group of `layer` and its layers, checked.
@@ -339,7 +379,9 @@ impl GpuArena {
 
     /// Publishes one slot's placement (synchronous; between steps, nothing in flight reads it):
     /// descriptor, fixed pages (`fixed_pages` physical page ids) and borrowed-page table
-    /// ([`NOT_RESIDENT`] = not resident; shorter tables are padded with it).
+    /// ([`NOT_RESIDENT`] = not resident; shorter tables are padded with it). The direct-batch word
+    /// follows the descriptors ([`GpuArena::direct_batch`]): `desc.full = 1` is the caller's
+    /// statement that every position below `committed` is in the tail or a mapped borrowed page.
     ///
     /// # Errors
     /// `OutOfRange` for the slot, `Shape` for table lengths or a descriptor whose committed +
@@ -393,12 +435,12 @@ impl GpuArena {
         let mut pt = page_table.to_vec();
         pt.resize(d.max_pages as usize, NOT_RESIDENT);
         let s = slot as usize;
-        self.put(self.desc.device_ptr_at(s)?, &[desc])?;
         self.put(
             self.fixed_pages.device_ptr_at(s * d.fixed_pages as usize)?,
             fixed_pages,
         )?;
-        self.put(self.page_tab.device_ptr_at(s * d.max_pages as usize)?, &pt)
+        self.put(self.page_tab.device_ptr_at(s * d.max_pages as usize)?, &pt)?;
+        self.put_desc(slot, desc)
     }
 
     /// Empties one slot's hot cache (all hot slots free, hand 0, stamps 0, position table
@@ -406,10 +448,7 @@ impl GpuArena {
     /// leaves the slot.
     pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
         self.check_slot(slot)?;
-        self.put(
-            self.desc.device_ptr_at(slot as usize)?,
-            &[KvSlotDesc::default()],
-        )?;
+        self.put_desc(slot, KvSlotDesc::default())?;
         self.clear_hot(slot)
     }
 

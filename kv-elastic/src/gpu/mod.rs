@@ -7,6 +7,7 @@
 
 mod arena;
 mod data;
+mod direct;
 mod pool;
 
 pub use arena::GpuArena;

@@ -505,6 +505,10 @@ fn all_resident(
 ) -> Res<()> {
     let history = 4096u32;
     let mut bed = Bed::new(gpu, peer, 2048, history, true, 4096)?;
+    // Every session's history is in borrowed pages: the pool sets the direct-batch word.
+    if !bed.ours.pool.device().direct_batch() {
+        return Err("all resident: the pool did not set the direct-batch word".into());
+    }
     let steps = resident_sets(history - 64, 42);
     let seq = Sequence {
         steps: (0..warm + reps).map(|i| steps[i % 4].clone()).collect(),

@@ -79,7 +79,15 @@ impl GpuElasticPool {
             d.fixed_pages as u64,
         );
         let desc_words = (std::mem::size_of::<KvSlotDesc>() / 4) as u64;
+        // The direct-batch word's new value, if this publish changes it (patched with the descriptors).
+        let mut direct_word: Option<u32> = None;
         let slots = d.max_slots as u64;
+        for &b in &freed {
+            // A freed slot stops counting for the direct-batch word (its descriptor is zeroed below).
+            if let Some(v) = self.cpu.data.dev.note_desc(b, &KvSlotDesc::default()) {
+                direct_word = Some(v);
+            }
+        }
         for &b in created.iter().chain(&freed) {
             let b = b as u64;
             range(&mut ranges, t.desc, b * desc_words, desc_words as usize, 0);
@@ -165,6 +173,12 @@ impl GpuElasticPool {
             for (i, &v) in w.iter().enumerate() {
                 put(t.desc + 4 * (b as u64 * desc_words + i as u64), v);
             }
+            if let Some(v) = self.cpu.data.dev.note_desc(b, &desc) {
+                direct_word = Some(v);
+            }
+        }
+        if let Some(v) = direct_word {
+            put(t.direct, v);
         }
         let points: Vec<KvFill> = order
             .iter()
