@@ -13,9 +13,11 @@
 //!   chunks, always through an [`EpochFence`];
 //! - [`EpochFence`] + [`Retired`]: epoch-based reader fences; a GPU completion
 //!   signal ([`CompletionSignal`]) stands in for a CPU reader;
-//! - [`DecayingCounters`]: EMA heat counters with a half-life in steps.
+//! - [`DecayingCounters`]: EMA heat counters with a half-life in steps;
+//! - [`read_json`], [`read_capped`], [`CappedReader`]: bounded reads of side-input files
+//!   (configs, maps, dumps, reports): a size cap, never an unbounded read.
 //!
-//! Errors are one [`CoreError`] enum; no call panics on caller input, and a
+//! Errors are one [`CoreError`] enum (file reads: [`ReadError`]); no call panics on caller input, and a
 //! failed call changes nothing. See `DESIGN.md` for the fence and the loan
 //! lifecycle.
 //!
@@ -42,6 +44,7 @@
 
 #![warn(missing_docs)]
 
+mod capped;
 mod ema;
 mod error;
 mod fence;
@@ -51,6 +54,7 @@ mod page;
 mod pool;
 mod sync;
 
+pub use capped::{open_capped, read_capped, read_json, show_bytes, CappedReader, ReadError};
 pub use ema::DecayingCounters;
 pub use error::{CoreError, Result};
 pub use fence::{
