@@ -10,6 +10,10 @@ use tier_core::{CoreError, PageMap, NOT_RESIDENT};
 pub const MAP_FORMAT: &str = "tierkit.expert-residency.rowmap";
 /// Version of the saved map format.
 pub const MAP_VERSION: u32 = 1;
+/// Largest saved map [`ResidencyMap::load`] reads: 16 bytes per hot expert of the largest
+/// geometry ([`crate::MAX_CELLS`]; pretty JSON of ids below 2^20 takes at most 15) plus 1 MiB,
+/// 257 MiB.
+pub const MAX_MAP_FILE_BYTES: u64 = 16 * crate::MAX_CELLS + (1 << 20);
 
 /// One layer's rowmap: a [`tier_core::PageMap`] with experts as logical entries and hot slots as
 /// physical pages (expert → slot, [`NOT_RESIDENT`] for a cold expert), plus the inverse table
@@ -179,6 +183,7 @@ pub struct ResidencyMap {
 
 /// The saved form of a [`ResidencyMap`] (versioned JSON).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 pub struct MapFile {
     /// Always [`MAP_FORMAT`].
     pub format: String,
@@ -191,6 +196,8 @@ pub struct MapFile {
     /// Hot experts per layer in slot order, `[layers][hot_per_layer]`.
     pub hot: Vec<Vec<u32>>,
 }
+
+named_fields!(MapFile, "a rowmap file");
 
 impl ResidencyMap {
     /// The "static first-K" map: experts `0..hot_per_layer` hot in every layer (a uniform map: it
@@ -383,11 +390,20 @@ impl ResidencyMap {
             .map_err(|e| ExpertError::Format(format!("{}: {e}", path.display())))
     }
 
-    /// Loads a map from `path` (see [`ResidencyMap::from_json`]).
+    /// Loads a map from `path` (see [`ResidencyMap::from_json`]). The read is bounded
+    /// ([`tier_core::read_json`], at most [`MAX_MAP_FILE_BYTES`], parsed while it streams):
+    /// `/dev/zero` or a huge file fails without being held in memory.
+    ///
+    /// Errors: as [`ResidencyMap::from_json`], [`ExpertError::Format`] naming the file (a
+    /// missing or unreadable file, a directory, a file above the cap, bad JSON, another format
+    /// tag or version).
     pub fn load(path: &std::path::Path, expected: &Geometry) -> Result<Self> {
-        let s = std::fs::read_to_string(path)
-            .map_err(|e| ExpertError::Format(format!("{}: {e}", path.display())))?;
-        Self::from_json(&s, expected)
+        let file: MapFile = tier_core::read_json(path, MAX_MAP_FILE_BYTES)
+            .map_err(|e| ExpertError::Format(e.to_string()))?;
+        Self::from_file(file, expected).map_err(|e| match e {
+            ExpertError::Format(m) => ExpertError::Format(format!("{}: {m}", path.display())),
+            other => other,
+        })
     }
 }
 
