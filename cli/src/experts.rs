@@ -1,7 +1,7 @@
 //! `tierkit experts ...`: replay, fit-seed, synth, inspect. Argument parsing, I/O and formatting
 //! only; every policy, map and trace operation is a call into `expert-residency`.
 
-use crate::{plot, progress};
+use crate::{input, output, plot, progress};
 use clap::{Args, Subcommand, ValueEnum};
 use expert_residency::{
     fit_seed_map, seed_coverage, ControllerConfig, CounterDump, Coverage, Geometry, ResidencyMap,
@@ -16,6 +16,11 @@ use tierkit_sim::experts::{LinkModel, ReplayOptions};
 use tierkit_sim::table;
 
 type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Most `--count-run-starts`: a run start counted as up to the picks of a 256-token decode
+/// batch (the largest batch of the documented scenarios). Each run start is recorded that many
+/// times, and a drain's counter deltas must stay below 2^31.
+const MAX_COUNT_RUN_STARTS: u32 = 256;
 
 /// Default bytes of one expert: OLMoE-1B-7B, 3 matrices of 2048 × 1024 in bf16 (12 MiB).
 const OLMOE_EXPERT_BYTES: u64 = 3 * 2048 * 1024 * 2;
@@ -389,14 +394,15 @@ pub struct ReplayArgs {
     #[arg(long)]
     bytes_per_step: bool,
     /// Experiment (not a runtime mode): the controller rows count only run starts (an expert
-    /// picked at step t and not at t − 1), each as N picks, instead of every pick.
+    /// picked at step t and not at t − 1), each as N picks (1..=256), instead of every pick.
     #[arg(long, value_name = "N")]
     count_run_starts: Option<u32>,
     /// Print the full report as JSON instead of the table.
     #[arg(long)]
     json: bool,
     /// Draw cold share over steps per policy to this PNG, and the modelled stall per step to a
-    /// second PNG beside it (`FILE-stall.png`).
+    /// second PNG beside it (`FILE-stall.png`). The name must end in `.png` (checked before the
+    /// run).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
 }
@@ -429,10 +435,7 @@ struct ReplayOutput {
 
 fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
     let mut cfg = match &a.config {
-        Some(p) => {
-            let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?
-        }
+        Some(p) => input::controller_config("--config", p)?,
         None => ControllerConfig::default(),
     };
     if let Some(d) = a.drain_every {
@@ -442,7 +445,7 @@ fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
         cfg.half_life_steps = h;
     }
     cfg.validate().map_err(|e| match &a.config {
-        Some(p) => format!("{}: {e}", p.display()),
+        Some(p) => input::named("--config", p, e),
         None => e.to_string(),
     })?;
     Ok(cfg)
@@ -475,16 +478,7 @@ fn default_hot(experts: u32) -> u32 {
 
 fn seed_map(a: &ReplayArgs, trace: &Trace, g: &Geometry) -> CliResult<(ResidencyMap, String)> {
     if let Some(p) = &a.seed_map {
-        let map = ResidencyMap::load(p, g).map_err(|e| {
-            // `load` names the file in I/O errors only; name it for parse and shape errors too.
-            let m = e.to_string();
-            let shown = p.display().to_string();
-            if m.contains(&shown) {
-                m
-            } else {
-                format!("seed map {shown}: {m}")
-            }
-        })?;
+        let map = input::seed_map("--seed-map", p, g)?;
         return Ok((map, format!("loaded from {}", p.display())));
     }
     Ok(scoreboard::default_seed_map(trace, g)?)
@@ -577,8 +571,21 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         BootArg::FirstK => Boot::FirstK,
         BootArg::Seed => Boot::Seed,
     };
-    // Reject bad knobs before reading or generating the trace.
+    // Reject bad knobs and output paths before reading or generating the trace.
+    if let Some(n) = a.count_run_starts {
+        if !(1..=MAX_COUNT_RUN_STARTS).contains(&n) {
+            return Err(format!(
+                "--count-run-starts {n}: must be in [1, {MAX_COUNT_RUN_STARTS}] picks per run \
+                 start (each run start is recorded N times: the replay's time grows with N, and \
+                 a large N wraps the u32 pick counters)"
+            )
+            .into());
+        }
+    }
     opts.validate()?;
+    if let Some(p) = &a.plot {
+        output::check_png("--plot", p)?;
+    }
     let (trace, source) = load(&a.input, quiet)?;
     let hot = a
         .hot
@@ -623,11 +630,11 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         plot_runs(p, &out)?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     let t = &out.trace;
-    println!(
+    outln!(
         "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
         t.name,
         t.steps,
@@ -636,8 +643,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         t.shape.top_k,
         t.lookups,
         t.shifts
-    );
-    println!(
+    )?;
+    outln!(
         "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, ratio {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
         g.experts_per_layer,
@@ -647,8 +654,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         out.controller.max_swaps_per_layer,
         out.controller.max_swaps_per_step,
         out.seed_map
-    );
-    println!(
+    )?;
+    outln!(
         "adaptive and lru boot from the {} map; expert {} bytes; link {}",
         match boot {
             Boot::FirstK => "first-k",
@@ -656,33 +663,33 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         },
         g.expert_bytes,
         out.link.name
-    );
+    )?;
     if let Some(n) = out.count_run_starts {
-        println!(
+        outln!(
             "experiment: the controller rows count only run starts (an expert picked at step t and not at t − 1), each as {n} picks"
-        );
+        )?;
     }
-    println!();
-    println!("{}", scoreboard::render(&out.summary));
-    println!("\n{}", scoreboard::legend(&opts, &trace));
+    outln!()?;
+    outln!("{}", scoreboard::render(&out.summary))?;
+    outln!("\n{}", scoreboard::legend(&opts, &trace))?;
     for r in out
         .runs
         .iter()
         .filter(|r| r.report.policy == "ratio-best-tuning")
     {
         if let Some(c) = &r.report.config {
-            println!(
+            outln!(
                 "ratio (best tuning), in hindsight on this trace: drain every {} steps, EMA half-life {} steps, ratio {}",
                 c.drain_every, c.half_life_steps, c.ratio
-            );
+            )?;
         }
     }
     if let Some(p) = &a.plot {
-        println!(
+        outln!(
             "plot: {} (stall: {})",
             p.display(),
             stall_plot_path(p).display()
-        );
+        )?;
     }
     Ok(())
 }
@@ -750,9 +757,8 @@ fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
 
 fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
     let dump = if let Some(p) = &a.dump {
-        let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
         // Deserializing checks the dump (shape, lengths, counts).
-        serde_json::from_str::<CounterDump>(&s).map_err(|e| format!("{}: {e}", p.display()))?
+        input::counter_dump("--dump", p)?
     } else if let Some(p) = &a.eplb_counts {
         let opts = trace::counts::CountsOptions {
             experts_per_layer: a.files.experts,
@@ -770,12 +776,11 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         if layers == 0 || experts == 0 {
             return Err(format!("model {:?}: give --layers and --experts", a.model).into());
         }
-        let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?;
+        let flag = "--routing-counts";
+        let json = input::json(flag, p, input::MAX_ROUTING_COUNTS_BYTES)?;
         let prof =
             synth::DomainProfile::from_routing_counts(&json, &a.model, &a.domain, experts, layers)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
+                .map_err(|e| input::named(flag, p, e))?;
         CounterDump::new(
             format!("{}/{}", a.model, a.domain),
             layers,
@@ -795,7 +800,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
     let map = fit_seed_map(dump.name.clone(), &g, &dump)?;
     let cov = seed_coverage(&map, &dump)?;
     match &a.out {
-        None => println!("{}", map.to_json()),
+        None => outln!("{}", map.to_json())?,
         Some(p) => {
             map.save(p)?;
             if a.json {
@@ -812,9 +817,9 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
                     geometry: g,
                     coverage: cov,
                 };
-                println!("{}", serde_json::to_string_pretty(&o)?);
+                outln!("{}", serde_json::to_string_pretty(&o)?)?;
             } else {
-                println!(
+                outln!(
                     "seed map for {} ({} layers, {} of {} hot per layer) written to {}; it serves {:.2}% of the dump's picks from HBM (cold share {:.4})",
                     dump.name,
                     g.layers,
@@ -823,7 +828,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
                     p.display(),
                     cov.overall * 100.0,
                     cov.cold_share()
-                );
+                )?;
             }
         }
     }
@@ -911,8 +916,8 @@ fn summarize_trace(t: &Trace) -> CliResult<TraceSummary> {
     })
 }
 
-fn print_summary(s: &TraceSummary) {
-    println!(
+fn print_summary(s: &TraceSummary) -> CliResult {
+    outln!(
         "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
         s.name,
         s.steps,
@@ -921,27 +926,28 @@ fn print_summary(s: &TraceSummary) {
         s.shape.top_k,
         s.lookups,
         s.shifts
-    );
-    println!(
+    )?;
+    outln!(
         "previous-step reuse: mean {:.3} (random top-{} of {}: {:.3})",
         s.mean_reuse,
         s.shape.top_k,
         s.shape.experts_per_layer,
         s.shape.top_k as f64 / s.shape.experts_per_layer as f64
-    );
+    )?;
     let rows: Vec<Vec<String>> = s
         .reuse_per_layer
         .iter()
         .enumerate()
         .map(|(l, r)| vec![l.to_string(), format!("{r:.3}")])
         .collect();
-    println!("{}", table::render(&["layer", "reuse"], &rows));
+    outln!("{}", table::render(&["layer", "reuse"], &rows))?;
     for (i, v) in s.top_quarter_share_per_segment.iter().enumerate() {
-        println!(
+        outln!(
             "segment {i}: busiest quarter of the experts takes {:.1}% of picks",
             v * 100.0
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn synth_cmd(a: SynthArgs) -> CliResult {
@@ -981,10 +987,10 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
     }
     let s = summarize_trace(&t)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?)?;
     } else {
-        print_summary(&s);
-        println!("written to {p} ({fmt:?})");
+        print_summary(&s)?;
+        outln!("written to {p} ({fmt:?})")?;
     }
     Ok(())
 }
@@ -1003,9 +1009,9 @@ fn inspect_cmd(a: InspectArgs) -> CliResult {
     let (t, _) = load(&a.input, a.json)?;
     let s = summarize_trace(&t)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?)?;
     } else {
-        print_summary(&s);
+        print_summary(&s)?;
     }
     Ok(())
 }

@@ -59,3 +59,33 @@ pub fn temp(suite: &str, name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
 }
+
+/// Runs `tierkit args` with stdout sent to `stdout` (e.g. `/dev/full`), killing it after 60 s.
+pub fn tierkit_to(args: &[&str], stdout: std::fs::File) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tierkit"))
+        .args(args)
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tierkit runs");
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > Duration::from_secs(60) {
+            child.kill().expect("kill");
+            panic!("tierkit {args:?} still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// [`fails_with`], and within `secs` seconds (refused before the work, not after it).
+pub fn fails_within(args: &[&str], want: &str, secs: u64) {
+    let start = Instant::now();
+    fails_with(args, want);
+    assert!(
+        start.elapsed() < Duration::from_secs(secs),
+        "tierkit {args:?} took {:?}",
+        start.elapsed()
+    );
+}
