@@ -4,7 +4,7 @@
 use crate::{input, output, plot, progress};
 use clap::{Args, Subcommand, ValueEnum};
 use expert_residency::{
-    fit_seed_map, seed_coverage, ControllerConfig, CounterDump, Coverage, Geometry, ResidencyMap,
+    fit_seed_map, seed_coverage, ControllerConfig, Coverage, Geometry, ResidencyMap,
 };
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -776,17 +776,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         if layers == 0 || experts == 0 {
             return Err(format!("model {:?}: give --layers and --experts", a.model).into());
         }
-        let flag = "--routing-counts";
-        let json = input::json(flag, p, input::MAX_ROUTING_COUNTS_BYTES)?;
-        let prof =
-            synth::DomainProfile::from_routing_counts(&json, &a.model, &a.domain, experts, layers)
-                .map_err(|e| input::named(flag, p, e))?;
-        CounterDump::new(
-            format!("{}/{}", a.model, a.domain),
-            layers,
-            experts,
-            prof.shares.concat(),
-        )?
+        input::routing_counts("--routing-counts", p, &a.model, &a.domain, layers, experts)?
     } else {
         let t = trace::read_traces(&a.files.trace, &a.files.options())?;
         let range = match &a.range {

@@ -64,9 +64,81 @@ pub fn json(flag: &str, path: &Path, cap: u64) -> Result<serde_json::Value, Stri
     tier_core::read_json(path, cap).map_err(|e| named(flag, path, e))
 }
 
+/// `--routing-counts FILE` (`{model: {domain: {layers, topk_counts}}}`, at most
+/// [`MAX_ROUTING_COUNTS_BYTES`]): `model`/`domain`'s counts as a `layers × experts` dump,
+/// unmeasured layers derived as the synthetic generator does.
+///
+/// # Errors
+/// Read, parse, shape and profile errors, naming the flag and the file.
+pub fn routing_counts(
+    flag: &str,
+    path: &Path,
+    model: &str,
+    domain: &str,
+    layers: u32,
+    experts: u32,
+) -> Result<CounterDump, String> {
+    let json = json(flag, path, MAX_ROUTING_COUNTS_BYTES)?;
+    let prof = tierkit_sim::experts::trace::synth::DomainProfile::from_routing_counts(
+        &json, model, domain, experts, layers,
+    )
+    .map_err(|e| named(flag, path, e))?;
+    CounterDump::new(
+        format!("{model}/{domain}"),
+        layers,
+        experts,
+        prof.shares.concat(),
+    )
+    .map_err(|e| named(flag, path, e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use tierkit_testkit::hostile_bytes;
+
+    const VALID: &str = r#"{"m": {"d": {"layers": [0, 1],
+        "topk_counts": [{"0": 5, "1": 2, "2": 9, "3": 1}, {"0": 1, "1": 7, "2": 3, "3": 4}]}}}"#;
+
+    fn temp(name: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("tierkit-input-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d.join(name)
+    }
+
+    #[test]
+    fn routing_counts_read_a_valid_file() {
+        let p = temp("rc.json");
+        std::fs::write(&p, VALID).unwrap();
+        let d = routing_counts("--routing-counts", &p, "m", "d", 2, 4).unwrap();
+        assert_eq!((d.layers, d.experts_per_layer, d.counts.len()), (2, 4, 8));
+        let e = routing_counts("--routing-counts", &p, "m", "x", 2, 4).unwrap_err();
+        assert!(
+            e.starts_with(&format!("--routing-counts {}: ", p.display())),
+            "{e}"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any bytes: a dump of the asked shape or an error naming the flag and file.
+        #[test]
+        fn any_bytes_as_routing_counts_are_a_dump_or_a_named_error(
+            bytes in hostile_bytes(VALID)
+        ) {
+            let p = temp("prop-rc.json");
+            std::fs::write(&p, &bytes).unwrap();
+            match routing_counts("--routing-counts", &p, "m", "d", 2, 4) {
+                Ok(d) => prop_assert!(d.validate().is_ok() && d.counts.len() == 8),
+                Err(e) => prop_assert!(
+                    e.starts_with(&format!("--routing-counts {}: ", p.display())),
+                    "{}", e
+                ),
+            }
+        }
+    }
 
     #[test]
     fn messages_name_the_flag_and_the_file_once() {

@@ -9,6 +9,7 @@ use expert_residency::{
 };
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
+use tierkit_testkit::hostile_bytes as hostile;
 
 fn temp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("er-loaders-{}", std::process::id()));
@@ -124,34 +125,6 @@ fn arrays_are_refused_where_objects_are_saved() {
     .unwrap();
     let e = ResidencyMap::load(&p, &geo()).unwrap_err().to_string();
     assert!(e.contains("a geometry as an object"), "{e}");
-}
-
-/// Bytes that are either arbitrary or a valid file with a few bytes replaced, cut or inserted
-/// (most arbitrary bytes fail at the first one; the mutations reach deeper into the parser).
-fn hostile(valid: &'static str) -> impl Strategy<Value = Vec<u8>> {
-    let mutated = (
-        proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..6),
-        any::<prop::sample::Index>(),
-    )
-        .prop_map(move |(edits, cut)| {
-            let mut b = valid.as_bytes().to_vec();
-            for (at, byte, op) in edits {
-                let i = at.index(b.len() + 1);
-                match op {
-                    0 if i < b.len() => b[i] = byte,
-                    1 => b.insert(i, byte),
-                    _ if i < b.len() => {
-                        b.remove(i);
-                    }
-                    _ => {}
-                }
-            }
-            if cut.index(8) == 0 {
-                b.truncate(cut.index(b.len() + 1));
-            }
-            b
-        });
-    prop_oneof![proptest::collection::vec(any::<u8>(), 0..200), mutated]
 }
 
 fn check(load: &dyn Fn(&Path) -> Result<(), ExpertError>, path: &Path, bytes: &[u8]) {

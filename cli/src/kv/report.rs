@@ -292,6 +292,7 @@ fn read(flag: &str, path: &Path, left: u64) -> Result<(Value, (u64, u64)), Error
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn report(dir: &Path, name: &str, v: Value) -> PathBuf {
@@ -466,5 +467,39 @@ mod tests {
         );
         let e = Reports::load(&[a, g], "report").err().unwrap();
         assert!(e.to_string().contains("different devices"), "{e}");
+    }
+
+    const VALID: &str = r#"{"device": "H200", "commit": "abc", "scenario": {"max_batch": 8},
+        "runs": [{"placement": "elastic", "load": 2, "max_batch": 4, "miss_bytes_per_step": 3,
+        "summary": {"tokens_per_s": 5, "median_batch": 2},
+        "steps": [{"batch": 2, "misses": 4, "step_us": 10.5}, {"batch": 3, "misses": 0,
+        "step_us": 11}]}, {"placement": "fully resident", "load": 1, "admission_bytes": 5,
+        "admission_copy_ms": 1}]}"#;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any bytes as a report: read, and every view the commands take of it, without a
+        /// panic; or an error naming the flag and the file.
+        #[test]
+        fn any_bytes_as_a_report_are_read_or_a_named_error(
+            bytes in tierkit_testkit::hostile_bytes(VALID)
+        ) {
+            let d = tmp("prop");
+            let p = d.join("r.json");
+            std::fs::write(&p, &bytes).unwrap();
+            match Reports::load(std::slice::from_ref(&p), "--time-from") {
+                Ok(r) => {
+                    let _ = r.steps_by_placement();
+                    let _ = r.admission_gbps();
+                    let _ = r.commits_shown();
+                    let _ = r.series_by_load(&|v| v["summary"]["tokens_per_s"].as_f64());
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    prop_assert!(e.starts_with(&format!("--time-from {}: ", p.display())), "{}", e);
+                }
+            }
+        }
     }
 }
