@@ -120,6 +120,34 @@ pub struct TraceFiles {
 }
 
 impl TraceFiles {
+    /// Warns about the flags that shape how trace files are read when no --trace is given: the
+    /// synthetic scenario ignores them (`--layers 0` used to pass silently).
+    fn warn_unused(&self) {
+        let given: Vec<&str> = [
+            ("--layers", self.layers.is_some()),
+            ("--experts", self.experts.is_some()),
+            ("--top-k", self.top_k.is_some()),
+            ("--skip-steps", self.skip_steps != 0),
+            ("--keep-dummy-passes", self.keep_dummy_passes),
+            ("--format", !matches!(self.format, FormatArg::Auto)),
+            (
+                "--missing-rows",
+                !matches!(self.missing_rows, MissingArg::EmptyLayer),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            errln!(
+                "warning: {} only {} to --trace files; the synthetic scenario ignores {}",
+                given.join(", "),
+                if given.len() == 1 { "applies" } else { "apply" },
+                if given.len() == 1 { "it" } else { "them" }
+            );
+        }
+    }
+
     fn options(&self) -> ReadOptions {
         ReadOptions {
             format: self.format.into(),
@@ -258,6 +286,7 @@ fn generate(cfg: &synth::SynthConfig, quiet: bool) -> CliResult<Trace> {
 
 fn load(input: &TraceInput, quiet: bool) -> CliResult<(Trace, Source)> {
     if input.files.trace.is_empty() {
+        input.files.warn_unused();
         let cfg = input.scenario.config()?;
         let trace = generate(&cfg, quiet)?;
         let source = Source::Synthetic {
@@ -792,7 +821,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
     match &a.out {
         None => outln!("{}", map.to_json())?,
         Some(p) => {
-            map.save(p)?;
+            map.save(p).map_err(|e| input::expert("--out", p, e))?;
             if a.json {
                 #[derive(Serialize)]
                 struct Out<'a> {
@@ -945,8 +974,9 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
     cfg.validate_in_memory()?;
     // Create the output before generating: a bad path fails at once, not after the whole run.
     let p = a.out.display().to_string();
-    let mut w =
-        std::io::BufWriter::new(std::fs::File::create(&a.out).map_err(|e| format!("{p}: {e}"))?);
+    let mut w = std::io::BufWriter::new(
+        std::fs::File::create(&a.out).map_err(|e| input::named("--out", &a.out, e))?,
+    );
     let t = generate(&cfg, a.json)?;
     let fmt = match a.format {
         OutFormat::Auto => match a.out.extension().and_then(|x| x.to_str()) {

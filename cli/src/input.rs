@@ -22,9 +22,10 @@ pub fn named(flag: &str, path: &Path, message: impl std::fmt::Display) -> String
     }
 }
 
-/// An `expert-residency` loader's error, named: the file-level ones (`ExpertError::Format`) carry
-/// the path already, the others (an out-of-range value, a geometry mismatch) get it.
-fn expert(flag: &str, path: &Path, e: ExpertError) -> String {
+/// An `expert-residency` loader's (or saver's) error, named: the file-level ones
+/// (`ExpertError::Format`) carry the path already, the others (an out-of-range value, a geometry
+/// mismatch) get it.
+pub fn expert(flag: &str, path: &Path, e: ExpertError) -> String {
     match e {
         ExpertError::Format(m) => named(flag, path, m),
         other => named(flag, path, other),

@@ -108,7 +108,11 @@ pub fn chart_prefix(flag: &str, prefix: &Path) -> Result<PathBuf, String> {
             } else {
                 ""
             },
-            Path::new(shown.trim_end_matches('/')).join("run").display()
+            match shown.trim_end_matches('/') {
+                "" => PathBuf::from("/run"),
+                dir => Path::new(dir).join("run"),
+            }
+            .display()
         ));
     }
     let prefix = match prefix.extension().and_then(|x| x.to_str()) {

@@ -268,6 +268,44 @@ fn degenerate_runs_are_refused_or_warned() {
 }
 
 #[test]
+fn trace_flags_without_a_trace_are_warned_and_outputs_name_their_flag() {
+    // `--layers 0` used to pass silently: the synthetic scenario has its own shape.
+    let mut args = vec!["experts", "inspect", "--layers", "0", "--skip-steps", "3"];
+    args.extend_from_slice(TINY);
+    let out = tierkit(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.starts_with(
+            "warning: --layers, --skip-steps only apply to --trace files; the synthetic \
+             scenario ignores them"
+        ),
+        "{err}"
+    );
+    // Output files that cannot be written name their flag (no `format:` prefix).
+    let tkt = temp("outs.tkt");
+    let mut synth = vec!["experts", "synth", "--out", tkt.to_str().unwrap()];
+    synth.extend_from_slice(TINY);
+    ok_stdout(&synth);
+    let dir = temp("outs-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let d = dir.to_str().unwrap();
+    fails_with(
+        &[
+            "experts",
+            "fit-seed",
+            "--trace",
+            tkt.to_str().unwrap(),
+            "--out",
+            d,
+        ],
+        &format!("--out {d}: Is a directory"),
+    );
+    synth[3] = d;
+    fails_with(&synth, &format!("--out {d}: Is a directory"));
+}
+
+#[test]
 fn plot_names_are_checked_before_the_run() {
     // A name without .png used to fail after the whole run with plotters' Rust debug text.
     for bad in ["cold-share", "cold-share.svg"] {

@@ -160,7 +160,13 @@ pub(crate) fn open_document(
     let f = tier_core::open_capped(path, MAX_DOCUMENT_BYTES).map_err(|e| match e {
         tier_core::ReadError::TooLarge { .. } => too_large(&p),
         tier_core::ReadError::Io { error, .. } => TraceError::io(&p, error),
-        other => TraceError::io(&p, std::io::Error::other(other.to_string())),
+        _ => TraceError::io(
+            &p,
+            std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory, not a file",
+            ),
+        ),
     })?;
     let mut r = std::io::BufReader::new(f);
     let mut first = Vec::new();
