@@ -9,9 +9,18 @@ use std::time::{Duration, Instant};
 
 /// Runs `tierkit args`, killing it after 60 s (a hang must fail the test, not stall CI).
 pub fn tierkit(args: &[&str]) -> Output {
+    run(args, Stdio::piped())
+}
+
+/// Runs `tierkit args` with stdout sent to `stdout` (e.g. `/dev/full`), killing it after 60 s.
+pub fn tierkit_to(args: &[&str], stdout: std::fs::File) -> Output {
+    run(args, stdout.into())
+}
+
+fn run(args: &[&str], stdout: Stdio) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tierkit"))
         .args(args)
-        .stdout(Stdio::piped())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .expect("tierkit runs");
@@ -58,25 +67,6 @@ pub fn temp(suite: &str, name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tierkit-{suite}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
-}
-
-/// Runs `tierkit args` with stdout sent to `stdout` (e.g. `/dev/full`), killing it after 60 s.
-pub fn tierkit_to(args: &[&str], stdout: std::fs::File) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tierkit"))
-        .args(args)
-        .stdout(stdout)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("tierkit runs");
-    let start = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if start.elapsed() > Duration::from_secs(60) {
-            child.kill().expect("kill");
-            panic!("tierkit {args:?} still running after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
 }
 
 /// [`fails_with`], and within `secs` seconds (refused before the work, not after it).
