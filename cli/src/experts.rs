@@ -4,7 +4,7 @@
 use crate::{input, output, plot, progress};
 use clap::{Args, Subcommand, ValueEnum};
 use expert_residency::{
-    fit_seed_map, seed_coverage, ControllerConfig, Coverage, Geometry, ResidencyMap,
+    fit_seed_map, seed_coverage, ControllerConfig, Coverage, Geometry, MapFile, ResidencyMap,
 };
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -505,9 +505,16 @@ fn default_hot(experts: u32) -> u32 {
     (experts / 4).max(1)
 }
 
-fn seed_map(a: &ReplayArgs, trace: &Trace, g: &Geometry) -> CliResult<(ResidencyMap, String)> {
-    if let Some(p) = &a.seed_map {
-        let map = input::seed_map("--seed-map", p, g)?;
+/// The seed map: `--seed-map` (its file read up front, `file`) for geometry `g`, else fitted on
+/// the trace.
+fn seed_map(
+    a: &ReplayArgs,
+    file: Option<MapFile>,
+    trace: &Trace,
+    g: &Geometry,
+) -> CliResult<(ResidencyMap, String)> {
+    if let (Some(p), Some(file)) = (&a.seed_map, file) {
+        let map = input::seed_map("--seed-map", p, file, g)?;
         return Ok((map, format!("loaded from {}", p.display())));
     }
     Ok(scoreboard::default_seed_map(trace, g)?)
@@ -615,6 +622,10 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     if let Some(p) = &a.plot {
         output::check_png("--plot", p)?;
     }
+    let seed_file = match &a.seed_map {
+        Some(p) => Some(input::map_file("--seed-map", p)?),
+        None => None,
+    };
     let (trace, source) = load(&a.input, quiet)?;
     let hot = a
         .hot
@@ -625,7 +636,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         hot,
         a.expert_bytes,
     )?;
-    let (seed, seed_note) = seed_map(&a, &trace, &g)?;
+    let (seed, seed_note) = seed_map(&a, seed_file, &trace, &g)?;
     let specs = scoreboard::policy_specs_booted(&policies(&a.policy), &trace, &seed, boot);
     let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
     let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use expert_residency::{ControllerConfig, CounterDump, ExpertError, Geometry, ResidencyMap};
+use expert_residency::{
+    ControllerConfig, CounterDump, ExpertError, Geometry, MapFile, ResidencyMap,
+};
 
 /// Largest `--routing-counts` file: 16 MiB (the OLMoE file of 16 layers × 64 experts × 6 domains
 /// holds 34 KB; a parsed JSON document takes several times its size in memory).
@@ -40,13 +42,26 @@ pub fn controller_config(flag: &str, path: &Path) -> Result<ControllerConfig, St
     ControllerConfig::load(path).map_err(|e| expert(flag, path, e))
 }
 
-/// `--seed-map FILE` for the geometry `g`: [`ResidencyMap::load`] (at most
-/// [`expert_residency::MAX_MAP_FILE_BYTES`]).
+/// `--seed-map FILE` as saved ([`MapFile::load`], at most
+/// [`expert_residency::MAX_MAP_FILE_BYTES`]): read before the trace, so a bad file fails first.
 ///
 /// # Errors
 /// The loader's errors, naming the flag and the file.
-pub fn seed_map(flag: &str, path: &Path, g: &Geometry) -> Result<ResidencyMap, String> {
-    ResidencyMap::load(path, g).map_err(|e| expert(flag, path, e))
+pub fn map_file(flag: &str, path: &Path) -> Result<MapFile, String> {
+    MapFile::load(path).map_err(|e| expert(flag, path, e))
+}
+
+/// A map file read by [`map_file`] as the map of geometry `g` ([`ResidencyMap::from_file`]).
+///
+/// # Errors
+/// Format, geometry and hot-set errors, naming the flag and the file.
+pub fn seed_map(
+    flag: &str,
+    path: &Path,
+    file: MapFile,
+    g: &Geometry,
+) -> Result<ResidencyMap, String> {
+    ResidencyMap::from_file(file, g).map_err(|e| expert(flag, path, e))
 }
 
 /// `--dump FILE`: [`CounterDump::load`] (at most [`expert_residency::MAX_DUMP_FILE_BYTES`]).

@@ -199,6 +199,20 @@ pub struct MapFile {
 
 named_fields!(MapFile, "a rowmap file");
 
+impl MapFile {
+    /// Reads a saved map as it is on disk, unchecked ([`ResidencyMap::from_file`] checks it
+    /// against a geometry): a bounded read ([`tier_core::read_json`], at most
+    /// [`MAX_MAP_FILE_BYTES`], parsed while it streams), for callers that read the file before
+    /// they know the geometry.
+    ///
+    /// Errors: [`ExpertError::Format`] naming the file for a missing or unreadable file, a
+    /// directory, a file above the cap, or JSON that is not a map file.
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        tier_core::read_json(path, MAX_MAP_FILE_BYTES)
+            .map_err(|e| ExpertError::Format(e.to_string()))
+    }
+}
+
 impl ResidencyMap {
     /// The "static first-K" map: experts `0..hot_per_layer` hot in every layer (a uniform map: it
     /// knows nothing of the traffic).
@@ -398,9 +412,7 @@ impl ResidencyMap {
     /// missing or unreadable file, a directory, a file above the cap, bad JSON, another format
     /// tag or version).
     pub fn load(path: &std::path::Path, expected: &Geometry) -> Result<Self> {
-        let file: MapFile = tier_core::read_json(path, MAX_MAP_FILE_BYTES)
-            .map_err(|e| ExpertError::Format(e.to_string()))?;
-        Self::from_file(file, expected).map_err(|e| match e {
+        Self::from_file(MapFile::load(path)?, expected).map_err(|e| match e {
             ExpertError::Format(m) => ExpertError::Format(format!("{}: {m}", path.display())),
             other => other,
         })
