@@ -383,11 +383,12 @@ pub struct ReplayArgs {
     /// Policies to replay, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [PolicyArg::All])]
     policy: Vec<PolicyArg>,
-    /// Seed map JSON (from `fit-seed`); default: fitted on the steps before the first shift
-    /// (the first tenth of the trace if it has no shift).
+    /// Seed map JSON (from `fit-seed`; at most 257 MiB, read before the trace); default: fitted
+    /// on the steps before the first shift (the first tenth of the trace if it has no shift).
     #[arg(long)]
     seed_map: Option<PathBuf>,
-    /// Controller config JSON (`ControllerConfig`); default: the crate's defaults.
+    /// Controller config JSON (`ControllerConfig`: an object of named fields, at most 1 MiB);
+    /// default: the crate's defaults.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override: steps between drains.
@@ -738,7 +739,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["dump", "trace", "routing_counts", "eplb_counts"])))]
 pub struct FitSeedArgs {
-    /// Counter dump JSON (`CounterDump`: name, layers, experts_per_layer, counts row-major).
+    /// Counter dump JSON (`CounterDump`: name, layers, experts_per_layer, counts row-major; at
+    /// most 513 MiB).
     #[arg(long)]
     dump: Option<PathBuf>,
     #[command(flatten)]
@@ -746,8 +748,8 @@ pub struct FitSeedArgs {
     /// Steps of the trace to count, `START..END` (default: all).
     #[arg(long, value_name = "START..END")]
     range: Option<String>,
-    /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`); unmeasured layers
-    /// are derived from the measured ones as the synthetic generator does.
+    /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`, at most 16 MiB);
+    /// unmeasured layers are derived from the measured ones as the synthetic generator does.
     #[arg(long)]
     routing_counts: Option<PathBuf>,
     /// Engine expert-load counts, JSON: vLLM's EPLB `expert_load_window`/`expert_load_pass`

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 #[error("cannot write to stdout: {0}")]
 pub struct StdoutError(#[from] std::io::Error);
 
-/// Writes `args` and a newline to stdout (see [`outln!`]).
+/// Writes `args` and a newline to stdout (the `outln!` macro).
 ///
 /// # Errors
 /// [`StdoutError`].
