@@ -1,10 +1,10 @@
 //! `tierkit experts ...`: replay, fit-seed, synth, inspect. Argument parsing, I/O and formatting
 //! only; every policy, map and trace operation is a call into `expert-residency`.
 
-use crate::{plot, progress};
+use crate::{input, output, plot, progress};
 use clap::{Args, Subcommand, ValueEnum};
 use expert_residency::{
-    fit_seed_map, seed_coverage, ControllerConfig, CounterDump, Coverage, Geometry, ResidencyMap,
+    fit_seed_map, seed_coverage, ControllerConfig, Coverage, Geometry, MapFile, ResidencyMap,
 };
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -16,6 +16,11 @@ use tierkit_sim::experts::{LinkModel, ReplayOptions};
 use tierkit_sim::table;
 
 type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// Most `--count-run-starts`: a run start counted as up to the picks of a 256-token decode
+/// batch (the largest batch of the documented scenarios). Each run start is recorded that many
+/// times, and a drain's counter deltas must stay below 2^31.
+const MAX_COUNT_RUN_STARTS: u32 = 256;
 
 /// Default bytes of one expert: OLMoE-1B-7B, 3 matrices of 2048 × 1024 in bf16 (12 MiB).
 const OLMOE_EXPERT_BYTES: u64 = 3 * 2048 * 1024 * 2;
@@ -115,6 +120,34 @@ pub struct TraceFiles {
 }
 
 impl TraceFiles {
+    /// Warns about the flags that shape how trace files are read when no --trace is given: the
+    /// synthetic scenario ignores them (`--layers 0` used to pass silently).
+    fn warn_unused(&self) {
+        let given: Vec<&str> = [
+            ("--layers", self.layers.is_some()),
+            ("--experts", self.experts.is_some()),
+            ("--top-k", self.top_k.is_some()),
+            ("--skip-steps", self.skip_steps != 0),
+            ("--keep-dummy-passes", self.keep_dummy_passes),
+            ("--format", !matches!(self.format, FormatArg::Auto)),
+            (
+                "--missing-rows",
+                !matches!(self.missing_rows, MissingArg::EmptyLayer),
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect();
+        if !given.is_empty() {
+            errln!(
+                "warning: {} only {} to --trace files; the synthetic scenario ignores {}",
+                given.join(", "),
+                if given.len() == 1 { "applies" } else { "apply" },
+                if given.len() == 1 { "it" } else { "them" }
+            );
+        }
+    }
+
     fn options(&self) -> ReadOptions {
         ReadOptions {
             format: self.format.into(),
@@ -253,6 +286,7 @@ fn generate(cfg: &synth::SynthConfig, quiet: bool) -> CliResult<Trace> {
 
 fn load(input: &TraceInput, quiet: bool) -> CliResult<(Trace, Source)> {
     if input.files.trace.is_empty() {
+        input.files.warn_unused();
         let cfg = input.scenario.config()?;
         let trace = generate(&cfg, quiet)?;
         let source = Source::Synthetic {
@@ -349,11 +383,12 @@ pub struct ReplayArgs {
     /// Policies to replay, comma-separated.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [PolicyArg::All])]
     policy: Vec<PolicyArg>,
-    /// Seed map JSON (from `fit-seed`); default: fitted on the steps before the first shift
-    /// (the first tenth of the trace if it has no shift).
+    /// Seed map JSON (from `fit-seed`; at most 257 MiB, read before the trace); default: fitted
+    /// on the steps before the first shift (the first tenth of the trace if it has no shift).
     #[arg(long)]
     seed_map: Option<PathBuf>,
-    /// Controller config JSON (`ControllerConfig`); default: the crate's defaults.
+    /// Controller config JSON (`ControllerConfig`: an object of named fields, at most 1 MiB);
+    /// default: the crate's defaults.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override: steps between drains.
@@ -389,14 +424,15 @@ pub struct ReplayArgs {
     #[arg(long)]
     bytes_per_step: bool,
     /// Experiment (not a runtime mode): the controller rows count only run starts (an expert
-    /// picked at step t and not at t − 1), each as N picks, instead of every pick.
+    /// picked at step t and not at t − 1), each as N picks (1..=256), instead of every pick.
     #[arg(long, value_name = "N")]
     count_run_starts: Option<u32>,
     /// Print the full report as JSON instead of the table.
     #[arg(long)]
     json: bool,
     /// Draw cold share over steps per policy to this PNG, and the modelled stall per step to a
-    /// second PNG beside it (`FILE-stall.png`).
+    /// second PNG beside it (`FILE-stall.png`). The name must end in `.png` (checked before the
+    /// run).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
 }
@@ -429,10 +465,7 @@ struct ReplayOutput {
 
 fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
     let mut cfg = match &a.config {
-        Some(p) => {
-            let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?
-        }
+        Some(p) => input::controller_config("--config", p)?,
         None => ControllerConfig::default(),
     };
     if let Some(d) = a.drain_every {
@@ -442,7 +475,7 @@ fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
         cfg.half_life_steps = h;
     }
     cfg.validate().map_err(|e| match &a.config {
-        Some(p) => format!("{}: {e}", p.display()),
+        Some(p) => input::named("--config", p, e),
         None => e.to_string(),
     })?;
     Ok(cfg)
@@ -473,18 +506,16 @@ fn default_hot(experts: u32) -> u32 {
     (experts / 4).max(1)
 }
 
-fn seed_map(a: &ReplayArgs, trace: &Trace, g: &Geometry) -> CliResult<(ResidencyMap, String)> {
-    if let Some(p) = &a.seed_map {
-        let map = ResidencyMap::load(p, g).map_err(|e| {
-            // `load` names the file in I/O errors only; name it for parse and shape errors too.
-            let m = e.to_string();
-            let shown = p.display().to_string();
-            if m.contains(&shown) {
-                m
-            } else {
-                format!("seed map {shown}: {m}")
-            }
-        })?;
+/// The seed map: `--seed-map` (its file read up front, `file`) for geometry `g`, else fitted on
+/// the trace.
+fn seed_map(
+    a: &ReplayArgs,
+    file: Option<MapFile>,
+    trace: &Trace,
+    g: &Geometry,
+) -> CliResult<(ResidencyMap, String)> {
+    if let (Some(p), Some(file)) = (&a.seed_map, file) {
+        let map = input::seed_map("--seed-map", p, file, g)?;
         return Ok((map, format!("loaded from {}", p.display())));
     }
     Ok(scoreboard::default_seed_map(trace, g)?)
@@ -577,8 +608,25 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         BootArg::FirstK => Boot::FirstK,
         BootArg::Seed => Boot::Seed,
     };
-    // Reject bad knobs before reading or generating the trace.
+    // Reject bad knobs and output paths before reading or generating the trace.
+    if let Some(n) = a.count_run_starts {
+        if !(1..=MAX_COUNT_RUN_STARTS).contains(&n) {
+            return Err(format!(
+                "--count-run-starts {n}: must be in [1, {MAX_COUNT_RUN_STARTS}] picks per run \
+                 start (each run start is recorded N times: the replay's time grows with N, and \
+                 a large N wraps the u32 pick counters)"
+            )
+            .into());
+        }
+    }
     opts.validate()?;
+    if let Some(p) = &a.plot {
+        output::check_png("--plot", p)?;
+    }
+    let seed_file = match &a.seed_map {
+        Some(p) => Some(input::map_file("--seed-map", p)?),
+        None => None,
+    };
     let (trace, source) = load(&a.input, quiet)?;
     let hot = a
         .hot
@@ -589,7 +637,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         hot,
         a.expert_bytes,
     )?;
-    let (seed, seed_note) = seed_map(&a, &trace, &g)?;
+    let (seed, seed_note) = seed_map(&a, seed_file, &trace, &g)?;
     let specs = scoreboard::policy_specs_booted(&policies(&a.policy), &trace, &seed, boot);
     let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
     let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {
@@ -623,11 +671,11 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         plot_runs(p, &out)?;
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        outln!("{}", serde_json::to_string_pretty(&out)?)?;
         return Ok(());
     }
     let t = &out.trace;
-    println!(
+    outln!(
         "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
         t.name,
         t.steps,
@@ -636,8 +684,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         t.shape.top_k,
         t.lookups,
         t.shifts
-    );
-    println!(
+    )?;
+    outln!(
         "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, ratio {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
         g.experts_per_layer,
@@ -647,8 +695,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         out.controller.max_swaps_per_layer,
         out.controller.max_swaps_per_step,
         out.seed_map
-    );
-    println!(
+    )?;
+    outln!(
         "adaptive and lru boot from the {} map; expert {} bytes; link {}",
         match boot {
             Boot::FirstK => "first-k",
@@ -656,33 +704,33 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         },
         g.expert_bytes,
         out.link.name
-    );
+    )?;
     if let Some(n) = out.count_run_starts {
-        println!(
+        outln!(
             "experiment: the controller rows count only run starts (an expert picked at step t and not at t − 1), each as {n} picks"
-        );
+        )?;
     }
-    println!();
-    println!("{}", scoreboard::render(&out.summary));
-    println!("\n{}", scoreboard::legend(&opts, &trace));
+    outln!()?;
+    outln!("{}", scoreboard::render(&out.summary))?;
+    outln!("\n{}", scoreboard::legend(&opts, &trace))?;
     for r in out
         .runs
         .iter()
         .filter(|r| r.report.policy == "ratio-best-tuning")
     {
         if let Some(c) = &r.report.config {
-            println!(
+            outln!(
                 "ratio (best tuning), in hindsight on this trace: drain every {} steps, EMA half-life {} steps, ratio {}",
                 c.drain_every, c.half_life_steps, c.ratio
-            );
+            )?;
         }
     }
     if let Some(p) = &a.plot {
-        println!(
+        outln!(
             "plot: {} (stall: {})",
             p.display(),
             stall_plot_path(p).display()
-        );
+        )?;
     }
     Ok(())
 }
@@ -691,7 +739,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["dump", "trace", "routing_counts", "eplb_counts"])))]
 pub struct FitSeedArgs {
-    /// Counter dump JSON (`CounterDump`: name, layers, experts_per_layer, counts row-major).
+    /// Counter dump JSON (`CounterDump`: name, layers, experts_per_layer, counts row-major; at
+    /// most 513 MiB).
     #[arg(long)]
     dump: Option<PathBuf>,
     #[command(flatten)]
@@ -699,8 +748,8 @@ pub struct FitSeedArgs {
     /// Steps of the trace to count, `START..END` (default: all).
     #[arg(long, value_name = "START..END")]
     range: Option<String>,
-    /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`); unmeasured layers
-    /// are derived from the measured ones as the synthetic generator does.
+    /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`, at most 16 MiB);
+    /// unmeasured layers are derived from the measured ones as the synthetic generator does.
     #[arg(long)]
     routing_counts: Option<PathBuf>,
     /// Engine expert-load counts, JSON: vLLM's EPLB `expert_load_window`/`expert_load_pass`
@@ -750,9 +799,8 @@ fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
 
 fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
     let dump = if let Some(p) = &a.dump {
-        let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
         // Deserializing checks the dump (shape, lengths, counts).
-        serde_json::from_str::<CounterDump>(&s).map_err(|e| format!("{}: {e}", p.display()))?
+        input::counter_dump("--dump", p)?
     } else if let Some(p) = &a.eplb_counts {
         let opts = trace::counts::CountsOptions {
             experts_per_layer: a.files.experts,
@@ -770,18 +818,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         if layers == 0 || experts == 0 {
             return Err(format!("model {:?}: give --layers and --experts", a.model).into());
         }
-        let s = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&s).map_err(|e| format!("{}: {e}", p.display()))?;
-        let prof =
-            synth::DomainProfile::from_routing_counts(&json, &a.model, &a.domain, experts, layers)
-                .map_err(|e| format!("{}: {e}", p.display()))?;
-        CounterDump::new(
-            format!("{}/{}", a.model, a.domain),
-            layers,
-            experts,
-            prof.shares.concat(),
-        )?
+        input::routing_counts("--routing-counts", p, &a.model, &a.domain, layers, experts)?
     } else {
         let t = trace::read_traces(&a.files.trace, &a.files.options())?;
         let range = match &a.range {
@@ -795,9 +832,9 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
     let map = fit_seed_map(dump.name.clone(), &g, &dump)?;
     let cov = seed_coverage(&map, &dump)?;
     match &a.out {
-        None => println!("{}", map.to_json()),
+        None => outln!("{}", map.to_json())?,
         Some(p) => {
-            map.save(p)?;
+            map.save(p).map_err(|e| input::expert("--out", p, e))?;
             if a.json {
                 #[derive(Serialize)]
                 struct Out<'a> {
@@ -812,9 +849,9 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
                     geometry: g,
                     coverage: cov,
                 };
-                println!("{}", serde_json::to_string_pretty(&o)?);
+                outln!("{}", serde_json::to_string_pretty(&o)?)?;
             } else {
-                println!(
+                outln!(
                     "seed map for {} ({} layers, {} of {} hot per layer) written to {}; it serves {:.2}% of the dump's picks from HBM (cold share {:.4})",
                     dump.name,
                     g.layers,
@@ -823,7 +860,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
                     p.display(),
                     cov.overall * 100.0,
                     cov.cold_share()
-                );
+                )?;
             }
         }
     }
@@ -911,8 +948,8 @@ fn summarize_trace(t: &Trace) -> CliResult<TraceSummary> {
     })
 }
 
-fn print_summary(s: &TraceSummary) {
-    println!(
+fn print_summary(s: &TraceSummary) -> CliResult {
+    outln!(
         "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
         s.name,
         s.steps,
@@ -921,27 +958,28 @@ fn print_summary(s: &TraceSummary) {
         s.shape.top_k,
         s.lookups,
         s.shifts
-    );
-    println!(
+    )?;
+    outln!(
         "previous-step reuse: mean {:.3} (random top-{} of {}: {:.3})",
         s.mean_reuse,
         s.shape.top_k,
         s.shape.experts_per_layer,
         s.shape.top_k as f64 / s.shape.experts_per_layer as f64
-    );
+    )?;
     let rows: Vec<Vec<String>> = s
         .reuse_per_layer
         .iter()
         .enumerate()
         .map(|(l, r)| vec![l.to_string(), format!("{r:.3}")])
         .collect();
-    println!("{}", table::render(&["layer", "reuse"], &rows));
+    outln!("{}", table::render(&["layer", "reuse"], &rows))?;
     for (i, v) in s.top_quarter_share_per_segment.iter().enumerate() {
-        println!(
+        outln!(
             "segment {i}: busiest quarter of the experts takes {:.1}% of picks",
             v * 100.0
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn synth_cmd(a: SynthArgs) -> CliResult {
@@ -949,8 +987,9 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
     cfg.validate_in_memory()?;
     // Create the output before generating: a bad path fails at once, not after the whole run.
     let p = a.out.display().to_string();
-    let mut w =
-        std::io::BufWriter::new(std::fs::File::create(&a.out).map_err(|e| format!("{p}: {e}"))?);
+    let mut w = std::io::BufWriter::new(
+        std::fs::File::create(&a.out).map_err(|e| input::named("--out", &a.out, e))?,
+    );
     let t = generate(&cfg, a.json)?;
     let fmt = match a.format {
         OutFormat::Auto => match a.out.extension().and_then(|x| x.to_str()) {
@@ -981,10 +1020,10 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
     }
     let s = summarize_trace(&t)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?)?;
     } else {
-        print_summary(&s);
-        println!("written to {p} ({fmt:?})");
+        print_summary(&s)?;
+        outln!("written to {p} ({fmt:?})")?;
     }
     Ok(())
 }
@@ -1003,9 +1042,9 @@ fn inspect_cmd(a: InspectArgs) -> CliResult {
     let (t, _) = load(&a.input, a.json)?;
     let s = summarize_trace(&t)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
+        outln!("{}", serde_json::to_string_pretty(&s)?)?;
     } else {
-        print_summary(&s);
+        print_summary(&s)?;
     }
     Ok(())
 }

@@ -17,7 +17,10 @@ use tierkit_sim::kv::selection::{measure_hot_cache_miss_rate, SelectionParams};
 use tierkit_sim::kv::serving::{simulate_placement, Placement, SimConfig, SimReport};
 use tierkit_sim::kv::trace::ArrivalTrace;
 
-use crate::{plot, progress};
+use crate::{output, plot, progress};
+
+/// How `kv fit-time` and `kv plot-bench` name their positional report files in errors.
+const REPORT: &str = "report";
 
 mod checks;
 mod report;
@@ -52,10 +55,11 @@ enum KvCommand {
 #[derive(Debug, Args)]
 struct PlotBenchArgs {
     /// `kv_serving_bench --out` JSON; several reports (e.g. one per load) plot together, each
-    /// placement's points sorted by load.
+    /// placement's points sorted by load (at most 64 MiB of reports together).
     #[arg(required = true)]
     reports: Vec<PathBuf>,
-    /// Output prefix of the three PNG files.
+    /// Output prefix of the three PNG files: `<OUT>-tokens.png`, ... It ends in a file name
+    /// (`dir/bench`, not `dir/`; a trailing `.png` is dropped).
     #[arg(long)]
     out: PathBuf,
 }
@@ -64,7 +68,8 @@ struct PlotBenchArgs {
 struct FitTimeArgs {
     /// `kv_serving_bench --out` JSON (`runs[].placement`, `runs[].steps[].{batch, misses, step_us}`);
     /// several reports pool their steps per placement (runs at different batches condition the
-    /// per-request and per-miss terms, which one load's runs leave nearly collinear).
+    /// per-request and per-miss terms, which one load's runs leave nearly collinear). At most
+    /// 64 MiB of reports together.
     #[arg(required = true)]
     reports: Vec<PathBuf>,
 }
@@ -106,10 +111,11 @@ struct SimulateArgs {
     /// Pages handed back / lent per step between steps.
     #[arg(long, default_value_t = 1024)]
     chunk_pages: u32,
-    /// Decode steps per placement and load.
+    /// Decode steps per placement and load (1 to 1,000,000).
     #[arg(long, default_value_t = 2000)]
     steps: u64,
-    /// Arrival speed-ups to run (comma separated; 2 = arrivals twice as fast as in the trace).
+    /// Arrival speed-ups to run (comma separated, at most 64; 2 = arrivals twice as fast as in
+    /// the trace).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     loads: Vec<f64>,
     /// Decode step time: fixed part, µs.
@@ -126,7 +132,7 @@ struct SimulateArgs {
     /// Step-time models per placement fitted to a `kv_serving_bench --out` report (as `kv
     /// fit-time` prints them), and the resident admission rate it measured; replaces the
     /// --step-* flags (and --admission-gbps unless given). Repeat it to pool several reports'
-    /// steps per placement (same device and scenario; each file once).
+    /// steps per placement (same device and scenario; each file once; at most 64 MiB together).
     #[arg(long, conflicts_with_all = ["step_base_us", "step_per_request_us", "step_per_miss_us"])]
     time_from: Vec<PathBuf>,
     /// Host → HBM rate of the fully resident placement's admission copies, GB/s (a stall before
@@ -142,7 +148,9 @@ struct SimulateArgs {
     /// the documented scenarios take well under 1 GiB).
     #[arg(long, default_value_t = checks::DEFAULT_MAX_MEMORY_GIB)]
     max_memory_gib: f64,
-    /// Write `<PREFIX>-sessions.png` and `<PREFIX>-misses.png` (needs two loads or more).
+    /// Write `<PREFIX>-sessions.png` and `<PREFIX>-misses.png` (needs two loads or more). PREFIX
+    /// ends in a file name (`dir/run`, not `dir/`; a trailing `.png` is dropped); checked before
+    /// the run.
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Write the full reports as JSON.
@@ -158,11 +166,13 @@ struct CalibrateArgs {
     /// Top-k picks per query.
     #[arg(long, default_value_t = 2048)]
     top_k: u32,
-    /// History length, tokens.
+    /// History length, tokens (above --top-k; a hot cache as large as the history never misses,
+    /// which is warned about).
     #[arg(long, default_value_t = 32_768)]
     history: u32,
-    /// Steps measured (after a warm-up of a third as many), at least 3: the warm-up must be a step
-    /// or more, or the first step's cold misses (every pick misses an empty cache) are measured.
+    /// Steps measured (after a warm-up of a third as many), 3 to 100,000: the warm-up must be a
+    /// step or more, or the first step's cold misses (every pick misses an empty cache) are
+    /// measured.
     #[arg(long, default_value_t = 300)]
     steps: u32,
     /// Seed.
@@ -192,12 +202,9 @@ type BenchChart<'a> = (
 );
 
 fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let reports = Reports::load(&a.reports)?;
-    let name = |suffix: &str| {
-        let mut s = a.out.as_os_str().to_owned();
-        s.push(suffix);
-        PathBuf::from(s)
-    };
+    let prefix = output::chart_prefix("--out", &a.out)?;
+    let reports = Reports::load(&a.reports, REPORT)?;
+    let name = |suffix: &str| output::with_suffix(&prefix, suffix);
     let x = "log2 of the arrival speed-up (× trace rate)";
     let tokens_title = format!(
         "Decode tokens/s vs load ({}, measured)",
@@ -233,7 +240,7 @@ fn plot_bench(a: PlotBenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         std::fs::File::create(&path).map_err(|e| format!("--out {}: {e}", path.display()))?;
         plot::line_chart(&path, title, x, y, &s)
             .map_err(|e| format!("--out {}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display())?;
     }
     Ok(())
 }
@@ -244,7 +251,7 @@ fn placement_times_from(
     paths: &[PathBuf],
 ) -> Result<(tierkit_sim::kv::serving::PlacementTimes, Option<f64>), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::{PlacementTimes, TimeModel};
-    let reports = Reports::load(paths)?;
+    let reports = Reports::load(paths, "--time-from")?;
     let by = reports.steps_by_placement_warned();
     let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
         let pts = by
@@ -277,12 +284,12 @@ fn shell_word(s: &str) -> String {
 
 fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
     use tierkit_sim::kv::serving::TimeModel;
-    let reports = Reports::load(&a.reports)?;
-    println!(
+    let reports = Reports::load(&a.reports, REPORT)?;
+    outln!(
         "{}: kv_serving_bench built from commit {}",
         reports.shown(),
         reports.commits_shown()
-    );
+    )?;
     let by = reports.steps_by_placement_warned();
     let mut fitted = 0;
     let pools: Steps = by
@@ -297,30 +304,30 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
         match TimeModel::fit_with_misses(pts) {
             Ok(m) => {
                 fitted += 1;
-                println!(
+                outln!(
                     "{name:>24}: {:>6} steps  --step-base-us {:.0} --step-per-request-us {:.1} --step-per-miss-us {:.3}",
                     pts.len(),
                     m.step_base_us,
                     m.step_per_request_us,
                     m.step_per_miss_us
-                )
+                )?
             }
-            Err(e) => println!("{name:>24}: {:>6} steps  no fit: {e}", pts.len()),
+            Err(e) => outln!("{name:>24}: {:>6} steps  no fit: {e}", pts.len())?,
         }
     }
     if fitted == 0 {
         return Err(format!("{}: no placement could be fitted", reports.shown()).into());
     }
     if let Some(g) = reports.admission_gbps() {
-        println!("{:>24}: --admission-gbps {g:.1}", "fully resident copies");
+        outln!("{:>24}: --admission-gbps {g:.1}", "fully resident copies")?;
     }
-    println!(
+    outln!(
         "(kv simulate{} applies each placement's fit and the admission rate)",
         a.reports
             .iter()
             .map(|p| format!(" --time-from {}", shell_word(&p.display().to_string())))
             .collect::<String>()
-    );
+    )?;
     Ok(())
 }
 
@@ -343,13 +350,30 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let total = a.steps.checked_add(a.steps / 3).ok_or_else(|| {
-        format!(
-            "--steps {}: steps + warm-up (a third) must fit in u32 (at most {})",
+    if a.steps > checks::MAX_CALIBRATE_STEPS {
+        return Err(format!(
+            "--steps {}: must be in [{MIN_CALIBRATE_STEPS}, {}] (the run's time grows with it)",
             a.steps,
-            u32::MAX / 4 * 3
+            checks::MAX_CALIBRATE_STEPS
         )
-    })?;
+        .into());
+    }
+    if a.top_k >= a.history {
+        return Err(format!(
+            "--top-k {} is not below --history {}: every step picks the whole history, so no \
+             hot cache can miss (nothing to measure); raise --history or lower --top-k",
+            a.top_k, a.history
+        )
+        .into());
+    }
+    if let Some(&rows) = sizes.iter().find(|&&r| r >= a.history) {
+        errln!(
+            "warning: hot caches of {rows} rows or more hold the whole --history {}: their miss \
+             rate is 0 by construction after the warm-up (raise --history)",
+            a.history
+        );
+    }
+    let total = a.steps + a.steps / 3;
     let got = measure_hot_cache_miss_rate(p, a.history, &sizes, total, a.steps / 3, a.seed)?;
     let published = ["30%", "13.4%", "6.7%"];
     let rows: Vec<Vec<String>> = sizes
@@ -358,11 +382,15 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
         .zip(published)
         .map(|((s, g), p)| vec![format!("{s}"), format!("{:.1}%", g * 100.0), p.to_string()])
         .collect();
-    println!(
+    outln!(
         "selection model: churn {}, Zipf s {}, uniform mix {}; top-k {}, history {}",
-        p.churn, p.zipf_s, p.uniform_mix, a.top_k, a.history
-    );
-    println!(
+        p.churn,
+        p.zipf_s,
+        p.uniform_mix,
+        a.top_k,
+        a.history
+    )?;
+    outln!(
         "{}",
         table::render(
             &[
@@ -372,31 +400,37 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
             ],
             &rows
         )
-    );
+    )?;
     Ok(())
 }
 
 fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     checks::float_flags(&a)?;
+    checks::sim_steps(a.steps)?;
+    checks::loads(a.loads.len())?;
+    let plot_prefix = match &a.plot {
+        Some(p) => Some(output::chart_prefix("--plot", p)?),
+        None => None,
+    };
     let (placement_time, measured_gbps) = match a.time_from.as_slice() {
         [] => (None, None),
         p => {
             let (t, g) = placement_times_from(p)?;
             for (name, m) in Placement::ALL.map(|p| (p.name(), t.get(p))) {
-                println!(
+                outln!(
                     "step time of {name} (fitted to {}): {:.0} µs + {:.1} µs × batch + {:.3} µs × miss",
                     report::shown(p),
                     m.step_base_us,
                     m.step_per_request_us,
                     m.step_per_miss_us
-                );
+                )?;
             }
             match (g, a.admission_gbps) {
-                (_, Some(x)) => println!("resident admission copies: {x} GB/s (--admission-gbps)"),
-                (Some(x), None) => println!("resident admission copies: {x:.1} GB/s (measured)"),
-                (None, None) => println!(
+                (_, Some(x)) => outln!("resident admission copies: {x} GB/s (--admission-gbps)")?,
+                (Some(x), None) => outln!("resident admission copies: {x:.1} GB/s (measured)")?,
+                (None, None) => outln!(
                     "resident admission copies: free (the report has no admission bytes and copy times for the resident runs; pass --admission-gbps)"
-                ),
+                )?,
             }
             (Some(t), g)
         }
@@ -424,9 +458,6 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(p) = &a.json {
         tierkit_sim::output::check_writable("--json", p)?;
-    }
-    if let Some(p) = &a.plot {
-        tierkit_sim::output::check_writable("--plot", p)?;
     }
     checks::top_k(a.top_k)?;
     SelectionParams::calibrated(a.top_k).validate()?;
@@ -482,7 +513,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         SimConfig { load, ..base }.validate()?;
     }
     checks::memory(&a, &base, &trace)?;
-    println!(
+    outln!(
         "trace {} ({} requests); HBM budget {:.1} GiB = {} tokens of {} B; top-k {}, hot {} + tail {} rows, pages of {} rows",
         trace.name,
         trace.requests.len(),
@@ -493,7 +524,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         base.hot_rows,
         base.tail_rows,
         base.page_rows
-    );
+    )?;
     let bar = progress::bar(
         (a.loads.len() * Placement::ALL.len()) as u64,
         "simulating",
@@ -515,15 +546,15 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         });
     }
     bar.finish_and_clear();
-    print_reports(&reports);
+    print_reports(&reports)?;
     if let Some(path) = &a.json {
         std::fs::write(path, serde_json::to_string_pretty(&reports)?)
             .map_err(|e| format!("--json {}: {e}", path.display()))?;
-        println!("wrote {}", path.display());
+        outln!("wrote {}", path.display())?;
     }
-    if let Some(prefix) = &a.plot {
+    if let Some(prefix) = &plot_prefix {
         if reports.len() < 2 {
-            println!("plot skipped: it needs two loads or more (--loads a,b,...)");
+            outln!("plot skipped: it needs two loads or more (--loads a,b,...)")?;
         } else {
             write_plots(prefix, &reports)?;
         }
@@ -531,7 +562,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn print_reports(reports: &[SimReport]) {
+fn print_reports(reports: &[SimReport]) -> Result<(), Box<dyn std::error::Error>> {
     let header = [
         "load",
         "placement",
@@ -570,10 +601,10 @@ fn print_reports(reports: &[SimReport]) {
             ]);
         }
     }
-    println!("{}", table::render(&header, &rows));
+    outln!("{}", table::render(&header, &rows))?;
     for rep in reports {
         let [full, fixed, el] = [&rep.placements[0], &rep.placements[1], &rep.placements[2]];
-        println!(
+        outln!(
             "load {}: elastic admits {}× the fully resident peak ({} vs {}); misses/step elastic {:.0} vs fixed {:.0} ({})",
             rep.config.load,
             ratio(el.peak_sessions as f64, full.peak_sessions as f64),
@@ -582,14 +613,14 @@ fn print_reports(reports: &[SimReport]) {
             el.misses_per_step,
             fixed.misses_per_step,
             if el.misses_per_step <= fixed.misses_per_step { "elastic ≤ fixed" } else { "ELASTIC > FIXED" }
-        );
+        )?;
         let c = &rep.config;
         if c.placement_time.is_some()
             || c.time.step_per_miss_us > 0.0
             || c.admission_gbps > 0.0
             || c.elastic_max_batch.is_some()
         {
-            println!(
+            outln!(
                 "load {}: decode tokens/s resident {:.0}, fixed {:.0}, elastic {:.0} (elastic ÷ resident {}, ÷ fixed {})",
                 rep.config.load,
                 full.tokens_per_s,
@@ -597,9 +628,10 @@ fn print_reports(reports: &[SimReport]) {
                 el.tokens_per_s,
                 ratio(el.tokens_per_s, full.tokens_per_s),
                 ratio(el.tokens_per_s, fixed.tokens_per_s)
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 /// `a ÷ b` to two decimals, `n/a` when `b` is not positive or the ratio is not a number to print.
@@ -633,11 +665,7 @@ fn write_plots(
                 })
                 .collect()
         };
-    let name = |suffix: &str| {
-        let mut s = prefix.as_os_str().to_owned();
-        s.push(suffix);
-        PathBuf::from(s)
-    };
+    let name = |suffix: &str| output::with_suffix(prefix, suffix);
     // Open each file first so an I/O error reads as one (plotters' bitmap errors print as Rust
     // debug text), then name the file in any drawing error.
     let chart = |path: &PathBuf, title: &str, y: &str, s: &[plot::Series]| -> Result<(), String> {
@@ -659,6 +687,6 @@ fn write_plots(
         "positions fetched from host per step",
         &series(&|r| r.misses_per_step),
     )?;
-    println!("wrote {} and {}", sessions.display(), misses.display());
+    outln!("wrote {} and {}", sessions.display(), misses.display())?;
     Ok(())
 }

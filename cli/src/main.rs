@@ -13,7 +13,10 @@
 
 use clap::{Parser, Subcommand};
 
+#[macro_use]
+mod output;
 mod experts;
+mod input;
 mod kv;
 mod plot;
 mod progress;
@@ -40,6 +43,8 @@ enum Command {
 
 /// Restores the default SIGPIPE action, so `tierkit ... | head` ends quietly as other command-line
 /// tools do, instead of panicking in `println!` on a closed pipe (the Rust runtime ignores SIGPIPE).
+/// Every other failed write to stdout (a full disk: `> /dev/full`) is an error, exit 1
+/// ([`output`]).
 #[cfg(unix)]
 fn default_sigpipe() {
     // SAFETY: called first thing in `main`, before any thread exists; `SIG_DFL` is a valid
@@ -49,21 +54,50 @@ fn default_sigpipe() {
     }
 }
 
+/// The error and its causes, one line each; a cause whose text the line above already shows
+/// (an I/O error quoted in its file's message) is not repeated.
+fn report(e: &dyn std::error::Error) {
+    let mut shown = e.to_string();
+    errln!("error: {shown}");
+    let mut src = e.source();
+    while let Some(s) = src {
+        let line = s.to_string();
+        if !shown.contains(&line) {
+            errln!("  caused by: {line}");
+        }
+        shown = line;
+        src = s.source();
+    }
+}
+
 fn main() {
     #[cfg(unix)]
     default_sigpipe();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // `--help` and `--version` go to stdout: a failed write is an error there too
+            // (clap's own `exit` ignores it); usage errors go to stderr, exit 2.
+            if let Err(io) = e
+                .print()
+                .and_then(|()| std::io::Write::flush(&mut std::io::stdout()))
+            {
+                if e.use_stderr() {
+                    std::process::exit(e.exit_code());
+                }
+                report(&output::StdoutError::from(io));
+                std::process::exit(1);
+            }
+            std::process::exit(e.exit_code());
+        }
+    };
     let result = match cli.command {
         Command::Experts { command } => experts::run(command),
         Command::Kv(args) => kv::run(args),
-    };
+    }
+    .and_then(|()| Ok(output::flush()?));
     if let Err(e) = result {
-        eprintln!("error: {e}");
-        let mut src = e.source();
-        while let Some(s) = src {
-            eprintln!("  caused by: {s}");
-            src = s.source();
-        }
+        report(e.as_ref());
         std::process::exit(1);
     }
 }

@@ -288,7 +288,7 @@ fn replay_bytes_link_and_boot_flags() {
     );
     fails_with(
         &["experts", "replay", "--count-run-starts", "0"],
-        "count_run_starts must be ≥ 1",
+        "--count-run-starts 0: must be in [1, 256]",
     );
 }
 
@@ -619,11 +619,17 @@ fn short_synth_runs_files_and_messages() {
     std::fs::write(&seed, "not json").unwrap();
     let mut args = vec!["experts", "replay", "--seed-map", seed.to_str().unwrap()];
     args.extend_from_slice(TINY);
-    fails_with(&args, &format!("seed map {}: format:", seed.display()));
-    // Plot errors read as text and name the file.
+    fails_with(
+        &args,
+        &format!("--seed-map {}: expected ident at line 1", seed.display()),
+    );
+    // Plot errors read as text and name the file (checked before the run).
     let mut args = vec!["experts", "replay", "--plot", "/nonexistent/dir/x.png"];
     args.extend_from_slice(TINY);
-    fails_with(&args, "/nonexistent/dir/x.png: No such file or directory");
+    fails_with(
+        &args,
+        "--plot /nonexistent/dir/x.png: directory /nonexistent/dir does not exist",
+    );
     let out = tierkit(&args);
     assert!(!String::from_utf8_lossy(&out.stderr).contains("Os {"));
 }

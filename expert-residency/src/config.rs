@@ -15,6 +15,7 @@ use crate::error::{ExpertError, Result};
 /// Missing fields take their defaults when deserialized; an unknown field is an error (a typo
 /// must not silently fall back to a default).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
 pub struct ControllerConfig {
     /// Steps between drains (≥ 1). With [`ControllerConfig::adaptive`] set, the most steps
@@ -63,6 +64,8 @@ pub struct ControllerConfig {
     pub swap_budget_bytes_per_step: Option<u64>,
 }
 
+named_fields!(ControllerConfig, "a controller config");
+
 /// Which [`crate::SwapPolicy`] [`crate::Controller::new`] builds. JSON: `"cost"`, `"ratio"`,
 /// `"recency"`.
 #[derive(
@@ -97,6 +100,7 @@ impl PolicyKind {
 /// The cost-aware policy's knobs ([`crate::CostPolicy`]). Missing fields take their defaults;
 /// an unknown field is an error.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
 pub struct CostKnobs {
     /// A swap must save at least `payback ×` its copy cost (≥ 1, finite): a margin for the
@@ -107,6 +111,8 @@ pub struct CostKnobs {
     /// (picked on the Mixtral decode traces: z 0 churns, z 2 is slow; `docs/experts.md`).
     pub z: f64,
 }
+
+named_fields!(CostKnobs, "the cost knobs");
 
 impl Default for CostKnobs {
     fn default() -> Self {
@@ -122,6 +128,7 @@ impl Default for CostKnobs {
 /// depend on the lab), with their sources. Missing fields take the H200 PCIe values; an unknown
 /// field is an error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
 pub struct LinkCost {
     /// In-place reads of cold experts by the grouped GEMM, GB/s (10⁹ bytes/s; finite, > 0).
@@ -131,6 +138,8 @@ pub struct LinkCost {
     /// Fixed cost per swap copy besides its bytes, µs (finite, ≥ 0): table flip, contention.
     pub copy_fixed_us: f64,
 }
+
+named_fields!(LinkCost, "a link cost");
 
 impl Default for LinkCost {
     /// [`LinkCost::h200_pcie`].
@@ -214,6 +223,7 @@ impl LinkCost {
 /// 1.15× the best static map in hindsight), the finer drains let the swaps it then finds begin
 /// sooner, and Mixtral decode and the OLMoE scenarios stay within their bounds.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
 pub struct AdaptiveCadence {
     /// Touched steps of an average expert per half-life (finite, > 0). Default 12.
@@ -225,6 +235,8 @@ pub struct AdaptiveCadence {
     /// Longest half-life, steps (finite, ≥ the shortest). Default 4,096.
     pub max_half_life_steps: f64,
 }
+
+named_fields!(AdaptiveCadence, "an adaptive cadence");
 
 impl Default for AdaptiveCadence {
     fn default() -> Self {
@@ -290,6 +302,7 @@ impl Default for ControllerConfig {
 /// normal half-life and cap come back.
 /// Missing fields take their defaults when deserialized; an unknown field is an error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
 pub struct ShiftResponse {
     /// Relative jump over the baseline that counts as a shift (> 1).
@@ -312,6 +325,8 @@ pub struct ShiftResponse {
     /// Picks (all layers) a pooled test holds at least (≥ 1). Default 512.
     pub min_picks: u64,
 }
+
+named_fields!(ShiftResponse, "a shift response");
 
 impl Default for ShiftResponse {
     fn default() -> Self {
@@ -345,7 +360,25 @@ fn positive(name: &str, v: f64) -> Result<()> {
     }
 }
 
+/// Largest controller config file [`ControllerConfig::load`] reads: 1 MiB (a config is under
+/// 2 KiB).
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
 impl ControllerConfig {
+    /// Reads a config from a JSON file (a JSON object; missing fields take their defaults) and
+    /// validates it. The read is bounded ([`tier_core::read_json`], at most
+    /// [`MAX_CONFIG_FILE_BYTES`]): `/dev/zero` or a huge file fails without being held in memory.
+    ///
+    /// Errors: [`ExpertError::Format`] naming the file for a missing or unreadable file, a
+    /// directory, a file above the cap, bad JSON, an array, a wrong type or an unknown field;
+    /// [`ExpertError::InvalidConfig`] for an out-of-range value.
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        let cfg: Self = tier_core::read_json(path, MAX_CONFIG_FILE_BYTES)
+            .map_err(|e| ExpertError::Format(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     /// Checks every field. Errors: [`ExpertError::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
         if self.drain_every == 0 {
@@ -521,6 +554,37 @@ mod tests {
         // Missing fields still default.
         let c: ControllerConfig = serde_json::from_str("{}").unwrap();
         assert_eq!(c, ControllerConfig::default());
+    }
+
+    #[test]
+    fn arrays_never_bind_fields_by_position() {
+        // serde's derive used to read `[1, 2]` as drain_every 1, half_life_steps 2.
+        for bad in [
+            "[1, 2]",
+            "[]",
+            r#"{"cost": [2.0, 1.0]}"#,
+            r#"{"link": [1.0, 2.0]}"#,
+            r#"{"adaptive": [1, 2, 3, 4]}"#,
+            r#"{"shift_response": [2.0]}"#,
+        ] {
+            let e = serde_json::from_str::<ControllerConfig>(bad).unwrap_err();
+            assert!(
+                e.to_string().contains("invalid type: sequence")
+                    && e.to_string().contains("as an object of named fields"),
+                "{bad}: {e}"
+            );
+        }
+        let e = serde_json::from_str::<crate::ControlMessage>("[true, false]").unwrap_err();
+        assert!(e.to_string().contains("a control message"), "{e}");
+        let e = serde_json::from_str::<crate::Geometry>("[2, 8, 2, 16]").unwrap_err();
+        assert!(e.to_string().contains("a geometry"), "{e}");
+        // objects (and a nested null) still read as before, and the round trip holds
+        let c: ControllerConfig =
+            serde_json::from_str(r#"{"cost": {"z": 2.0}, "adaptive": null}"#).unwrap();
+        assert_eq!((c.cost.z, c.cost.payback, c.adaptive), (2.0, 1.5, None));
+        let back: ControllerConfig =
+            serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
     }
 
     #[test]

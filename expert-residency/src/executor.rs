@@ -22,6 +22,7 @@
 //! `cuda` feature.
 
 use crate::error::Result;
+use crate::geometry::Geometry;
 
 /// One planned swap: expert `incoming` (cold) takes hot slot `slot` of `layer` from expert
 /// `outgoing` (hot), valid only while the layer's rowmap generation is `generation`.
@@ -110,6 +111,16 @@ pub trait SwapExecutor {
 
     /// Swaps begun and not yet reported by `commit_ready`.
     fn in_flight(&self) -> usize;
+
+    /// The geometry of the bank this executor moves experts in (layers, experts per layer, hot
+    /// slots, bytes per expert), if it holds one. [`crate::Controller::step`] and
+    /// [`crate::Controller::step_with`] refuse an executor whose geometry differs from the
+    /// controller's map ([`crate::ExpertError::GeometryMismatch`], nothing changed) instead of
+    /// handing it swaps that would all fail. Default `None`: an executor without a bank (as
+    /// [`NullExecutor`]) fits any map.
+    fn geometry(&self) -> Option<Geometry> {
+        None
+    }
 
     /// Waits until every in-flight copy is in place, so that the next `commit_ready` reports all
     /// of them (shutdown, tests, restoring a map). Default: nothing to wait for.

@@ -44,6 +44,7 @@ pub(crate) fn check_bank_size(layers: u32, experts: u32) -> std::result::Result<
 /// Example: OLMoE-1B-7B has 16 layers of 64 experts (top-8); a 25% HBM budget is
 /// `Geometry::new(16, 64, 16, bytes)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 pub struct Geometry {
     /// MoE layers.
     pub layers: u32,
@@ -54,6 +55,8 @@ pub struct Geometry {
     /// Bytes of one expert's weights (all matrices of one expert, as the executor moves them).
     pub expert_bytes: u64,
 }
+
+named_fields!(Geometry, "a geometry");
 
 impl Geometry {
     /// Checks a `layers × experts` shape against [`MAX_LAYERS`], [`MAX_EXPERTS_PER_LAYER`] and

@@ -35,6 +35,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod named_fields;
+
 mod config;
 mod controller;
 mod counters;
@@ -53,7 +56,7 @@ pub mod gpu;
 
 pub use config::{
     AdaptiveCadence, ControllerConfig, CostKnobs, LinkCost, OnCounterReset, PolicyKind,
-    ShiftResponse, MAX_WINDOW_DRAINS,
+    ShiftResponse, MAX_CONFIG_FILE_BYTES, MAX_WINDOW_DRAINS,
 };
 pub use controller::{ControlMessage, Controller, StepReport};
 pub use counters::{
@@ -65,7 +68,10 @@ pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
 pub use policy::{CostPolicy, LayerHeat, RatioPolicy, RecencyPolicy, SwapChoice, SwapPolicy};
-pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION};
-pub use seed::{fit_seed_map, merge_dumps, seed_coverage, top_k_experts, CounterDump, Coverage};
+pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION, MAX_MAP_FILE_BYTES};
+pub use seed::{
+    fit_seed_map, merge_dumps, seed_coverage, top_k_experts, CounterDump, Coverage,
+    MAX_DUMP_FILE_BYTES,
+};
 pub use telemetry::{DrainTelemetry, SwapStats};
 pub use tier_core::NOT_RESIDENT;

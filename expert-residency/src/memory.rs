@@ -221,6 +221,10 @@ impl MemoryExecutor {
 }
 
 impl SwapExecutor for MemoryExecutor {
+    fn geometry(&self) -> Option<Geometry> {
+        Some(self.geometry)
+    }
+
     fn can_begin(&self, layer: u32) -> bool {
         check_layer_idle(&self.pending, layer).is_ok()
     }

@@ -11,6 +11,10 @@ use tier_core::{CoreError, PageMap, NOT_RESIDENT};
 pub const MAP_FORMAT: &str = "tierkit.expert-residency.rowmap";
 /// Version of the saved map format.
 pub const MAP_VERSION: u32 = 1;
+/// Largest saved map [`ResidencyMap::load`] reads: 16 bytes per hot expert of the largest
+/// geometry ([`crate::MAX_CELLS`]; pretty JSON of ids below 2^20 takes at most 15) plus 1 MiB,
+/// 257 MiB.
+pub const MAX_MAP_FILE_BYTES: u64 = 16 * crate::MAX_CELLS + (1 << 20);
 
 /// One layer's rowmap: a [`tier_core::PageMap`] with experts as logical entries and hot slots as
 /// physical pages (expert → slot, [`NOT_RESIDENT`] for a cold expert), plus the inverse table
@@ -181,6 +185,7 @@ pub struct ResidencyMap {
 
 /// The saved form of a [`ResidencyMap`] (versioned JSON).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
 pub struct MapFile {
     /// Always [`MAP_FORMAT`].
     pub format: String,
@@ -192,6 +197,22 @@ pub struct MapFile {
     pub geometry: Geometry,
     /// Hot experts per layer in slot order, `[layers][hot_per_layer]`.
     pub hot: Vec<Vec<u32>>,
+}
+
+named_fields!(MapFile, "a rowmap file");
+
+impl MapFile {
+    /// Reads a saved map as it is on disk, unchecked ([`ResidencyMap::from_file`] checks it
+    /// against a geometry): a bounded read ([`tier_core::read_json`], at most
+    /// [`MAX_MAP_FILE_BYTES`], parsed while it streams), for callers that read the file before
+    /// they know the geometry.
+    ///
+    /// Errors: [`ExpertError::Format`] naming the file for a missing or unreadable file, a
+    /// directory, a file above the cap, or JSON that is not a map file.
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        tier_core::read_json(path, MAX_MAP_FILE_BYTES)
+            .map_err(|e| ExpertError::Format(e.to_string()))
+    }
 }
 
 impl ResidencyMap {
@@ -400,11 +421,18 @@ impl ResidencyMap {
             .map_err(|e| ExpertError::Format(format!("{}: {e}", path.display())))
     }
 
-    /// Loads a map from `path` (see [`ResidencyMap::from_json`]).
+    /// Loads a map from `path` (see [`ResidencyMap::from_json`]). The read is bounded
+    /// ([`tier_core::read_json`], at most [`MAX_MAP_FILE_BYTES`], parsed while it streams):
+    /// `/dev/zero` or a huge file fails without being held in memory.
+    ///
+    /// Errors: as [`ResidencyMap::from_json`], [`ExpertError::Format`] naming the file (a
+    /// missing or unreadable file, a directory, a file above the cap, bad JSON, another format
+    /// tag or version).
     pub fn load(path: &std::path::Path, expected: &Geometry) -> Result<Self> {
-        let s = std::fs::read_to_string(path)
-            .map_err(|e| ExpertError::Format(format!("{}: {e}", path.display())))?;
-        Self::from_json(&s, expected)
+        Self::from_file(MapFile::load(path)?, expected).map_err(|e| match e {
+            ExpertError::Format(m) => ExpertError::Format(format!("{}: {m}", path.display())),
+            other => other,
+        })
     }
 }
 

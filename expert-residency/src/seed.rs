@@ -27,12 +27,15 @@ pub struct CounterDump {
 
 /// The serialized form of a [`CounterDump`], checked on the way in.
 #[derive(serde::Deserialize)]
+#[serde(remote = "Self")]
 struct RawCounterDump {
     name: String,
     layers: u32,
     experts_per_layer: u32,
     counts: Vec<f64>,
 }
+
+named_fields!(@de RawCounterDump, "a counter dump");
 
 impl TryFrom<RawCounterDump> for CounterDump {
     type Error = ExpertError;
@@ -41,7 +44,24 @@ impl TryFrom<RawCounterDump> for CounterDump {
     }
 }
 
+/// Largest counter dump file [`CounterDump::load`] reads: 32 bytes per cell of the largest
+/// shape ([`crate::MAX_CELLS`]; a count up to 2^53 takes at most 17 digits and a separator) plus
+/// 1 MiB, 513 MiB.
+pub const MAX_DUMP_FILE_BYTES: u64 = 32 * crate::MAX_CELLS + (1 << 20);
+
 impl CounterDump {
+    /// Reads a dump saved as JSON (`{"name", "layers", "experts_per_layer", "counts"}`) and
+    /// checks it as [`CounterDump::new`] does. The read is bounded ([`tier_core::read_json`], at
+    /// most [`MAX_DUMP_FILE_BYTES`], parsed while it streams): `/dev/zero` fails at its first
+    /// byte.
+    ///
+    /// Errors: [`ExpertError::Format`] naming the file for a missing or unreadable file, a
+    /// directory, a file above the cap, bad JSON or a dump that fails the checks.
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        tier_core::read_json(path, MAX_DUMP_FILE_BYTES)
+            .map_err(|e| ExpertError::Format(e.to_string()))
+    }
+
     /// A dump from counts.
     ///
     /// Errors: [`ExpertError::InvalidGeometry`] for zero layers or experts, or a shape above the bounds

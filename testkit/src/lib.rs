@@ -2,11 +2,13 @@
 //!
 //! Dev-only helpers for tierkit's tests, benches and GPU timing binaries; no library crate depends
 //! on it. GPU skip ([`gpu_or_skip`]), allocation-failure runs under an address-space limit
-//! ([`under_memory_limit`]), byte patterns, invariant checkers, and the stand-in kernels
-//! (routers, sparse attention, readers) that only tests and benches compile.
+//! ([`under_memory_limit`]), byte patterns, invariant checkers, hostile bytes for the loaders'
+//! property tests ([`hostile_bytes`]), and the stand-in kernels (routers, sparse attention,
+//! readers) that only tests and benches compile.
 
 mod experts;
 mod gpu;
+mod hostile;
 mod kv;
 mod memlimit;
 mod routers;
@@ -17,6 +19,7 @@ pub use experts::{
     EXPERT_READERS_MODULE,
 };
 pub use gpu::{gpu_or_skip, TIMING_EVENT};
+pub use hostile::hostile_bytes;
 pub use kv::{
     pattern_row, pattern_tokens, KvLab, KvStandins, KV_LAB, KV_STANDINS, STREAM_READ_BLOCKS,
 };

@@ -15,9 +15,11 @@
 //!   signal ([`CompletionSignal`]) stands in for a CPU reader;
 //! - [`DecayingCounters`]: EMA heat counters with a half-life in steps;
 //! - [`alloc`]: fallible allocation for tables sized by caller input
-//!   ([`CoreError::AllocationFailed`] instead of an abort).
+//!   ([`CoreError::AllocationFailed`] instead of an abort);
+//! - [`read_json`], [`read_capped`], [`CappedReader`]: bounded reads of side-input files
+//!   (configs, maps, dumps, reports): a size cap, never an unbounded read.
 //!
-//! Errors are one [`CoreError`] enum; no call panics on caller input, and a
+//! Errors are one [`CoreError`] enum (file reads: [`ReadError`]); no call panics on caller input, and a
 //! failed call changes nothing. See `DESIGN.md` for the fence and the loan
 //! lifecycle.
 //!
@@ -45,6 +47,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+mod capped;
 mod ema;
 mod error;
 mod fence;
@@ -54,6 +57,7 @@ mod page;
 mod pool;
 mod sync;
 
+pub use capped::{open_capped, read_capped, read_json, show_bytes, CappedReader, ReadError};
 pub use ema::DecayingCounters;
 pub use error::{CoreError, Result};
 pub use fence::{

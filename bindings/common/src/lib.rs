@@ -298,6 +298,19 @@ mod tests {
     }
 
     #[test]
+    fn config_arrays_are_refused_not_bound_by_position() {
+        // `[4, 500.0]` used to read as drain_every 4, half_life_steps 500 (Python and C alike).
+        for bad in ["[4, 500.0]", "[]", r#"{"shift_response": [2.0, 0.1]}"#] {
+            let e = controller_config(Some(bad)).unwrap_err();
+            assert_eq!(classify_expert(&e), Code::InvalidArgument, "{bad}: {e}");
+            assert!(
+                e.to_string().contains("object of named fields"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn classes() {
         assert_eq!(
             classify_kv(&KvError::UnknownSession(3)),

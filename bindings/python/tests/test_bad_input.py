@@ -135,3 +135,18 @@ def test_torch_module_says_it_is_not_built():
         pytest.skip("this build has the CUDA ops (tests in test_torch_gpu.py)")
     with pytest.raises(ImportError, match="without CUDA ops"):
         importlib.import_module("tierkit.torch")
+
+
+def test_sequence_configs_and_executors_of_another_geometry_are_errors():
+    g = experts.Geometry(2, 8, 2)
+    m = experts.ResidencyMap.first_k("m", g)
+    # a list used to bind drain_every and half_life_steps by position
+    for bad in ([4, 500.0], "[4, 500.0]", {"cost": [2.0, 1.0]}):
+        with pytest.raises(ValueError, match="object of named fields"):
+            experts.Controller(m, bad)
+    # an executor built for another geometry used to fail every swap behind OK steps
+    ctl = experts.Controller(m, {"drain_every": 1})
+    other = experts.ResidencyMap.first_k("m", experts.Geometry(2, 8, 3))
+    ex = experts.MemoryExecutor(other, 16, 1)
+    with pytest.raises(ValueError, match="geometry mismatch"):
+        ctl.step(experts.PickCounters(g), ex)

@@ -20,6 +20,42 @@ pub const DEFAULT_MAX_MEMORY_GIB: f64 = 4.0;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// Most `kv simulate --steps` (decode steps per placement and load): 10^6, 500× the default.
+/// The run's time grows with it (every step serves the whole batch), and the simulation does not
+/// stop before its last step.
+pub const MAX_SIM_STEPS: u64 = 1_000_000;
+
+/// Most `kv simulate --loads` values: 64 (each load is a full run of the three placements).
+pub const MAX_LOADS: usize = 64;
+
+/// Most `kv calibrate --steps`: 10^5, 333× the default (each step draws top-k picks for each of
+/// the three hot-cache sizes).
+pub const MAX_CALIBRATE_STEPS: u32 = 100_000;
+
+/// `--steps` of `kv simulate`: in `1..=MAX_SIM_STEPS` (0 steps used to print a table of zeros).
+pub fn sim_steps(steps: u64) -> Result<(), String> {
+    if (1..=MAX_SIM_STEPS).contains(&steps) {
+        Ok(())
+    } else {
+        Err(format!(
+            "--steps {steps}: must be in [1, {MAX_SIM_STEPS}] decode steps (the run's time grows \
+             with it)"
+        ))
+    }
+}
+
+/// The count of `kv simulate --loads`: at most [`MAX_LOADS`].
+pub fn loads(n: usize) -> Result<(), String> {
+    if n <= MAX_LOADS {
+        Ok(())
+    } else {
+        Err(format!(
+            "--loads: {n} values, at most {MAX_LOADS} (each load is a full run of the three \
+             placements)"
+        ))
+    }
+}
+
 /// `v` as given on a command line: plain decimals for ordinary magnitudes, scientific otherwise
 /// (`1e308`, not 309 digits).
 pub fn show(v: f64) -> String {

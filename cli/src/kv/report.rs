@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use tierkit_sim::kv::serving::Placement;
 
-use crate::plot;
+use crate::{input, plot};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -29,30 +29,38 @@ pub struct Reports {
 }
 
 impl Reports {
-    /// Reads `paths` (each a regular file of at most 1 GiB with a `runs` array). Several reports
-    /// must name the same `device` and the same `scenario` apart from its `max_batch` (runs of
-    /// one workload on one GPU; their steps then pool per placement), and no report may be given
-    /// twice, under its name or another (same contents: its steps would count double).
-    pub fn load(paths: &[PathBuf]) -> Result<Self, Error> {
+    /// Reads `paths`, given with `flag` (named in read errors), each a JSON object with a `runs`
+    /// array, at most [`MAX_REPORT_BYTES`] together (a bounded read: a larger file or stream
+    /// fails without being held). Several reports must name the same `device` and the same
+    /// `scenario` apart from its `max_batch` (runs of one workload on one GPU; their steps then
+    /// pool per placement), and no report may be given twice, under its name or another (same
+    /// contents: its steps would count double).
+    pub fn load(paths: &[PathBuf], flag: &str) -> Result<Self, Error> {
         let mut runs = Vec::new();
         let mut commits = Vec::new();
         let mut first: Option<(PathBuf, Value, Value)> = None;
         let mut digests: Vec<(u64, u64)> = Vec::new();
+        let mut left = MAX_REPORT_BYTES;
         for path in paths {
-            let (mut v, digest) = read(path)?;
+            let (mut v, digest) = read(flag, path, left)?;
+            left -= digest.0;
             if let Some(j) = digests.iter().position(|&d| d == digest) {
-                return Err(format!(
-                    "{}: given twice (the same contents as {}; its steps would count double)",
-                    path.display(),
-                    paths[j].display()
+                return Err(input::named(
+                    flag,
+                    path,
+                    format!(
+                        "given twice (the same contents as {}; its steps would count double)",
+                        paths[j].display()
+                    ),
                 )
                 .into());
             }
             digests.push(digest);
             let Some(obj) = v.as_object_mut() else {
-                return Err(format!(
-                    "{}: not a JSON object (a kv_serving_bench --out report?)",
-                    path.display()
+                return Err(input::named(
+                    flag,
+                    path,
+                    "not a JSON object (a kv_serving_bench --out report?)",
                 )
                 .into());
             };
@@ -87,15 +95,18 @@ impl Reports {
                 }
             }
             let Some(Value::Array(rs)) = obj.remove("runs") else {
-                return Err(format!(
-                    "{}: no `runs` array (a kv_serving_bench --out report?)",
-                    path.display()
+                return Err(input::named(
+                    flag,
+                    path,
+                    "no `runs` array (a kv_serving_bench --out report?)",
                 )
                 .into());
             };
             for (i, mut r) in rs.into_iter().enumerate() {
                 let Some(run) = r.as_object_mut() else {
-                    return Err(format!("{}: runs[{i}] is not an object", path.display()).into());
+                    return Err(
+                        input::named(flag, path, format!("runs[{i}] is not an object")).into(),
+                    );
                 };
                 run.insert("scenario_max_batch".into(), max_batch.clone());
                 runs.push(r);
@@ -165,7 +176,7 @@ impl Reports {
     pub fn steps_by_placement_warned(&self) -> Vec<(String, Steps)> {
         let (by, skipped) = self.steps_by_placement();
         if skipped > 0 {
-            eprintln!(
+            errln!(
                 "warning: {}: {skipped} step records left out (fields missing or out of range)",
                 self.shown()
             );
@@ -243,24 +254,25 @@ pub fn shown(paths: &[PathBuf]) -> String {
         .join(" + ")
 }
 
-/// Largest report read: a parsed report takes ~20× its size in memory; the H200 runs of 1,500
-/// steps × 3 placements are under 1 MiB.
-const MAX_REPORT_BYTES: u64 = 64 << 20;
+/// Most bytes of reports read by one command, all files together: a parsed report takes ~20× its
+/// size in memory; the H200 runs of 1,500 steps × 3 placements are under 1 MiB.
+pub const MAX_REPORT_BYTES: u64 = 64 << 20;
 
-/// One report as JSON (bounded read: a regular file of at most [`MAX_REPORT_BYTES`]).
-/// Also returns the file's length and a hash of its bytes, to tell a copy of a report given
-/// under another name.
-fn read(path: &Path) -> Result<(Value, (u64, u64)), Error> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if !meta.is_file() || meta.len() > MAX_REPORT_BYTES {
-        return Err(format!(
-            "{}: not a regular file of at most {} MiB",
-            path.display(),
-            MAX_REPORT_BYTES >> 20
-        )
-        .into());
-    }
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+/// One report as JSON, read through tier-core's bounded reader with `left` of the
+/// [`MAX_REPORT_BYTES`] still to read; errors name `flag` and the file. Also returns the file's
+/// length and a hash of its bytes, to tell a copy of a report given under another name.
+fn read(flag: &str, path: &Path, left: u64) -> Result<(Value, (u64, u64)), Error> {
+    let bytes = tier_core::read_capped(path, left).map_err(|e| match e {
+        tier_core::ReadError::TooLarge { .. } if left < MAX_REPORT_BYTES => input::named(
+            flag,
+            path,
+            format!(
+                "the reports given hold more than {} together, the most one command reads",
+                tier_core::show_bytes(MAX_REPORT_BYTES)
+            ),
+        ),
+        e => input::named(flag, path, e),
+    })?;
     let digest = {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -268,9 +280,10 @@ fn read(path: &Path) -> Result<(Value, (u64, u64)), Error> {
         (bytes.len() as u64, h.finish())
     };
     let v = serde_json::from_slice(&bytes).map_err(|e| {
-        format!(
-            "{}: not a kv_serving_bench JSON report: {e}",
-            path.display()
+        input::named(
+            flag,
+            path,
+            format!("not a kv_serving_bench JSON report: {e}"),
         )
     })?;
     Ok((v, digest))
@@ -279,6 +292,7 @@ fn read(path: &Path) -> Result<(Value, (u64, u64)), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
 
     fn report(dir: &Path, name: &str, v: Value) -> PathBuf {
@@ -319,7 +333,7 @@ mod tests {
             report(&d, "old.json", body(None, 2.0)),
             report(&d, "again.json", body(Some("abc1234"), 4.0)),
         ];
-        let r = Reports::load(&paths).unwrap();
+        let r = Reports::load(&paths, "report").unwrap();
         assert_eq!(r.commits, ["abc1234", "unknown", "abc1234"]);
         assert_eq!(r.commits_shown(), "abc1234, unknown");
         assert_eq!(
@@ -345,7 +359,7 @@ mod tests {
             json!({"device": "H200", "scenario": scenario(256, 4096), "runs": [
             run("elastic", 0.5, 112, 1.0), run("fixed hot cache", 0.5, 256, 0.5)]}),
         );
-        let r = Reports::load(&[a, b]).unwrap();
+        let r = Reports::load(&[a, b], "report").unwrap();
         let s = r
             .series_by_load(&|r| r["summary"]["tokens_per_s"].as_f64())
             .unwrap();
@@ -382,7 +396,7 @@ mod tests {
             json!({"device": "H200", "scenario": scenario(256, 4096), "runs": [
             run("fixed hot cache", 64.0, 256, 2.0)]}),
         );
-        let r = Reports::load(&[a.clone(), b]).unwrap();
+        let r = Reports::load(&[a.clone(), b], "report").unwrap();
         let e = r
             .series_by_load(&|r| r["summary"]["tokens_per_s"].as_f64())
             .unwrap_err();
@@ -392,18 +406,20 @@ mod tests {
             "{e}"
         );
         // the same file twice, another scenario, another device: refused, naming the files
-        let e = Reports::load(&[a.clone(), a.clone()]).err().unwrap();
+        let e = Reports::load(&[a.clone(), a.clone()], "report")
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("given twice"), "{e}");
         let copy = d.join("copy-of-a.json");
         std::fs::copy(&a, &copy).unwrap();
-        let e = Reports::load(&[a.clone(), copy]).err().unwrap();
+        let e = Reports::load(&[a.clone(), copy], "report").err().unwrap();
         assert!(e.to_string().contains("same contents"), "{e}");
         let c = report(
             &d,
             "c.json",
             json!({"device": "H200", "scenario": scenario(256, 2048), "runs": []}),
         );
-        let e = Reports::load(&[a.clone(), c]).err().unwrap();
+        let e = Reports::load(&[a.clone(), c], "report").err().unwrap();
         assert!(e.to_string().contains("different scenarios"), "{e}");
         for (name, bad, want) in [
             ("arr.json", json!([]), "not a JSON object"),
@@ -412,7 +428,7 @@ mod tests {
             ("run.json", json!({"runs": [1]}), "runs[0] is not an object"),
         ] {
             let p = report(&d, name, bad);
-            let e = Reports::load(&[p]).err().unwrap();
+            let e = Reports::load(&[p], "report").err().unwrap();
             assert!(e.to_string().contains(want), "{name}: {e}");
         }
         // odd field types are left out, not a panic
@@ -421,7 +437,7 @@ mod tests {
             "odd.json",
             json!({"scenario": 7, "runs": [{"placement": 5, "load": "a"}]}),
         );
-        let r = Reports::load(&[odd]).unwrap();
+        let r = Reports::load(&[odd], "report").unwrap();
         assert!(r
             .series_by_load(&|r| r["load"].as_f64())
             .unwrap()
@@ -440,14 +456,50 @@ mod tests {
                 7
             ]}]}),
         );
-        let (by, skipped) = Reports::load(&[bad]).unwrap().steps_by_placement();
+        let (by, skipped) = Reports::load(&[bad], "report")
+            .unwrap()
+            .steps_by_placement();
         assert_eq!((by[0].1.len(), skipped), (1, 5));
         let g = report(
             &d,
             "g.json",
             json!({"device": "B200", "scenario": scenario(112, 4096), "runs": []}),
         );
-        let e = Reports::load(&[a, g]).err().unwrap();
+        let e = Reports::load(&[a, g], "report").err().unwrap();
         assert!(e.to_string().contains("different devices"), "{e}");
+    }
+
+    const VALID: &str = r#"{"device": "H200", "commit": "abc", "scenario": {"max_batch": 8},
+        "runs": [{"placement": "elastic", "load": 2, "max_batch": 4, "miss_bytes_per_step": 3,
+        "summary": {"tokens_per_s": 5, "median_batch": 2},
+        "steps": [{"batch": 2, "misses": 4, "step_us": 10.5}, {"batch": 3, "misses": 0,
+        "step_us": 11}]}, {"placement": "fully resident", "load": 1, "admission_bytes": 5,
+        "admission_copy_ms": 1}]}"#;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any bytes as a report: read, and every view the commands take of it, without a
+        /// panic; or an error naming the flag and the file.
+        #[test]
+        fn any_bytes_as_a_report_are_read_or_a_named_error(
+            bytes in tierkit_testkit::hostile_bytes(VALID)
+        ) {
+            let d = tmp("prop");
+            let p = d.join("r.json");
+            std::fs::write(&p, &bytes).unwrap();
+            match Reports::load(std::slice::from_ref(&p), "--time-from") {
+                Ok(r) => {
+                    let _ = r.steps_by_placement();
+                    let _ = r.admission_gbps();
+                    let _ = r.commits_shown();
+                    let _ = r.series_by_load(&|v| v["summary"]["tokens_per_s"].as_f64());
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    prop_assert!(e.starts_with(&format!("--time-from {}: ", p.display())), "{}", e);
+                }
+            }
+        }
     }
 }

@@ -9,9 +9,18 @@ use std::time::{Duration, Instant};
 
 /// Runs `tierkit args`, killing it after 60 s (a hang must fail the test, not stall CI).
 pub fn tierkit(args: &[&str]) -> Output {
+    run(args, Stdio::piped())
+}
+
+/// Runs `tierkit args` with stdout sent to `stdout` (e.g. `/dev/full`), killing it after 60 s.
+pub fn tierkit_to(args: &[&str], stdout: std::fs::File) -> Output {
+    run(args, stdout.into())
+}
+
+fn run(args: &[&str], stdout: Stdio) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tierkit"))
         .args(args)
-        .stdout(Stdio::piped())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .expect("tierkit runs");
@@ -58,4 +67,15 @@ pub fn temp(suite: &str, name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tierkit-{suite}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d.join(name)
+}
+
+/// [`fails_with`], and within `secs` seconds (refused before the work, not after it).
+pub fn fails_within(args: &[&str], want: &str, secs: u64) {
+    let start = Instant::now();
+    fails_with(args, want);
+    assert!(
+        start.elapsed() < Duration::from_secs(secs),
+        "tierkit {args:?} took {:?}",
+        start.elapsed()
+    );
 }

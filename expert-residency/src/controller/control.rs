@@ -17,6 +17,7 @@ use crate::error::{ExpertError, Result};
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
+#[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
 pub struct ControlMessage {
     /// `Some(true)`: freeze the map (counting and draining go on, nothing is swapped; queued
@@ -27,6 +28,8 @@ pub struct ControlMessage {
     /// warm-up, never reach the EMA). `Some(false)` / `None`: nothing.
     pub baseline: Option<bool>,
 }
+
+named_fields!(ControlMessage, "a control message");
 
 impl ControlMessage {
     /// Parses a JSON control message (e.g. `{"freeze": false, "baseline": true}`).

@@ -326,7 +326,8 @@ impl Controller {
     /// drains if due (snapshotting `counters`), and begins queued swaps. A table that went
     /// backwards is handled as [`ControllerConfig::on_counter_reset`] says.
     ///
-    /// Errors: [`ExpertError::GeometryMismatch`] if `counters` has another shape, or
+    /// Errors: [`ExpertError::GeometryMismatch`] if `counters` has another shape or `executor`
+    /// holds a bank of another geometry ([`SwapExecutor::geometry`]), or
     /// [`ExpertError::CounterReset`] (nothing changed); executor errors from `commit_ready`.
     pub fn step(
         &mut self,
@@ -334,6 +335,7 @@ impl Controller {
         executor: &mut dyn SwapExecutor,
     ) -> Result<StepReport> {
         counters.check_geometry(self.map.geometry())?;
+        self.check_executor(executor)?;
         let drain = self.drain_due();
         if drain {
             let mut snap = std::mem::take(&mut self.snap);
@@ -352,12 +354,15 @@ impl Controller {
     /// ([`DrainTelemetry::counter_reset`]), never read as ~2^32 phantom picks.
     ///
     /// Errors: [`ExpertError::LengthMismatch`] for a wrong snapshot length,
-    /// [`ExpertError::CounterReset`] under [`crate::OnCounterReset::Error`] (nothing changed).
+    /// [`ExpertError::GeometryMismatch`] for an executor of another geometry
+    /// ([`SwapExecutor::geometry`]), [`ExpertError::CounterReset`] under
+    /// [`crate::OnCounterReset::Error`] (nothing changed).
     pub fn step_with(
         &mut self,
         snapshot: Option<&[u32]>,
         executor: &mut dyn SwapExecutor,
     ) -> Result<StepReport> {
+        self.check_executor(executor)?;
         let (drain, reset) = match snapshot {
             Some(s) if self.drain_due() => {
                 if s.len() != self.snap.len() {
@@ -373,6 +378,18 @@ impl Controller {
             _ => (false, false),
         };
         self.step_inner(drain, reset, executor)
+    }
+
+    /// [`ExpertError::GeometryMismatch`] if `executor` holds a bank of another geometry than
+    /// the map's: every swap it was handed would fail, step after step, behind `Ok` reports.
+    fn check_executor(&self, executor: &dyn SwapExecutor) -> Result<()> {
+        match executor.geometry() {
+            Some(g) if g != *self.map.geometry() => Err(ExpertError::GeometryMismatch {
+                expected: format!("the controller's map: {}", self.map.geometry()),
+                found: format!("the executor's bank: {g}"),
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn step_inner(

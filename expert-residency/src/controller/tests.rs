@@ -394,3 +394,38 @@ mod machine {
         }
     }
 }
+
+#[test]
+fn an_executor_of_another_geometry_is_a_typed_error_not_failed_swaps() {
+    // Used to return Ok at every step while every swap failed in the executor.
+    let (g, mut ctl, counters, _) = toy();
+    for other in [
+        Geometry::new(2, 8, 3, g.expert_bytes).unwrap(), // another hot count
+        Geometry::new(3, 8, 2, g.expert_bytes).unwrap(), // more layers
+        Geometry::new(2, 16, 2, g.expert_bytes).unwrap(), // more experts
+        Geometry::new(2, 8, 2, 2 * g.expert_bytes).unwrap(), // other expert bytes
+    ] {
+        let map = ResidencyMap::first_k("other", other).unwrap();
+        let mut exec = crate::MemoryExecutor::new(&map, 16, 1).unwrap();
+        busy(&counters, &[6, 7], 4);
+        let e = ctl.step(&counters, &mut exec).unwrap_err();
+        assert!(
+            matches!(&e, ExpertError::GeometryMismatch { expected, found }
+                if expected.contains("controller") && found.contains("executor")),
+            "{e}"
+        );
+        let e = ctl.step_with(Some(&[0; 16]), &mut exec).unwrap_err();
+        assert!(matches!(e, ExpertError::GeometryMismatch { .. }), "{e}");
+        assert_eq!(ctl.steps(), 0, "nothing changed");
+    }
+    // The executor of the controller's own geometry (and a bankless one) drive it as before.
+    let mut exec = crate::MemoryExecutor::new(ctl.map(), 16, 1).unwrap();
+    for _ in 0..12 {
+        busy(&counters, &[6, 7], 4);
+        ctl.step(&counters, &mut exec).unwrap();
+    }
+    exec.flush().unwrap();
+    ctl.step(&counters, &mut exec).unwrap();
+    assert!(ctl.stats().applied > 0 && ctl.stats().failed == 0);
+    ctl.step(&counters, &mut NullExecutor::new()).unwrap();
+}

@@ -112,6 +112,10 @@ impl GpuExecutor {
 }
 
 impl SwapExecutor for GpuExecutor {
+    fn geometry(&self) -> Option<crate::geometry::Geometry> {
+        Some(*self.bank.geometry())
+    }
+
     fn can_begin(&self, layer: u32) -> bool {
         // The spare's reader fence is waited on by the copy stream (on the GPU), so a layer can
         // begin as soon as its previous swap has left the executor.

@@ -140,45 +140,68 @@ impl PickBudget {
 }
 
 /// Opens a whole-document file (binary trace, `Trace` JSON, counts JSON) for reading at most
-/// [`MAX_DOCUMENT_BYTES`] bytes, with its first (up to) `head` bytes already read. Callers check
-/// the head (magic bytes, first character) before reading on, so `/dev/zero` fails after a few
-/// bytes.
+/// [`MAX_DOCUMENT_BYTES`] bytes ([`tier_core::open_capped`], the rule every side-input file
+/// follows), with its first (up to) `head` bytes already read. Callers check the head (magic
+/// bytes, first character) before reading on, so `/dev/zero` fails after a few bytes.
 ///
 /// # Errors
 /// [`TraceError::Io`]; [`TraceError::TooLarge`] for a regular file above the cap.
 pub(crate) fn open_document(
     path: &std::path::Path,
     head: usize,
-) -> Result<(Vec<u8>, std::io::BufReader<std::io::Take<std::fs::File>>), TraceError> {
+) -> Result<
+    (
+        Vec<u8>,
+        std::io::BufReader<tier_core::CappedReader<std::fs::File>>,
+    ),
+    TraceError,
+> {
     let p = path.display().to_string();
-    let f = std::fs::File::open(path).map_err(|e| TraceError::io(&p, e))?;
-    let len = f.metadata().map_err(|e| TraceError::io(&p, e))?.len();
-    if len > MAX_DOCUMENT_BYTES {
-        return Err(TraceError::TooLarge(format!(
-            "{p}: {len} bytes, more than the {MAX_DOCUMENT_BYTES} a trace or counts file may hold; \
-             split it"
-        )));
-    }
-    let mut r = std::io::BufReader::new(f.take(MAX_DOCUMENT_BYTES));
+    let f = tier_core::open_capped(path, MAX_DOCUMENT_BYTES).map_err(|e| match e {
+        tier_core::ReadError::TooLarge { .. } => too_large(&p),
+        tier_core::ReadError::Io { error, .. } => TraceError::io(&p, error),
+        _ => TraceError::io(
+            &p,
+            std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory, not a file",
+            ),
+        ),
+    })?;
+    let mut r = std::io::BufReader::new(f);
     let mut first = Vec::new();
     (&mut r)
         .take(head as u64)
         .read_to_end(&mut first)
-        .map_err(|e| TraceError::io(&p, e))?;
+        .map_err(|e| read_error(&p, e))?;
     Ok((first, r))
+}
+
+fn too_large(p: &str) -> TraceError {
+    TraceError::TooLarge(format!(
+        "{p}: more than the {MAX_DOCUMENT_BYTES} bytes a trace or counts file may hold; split it"
+    ))
+}
+
+/// A read error of a capped document: [`TraceError::TooLarge`] past the cap.
+fn read_error(p: &str, e: std::io::Error) -> TraceError {
+    if e.kind() == std::io::ErrorKind::FileTooLarge {
+        too_large(p)
+    } else {
+        TraceError::io(p, e)
+    }
 }
 
 /// Reads the rest of a document opened by [`open_document`] behind its head.
 ///
 /// # Errors
-/// [`TraceError::Io`].
+/// [`TraceError::Io`]; [`TraceError::TooLarge`] past [`MAX_DOCUMENT_BYTES`].
 pub(crate) fn read_rest(
     mut head: Vec<u8>,
     mut r: impl Read,
     path: &str,
 ) -> Result<Vec<u8>, TraceError> {
-    r.read_to_end(&mut head)
-        .map_err(|e| TraceError::io(path, e))?;
+    r.read_to_end(&mut head).map_err(|e| read_error(path, e))?;
     Ok(head)
 }
 
