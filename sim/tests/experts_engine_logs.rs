@@ -226,8 +226,8 @@ fn token_pos_layout_prefill_layer_major_then_decode_at_position_zero() {
             );
         }
     }
-    // A record without its row is an error with file and line.
-    write(&f, "{\"layer\":0,\"topk_ids\":[1,2],\"token_pos\":0}\n{\"type\":\"route\",\"layer\":0,\"topk_ids\":[1,2]}\n");
+    // A record without its layer is an error with file and line.
+    write(&f, "{\"layer\":0,\"topk_ids\":[1,2],\"token_pos\":0}\n{\"type\":\"route\",\"token_pos\":1,\"topk_ids\":[1,2]}\n");
     let e = read_trace(&f, &ReadOptions::default()).unwrap_err();
     assert!(matches!(e, TraceError::Malformed { line: 2, .. }), "{e}");
 }
