@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{counts, ints};
-use crate::{expert_err, guard, json_arg, raise, to_py, Slot};
+use crate::{expert_err, guard, json_arg, to_py, Slot};
 use tierkit_bindings::Executor as Exec;
 
 /// A MoE model's expert bank and its hot set: `layers` × `experts_per_layer` experts of
@@ -162,17 +162,9 @@ impl PyPickCounters {
     fn record_layer(&self, layer: u32, ids: &Bound<'_, PyAny>) -> PyResult<()> {
         let (v, shape) = guard(|| ints(ids, "ids", 2, "[tokens, k]"))?;
         self.0.with(|c| {
-            let mut picks = Vec::new();
-            tierkit_bindings::gather_ids(
-                &v,
-                shape[0],
-                shape[1],
-                shape[1],
-                c.experts_per_layer(),
-                &mut picks,
-            )
-            .map_err(|m| raise(tierkit_bindings::Code::InvalidArgument, m))?;
-            c.record_layer(layer, &picks).map_err(expert_err)
+            let ids = expert_residency::RouterIds::new(&v, shape[0], shape[1], shape[1])
+                .map_err(expert_err)?;
+            c.record_layer_strided(layer, ids).map_err(expert_err)
         })
     }
     /// Adds a table of counts, `[layers, experts]` non-negative ints (e.g. the delta of device

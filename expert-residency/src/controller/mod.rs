@@ -82,6 +82,9 @@ pub struct Controller {
     stats: SwapStats,
     /// Ring of per-layer (cold, total) of the last `window_drains` drains.
     window: Vec<(u64, u64)>,
+    /// Per drain slot and layer: (cold touched expert-steps, touched expert-steps), estimated
+    /// from the deltas (`touch.rs`); the unit the link pays in.
+    window_touched: Vec<(f64, f64)>,
     window_pos: usize,
     shift: ShiftState,
     policy: Box<dyn SwapPolicy>,
@@ -148,6 +151,7 @@ impl Controller {
             in_flight: vec![false; layers],
             stats: SwapStats::default(),
             window: vec![(0, 0); layers * cfg.window_drains as usize],
+            window_touched: vec![(0.0, 0.0); layers * cfg.window_drains as usize],
             window_pos: 0,
             shift: ShiftState::default(),
             policy,
@@ -284,6 +288,7 @@ impl Controller {
         self.base_half_life = self.cfg.half_life_steps;
         self.drain_gap = Self::first_gap(&self.cfg);
         self.window.iter_mut().for_each(|w| *w = (0, 0));
+        self.window_touched.iter_mut().for_each(|w| *w = (0.0, 0.0));
         self.shift = ShiftState {
             detections: self.shift.detections,
             ..ShiftState::default()
