@@ -39,23 +39,26 @@ pub struct DrainTelemetry {
     /// Expert touches of the interval: distinct (step, layer, expert) the steps routed to, the
     /// unit the host link pays in (an expert read once per step however many tokens pick it).
     /// Estimated from the interval's pick counts (`1 − (1 − λ/T)^T` per expert, exact at batch 1;
-    /// see the controller's `touch.rs`). Absent in older lines: 0.
+    /// the controller's `touch.rs`), on the drains of a controller that estimates touches anyway:
+    /// the default cost-aware policy, the recency policy, the adaptive cadence. `None` under a
+    /// policy that learns from picks alone (the ratio recipe: estimating would cost it ~15× its
+    /// drain) and in older lines.
     #[serde(default)]
-    pub touched: f64,
+    pub touched: Option<f64>,
     /// Cold share of the interval's expert touches: the share of touched experts the link
     /// serves (0 if none). Above [`DrainTelemetry::cold_share`] whenever hot experts are picked
-    /// by several tokens a step. Absent in older lines: 0.
+    /// by several tokens a step. `None` as [`DrainTelemetry::touched`].
     #[serde(default)]
-    pub cold_share_touched: f64,
+    pub cold_share_touched: Option<f64>,
     /// [`DrainTelemetry::cold_share_touched`] over the sliding window of the last
-    /// `window_drains` drains. Absent in older lines: 0.
+    /// `window_drains` drains. `None` as [`DrainTelemetry::touched`].
     #[serde(default)]
-    pub cold_share_touched_window: f64,
+    pub cold_share_touched_window: Option<f64>,
     /// Host bytes the link moves per step for the interval's cold touches, read in place:
-    /// cold touches × expert bytes ÷ steps (bytes per step; estimated like `touched`). Absent
-    /// in older lines: 0.
+    /// cold touches × expert bytes ÷ steps (bytes per step; estimated like `touched`). `None`
+    /// as [`DrainTelemetry::touched`].
     #[serde(default)]
-    pub host_bytes_per_step: f64,
+    pub host_bytes_per_step: Option<f64>,
     /// Swaps planned by this drain.
     pub planned: u32,
     /// Swaps queued (planned, not begun) after planning.

@@ -100,13 +100,15 @@ impl Controller {
         let elapsed = self.step - self.last_drain_step;
         self.last_drain_step = self.step;
         self.drains += 1;
-        // Touched steps of the interval (and the adapted half-life) before anything folds. They
-        // are estimated on every drain (the telemetry reports them in the link's unit); the touch
-        // heat is folded only for the policies and cadences that read it.
+        // Touched steps of the interval (and the adapted half-life) before anything folds, for the
+        // policies and cadences that learn from them (the default's); the telemetry then also
+        // reports them in the link's unit.
         let touches = self.cfg.adaptive.is_some() || self.policy.uses_touch();
-        let (cold, picks, touched) = self.take_deltas(snap, elapsed);
+        let (cold, picks, touched) = self.take_deltas(snap, touches.then_some(elapsed));
         let cold_share = share(cold, picks);
-        self.adapt_cadence(touched.per_step_sum, touched.layers_with_picks);
+        if let Some(t) = &touched {
+            self.adapt_cadence(t.per_step_sum, t.layers_with_picks);
+        }
         // Detect before folding so that a boosted half-life applies to this very fold.
         let forget = if picks > 0 {
             self.respond_to_shift(cold, picks)
@@ -130,14 +132,12 @@ impl Controller {
         let cap = self.per_layer_cap();
         let planned = if self.frozen { 0 } else { self.plan(cap) };
         let mut t = self.telemetry(elapsed, picks, cold_share, planned, cap, forget.is_some());
-        t.touched = touched.all;
-        t.cold_share_touched = if touched.all > 0.0 {
-            touched.cold / touched.all
-        } else {
-            0.0
-        };
-        t.host_bytes_per_step =
-            touched.cold * self.map.geometry().expert_bytes as f64 / elapsed.max(1) as f64;
+        if let Some(x) = touched {
+            t.touched = Some(x.all);
+            t.cold_share_touched = Some(if x.all > 0.0 { x.cold / x.all } else { 0.0 });
+            t.host_bytes_per_step =
+                Some(x.cold * self.map.geometry().expert_bytes as f64 / elapsed.max(1) as f64);
+        }
         t
     }
 
@@ -162,15 +162,19 @@ impl Controller {
 
     /// One fused pass per layer: wrap-around-safe deltas (u32 → u64) into `deltas`, `snap` as the
     /// new reference snapshot, and the interval's (cold, total) picks with the map as it is now,
-    /// recorded in the cold-share window. Then the layer's touched steps over the interval's
-    /// `elapsed` steps are estimated from its deltas while they are still in cache
+    /// recorded in the cold-share window. With `touch_elapsed` (the interval's steps), the
+    /// layer's touched steps are then estimated from its deltas while they are still in cache
     /// ([`touch_layer`]), and their cold part, recorded in the touched window. Returns (cold,
-    /// total) picks over all layers and the [`Touched`] sums.
-    fn take_deltas(&mut self, snap: &[u32], elapsed: u64) -> (u64, u64, Touched) {
+    /// total) picks over all layers and, with `touch_elapsed`, the [`Touched`] sums.
+    fn take_deltas(
+        &mut self,
+        snap: &[u32],
+        touch_elapsed: Option<u64>,
+    ) -> (u64, u64, Option<Touched>) {
         let experts = self.map.geometry().experts_per_layer as usize;
         let layers = self.map.layers().len();
         let wbase = self.window_pos * layers;
-        let n = elapsed.max(1) as f64;
+        let n = touch_elapsed.map(|e| e.max(1) as f64);
         let step = self.step;
         let mut touched = Touched::default();
         let (mut cold_all, mut total_all) = (0u64, 0u64);
@@ -193,6 +197,7 @@ impl Controller {
             self.window[wbase + l] = (cold, total);
             cold_all += cold;
             total_all += total;
+            let Some(n) = n else { continue };
             let (mut cold_t, mut all_t) = (0.0, 0.0);
             if let Some(per_step) = touch_layer(
                 &self.deltas[r.clone()],
@@ -216,7 +221,7 @@ impl Controller {
             touched.all += all_t;
         }
         self.window_pos = (self.window_pos + 1) % self.cfg.window_drains as usize;
-        (cold_all, total_all, touched)
+        (cold_all, total_all, n.map(|_| touched))
     }
 
     /// The shift response (if configured) for a drain with picks: on a jump, starts the boost
@@ -351,10 +356,11 @@ impl Controller {
             cold_share,
             cold_share_window: share(wc, wt),
             cold_share_per_layer: per_layer,
-            touched: 0.0,
-            cold_share_touched: 0.0,
-            cold_share_touched_window: if tt > 0.0 { tc / tt } else { 0.0 },
-            host_bytes_per_step: 0.0,
+            touched: None,
+            cold_share_touched: None,
+            cold_share_touched_window: (self.cfg.adaptive.is_some() || self.policy.uses_touch())
+                .then_some(if tt > 0.0 { tc / tt } else { 0.0 }),
+            host_bytes_per_step: None,
             planned,
             queued: self.queue.len() as u32,
             in_flight: self.in_flight_count(),
