@@ -52,12 +52,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(CASES))]
 
     #[test]
-    fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+    fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
         all_readers(&bytes);
     }
 
     #[test]
-    fn arbitrary_text(text in "[\\[\\]{}\",:0-9a-z_ .\\-\\n]{0,160}") {
+    fn arbitrary_text(text in "[\\[\\]{}\",:0-9a-z_ .\\-\\n]{0,96}") {
         all_readers(text.as_bytes());
     }
 

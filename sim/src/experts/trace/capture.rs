@@ -31,8 +31,10 @@
 //! prefill step (every prompt token's picks in each layer) and each later token one decode step:
 //! the prompt is `prompt_routed_experts` when given, else the first `P` rows where `P` is the
 //! prompt length (`meta_info.prompt_tokens`, `usage.prompt_tokens`, `prompt_tokens` or the
-//! length of `prompt_token_ids`); without a prompt length every token is its own step (a note
-//! says so). With several choices, the prompt is one step before the first choice's tokens.
+//! length of `prompt_token_ids`) — unless the rows are no more than the completion's tokens
+//! (`completion_tokens`), which then hold no prompt row; without a prompt length every token is
+//! its own step (a note says so). With several choices, the prompt is one step before the first
+//! choice's tokens.
 //!
 //! **Rows.** A `-1` id is padding and skipped. A token's row in a layer that names no routed
 //! expert (every id `-1`, or every id equal with top-k > 1: the zero-filled rows of dense
@@ -102,6 +104,7 @@ impl<'de> serde::Deserialize<'de> for Len {
 #[derive(Debug, Default, serde::Deserialize)]
 struct Usage {
     prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
 }
 
 /// A response, a choice, `meta_info` or `sgl_ext`: every key any of them may hold.
@@ -115,6 +118,7 @@ struct Part {
     outputs: Option<Vec<Part>>,
     usage: Option<Usage>,
     prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
     prompt_token_ids: Option<Len>,
 }
 
@@ -327,6 +331,10 @@ impl<'a> Builder<'a> {
             .or(p.usage.as_ref().and_then(|u| u.prompt_tokens))
             .or(p.prompt_tokens)
             .or(p.prompt_token_ids.as_ref().map(|l| l.0));
+        let completion_len = meta
+            .and_then(|m| m.completion_tokens)
+            .or(p.usage.as_ref().and_then(|u| u.completion_tokens))
+            .or(p.completion_tokens);
         let mut prompt = match p.prompt_routed_experts {
             Some(r) => Some(self.decode(r)?),
             None => None,
@@ -363,7 +371,14 @@ impl<'a> Builder<'a> {
         for (i, r) in bodies.into_iter().enumerate() {
             let ids = self.decode(r)?;
             let pre = if i == 0 { prompt.take() } else { None };
-            let len = if i == 0 { prompt_len } else { Some(0) };
+            // A body no longer than the completion holds no prompt row (vLLM's split form, the
+            // prompt's part not asked for).
+            let completion_only = completion_len.is_some_and(|c| ids.tokens as u64 <= c);
+            let len = if i == 0 && !completion_only {
+                prompt_len
+            } else {
+                Some(0)
+            };
             self.request(pre, ids, len)?;
         }
         Ok(())
@@ -739,6 +754,16 @@ mod tests {
         assert_eq!(t.steps[1].layers, vec![vec![], vec![2, 7]]);
         assert_eq!(r.padding_rows, 1);
         assert_eq!(t.shape.experts_per_layer, 8);
+    }
+
+    #[test]
+    fn a_completion_only_body_holds_no_prompt_row() {
+        // vLLM's split form without the prompt's part: 2 rows for 2 completion tokens.
+        let s = r#"{"usage": {"prompt_tokens": 5, "completion_tokens": 2},
+            "choices": [{"routed_experts": [[[1, 2]], [[3, 4]]]}]}"#;
+        let (t, _) = read(s, &ReadOptions::default()).unwrap();
+        assert_eq!(t.steps.len(), 2);
+        assert_eq!(t.steps[1].layers, vec![vec![3, 4]]);
     }
 
     #[test]

@@ -32,11 +32,8 @@ struct Line {
     layer: Option<i64>,
     layer_id: Option<i64>,
     layer_idx: Option<i64>,
-    topk_ids: Option<Vec<i64>>,
-    experts: Option<Vec<i64>>,
-    selected_experts: Option<Vec<i64>>,
-    expert_ids: Option<Vec<i64>>,
-    routed_experts: Option<Vec<i64>>,
+    #[serde(flatten)]
+    ids: super::vllm::IdFields,
     step: Option<u64>,
     forward_pass: Option<u64>,
     forward_pass_end: Option<bool>,
@@ -45,18 +42,6 @@ struct Line {
     experts_per_layer: Option<u32>,
     top_k: Option<u32>,
     name: Option<String>,
-}
-
-impl Line {
-    /// The ids, under any of [`super::vllm::ID_FIELDS`].
-    fn ids(&mut self) -> Option<Vec<i64>> {
-        self.topk_ids
-            .take()
-            .or(self.experts.take())
-            .or(self.selected_experts.take())
-            .or(self.expert_ids.take())
-            .or(self.routed_experts.take())
-    }
 }
 
 enum Item {
@@ -142,7 +127,8 @@ pub fn read_logger_from<R: BufRead>(
             items.push(Item::End);
             continue;
         }
-        let (Some(layer), Some(raw)) = (l.layer.or(l.layer_id).or(l.layer_idx), l.ids()) else {
+        let (Some(layer), Some(raw)) = (l.layer.or(l.layer_id).or(l.layer_idx), l.ids.take())
+        else {
             return Err(malformed(format!(
                 "a record needs a layer ({:?}) and expert ids ({:?}) (or use a \
                  `forward_pass_end` marker)",

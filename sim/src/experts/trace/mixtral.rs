@@ -35,24 +35,10 @@ struct Record {
     dataset: String,
     problem_id: i64,
     layer: i64,
-    experts: Option<Vec<i64>>,
-    topk_ids: Option<Vec<i64>>,
-    selected_experts: Option<Vec<i64>>,
-    expert_ids: Option<Vec<i64>>,
-    routed_experts: Option<Vec<i64>>,
+    /// The ids, under any of [`super::vllm::ID_FIELDS`] (the public files: `experts`).
+    #[serde(flatten)]
+    ids: super::vllm::IdFields,
     token_idx: i64,
-}
-
-impl Record {
-    /// The ids, under any of [`super::vllm::ID_FIELDS`].
-    fn ids(&mut self) -> Option<Vec<i64>> {
-        self.experts
-            .take()
-            .or(self.topk_ids.take())
-            .or(self.selected_experts.take())
-            .or(self.expert_ids.take())
-            .or(self.routed_experts.take())
-    }
 }
 
 type Problem = BTreeMap<u64, Vec<Option<Vec<u32>>>>;
@@ -130,7 +116,7 @@ pub fn read_mixtral_from_report<R: BufRead>(
     for item in super::jsonl_lines::<Record, _>(reader, path) {
         let (lineno, mut r) = item?;
         let malformed = |reason: String| TraceError::malformed(path, lineno, reason);
-        let Some(experts) = r.ids() else {
+        let Some(experts) = r.ids.take() else {
             return Err(malformed(format!(
                 "a record needs its expert ids under one of {:?}",
                 super::vllm::ID_FIELDS

@@ -10,11 +10,16 @@
 //! | tierkit binary trace (`.tkt`) | [`binary`] | compact, little-endian, documented byte layout; for long traces |
 //! | Mixtral per-token decode JSONL | [`mixtral`] | `{"dataset","problem_id","layer","experts","gating_probs","token_idx"}` |
 //! | engine-logger JSONL | [`logger`] | `{"layer": l, "topk_ids": [...]}` per routed token, with step fields or boundary marker lines |
-//! | engine routing logs | [`vllm`] | vLLM MoE routing logger (`moe_layer{L}.jsonl`: meta line, `{"type": "route", "token_idx", "layer", "topk_ids"}`), raw `token_pos` layout; passes split where the row restarts, dummy passes dropped ([`passes`]) |
+//! | engine routing logs | [`vllm`] | vLLM MoE routing logger (`moe_layer{L}.jsonl`: meta line, `{"type": "route", "token_idx", "layer", "topk_ids"}`), raw per-row logs (ids under `topk_ids`/`experts`/`selected_experts`/`expert_ids`/`routed_experts`, position under `token_idx`/`token_pos`/`pos`); one file's passes cut by file order with lost rows counted ([`rows`]), per-layer files merged pass by pass ([`passes`]), dummy passes dropped |
+//! | per-request captures | [`capture`] | vLLM `--enable-return-routed-experts` (`routed_experts`, `prompt_routed_experts`: nested lists or base64 `.npy`), SGLang `return_routed_experts` (`meta_info.routed_experts`: base64 int32) |
+//! | llama.cpp routing CSV | [`llamacpp`] | `moe-trace` (`layer,expert` rows per pick; `phase,token,layer,rank,expert`) |
 //! | synthetic generator | [`synth`] | per-layer popularity fitted from the OLMoE counts, Mixtral-like step-to-step reuse, scheduled domain shifts |
 //!
 //! Engine expert-load counts (vLLM EPLB windows, SGLang expert-distribution dumps) are counts,
-//! not routes: [`counts`] reads them into an [`expert_residency::CounterDump`] for seed fitting.
+//! not routes: [`counts`] reads them (also objects keyed by layer strings) into an
+//! [`expert_residency::CounterDump`] for seed fitting. [`rawlog`] writes a trace back as a raw
+//! per-row log with rows dropped, the way real logs come. [`read_trace_report`] returns what the
+//! readers found ([`ReadReport`]: rows read and missing, passes dropped).
 //! Every text reader is bounded ([`lines`]): line length, blank-line runs, total picks.
 //!
 //! A whole [`Trace`] also round-trips through JSON with `serde` (format [`TraceFormat::Json`]).

@@ -61,11 +61,8 @@ struct Record {
     token_idx: Option<i64>,
     token_pos: Option<i64>,
     pos: Option<i64>,
-    topk_ids: Option<Vec<i64>>,
-    experts: Option<Vec<i64>>,
-    selected_experts: Option<Vec<i64>>,
-    expert_ids: Option<Vec<i64>>,
-    routed_experts: Option<Vec<i64>>,
+    #[serde(flatten)]
+    ids: IdFields,
     #[serde(rename = "pass")]
     pass_kind: Option<String>,
     phase: Option<String>,
@@ -94,8 +91,20 @@ pub const POSITION_FIELDS: [&str; 3] = ["token_idx", "token_pos", "pos"];
 /// Names of the layer field, in order.
 pub const LAYER_FIELDS: [&str; 3] = ["layer", "layer_id", "layer_idx"];
 
-impl Record {
-    fn ids(&mut self) -> Option<Vec<i64>> {
+/// A per-row record's expert ids under each accepted name ([`ID_FIELDS`]), flattened into the
+/// records of every per-row reader (routing logs, Mixtral, engine logger).
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct IdFields {
+    topk_ids: Option<Vec<i64>>,
+    experts: Option<Vec<i64>>,
+    selected_experts: Option<Vec<i64>>,
+    expert_ids: Option<Vec<i64>>,
+    routed_experts: Option<Vec<i64>>,
+}
+
+impl IdFields {
+    /// The ids under the first name present, in [`ID_FIELDS`] order.
+    pub(crate) fn take(&mut self) -> Option<Vec<i64>> {
         self.topk_ids
             .take()
             .or(self.experts.take())
@@ -103,6 +112,9 @@ impl Record {
             .or(self.expert_ids.take())
             .or(self.routed_experts.take())
     }
+}
+
+impl Record {
     fn position(&self) -> Option<i64> {
         self.token_idx.or(self.token_pos).or(self.pos)
     }
@@ -276,7 +288,7 @@ fn read_into<R: BufRead>(
             // Stats, markers and whatever else a logger writes between routes.
             Some(_) => continue,
         }
-        let Some(raw) = r.ids() else {
+        let Some(raw) = r.ids.take() else {
             return Err(malformed(format!(
                 "a route record needs its expert ids under one of {ID_FIELDS:?} (records of \
                  another `type` are skipped)"
