@@ -72,7 +72,7 @@ struct Closed {
     runs: Vec<LayerRun>,
 }
 
-/// What [`Aligner::finish`] counted.
+/// Rows read and missing in a per-row log (see the module docs), in [`super::ReadReport::rows`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RowCounts {
     /// Rows read (one per routed token per layer).
