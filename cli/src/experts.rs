@@ -55,15 +55,29 @@ pub fn run(cmd: ExpertsCommand) -> CliResult {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum FormatArg {
+    /// Detect from magic bytes, extension (.tkt, .json, .csv) and the first line's keys.
     Auto,
+    /// tierkit binary trace (.tkt).
     Binary,
+    /// A whole tierkit trace as one JSON document.
     Json,
+    /// Mixtral per-token decode JSONL (`problem_id`, `token_idx`, `layer`, `experts`).
     MixtralJsonl,
+    /// Engine-logger JSONL (`layer` + ids, `step`/`forward_pass` or boundary markers).
     LoggerJsonl,
-    /// vLLM MoE routing-logger JSONL (meta line, `"type": "route"` records, `token_idx`) or
-    /// the raw `token_pos` layout.
+    /// Per-row routing logs: vLLM MoE routing logger (meta line, `"type": "route"`), or raw rows
+    /// (position under `token_idx`/`token_pos`/`pos`, ids under `topk_ids`/`experts`/
+    /// `selected_experts`/`expert_ids`/`routed_experts`); lost rows are counted, not refused.
     #[value(alias = "vllm-jsonl", alias = "token-pos-jsonl")]
     RoutesJsonl,
+    /// Per-request captures: vLLM `--enable-return-routed-experts` (`routed_experts`,
+    /// `prompt_routed_experts`; nested lists or base64 .npy), SGLang `return_routed_experts`
+    /// (`meta_info.routed_experts`, base64 int32: give --layers and --top-k).
+    #[value(alias = "vllm-capture", alias = "sglang-capture")]
+    CaptureJson,
+    /// llama.cpp moe-trace CSV (`layer,expert`, or `phase,token,layer,rank,expert`).
+    #[value(alias = "llama-csv", alias = "moe-trace-csv")]
+    RoutingCsv,
 }
 
 impl From<FormatArg> for TraceFormat {
@@ -75,6 +89,8 @@ impl From<FormatArg> for TraceFormat {
             FormatArg::MixtralJsonl => TraceFormat::MixtralJsonl,
             FormatArg::LoggerJsonl => TraceFormat::LoggerJsonl,
             FormatArg::RoutesJsonl => TraceFormat::RoutesJsonl,
+            FormatArg::CaptureJson => TraceFormat::CaptureJson,
+            FormatArg::RoutingCsv => TraceFormat::RoutingCsv,
         }
     }
 }
@@ -90,12 +106,14 @@ enum MissingArg {
 /// Trace files to read.
 #[derive(Debug, Args)]
 pub struct TraceFiles {
-    /// Trace file or directory (every *.jsonl, *.tkt, *.json in it, by name); repeat to join
-    /// several, each join counting as a shift. Per-layer routing logs (`moe_layer{L}.jsonl`) are
-    /// merged into one trace instead.
+    /// Trace file or directory (every *.jsonl, *.tkt, *.json, *.csv in it, by name); repeat to
+    /// join several, each join counting as a shift. Per-layer routing logs (`moe_layer{L}.jsonl`)
+    /// are merged into one trace instead. Formats and field names: see --format and
+    /// docs/experts.md.
     #[arg(long, value_name = "FILE|DIR")]
     trace: Vec<PathBuf>,
-    /// Trace format.
+    /// Trace format (default: detected). Lost (token, layer) rows are counted and printed, never
+    /// a refusal.
     #[arg(long, value_enum, default_value_t = FormatArg::Auto)]
     format: FormatArg,
     /// Warm-up forward passes to drop from the start of each file.
@@ -259,6 +277,8 @@ enum Source {
     Files {
         paths: Vec<String>,
         options: ReadOptions,
+        /// What the readers found: format, rows read and missing, passes dropped.
+        read: trace::ReadReport,
     },
 }
 
@@ -303,7 +323,7 @@ fn load(input: &TraceInput, quiet: bool) -> CliResult<(Trace, Source)> {
     } else {
         let pb = progress::spinner("reading trace", quiet);
         let opts = input.files.options();
-        let t = trace::read_traces(&input.files.trace, &opts)?;
+        let (t, read) = trace::read_traces_report(&input.files.trace, &opts)?;
         pb.finish_and_clear();
         let paths = input
             .files
@@ -316,6 +336,7 @@ fn load(input: &TraceInput, quiet: bool) -> CliResult<(Trace, Source)> {
             Source::Files {
                 paths,
                 options: opts,
+                read,
             },
         ))
     }
@@ -685,6 +706,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         t.lookups,
         t.shifts
     )?;
+    print_read_report(&t.source)?;
     outln!(
         "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, ratio {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
@@ -735,6 +757,16 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     Ok(())
 }
 
+/// Prints what the readers found (rows missing, passes dropped), one `read: ` line each.
+fn print_read_report(source: &Source) -> CliResult {
+    if let Source::Files { read, .. } = source {
+        for line in read.lines() {
+            outln!("read: {line}")?;
+        }
+    }
+    Ok(())
+}
+
 /// `tierkit experts fit-seed` arguments.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["dump", "trace", "routing_counts", "eplb_counts"])))]
@@ -754,7 +786,9 @@ pub struct FitSeedArgs {
     routing_counts: Option<PathBuf>,
     /// Engine expert-load counts, JSON: vLLM's EPLB `expert_load_window`/`expert_load_pass`
     /// (`[window,] layers, physical experts`), SGLang's expert-distribution dump
-    /// (`logical_count` or `records`), or a bare `[layers, experts]` array. --experts gives the
+    /// (`logical_count` or `records`), a bare `[layers, experts]` array, or an object keyed by
+    /// layer strings (`{"1": {"0": 747, ...}, "3": ...}` or `{"1": [747, ...]}`, at the top or
+    /// under one key; layers renumbered in order, the mapping printed). --experts gives the
     /// logical experts per layer when the file has no physical-to-logical map.
     #[arg(long, value_name = "FILE")]
     eplb_counts: Option<PathBuf>,
@@ -806,7 +840,16 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
             experts_per_layer: a.files.experts,
             layers: a.files.layers,
         };
-        trace::counts::read_counts(p, &opts)?
+        let (dump, report) = trace::counts::read_counts_report(p, &opts)?;
+        // On stderr: stdout may hold the rowmap JSON.
+        if let Some(m) = report.renumbering() {
+            eprintln!(
+                "{}: counts under {}, layers keyed by strings renumbered in order: {m}",
+                p.display(),
+                report.source
+            );
+        }
+        dump
     } else if let Some(p) = &a.routing_counts {
         let (dl, de) = match a.model.as_str() {
             "olmoe" | "olmoe-sft" | "olmoe-dpo" => (16, 64),
@@ -820,7 +863,10 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         }
         input::routing_counts("--routing-counts", p, &a.model, &a.domain, layers, experts)?
     } else {
-        let t = trace::read_traces(&a.files.trace, &a.files.options())?;
+        let (t, read) = trace::read_traces_report(&a.files.trace, &a.files.options())?;
+        for line in read.lines() {
+            eprintln!("read: {line}");
+        }
         let range = match &a.range {
             Some(r) => parse_range(r)?,
             None => 0..t.steps.len(),
@@ -1039,12 +1085,13 @@ pub struct InspectArgs {
 }
 
 fn inspect_cmd(a: InspectArgs) -> CliResult {
-    let (t, _) = load(&a.input, a.json)?;
+    let (t, source) = load(&a.input, a.json)?;
     let s = summarize_trace(&t)?;
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&s)?)?;
     } else {
         print_summary(&s)?;
+        print_read_report(&source)?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use crate::error::{ExpertError, Result};
 use crate::geometry::Geometry;
 use crate::picks::StepPicks;
+use crate::router_ids::{out_of_range, RouterIds};
 
 /// What kind of forward pass produced a step's picks. Only [`PassKind::Prefill`] and
 /// [`PassKind::Decode`] are counted: warm-up, dummy profiling and speculative draft passes route
@@ -148,28 +149,66 @@ impl PickCounters {
         Ok(())
     }
 
-    /// Counts every pick of one layer (`picks`: `[tokens × top_k]` expert ids). All ids are checked
-    /// first: on error nothing is counted.
+    /// Counts every pick of one layer (`picks`: `[tokens × top_k]` expert ids, as `u32`, `i32` or
+    /// `i64`: a router's int32/int64 output needs no conversion). All ids are checked first: on
+    /// error nothing is counted.
     ///
     /// The table does not know token boundaries, so a repeated id is counted each time (two
     /// tokens may pick the same expert); the trace readers reject a token that picks one expert
     /// twice.
-    pub fn record_layer(&self, layer: u32, picks: &[u32]) -> Result<()> {
+    ///
+    /// Errors: [`ExpertError::LayerOutOfRange`]; [`ExpertError::ExpertOutOfRange`] for an id at
+    /// or above the experts per layer; [`ExpertError::ExpertIdOutOfRange`] for a negative one
+    /// (or one above `u32`).
+    pub fn record_layer<T: Copy + Into<i64>>(&self, layer: u32, picks: &[T]) -> Result<()> {
+        let row = self.layer_row(layer)?;
+        for (i, &e) in picks.iter().enumerate() {
+            let e: i64 = e.into();
+            if !(0..self.experts as i64).contains(&e) {
+                return Err(out_of_range(e, self.experts, || format!("element {i}")));
+            }
+        }
+        if self.paused.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        for &e in picks {
+            row[Into::<i64>::into(e) as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Counts one layer's routing given as a strided `[tokens, k]` view ([`RouterIds`]: a
+    /// router's `topk_ids` in place, e.g. llama.cpp's `ffn_moe_topk` rows of stride
+    /// `nb[1] / 4`). All ids are checked first: on error nothing is counted. No allocation.
+    ///
+    /// Errors: [`ExpertError::LayerOutOfRange`]; as [`RouterIds::check`].
+    pub fn record_layer_strided<T: Copy + Into<i64>>(
+        &self,
+        layer: u32,
+        ids: RouterIds<'_, T>,
+    ) -> Result<()> {
+        let row = self.layer_row(layer)?;
+        ids.check(self.experts)?;
+        if self.paused.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        for r in ids.rows() {
+            for &e in r {
+                row[Into::<i64>::into(e) as usize].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// The cells of `layer`, or [`ExpertError::LayerOutOfRange`].
+    fn layer_row(&self, layer: u32) -> Result<&[AtomicU32]> {
         if layer >= self.layers {
             return Err(ExpertError::LayerOutOfRange {
                 layer,
                 layers: self.layers,
             });
         }
-        self.check_ids(picks)?;
-        if self.paused.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let row = &self.cells[layer as usize * self.experts as usize..][..self.experts as usize];
-        for &e in picks {
-            row[e as usize].fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(())
+        Ok(&self.cells[layer as usize * self.experts as usize..][..self.experts as usize])
     }
 
     /// Counts a whole step (`step.layers` must have one row per layer). Everything is checked
@@ -330,6 +369,36 @@ mod tests {
 
     fn geo() -> Geometry {
         Geometry::new(2, 4, 1, 8).unwrap()
+    }
+
+    #[test]
+    fn signed_and_strided_router_ids_count_in_place() {
+        let c = PickCounters::new(&geo()).unwrap();
+        c.record_layer(0, &[1i32, 2]).unwrap();
+        c.record_layer(0, &[3i64, 2]).unwrap();
+        let from_vec: Vec<u32> = std::iter::once(0).collect();
+        c.record_layer(1, &from_vec).unwrap();
+        // A [2, 2] view of a [2, 3] int32 array (row stride 3): the 9s are never read.
+        let wide = [1i32, 3, 9, 0, 1, 9];
+        c.record_layer_strided(1, RouterIds::new(&wide, 2, 2, 3).unwrap())
+            .unwrap();
+        assert_eq!(c.snapshot(), vec![0, 1, 2, 1, 2, 2, 0, 1]);
+        // Checked first: nothing counted on error.
+        let e = c.record_layer(0, &[1i64, -1]).unwrap_err();
+        assert!(
+            matches!(&e, ExpertError::ExpertIdOutOfRange { id: -1, at, .. } if at == "element 1"),
+            "{e}"
+        );
+        let bad = [1i32, 2, 9, 4, 0, 9];
+        let e = c
+            .record_layer_strided(0, RouterIds::new(&bad, 2, 2, 3).unwrap())
+            .unwrap_err();
+        assert!(
+            matches!(&e, ExpertError::ExpertIdOutOfRange { id: 4, at, .. } if at == "[1, 0]"),
+            "{e}"
+        );
+        assert!(c.record_layer(2, &[0i32]).is_err());
+        assert_eq!(c.snapshot(), vec![0, 1, 2, 1, 2, 2, 0, 1]);
     }
 
     #[test]

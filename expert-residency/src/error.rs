@@ -25,6 +25,20 @@ pub enum ExpertError {
         /// Experts per layer.
         experts: u32,
     },
+    /// An expert id handed over as a signed or wide integer is not in `0..experts`
+    /// ([`crate::RouterIds`], [`crate::PickCounters::record_layer`]).
+    #[error("expert id {id} at {at} is out of range (experts per layer: {experts})")]
+    ExpertIdOutOfRange {
+        /// Where: `[token, column]` of a router view, or `element i` of a flat list.
+        at: String,
+        /// The offending id.
+        id: i64,
+        /// Experts per layer.
+        experts: u32,
+    },
+    /// A router-ids view is inconsistent (a row stride below k, fewer ids than the view spans).
+    #[error("router ids: {0}")]
+    InvalidRouterIds(String),
     /// A layer index is not below `layers`.
     #[error("layer {layer} out of range (layers: {layers})")]
     LayerOutOfRange {

@@ -47,6 +47,7 @@ mod geometry;
 mod memory;
 mod picks;
 mod policy;
+mod router_ids;
 mod rowmap;
 mod seed;
 mod telemetry;
@@ -68,6 +69,7 @@ pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
 pub use policy::{CostPolicy, LayerHeat, RatioPolicy, RecencyPolicy, SwapChoice, SwapPolicy};
+pub use router_ids::{strided_len, RouterIds};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION, MAX_MAP_FILE_BYTES};
 pub use seed::{
     fit_seed_map, merge_dumps, seed_coverage, top_k_experts, CounterDump, Coverage,

@@ -29,12 +29,36 @@ pub struct DrainTelemetry {
     /// Picks counted in the drained interval (all layers).
     pub picks: u64,
     /// Cold share of the interval's picks (0 = all served from HBM; 0 if no picks), estimated
-    /// with the rowmap as it is at the drain.
+    /// with the rowmap as it is at the drain. Per pick: the link pays per touched expert, see
+    /// [`DrainTelemetry::cold_share_touched`] and [`DrainTelemetry::host_bytes_per_step`].
     pub cold_share: f64,
     /// Cold share over the sliding window of the last `window_drains` drains.
     pub cold_share_window: f64,
     /// Cold share per layer over the sliding window, `[layers]`.
     pub cold_share_per_layer: Vec<f64>,
+    /// Expert touches of the interval: distinct (step, layer, expert) the steps routed to, the
+    /// unit the host link pays in (an expert read once per step however many tokens pick it).
+    /// Estimated from the interval's pick counts (`1 − (1 − λ/T)^T` per expert, exact at batch 1;
+    /// the controller's `touch.rs`), on the drains of a controller that estimates touches anyway:
+    /// the default cost-aware policy, the recency policy, the adaptive cadence. `None` under a
+    /// policy that learns from picks alone (the ratio recipe: estimating would cost it ~15× its
+    /// drain) and in older lines.
+    #[serde(default)]
+    pub touched: Option<f64>,
+    /// Cold share of the interval's expert touches: the share of touched experts the link
+    /// serves (0 if none). Above [`DrainTelemetry::cold_share`] whenever hot experts are picked
+    /// by several tokens a step. `None` as [`DrainTelemetry::touched`].
+    #[serde(default)]
+    pub cold_share_touched: Option<f64>,
+    /// [`DrainTelemetry::cold_share_touched`] over the sliding window of the last
+    /// `window_drains` drains. `None` as [`DrainTelemetry::touched`].
+    #[serde(default)]
+    pub cold_share_touched_window: Option<f64>,
+    /// Host bytes the link moves per step for the interval's cold touches, read in place:
+    /// cold touches × expert bytes ÷ steps (bytes per step; estimated like `touched`). `None`
+    /// as [`DrainTelemetry::touched`].
+    #[serde(default)]
+    pub host_bytes_per_step: Option<f64>,
     /// Swaps planned by this drain.
     pub planned: u32,
     /// Swaps queued (planned, not begun) after planning.

@@ -226,8 +226,8 @@ fn token_pos_layout_prefill_layer_major_then_decode_at_position_zero() {
             );
         }
     }
-    // A record without its row is an error with file and line.
-    write(&f, "{\"layer\":0,\"topk_ids\":[1,2],\"token_pos\":0}\n{\"type\":\"route\",\"layer\":0,\"topk_ids\":[1,2]}\n");
+    // A record without its layer is an error with file and line.
+    write(&f, "{\"layer\":0,\"topk_ids\":[1,2],\"token_pos\":0}\n{\"type\":\"route\",\"token_pos\":1,\"topk_ids\":[1,2]}\n");
     let e = read_trace(&f, &ReadOptions::default()).unwrap_err();
     assert!(matches!(e, TraceError::Malformed { line: 2, .. }), "{e}");
 }
@@ -267,6 +267,8 @@ fn dev_zero_fails_quickly_in_every_format() {
         TraceFormat::MixtralJsonl,
         TraceFormat::LoggerJsonl,
         TraceFormat::RoutesJsonl,
+        TraceFormat::CaptureJson,
+        TraceFormat::RoutingCsv,
     ] {
         let opts = ReadOptions {
             format,
@@ -313,6 +315,14 @@ fn a_100_mb_single_line_fails_at_line_one() {
     })
     .unwrap_err();
     assert!(matches!(e, TraceError::Malformed { line: 1, .. }), "{e}");
+    let e = quickly("csv", || {
+        tierkit_sim::experts::trace::llamacpp::read_csv_from(line(), "huge.csv", &opts, "h".into())
+    })
+    .unwrap_err();
+    assert!(
+        matches!(e, TraceError::Malformed { .. }) && e.to_string().contains("line longer than"),
+        "{e}"
+    );
     // Endless newlines: bounded too.
     let e = quickly("blank lines", || {
         vllm::read_routes_from(

@@ -4,11 +4,12 @@
 use std::ffi::c_char;
 use std::sync::Mutex;
 
+use expert_residency::RouterIds;
 use expert_residency::{
     fit_seed_map, ControlMessage, Controller, CounterDump, Geometry, MemoryExecutor, NullExecutor,
     PickCounters, ResidencyMap,
 };
-use tierkit_bindings::{gather_ids, strided_len, Code, Executor as Exec};
+use tierkit_bindings::{strided_len, Code, Executor as Exec};
 
 use crate::ffi::{
     c_str, c_string, call, fail, free_handle, live, lock, new_handle, out, out_opt, view, view_mut,
@@ -386,16 +387,8 @@ unsafe fn record<T: Copy + Into<i64>>(
     })?;
     // SAFETY: forwarded contract.
     let ids = unsafe { view(ids, len, "ids") }?;
-    let mut picks = Vec::new();
-    gather_ids(
-        ids,
-        tokens,
-        k,
-        row_stride,
-        c.experts_per_layer(),
-        &mut picks,
-    )?;
-    Ok(c.record_layer(layer, &picks)?)
+    // Counted in place: no gathered copy per call.
+    Ok(c.record_layer_strided(layer, RouterIds::new(ids, tokens, k, row_stride)?)?)
 }
 
 /// Counts one layer's routing: `ids` is the router's `int32 [tokens, k]` top-k expert ids, row

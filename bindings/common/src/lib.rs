@@ -8,8 +8,9 @@
 //!   tier error in one; [`Failure`], a class and a message, what the shared helpers return.
 //! - [`controller_config`]: a [`ControllerConfig`] from optional JSON (missing fields take their
 //!   defaults, unknown fields are refused, the values are validated).
-//! - [`gather_ids`]: a router's `[tokens, k]` expert ids, possibly strided and signed, checked and
-//!   gathered into the `u32` picks [`expert_residency::PickCounters::record_layer`] takes.
+//! - [`strided_len`]: the elements a strided `[tokens, k]` view spans (the front ends check their
+//!   pointers with it; the view itself is [`expert_residency::RouterIds`], counted in place by
+//!   [`expert_residency::PickCounters::record_layer_strided`]).
 //! - [`Executor`]: the executors both front ends let a controller drive.
 //! - [`panic_message`]: the text of a panic caught at a boundary.
 //!
@@ -98,6 +99,8 @@ pub fn classify_expert(e: &ExpertError) -> Code {
         E::InvalidGeometry(_)
         | E::HotExceedsExperts { .. }
         | E::ExpertOutOfRange { .. }
+        | E::ExpertIdOutOfRange { .. }
+        | E::InvalidRouterIds(_)
         | E::LayerOutOfRange { .. }
         | E::TopKTooWide { .. }
         | E::GeometryMismatch { .. }
@@ -158,52 +161,6 @@ pub fn controller_config(json: Option<&str>) -> Result<ControllerConfig, ExpertE
     Ok(cfg)
 }
 
-/// Gathers a router's `[tokens, k]` expert ids into `out` (cleared first), row `t` starting at
-/// element `t * row_stride` (`row_stride ≥ k`, in elements). Every id must be in `0..experts`;
-/// the error ([`Code::InvalidArgument`]) names the first one that is not (`[token, column] =
-/// id`), and `out` is then left empty. `ids` must hold at least `(tokens - 1) * row_stride + k`
-/// elements (the caller checks the pointer side; here a short slice is an invalid argument).
-/// [`Code::OutOfMemory`] when the host cannot allocate the `4 × tokens × k` bytes of `out`.
-pub fn gather_ids<T: Copy + Into<i64>>(
-    ids: &[T],
-    tokens: usize,
-    k: usize,
-    row_stride: usize,
-    experts: u32,
-    out: &mut Vec<u32>,
-) -> Result<(), Failure> {
-    let bad = |m: String| Failure::new(Code::InvalidArgument, m);
-    out.clear();
-    if tokens == 0 || k == 0 {
-        return Ok(());
-    }
-    if row_stride < k {
-        return Err(bad(format!("row_stride {row_stride} is below k {k}")));
-    }
-    let need = strided_len(tokens, k, row_stride)
-        .ok_or_else(|| bad(format!("{tokens} rows of stride {row_stride} overflow")))?;
-    if ids.len() < need {
-        return Err(bad(format!(
-            "ids hold {} elements, {tokens} rows of stride {row_stride} and width {k} need {need}",
-            ids.len()
-        )));
-    }
-    tier_core::alloc::try_reserve(out, tokens * k, "gathered expert ids")?;
-    for t in 0..tokens {
-        for (j, &id) in ids[t * row_stride..][..k].iter().enumerate() {
-            let id: i64 = id.into();
-            if !(0..experts as i64).contains(&id) {
-                out.clear();
-                return Err(bad(format!(
-                    "expert id {id} at [{t}, {j}] is out of range (experts per layer: {experts})"
-                )));
-            }
-            out.push(id as u32);
-        }
-    }
-    Ok(())
-}
-
 /// The executors a front end hands to a controller: the in-memory one (checksummed byte moves,
 /// standing in for the GPU bank) or the null one (moves nothing).
 #[derive(Debug)]
@@ -241,38 +198,13 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic with a non-string payload".into())
 }
 
-/// Elements a strided `[rows, k]` view spans: `(rows - 1) * row_stride + k` (0 for no rows), or
-/// `None` on overflow.
-pub fn strided_len(rows: usize, k: usize, row_stride: usize) -> Option<usize> {
-    match rows {
-        0 => Some(0),
-        r => (r - 1).checked_mul(row_stride)?.checked_add(k),
-    }
-}
+/// Elements a strided `[rows, k]` view spans (the library's, re-exported for the front ends'
+/// pointer checks).
+pub use expert_residency::strided_len;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gathers_strided_rows_and_names_the_bad_id() {
-        // Two tokens, top-2, row stride 3 (a view into [tokens, 3]).
-        let ids: [i32; 5] = [1, 2, 99, 3, 0];
-        let mut out = Vec::new();
-        gather_ids(&ids, 2, 2, 3, 4, &mut out).unwrap();
-        assert_eq!(out, [1, 2, 3, 0]);
-        let bad: [i64; 5] = [1, 2, 0, -1, 0];
-        let e = gather_ids(&bad, 2, 2, 3, 4, &mut out).unwrap_err();
-        assert_eq!(e.code, Code::InvalidArgument);
-        assert!(
-            e.message.contains("[1, 0]") && e.message.contains("-1"),
-            "{e:?}"
-        );
-        assert!(out.is_empty());
-        assert!(gather_ids(&ids, 2, 2, 1, 4, &mut out).is_err()); // stride < k
-        assert!(gather_ids(&ids, 3, 2, 3, 4, &mut out).is_err()); // too short
-        assert_eq!(strided_len(usize::MAX, 2, 2), None);
-    }
 
     #[test]
     fn config_json_defaults_unknown_fields_and_ranges() {

@@ -172,17 +172,9 @@ impl PyPickCounters {
         int_args!(layer: u32);
         let (v, shape) = guard(|| ints(ids, "ids", 2, "[tokens, k]"))?;
         self.0.with(|c| {
-            let mut picks = Vec::new();
-            tierkit_bindings::gather_ids(
-                &v,
-                shape[0],
-                shape[1],
-                shape[1],
-                c.experts_per_layer(),
-                &mut picks,
-            )
-            .map_err(crate::failure)?;
-            c.record_layer(layer, &picks).map_err(expert_err)
+            let ids = expert_residency::RouterIds::new(&v, shape[0], shape[1], shape[1])
+                .map_err(expert_err)?;
+            c.record_layer_strided(layer, ids).map_err(expert_err)
         })
     }
     /// Adds a table of counts, `[layers, experts]` non-negative ints (e.g. the delta of device

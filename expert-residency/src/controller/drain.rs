@@ -81,18 +81,33 @@ fn share(cold: u64, total: u64) -> f64 {
     }
 }
 
+/// An interval's expert touches, estimated from its pick deltas ([`touch_layer`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Touched {
+    /// Σ over layers of the touched experts per step.
+    per_step_sum: f64,
+    /// Layers with picks.
+    layers_with_picks: u32,
+    /// Touched expert-steps, all layers.
+    all: f64,
+    /// Their cold part (experts not resident).
+    cold: f64,
+}
+
 impl Controller {
     /// Drains `snap` (length checked by the callers): the "drain + decide" of one interval.
     pub(super) fn drain_from(&mut self, snap: &[u32]) -> DrainTelemetry {
         let elapsed = self.step - self.last_drain_step;
         self.last_drain_step = self.step;
         self.drains += 1;
-        // Touched steps of the interval (and the adapted half-life) before anything folds.
+        // Touched steps of the interval (and the adapted half-life) before anything folds, for the
+        // policies and cadences that learn from them (the default's); the telemetry then also
+        // reports them in the link's unit.
         let touches = self.cfg.adaptive.is_some() || self.policy.uses_touch();
         let (cold, picks, touched) = self.take_deltas(snap, touches.then_some(elapsed));
         let cold_share = share(cold, picks);
-        if let Some((sum_touched, layers_with_picks)) = touched {
-            self.adapt_cadence(sum_touched, layers_with_picks);
+        if let Some(t) = &touched {
+            self.adapt_cadence(t.per_step_sum, t.layers_with_picks);
         }
         // Detect before folding so that a boosted half-life applies to this very fold.
         let forget = if picks > 0 {
@@ -116,7 +131,14 @@ impl Controller {
         }
         let cap = self.per_layer_cap();
         let planned = if self.frozen { 0 } else { self.plan(cap) };
-        self.telemetry(elapsed, picks, cold_share, planned, cap, forget.is_some())
+        let mut t = self.telemetry(elapsed, picks, cold_share, planned, cap, forget.is_some());
+        if let Some(x) = touched {
+            t.touched = Some(x.all);
+            t.cold_share_touched = Some(if x.all > 0.0 { x.cold / x.all } else { 0.0 });
+            t.host_bytes_per_step =
+                Some(x.cold * self.map.geometry().expert_bytes as f64 / elapsed.max(1) as f64);
+        }
+        t
     }
 
     /// A drain whose snapshot went backwards (a counter table re-created or zeroed under the
@@ -142,19 +164,19 @@ impl Controller {
     /// new reference snapshot, and the interval's (cold, total) picks with the map as it is now,
     /// recorded in the cold-share window. With `touch_elapsed` (the interval's steps), the
     /// layer's touched steps are then estimated from its deltas while they are still in cache
-    /// ([`touch_layer`]). Returns (cold, total) over all layers and, with `touch_elapsed`, the
-    /// sum of the layers' touched experts per step and the number of layers with picks.
+    /// ([`touch_layer`]), and their cold part, recorded in the touched window. Returns (cold,
+    /// total) picks over all layers and, with `touch_elapsed`, the [`Touched`] sums.
     fn take_deltas(
         &mut self,
         snap: &[u32],
         touch_elapsed: Option<u64>,
-    ) -> (u64, u64, Option<(f64, u32)>) {
+    ) -> (u64, u64, Option<Touched>) {
         let experts = self.map.geometry().experts_per_layer as usize;
         let layers = self.map.layers().len();
         let wbase = self.window_pos * layers;
         let n = touch_elapsed.map(|e| e.max(1) as f64);
         let step = self.step;
-        let (mut sum_touched, mut layers_with_picks) = (0.0f64, 0u32);
+        let mut touched = Touched::default();
         let (mut cold_all, mut total_all) = (0u64, 0u64);
         for (l, row) in self.map.layers().iter().enumerate() {
             let r = l * experts..(l + 1) * experts;
@@ -175,22 +197,31 @@ impl Controller {
             self.window[wbase + l] = (cold, total);
             cold_all += cold;
             total_all += total;
-            if let Some(n) = n {
-                if let Some(touched) = touch_layer(
-                    &self.deltas[r.clone()],
-                    &mut self.touch_scratch[r.clone()],
-                    &mut self.last_touch[r],
-                    n,
-                    step,
-                ) {
-                    sum_touched += touched;
-                    layers_with_picks += 1;
-                }
+            let Some(n) = n else { continue };
+            let (mut cold_t, mut all_t) = (0.0, 0.0);
+            if let Some(per_step) = touch_layer(
+                &self.deltas[r.clone()],
+                &mut self.touch_scratch[r.clone()],
+                &mut self.last_touch[r.clone()],
+                n,
+                step,
+            ) {
+                touched.per_step_sum += per_step;
+                touched.layers_with_picks += 1;
+                all_t = n * per_step;
+                cold_t = self.touch_scratch[r]
+                    .iter()
+                    .zip(row.table())
+                    .filter(|(_, &slot)| slot < 0)
+                    .map(|(x, _)| x)
+                    .sum();
             }
+            self.window_touched[wbase + l] = (cold_t, all_t);
+            touched.cold += cold_t;
+            touched.all += all_t;
         }
         self.window_pos = (self.window_pos + 1) % self.cfg.window_drains as usize;
-        let touched = n.map(|_| (sum_touched, layers_with_picks));
-        (cold_all, total_all, touched)
+        (cold_all, total_all, n.map(|_| touched))
     }
 
     /// The shift response (if configured) for a drain with picks: on a jump, starts the boost
@@ -313,6 +344,10 @@ impl Controller {
                 share(c, t)
             })
             .collect();
+        let (tc, tt) = self
+            .window_touched
+            .iter()
+            .fold((0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
         DrainTelemetry {
             step: self.step,
             drain: self.drains,
@@ -321,6 +356,11 @@ impl Controller {
             cold_share,
             cold_share_window: share(wc, wt),
             cold_share_per_layer: per_layer,
+            touched: None,
+            cold_share_touched: None,
+            cold_share_touched_window: (self.cfg.adaptive.is_some() || self.policy.uses_touch())
+                .then_some(if tt > 0.0 { tc / tt } else { 0.0 }),
+            host_bytes_per_step: None,
             planned,
             queued: self.queue.len() as u32,
             in_flight: self.in_flight_count(),

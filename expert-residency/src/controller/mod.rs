@@ -83,6 +83,9 @@ pub struct Controller {
     stats: SwapStats,
     /// Ring of per-layer (cold, total) of the last `window_drains` drains.
     window: Vec<(u64, u64)>,
+    /// Per drain slot and layer: (cold touched expert-steps, touched expert-steps), estimated
+    /// from the deltas (`touch.rs`); the unit the link pays in.
+    window_touched: Vec<(f64, f64)>,
     window_pos: usize,
     shift: ShiftState,
     policy: Box<dyn SwapPolicy>,
@@ -153,6 +156,7 @@ impl Controller {
             in_flight: try_filled(layers, false, what)?,
             stats: SwapStats::default(),
             window: try_filled(layers * cfg.window_drains as usize, (0, 0), what)?,
+            window_touched: try_filled(layers * cfg.window_drains as usize, (0.0, 0.0), what)?,
             window_pos: 0,
             shift: ShiftState::default(),
             policy,
@@ -289,6 +293,7 @@ impl Controller {
         self.base_half_life = self.cfg.half_life_steps;
         self.drain_gap = Self::first_gap(&self.cfg);
         self.window.iter_mut().for_each(|w| *w = (0, 0));
+        self.window_touched.iter_mut().for_each(|w| *w = (0.0, 0.0));
         self.shift = ShiftState {
             detections: self.shift.detections,
             ..ShiftState::default()

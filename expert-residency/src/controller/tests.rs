@@ -429,3 +429,64 @@ fn an_executor_of_another_geometry_is_a_typed_error_not_failed_swaps() {
     assert!(ctl.stats().applied > 0 && ctl.stats().failed == 0);
     ctl.step(&counters, &mut NullExecutor::new()).unwrap();
 }
+
+#[test]
+fn drain_telemetry_reports_the_link_unit_beside_the_pick_unit() {
+    // 2 layers × 8 experts, experts 0 and 1 hot, 1 KiB experts; frozen so the map stays.
+    let g = geo();
+    let cost = ControllerConfig {
+        drain_every: 4,
+        ..ControllerConfig::default()
+    };
+    let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cost).unwrap();
+    let (c, mut ex) = (PickCounters::new(&g).unwrap(), NullExecutor::new());
+    ctl.freeze();
+    // Batch 1: one token picks hot 0 and cold 5 each step. Per pick and per touch: half cold;
+    // the link reads one cold expert per layer and step.
+    let mut last = None;
+    for _ in 0..8 {
+        c.record_step(&StepPicks {
+            layers: vec![vec![0, 5]; 2],
+        })
+        .unwrap();
+        last = ctl.step(&c, &mut ex).unwrap().drain.or(last);
+    }
+    let d = last.clone().expect("drained");
+    let get = |x: Option<f64>| x.expect("the default policy estimates touches");
+    assert!((d.cold_share - 0.5).abs() < 1e-12);
+    assert!((get(d.cold_share_touched) - 0.5).abs() < 1e-12, "{d:?}");
+    assert!((get(d.touched) - 2.0 * 2.0 * d.elapsed_steps as f64).abs() < 1e-9);
+    assert!(
+        (get(d.host_bytes_per_step) - 2.0 * 1024.0).abs() < 1e-6,
+        "{d:?}"
+    );
+    // Batch 4: every token picks hot expert 0, two cold experts share the rest. Per pick half
+    // is cold; per touch the link serves 2 of the ~3 experts a step touches.
+    for _ in 0..8 {
+        c.record_step(&StepPicks {
+            layers: vec![vec![0, 2, 0, 2, 0, 3, 0, 3]; 2],
+        })
+        .unwrap();
+        last = ctl.step(&c, &mut ex).unwrap().drain.or(last);
+    }
+    let d = last.unwrap();
+    assert!((d.cold_share - 0.5).abs() < 1e-12);
+    assert!(
+        (0.6..0.7).contains(&get(d.cold_share_touched)) && get(d.cold_share_touched_window) > 0.5,
+        "{d:?}"
+    );
+    // ~1.9 cold experts touched per layer and step (the estimate from counts: 2 at most).
+    let per_step = get(d.host_bytes_per_step) / (2.0 * 1024.0);
+    assert!((1.8..=2.0).contains(&per_step), "{per_step}");
+    let line: DrainTelemetry = serde_json::from_str(&d.to_json_line()).unwrap();
+    assert_eq!(line, d);
+    // The ratio recipe learns from picks alone: no touch estimate, said as `None`.
+    let (_, mut ratio, c, mut ex) = toy();
+    let mut d = None;
+    for _ in 0..4 {
+        busy(&c, &[0, 5], 1);
+        d = ratio.step(&c, &mut ex).unwrap().drain.or(d);
+    }
+    let d = d.unwrap();
+    assert_eq!((d.touched, d.host_bytes_per_step), (None, None));
+}

@@ -2,7 +2,8 @@
 //!
 //! Lines (blank lines are ignored; unknown keys such as `"token"` or `"topk_weights"` too):
 //!
-//! - **record**: `{"layer": l, "topk_ids": [e1, ..., ek]}`, optionally with `"step": n` (alias
+//! - **record**: `{"layer": l, "topk_ids": [e1, ..., ek]}` (the ids under any of
+//!   [`super::vllm::ID_FIELDS`], the layer under any of [`super::vllm::LAYER_FIELDS`]), optionally with `"step": n` (alias
 //!   `"forward_pass": n`) naming the forward pass it belongs to. An id of `-1` is padding (a token
 //!   dropped by the router) and is skipped; any other negative id is malformed.
 //! - **boundary marker**: `{"forward_pass_end": true}` closes the current forward pass.
@@ -29,7 +30,10 @@ use std::path::Path;
 #[derive(serde::Deserialize, Default)]
 struct Line {
     layer: Option<i64>,
-    topk_ids: Option<Vec<i64>>,
+    layer_id: Option<i64>,
+    layer_idx: Option<i64>,
+    #[serde(flatten)]
+    ids: super::vllm::IdFields,
     step: Option<u64>,
     forward_pass: Option<u64>,
     forward_pass_end: Option<bool>,
@@ -90,7 +94,7 @@ pub fn read_logger_from<R: BufRead>(
     let mut any_marker = false;
     let (mut max_layer, mut max_id, mut max_width) = (None::<u32>, None::<u32>, 0u32);
     for item in super::jsonl_lines::<Line, _>(reader, path) {
-        let (lineno, l) = item?;
+        let (lineno, mut l) = item?;
         let malformed = |reason: String| TraceError::malformed(path, lineno, reason);
         let loc = || format!("{path}:{lineno}");
         if l.tierkit_trace.is_some() {
@@ -123,10 +127,14 @@ pub fn read_logger_from<R: BufRead>(
             items.push(Item::End);
             continue;
         }
-        let (Some(layer), Some(raw)) = (l.layer, l.topk_ids) else {
-            return Err(malformed(
-                "a record needs `layer` and `topk_ids` (or use a `forward_pass_end` marker)".into(),
-            ));
+        let (Some(layer), Some(raw)) = (l.layer.or(l.layer_id).or(l.layer_idx), l.ids.take())
+        else {
+            return Err(malformed(format!(
+                "a record needs a layer ({:?}) and expert ids ({:?}) (or use a \
+                 `forward_pass_end` marker)",
+                super::vllm::LAYER_FIELDS,
+                super::vllm::ID_FIELDS
+            )));
         };
         let Ok(layer) = u32::try_from(layer) else {
             return Err(malformed(format!(

@@ -17,7 +17,7 @@
 //! [`MissingRows::DropToken`] the token is dropped. A token index with no row at all is skipped.
 //! A duplicate (problem, token, layer) row is a [`TraceError::Malformed`] error.
 
-use super::{MissingRows, ReadOptions, StepPicks, Trace, TraceError, TraceShape};
+use super::{MissingRows, ReadOptions, ReadReport, StepPicks, Trace, TraceError, TraceShape};
 use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 use std::path::Path;
@@ -35,7 +35,9 @@ struct Record {
     dataset: String,
     problem_id: i64,
     layer: i64,
-    experts: Vec<i64>,
+    /// The ids, under any of [`super::vllm::ID_FIELDS`] (the public files: `experts`).
+    #[serde(flatten)]
+    ids: super::vllm::IdFields,
     token_idx: i64,
 }
 
@@ -52,9 +54,21 @@ type Problem = BTreeMap<u64, Vec<Option<Vec<u32>>>>;
 /// (from the options) above the bounds of [`TraceShape::validate`]; [`TraceError::Empty`] for a
 /// file without records.
 pub fn read_mixtral(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
+    read_mixtral_report(path, opts).map(|(t, _)| t)
+}
+
+/// As [`read_mixtral`], with the [`ReadReport`]: rows read, (token, layer) rows missing from
+/// the tokens kept, and a note on the tokens dropped ([`MissingRows::DropToken`]).
+///
+/// # Errors
+/// As [`read_mixtral`].
+pub fn read_mixtral_report(
+    path: &Path,
+    opts: &ReadOptions,
+) -> Result<(Trace, ReadReport), TraceError> {
     let p = path.display().to_string();
     let f = std::fs::File::open(path).map_err(|e| TraceError::io(&p, e))?;
-    read_mixtral_from(std::io::BufReader::new(f), &p, opts, file_stem(path))
+    read_mixtral_from_report(std::io::BufReader::new(f), &p, opts, file_stem(path))
 }
 
 fn file_stem(path: &Path) -> String {
@@ -74,6 +88,19 @@ pub fn read_mixtral_from<R: BufRead>(
     opts: &ReadOptions,
     name: String,
 ) -> Result<Trace, TraceError> {
+    read_mixtral_from_report(reader, path, opts, name).map(|(t, _)| t)
+}
+
+/// As [`read_mixtral_report`], from any buffered reader.
+///
+/// # Errors
+/// As [`read_mixtral`].
+pub fn read_mixtral_from_report<R: BufRead>(
+    reader: R,
+    path: &str,
+    opts: &ReadOptions,
+    name: String,
+) -> Result<(Trace, ReadReport), TraceError> {
     let shape = TraceShape {
         layers: opts.layers.unwrap_or(MIXTRAL_LAYERS),
         experts_per_layer: opts.experts_per_layer.unwrap_or(MIXTRAL_EXPERTS),
@@ -85,9 +112,17 @@ pub fn read_mixtral_from<R: BufRead>(
     let mut order: Vec<(String, i64)> = Vec::new();
     let mut index: HashMap<(String, i64), usize> = HashMap::new();
     let mut problems: Vec<Problem> = Vec::new();
+    let mut report = ReadReport::of(super::TraceFormat::MixtralJsonl);
     for item in super::jsonl_lines::<Record, _>(reader, path) {
-        let (lineno, r) = item?;
+        let (lineno, mut r) = item?;
         let malformed = |reason: String| TraceError::malformed(path, lineno, reason);
+        let Some(experts) = r.ids.take() else {
+            return Err(malformed(format!(
+                "a record needs its expert ids under one of {:?}",
+                super::vllm::ID_FIELDS
+            )));
+        };
+        report.rows.rows += 1;
         let loc = || format!("{path}:{lineno}");
         if r.layer < 0 || r.token_idx < 0 || r.problem_id < 0 {
             return Err(malformed("negative layer, token_idx or problem_id".into()));
@@ -99,20 +134,14 @@ pub fn read_mixtral_from<R: BufRead>(
                 layers: shape.layers,
             });
         }
-        if r.experts.len() > shape.top_k as usize {
+        if experts.len() > shape.top_k as usize {
             return Err(TraceError::TopKTooWide {
                 location: loc(),
-                found: r.experts.len() as u64,
+                found: experts.len() as u64,
                 allowed: shape.top_k,
             });
         }
-        let ids = super::check_ids(
-            &r.experts,
-            Some(shape.experts_per_layer),
-            false,
-            path,
-            lineno,
-        )?;
+        let ids = super::check_ids(&experts, Some(shape.experts_per_layer), false, path, lineno)?;
         let key = (r.dataset, r.problem_id);
         let pi = match index.get(&key) {
             Some(&pi) => pi,
@@ -136,11 +165,16 @@ pub fn read_mixtral_from<R: BufRead>(
         *slot = Some(ids);
     }
     let mut steps = Vec::new();
+    let mut dropped = 0u64;
     for problem in problems {
         for (_, row) in problem {
-            if opts.missing_rows == MissingRows::DropToken && row.iter().any(Option::is_none) {
+            let missing = row.iter().filter(|r| r.is_none()).count() as u64;
+            if missing > 0 && opts.missing_rows == MissingRows::DropToken {
+                dropped += 1;
                 continue;
             }
+            report.rows.missing_rows += missing;
+            report.rows.passes_with_missing_rows += u64::from(missing > 0);
             steps.push(StepPicks {
                 layers: row.into_iter().map(Option::unwrap_or_default).collect(),
             });
@@ -149,12 +183,20 @@ pub fn read_mixtral_from<R: BufRead>(
     if steps.is_empty() {
         return Err(TraceError::Empty(format!("{path}: no routing record")));
     }
-    Ok(Trace {
-        name,
-        shape,
-        steps,
-        shifts: Vec::new(),
-    })
+    if dropped > 0 {
+        report.notes.push(format!(
+            "{dropped} tokens lacking a row in some layer dropped (--missing-rows drop-token)"
+        ));
+    }
+    Ok((
+        Trace {
+            name,
+            shape,
+            steps,
+            shifts: Vec::new(),
+        },
+        report,
+    ))
 }
 
 #[cfg(test)]

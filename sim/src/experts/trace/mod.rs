@@ -10,11 +10,16 @@
 //! | tierkit binary trace (`.tkt`) | [`binary`] | compact, little-endian, documented byte layout; for long traces |
 //! | Mixtral per-token decode JSONL | [`mixtral`] | `{"dataset","problem_id","layer","experts","gating_probs","token_idx"}` |
 //! | engine-logger JSONL | [`logger`] | `{"layer": l, "topk_ids": [...]}` per routed token, with step fields or boundary marker lines |
-//! | engine routing logs | [`vllm`] | vLLM MoE routing logger (`moe_layer{L}.jsonl`: meta line, `{"type": "route", "token_idx", "layer", "topk_ids"}`), raw `token_pos` layout; passes split where the row restarts, dummy passes dropped ([`passes`]) |
+//! | engine routing logs | [`vllm`] | vLLM MoE routing logger (`moe_layer{L}.jsonl`: meta line, `{"type": "route", "token_idx", "layer", "topk_ids"}`), raw per-row logs (ids under `topk_ids`/`experts`/`selected_experts`/`expert_ids`/`routed_experts`, position under `token_idx`/`token_pos`/`pos`); one file's passes cut by file order with lost rows counted ([`rows`]), per-layer files merged pass by pass ([`passes`]), dummy passes dropped |
+//! | per-request captures | [`capture`] | vLLM `--enable-return-routed-experts` (`routed_experts`, `prompt_routed_experts`: nested lists or base64 `.npy`), SGLang `return_routed_experts` (`meta_info.routed_experts`: base64 int32) |
+//! | llama.cpp routing CSV | [`llamacpp`] | `moe-trace` (`layer,expert` rows per pick; `phase,token,layer,rank,expert`) |
 //! | synthetic generator | [`synth`] | per-layer popularity fitted from the OLMoE counts, Mixtral-like step-to-step reuse, scheduled domain shifts |
 //!
 //! Engine expert-load counts (vLLM EPLB windows, SGLang expert-distribution dumps) are counts,
-//! not routes: [`counts`] reads them into an [`expert_residency::CounterDump`] for seed fitting.
+//! not routes: [`counts`] reads them (also objects keyed by layer strings) into an
+//! [`expert_residency::CounterDump`] for seed fitting. [`rawlog`] writes a trace back as a raw
+//! per-row log with rows dropped, the way real logs come. [`read_trace_report`] returns what the
+//! readers found ([`ReadReport`]: rows read and missing, passes dropped).
 //! Every text reader is bounded ([`lines`]): line length, blank-line runs, total picks.
 //!
 //! A whole [`Trace`] also round-trips through JSON with `serde` (format [`TraceFormat::Json`]).
@@ -38,14 +43,19 @@
 //! ```
 
 pub mod binary;
+pub mod capture;
 pub mod counts;
 pub mod lines;
+pub mod llamacpp;
 pub mod logger;
 pub mod mixtral;
 pub mod olmoe;
 pub mod passes;
+pub mod rawlog;
+pub mod rows;
 pub mod stats;
 pub mod synth;
+mod tensor;
 pub mod vllm;
 
 use std::path::Path;
@@ -374,8 +384,15 @@ pub enum TraceFormat {
     LoggerJsonl,
     /// Engine routing logs numbering each row inside its forward pass ([`vllm`]): the vLLM
     /// MoE routing logger (`{"type": "route", "token_idx", "layer", "topk_ids"}` after a meta
-    /// line) and the raw `token_pos` layout.
+    /// line) and the raw per-row layout (`token_pos`/`token_idx`/`pos` + `experts`/`topk_ids`/
+    /// ...), passes cut by file order ([`rows`]).
     RoutesJsonl,
+    /// Per-request routing captures returned by vLLM (`--enable-return-routed-experts`) and
+    /// SGLang (`return_routed_experts`): JSON or JSONL responses ([`capture`]).
+    CaptureJson,
+    /// llama.cpp's routing-trace CSV (`layer,expert` rows, or `phase,token,layer,rank,expert`)
+    /// ([`llamacpp`]).
+    RoutingCsv,
 }
 
 /// What to do with a (token, layer) row that a per-token trace lacks.
@@ -579,18 +596,106 @@ impl Trace {
     }
 }
 
+/// What a read found besides the steps: the format, rows read and missing, passes dropped,
+/// capture rows without a routed expert. The CLI prints it ([`ReadReport::lines`]) and puts it
+/// in its JSON report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReadReport {
+    /// The format read (detected or given).
+    pub format: TraceFormat,
+    /// Rows read and missing (per-row formats: routing logs, Mixtral, captures, CSV).
+    pub rows: rows::RowCounts,
+    /// Forward passes found and dropped as dummy or warm-up passes (routing logs).
+    pub passes: passes::PassCounts,
+    /// Capture rows (one token, one layer) that name no routed expert: all `-1`, or all one id
+    /// (the zero-filled rows of dense layers). Skipped.
+    pub padding_rows: u64,
+    /// Anything else worth saying (how steps were formed, an assumption made).
+    pub notes: Vec<String>,
+}
+
+impl ReadReport {
+    /// A report of `format` with nothing counted.
+    pub fn of(format: TraceFormat) -> Self {
+        ReadReport {
+            format,
+            ..ReadReport::default()
+        }
+    }
+
+    /// Adds another file's counts (the format stays the first file's).
+    pub fn absorb(&mut self, other: ReadReport) {
+        self.rows.rows += other.rows.rows;
+        self.rows.missing_rows += other.rows.missing_rows;
+        self.rows.passes_with_missing_rows += other.rows.passes_with_missing_rows;
+        self.passes.passes += other.passes.passes;
+        self.passes.dropped_identical += other.passes.dropped_identical;
+        self.passes.dropped_kind += other.passes.dropped_kind;
+        self.padding_rows += other.padding_rows;
+        self.notes.extend(other.notes);
+    }
+
+    /// Human-readable lines: what was read, what is missing, what was dropped.
+    pub fn lines(&self) -> Vec<String> {
+        let fmt = serde_json::to_value(self.format)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let mut out = vec![format!("read as {fmt}: {} rows", self.rows.rows)];
+        if self.rows.missing_rows > 0 {
+            out.push(format!(
+                "{} (token, layer) rows missing in {} forward passes: those layers have no \
+                 pick from those tokens (counted, not refused)",
+                self.rows.missing_rows, self.rows.passes_with_missing_rows
+            ));
+        } else if self.rows.rows > 0 {
+            out.push("no (token, layer) row missing".into());
+        }
+        let p = &self.passes;
+        if p.dropped_identical + p.dropped_kind > 0 {
+            out.push(format!(
+                "{} of {} forward passes dropped: {} dummy (every row identical), {} of a \
+                 non-counted kind (--keep-dummy-passes keeps them)",
+                p.dropped_identical + p.dropped_kind,
+                p.passes,
+                p.dropped_identical,
+                p.dropped_kind
+            ));
+        }
+        if self.padding_rows > 0 {
+            out.push(format!(
+                "{} capture rows name no routed expert (dense layers or padding): skipped",
+                self.padding_rows
+            ));
+        }
+        out.extend(self.notes.iter().cloned());
+        out
+    }
+}
+
 /// Reads one trace file in the given (or detected) format, drops `opts.skip_steps` warm-up
 /// steps and validates the result ([`Trace::validate`]; its errors name the file).
 ///
 /// # Errors
 /// Any [`TraceError`]; [`TraceError::Empty`] when nothing is left after the warm-up.
 pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> {
+    read_trace_report(path, opts).map(|(t, _)| t)
+}
+
+/// As [`read_trace`], with the [`ReadReport`] (rows missing, passes dropped, ...).
+///
+/// # Errors
+/// As [`read_trace`].
+pub fn read_trace_report(
+    path: &Path,
+    opts: &ReadOptions,
+) -> Result<(Trace, ReadReport), TraceError> {
     let p = path.display().to_string();
     let format = match opts.format {
         TraceFormat::Auto => detect_format(path)?,
         f => f,
     };
-    let mut trace = match format {
+    let (mut trace, report) = match format {
         TraceFormat::Binary => {
             let (head, rest) = lines::open_document(path, binary::MAGIC.len())?;
             if head.len() == binary::MAGIC.len() && head != binary::MAGIC {
@@ -599,22 +704,23 @@ pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> 
             let bytes = lines::read_rest(head, rest, &p)?;
             let t = binary::read_binary_bytes(&bytes, &p)?;
             opts.check_shape(&t.shape, &p)?;
-            t
+            (t, ReadReport::of(format))
         }
         TraceFormat::Json => {
             let (head, rest) = lines::open_document(path, 0)?;
             let reader = std::io::Read::chain(std::io::Cursor::new(head), rest);
-            let t: Trace = serde_json::from_reader(reader).map_err(|e| TraceError::Malformed {
-                path: p.clone(),
-                line: e.line() as u64,
-                reason: e.to_string(),
-            })?;
+            let t: Trace = match serde_json::from_reader(reader) {
+                Ok(t) => t,
+                Err(e) => return Err(json_trace_error(path, e)),
+            };
             opts.check_shape(&t.shape, &p)?;
-            t
+            (t, ReadReport::of(format))
         }
-        TraceFormat::MixtralJsonl => mixtral::read_mixtral(path, opts)?,
-        TraceFormat::LoggerJsonl => logger::read_logger(path, opts)?,
-        TraceFormat::RoutesJsonl => vllm::read_routes(path, opts)?.0,
+        TraceFormat::MixtralJsonl => mixtral::read_mixtral_report(path, opts)?,
+        TraceFormat::LoggerJsonl => (logger::read_logger(path, opts)?, ReadReport::of(format)),
+        TraceFormat::RoutesJsonl => vllm::read_routes(path, opts)?,
+        TraceFormat::CaptureJson => capture::read_capture(path, opts)?,
+        TraceFormat::RoutingCsv => llamacpp::read_csv(path, opts)?,
         TraceFormat::Auto => unreachable!("resolved above"),
     };
     trace.skip_steps(opts.skip_steps);
@@ -625,11 +731,83 @@ pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> 
         )));
     }
     trace.validate().map_err(|e| e.in_file(&p))?;
-    Ok(trace)
+    Ok((trace, report))
 }
 
-/// Reads several files (or every `*.jsonl`, `*.tkt` and `*.json` file of a directory, in name
-/// order) with [`read_trace`] and joins them with [`Trace::concat`]: each file boundary is a shift.
+/// The error for a `.json` file that is not a [`Trace`]: the JSON error when the document is
+/// not valid JSON, else the top-level keys it has and where such a file is read.
+fn json_trace_error(path: &Path, e: serde_json::Error) -> TraceError {
+    let p = path.display().to_string();
+    let malformed = |e: serde_json::Error| TraceError::Malformed {
+        path: p.clone(),
+        line: e.line() as u64,
+        reason: e.to_string(),
+    };
+    if e.is_syntax() || e.is_eof() || e.is_io() {
+        return malformed(e);
+    }
+    let keys = lines::open_document(path, 0).ok().and_then(|(head, rest)| {
+        let r = std::io::Read::chain(std::io::Cursor::new(head), rest);
+        serde_json::from_reader::<_, TopKeys>(r).ok()
+    });
+    match keys {
+        Some(TopKeys(Some(keys))) if !keys.iter().any(|k| k == "steps") => {
+            TraceError::UnknownFormat {
+                path: p,
+                reason: format!(
+                    "a JSON object with the top-level keys {keys:?}, not a tierkit trace \
+                     (`name`, `shape`, `steps`); a per-request routing capture has \
+                     `routed_experts`, `prompt_routed_experts`, `meta_info` or `choices` \
+                     (--format capture-json); expert counts (`expert_load_window`, \
+                     `logical_count`, an object keyed by layer, ...) are read by `tierkit \
+                     experts fit-seed --eplb-counts FILE`"
+                ),
+            }
+        }
+        _ => malformed(e),
+    }
+}
+
+/// The top-level keys of a JSON document (at most 32), or `None` for a document that is not an
+/// object. Values are skipped without being held.
+struct TopKeys(Option<Vec<String>>);
+
+impl<'de> serde::Deserialize<'de> for TopKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = TopKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<TopKeys, A::Error> {
+                let mut keys = Vec::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    m.next_value::<serde::de::IgnoredAny>()?;
+                    if keys.len() < 32 {
+                        keys.push(k);
+                    }
+                }
+                Ok(TopKeys(Some(keys)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut s: A,
+            ) -> Result<TopKeys, A::Error> {
+                while s.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(TopKeys(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Reads several files (or every `*.jsonl`, `*.tkt`, `*.json` and `*.csv` file of a directory,
+/// in name order) with [`read_trace`] and joins them with [`Trace::concat`]: each file boundary
+/// is a shift.
 ///
 /// Per-layer routing logs are the exception: when every file is named `…layer{L}.jsonl`
 /// ([`vllm::layer_of_file`], e.g. vLLM's `moe_layer{L}.jsonl`) and is a routing log
@@ -640,6 +818,17 @@ pub fn read_trace(path: &Path, opts: &ReadOptions) -> Result<Trace, TraceError> 
 /// # Errors
 /// Any [`TraceError`] of a part; [`TraceError::Empty`] for an empty list or directory.
 pub fn read_traces(paths: &[std::path::PathBuf], opts: &ReadOptions) -> Result<Trace, TraceError> {
+    read_traces_report(paths, opts).map(|(t, _)| t)
+}
+
+/// As [`read_traces`], with the files' [`ReadReport`]s added up.
+///
+/// # Errors
+/// As [`read_traces`].
+pub fn read_traces_report(
+    paths: &[std::path::PathBuf],
+    opts: &ReadOptions,
+) -> Result<(Trace, ReadReport), TraceError> {
     let mut files = Vec::new();
     for path in paths {
         if path.is_dir() {
@@ -650,7 +839,7 @@ pub fn read_traces(paths: &[std::path::PathBuf], opts: &ReadOptions) -> Result<T
                 .filter(|f| {
                     matches!(
                         f.extension().and_then(|x| x.to_str()),
-                        Some("jsonl" | "tkt" | "json")
+                        Some("jsonl" | "tkt" | "json" | "csv")
                     )
                 })
                 .collect();
@@ -666,7 +855,7 @@ pub fn read_traces(paths: &[std::path::PathBuf], opts: &ReadOptions) -> Result<T
         }
     }
     if files.len() > 1 && is_per_layer_set(&files, opts)? {
-        let (mut t, _) = vllm::read_routes_files(&files, opts)?;
+        let (mut t, report) = vllm::read_routes_files(&files, opts)?;
         let name = t.name.clone();
         t.skip_steps(opts.skip_steps);
         if t.steps.is_empty() {
@@ -676,15 +865,21 @@ pub fn read_traces(paths: &[std::path::PathBuf], opts: &ReadOptions) -> Result<T
             )));
         }
         t.validate()?;
-        return Ok(t);
+        return Ok((t, report));
     }
-    let parts = files
-        .iter()
-        .map(|f| read_trace(f, opts))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut parts = Vec::with_capacity(files.len());
+    let mut report: Option<ReadReport> = None;
+    for f in &files {
+        let (t, r) = read_trace_report(f, opts)?;
+        parts.push(t);
+        match &mut report {
+            None => report = Some(r),
+            Some(acc) => acc.absorb(r),
+        }
+    }
     let t = Trace::concat(parts)?;
     t.validate()?;
-    Ok(t)
+    Ok((t, report.unwrap_or_default()))
 }
 
 /// Whether `files` are per-layer routing logs to merge into one trace.
@@ -699,15 +894,29 @@ fn is_per_layer_set(files: &[std::path::PathBuf], opts: &ReadOptions) -> Result<
     })
 }
 
-/// Detects the format of a file: binary magic bytes first, then a `.json` extension, then the
-/// keys of the first non-blank line: `"type": "meta"` or `"type": "route"` (vLLM routing
-/// logger), or `topk_ids` with `token_idx`/`token_pos` and no `step`/`forward_pass` (raw
-/// routing log): [`TraceFormat::RoutesJsonl`]; `token_idx` + `experts`: Mixtral; `topk_ids` or
-/// `tierkit_trace`: engine logger. Only the first MiB is read.
+/// Keys of a capture (vLLM / SGLang per-request routing) at the top of a response.
+const CAPTURE_KEYS: [&str; 5] = [
+    "routed_experts",
+    "prompt_routed_experts",
+    "meta_info",
+    "choices",
+    "outputs",
+];
+
+/// Detects the format of a file from its first MiB: binary magic bytes; the `.tkt` extension;
+/// `.json` (a tierkit trace, unless the head names capture keys: [`TraceFormat::CaptureJson`]);
+/// `.csv` ([`TraceFormat::RoutingCsv`]); then the first non-blank line. A JSON object line:
+/// `"type": "meta"`/`"route"` (vLLM routing logger), or a layer field with expert ids under any
+/// of [`vllm::ID_FIELDS`] and a position under any of [`vllm::POSITION_FIELDS`] and no
+/// `step`/`forward_pass`: [`TraceFormat::RoutesJsonl`]; the same with `problem_id`: Mixtral;
+/// ids without a position, or `tierkit_trace`, or `forward_pass_end`: engine logger; capture
+/// keys (`routed_experts` as a nested list or base64 string, `meta_info`, `choices`, no layer)
+/// or a bare nested array: [`TraceFormat::CaptureJson`]. A line of comma-separated fields with
+/// `layer` and `expert` columns, or of integers: [`TraceFormat::RoutingCsv`].
 ///
 /// # Errors
-/// [`TraceError::Io`], [`TraceError::UnknownFormat`] (naming the keys looked for),
-/// [`TraceError::Empty`] for a file of blank lines.
+/// [`TraceError::Io`], [`TraceError::UnknownFormat`] (naming the keys found and the ones looked
+/// for), [`TraceError::Empty`] for a file of blank lines.
 pub fn detect_format(path: &Path) -> Result<TraceFormat, TraceError> {
     use std::io::Read;
     let p = path.display().to_string();
@@ -720,45 +929,79 @@ pub fn detect_format(path: &Path) -> Result<TraceFormat, TraceError> {
     if head.starts_with(&binary::MAGIC) {
         return Ok(TraceFormat::Binary);
     }
+    let text = String::from_utf8_lossy(&head);
+    let named = |k: &str| text.contains(&format!("\"{k}\""));
     match path.extension().and_then(|x| x.to_str()) {
         // The binary reader reports the bad magic bytes.
         Some("tkt") => return Ok(TraceFormat::Binary),
-        Some("json") => return Ok(TraceFormat::Json),
+        Some("json") => {
+            let trace = named("shape") && named("steps");
+            let capture =
+                CAPTURE_KEYS.iter().any(|k| named(k)) || text.trim_start().starts_with('[');
+            return Ok(if capture && !trace {
+                TraceFormat::CaptureJson
+            } else {
+                TraceFormat::Json
+            });
+        }
+        Some("csv") => return Ok(TraceFormat::RoutingCsv),
         _ => {}
     }
-    let text = String::from_utf8_lossy(&head);
     let Some(line) = text.lines().map(str::trim).find(|l| !l.is_empty()) else {
         return Err(TraceError::Empty(format!("{p}: empty file")));
     };
+    if line.starts_with('[') {
+        return Ok(TraceFormat::CaptureJson);
+    }
+    if !line.starts_with('{') && llamacpp::looks_like_csv(line) {
+        return Ok(TraceFormat::RoutingCsv);
+    }
     let v: serde_json::Value =
         serde_json::from_str(line).map_err(|e| TraceError::UnknownFormat {
             path: p.clone(),
-            reason: format!("first line is not a JSON object ({e})"),
+            reason: format!("first line is neither a JSON object nor a routing CSV ({e})"),
         })?;
     let has = |k: &str| v.get(k).is_some();
     let typed = matches!(
         v.get("type").and_then(|t| t.as_str()),
         Some("meta" | "route")
     );
-    let raw_route = has("topk_ids")
-        && (has("token_idx") || has("token_pos"))
-        && !has("step")
-        && !has("forward_pass");
-    if typed || raw_route {
+    // A per-row record's ids are a flat list; a capture's `routed_experts` is nested or base64.
+    let flat_ids = vllm::ID_FIELDS.iter().any(|k| {
+        v.get(k).is_some_and(|x| {
+            x.as_array()
+                .is_some_and(|a| a.iter().all(|e| e.is_number()))
+        })
+    });
+    let layer = vllm::LAYER_FIELDS.iter().any(|k| has(k));
+    let position = vllm::POSITION_FIELDS.iter().any(|k| has(k));
+    let stepped = has("step") || has("forward_pass");
+    if typed || (flat_ids && layer && position && !stepped && !has("problem_id")) {
         Ok(TraceFormat::RoutesJsonl)
-    } else if has("token_idx") && has("experts") {
+    } else if flat_ids && has("problem_id") && has("token_idx") {
         Ok(TraceFormat::MixtralJsonl)
-    } else if has("topk_ids") || has("tierkit_trace") || has("forward_pass_end") {
+    } else if (flat_ids && layer) || has("tierkit_trace") || has("forward_pass_end") {
         Ok(TraceFormat::LoggerJsonl)
     } else if has("steps") && has("shape") {
         Ok(TraceFormat::Json)
+    } else if CAPTURE_KEYS.iter().any(|k| has(k)) && !layer {
+        Ok(TraceFormat::CaptureJson)
     } else {
+        let keys: Vec<&str> = v
+            .as_object()
+            .map(|o| o.keys().map(String::as_str).take(20).collect())
+            .unwrap_or_default();
         Err(TraceError::UnknownFormat {
             path: p,
-            reason: "first line has no `\"type\": \"meta\"`/`\"route\"` (vLLM routing logger), \
-                     `token_pos`/`token_idx`+`topk_ids` (routing log), `token_idx`+`experts` \
-                     (Mixtral) or `topk_ids` (engine logger); give --format"
-                .into(),
+            reason: format!(
+                "the first line has the keys {keys:?}; a routing record needs a layer ({:?}) \
+                 and expert ids ({:?}), with a position ({:?}) for a routing log; a capture \
+                 needs {CAPTURE_KEYS:?}; a vLLM routing logger line `\"type\": \"meta\"` or \
+                 `\"route\"`; give --format",
+                vllm::LAYER_FIELDS,
+                vllm::ID_FIELDS,
+                vllm::POSITION_FIELDS
+            ),
         })
     }
 }

@@ -12,18 +12,27 @@
 //!   `topk_weights` are ignored.
 //! - any other `type` (stats, markers, ...) is skipped.
 //!
-//! **Raw `token_pos` layout** (one file, every layer): records without `type`,
-//! `{"token_pos": p, "layer": L, "topk_ids": [...]}`, where `p` is the row inside the pass. The
-//! prefill is written layer-major (layer 0's rows 0..n, then layer 1's, ...) and every decode
-//! step then logs its token at position 0 in every layer.
+//! **Raw per-row layout** (one file, every layer): records without `type`, one per routed token
+//! per layer, `{"token_pos": p, "layer": L, "experts": [...]}`. Field names vary between loggers
+//! and all of these are read: the expert ids under any of [`ID_FIELDS`] (`topk_ids`, `experts`,
+//! `selected_experts`, `expert_ids`, `routed_experts`), the row's position in its forward pass
+//! under any of [`POSITION_FIELDS`] (`token_idx`, `token_pos`, `pos`; optional in one file), the
+//! layer under any of [`LAYER_FIELDS`]. The usual layout: the prefill written layer-major
+//! (layer 0's positions 0..n, then layer 1's, ...), then every decode step logging its token at
+//! position 0 in every layer.
 //!
-//! Either record may carry a pass kind, `"pass": "prefill" | "decode" | "warmup" | "profile" |
-//! "draft"` (see [`passes::parse_pass_kind`]), mapped onto [`expert_residency::PassKind`].
+//! Either record may carry a pass kind, `"pass"` or `"phase"`: `"prefill" | "decode" | "warmup" |
+//! "profile" | "draft"` (see [`passes::parse_pass_kind`]), mapped onto
+//! [`expert_residency::PassKind`].
 //!
-//! Passes and layers: see [`passes`]. Each layer's rows are cut into passes where the row number
-//! does not increase (or the kind changes); pass `i` of every layer is step `i`. Rows within a
-//! pass must be logged in increasing row order (both loggers do). Dummy profiling and warm-up
-//! passes are dropped unless [`ReadOptions::keep_dummy_passes`].
+//! Passes: the rows of ONE file (any layers) are cut into passes by file order
+//! ([`super::rows`]): a
+//! pass is a run of non-decreasing layers, positions increasing within a layer. A row the log
+//! lost leaves its layer without that token in that pass; lost rows are counted in the
+//! [`ReadReport`], never a refusal. Several per-layer files (`moe_layer{L}.jsonl`) are merged
+//! pass by pass ([`passes`]): each layer's rows are cut where the position does not increase,
+//! pass `i` of every layer is step `i` (a position is then required). Dummy profiling and
+//! warm-up passes are dropped unless [`ReadOptions::keep_dummy_passes`].
 //!
 //! Shape: from [`ReadOptions`], else the meta record, else inferred: layers = largest logged
 //! layer + 1 (a layer that was not logged is present with no picks: a directory holding only
@@ -32,22 +41,31 @@
 //! (`…layer{L}.jsonl`).
 
 use super::lines::PickBudget;
-use super::passes::{self, LayerLog, PassCounts};
-use super::{ReadOptions, Trace, TraceError, TraceShape};
+use super::passes::{self, LayerLog};
+use super::rows::Aligner;
+use super::{ReadOptions, ReadReport, Trace, TraceError, TraceFormat, TraceShape};
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
+/// One line of a routing log. Field names vary between loggers: each accepted name is its own
+/// field (a line naming two of them takes the first in the order below, never a "duplicate
+/// field" error).
 #[derive(serde::Deserialize)]
 struct Record {
     #[serde(rename = "type")]
     kind: Option<String>,
     layer: Option<i64>,
+    layer_id: Option<i64>,
+    layer_idx: Option<i64>,
     token_idx: Option<i64>,
     token_pos: Option<i64>,
-    topk_ids: Option<Vec<i64>>,
+    pos: Option<i64>,
+    #[serde(flatten)]
+    ids: IdFields,
     #[serde(rename = "pass")]
     pass_kind: Option<String>,
+    phase: Option<String>,
     num_experts: Option<u32>,
     experts_per_layer: Option<u32>,
     top_k: Option<u32>,
@@ -56,6 +74,53 @@ struct Record {
     num_moe_layers: Option<u32>,
     model: Option<String>,
     name: Option<String>,
+}
+
+/// Names of the expert-id field, in the order a record's is looked for.
+pub const ID_FIELDS: [&str; 5] = [
+    "topk_ids",
+    "experts",
+    "selected_experts",
+    "expert_ids",
+    "routed_experts",
+];
+
+/// Names of the position field (the row inside its forward pass), in order.
+pub const POSITION_FIELDS: [&str; 3] = ["token_idx", "token_pos", "pos"];
+
+/// Names of the layer field, in order.
+pub const LAYER_FIELDS: [&str; 3] = ["layer", "layer_id", "layer_idx"];
+
+/// A per-row record's expert ids under each accepted name ([`ID_FIELDS`]), flattened into the
+/// records of every per-row reader (routing logs, Mixtral, engine logger).
+#[derive(Debug, Default, serde::Deserialize)]
+pub(crate) struct IdFields {
+    topk_ids: Option<Vec<i64>>,
+    experts: Option<Vec<i64>>,
+    selected_experts: Option<Vec<i64>>,
+    expert_ids: Option<Vec<i64>>,
+    routed_experts: Option<Vec<i64>>,
+}
+
+impl IdFields {
+    /// The ids under the first name present, in [`ID_FIELDS`] order.
+    pub(crate) fn take(&mut self) -> Option<Vec<i64>> {
+        self.topk_ids
+            .take()
+            .or(self.experts.take())
+            .or(self.selected_experts.take())
+            .or(self.expert_ids.take())
+            .or(self.routed_experts.take())
+    }
+}
+
+impl Record {
+    fn position(&self) -> Option<i64> {
+        self.token_idx.or(self.token_pos).or(self.pos)
+    }
+    fn layer(&self) -> Option<i64> {
+        self.layer.or(self.layer_id).or(self.layer_idx)
+    }
 }
 
 /// Geometry gathered from the options and meta records while reading.
@@ -68,16 +133,20 @@ struct State {
     max_layer: Option<u32>,
     max_id: Option<u32>,
     max_width: u32,
+    /// Per-layer logs merged pass by pass (several files, one layer each).
     logs: BTreeMap<u32, LayerLog>,
+    /// One file of any layers, cut into passes by file order ([`rows`]).
+    aligner: Option<Aligner>,
     budget: PickBudget,
 }
 
 impl State {
-    fn new(opts: &ReadOptions) -> Self {
+    fn new(opts: &ReadOptions, file_order: bool) -> Self {
         State {
             layers: opts.layers,
             experts: opts.experts_per_layer,
             top_k: opts.top_k,
+            aligner: file_order.then(Aligner::default),
             ..State::default()
         }
     }
@@ -97,34 +166,37 @@ pub fn layer_of_file(path: &Path) -> Option<u32> {
     digits.parse().ok()
 }
 
-/// Reads one routing log (see the module docs) into a trace, with the counts of passes found
-/// and dropped.
+/// Reads one routing log (see the module docs) into a trace, with what was read: passes found
+/// and dropped, rows read and missing.
 ///
 /// # Errors
 /// As [`read_routes_files`].
-pub fn read_routes(path: &Path, opts: &ReadOptions) -> Result<(Trace, PassCounts), TraceError> {
+pub fn read_routes(path: &Path, opts: &ReadOptions) -> Result<(Trace, ReadReport), TraceError> {
     read_routes_files(&[path.to_path_buf()], opts)
 }
 
-/// Reads per-layer routing logs (or one log of every layer) and merges them into ONE trace,
-/// pass by pass (see the module docs). The name is the meta record's `model`/`name`, else the
-/// directory name for several files, else the file stem.
+/// Reads one routing log of any layers (passes cut by file order, [`super::rows`]) or several
+/// per-layer logs (merged pass by pass, [`passes`]) into ONE trace (see the module docs). The
+/// name is the meta record's `model`/`name`, else the directory name for several files, else
+/// the file stem.
 ///
 /// # Errors
 /// [`TraceError::Io`]; [`TraceError::Malformed`] (file and line) for a line that is not a JSON
-/// object, a route without `topk_ids`, without `token_idx`/`token_pos`, or without `layer` in a
-/// file whose name names none, a negative index, an id below `-1`, an unknown `pass` kind;
+/// object, a route without expert ids ([`ID_FIELDS`]), a route of a per-layer log without a
+/// position ([`POSITION_FIELDS`]), a route without a layer ([`LAYER_FIELDS`]) in a file whose
+/// name names none, a negative index, an id below `-1`, an unknown `pass` kind;
 /// [`TraceError::LayerOutOfRange`], [`TraceError::ExpertOutOfRange`],
 /// [`TraceError::TopKTooWide`], [`TraceError::DuplicateExpert`] (file and line);
 /// [`TraceError::ShapeMismatch`] for a meta record contradicting the options or another file, a
-/// layer logged in two files, or layers disagreeing on passes or tokens;
+/// layer logged in two files, or per-layer logs disagreeing on passes or tokens;
 /// [`TraceError::TooLarge`] for a shape above the bounds or more than
 /// [`super::lines::MAX_PICKS`] picks; [`TraceError::Empty`] for no route, or only dummy passes.
+/// Rows missing from one file are counted in the report, never an error.
 pub fn read_routes_files(
     paths: &[PathBuf],
     opts: &ReadOptions,
-) -> Result<(Trace, PassCounts), TraceError> {
-    let mut st = State::new(opts);
+) -> Result<(Trace, ReadReport), TraceError> {
+    let mut st = State::new(opts, paths.len() == 1);
     for path in paths {
         let p = path.display().to_string();
         let f = std::fs::File::open(path).map_err(|e| TraceError::io(&p, e))?;
@@ -153,8 +225,8 @@ pub fn read_routes_from<R: BufRead>(
     path: &str,
     opts: &ReadOptions,
     name: String,
-) -> Result<(Trace, PassCounts), TraceError> {
-    let mut st = State::new(opts);
+) -> Result<(Trace, ReadReport), TraceError> {
+    let mut st = State::new(opts, true);
     read_into(reader, path, None, &mut st)?;
     finish(st, opts, name)
 }
@@ -184,7 +256,7 @@ fn read_into<R: BufRead>(
     st: &mut State,
 ) -> Result<(), TraceError> {
     for item in super::jsonl_lines::<Record, _>(reader, path) {
-        let (lineno, r) = item?;
+        let (lineno, mut r) = item?;
         let loc = || format!("{path}:{lineno}");
         let malformed = |reason: String| TraceError::malformed(path, lineno, reason);
         match r.kind.as_deref() {
@@ -216,29 +288,33 @@ fn read_into<R: BufRead>(
             // Stats, markers and whatever else a logger writes between routes.
             Some(_) => continue,
         }
-        let Some(raw) = r.topk_ids else {
-            return Err(malformed(
-                "a route record needs `topk_ids` (records of another `type` are skipped)".into(),
-            ));
+        let Some(raw) = r.ids.take() else {
+            return Err(malformed(format!(
+                "a route record needs its expert ids under one of {ID_FIELDS:?} (records of \
+                 another `type` are skipped)"
+            )));
         };
-        let Some(row) = r.token_idx.or(r.token_pos) else {
-            return Err(malformed(
-                "a route record needs `token_idx` (vLLM routing logger) or `token_pos` (raw \
-                 layout): the row inside its forward pass"
-                    .into(),
-            ));
+        let row = match r.position() {
+            Some(p) => {
+                Some(u64::try_from(p).map_err(|_| malformed(format!("position {p} is negative")))?)
+            }
+            None if st.aligner.is_some() => None,
+            None => {
+                return Err(malformed(format!(
+                    "a route record of a per-layer log needs its row inside the forward pass \
+                     under one of {POSITION_FIELDS:?}"
+                )))
+            }
         };
-        let Ok(row) = u64::try_from(row) else {
-            return Err(malformed(format!("row index {row} is negative")));
-        };
-        let layer = match (r.layer, file_layer) {
+        let layer = match (r.layer(), file_layer) {
             (Some(l), _) => u32::try_from(l)
                 .map_err(|_| malformed(format!("layer {l} is not in 0..={}", u32::MAX)))?,
             (None, Some(l)) => l,
             (None, None) => {
-                return Err(malformed(
-                    "a route record needs `layer` (or a file named `moe_layer{L}.jsonl`)".into(),
-                ))
+                return Err(malformed(format!(
+                    "a route record needs its layer under one of {LAYER_FIELDS:?} (or a file \
+                     named `moe_layer{{L}}.jsonl`)"
+                )))
             }
         };
         if let Some(layers) = st.layers {
@@ -250,7 +326,7 @@ fn read_into<R: BufRead>(
                 });
             }
         }
-        let kind = match r.pass_kind.as_deref() {
+        let kind = match r.pass_kind.as_deref().or(r.phase.as_deref()) {
             None => None,
             Some(s) => Some(passes::parse_pass_kind(s).ok_or_else(|| {
                 malformed(format!(
@@ -273,6 +349,10 @@ fn read_into<R: BufRead>(
         st.max_layer = st.max_layer.max(Some(layer));
         st.max_id = st.max_id.max(ids.iter().copied().max());
         st.max_width = st.max_width.max(width);
+        if let Some(a) = &mut st.aligner {
+            a.push(layer, row, kind, ids);
+            continue;
+        }
         let log = st.logs.entry(layer).or_insert_with(|| LayerLog::new(path));
         if log.file != path {
             return Err(TraceError::ShapeMismatch(format!(
@@ -281,7 +361,7 @@ fn read_into<R: BufRead>(
                 log.file
             )));
         }
-        log.push(row, kind, ids, lineno);
+        log.push(row.unwrap_or(0), kind, ids, lineno);
     }
     Ok(())
 }
@@ -290,12 +370,12 @@ fn finish(
     mut st: State,
     opts: &ReadOptions,
     default_name: String,
-) -> Result<(Trace, PassCounts), TraceError> {
+) -> Result<(Trace, ReadReport), TraceError> {
     let name = st.name.take().unwrap_or(default_name);
     let Some(max_layer) = st.max_layer else {
         return Err(TraceError::Empty(format!(
             "{name}: no route record (a routing log holds `{{\"type\": \"route\", \"token_idx\", \
-             \"layer\", \"topk_ids\"}}` lines)"
+             \"layer\", \"topk_ids\"}}` or `{{\"token_pos\", \"layer\", \"experts\"}}` lines)"
         )));
     };
     let past = |what: &str, m: u32| {
@@ -316,8 +396,24 @@ fn finish(
         top_k: st.top_k.unwrap_or(st.max_width.max(1)),
     };
     shape.validate()?;
-    let (steps, counts) =
-        passes::assemble(&mut st.logs, shape.layers, opts.keep_dummy_passes, &name)?;
+    let mut report = ReadReport {
+        format: TraceFormat::RoutesJsonl,
+        ..ReadReport::default()
+    };
+    let steps = match st.aligner.take() {
+        Some(a) => {
+            let (steps, passes, rows) = a.finish(shape.layers, opts.keep_dummy_passes, &name)?;
+            report.passes = passes;
+            report.rows = rows;
+            steps
+        }
+        None => {
+            let (steps, passes) =
+                passes::assemble(&mut st.logs, shape.layers, opts.keep_dummy_passes, &name)?;
+            report.passes = passes;
+            steps
+        }
+    };
     Ok((
         Trace {
             name,
@@ -325,7 +421,7 @@ fn finish(
             steps,
             shifts: Vec::new(),
         },
-        counts,
+        report,
     ))
 }
 
