@@ -37,7 +37,7 @@
 #define KV_REPLAY_FRESH 2  // copy only entries the tables still map to their rows, count the others
 
 // Limits the host sizes launches by.
-#define KV_LEAN_BLOCK 1024          // threads of tierkit_kv_resolve_lean (and of the prefetch)
+#define KV_LEAN_BLOCK 1024          // threads of tierkit_kv_resolve_lean (the prefetch's launch bound)
 #define KV_LEAN512_BLOCK 512        // threads of tierkit_kv_resolve_lean512
 #define KV_CLASSIC_BLOCK 512        // threads of tierkit_kv_resolve (tables over the lean limits)
 #define KV_FAST_PER 4               // picks one lean thread holds in registers

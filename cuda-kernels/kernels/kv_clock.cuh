@@ -131,10 +131,10 @@ __device__ unsigned int kv_place_warp(const KvDims& d, const KvTables& t, unsign
 // into plan[rank].dst_row (slot numbers); *sh_taken, *sh_last (scan index of the last victim, -1 if
 // none). `bits` holds 2 × ceil(n / 32) u32 of shared memory. Ends with the results in shared
 // memory written by some thread: the caller synchronizes before reading them.
-// INSTALL: the thread that finds victim `rank` also installs plan[rank] there (kv_install_one; the
-// installs touch only global slot state, which the bitmaps no longer read, and distinct victims,
-// distinct new positions and distinct old positions never collide), so plan[rank] is complete
-// when the caller's barrier passes; `fp`: the slot's fixed pages (used only with INSTALL).
+// The thread that finds victim `rank` also installs plan[rank] there (kv_install_one; the installs
+// touch only global slot state, which the bitmaps no longer read, and distinct victims, distinct
+// new positions and distinct old positions never collide), so plan[rank] is complete when the
+// caller's barrier passes; sh.fp: the slot's fixed pages. (kv_pick_victims_block, below.)
 #define KV_VICTIM_BATCH 4
 
 // Step 1 of kv_pick_victims_block: the two candidate bitmaps of a slot's hot rows from their state

@@ -4,7 +4,7 @@
 //! bad input) applied to an [`ElasticPool`] and a [`GpuElasticPool`] give identical results: indices,
 //! valid counts, plans, stats and errors; and the bytes the GPU arena holds at every returned row equal
 //! the fully resident reference (the committed or draft token at that position). Both copy back-ends
-//! and every resolve kernel (`ResolveEngine::ALL`: fast, classic, lean, lean with 512 threads).
+//! and every resolve kernel (`ResolveEngine::ALL`: classic, lean, lean with 512 threads).
 //!
 //! Prints `SKIP: no CUDA device` and passes where no device exists. Cases: `KV_GPU_CASES` (default 40).
 #![cfg(feature = "test-hooks")]
@@ -548,7 +548,7 @@ fn gpu_resolver_equals_cpu_reference() {
             written_back: 0,
         };
         c.gpu.set_settle_readers(true);
-        // Cases 2e, 2e + 1 (mod 8): engine e of `ResolveEngine::ALL` (each with both back-ends).
+        // Cases 2e, 2e + 1 (mod 2 × ALL.len()): engine e of `ResolveEngine::ALL` (each with both back-ends).
         let ei = (case / 2 % ResolveEngine::ALL.len() as u64) as usize;
         let engine = ResolveEngine::ALL[ei];
         c.gpu.set_resolve_engine(engine);

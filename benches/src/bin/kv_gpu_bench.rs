@@ -4,7 +4,7 @@
 //! cargo run --release -p tierkit-benches --features cuda --bin kv_gpu_bench [-- --reps N] [--mode peer]
 //! ```
 //!
-//! `--mode peer`: our resolve kernels (fast and classic) against SGLang HiSparse's swap-in kernel
+//! `--mode peer`: the library's resolve kernel (its default choice) against SGLang HiSparse's swap-in kernel (read from the released wheel, `--peer-source`)
 //! on the issue-13 cases (hot 2048 / 4096 / 8192, history 16K-128K, hit-only first-set and scattered
 //! steps, 9.5% and 25.9% misses, all resident), plain launch, CUDA graph and bookkeeping (the copy left
 //! out, plain and in a graph); see `kv_gpu_bench/peer.rs`. `--mode admit`: a 500K-token history admitted on the copy

@@ -94,7 +94,7 @@ impl KvKernels {
     /// calls, the 1024-thread one otherwise (`8 × ⌈hot_rows / 32⌉ + 4 × fixed_pages` bytes of
     /// dynamic shared memory, `2 × hot_rows` more up to 8192 hot rows), the classic kernel (512
     /// threads, no dynamic shared memory) for tables over 65,536 hot rows or 4,096 fixed pages;
-    /// results are identical (`DESIGN.md`, "The production resolve"). Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into layers `a.layer ..
+    /// results are identical (`DESIGN.md`, "The resolve engine"). Grid `a.sessions + 1` blocks; `backend == Gather` copies the misses into layers `a.layer ..
     /// a.layer + max(o.fill_layers, 1)` inside the kernel (a layer group's planes), `Dma`
     /// leaves them in the plan for [`KvKernels::dma_copy_async`]. `o` selects the row layout
     /// (FlashMLA `topk_length`-compatible packing or in place), per-query causal bounds and
