@@ -1027,10 +1027,20 @@ fn a_direct_batch_equals_the_hot_cache_path_and_a_broken_promise_is_never_a_wron
         if resident {
             assert_eq!(idx[j], reference[j], "position {p}: a resident row");
         } else {
-            assert_eq!(
-                idx[j], -1,
-                "position {p}: hot-cache path skipped, never a wrong row"
+            // The lean kernels skip the hot cache (-1); the classic one reads the position table
+            // on its direct path and may return the hot row that still holds the position.
+            assert!(
+                idx[j] == -1 || idx[j] == reference[j],
+                "position {p}: {} is neither -1 nor the hot-cache path's row {}",
+                idx[j],
+                reference[j]
             );
+            if engine() != ResolveEngine::Classic {
+                assert_eq!(
+                    idx[j], -1,
+                    "position {p}: the lean kernels skip the hot cache"
+                );
+            }
         }
     }
     assert_eq!(c.count.download().unwrap(), vec![0], "nothing placed");
