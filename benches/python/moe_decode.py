@@ -1345,8 +1345,8 @@ def shape_from_args(name: str, a) -> Shape:
 
 QUICK = {  # shape: (layers, batches, budgets) of the reduced matrix
     "olmoe": (8, [1, 32], [0.25, 0.5]),
-    "qwen3": (8, [8, 128], [0.5]),
-    "mixtral": (2, [1, 8], [0.5]),
+    "qwen3": (8, [8], [0.5]),
+    "mixtral": (2, [1], [0.5]),
 }
 
 
