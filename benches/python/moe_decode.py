@@ -409,22 +409,26 @@ if triton is not None:
         return tl.dot(a, b, acc)
 
     @triton.jit
+    def _active(slot_e_ptr, slot_start_ptr, slot_cnt_ptr, table_ptr):
+        """This program's active expert (axis 1): its weights' address (0: no expert in this
+        slot, or the table says not on the GPU) and its pairs' range in sorted order."""
+        a = tl.program_id(1)
+        e = tl.load(slot_e_ptr + a)
+        addr = tl.load(table_ptr + tl.maximum(e, 0))
+        addr = tl.where(e < 0, 0, addr)
+        return addr, tl.load(slot_start_ptr + a), tl.load(slot_cnt_ptr + a)
+
+    @triton.jit
     def _moe_gate_up(x_ptr, table_ptr, act_ptr, slot_e_ptr, slot_start_ptr, slot_cnt_ptr,
                      pair_tok_ptr, H, Fw, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      WIDEN: tl.constexpr):
         """act[pair, n-tile] = silu(x W_gate^T) * (x W_up^T) for the pairs of one active expert,
         its weights at ``table[e]`` (0: skipped)."""
         pid_n = tl.program_id(0)
-        a = tl.program_id(1)
-        e = tl.load(slot_e_ptr + a)
-        if e < 0:
-            return
-        addr = tl.load(table_ptr + e)
+        addr, start, cnt = _active(slot_e_ptr, slot_start_ptr, slot_cnt_ptr, table_ptr)
         if addr == 0:
             return
         w = addr.to(tl.pointer_type(tl.bfloat16))
-        start = tl.load(slot_start_ptr + a)
-        cnt = tl.load(slot_cnt_ptr + a)
         rows = tl.arange(0, BM)
         rmask = rows < cnt
         tok = tl.load(pair_tok_ptr + start + rows, mask=rmask, other=0)
@@ -452,16 +456,10 @@ if triton is not None:
                   BK: tl.constexpr, WIDEN: tl.constexpr):
         """out[pair, n-tile] = (act W_down^T) × routing weight (float32), one active expert."""
         pid_n = tl.program_id(0)
-        a = tl.program_id(1)
-        e = tl.load(slot_e_ptr + a)
-        if e < 0:
-            return
-        addr = tl.load(table_ptr + e)
+        addr, start, cnt = _active(slot_e_ptr, slot_start_ptr, slot_cnt_ptr, table_ptr)
         if addr == 0:
             return
         w = addr.to(tl.pointer_type(tl.bfloat16)) + down_off
-        start = tl.load(slot_start_ptr + a)
-        cnt = tl.load(slot_cnt_ptr + a)
         rows = tl.arange(0, BM)
         rmask = rows < cnt
         cols = (pid_n * BN + tl.arange(0, BN)).to(tl.int64)
