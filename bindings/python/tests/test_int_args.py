@@ -105,6 +105,15 @@ CALLS = [
     # tierkit.sim
     *[(name, (lambda n: lambda v: sim.scoreboard(**{n: v}))(name), UNSIGNED)
       for name in ("steps", "shift_at", "tokens_per_step", "seed", "hot", "expert_bytes")],
+    *[(name, (lambda n: lambda v: sim.trace_ids("/nonexistent", **{n: v}))(name), UNSIGNED)
+      for name in ("layers", "experts", "top_k", "skip_steps")],
+    *[(name, (lambda n: lambda v: sim.synth_ids(**{"steps": 2, "tokens_per_step": 1, n: v}))(name),
+       UNSIGNED) for name in ("steps", "tokens_per_step", "seed", "shift_at")],
+    *[(name, (lambda i: lambda v: sim.synth_ids(
+        steps=2, tokens_per_step=1, shape=tuple(v if j == i else 2 for j in range(3))))(i),
+       UNSIGNED) for i, name in enumerate(("layers", "experts", "top_k"))],
+    *[(name, (lambda i: lambda v: sim.link_stall_us(*[v if j == i else 0 for j in range(3)]))(i),
+       UNSIGNED) for i, name in enumerate(("read_bytes", "copies", "copy_bytes"))],
 ]
 
 # The native GPU entry points (a `--features cuda` build): the ints are read before any device

@@ -139,38 +139,14 @@ pub fn wide_reuse_scenario(
     seed: u64,
     reuse: f64,
 ) -> std::result::Result<synth::SynthConfig, crate::experts::trace::TraceError> {
-    let e = WIDE_EXPERTS as usize;
-    let shares = (0..WIDE_LAYERS as usize)
-        .map(|l| {
-            let mut row = vec![0.0; e];
-            let norm: f64 = (1..=e).map(|r| (r as f64).powf(-WIDE_ZIPF)).sum();
-            for (rank, slot) in (0..e).map(|r| (r, (r * 389 + l * 97 + 13) % e)) {
-                row[slot] = ((rank + 1) as f64).powf(-WIDE_ZIPF) / norm;
-            }
-            row
-        })
-        .collect();
-    let cfg = synth::SynthConfig {
-        name: format!("wide-reuse-{WIDE_EXPERTS}x{WIDE_TOP_K}-b{tokens}"),
-        shape: crate::experts::trace::TraceShape {
-            layers: WIDE_LAYERS,
-            experts_per_layer: WIDE_EXPERTS,
-            top_k: WIDE_TOP_K,
-        },
-        tokens_per_step: tokens,
-        steps,
-        reuse,
-        seed,
-        domains: vec![synth::DomainProfile {
-            name: "wide".into(),
-            shares,
-        }],
-        phases: vec![synth::Phase {
-            start_step: 0,
-            domain: 0,
-        }],
+    let shape = crate::experts::trace::TraceShape {
+        layers: WIDE_LAYERS,
+        experts_per_layer: WIDE_EXPERTS,
+        top_k: WIDE_TOP_K,
     };
-    cfg.validate()?;
+    let mut cfg = synth::SynthConfig::zipf(shape, WIDE_ZIPF, steps, tokens, seed, reuse)?;
+    cfg.name = format!("wide-reuse-{WIDE_EXPERTS}x{WIDE_TOP_K}-b{tokens}");
+    cfg.domains[0].name = "wide".into();
     Ok(cfg)
 }
 

@@ -1,10 +1,20 @@
-"""The lab's expert replay scoreboard, on a synthetic OLMoE-shaped scenario.
+"""The lab from Python: the expert replay scoreboard on a synthetic scenario, and routing traces'
+top-k ids as numpy arrays.
 
 ``scoreboard(steps=3000, shift_at=1000)`` replays the scenario through every policy (static,
 seed, adaptive, adaptive-shift-response, lru, oracle) and returns ``{"scenario", "rows",
 "table"}``: the same rows and table as ``tierkit experts replay``.
+
+``trace_ids(paths)`` reads any trace ``tierkit experts replay --trace`` reads (Mixtral decode
+JSONL, engine routing logs, ``.tkt``, ...) and ``synth_ids(steps=..., tokens_per_step=...)``
+generates one (the OLMoE scenario, or Zipf popularity at any ``shape``); both return a dict with
+the shape, ``shifts`` and ``ids`` (``int32 [steps, layers, tokens, top_k]``, ``-1`` padding), what
+a GPU benchmark replays as router output (``benches/python/moe_decode.py``).
+
+``link_stall_us(read_bytes, copies, copy_bytes, link="h200-pcie")`` is the lab's link model of
+one step: the stall that in-place reads and swap copies add (the replay's stall column).
 """
 
-from tierkit._native import scoreboard
+from tierkit._native import link_stall_us, scoreboard, synth_ids, trace_ids
 
-__all__ = ["scoreboard"]
+__all__ = ["link_stall_us", "scoreboard", "synth_ids", "trace_ids"]

@@ -294,6 +294,66 @@ impl SynthConfig {
         })
     }
 
+    /// A one-domain scenario of any shape: Zipf popularity with exponent `zipf` (the expert of
+    /// rank `r` takes a share ∝ `(r + 1)^−zipf`; 0 is uniform) whose ranking is relabelled per
+    /// layer by a fixed stride permutation (rank `r` of layer `l` is expert `(r·389 + l·97 + 13)
+    /// mod experts`, a bijection when `experts` is not a multiple of 389), `reuse` previous-step
+    /// reuse, `tokens_per_step` tokens, no shift. Named `zipf{zipf}-{layers}x{experts}x{top_k}`.
+    /// For shapes no real trace covers (Qwen3-30B-A3B's 128 experts top-8, the 512-expert top-10
+    /// scenario); the `wide-reuse` preset is this at 48 × 512, top-10, Zipf 0.5.
+    ///
+    /// # Errors
+    /// [`TraceError::InvalidScenario`] for a negative or non-finite `zipf`, then
+    /// [`SynthConfig::validate`]'s errors (shape, zero steps or tokens, reuse outside `[0, 1]`,
+    /// sizes above the generator's bounds).
+    pub fn zipf(
+        shape: TraceShape,
+        zipf: f64,
+        steps: u64,
+        tokens_per_step: u32,
+        seed: u64,
+        reuse: f64,
+    ) -> Result<Self, TraceError> {
+        if !zipf.is_finite() || zipf < 0.0 {
+            return Err(TraceError::InvalidScenario(format!(
+                "zipf exponent {zipf} must be finite and non-negative"
+            )));
+        }
+        shape.validate()?;
+        let e = shape.experts_per_layer as usize;
+        let norm: f64 = (1..=e).map(|r| (r as f64).powf(-zipf)).sum();
+        let shares = (0..shape.layers as usize)
+            .map(|l| {
+                let mut row = vec![0.0; e];
+                for rank in 0..e {
+                    row[(rank * 389 + l * 97 + 13) % e] += ((rank + 1) as f64).powf(-zipf) / norm;
+                }
+                row
+            })
+            .collect();
+        let cfg = Self {
+            name: format!(
+                "zipf{zipf}-{}x{}x{}",
+                shape.layers, shape.experts_per_layer, shape.top_k
+            ),
+            shape,
+            tokens_per_step,
+            steps,
+            reuse,
+            seed,
+            domains: vec![DomainProfile {
+                name: format!("zipf{zipf}"),
+                shares,
+            }],
+            phases: vec![Phase {
+                start_step: 0,
+                domain: 0,
+            }],
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
     /// Steps at which a phase other than the first starts.
     pub fn shifts(&self) -> Vec<u64> {
         self.phases
@@ -695,6 +755,40 @@ mod tests {
             overlap(&p.shares[3], &b.shares[3]),
             overlap(&p.shares[0], &b.shares[0])
         );
+    }
+
+    #[test]
+    fn zipf_scenario_has_its_skew_and_reuse() {
+        let shape = TraceShape {
+            layers: 3,
+            experts_per_layer: 128,
+            top_k: 8,
+        };
+        let cfg = SynthConfig::zipf(shape, 0.8, 400, 16, 5, 0.4).unwrap();
+        assert_eq!(cfg.name, "zipf0.8-3x128x8");
+        let norm: f64 = (1..=128).map(|r| (r as f64).powf(-0.8)).sum();
+        let top_quarter: f64 = (1..=32).map(|r| (r as f64).powf(-0.8)).sum::<f64>() / norm;
+        for row in &cfg.domains[0].shares {
+            assert!((row.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+            assert!((stats::top_n_share(row, 32) - top_quarter).abs() < 1e-9);
+        }
+        // the per-layer relabelling differs between layers
+        assert_ne!(cfg.domains[0].shares[0], cfg.domains[0].shares[1]);
+        let t = generate(&cfg).unwrap();
+        for r in stats::reuse_per_layer(&t).unwrap() {
+            assert!((r - 0.4).abs() < 0.05, "reuse {r}");
+        }
+        let shares = stats::pick_shares(&t, 0..400).unwrap();
+        for (l, measured) in shares.iter().enumerate() {
+            let tv = stats::total_variation(measured, &cfg.domains[0].shares[l]);
+            assert!(tv < 0.08, "layer {l}: total variation {tv}");
+        }
+        for bad in [-0.1, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                SynthConfig::zipf(shape, bad, 10, 1, 0, 0.3),
+                Err(TraceError::InvalidScenario(_))
+            ));
+        }
     }
 
     #[test]
