@@ -889,7 +889,8 @@ class TierkitInPlace(Alternative):
         from tierkit import experts
 
         if self.gpu:
-            self.bank.reload(self.seed_map)
+            # A fresh run: swaps the last run left in flight are dropped (a new controller below).
+            self.bank.reload(self.seed_map, cancel_in_flight=True)
             self.counters.drain()  # forget counts of warm-up and capture runs
         self.ctl = experts.Controller(self.seed_map)
         self.pc = experts.PickCounters(self.geometry)

@@ -498,9 +498,14 @@ impl PyGpuExpertBank {
     }
     /// Loads `map` synchronously (copies its hot experts from the host store into HBM and
     /// rewrites the table): after writing host experts, or to switch maps. Refused while swaps
-    /// are in flight.
-    fn reload(&self, py: Python<'_>, map: &PyResidencyMap) -> PyResult<()> {
+    /// are in flight, unless `cancel_in_flight` (they are then dropped unflipped first: make a
+    /// new controller for the loaded map).
+    #[pyo3(signature = (map, cancel_in_flight = false))]
+    fn reload(&self, py: Python<'_>, map: &PyResidencyMap, cancel_in_flight: bool) -> PyResult<()> {
         self.0.host(py, "GpuExpertBank.reload", |e| {
+            if cancel_in_flight {
+                e.cancel_in_flight().map_err(expert_err)?;
+            }
             e.load_map(&map.0).map_err(expert_err)
         })
     }

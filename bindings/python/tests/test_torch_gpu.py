@@ -223,6 +223,50 @@ def test_expert_bank_tables_and_live_swaps_read_the_right_bytes():
     assert torch.equal(slots.cpu(), want)
 
 
+@needs_gpu
+def test_expert_bank_reload_refuses_swaps_in_flight_unless_cancelled():
+    nbytes = 4096
+    g = experts.Geometry(LAYERS, EXPERTS, HOT, nbytes)
+    boot = experts.ResidencyMap.first_k("toy", g)
+    bank = tt.ExpertBank(boot)
+    for layer in range(LAYERS):
+        for e in range(EXPERTS):
+            bank.host[layer, e].copy_(torch.from_numpy(expert_bytes_pattern(layer, e, nbytes)))
+    bank.reload(boot)
+    dc, pc = tt.DeviceCounters(g), experts.PickCounters(g)
+    ctl = experts.Controller(boot, {"policy": "ratio", "adaptive": None, "drain_every": 4,
+                                   "half_life_steps": 16})
+    rng = np.random.default_rng(5)
+    begun = 0
+    for _ in range(200):  # until a step leaves swaps in flight (committed at a later step)
+        ids = torch.tensor(8 + rng.integers(0, 4, (16, TOP_K)), dtype=torch.int64, device="cuda")
+        for layer in range(LAYERS):
+            dc.record(layer, ids)
+        dc.drain_into(pc)
+        begun = bank.step(ctl, pc)["begun"]
+        if begun:
+            break
+    assert begun > 0, "the controller began no swap"
+    with pytest.raises(RuntimeError, match="in flight"):
+        bank.reload(boot)
+    bank.reload(boot, cancel_in_flight=True)
+    # the boot map again, every expert's bytes where the table points
+    table = bank.table.cpu().numpy().view(np.uint64)
+    lay = bank.layout
+    for layer in range(LAYERS):
+        hot = set(boot.hot_experts(layer))
+        for e in range(EXPERTS):
+            assert bank.is_hot(layer, e) == (e in hot)
+            if e not in hot:
+                assert table[layer, e] == lay["host_ptr"] + (layer * EXPERTS + e) * nbytes
+        for e, s in bank.slots_of(layer).items():
+            assert (bank.slots[layer, s].cpu().numpy() == expert_bytes_pattern(layer, e, nbytes)).all()
+    # a new controller on the loaded map drives the bank again
+    ctl = experts.Controller(boot)
+    bank.step(ctl, pc)
+    bank.close()
+
+
 # ------------------------------------------------------------------------------- engine memory
 
 

@@ -104,10 +104,26 @@ impl GpuExecutor {
     pub fn load_map(&mut self, map: &ResidencyMap) -> Result<()> {
         if !self.pending.is_empty() {
             return Err(ExpertError::Executor(
-                "swaps in flight; flush and commit first".into(),
+                "swaps in flight; flush and commit first, or cancel them (cancel_in_flight)".into(),
             ));
         }
         self.bank.load_map(map)
+    }
+
+    /// Drops every swap in flight without flipping it: waits for their copies (the copy stream),
+    /// then gives each spare slot back holding bytes nobody reads; the table still maps every
+    /// expert where it was. Returns how many were dropped. For switching maps mid-run
+    /// ([`GpuExecutor::load_map`] next): the controller that planned those swaps still counts them
+    /// in flight, so replace it (a new controller on the loaded map) rather than stepping it again.
+    ///
+    /// Errors: [`ExpertError::Cuda`] when the copy stream cannot be synchronized (nothing dropped).
+    pub fn cancel_in_flight(&mut self) -> Result<usize> {
+        self.flush()?;
+        let n = self.pending.len();
+        for swap in std::mem::take(&mut self.pending) {
+            self.bank.cancel_swap(swap.layer);
+        }
+        Ok(n)
     }
 }
 

@@ -186,12 +186,15 @@ class ExpertBank(_Closable):
         )
         return out
 
-    def reload(self, map) -> None:
-        """Loads ``map`` synchronously (after writing ``host``, or to switch maps)."""
+    def reload(self, map, cancel_in_flight: bool = False) -> None:
+        """Loads ``map`` synchronously (after writing ``host``, or to switch maps). Swaps still
+        in flight make it fail (``RuntimeError``) unless ``cancel_in_flight``: they are then
+        dropped unflipped first, and the controller that planned them must be replaced by a new
+        one for ``map``."""
         _no_capture("ExpertBank.reload", self.device)
         # writes into `host` (torch copies, possibly still in flight) land before the load reads
         torch.cuda.synchronize(self.device)
-        self._native.reload(map)
+        self._native.reload(map, bool(cancel_in_flight))
 
     def set_commit_mode(self, mode: str) -> None:
         self._native.set_commit_mode(mode)
