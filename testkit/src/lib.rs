@@ -25,5 +25,5 @@ pub use memlimit::under_memory_limit;
 pub use routers::{launch_count_ids_striped, launch_standin_router, router_standins};
 pub use sglang::{
     assemble as assemble_sglang_peer, SglangHisparse, SglangShape, SglangSource, SGLANG_BLOCK,
-    SGLANG_TOP_K,
+    SGLANG_SPARSE_BLOCK, SGLANG_TOP_K,
 };
