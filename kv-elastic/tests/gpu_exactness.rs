@@ -617,6 +617,24 @@ fn gpu_resolver_equals_cpu_reference() {
     }
 }
 
+/// [`four_session_pools`] with `sessions` admitted (3000 pattern tokens each), readers settled
+/// and `engine` resolving.
+fn four_sessions_admitted(
+    gpu: &std::sync::Arc<cuda_kernels::Gpu>,
+    g: Geometry,
+    engine: ResolveEngine,
+    sessions: &[u64; 4],
+) -> (ElasticPool, GpuElasticPool) {
+    let (mut cpu, mut gp) = four_session_pools(gpu, g);
+    gp.set_settle_readers(true);
+    gp.set_resolve_engine(engine);
+    for &s in sessions {
+        let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
+        assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
+    }
+    (cpu, gp)
+}
+
 /// A CPU reference and a GPU pool of 4 sessions of up to 4096 positions (gather back-end).
 fn four_session_pools(
     gpu: &std::sync::Arc<cuda_kernels::Gpu>,
@@ -656,14 +674,8 @@ fn large_geometry_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveE
         scratch_rows: 4,
         layer_groups: Default::default(),
     };
-    let (mut cpu, mut gp) = four_session_pools(gpu, g);
-    gp.set_settle_readers(true);
-    gp.set_resolve_engine(engine);
     let sessions = [11u64, 12, 13, 14];
-    for &s in &sessions {
-        let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
-        assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
-    }
+    let (mut cpu, mut gp) = four_sessions_admitted(gpu, g, engine, &sessions);
     let mut rng = 5u64;
     for step in 0..12 {
         let k = 256;
@@ -740,14 +752,8 @@ fn block_id_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveEngine,
         scratch_rows: 4,
         layer_groups: Default::default(),
     };
-    let (mut cpu, mut gp) = four_session_pools(gpu, g);
-    gp.set_settle_readers(true);
-    gp.set_resolve_engine(engine);
     let sessions = [21u64, 22, 23, 24];
-    for &s in &sessions {
-        let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
-        assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
-    }
+    let (mut cpu, mut gp) = four_sessions_admitted(gpu, g, engine, &sessions);
     let k = (2048 / block) as usize;
     let mut rng = 11u64 + block as u64;
     let (mut served, mut misses) = (0u64, 0u64);

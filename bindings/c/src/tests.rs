@@ -334,20 +334,26 @@ fn kv_resolve_reads_replay_and_end() {
             block_positions: 4,
             ..batch
         };
+        let resolve_into = |out: &mut [i32], stats: &mut TierkitKvStats, read: &mut u64| {
+            let mut valid = [0i32; 1];
+            let r = check(|e| {
+                tierkit_kv_pool_resolve(
+                    pool,
+                    &b3,
+                    out.as_mut_ptr(),
+                    out.len(),
+                    valid.as_mut_ptr(),
+                    1,
+                    stats,
+                    read,
+                    e,
+                )
+            });
+            (r, valid[0])
+        };
         let mut wide = [0i32; 8];
-        let (c, m) = check(|e| {
-            tierkit_kv_pool_resolve(
-                pool,
-                &b3,
-                wide.as_mut_ptr(),
-                8,
-                valid.as_mut_ptr(),
-                1,
-                &mut stats,
-                &mut read,
-                e,
-            )
-        });
+        let ((c, m), v) = resolve_into(&mut wide, &mut stats, &mut read);
+        valid[0] = v;
         assert_eq!(c, 0, "{m}");
         assert_eq!((valid[0], stats.picks, wide[6], wide[7]), (6, 6, -1, -1));
         for (col, pos) in [(0usize, 4u8), (3, 7), (4, 16), (5, 17)] {
@@ -360,19 +366,7 @@ fn kv_resolve_reads_replay_and_end() {
         }
         assert_eq!(check(|e| tierkit_kv_pool_end_read(pool, read, e)).0, 0);
         // Outputs shorter than rows × k × block_positions: an argument error.
-        let (c, m) = check(|e| {
-            tierkit_kv_pool_resolve(
-                pool,
-                &b3,
-                wide.as_mut_ptr(),
-                7,
-                valid.as_mut_ptr(),
-                1,
-                null_mut(),
-                &mut read,
-                e,
-            )
-        });
+        let ((c, m), _) = resolve_into(&mut wide[..7], &mut stats, &mut read);
         assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT, "{m}");
         assert_eq!(check(|e| tierkit_kv_pool_check_invariants(pool, e)).0, 0);
         tierkit_kv_pool_free(pool);
