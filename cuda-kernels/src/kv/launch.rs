@@ -589,7 +589,7 @@ impl KvKernels {
 
     /// Page fills by the copy engines: `copies` (host list of `(slot, position, dst_row)`, every
     /// layer of each row) coalesced into runs of consecutive positions of one slot landing on
-    /// consecutive arena rows ([`coalesce_runs`]), each run one descriptor of `rows × row_bytes`
+    /// consecutive arena rows (`coalesce_runs`), each run one descriptor of `rows × row_bytes`
     /// bytes in one `cuMemcpyBatchAsync` on `stream` (with the overlap-with-compute hint). With one
     /// layer the host store holds a run's rows back to back, exactly as the arena plane does; with
     /// more layers a token's layers are interleaved in the host store, so this returns
