@@ -60,7 +60,8 @@ struct KvDiv {
     unsigned int d, mul, shr, pad;
 };
 struct KvDivs {
-    KvDiv page, tail, k;  // page_rows, tail_rows, the call's top-k width
+    KvDiv page, tail, k;  // page_rows, tail_rows, the call's output row width (KvCall::k)
+    KvDiv blk;            // positions per block id (KvCall::block; 1 for position picks)
     // The lean engines' launch-time batch shape (cuda-kernels/src/kv/fastdiv.rs): m = query rows
     // per entry of a uniform batch (rows = m x sessions, 1 <= m <= KV_FAST_MAX_ROWS, m x k <=
     // KV_FAST_PER x blockDim), 0 when the batch is not uniform; gper = picks per thread of such an
@@ -109,12 +110,16 @@ struct KvFill {
     unsigned int count, value;
 };
 
-// One fused resolve call (by value; the buffers are the caller's). Shapes: topk int32 [rows, k],
+// One fused resolve call (by value; the buffers are the caller's). Shapes: topk int32 [rows, topk_k]
+// (positions, or block ids when block > 1: id b stands for positions b x block .. b x block + block,
+// read block-major, so k = topk_k x block; block = 1 and topk_k = k for position picks),
 // query_start_loc int32 [sessions + 1], seq_lens / session_slot int32 [sessions], indices int32
 // [idx_len >= rows * k] (row stride k), valid_count int32 [valid_len >= rows], plan KvCopy
 // [sessions][hot_rows] with plan_count u32 [pc_len >= sessions], stats u32 [sessions][KV_STATS],
 // qseq int32 [rows] or null (per-query causal bounds). fetch = n > 0: gather the misses into layers
-// [layer, layer + n) now; 0: leave the copies to the caller (DMA).
+// [layer, layer + n) now; 0: leave the copies to the caller (DMA). With block ids, a block's position
+// at or beyond its row's bound is -1 and not invalid (the block straddles the end); an id < -1 is
+// invalid, counted once per position it stands for.
 struct KvCall {
     const int* topk;
     const int* qsl;
@@ -128,5 +133,5 @@ struct KvCall {
     const int* qseq;
     unsigned long long idx_len, valid_len, pc_len;
     unsigned int sessions, rows, k, layer;
-    unsigned int fetch, layout, pad0, pad1;
+    unsigned int fetch, layout, block, topk_k;
 };

@@ -109,6 +109,37 @@ __device__ __forceinline__ int kv_row_limit(const int* qseq, unsigned int row, i
     return qseq ? min(qseq[row], limit) : limit;
 }
 
+// Pick j of query row `row` (the classic path): the position, or with block ids (c.block > 1) the
+// position j % block of the row's block id j / block; -1 for a block's position at or beyond the row's
+// bound `rl` (not invalid), an id < 0 as it is (-1 padding, < -1 invalid).
+__device__ __forceinline__ int kv_pick(const KvCall& c, unsigned int row, unsigned int j, int rl) {
+    if (c.block <= 1u) return c.topk[(unsigned long long)row * c.k + j];
+    const int id = c.topk[(unsigned long long)row * c.topk_k + j / c.block];
+    if (id < 0) return id;
+    const long long p = (long long)id * c.block + j % c.block;
+    return p >= rl ? -1 : (int)p;
+}
+
+// A lean thread's picks f0 .. f0 + n of the query rows from `row` on (-1 beyond n): positions as they
+// are; block ids (c.block > 1) expanded, pick f standing for position (id of f / block) x block +
+// f % block of the rows' ids, an id < 0 kept (-1 padding, < -1 invalid), a position past INT_MAX
+// clamped to it (beyond every bound: the classification writes -1 for it, not invalid).
+__device__ __forceinline__ void kv_load_entry_picks(const KvCall& c, const KvDiv& blk, unsigned int row,
+                                                    unsigned int f0, int (&p)[KV_FAST_PER], unsigned int n) {
+    if (c.block <= 1u) {
+        kv_load_picks(c.topk + (unsigned long long)row * c.k + f0, p, n);
+        return;
+    }
+    const int* const g = c.topk + (unsigned long long)row * c.topk_k;
+    unsigned int q = kv_quo(blk, f0), b = f0 - q * blk.d;
+#pragma unroll
+    for (unsigned int i = 0; i < KV_FAST_PER; ++i) {
+        const int id = i < n ? g[q] : -1;
+        p[i] = id < 0 ? id : (int)min((long long)id * blk.d + b, 2147483647ll);
+        if (++b == blk.d) b = 0u, ++q;
+    }
+}
+
 // The production (lean) engine: see DESIGN.md, "The resolve engine". Entries over KV_FAST_PER x
 // blockDim picks or KV_FAST_MAX_ROWS rows, and every entry of tierkit_kv_resolve, take the classic
 // entry (same results). Dynamic shared memory: the victim bitmaps (2 x ceil(hot_rows / 32) u32), the
@@ -284,7 +315,7 @@ __device__ __forceinline__ void kv_lean_place(const KvDims& d, const KvTables& t
 // lean kernels' shared-memory limits). Uses sh.warp_sums, count, taken, last.
 __device__ __forceinline__ void kv_entry_classic(const KvDims& d, const KvTables& t, const KvCall& c, const KvEntry& e,
                                  const KvShared& sh) {
-    const int *__restrict__ const topk = c.topk, *__restrict__ const qseq = c.qseq;
+    const int* __restrict__ const qseq = c.qseq;
     const unsigned int k = c.k, slot = e.slot, row0 = e.row0, row1 = e.row0 + e.R;
     const KvSlotDesc& s = e.s;
     const int limit = e.limit;
@@ -295,7 +326,7 @@ __device__ __forceinline__ void kv_entry_classic(const KvDims& d, const KvTables
         for (unsigned int row = row0; row < row1; ++row) {
             const int rl = kv_row_limit(qseq, row, limit);
             for (unsigned int j = threadIdx.x; j < k; j += blockDim.x)
-                kv_claim(d, t, slot, s, topk[(unsigned long long)row * k + j], rl, (int)((row - row0) * k + j),
+                kv_claim(d, t, slot, s, kv_pick(c, row, j, rl), rl, (int)((row - row0) * k + j),
                          e.call, &bad);
         }
         __syncthreads();
@@ -305,7 +336,7 @@ __device__ __forceinline__ void kv_entry_classic(const KvDims& d, const KvTables
             for (unsigned int j0 = 0; j0 < k; j0 += blockDim.x) {
                 const unsigned int j = j0 + threadIdx.x;
                 const int f = (int)((row - row0) * k + j);
-                const int p = j < k ? topk[(unsigned long long)row * k + j] : -1;
+                const int p = j < k ? kv_pick(c, row, j, rl) : -1;
                 const bool own = j < k && kv_owner(d, t, slot, s, p, rl, f);
                 unsigned int total;
                 const unsigned int at = misses + kv_block_scan_u32(own ? 1u : 0u, &total, sh.warp_sums);
@@ -322,7 +353,7 @@ __device__ __forceinline__ void kv_entry_classic(const KvDims& d, const KvTables
         for (unsigned int row = row0; row < row1; ++row) {
             const int rl = kv_row_limit(qseq, row, limit);
             for (unsigned int j = threadIdx.x; j < k; j += blockDim.x) {
-                const int p = topk[(unsigned long long)row * k + j];
+                const int p = kv_pick(c, row, j, rl);
                 bad += (p < -1 || (p >= 0 && p >= rl)) ? 1u : 0u;
             }
         }
@@ -341,7 +372,7 @@ __device__ __forceinline__ void kv_entry_classic(const KvDims& d, const KvTables
             const unsigned int j = j0 + threadIdx.x;
             int out = -1;
             if (j < k) {
-                const int p = topk[(unsigned long long)row * k + j];
+                const int p = kv_pick(c, row, j, rl);
                 if (p >= 0 && p < rl) {
                     int kind;
                     out = kv_resident_at(d, t, slot, s, (unsigned int)p, &kind, kv_slot_fixed(d, t, slot));
@@ -425,6 +456,7 @@ __device__ __forceinline__ bool kv_lean_classify(const KvDims& d, const KvDivs& 
         // Picks past the thread's share were loaded as -1 (kv_load_picks), so -1 covers them.
         if (e.f0 + i >= e.fe || p[i] == -1) continue;
         if (p[i] < 0 || p[i] >= min(lk.rl[i], e.limit)) {
+            if (p[i] >= 0 && dv.blk.d > 1u) continue;  // a block's position past the bound: -1, not invalid
             c |= KV_PICK_BAD << (3u * i);
             w1 += 1u << 8;
             continue;
@@ -643,7 +675,7 @@ __device__ __forceinline__ void kv_entry_lean(const KvDims& d, const KvDivs& dv,
 // for tables over the lean kernels' shared-memory limits: KV_LEAN_MAX_HOT_ROWS, _MAX_FIXED_PAGES).
 template <bool CLASSIC>
 __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
-    const int *__restrict__ const topk = c.topk, *__restrict__ const qsl = c.qsl, *__restrict__ const qseq = c.qseq;
+    const int *__restrict__ const qsl = c.qsl, *__restrict__ const qseq = c.qseq;
     const int *__restrict__ const seq_lens = c.seq_lens, *__restrict__ const session_slot = c.session_slot;
     const unsigned int sessions = c.sessions, rows = c.rows, k = c.k;
     __shared__ unsigned int warp_sums[32];
@@ -684,7 +716,7 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     {
         const unsigned int gF = guess ? m * k : 0u;
         const unsigned int g0 = tid * dv.gper, ge = min(g0 + dv.gper, gF);
-        kv_load_picks(topk + (unsigned long long)(guess ? r * m : 0u) * k + g0, p, ge > g0 ? ge - g0 : 0u);
+        kv_load_entry_picks(c, dv.blk, guess ? r * m : 0u, g0, p, ge > g0 ? ge - g0 : 0u);
     }
     // The query_start_loc check and the repeated-slot scan: each thread's first words go to
     // registers with the loads above (a loop that compared as it loaded would wait for them first);
@@ -725,10 +757,10 @@ __device__ __forceinline__ void kv_resolve_lean_body(KV_RESOLVE_PARAMS) {
     const unsigned int F = lean ? R * k : 0u;
     const unsigned int per = min((unsigned int)KV_FAST_PER, (F + blockDim.x - 1u) >> lb);
     const unsigned int f0 = tid * per, fe = min(f0 + per, F);
-    const int* const tk = topk + (unsigned long long)(lean ? q0 : 0) * k;
     // Block-uniform: the guess holds iff this entry's rows are r x m .. r x m + m (then F, per, f0
     // and fe equal the guessed ones, `lean` and `guess` having the same bounds).
-    if (!(guess && lean && (unsigned int)q0 == r * m && R == m)) kv_load_picks(tk + f0, p, fe > f0 ? fe - f0 : 0u);
+    if (!(guess && lean && (unsigned int)q0 == r * m && R == m))
+        kv_load_entry_picks(c, dv.blk, lean ? (unsigned int)q0 : 0u, f0, p, fe > f0 ? fe - f0 : 0u);
     KvSlotDesc s = {};
     unsigned int hand = 0;
     if (slot_in) {

@@ -19,9 +19,11 @@ pub struct ResolveInput<'a> {
     /// Positions visible to each session this step, `int32 [reqs]`: committed history plus the
     /// draft tokens in scratch it may attend to (`1..=committed + scratch`).
     pub seq_lens: &'a [i32],
-    /// The indexer's top-k positions, `int32 [rows, k]` row-major; `-1` = padding.
+    /// The indexer's top-k, `int32 [rows, k]` row-major; `-1` = padding: positions, or block ids
+    /// with [`ResolveOptions::block_positions`].
     pub topk: &'a [i32],
-    /// Picks per row (top-k); any `k >= 1` (nothing is compiled for a fixed k).
+    /// Picks per row (top-k; block ids per row with [`ResolveOptions::block_positions`]); any
+    /// `k >= 1` (nothing is compiled for a fixed k).
     pub k: usize,
     /// The layer being resolved: its layer group's hot cache serves the picks, and the misses are
     /// copied into every layer of that group ([`crate::LayerGroups`]; per layer by default).
@@ -59,17 +61,63 @@ pub struct ResolveOptions<'a> {
     /// value in `1..=seq_lens[r]` of the row's batch entry. `None`: every row of entry `r` sees
     /// `seq_lens[r]` positions.
     pub query_seq_lens: Option<&'a [i32]>,
+    /// Positions per block id (0 or 1: `topk` holds positions). `B > 1`: `topk` holds *block
+    /// ids*, as indexers that score fixed blocks of consecutive positions return them (MiniMax-M3;
+    /// SGLang's `TopKIsBlocks` with `SPARSE_BLOCK_SIZE = B`): block id `b` stands for positions
+    /// `b × B .. b × B + B`, and each row of `k` block ids is read as the `k × B` positions
+    /// `topk[row][c] × B + i` in block-major order (column `c × B + i`), each then resolved
+    /// exactly as a position pick (lookup order, dedup, CLOCK). The outputs have `k × B`
+    /// columns (`indices int32 [rows, k × B]`). A block id `-1` is padding (`B` columns of `-1`);
+    /// a block id `< -1` is invalid (`PositionOutOfRange`). A position of a block at or beyond its
+    /// row's bound is written `-1` and is *not* invalid: the block straddles the end of the
+    /// visible history (or lies past it: an indexer's top-k over masked blocks), as SGLang reads
+    /// it. `k × B` must fit an `int32`.
+    pub block_positions: u32,
+}
+
+impl ResolveOptions<'_> {
+    /// Positions per top-k entry: [`ResolveOptions::block_positions`], at least 1.
+    pub fn block(&self) -> usize {
+        self.block_positions.max(1) as usize
+    }
+}
+
+/// The positions one top-k row stands for, as every resolver reads them (`row`: the row's `k`
+/// entries, `block`: [`ResolveOptions::block`], `bound`: the row's causal bound): with `block ==
+/// 1` the picks themselves; with block ids, `block` positions per id in block-major order, `-1`
+/// for a `-1` id and for a position at or beyond `bound`, the id itself for an id `< -1` (left
+/// for the validation to refuse).
+pub(crate) fn row_positions(
+    row: &[i32],
+    block: usize,
+    bound: i32,
+) -> impl Iterator<Item = i32> + '_ {
+    row.iter().flat_map(move |&id| {
+        (0..block as i64).map(move |i| {
+            if block == 1 || id < 0 {
+                return id;
+            }
+            let p = id as i64 * block as i64 + i;
+            if p >= bound as i64 {
+                -1
+            } else {
+                p as i32
+            }
+        })
+    })
 }
 
 /// Where the resolver writes; every element is written on every call (also on error, when the
 /// lengths suffice: `-1` and `0`), so no stale index survives.
 ///
 /// Buffers may be longer than the call needs (a persistent max-size buffer, CUDA-graph style):
-/// `indices` holds `rows × k` entries row-major with row stride `k`, every entry past them is
-/// padding and written `-1`; `valid_count` entries past `rows` are padding and written `0`.
+/// `indices` holds `rows × k` entries row-major with row stride `k` (`rows × k × B` with stride
+/// `k × B` for block ids, [`ResolveOptions::block_positions`]), every entry past them is padding
+/// and written `-1`; `valid_count` entries past `rows` are padding and written `0`.
 #[derive(Debug)]
 pub struct ResolveOutput<'a> {
-    /// Physical row indices into the device arena, `int32 [>= rows × k]` (row stride `k`), laid
+    /// Physical row indices into the device arena, `int32 [>= rows × k × B]` (row stride `k × B`;
+    /// `B` = [`ResolveOptions::block`], 1 for position picks), laid
     /// out as [`ResolveOptions::layout`] says; `-1` for padding, invalid and unserved picks.
     pub indices: &'a mut [i32],
     /// Valid (non `-1`) entries per row, `int32 [>= rows]`. FlashMLA's `topk_length` only with
@@ -170,15 +218,16 @@ pub trait Resolver {
         self.resolve_with(input, &ResolveOptions::default(), out)
     }
 
-    /// Resolves one step as [`Resolver::resolve`] does, with the output layout and per-query causal
-    /// bounds of `opts`. A step whose distinct non-resident positions exceed a session's hot cache
+    /// Resolves one step as [`Resolver::resolve`] does, with the output layout, per-query causal
+    /// bounds and block ids ([`ResolveOptions::block_positions`]) of `opts`. A step whose distinct non-resident positions exceed a session's hot cache
     /// is served as far as evictable rows last (misses placed in first-appearance order); the
     /// remaining picks come out `-1` and are counted in [`ResolveStats::unserved`] — never an error.
     ///
     /// Errors (nothing changes, `out` filled as above): [`Resolver::resolve`]'s, plus
     /// `LengthMismatch` (`query_seq_lens` not `[rows]`), `QuerySeqLenOutOfRange` (a row bound
     /// outside `1..=seq_len` of its entry), `PositionOutOfRange` (a pick at or beyond its row's
-    /// bound).
+    /// bound; with block ids, a block id `< -1`), `LengthMismatch` (`k × block_positions` over
+    /// `i32::MAX`, or outputs below `rows × k × block_positions` / `rows`).
     fn resolve_with(
         &mut self,
         input: &ResolveInput<'_>,

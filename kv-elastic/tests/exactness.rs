@@ -32,6 +32,8 @@ static WAITING_ADMISSIONS: AtomicU64 = AtomicU64::new(0);
 static UNSERVED: AtomicU64 = AtomicU64::new(0);
 static PACKED: AtomicU64 = AtomicU64::new(0);
 static ROW_BOUNDS: AtomicU64 = AtomicU64::new(0);
+/// Resolves of block ids (`ResolveOptions::block_positions > 1`).
+static BLOCK_IDS: AtomicU64 = AtomicU64::new(0);
 static PADDED: AtomicU64 = AtomicU64::new(0);
 /// Resolves at a layer other than its group's first (the per-layer-picks case), in a geometry of
 /// several groups, of which one holds several layers (a mixture); replays inside a group.
@@ -114,7 +116,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (1u8..4, 1u8..3, 1u8..7, any::<u64>(), prop::collection::vec(mid_op(), 0..4))
             .prop_map(|(reqs, rows, k, seed, mid)| Op::Resolve { reqs, rows, k, seed, mid }),
         1 => (any::<u8>(), any::<u64>(), 1u8..12).prop_map(|(who, seed, n)| Op::Prefetch { who, seed, n }),
-        1 => (0u8..12, any::<u64>()).prop_map(|(kind, seed)| Op::Bad { kind, seed }),
+        1 => (0u8..15, any::<u64>()).prop_map(|(kind, seed)| Op::Bad { kind, seed }),
     ]
 }
 
@@ -382,6 +384,12 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     .map(|i| ids[(start + i) % ids.len()])
                     .collect();
                 let k = k as usize;
+                // Sometimes block ids: each of a row's k entries stands for `block` positions.
+                let block = if mix(&mut x).is_multiple_of(3) {
+                    [2u32, 3, 4, 8][(mix(&mut x) % 4) as usize]
+                } else {
+                    1
+                };
                 let mut qsl = vec![0i32];
                 let mut seq_lens = Vec::new();
                 let mut topk = Vec::new();
@@ -406,8 +414,10 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                             seq
                         };
                         row_bounds.push(bound as i32);
+                        // Block ids: those overlapping the bound, one wholly past it, and -1.
+                        let span = (bound as u64).div_ceil(block as u64) + u64::from(block > 1);
                         for _ in 0..k {
-                            topk.push((mix(&mut x) % (bound as u64 + 1)) as i32 - 1);
+                            topk.push((mix(&mut x) % (span + 1)) as i32 - 1);
                         }
                     }
                 }
@@ -422,6 +432,9 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Relaxed,
                 );
                 let n_rows = topk.len() / k;
+                // The positions the picks stand for (the test's own reading of block ids).
+                let kk = k * block as usize;
+                let etopk = tierkit_testkit::expand_block_ids(&topk, k, block, &row_bounds);
                 // Sometimes a persistent max-size buffer: the extra entries are padding.
                 let (pad_idx, pad_rows) = if mix(&mut x).is_multiple_of(3) {
                     (
@@ -431,11 +444,12 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 } else {
                     (0, 0)
                 };
-                let mut idx = vec![i32::MIN; topk.len() + pad_idx];
+                let mut idx = vec![i32::MIN; etopk.len() + pad_idx];
                 let mut valid = vec![i32::MIN; n_rows + pad_rows];
                 let opts = ResolveOptions {
                     layout,
                     query_seq_lens: bounded.then_some(&row_bounds[..]),
+                    block_positions: block,
                 };
                 let input = ResolveInput {
                     sessions: &batch,
@@ -463,15 +477,16 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Err(e) => return Err(TestCaseError::fail(format!("resolve: {e}"))),
                     Ok(d) => d,
                 };
-                prop_assert!(idx[topk.len()..].iter().all(|&i| i == -1), "index padding");
+                prop_assert!(idx[etopk.len()..].iter().all(|&i| i == -1), "index padding");
                 prop_assert!(valid[n_rows..].iter().all(|&v| v == 0), "valid padding");
                 PACKED.fetch_add(u64::from(layout == OutputLayout::Packed), Relaxed);
                 ROW_BOUNDS.fetch_add(u64::from(bounded), Relaxed);
+                BLOCK_IDS.fetch_add(u64::from(block > 1), Relaxed);
                 PADDED.fetch_add(u64::from(pad_idx + pad_rows > 0), Relaxed);
                 UNSERVED.fetch_add(done.stats.unserved, Relaxed);
                 // Unserved picks only when some entry needs more distinct positions than hot rows.
                 let fits = batch.iter().enumerate().all(|(ri, _)| {
-                    let mut d: Vec<i32> = topk[qsl[ri] as usize * k..qsl[ri + 1] as usize * k]
+                    let mut d: Vec<i32> = etopk[qsl[ri] as usize * kk..qsl[ri + 1] as usize * kk]
                         .iter()
                         .copied()
                         .filter(|&p| p >= 0)
@@ -501,21 +516,21 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let l0 = layer as usize;
                 for (ri, &s) in batch.iter().enumerate() {
                     for row in qsl[ri] as usize..qsl[ri + 1] as usize {
-                        let picks: Vec<(usize, i32)> = (row * k..(row + 1) * k)
-                            .map(|j| (j, topk[j]))
+                        let picks: Vec<(usize, i32)> = (row * kk..(row + 1) * kk)
+                            .map(|j| (j, etopk[j]))
                             .filter(|&(_, p)| p >= 0)
                             .collect();
-                        let out = &idx[row * k..(row + 1) * k];
+                        let out = &idx[row * kk..(row + 1) * kk];
                         let served = out.iter().filter(|&&i| i >= 0).count();
                         prop_assert_eq!(valid[row] as usize, served);
                         unserved += (picks.len() - served) as u64;
                         match layout {
                             OutputLayout::InPlace => {
-                                for j in row * k..(row + 1) * k {
-                                    if topk[j] < 0 {
+                                for j in row * kk..(row + 1) * kk {
+                                    if etopk[j] < 0 {
                                         prop_assert_eq!(idx[j], -1);
                                     } else if idx[j] >= 0 {
-                                        expect.push((j, m.expected(s, topk[j] as u32).to_vec()));
+                                        expect.push((j, m.expected(s, etopk[j] as u32).to_vec()));
                                     }
                                 }
                             }
@@ -533,7 +548,7 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                                             "packed entry {e} of row {row} serves no pick"
                                         )));
                                     };
-                                    expect.push((row * k + e, m.expected(s, p as u32).to_vec()));
+                                    expect.push((row * kk + e, m.expected(s, p as u32).to_vec()));
                                 }
                             }
                         }
@@ -667,6 +682,7 @@ fn bad_input(pool: &mut ElasticPool, m: &Model, kind: u8, seed: u64) -> Result<(
                 &ResolveOptions {
                     layout: OutputLayout::Packed,
                     query_seq_lens: Some(bounds),
+                    ..Default::default()
                 },
                 &mut ResolveOutput {
                     indices: &mut i,
@@ -678,6 +694,45 @@ fn bad_input(pool: &mut ElasticPool, m: &Model, kind: u8, seed: u64) -> Result<(
                 prop_assert_eq!((i, v), (vec![-1; 3], vec![0; 2]));
             }
             r.err()
+        }
+        // Block ids: an id < -1, indices shorter than rows × k × block, a row width k × block
+        // over i32::MAX.
+        12..=14 => {
+            let (id, block, idx_len) = match kind {
+                12 => (-2 - (mix(&mut x) % 5) as i32, 4, 4),
+                13 => (0, 4, 3),
+                _ => (0, u32::MAX, 4),
+            };
+            let (mut i, mut v) = (vec![7; idx_len], vec![7; 1]);
+            let r = pool.resolve_with(
+                &ResolveInput {
+                    sessions: &[sid],
+                    query_start_loc: &[0, 1],
+                    seq_lens: &[len],
+                    topk: &[id],
+                    k: 1,
+                    layer: 0,
+                },
+                &ResolveOptions {
+                    block_positions: block,
+                    ..Default::default()
+                },
+                &mut ResolveOutput {
+                    indices: &mut i,
+                    valid_count: &mut v,
+                },
+            );
+            let e = r.err();
+            match (kind, &e) {
+                (12, Some(KvError::PositionOutOfRange { position, .. })) if s.is_some() => {
+                    prop_assert_eq!(*position, id);
+                    prop_assert_eq!((i, v), (vec![-1; 4], vec![0]));
+                }
+                (13 | 14, Some(KvError::LengthMismatch { .. })) => {}
+                (_, e) if s.is_none() => prop_assert!(e.is_some()),
+                (_, e) => prop_assert!(false, "block kind {}: {:?}", kind, e),
+            }
+            e
         }
         _ => pool.finish(1 << 40).err(),
     };
@@ -785,6 +840,7 @@ fn the_property_reaches_every_path() {
         ),
         ("packed-layout resolves", PACKED.load(Relaxed)),
         ("resolves with per-query bounds", ROW_BOUNDS.load(Relaxed)),
+        ("resolves of block ids", BLOCK_IDS.load(Relaxed)),
         ("resolves into padded buffers", PADDED.load(Relaxed)),
         (
             "resolves at a layer other than its group's first",

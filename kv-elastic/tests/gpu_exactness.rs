@@ -56,6 +56,7 @@ struct Case {
     unserved: u64,
     packed: u64,
     bounded: u64,
+    blocks: u64,
     written_back: u64,
 }
 
@@ -367,6 +368,17 @@ impl Case {
             }
         }
         let k = 1 + below(rng, 12) as usize;
+        // Sometimes block ids (`ResolveOptions::block_positions`), drawn from a side stream so that
+        // the position-pick cases keep their draws; a few ids per row (each stands for `block`).
+        let block = {
+            let mut b = *rng ^ 0x0B10_C1D5;
+            if below(&mut b, 3) == 0 {
+                [2u32, 3, 4, 8][below(&mut b, 4) as usize]
+            } else {
+                1
+            }
+        };
+        let k = if block > 1 { 1 + (k - 1) % 4 } else { k };
         let mut qsl = vec![0i32];
         let mut seq_lens = Vec::new();
         let mut topk = Vec::new();
@@ -398,9 +410,13 @@ impl Case {
                     (g.hot_rows as u64).min(bound as u64)
                 };
                 let base = bound as u64 - span;
+                // Block ids: the blocks overlapping the bound and one wholly past it.
+                let blocks = (bound as u64).div_ceil(block as u64) + 1;
                 for _ in 0..k {
                     let p = if below(rng, 8) == 0 {
                         -1
+                    } else if block > 1 {
+                        below(rng, blocks) as i32
                     } else {
                         (base + below(rng, span)) as i32
                     };
@@ -412,6 +428,7 @@ impl Case {
         let opts = ResolveOptions {
             layout,
             query_seq_lens: bounded.then_some(&row_bounds[..]),
+            block_positions: block,
         };
         // Sometimes persistent max-size buffers (padding past rows × k and rows).
         let (pad, pad_rows) = if below(rng, 3) == 0 {
@@ -431,8 +448,11 @@ impl Case {
             k,
             layer,
         };
-        let n = topk.len();
-        let rows = n / k;
+        // The positions the picks stand for (the test's own reading of block ids): what the
+        // outputs' columns serve.
+        let (rows, kk) = (topk.len() / k, k * block as usize);
+        let picks = tierkit_testkit::expand_block_ids(&topk, k, block, &row_bounds);
+        let n = picks.len();
         let (mut i1, mut v1) = (vec![-7i32; n + pad], vec![-7i32; rows + pad_rows]);
         let (mut i2, mut v2) = (vec![-9i32; n + pad], vec![-9i32; rows + pad_rows]);
         let a = self.cpu.resolve_with(
@@ -463,8 +483,9 @@ impl Case {
                 self.unserved += a.stats.unserved;
                 self.packed += u64::from(layout == OutputLayout::Packed);
                 self.bounded += u64::from(bounded);
-                let served = self.served(layer, &sessions, &qsl, &topk, k, &i2, layout);
-                let wanted = topk.iter().filter(|&&p| p >= 0).count();
+                self.blocks += u64::from(block > 1);
+                let served = self.served(layer, &sessions, &qsl, &picks, kk, &i2, layout);
+                let wanted = picks.iter().filter(|&&p| p >= 0).count();
                 assert_eq!(served.len() as u64 + a.stats.unserved, wanted as u64);
                 // The resolve filled every layer of its group: bytes right in each (other
                 // groups' planes are theirs).
@@ -495,6 +516,7 @@ fn gpu_resolver_equals_cpu_reference() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(40);
     let (mut resolves, mut misses, mut unserved, mut packed, mut bounded) = (0, 0, 0, 0, 0);
+    let mut blocks = 0;
     let mut written_back = 0;
     let mut engines = [0u64; ResolveEngine::ALL.len()];
     let (mut fills_dma, mut fills_gather) = (0u64, 0u64);
@@ -545,6 +567,7 @@ fn gpu_resolver_equals_cpu_reference() {
             unserved: 0,
             packed: 0,
             bounded: 0,
+            blocks: 0,
             written_back: 0,
         };
         c.gpu.set_settle_readers(true);
@@ -567,15 +590,20 @@ fn gpu_resolver_equals_cpu_reference() {
         unserved += c.unserved;
         packed += c.packed;
         bounded += c.bounded;
+        blocks += c.blocks;
     }
     println!(
         "{cases} cases: {resolves} successful resolves, {misses} misses fetched, {unserved} picks \
-         unserved by overflowing steps, {packed} packed, {bounded} with per-query bounds"
+         unserved by overflowing steps, {packed} packed, {bounded} with per-query bounds, \
+         {blocks} of block ids"
     );
     assert!(resolves > cases * 5, "too few resolves exercised");
     assert!(misses > 0, "no miss path exercised");
     assert!(unserved > 0, "no overflowing step exercised");
-    assert!(packed > 0 && bounded > 0, "new modes not exercised");
+    assert!(
+        packed > 0 && bounded > 0 && blocks > 0,
+        "new modes not exercised"
+    );
     assert!(written_back > 0, "no device write-back exercised");
     if cases >= 2 * ResolveEngine::ALL.len() as u64 {
         assert!(
@@ -587,6 +615,24 @@ fn gpu_resolver_equals_cpu_reference() {
             "both page-fill paths must be exercised: {fills_dma} DMA rows, {fills_gather} gathered"
         );
     }
+}
+
+/// [`four_session_pools`] with `sessions` admitted (3000 pattern tokens each), readers settled
+/// and `engine` resolving.
+fn four_sessions_admitted(
+    gpu: &std::sync::Arc<cuda_kernels::Gpu>,
+    g: Geometry,
+    engine: ResolveEngine,
+    sessions: &[u64; 4],
+) -> (ElasticPool, GpuElasticPool) {
+    let (mut cpu, mut gp) = four_session_pools(gpu, g);
+    gp.set_settle_readers(true);
+    gp.set_resolve_engine(engine);
+    for &s in sessions {
+        let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
+        assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
+    }
+    (cpu, gp)
 }
 
 /// A CPU reference and a GPU pool of 4 sessions of up to 4096 positions (gather back-end).
@@ -628,14 +674,8 @@ fn large_geometry_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveE
         scratch_rows: 4,
         layer_groups: Default::default(),
     };
-    let (mut cpu, mut gp) = four_session_pools(gpu, g);
-    gp.set_settle_readers(true);
-    gp.set_resolve_engine(engine);
     let sessions = [11u64, 12, 13, 14];
-    for &s in &sessions {
-        let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
-        assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
-    }
+    let (mut cpu, mut gp) = four_sessions_admitted(gpu, g, engine, &sessions);
     let mut rng = 5u64;
     for step in 0..12 {
         let k = 256;
@@ -682,6 +722,139 @@ fn large_geometry_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveE
             assert_eq!(plane[at..at + 656], cplane[at..at + 656]);
         }
     }
+}
+
+#[test]
+fn gpu_block_ids_match_cpu_at_decode_widths() {
+    // Block-id top-k at production widths (MiniMax-M3 style; SGLang's `TopKIsBlocks`): 656-byte
+    // rows, a 2048-row hot cache, blocks of 64 (32 ids = 2048 positions: the lean512 engine's
+    // widest entry), 16 and 5 (409 ids = 2045 positions: a block width that divides nothing);
+    // decode steps, speculative steps of 2 rows with per-query bounds, and visible lengths that
+    // end inside a block; every resolve kernel on its own pool pair.
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    for engine in ResolveEngine::ALL {
+        for block in [64u32, 16, 5] {
+            block_id_case(&gpu, engine, block);
+        }
+    }
+}
+
+fn block_id_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveEngine, block: u32) {
+    let g = Geometry {
+        row_bytes: 656,
+        layers: 2,
+        page_rows: 64,
+        arena_pages: 4 * 34 + 24,
+        hot_rows: 2048,
+        tail_rows: 64,
+        scratch_rows: 4,
+        layer_groups: Default::default(),
+    };
+    let sessions = [21u64, 22, 23, 24];
+    let (mut cpu, mut gp) = four_sessions_admitted(gpu, g, engine, &sessions);
+    let k = (2048 / block) as usize;
+    let mut rng = 11u64 + block as u64;
+    let (mut served, mut misses) = (0u64, 0u64);
+    for step in 0..10u32 {
+        // Even steps decode (one row per session), odd steps verify drafts (two rows each, the
+        // first bounded one position short of the second).
+        let rows_per = 1 + (step % 2) as usize;
+        let seq_lens: Vec<i32> = sessions
+            .iter()
+            .map(|_| 2000 + below(&mut rng, 1001) as i32)
+            .collect();
+        let bounds: Vec<i32> = seq_lens
+            .iter()
+            .flat_map(|&l| (0..rows_per as i32).map(move |r| l - rows_per as i32 + 1 + r))
+            .collect();
+        let mut topk = Vec::new();
+        for &bound in &bounds {
+            // The blocks overlapping the bound, one wholly past it, and -1.
+            let blocks = (bound as u64).div_ceil(block as u64) + 1;
+            for _ in 0..k {
+                topk.push(if below(&mut rng, 16) == 0 {
+                    -1
+                } else {
+                    below(&mut rng, blocks) as i32
+                });
+            }
+        }
+        let qsl: Vec<i32> = (0..=sessions.len() as i32)
+            .map(|r| r * rows_per as i32)
+            .collect();
+        let input = ResolveInput {
+            sessions: &sessions,
+            query_start_loc: &qsl,
+            seq_lens: &seq_lens,
+            topk: &topk,
+            k,
+            layer: step % 2,
+        };
+        let opts = ResolveOptions {
+            layout: if step % 4 == 1 {
+                OutputLayout::Packed
+            } else {
+                OutputLayout::InPlace
+            },
+            query_seq_lens: (rows_per > 1).then_some(&bounds[..]),
+            block_positions: block,
+        };
+        let n = topk.len() * block as usize;
+        let rows = bounds.len();
+        let (mut i1, mut v1) = (vec![0; n], vec![0; rows]);
+        let (mut i2, mut v2) = (vec![0; n], vec![0; rows]);
+        let a = cpu.resolve_with(
+            &input,
+            &opts,
+            &mut ResolveOutput {
+                indices: &mut i1,
+                valid_count: &mut v1,
+            },
+        );
+        let b = gp.resolve_with(
+            &input,
+            &opts,
+            &mut ResolveOutput {
+                indices: &mut i2,
+                valid_count: &mut v2,
+            },
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(
+            (&i1, &v1),
+            (&i2, &v2),
+            "block {block} step {step} {engine:?}"
+        );
+        assert_eq!(a.plan, b.plan);
+        assert_eq!(a.stats, b.stats);
+        // Every in-place column serves the position it stands for, in both arenas.
+        let picks = tierkit_testkit::expand_block_ids(&topk, k, block, &bounds);
+        let plane = gp.device().download_plane(step % 2).unwrap();
+        let cplane = cpu.plane(step % 2).unwrap();
+        let mut want = vec![0u8; 656];
+        for (j, &r) in i2.iter().enumerate().filter(|&(_, &r)| r >= 0) {
+            let at = r as usize * 656;
+            assert_eq!(plane[at..at + 656], cplane[at..at + 656]);
+            if opts.layout == OutputLayout::InPlace {
+                let s = sessions[j / (k * block as usize) / rows_per];
+                tierkit_testkit::pattern_row(s, picks[j] as u32, step % 2, &mut want);
+                assert_eq!(
+                    plane[at..at + 656],
+                    want[..],
+                    "column {j}: position {}",
+                    picks[j]
+                );
+            }
+        }
+        served += a.stats.picks;
+        misses += a.stats.misses;
+    }
+    assert!(
+        served > 0 && misses > 0,
+        "block {block}: nothing served or fetched"
+    );
 }
 
 /// A step after admissions, reclaims, growth and write-backs costs what a step without them

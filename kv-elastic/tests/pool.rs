@@ -445,6 +445,7 @@ fn packed_rows_put_valid_entries_first_as_flashmla_topk_length_reads_them() {
         &ResolveOptions {
             layout: OutputLayout::Packed,
             query_seq_lens: None,
+            ..Default::default()
         },
         0,
         0,
@@ -479,6 +480,7 @@ fn per_query_bounds_keep_draft_positions_from_earlier_queries() {
     let opts = ResolveOptions {
         layout: OutputLayout::InPlace,
         query_seq_lens: Some(&bounds),
+        ..Default::default()
     };
     let (r, idx, v) = resolve_opts(
         &mut pool,
@@ -526,6 +528,7 @@ fn per_query_bounds_keep_draft_positions_from_earlier_queries() {
             &ResolveOptions {
                 layout: OutputLayout::InPlace,
                 query_seq_lens: Some(&bad),
+                ..Default::default()
             },
             0,
             0,
@@ -549,6 +552,7 @@ fn per_query_bounds_keep_draft_positions_from_earlier_queries() {
         &ResolveOptions {
             layout: OutputLayout::InPlace,
             query_seq_lens: Some(&[16, 17]),
+            ..Default::default()
         },
         0,
         0,
@@ -583,6 +587,7 @@ fn an_overflowing_speculative_step_is_served_not_failed() {
             &ResolveOptions {
                 layout,
                 query_seq_lens: None,
+                ..Default::default()
             },
             0,
             0,
@@ -618,6 +623,7 @@ fn oversized_output_buffers_are_padded() {
         let opts = ResolveOptions {
             layout,
             query_seq_lens: None,
+            ..Default::default()
         };
         let (r, idx, v) =
             resolve_opts(&mut pool, &[1], &[0, 1], &[30], &[4, -1, 9], 3, &opts, 7, 3);

@@ -48,6 +48,34 @@ pub fn pattern_tokens(
     out
 }
 
+/// The position picks a block-id top-k stands for: the tests' own reading of the block-id
+/// contract (kv-elastic's `ResolveOptions::block_positions`, cuda-kernels'
+/// `KvResolveOptions::block_positions`), to check the resolvers against. `topk int32 [rows, k]` of
+/// block ids and each row's causal bound `bounds int32 [rows]` give `int32 [rows, k × block]`: id
+/// `b >= 0` → positions `b × block + i` (`i < block`, block-major), `-1` where one is at or beyond
+/// its row's bound; `-1` → `-1`; an id `< -1` is kept (invalid). `block <= 1`: `topk` itself.
+pub fn expand_block_ids(topk: &[i32], k: usize, block: u32, bounds: &[i32]) -> Vec<i32> {
+    if block <= 1 {
+        return topk.to_vec();
+    }
+    let mut out = Vec::with_capacity(topk.len() * block as usize);
+    for (row, &bound) in topk.chunks(k).zip(bounds) {
+        for &id in row {
+            for i in 0..block as i64 {
+                let p = id as i64 * block as i64 + i;
+                out.push(if id < 0 {
+                    id
+                } else if p < bound as i64 {
+                    p as i32
+                } else {
+                    -1
+                });
+            }
+        }
+    }
+    out
+}
+
 /// The KV resolve lab (`kernels/kv_lab.cu` after cuda-kernels' `kv_abi.cuh`): the empty launch
 /// with the production resolve's parameters (`tierkit_kv_resolve_empty`), for the launch floor in
 /// `kv_gpu_bench`.
@@ -385,6 +413,21 @@ mod tests {
         pattern_row(1, 2, 0, &mut b);
         assert_eq!(a, b);
     }
+
+    #[test]
+    fn block_ids_expand_block_major_within_each_rows_bound() {
+        // Two rows of two ids, blocks of 4: row 0 sees 10 positions, row 1 sees 3.
+        let got = expand_block_ids(&[2, -1, 0, -3], 2, 4, &[10, 3]);
+        assert_eq!(
+            got,
+            [
+                [8, 9, -1, -1, -1, -1, -1, -1], // block 2 straddles 10; padding
+                [0, 1, 2, -1, -3, -3, -3, -3],  // block 0 straddles 3; an invalid id stays
+            ]
+            .concat()
+        );
+        assert_eq!(expand_block_ids(&[5, -1], 2, 1, &[1]), [5, -1]);
+    }
 }
 
 /// The empty resolve of [`KV_LAB`] (`tierkit_kv_resolve_empty`), launched with a production
@@ -427,8 +470,8 @@ impl KvLab {
         block: u32,
         smem: u32,
     ) -> Result<(), CudaError> {
-        // KvCall: 13 u64 + 8 u32 = 17 words; KvDivs: 16 u32 = 8 words.
-        let (call, divs) = (ParamWords([0u64; 17]), ParamWords([0u64; 8]));
+        // KvCall: 13 u64 + 8 u32 = 17 words; KvDivs: 20 u32 = 10 words.
+        let (call, divs) = (ParamWords([0u64; 17]), ParamWords([0u64; 10]));
         let mut b = stream.launch_builder(&self.empty);
         b.arg(dims).arg(tables).arg(&call).arg(&divs);
         let cfg = LaunchConfig {

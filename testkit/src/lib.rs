@@ -21,11 +21,12 @@ pub use experts::{
 pub use gpu::{gpu_or_skip, TIMING_EVENT};
 pub use hostile::hostile_bytes;
 pub use kv::{
-    pattern_row, pattern_tokens, KvLab, KvStandins, KV_LAB, KV_STANDINS, STREAM_READ_BLOCKS,
+    expand_block_ids, pattern_row, pattern_tokens, KvLab, KvStandins, KV_LAB, KV_STANDINS,
+    STREAM_READ_BLOCKS,
 };
 pub use memlimit::under_memory_limit;
 pub use routers::{launch_count_ids_striped, launch_standin_router, router_standins};
 pub use sglang::{
     assemble as assemble_sglang_peer, SglangHisparse, SglangShape, SglangSource, SGLANG_BLOCK,
-    SGLANG_TOP_K,
+    SGLANG_SPARSE_BLOCK, SGLANG_TOP_K,
 };

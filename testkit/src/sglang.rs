@@ -28,8 +28,12 @@ use sha2::{Digest, Sha256};
 /// Threads per block, as SGLang's HiSparse coordinator launches the kernel.
 pub const SGLANG_BLOCK: u32 = 960;
 
-/// The top-k the entry points are instantiated for.
+/// The top-k the entry points are instantiated for (output columns: 2048 positions, or 32 block
+/// ids of [`SGLANG_SPARSE_BLOCK`] positions each).
 pub const SGLANG_TOP_K: u32 = 2048;
+
+/// Positions per block id of the block-id entry points (`TopKIsBlocks`, `SPARSE_BLOCK_SIZE`).
+pub const SGLANG_SPARSE_BLOCK: u32 = 64;
 
 /// The shim's prelude: stand-ins for what the peer's JIT headers give its device code.
 const SHIM_PRELUDE: &str = include_str!("../kernels/sglang_shim.cuh");
@@ -215,6 +219,9 @@ pub struct SglangShape {
     pub seq_len: u32,
     /// Bytes per row (`item_size_bytes`).
     pub item_bytes: u32,
+    /// Positions per top-k entry: 1 (token top-k), or [`SGLANG_SPARSE_BLOCK`] (block ids,
+    /// `TopKIsBlocks`: `topk int32 [reqs][2048 / block]`; hot 2048 or 4096).
+    pub block: u32,
 }
 
 /// SGLang's swap-in kernel with its per-request state, loaded on one GPU.
@@ -261,6 +268,15 @@ impl SglangHisparse {
                 got: shape.hot as u64,
             });
         }
+        if ![1, SGLANG_SPARSE_BLOCK].contains(&shape.block)
+            || (shape.block > 1 && shape.hot == 8192)
+        {
+            return Err(CudaError::Shape {
+                what: "SGLang positions per top-k entry (1, or 64 with hot 2048 / 4096)",
+                expected: SGLANG_SPARSE_BLOCK as u64,
+                got: shape.block as u64,
+            });
+        }
         let want = shape.reqs as u64 * host_stride as u64;
         if host_locs.len() as u64 != want {
             return Err(CudaError::Shape {
@@ -269,7 +285,10 @@ impl SglangHisparse {
                 got: host_locs.len() as u64,
             });
         }
-        let name = format!("sglang_hisparse_k{SGLANG_TOP_K}_h{}", shape.hot);
+        let name = match shape.block {
+            1 => format!("sglang_hisparse_k{SGLANG_TOP_K}_h{}", shape.hot),
+            b => format!("sglang_hisparse_b{b}x{}_h{}", SGLANG_TOP_K / b, shape.hot),
+        };
         let full = source.function(gpu, &name)?;
         let nocopy = source.function(gpu, &format!("{name}_nocopy"))?;
         let ctx = gpu.ctx();
@@ -344,14 +363,16 @@ impl SglangHisparse {
         self.smem
     }
 
-    /// One swap-in over all requests: `topk` is `int32 [reqs][2048]` on the device. `copy = false`
-    /// launches the peer's SkipIO instantiation (everything but the byte movement).
+    /// One swap-in over all requests: `topk` is `int32 [reqs][2048 / block]` on the device
+    /// (positions, or block ids). `copy = false` launches the peer's SkipIO instantiation
+    /// (everything but the byte movement).
     ///
     /// # Errors
     /// The driver's launch error.
     ///
     /// # Safety
-    /// `topk` addresses `reqs × 2048` int32 on the device, each `0 <= p < host_stride`; the host
+    /// `topk` addresses `reqs × 2048 / block` int32 on the device, each position (or every
+    /// position of each block) `0 <= p < host_stride`; the host
     /// cache at `host_ptr` holds every row `host_locs` names and stays allocated until the stream
     /// passes the launch.
     pub unsafe fn launch(
@@ -363,12 +384,12 @@ impl SglangHisparse {
         let f = if copy { &self.full } else { &self.nocopy };
         let stride = self.shape.hot as i64 + 1;
         let args_i64 = [
-            stride,                  // buffer_stride_0
-            self.host_stride as i64, // host_stride
-            self.shape.hot as i64,   // lru_slot_stride_0
-            SGLANG_TOP_K as i64,     // top_k_stride
-            SGLANG_TOP_K as i64,     // top_k_device_locs_stride
-            1i64,                    // page_size
+            stride,                                   // buffer_stride_0
+            self.host_stride as i64,                  // host_stride
+            self.shape.hot as i64,                    // lru_slot_stride_0
+            (SGLANG_TOP_K / self.shape.block) as i64, // top_k_stride (ids per row)
+            SGLANG_TOP_K as i64,                      // top_k_device_locs_stride
+            1i64,                                     // page_size
             self.shape.item_bytes as i64,
         ];
         let ptrs = [
@@ -435,6 +456,7 @@ void other(tvm::ffi::TensorView t) { { } }
         assert!(code.contains("__device__  void load_cache_to_device_buffer_kernel(int* x) { if (x) { *x = B; } }"), "{code}");
         assert!(code.contains("}  // namespace sglang"));
         assert!(code.contains("SGLANG_ENTRY(sglang_hisparse_k2048_h4096"));
+        assert!(code.contains("SGLANG_BLOCK_ENTRY(sglang_hisparse_b64x32_h4096, 32, 64"));
         assert!(assemble("", "void f() {}").is_err(), "not the peer");
     }
 

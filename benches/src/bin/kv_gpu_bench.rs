@@ -119,12 +119,14 @@ mod bench {
     }
 
     /// Per-session selection with controlled churn: each step replaces `rate` of the set with fresh
-    /// positions (a running counter over `[0, limit)`, skipping positions in the set).
+    /// positions (a running counter over `[0, limit)`, skipping positions in the set). The set has
+    /// `K` positions, or `width` ids of another unit ([`Churn::with_width`]: block ids).
     pub(crate) struct Churn {
         sets: Vec<Vec<i32>>,
         next: Vec<u32>,
         limit: u32,
         rng: u64,
+        width: usize,
     }
 
     pub(crate) fn mix(x: &mut u64) -> u64 {
@@ -137,14 +139,19 @@ mod bench {
 
     impl Churn {
         pub(crate) fn new(limit: u32, seed: u64) -> Self {
+            Self::with_width(limit, seed, K)
+        }
+        /// Sets of `width` ids below `limit` per session.
+        pub(crate) fn with_width(limit: u32, seed: u64, width: usize) -> Self {
             let mut c = Churn {
                 sets: vec![Vec::new(); REQS],
                 next: (0..REQS as u32).map(|r| (r * 7919) % limit).collect(),
                 limit,
                 rng: seed,
+                width,
             };
             for r in 0..REQS {
-                let set: Vec<i32> = (0..K).map(|_| c.fresh(r, &HashSet::new())).collect();
+                let set: Vec<i32> = (0..width).map(|_| c.fresh(r, &HashSet::new())).collect();
                 c.sets[r] = set;
             }
             c
@@ -158,15 +165,15 @@ mod bench {
                 }
             }
         }
-        /// Next step's picks, `[REQS][K]` flattened.
+        /// Next step's picks, `[REQS][width]` flattened.
         pub(crate) fn step(&mut self, rate: f64) -> Vec<i32> {
-            let n = (rate * K as f64).round() as usize;
-            let mut out = Vec::with_capacity(REQS * K);
+            let n = (rate * self.width as f64).round() as usize;
+            let mut out = Vec::with_capacity(REQS * self.width);
             for r in 0..REQS {
                 let mut set = std::mem::take(&mut self.sets[r]);
                 let mut present: HashSet<i32> = set.iter().copied().collect();
                 for _ in 0..n {
-                    let i = (mix(&mut self.rng) % K as u64) as usize;
+                    let i = (mix(&mut self.rng) % self.width as u64) as usize;
                     let p = self.fresh(r, &present);
                     present.remove(&set[i]);
                     present.insert(p);

@@ -134,7 +134,7 @@ static void kv_loop(void) {
                 int32_t p = len[r] - 1 - 3 * j * j;
                 topk[r * K + j] = j + 1 == K ? -1 : (p < 0 ? 0 : p);
             }
-        tierkit_kv_batch b = {sessions, live, qsl, len, topk, live, K, K, NULL, 0, 0};
+        tierkit_kv_batch b = {sessions, live, qsl, len, topk, live, K, K, NULL, 0, 0, 0};
         tierkit_kv_stats st;
         uint64_t read = 0;
         OK(tierkit_kv_pool_resolve(pool, &b, indices, live * K, valid, live, &st, &read, &err_));

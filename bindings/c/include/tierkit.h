@@ -152,7 +152,7 @@ typedef struct tierkit_kv_batch {
   // Positions visible to each entry, `int32 [reqs]`.
   const int32_t *seq_lens;
   // The indexer's top-k positions, `int32 [rows, k]`, `-1` = padding; row `r` starts at
-  // element `r * topk_row_stride`.
+  // element `r * topk_row_stride`. Block ids with `block_positions > 1`.
   const int32_t *topk;
   // Query rows (`query_start_loc[reqs]`).
   size_t rows;
@@ -166,6 +166,12 @@ typedef struct tierkit_kv_batch {
   uint32_t layer;
   // `TIERKIT_KV_PACKED` or 0.
   uint32_t flags;
+  // Positions per top-k entry: 0 or 1 for positions (a zero-initialized field); `B > 1`
+  // when `topk` holds *block ids* (MiniMax-M3's block top-k): id `b` stands for positions `b
+  // * B .. b * B + B`, read block-major, so the outputs have `k * B` columns (`indices` at
+  // least `rows * k * B` entries); a block's positions at or beyond the row's bound come out
+  // `-1` (not an error), an id below `-1` is `TIERKIT_ERR_INVALID_ARGUMENT`.
+  uint32_t block_positions;
 } tierkit_kv_batch;
 
 // What one resolve found (per pick unless said otherwise).

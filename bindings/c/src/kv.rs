@@ -133,7 +133,7 @@ pub struct TierkitKvBatch {
     /// Positions visible to each entry, `int32 [reqs]`.
     pub seq_lens: *const i32,
     /// The indexer's top-k positions, `int32 [rows, k]`, `-1` = padding; row `r` starts at
-    /// element `r * topk_row_stride`.
+    /// element `r * topk_row_stride`. Block ids with `block_positions > 1`.
     pub topk: *const i32,
     /// Query rows (`query_start_loc[reqs]`).
     pub rows: usize,
@@ -147,6 +147,12 @@ pub struct TierkitKvBatch {
     pub layer: u32,
     /// `TIERKIT_KV_PACKED` or 0.
     pub flags: u32,
+    /// Positions per top-k entry: 0 or 1 for positions (a zero-initialized field); `B > 1`
+    /// when `topk` holds *block ids* (MiniMax-M3's block top-k): id `b` stands for positions `b
+    /// * B .. b * B + B`, read block-major, so the outputs have `k * B` columns (`indices` at
+    /// least `rows * k * B` entries); a block's positions at or beyond the row's bound come out
+    /// `-1` (not an error), an id below `-1` is `TIERKIT_ERR_INVALID_ARGUMENT`.
+    pub block_positions: u32,
 }
 
 /// What one resolve found (per pick unless said otherwise).
@@ -494,6 +500,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_resolve(
                     _ => OutputLayout::Packed,
                 },
                 query_seq_lens: qsls,
+                block_positions: b.block_positions,
             };
             let (id, s, copies) = with_pool(pool, |st| {
                 if st.reads.len() >= TIERKIT_KV_MAX_OPEN_READS {

@@ -270,6 +270,7 @@ fn kv_resolve_reads_replay_and_end() {
             query_seq_lens: null(),
             layer: 0,
             flags: 0,
+            block_positions: 0,
         };
         let (mut idx, mut valid, mut stats, mut read) =
             ([0i32; 4], [0i32; 1], TierkitKvStats::default(), 0u64);
@@ -322,6 +323,51 @@ fn kv_resolve_reads_replay_and_end() {
         });
         assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT, "{m}");
         assert_eq!(idx, [-1; 4]);
+        // Block ids of 4 positions under a bound of 18: block 1 = positions 4..8, block 4 =
+        // 16..20 straddles the bound (18, 19 come out -1).
+        let (blocks, seq18) = ([1, 4], [18i32]);
+        let b3 = TierkitKvBatch {
+            topk: blocks.as_ptr(),
+            k: 2,
+            topk_row_stride: 2,
+            seq_lens: seq18.as_ptr(),
+            block_positions: 4,
+            ..batch
+        };
+        let resolve_into = |out: &mut [i32], stats: &mut TierkitKvStats, read: &mut u64| {
+            let mut valid = [0i32; 1];
+            let r = check(|e| {
+                tierkit_kv_pool_resolve(
+                    pool,
+                    &b3,
+                    out.as_mut_ptr(),
+                    out.len(),
+                    valid.as_mut_ptr(),
+                    1,
+                    stats,
+                    read,
+                    e,
+                )
+            });
+            (r, valid[0])
+        };
+        let mut wide = [0i32; 8];
+        let ((c, m), v) = resolve_into(&mut wide, &mut stats, &mut read);
+        valid[0] = v;
+        assert_eq!(c, 0, "{m}");
+        assert_eq!((valid[0], stats.picks, wide[6], wide[7]), (6, 6, -1, -1));
+        for (col, pos) in [(0usize, 4u8), (3, 7), (4, 16), (5, 17)] {
+            let (mut p, mut n) = (null(), 0usize);
+            assert_eq!(
+                check(|e| tierkit_kv_pool_arena_row(pool, 1, wide[col], &mut p, &mut n, e)).0,
+                0
+            );
+            assert_eq!(std::slice::from_raw_parts(p, n), &[pos; 16], "column {col}");
+        }
+        assert_eq!(check(|e| tierkit_kv_pool_end_read(pool, read, e)).0, 0);
+        // Outputs shorter than rows × k × block_positions: an argument error.
+        let ((c, m), _) = resolve_into(&mut wide[..7], &mut stats, &mut read);
+        assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT, "{m}");
         assert_eq!(check(|e| tierkit_kv_pool_check_invariants(pool, e)).0, 0);
         tierkit_kv_pool_free(pool);
         assert_eq!(
@@ -349,6 +395,7 @@ unsafe fn resolve_row(pool: *mut TierkitKvPool, pos: i32, layer: u32) -> Vec<u8>
         query_seq_lens: null(),
         layer,
         flags: 0,
+        block_positions: 0,
     };
     let (mut idx, mut valid, mut read) = ([0i32; 1], [0i32; 1], 0u64);
     // SAFETY: the caller's pool; buffers of the lengths given.

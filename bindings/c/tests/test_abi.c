@@ -190,7 +190,7 @@ int main(void) {
     uint64_t sessions[1] = {7};
     int32_t qsl[2] = {0, 1}, seq[1] = {20}, topk[4] = {0, 5, 19, -1}, idx[4], valid[1];
     uint64_t read = 0;
-    tierkit_kv_batch b = {sessions, 1, qsl, seq, topk, 1, 4, 4, NULL, 0, 0};
+    tierkit_kv_batch b = {sessions, 1, qsl, seq, topk, 1, 4, 4, NULL, 0, 0, 0};
     int32_t past[4] = {0, 20, -1, -1};
     tierkit_kv_batch b_past = b;
     b_past.topk = past;
@@ -209,6 +209,18 @@ int main(void) {
     b_flags.flags = 8;
     EXPECT("resolve: unknown flag", tierkit_kv_pool_resolve(pool, &b_flags, idx, 4, valid, 1, NULL, &read, &err_),
            TIERKIT_ERR_INVALID_ARGUMENT, "flags");
+    tierkit_kv_batch b_blocks = b; /* one block id of 4 positions: below -1 is refused */
+    int32_t bad_block[1] = {-2};
+    b_blocks.topk = bad_block;
+    b_blocks.k = b_blocks.topk_row_stride = 1;
+    b_blocks.block_positions = 4;
+    EXPECT("resolve: block id below -1",
+           tierkit_kv_pool_resolve(pool, &b_blocks, idx, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "position -2");
+    bad_block[0] = 1; /* a valid block: 4 columns, 3 given */
+    EXPECT("resolve: block outputs too short",
+           tierkit_kv_pool_resolve(pool, &b_blocks, idx, 3, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "indices");
     EXPECT("resolve", tierkit_kv_pool_resolve(pool, &b, idx, 4, valid, 1, NULL, &read, &err_), TIERKIT_OK, NULL);
     EXPECT("end read", tierkit_kv_pool_end_read(pool, read, &err_), TIERKIT_OK, NULL);
     EXPECT("end read twice", tierkit_kv_pool_end_read(pool, read, &err_), TIERKIT_ERR_INVALID_HANDLE, "not open");

@@ -771,8 +771,9 @@ impl PyGpuKvPool {
     /// [plan_count_len]` (0 = sessions; entries past `sessions` written 0, so a replay of more
     /// sessions copies nothing stale, in a graph too), `stats [sessions][kv_stats]`; the picks
     /// resolve against the hot cache of `layer`'s layer group and the misses are gathered into
-    /// every plane of that group.
-    #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len, plan_count_len))]
+    /// every plane of that group. `block_positions > 1`: `topk` holds block ids of that many
+    /// positions each and `indices` has `k × block_positions` columns (`KvResolveOptions`).
+    #[pyo3(signature = (stream, topk, query_start_loc, seq_lens, session_slot, sessions, rows, k, layer, indices, valid_count, plan, plan_count, stats, packed, query_seq_lens, indices_len, valid_len, plan_count_len, block_positions = None))]
     #[allow(clippy::too_many_arguments)]
     fn resolve(
         &self,
@@ -795,7 +796,9 @@ impl PyGpuKvPool {
         indices_len: &Bound<'_, PyAny>,
         valid_len: &Bound<'_, PyAny>,
         plan_count_len: &Bound<'_, PyAny>,
+        block_positions: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        int_args!(block_positions: u32 = 0);
         int_args!(
             stream: u64,
             topk: u64,
@@ -849,6 +852,7 @@ impl PyGpuKvPool {
                 indices_len,
                 valid_len,
                 plan_count_len,
+                block_positions,
                 ..KvResolveOptions::default()
             };
             // SAFETY: the caller's live stream of this device.

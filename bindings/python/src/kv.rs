@@ -407,16 +407,19 @@ impl PyElasticPool {
     ///
     /// `sessions` (`[reqs]`), `query_start_loc` (`[reqs + 1]`) and `seq_lens` (`[reqs]`) are
     /// int arrays or lists, as vLLM describes a batch; `topk` is the indexer's `[rows, k]`
-    /// positions (int32/int64, any strides, `-1` padding). Outputs go to `indices` /
-    /// `valid_count` when given (int32, C-contiguous, writeable, at least `rows × k` / `rows`
-    /// elements; the rest is written `-1` / 0), else to new arrays. `packed=True` packs each
+    /// positions (int32/int64, any strides, `-1` padding), or block ids with `block_positions=B`
+    /// (`B > 1`: id `b` stands for positions `b × B .. b × B + B`, block-major, as MiniMax-M3's
+    /// block top-k; a block's positions at or beyond the row's bound come out `-1`). Outputs
+    /// (`[rows, k × B]`, `B = 1` for positions) go to `indices` / `valid_count` when given
+    /// (int32, C-contiguous, writeable, at least `rows × k × B` / `rows` elements; the rest is
+    /// written `-1` / 0), else to new arrays. `packed=True` packs each
     /// row's valid entries to the front (FlashMLA's `topk_length`); `query_seq_lens` (`[rows]`)
     /// bounds each query row (speculative rows). The picks resolve against the hot cache of
     /// `layer`'s layer group (`Geometry.layer_groups`) and the misses are fetched into every
     /// layer of that group.
     #[pyo3(
-        signature = (sessions, query_start_loc, seq_lens, topk, layer = None, *, k = None, indices = None, valid_count = None, packed = false, query_seq_lens = None),
-        text_signature = "($self, sessions, query_start_loc, seq_lens, topk, layer=0, *, k=None, indices=None, valid_count=None, packed=False, query_seq_lens=None)"
+        signature = (sessions, query_start_loc, seq_lens, topk, layer = None, *, k = None, indices = None, valid_count = None, packed = false, query_seq_lens = None, block_positions = None),
+        text_signature = "($self, sessions, query_start_loc, seq_lens, topk, layer=0, *, k=None, indices=None, valid_count=None, packed=False, query_seq_lens=None, block_positions=0)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn resolve<'py>(
@@ -432,8 +435,9 @@ impl PyElasticPool {
         valid_count: Option<&Bound<'py, PyAny>>,
         packed: bool,
         query_seq_lens: Option<&Bound<'py, PyAny>>,
+        block_positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyResolved> {
-        int_args!(layer: u32 = 0, k: Option<usize>);
+        int_args!(layer: u32 = 0, k: Option<usize>, block_positions: u32 = 0);
         let sessions: Vec<u64> = narrow(&ints(sessions, "sessions", 1, "[reqs]")?.0, "sessions")?;
         let qsl: Vec<i32> = narrow(
             &ints(query_start_loc, "query_start_loc", 1, "[reqs + 1]")?.0,
@@ -448,6 +452,15 @@ impl PyElasticPool {
             )));
         }
         let topk: Vec<i32> = narrow(&flat, "topk")?;
+        // Output columns: k positions, or k block ids of `block_positions` positions each.
+        let width = kk
+            .checked_mul(block_positions.max(1) as usize)
+            .filter(|&w| w <= i32::MAX as usize)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "k × block_positions = {kk} × {block_positions} exceeds 2^31 - 1 columns"
+                ))
+            })?;
         let qsls: Option<Vec<i32>> = match query_seq_lens {
             Some(q) if !q.is_none() => Some(narrow(
                 &ints(q, "query_seq_lens", 1, "[rows]")?.0,
@@ -458,7 +471,7 @@ impl PyElasticPool {
         // Outputs: the caller's (checked) or new ones.
         let idx_arr: Bound<'py, PyAny> = match indices {
             Some(a) if !a.is_none() => a.clone(),
-            _ => zeros_i32(py, &[rows, kk])?,
+            _ => zeros_i32(py, &[rows, width])?,
         };
         let val_arr: Bound<'py, PyAny> = match valid_count {
             Some(a) if !a.is_none() => a.clone(),
@@ -470,7 +483,7 @@ impl PyElasticPool {
             ));
         }
         let (plan, stats, ticket) = {
-            let mut idx = out_i32(&idx_arr, "indices", rows * kk)?;
+            let mut idx = out_i32(&idx_arr, "indices", rows * width)?;
             let mut val = out_i32(&val_arr, "valid_count", rows)?;
             let idx_s = idx
                 .as_slice_mut()
@@ -494,6 +507,7 @@ impl PyElasticPool {
                         OutputLayout::InPlace
                     },
                     query_seq_lens: qsls.as_deref(),
+                    block_positions,
                 };
                 let done = p
                     .resolve_with(

@@ -79,6 +79,30 @@ def test_caller_outputs_packed_layout_padding_and_tuple_unpacking():
     r.complete()
 
 
+def test_block_ids_stand_for_their_positions():
+    pool = small_pool()
+    # Blocks of 4 positions under a bound of 18: block 1 = positions 4..8, block 4 = 16..20
+    # straddles the bound (18, 19 come out -1), block 5 lies wholly past it (all -1, not an error).
+    topk = np.array([[1, 4, -1, 5]], dtype=np.int32)
+    r = pool.resolve([7], [0, 1], [18], topk, block_positions=4)
+    assert r.indices.shape == (1, 16)
+    want = [4, 5, 6, 7, 16, 17] + [-1] * 10
+    for c, p in enumerate(want):
+        if p < 0:
+            assert r.indices[0, c] == -1
+        else:
+            assert pool.arena_row(0, int(r.indices[0, c])) == bytes([p] * 16)
+    assert r.valid_count.tolist() == [6] and r.stats["picks"] == 6
+    r.complete()
+    # Packed: the same rows at the front; an id < -1 is refused.
+    p = pool.resolve([7], [0, 1], [18], topk, block_positions=4, packed=True)
+    assert p.indices[0, :6].tolist() == [i for i in r.indices[0].tolist() if i >= 0]
+    assert (p.indices[0, 6:] == -1).all()
+    p.complete()
+    with pytest.raises(ValueError, match="out of range"):
+        pool.resolve([7], [0, 1], [18], np.array([[-2]], np.int32), block_positions=4)
+
+
 class FakeTensor:
     """Stands in for a torch tensor: exposes only the DLPack protocol."""
 

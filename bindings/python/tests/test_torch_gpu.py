@@ -628,6 +628,55 @@ def test_kv_resolve_is_bit_exact_against_the_cpu_pool_in_a_graph():
         gpu.resolve(topk, qsl, seq, slot, indices, valid)
 
 
+@needs_gpu
+def test_kv_block_ids_in_a_graph_equal_the_cpu_pool():
+    """Block-id top-k (MiniMax-M3 style, blocks of 8 positions) through the torch op in a CUDA
+    graph: the same indices, valid counts and bytes as the CPU pool's resolve of the same ids."""
+    B, KB = 8, 4  # 4 block ids per row: 32 output columns
+    g = kv_geometry()
+    cpu = kv.ElasticPool(g)
+    gpu = tt.KvPool(g, max_sessions=4, max_history=1024, settle_readers=True)
+    tt.warmup()
+    sessions, n = [1, 2], [301, 517]  # lengths ending inside a block
+    for s, m in zip(sessions, n):
+        hist = np.concatenate([token(s, t) for t in range(m)])
+        assert cpu.admit(s, hist) == gpu.admit(s, hist)
+    i32 = dict(dtype=torch.int32, device="cuda")
+    reqs = len(sessions)
+    topk, qsl = torch.full((reqs, KB), -1, **i32), torch.arange(reqs + 1, **i32)
+    seq = torch.tensor(n, **i32)
+    slot = torch.tensor([gpu.slot_of(s) for s in sessions], **i32)
+    indices, valid = torch.zeros(reqs * KB * B, **i32), torch.zeros(reqs, **i32)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gpu.resolve(topk, qsl, seq, slot, indices, valid, layer=0, block_positions=B)
+    served = 0
+    for step in range(8):
+        rng = np.random.default_rng(7 + step)
+        # the blocks overlapping each length (the last straddles it), one wholly past it, and -1
+        tk = np.stack([rng.integers(-1, -(-m // B) + 1, KB) for m in n]).astype(np.int32)
+        topk.copy_(torch.tensor(tk))
+        graph.replay()
+        torch.cuda.synchronize()
+        with cpu.resolve(np.array(sessions, np.uint64), np.arange(reqs + 1, dtype=np.int32),
+                         np.array(n, np.int32), tk, layer=0, block_positions=B) as r:
+            assert (indices.cpu().numpy() == r.indices.ravel()).all(), step
+            assert (valid.cpu().numpy() == r.valid_count).all(), step
+            planes = [p.cpu().numpy() for p in gpu.planes]
+            for i, s in enumerate(sessions):
+                for c in range(KB * B):
+                    row, p = int(r.indices[i, c]), int(tk[i, c // B]) * B + c % B
+                    if row < 0:
+                        continue
+                    assert tk[i, c // B] >= 0 and p < n[i]
+                    want = token(s, p)
+                    served += 1
+                    for layer in range(KV_LAYERS):
+                        assert (planes[layer][row] == want[layer * ROW:(layer + 1) * ROW]).all()
+    assert served > 0 and gpu.errors()["bad_position"] == 0
+    gpu.close()
+
+
 # ------------------------------------------------------------------------------- bad input
 
 

@@ -77,8 +77,10 @@ pub(crate) struct KvCall {
     pub layer: u32,
     pub fetch: u32,
     pub layout: u32,
-    pub pad0: u32,
-    pub pad1: u32,
+    /// Positions per top-k entry (1: positions; `> 1`: block ids).
+    pub block: u32,
+    /// Entries per row of `topk` (`k / block`).
+    pub topk_k: u32,
 }
 
 // SAFETY: `KvCall` is `repr(C)`, Pod, and matches `struct KvCall` in kv_abi.cuh field for field
@@ -311,7 +313,7 @@ mod tests {
             ]
         );
         same_layout!("KvDiv", KvDiv, [d, mul, shr, pad]);
-        same_layout!("KvDivs", KvDivs, [page, tail, k, m, gper, fp_max, pad]);
+        same_layout!("KvDivs", KvDivs, [page, tail, k, blk, m, gper, fp_max, pad]);
         same_layout!(
             "KvSlotDesc",
             KvSlotDesc,
@@ -362,8 +364,8 @@ mod tests {
                 layer,
                 fetch,
                 layout,
-                pad0,
-                pad1
+                block,
+                topk_k
             ]
         );
     }

@@ -70,8 +70,10 @@ pub(crate) struct KvDivs {
     pub page: KvDiv,
     /// `tail_rows`.
     pub tail: KvDiv,
-    /// The call's top-k width `k`.
+    /// The call's output row width `k` (top-k × positions per block id).
     pub k: KvDiv,
+    /// Positions per block id (1 for position picks).
+    pub blk: KvDiv,
     /// Query rows per entry of a uniform batch (`rows = m × sessions`, `1 ≤ m ≤ 64`, `m × k ≤
     /// 4 × block`), 0 otherwise.
     pub m: u32,
@@ -113,11 +115,20 @@ impl KvDivs {
             page: KvDiv::new(page_rows),
             tail: KvDiv::new(tail_rows),
             k: KvDiv::new(k),
+            blk: KvDiv::new(1),
             m,
             gper,
             // 0 when even page 0's last row overflows (page_rows > 2^31)
             fp_max: (i32::MAX as u32).saturating_sub(pr - 1) / pr,
             pad: 0,
+        }
+    }
+
+    /// The same constants for block-id picks of `block` positions each (0 or 1: positions).
+    pub(crate) fn with_block(self, block: u32) -> Self {
+        KvDivs {
+            blk: KvDiv::new(block),
+            ..self
         }
     }
 }

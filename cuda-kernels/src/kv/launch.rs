@@ -102,9 +102,10 @@ impl KvKernels {
     /// contract in `DESIGN.md`.
     ///
     /// # Errors
-    /// `OutOfRange` for the layer range or `o.layout`, `Shape` for `a.k == 0` or output lengths
-    /// (`o.indices_len`, `o.valid_len`, `o.plan_count_len`) below `rows × k` / `rows` /
-    /// `sessions`, the driver's launch error.
+    /// `OutOfRange` for the layer range, `o.layout` or a row width `k × block_positions` over
+    /// `i32::MAX`, `Shape` for `a.k == 0` or output lengths (`o.indices_len`, `o.valid_len`,
+    /// `o.plan_count_len`) below `rows × k × block_positions` / `rows` / `sessions`, the driver's
+    /// launch error.
     ///
     /// # Safety
     /// `t` holds live device buffers of the shapes [`KvTables`] lists for `d`; every pointer of `a`
@@ -137,8 +138,23 @@ impl KvKernels {
                 limit: KV_LAYOUT_PACKED as u64 + 1,
             });
         }
-        let picks = a.rows as u64 * a.k as u64;
-        let indices_len = output_len(o.indices_len, picks, "indices entries (at least rows × k)")?;
+        // Block ids: each of a row's k entries stands for `block` positions (the output columns).
+        let block = o.block_positions.max(1);
+        let width = a.k as u64 * block as u64;
+        if width > i32::MAX as u64 {
+            return Err(CudaError::OutOfRange {
+                what: "output row width k × block_positions",
+                value: width,
+                limit: i32::MAX as u64 + 1,
+            });
+        }
+        let width = width as u32;
+        let picks = a.rows as u64 * width as u64;
+        let indices_len = output_len(
+            o.indices_len,
+            picks,
+            "indices entries (at least rows × k × block_positions)",
+        )?;
         let valid_len = output_len(
             o.valid_len,
             a.rows as u64,
@@ -169,14 +185,15 @@ impl KvKernels {
         let engine = o.engine;
         #[cfg(not(feature = "test-hooks"))]
         let engine = ResolveEngine::Auto;
-        let (func, block, smem) = match engine.for_call(a.rows, a.sessions, a.k) {
+        let (func, threads, smem) = match engine.for_call(a.rows, a.sessions, width) {
             ResolveEngine::Lean if fits => (&self.resolve_lean, KV_LEAN_BLOCK, lean_smem),
             ResolveEngine::Lean512 if fits => (&self.resolve_lean512, KV_LEAN512_BLOCK, lean_smem),
             _ => (&self.resolve, KV_CLASSIC_BLOCK, 0),
         };
-        // page_rows, tail_rows and k as multipliers (the lean engine divides by them per pick), and
-        // the batch shape the lean engine guesses its picks from.
-        let divs = KvDivs::new(d.page_rows, d.tail_rows, a.k, a.rows, a.sessions, block);
+        // page_rows, tail_rows, the row width and the block as multipliers (the lean engine
+        // divides by them per pick), and the batch shape the lean engine guesses its picks from.
+        let divs = KvDivs::new(d.page_rows, d.tail_rows, width, a.rows, a.sessions, threads)
+            .with_block(block);
         let call = KvCall {
             topk: a.topk,
             qsl: a.query_start_loc,
@@ -193,18 +210,18 @@ impl KvKernels {
             pc_len: plan_count_len,
             sessions: a.sessions,
             rows: a.rows,
-            k: a.k,
+            k: width,
             layer: a.layer,
             fetch,
             layout: o.layout,
-            pad0: 0,
-            pad1: 0,
+            block,
+            topk_k: a.k,
         };
         let mut b = stream.launch_builder(func);
         b.arg(d).arg(t).arg(&call).arg(&divs);
         let cfg = LaunchConfig {
             grid_dim: (a.sessions + 1, 1, 1),
-            block_dim: (block, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
         // SAFETY: the argument list matches tierkit_kv_resolve / _lean / _lean512 (KvDims, KvTables,
@@ -572,7 +589,7 @@ impl KvKernels {
 
     /// Page fills by the copy engines: `copies` (host list of `(slot, position, dst_row)`, every
     /// layer of each row) coalesced into runs of consecutive positions of one slot landing on
-    /// consecutive arena rows ([`coalesce_runs`]), each run one descriptor of `rows × row_bytes`
+    /// consecutive arena rows (`coalesce_runs`), each run one descriptor of `rows × row_bytes`
     /// bytes in one `cuMemcpyBatchAsync` on `stream` (with the overlap-with-compute hint). With one
     /// layer the host store holds a run's rows back to back, exactly as the arena plane does; with
     /// more layers a token's layers are interleaved in the host store, so this returns

@@ -343,7 +343,8 @@ unsafe impl DeviceRepr for KvTables {}
 /// Output layout, per-query bounds and oversized output buffers: [`KvResolveOptions`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvResolveArgs {
-    /// `int32 [rows, k]` picked positions (`-1` = padding).
+    /// `int32 [rows, k]` picked positions (`-1` = padding), or block ids
+    /// ([`KvResolveOptions::block_positions`]).
     pub topk: u64,
     /// `int32 [sessions + 1]` query rows per session.
     pub query_start_loc: u64,
@@ -358,13 +359,13 @@ pub struct KvResolveArgs {
     pub sessions: u32,
     /// Query rows.
     pub rows: u32,
-    /// Picks per row.
+    /// Picks per row of `topk` (block ids per row with [`KvResolveOptions::block_positions`]).
     pub k: u32,
     /// First arena plane the misses are fetched into ([`KvResolveOptions::fill_layers`] planes
     /// from it).
     pub layer: u32,
-    /// `int32 [rows, k]` output arena rows (`-1` padding; layout and longer buffers:
-    /// [`KvResolveOptions`]).
+    /// `int32 [rows, k × B]` output arena rows, `B` = [`KvResolveOptions::block_positions`] (1
+    /// for positions); `-1` padding; layout and longer buffers: [`KvResolveOptions`].
     pub indices: u64,
     /// `int32 [rows]` output valid picks per row (FlashMLA's `topk_length` only in the packed
     /// layout, [`KV_LAYOUT_PACKED`]).
@@ -387,12 +388,12 @@ pub struct KvResolveOptions {
     pub layout: u32,
     /// `int32 [rows]` per-query causal bound (device pointer; 0 = none): row `row` may see
     /// positions `0..query_seq_lens[row]` (capped at its entry's `seq_len`); a pick at or beyond
-    /// it is written `-1` and counted in `bad_position`. vLLM's per-token `seq_lens` of a
-    /// speculative batch.
+    /// it is written `-1` and counted in `bad_position` (block ids: written `-1`, see
+    /// [`KvResolveOptions::block_positions`]). vLLM's per-token `seq_lens` of a speculative batch.
     pub query_seq_lens: u64,
-    /// Entries of the `indices` buffer (0 = exactly `rows × k`). Larger: a persistent max-size
-    /// buffer (CUDA-graph style); entries past `rows × k` are padding and written `-1`. Smaller
-    /// than `rows × k` is refused at launch (`Shape`).
+    /// Entries of the `indices` buffer (0 = exactly `rows × k × B`, `B` the positions per block
+    /// id, 1 for positions). Larger: a persistent max-size buffer (CUDA-graph style); entries past
+    /// `rows × k × B` are padding and written `-1`. Smaller is refused at launch (`Shape`).
     pub indices_len: u64,
     /// Entries of the `valid_count` buffer (0 = exactly `rows`). Larger: entries past `rows` are
     /// padding and written `0`. Smaller than `rows` is refused at launch (`Shape`).
@@ -410,6 +411,14 @@ pub struct KvResolveOptions {
     /// group's planes (kv-elastic's `LayerGroups`), all filled by the one resolve. The layer
     /// range must end within `KvDims::layers` (`OutOfRange` otherwise).
     pub fill_layers: u32,
+    /// Positions per block id (0 or 1: `topk` holds positions). `B > 1`: `topk int32 [rows, k]`
+    /// holds block ids, id `b` standing for positions `b × B .. b × B + B` (MiniMax-M3's block
+    /// top-k; SGLang's `TopKIsBlocks`), read block-major: output column `c × B + i` is position
+    /// `topk[row][c] × B + i`, resolved as a position pick. Outputs are `[rows, k × B]` (row
+    /// stride `k × B`, at most `i32::MAX`: `OutOfRange` otherwise). A block's position at or
+    /// beyond its row's bound is written `-1` and not counted invalid (the block straddles the
+    /// end); an id `< -1` is invalid, counted in `bad_position` once per position it stands for.
+    pub block_positions: u32,
 }
 
 #[cfg(test)]

@@ -8,8 +8,8 @@ use crate::control::SessionState;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
 use crate::resolve::{
-    OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,
-    Resolver, RowCopy,
+    row_positions, OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan,
+    ResolveStats, Resolved, Resolver, RowCopy,
 };
 use crate::ticket::ReadTicket;
 
@@ -66,7 +66,8 @@ impl Resolver for ElasticPool {
         opts: &ResolveOptions<'_>,
         out: &mut ResolveOutput<'_>,
     ) -> Result<Resolved> {
-        let hot_needed = self.validate_resolve(input, opts, out)?;
+        let checked = self.validate_resolve(input, opts, out)?;
+        let hot_needed = checked.need;
         let mut stats = ResolveStats::default();
         let mut copies = Vec::new();
         let g = self.ctl.geometry;
@@ -115,15 +116,19 @@ impl Resolver for ElasticPool {
         }
         self.apply_copies(&copies, g.group_layers(input.layer));
         self.ctl.counters.miss_tokens += stats.misses;
-        // Outputs: every element written (padding past rows × k and rows too).
-        let k = input.k;
+        // Outputs: every element written (padding past rows × k and rows too). With block ids
+        // (validated: none < -1) a row's k ids stand for k × block positions, each resolved as a
+        // position pick; the positions at or beyond the row's bound come out -1.
+        let (k, block) = (input.k, opts.block());
+        let width = k * block;
         for (ri, &s) in input.sessions.iter().enumerate() {
             let r = &self.ctl.sessions[&s];
             let tail_start = r.committed.saturating_sub(g.tail_rows);
             for row in input.query_start_loc[ri] as usize..input.query_start_loc[ri + 1] as usize {
+                let bound = opts.query_seq_lens.map_or(input.seq_lens[ri], |q| q[row]);
+                let picks = row_positions(&input.topk[row * k..(row + 1) * k], block, bound);
                 let mut valid = 0usize;
-                for j in row * k..(row + 1) * k {
-                    let p = input.topk[j];
+                for (j, p) in (row * width..(row + 1) * width).zip(picks) {
                     let at = if p < 0 {
                         -1
                     } else {
@@ -137,21 +142,23 @@ impl Resolver for ElasticPool {
                     };
                     match opts.layout {
                         OutputLayout::InPlace => out.indices[j] = at,
-                        OutputLayout::Packed if at >= 0 => out.indices[row * k + valid] = at,
+                        OutputLayout::Packed if at >= 0 => out.indices[row * width + valid] = at,
                         OutputLayout::Packed => {}
                     }
                     valid += usize::from(at >= 0);
                 }
                 if opts.layout == OutputLayout::Packed {
-                    out.indices[row * k + valid..(row + 1) * k].fill(-1);
+                    out.indices[row * width + valid..(row + 1) * width].fill(-1);
                 }
                 out.valid_count[row] = valid as i32;
                 stats.picks += valid as u64;
             }
         }
+        // Every valid pick is served or counted unserved.
+        debug_assert_eq!(stats.picks + stats.unserved, checked.picks);
         // Validated: query_start_loc covers rows 0..rows exactly; the rest is padding.
         let rows = input.topk.len() / k;
-        out.indices[input.topk.len()..].fill(-1);
+        out.indices[rows * width..].fill(-1);
         out.valid_count[rows..].fill(0);
         Ok(Resolved {
             plan: ResolvePlan {

@@ -7,17 +7,29 @@ use super::ElasticPool;
 use crate::data::DataPlane;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
-use crate::resolve::{ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, MAX_CANDIDATES};
+use crate::resolve::{
+    row_positions, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, MAX_CANDIDATES,
+};
+
+/// What a batch's checks found.
+#[derive(Debug)]
+pub(crate) struct CheckedBatch {
+    /// The distinct positions per batch entry that need the hot cache (first appearance order).
+    pub need: Vec<Vec<u32>>,
+    /// Valid picks (positions, block ids expanded) of the batch: what a resolve serves at most.
+    pub picks: u64,
+}
 
 impl<D: DataPlane> ElasticPool<D> {
     /// Checks a batch; returns the distinct positions per batch entry that need the hot cache
-    /// (first appearance order). A step needing more than `hot_rows` of them is valid: it is
-    /// served as far as evictable rows last (see the resolvers).
+    /// (first appearance order) and the valid picks. A step needing more than `hot_rows` of them
+    /// is valid: it is served as far as evictable rows last (see the resolvers). Block ids
+    /// ([`ResolveOptions::block_positions`]) are checked as the positions they stand for.
     pub(crate) fn validate_batch(
         &self,
         input: &ResolveInput<'_>,
         opts: &ResolveOptions<'_>,
-    ) -> Result<Vec<Vec<u32>>> {
+    ) -> Result<CheckedBatch> {
         let g = &self.ctl.geometry;
         let reqs = input.sessions.len();
         if input.layer >= g.layers {
@@ -54,6 +66,14 @@ impl<D: DataPlane> ElasticPool<D> {
                 actual: input.topk.len(),
             });
         }
+        let block = opts.block();
+        if input.k as u64 * block as u64 > i32::MAX as u64 {
+            return Err(KvError::LengthMismatch {
+                what: "output row width k × block_positions (at most i32::MAX)",
+                expected: i32::MAX as usize,
+                actual: input.k.saturating_mul(block),
+            });
+        }
         let rows = input.topk.len() / input.k;
         let qsl = input.query_start_loc;
         if qsl[0] != 0 {
@@ -80,6 +100,7 @@ impl<D: DataPlane> ElasticPool<D> {
         }
         let mut seen = HashSet::with_capacity(reqs);
         let mut hot_needed = Vec::with_capacity(reqs);
+        let mut picks = 0u64;
         for (ri, &s) in input.sessions.iter().enumerate() {
             let r = self.session(s)?;
             if !seen.insert(s) {
@@ -116,7 +137,11 @@ impl<D: DataPlane> ElasticPool<D> {
                         q[row]
                     }
                 };
-                for &p in &input.topk[row * input.k..(row + 1) * input.k] {
+                for p in row_positions(
+                    &input.topk[row * input.k..(row + 1) * input.k],
+                    block,
+                    bound,
+                ) {
                     if p < -1 || p >= bound {
                         return Err(KvError::PositionOutOfRange {
                             row,
@@ -124,6 +149,7 @@ impl<D: DataPlane> ElasticPool<D> {
                             seq_len: bound,
                         });
                     }
+                    picks += u64::from(p >= 0);
                     if p < 0 || full {
                         continue;
                     }
@@ -142,27 +168,32 @@ impl<D: DataPlane> ElasticPool<D> {
             }
             hot_needed.push(need);
         }
-        Ok(hot_needed)
+        Ok(CheckedBatch {
+            need: hot_needed,
+            picks,
+        })
     }
 
-    /// A resolve's checks, shared by every back-end: output shapes (`indices` at least `rows × k`,
-    /// `valid_count` at least `rows`; longer buffers are padding) and [`Self::validate_batch`]'s
-    /// errors; on an input error the outputs are filled with `-1` / `0` when their lengths
-    /// suffice. Returns the distinct non-resident positions per session.
+    /// A resolve's checks, shared by every back-end: output shapes (`indices` at least `rows × k ×
+    /// B`, `valid_count` at least `rows`; longer buffers are padding) and
+    /// [`Self::validate_batch`]'s errors; on an input error the outputs are filled with `-1` / `0`
+    /// when their lengths suffice. Returns the distinct non-resident positions per session and the
+    /// valid picks.
     pub(crate) fn validate_resolve(
         &self,
         input: &ResolveInput<'_>,
         opts: &ResolveOptions<'_>,
         out: &mut ResolveOutput<'_>,
-    ) -> Result<Vec<Vec<u32>>> {
+    ) -> Result<CheckedBatch> {
         let rows = input.topk.len().checked_div(input.k).unwrap_or(0);
-        let lengths_ok = out.indices.len() >= input.topk.len() && out.valid_count.len() >= rows;
+        let picks = input.topk.len().saturating_mul(opts.block());
+        let lengths_ok = out.indices.len() >= picks && out.valid_count.len() >= rows;
         match self.validate_batch(input, opts) {
             Ok(h) if lengths_ok => Ok(h),
-            Ok(_) => Err(if out.indices.len() < input.topk.len() {
+            Ok(_) => Err(if out.indices.len() < picks {
                 KvError::LengthMismatch {
-                    what: "indices (at least rows × k)",
-                    expected: input.topk.len(),
+                    what: "indices (at least rows × k × block_positions)",
+                    expected: picks,
                     actual: out.indices.len(),
                 }
             } else {

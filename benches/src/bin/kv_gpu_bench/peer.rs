@@ -12,6 +12,11 @@
 //! 3. *25.9% misses*: 30% replaced per step;
 //! 4. *hits only, scattered*: the last set repeated (its hot slots now scattered by the churn).
 //!
+//! The *block ids* configurations run the same phases on block-id top-k (MiniMax-M3 style): 32 ids
+//! of 64 positions per row (2048 output columns, as the token rows), churned as whole blocks (10% /
+//! 30% of the ids replaced per step), SGLang's `TopKIsBlocks` instantiation (`SPARSE_BLOCK_SIZE =
+//! 64`) against our `KvResolveOptions::block_positions = 64`.
+//!
 //! Each phase: `warm` untimed steps, then `reps` timed ones (CUDA events, median). Four launch
 //! modes per kernel from the same cold state: plain launch, the launch captured once in a CUDA
 //! graph and replayed, *bookkeeping* (plain launch with the byte copy left out: SGLang's own SkipIO
@@ -28,7 +33,7 @@ use std::sync::Arc;
 use cuda_kernels::cudarc_driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cuda_kernels::cudarc_driver::{CudaGraph, CudaStream};
 use cuda_kernels::{CopyBackend, DeviceBuffer, Gpu, KvResolveOptions};
-use tierkit_testkit::{SglangHisparse, SglangShape, SglangSource};
+use tierkit_testkit::{SglangHisparse, SglangShape, SglangSource, SGLANG_SPARSE_BLOCK};
 
 use crate::bench::{
     cu, median, resident_sets, setup, Churn, Ev, Out, Res, Setup, Table, K, REQS, ROW,
@@ -127,8 +132,9 @@ struct Sequence {
     phases: Vec<Phase>,
 }
 
-fn sequence(history: u32, warm: usize, reps: usize) -> Sequence {
-    let mut churn = Churn::new(history - 64, 7);
+/// `block > 1`: sets of `K / block` block ids below the tail (positions `< history - 64`).
+fn sequence(history: u32, block: u32, warm: usize, reps: usize) -> Sequence {
+    let mut churn = Churn::with_width((history - 64) / block, 7, K / block as usize);
     let mut steps = vec![churn.step(0.0)];
     let mut phases = Vec::new();
     for (label, rate) in [
@@ -153,7 +159,10 @@ struct Bed {
     ours: Setup,
     out: Out,
     sg: SglangHisparse,
+    /// The step's top-k, `[REQS][K / block]`.
     cur: DeviceBuffer<i32>,
+    /// Positions per top-k entry (1: positions; else block ids).
+    block: u32,
 }
 
 impl Bed {
@@ -164,6 +173,7 @@ impl Bed {
         history: u32,
         elastic: bool,
         sg_hot: u32,
+        block: u32,
     ) -> Res<Self> {
         let ours = setup(gpu, hot, history, elastic, 1)?;
         let d = *ours.pool.device().dims();
@@ -184,6 +194,7 @@ impl Bed {
                 hot: sg_hot,
                 seq_len: history,
                 item_bytes: ROW,
+                block,
             },
             t.host,
             &locs,
@@ -191,9 +202,10 @@ impl Bed {
         )?;
         Ok(Bed {
             out: Out::new(gpu, hot)?,
-            cur: DeviceBuffer::zeroed(gpu.ctx(), REQS * K)?,
+            cur: DeviceBuffer::zeroed(gpu.ctx(), REQS * K / block as usize)?,
             ours,
             sg,
+            block,
         })
     }
 
@@ -212,13 +224,17 @@ impl Bed {
     fn launch(&self, s: &CudaStream, kernel: Kernel, copy: bool) -> Res<()> {
         match kernel {
             Kernel::Sglang => {
-                // SAFETY: `cur` holds REQS x 2048 positions below the history; the host cache (the
-                // pool's pinned store) outlives the launch.
+                // SAFETY: `cur` holds REQS x 2048 / block positions (block ids) below the history;
+                // the host cache (the pool's pinned store) outlives the launch.
                 unsafe { self.sg.launch(s, self.cur.device_ptr(), copy)? }
             }
             Kernel::Ours => {
-                let a = self.out.args(&self.ours, self.cur.device_ptr(), 0);
-                let o = KvResolveOptions::default();
+                let mut a = self.out.args(&self.ours, self.cur.device_ptr(), 0);
+                a.k = K as u32 / self.block;
+                let o = KvResolveOptions {
+                    block_positions: self.block,
+                    ..KvResolveOptions::default()
+                };
                 let backend = if copy {
                     CopyBackend::Gather
                 } else {
@@ -247,7 +263,10 @@ impl Bed {
         for r in 0..REQS {
             let slot = self.ours.pool.slot_of(r as u64 + 1)? as usize;
             for j in 0..K {
-                let (p, loc) = (step[r * K + j] as usize, locs[r * K + j] as usize);
+                // Column j: position j of the row, or position j % block of its block j / block.
+                let b = self.block as usize;
+                let p = step[(r * K + j) / b] as usize * b + j % b;
+                let loc = locs[r * K + j] as usize;
                 let h = (slot * d.max_history as usize + p) * d.layers as usize * rb;
                 if buf[loc * rb..(loc + 1) * rb] != host[h..h + rb] {
                     return Err(format!(
@@ -391,14 +410,21 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
     let mut t = Table(vec![header()]);
     // Mismatches are reported after the table (rows marked WRONG).
     let mut wrong: Vec<String> = Vec::new();
-    for (hot, history) in [
-        (4096u32, 32768u32),
-        (2048, 32768),
-        (8192, 16384),
-        (4096, 131072),
+    let b = SGLANG_SPARSE_BLOCK;
+    for (hot, history, block) in [
+        (4096u32, 32768u32, 1u32),
+        (2048, 32768, 1),
+        (8192, 16384, 1),
+        (4096, 131072, 1),
+        (4096, 32768, b),
+        (2048, 32768, b),
     ] {
-        let seq = sequence(history, warm, reps);
-        let mut bed = Bed::new(gpu, &peer.source, hot, history, false, hot)?;
+        let seq = sequence(history, block, warm, reps);
+        let mut bed = Bed::new(gpu, &peer.source, hot, history, false, hot, block)?;
+        let config = match block {
+            1 => format!("{hot} / {}K", history / 1024),
+            b => format!("{hot} / {}K, block ids x{b}", history / 1024),
+        };
         // times[run][kernel][mode] = per-step µs; our misses and last outputs of each run.
         let mut times = vec![vec![vec![Vec::new(); RUNS.len()]; KERNELS.len()]; peer.runs];
         let (mut misses, mut last) = (Vec::new(), Vec::new());
@@ -413,9 +439,7 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
                             (misses, last) = (m, l);
                         } else if m != misses || l != last {
                             // The same decisions in every launch mode and run.
-                            wrong.push(format!(
-                                "hot {hot} / {history}: run {r} {run:?}: outputs differ"
-                            ));
+                            wrong.push(format!("{config}: run {r} {run:?}: outputs differ"));
                         }
                     }
                     per_run[ki][ri] = us;
@@ -455,7 +479,7 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
                 med_of(rates).map_or("-".into(), |g| format!("{g:.1}"))
             };
             let mut row = vec![
-                format!("{hot} / {}K", history / 1024),
+                config.clone(),
                 if wrong.len() > wrong_before {
                     format!("WRONG {}", ph.label)
                 } else {
@@ -467,7 +491,7 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
             row.extend((0..KERNELS.len()).map(gbs));
             t.0.push(row);
         }
-        eprintln!("peer: hot {hot}, history {history} done");
+        eprintln!("peer: {config} done");
     }
     all_resident(gpu, &peer.source, peer.runs, reps, warm, &mut t)?;
     t.print();
@@ -504,7 +528,7 @@ fn all_resident(
     t: &mut Table,
 ) -> Res<()> {
     let history = 4096u32;
-    let mut bed = Bed::new(gpu, peer, 2048, history, true, 4096)?;
+    let mut bed = Bed::new(gpu, peer, 2048, history, true, 4096, 1)?;
     // Every session's history is in borrowed pages: the pool sets the direct-batch word.
     if !bed.ours.pool.device().direct_batch() {
         return Err("all resident: the pool did not set the direct-batch word".into());

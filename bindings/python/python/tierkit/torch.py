@@ -17,7 +17,8 @@ stream and never allocates, synchronises or creates a stream):
   slot-id form of an expert table (``int64 [layers, experts]`` addresses → ``int32`` slot or -1),
   for engines that index a stacked slot tensor (``ExpertBank.slot_ids``).
 - ``torch.ops.tierkit.kv_resolve(pool, topk, query_start_loc, seq_lens, session_slot, indices,
-  valid_count, plan, plan_count, stats, planes, layer, packed, query_seq_lens)``: the fused KV
+  valid_count, plan, plan_count, stats, planes, layer, packed, query_seq_lens,
+  block_positions=0)``: the fused KV
   resolve into caller-owned outputs (``KvPool.resolve``); ``kv_replay(pool, plan, plan_count,
   planes, sessions, layer0, layers)`` copies its misses into other layers (``KvPool.replay``).
   ``planes`` (``KvPool.planes``) is declared mutated: the ops write the arena, and torch.compile

@@ -86,7 +86,7 @@ impl Resolver for GpuElasticPool {
     ) -> Result<Resolved> {
         self.check_poison()?;
         // The same checks, errors and output fill as the CPU reference.
-        self.cpu.validate_resolve(input, opts, out)?;
+        let wanted = self.cpu.validate_resolve(input, opts, out)?.picks;
         let rows = input.topk.len() / input.k;
         let reqs = input.sessions.len();
         let slots: Vec<i32> = input
@@ -145,6 +145,7 @@ impl Resolver for GpuElasticPool {
             #[cfg(feature = "test-hooks")]
             engine: self.engine,
             fill_layers: 0, // the arena fills the layer group's planes
+            block_positions: opts.block_positions,
         };
         let stream = gpu.stream();
         // SAFETY: every pointer addresses a live buffer of the documented shape (allocated above,
@@ -189,7 +190,6 @@ impl Resolver for GpuElasticPool {
             stats.direct_sessions += u64::from(r.direct);
         }
         // Valid picks (validated: all in range) the kernel could not serve (no evictable hot row).
-        let wanted = input.topk.iter().filter(|&&p| p >= 0).count() as u64;
         stats.unserved = wanted.saturating_sub(stats.picks);
         self.miss_tokens += stats.misses;
         Ok(Resolved {

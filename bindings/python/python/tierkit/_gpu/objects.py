@@ -327,6 +327,7 @@ class KvPool(_Closable):
         layer: int = 0,
         packed: bool = False,
         query_seq_lens: Optional[Tensor] = None,
+        block_positions: int = 0,
     ) -> None:
         """Resolves one step's top-k positions to arena rows on the current stream.
 
@@ -334,7 +335,11 @@ class KvPool(_Closable):
         padding), ``query_start_loc [sessions + 1]``, ``seq_lens [sessions]``, ``session_slot
         [sessions]`` (``slot_of``); outputs ``indices`` (at least ``rows × k``: arena rows,
         ``-1`` padding; longer buffers padded) and ``valid_count`` (at least ``rows``).
-        ``packed`` packs valid entries to the front (FlashMLA's ``topk_length``). The picks
+        ``packed`` packs valid entries to the front (FlashMLA's ``topk_length``).
+        ``block_positions = B > 1``: ``topk`` holds block ids (MiniMax-M3's block top-k), id ``b``
+        standing for positions ``b × B .. b × B + B`` block-major, and ``indices`` has ``k × B``
+        columns (at least ``rows × k × B`` entries; a block's positions at or beyond the row's
+        bound are ``-1``). The picks
         resolve against the hot cache of ``layer``'s layer group (``layout["layer_groups"]``)
         and misses are gathered into every plane of that group. Per-step sizes live in the device tensors, so a captured
         graph replays with new values; the shapes are fixed by the capture.
@@ -361,6 +366,7 @@ class KvPool(_Closable):
             layer,
             packed,
             query_seq_lens,
+            block_positions,
         )
 
     def replay(self, sessions: int, layer0: int, layers: int) -> None:

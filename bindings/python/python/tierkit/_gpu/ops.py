@@ -164,6 +164,7 @@ def kv_resolve(
     layer: int,
     packed: bool,
     query_seq_lens: Optional[Tensor],
+    block_positions: int = 0,
 ) -> None:
     """The fused KV resolve of pool ``pool`` (``KvPool.resolve`` documents the arguments)."""
     p = _POOLS.get(pool)
@@ -186,7 +187,13 @@ def kv_resolve(
             raise ValueError(f"{name} has {t.numel()} entries, query_start_loc names {sessions}")
     if rows == 0 or k == 0:
         raise ValueError(f"topk has shape {tuple(tk.shape)}: rows and k must be positive")
-    _contiguous(_cuda(indices, "indices", _I32, None, dev), "indices", rows * k)
+    # Block ids: each of a row's k entries stands for `block_positions` positions (columns).
+    if not 0 <= block_positions < 2**32 or k * max(block_positions, 1) >= 2**31:
+        raise ValueError(
+            f"block_positions {block_positions}: 0 ..= 2^32 - 1, k x block_positions below 2^31"
+        )
+    width = k * max(block_positions, 1)
+    _contiguous(_cuda(indices, "indices", _I32, None, dev), "indices", rows * width)
     _contiguous(_cuda(valid_count, "valid_count", _I32, None, dev), "valid_count", rows)
     q = 0
     if query_seq_lens is not None:
@@ -224,6 +231,7 @@ def kv_resolve(
         indices.numel(),
         valid_count.numel(),
         plan_count.numel(),
+        block_positions,
     )
     _sync_planes(p, planes, _group_layers(p, layer))
 
