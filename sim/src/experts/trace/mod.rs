@@ -635,13 +635,19 @@ impl ReadReport {
         self.notes.extend(other.notes);
     }
 
-    /// Human-readable lines: what was read, what is missing, what was dropped.
+    /// Human-readable lines: what was read, what is missing, what was dropped. Empty for a
+    /// native trace (binary or JSON lines) read whole.
     pub fn lines(&self) -> Vec<String> {
         let fmt = serde_json::to_value(self.format)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
-        let mut out = vec![format!("read as {fmt}: {} rows", self.rows.rows)];
+        // Native formats (binary, JSON lines) count no rows: they have nothing to report unless
+        // a note or a dropped pass says otherwise.
+        let mut out = Vec::new();
+        if self.rows.rows > 0 {
+            out.push(format!("read as {fmt}: {} rows", self.rows.rows));
+        }
         if self.rows.missing_rows > 0 {
             out.push(format!(
                 "{} (token, layer) rows missing in {} forward passes: those layers have no \
