@@ -12,7 +12,10 @@ use hashbrown::HashMap;
 use tier_core::CompletionSignal;
 
 use super::GpuArena;
-use crate::data::{sealed, DataPlane, HostBytes, HostStore, SessionId};
+use crate::data::{
+    sealed, DataPlane, HostBytes, HostStore, MemKind, RegionDesc, SessionId, SlotBooks,
+    StoreLayout, TeardownHook, TeardownHooks,
+};
 use crate::error::{KvError, Result};
 
 /// The GPU pool's host-store backing: a view of the mapped pinned store of its [`GpuArena`]
@@ -30,12 +33,14 @@ pub struct PinnedBytes {
     len: usize,
     token_bytes: usize,
     max_history: u32,
-    slot_of: HashMap<SessionId, u32>,
-    session_of: Vec<Option<SessionId>>,
-    /// Committed bytes of each slot.
-    used: Vec<usize>,
-    /// Freed slots not reusable yet (device work queued before the free may still touch them).
-    blocked: Vec<bool>,
+    layout: StoreLayout,
+    numa_node: Option<u32>,
+    /// Teardown hooks (transfer agents' deregistrations): run when this view drops, before the
+    /// `GpuArena` beside it frees the pinned store.
+    hooks: TeardownHooks,
+    /// Slot ownership; freed slots stay blocked until the device passed the work queued before
+    /// the free, exported ones until their last export ends.
+    books: SlotBooks,
     /// Event after the last write-back queued (set by the publish that queued it).
     last_write_back: Option<EventSignal>,
     /// Host waits the byte view made for it.
@@ -62,10 +67,15 @@ impl PinnedBytes {
             len,
             token_bytes: d.token_bytes(),
             max_history: d.max_history,
-            slot_of: HashMap::new(),
-            session_of: vec![None; d.max_slots as usize],
-            used: vec![0; d.max_slots as usize],
-            blocked: vec![false; d.max_slots as usize],
+            layout: StoreLayout {
+                max_slots: d.max_slots,
+                max_history: d.max_history,
+                layers: d.layers,
+                row_bytes: d.row_bytes,
+            },
+            books: SlotBooks::new(d.max_slots),
+            numa_node: crate::data::numa_node_of(base),
+            hooks: TeardownHooks::default(),
             last_write_back: None,
             host_waits: AtomicU64::new(0),
             created: Vec::new(),
@@ -79,22 +89,22 @@ impl PinnedBytes {
 
     /// The session slot of a live session.
     pub fn slot_of(&self, session: SessionId) -> Option<u32> {
-        self.slot_of.get(&session).copied()
+        self.books.slot_of(session)
     }
 
-    /// The session holding a slot.
+    /// The session holding a slot (live or importing).
     pub fn session_at(&self, slot: u32) -> Option<SessionId> {
-        self.session_of.get(slot as usize).copied().flatten()
+        self.books.session_at(slot)
     }
 
-    /// Live sessions.
+    /// Sessions holding a slot (live or importing).
     pub fn live(&self) -> usize {
-        self.slot_of.len()
+        self.books.held()
     }
 
     /// Whether a slot is free for a new session now.
     pub(crate) fn has_free_slot(&self) -> bool {
-        (0..self.session_of.len()).any(|b| self.session_of[b].is_none() && !self.blocked[b])
+        self.books.has_free()
     }
 
     /// A publish queued write-backs into the store, complete after `event`.
@@ -104,7 +114,7 @@ impl PinnedBytes {
 
     /// Makes a freed slot reusable (the device passed the work queued before its free).
     pub(crate) fn unblock(&mut self, slot: u32) {
-        self.blocked[slot as usize] = false;
+        self.books.unblock(slot);
     }
 
     /// Copies `bytes` to byte offset `off` of the store (no reference to the rest of it is made:
@@ -124,7 +134,7 @@ impl PinnedBytes {
     /// Writes `token` at `position` of a live session's slot (drafts: past its committed bytes,
     /// below `max_history`; the pool checks the bound first).
     pub(crate) fn write_at(&mut self, session: SessionId, position: u32, token: &[u8]) {
-        let b = self.slot_of[&session] as usize;
+        let b = self.books.slot_of(session).expect("live") as usize;
         let off = b * self.slot_bytes() + position as usize * self.token_bytes;
         self.write(off, token);
     }
@@ -148,8 +158,8 @@ impl HostBytes for PinnedBytes {
         if !self.has_free_slot() {
             return Err(self.capacity_error(
                 "live sessions (max_sessions)",
-                self.slot_of.len() as u64 + 1,
-                self.session_of.len() as u64 + 1,
+                self.books.held() as u64 + 1,
+                self.books.slots() as u64 + 1,
             ));
         }
         Ok(())
@@ -157,21 +167,16 @@ impl HostBytes for PinnedBytes {
 
     fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()> {
         self.check_room(history.len())?;
-        let b = (0..self.session_of.len())
-            .find(|&b| self.session_of[b].is_none() && !self.blocked[b])
-            .expect("checked room");
-        let off = b * self.slot_bytes();
-        self.write(off, history);
-        self.slot_of.insert(session, b as u32);
-        self.session_of[b] = Some(session);
-        self.used[b] = history.len();
-        self.created.push(b as u32);
+        let b = self.books.take(session).expect("checked room");
+        self.write(b as usize * self.slot_bytes(), history);
+        self.books.set_used(b, history.len());
+        self.created.push(b);
         Ok(())
     }
 
     fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()> {
-        let b = self.slot_of[&session] as usize;
-        let used = self.used[b];
+        let b = self.books.slot_of(session).expect("checked live");
+        let used = self.books.used(b);
         if used + bytes.len() > self.slot_bytes() {
             return Err(self.capacity_error(
                 "history length (max_history)",
@@ -179,22 +184,22 @@ impl HostBytes for PinnedBytes {
                 self.max_history as u64 + 1,
             ));
         }
-        let off = b * self.slot_bytes() + used;
-        self.write(off, bytes);
-        self.used[b] += bytes.len();
+        self.write(b as usize * self.slot_bytes() + used, bytes);
+        self.books.set_used(b, used + bytes.len());
         Ok(())
     }
 
     fn extend_device_written(&mut self, session: SessionId, bytes: usize) -> Result<()> {
-        let b = self.slot_of[&session] as usize;
-        if self.used[b] + bytes > self.slot_bytes() {
+        let b = self.books.slot_of(session).expect("checked live");
+        let used = self.books.used(b);
+        if used + bytes > self.slot_bytes() {
             return Err(self.capacity_error(
                 "history length (max_history)",
-                ((self.used[b] + bytes) / self.token_bytes.max(1)) as u64,
+                ((used + bytes) / self.token_bytes.max(1)) as u64,
                 self.max_history as u64 + 1,
             ));
         }
-        self.used[b] += bytes;
+        self.books.set_used(b, used + bytes);
         Ok(())
     }
 
@@ -207,23 +212,92 @@ impl HostBytes for PinnedBytes {
                 })?;
             }
         }
-        let b = self.slot_of[&session] as usize;
-        let off = b * self.slot_bytes();
-        // SAFETY: `off .. off + used[b]` lies inside the live pinned allocation (slot `b` of
-        // `max_slots`, `used[b] <= slot_bytes`). No device work writes these bytes while the
+        let b = self.books.slot_of(session).expect("checked live");
+        let used = self.books.used(b);
+        let off = b as usize * self.slot_bytes();
+        // SAFETY: `off .. off + used` lies inside the live pinned allocation (slot `b` of
+        // `max_slots`, `used <= slot_bytes`). No device work writes these bytes while the
         // slice lives: every write-back queued so far has run (waited above; device kernels
         // write the store only through write-backs), a new one is queued only by a publish,
         // which needs `&mut` of the pool that this `&self` borrow excludes, and host writes go
         // past `used[b]` or need `&mut self`. Kernels may read the bytes meanwhile (fine).
-        Ok(unsafe { std::slice::from_raw_parts(self.base.add(off), self.used[b]) })
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(off), used) })
+    }
+
+    fn region(&self) -> Option<(RegionDesc, StoreLayout)> {
+        let desc = RegionDesc {
+            addr: self.base as u64,
+            len: self.len as u64,
+            item_len: self.token_bytes as u64,
+            kind: MemKind::Dram,
+            numa_node: self.numa_node,
+        };
+        Some((desc, self.layout))
+    }
+
+    fn slot(&self, session: SessionId) -> Option<u32> {
+        self.books.slot_of(session)
+    }
+
+    fn reserve_import(&mut self, session: SessionId) -> Result<u32> {
+        self.check_room(0)?;
+        Ok(self.books.take(session).expect("checked room"))
+    }
+
+    fn commit_import(&mut self, session: SessionId, bytes: usize) {
+        let b = self.books.slot_of(session).expect("importing");
+        self.books.set_used(b, bytes);
+        // Published as a new session's slot (tables reset, fixed pages, tail fills).
+        self.created.push(b);
+    }
+
+    fn drop_import(&mut self, session: SessionId) {
+        // No device work ever named an importing slot: free at once.
+        self.books.free(session, false);
+    }
+
+    fn pin_export(&mut self, session: SessionId) -> Result<()> {
+        self.books.pin_export(session).expect("checked live");
+        Ok(())
+    }
+
+    fn exports_of(&self, session: SessionId) -> u32 {
+        self.books.exports_of(session)
+    }
+
+    fn unpin_export(&mut self, session: SessionId) -> bool {
+        self.books.unpin_export(session)
+    }
+
+    fn on_teardown(&mut self, hook: TeardownHook) -> Result<()> {
+        self.hooks.push(hook);
+        Ok(())
+    }
+
+    fn memory(&self) -> crate::HostMemory {
+        // One `cuMemHostAlloc` of the whole store, pinned and mapped once.
+        crate::HostMemory {
+            store_bytes: self.len as u64,
+            allocated_bytes: self.len as u64,
+            pinned_bytes: self.len as u64,
+        }
     }
 
     fn remove(&mut self, session: SessionId) {
-        if let Some(b) = self.slot_of.remove(&session) {
-            self.session_of[b as usize] = None;
-            self.used[b as usize] = 0;
-            self.blocked[b as usize] = true;
+        // Blocked until the device passed the publish that freed it (and, exported, until the
+        // last export ends).
+        if let Some(b) = self.books.free(session, true) {
             self.freed.push(b);
+        }
+    }
+}
+
+impl Drop for PinnedBytes {
+    fn drop(&mut self) {
+        // Deregistration first: the pinned store is freed after this view (the `GpuArena`
+        // beside it in `GpuData` drops later).
+        if let Some((desc, _)) = self.region() {
+            self.hooks.run(&desc);
         }
     }
 }
