@@ -137,9 +137,15 @@ pub fn classify_kv(e: &KvError) -> Code {
         | E::LayerOutOfRange { .. }
         | E::LayerOutsideGroup { .. }
         | E::HistoryTooLong { .. }
+        | E::SessionImporting(_)
+        | E::NoImport(_)
+        | E::OverlappingReserve { .. }
+        | E::RowsBeyondRegion { .. }
+        | E::ImportIncomplete { .. }
+        | E::NoExport(_)
         | E::InvalidConfig(_) => Code::InvalidArgument,
-        E::StalePlan { .. } | E::HotCacheOverflow { .. } => Code::State,
-        E::NoRoom { .. } => Code::NoRoom,
+        E::StalePlan { .. } | E::HotCacheOverflow { .. } | E::ImportExpired(_) => Code::State,
+        E::NoRoom { .. } | E::StoreCapacity { .. } => Code::NoRoom,
         E::OutOfMemory { .. } | E::Core(CoreError::AllocationFailed { .. }) => Code::OutOfMemory,
         _ => Code::Internal,
     }
