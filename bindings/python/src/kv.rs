@@ -378,7 +378,7 @@ impl PyElasticPool {
     /// `"DRAM"`, `numa_node` -1 when unknown): register each with a transfer agent once
     /// (NIXL: `agent.register_memory([(addr, len, 0, "")], "DRAM")`; Mooncake:
     /// `engine.register_memory(addr, len)`). Empty for the default store (a buffer per session).
-    fn regions(&self) -> PyResult<Vec<(u64, u64, u64, &'static str, i64)>> {
+    fn regions(&self) -> PyResult<Vec<kv_transfer::RegionTuple>> {
         self.0.with(|p| Ok(kv_transfer::regions(p)))
     }
     /// The row → offset rule of the region: `{"max_slots", "max_history", "layers",

@@ -36,9 +36,12 @@ pub(crate) fn reserve<'py>(py: Python<'py>, r: Reserve) -> PyResult<Bound<'py, P
     }
 }
 
+/// One region as Python sees it: `(addr, len, item_len, kind, numa_node)`.
+pub(crate) type RegionTuple = (u64, u64, u64, &'static str, i64);
+
 /// The store's regions as tuples `(addr, len, item_len, kind, numa_node)` (`numa_node` -1 when
 /// unknown); an empty list for a store without a region.
-pub(crate) fn regions(p: &ElasticPool) -> Vec<(u64, u64, u64, &'static str, i64)> {
+pub(crate) fn regions(p: &ElasticPool) -> Vec<RegionTuple> {
     p.region()
         .map(|(d, _)| {
             vec![(
