@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cuda_kernels::{EventSignal, KvCopy};
+use cuda_kernels::{EventSignal, HostBacking, KvCopy};
 use hashbrown::HashMap;
 use tier_core::CompletionSignal;
 
@@ -35,6 +35,8 @@ pub struct PinnedBytes {
     max_history: u32,
     layout: StoreLayout,
     numa_node: Option<u32>,
+    /// Who owns the pinned memory (for the accounting).
+    backing: HostBacking,
     /// Teardown hooks (transfer agents' deregistrations): run when this view drops, before the
     /// `GpuArena` beside it frees the pinned store.
     hooks: TeardownHooks,
@@ -75,6 +77,7 @@ impl PinnedBytes {
             },
             books: SlotBooks::new(d.max_slots),
             numa_node: crate::data::numa_node_of(base),
+            backing: dev.host_backing(),
             hooks: TeardownHooks::default(),
             last_write_back: None,
             host_waits: AtomicU64::new(0),
@@ -275,11 +278,18 @@ impl HostBytes for PinnedBytes {
     }
 
     fn memory(&self) -> crate::HostMemory {
-        // One `cuMemHostAlloc` of the whole store, pinned and mapped once.
+        // Pinned and mapped once: tierkit's `cuMemHostAlloc`, or the engine's memory registered
+        // by tierkit (`cuMemHostRegister`), or already pinned by the engine (nothing more).
+        let len = self.len as u64;
+        let (allocated_bytes, pinned_bytes) = match self.backing {
+            HostBacking::Owned => (len, len),
+            HostBacking::Registered => (0, len),
+            HostBacking::Borrowed => (0, 0),
+        };
         crate::HostMemory {
-            store_bytes: self.len as u64,
-            allocated_bytes: self.len as u64,
-            pinned_bytes: self.len as u64,
+            store_bytes: self.layout.store_bytes(),
+            allocated_bytes,
+            pinned_bytes,
         }
     }
 
@@ -348,6 +358,29 @@ impl<S: tier_core::CompletionSignal + Clone> DraftReads<S> {
     }
 }
 
+/// A run of borrowed-page rows to fill from the pinned store: positions `position ..
+/// position + rows` of `slot` into arena rows `dst_row .. dst_row + rows` (every layer). Whole
+/// pages, so a run starts and ends on page boundaries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FillRun {
+    pub(crate) slot: u32,
+    pub(crate) position: u32,
+    pub(crate) dst_row: u32,
+    pub(crate) rows: u32,
+}
+
+impl FillRun {
+    /// The run's rows, one [`KvCopy`] each (the gather kernel's list).
+    pub(crate) fn copies(&self) -> impl Iterator<Item = KvCopy> + '_ {
+        (0..self.rows).map(move |i| KvCopy {
+            slot: self.slot,
+            position: self.position + i,
+            dst_row: self.dst_row + i,
+            pad: 0,
+        })
+    }
+}
+
 /// What the control plane changed since the last publish (see the module docs), in call order.
 #[derive(Debug, Default)]
 pub(crate) struct ChangeLog {
@@ -356,7 +389,11 @@ pub(crate) struct ChangeLog {
     pub(crate) fills: Vec<KvCopy>,
     /// Host store → arena rows of borrowed pages just lent (loans, growth, admissions' history):
     /// the copy stream, after `fills`; their page-table entries are mapped after them (ordered
-    /// on the step stream, or deferred: see `MapAfterFill`).
+    /// on the step stream, or deferred: see `MapAfterFill`). Kept as runs of consecutive
+    /// positions on consecutive rows (O(pages) to log, one strided copy per run and layer to
+    /// publish); the gather back-end expands them into rows at publish.
+    pub(crate) page_runs: Vec<FillRun>,
+    /// Row by row (the gather kernel's list): filled from `page_runs` at publish.
     pub(crate) page_fills: Vec<KvCopy>,
     /// Arena rows → host store (accepted drafts, rows the engine wrote): the step stream, first.
     pub(crate) write_backs: Vec<KvCopy>,
@@ -377,10 +414,57 @@ impl ChangeLog {
     pub(crate) fn drop_fills_into(&mut self, page: u32, page_rows: u32) {
         self.fills.retain(|c| c.dst_row / page_rows != page);
         self.page_fills.retain(|c| c.dst_row / page_rows != page);
+        let (lo, hi) = (page * page_rows, (page + 1) * page_rows);
+        if !self
+            .page_runs
+            .iter()
+            .any(|r| r.dst_row < hi && lo < r.dst_row + r.rows)
+        {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.page_runs.len() + 1);
+        for r in self.page_runs.drain(..) {
+            let end = r.dst_row + r.rows;
+            if end <= lo || r.dst_row >= hi {
+                kept.push(r);
+                continue;
+            }
+            if r.dst_row < lo {
+                kept.push(FillRun {
+                    rows: lo - r.dst_row,
+                    ..r
+                });
+            }
+            if end > hi {
+                kept.push(FillRun {
+                    slot: r.slot,
+                    position: r.position + (hi - r.dst_row),
+                    dst_row: hi,
+                    rows: end - hi,
+                });
+            }
+        }
+        self.page_runs = kept;
+    }
+
+    /// Logs the fill of one borrowed page (`page_rows` rows), extending the last run where it
+    /// continues it (same slot, next positions on the next rows).
+    pub(crate) fn push_page_fill(&mut self, run: FillRun) {
+        if let Some(last) = self.page_runs.last_mut() {
+            if last.slot == run.slot
+                && last.position + last.rows == run.position
+                && last.dst_row + last.rows == run.dst_row
+            {
+                last.rows += run.rows;
+                return;
+            }
+        }
+        self.page_runs.push(run);
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.fills.is_empty()
+            && self.page_runs.is_empty()
             && self.page_fills.is_empty()
             && self.write_backs.is_empty()
             && self.step_copies.is_empty()
@@ -449,14 +533,12 @@ impl DataPlane for GpuData {
     fn fill_page(&mut self, session: SessionId, logical: u32, page: u32) {
         let slot = self.slot(session);
         let pr = self.page_rows;
-        for i in 0..pr {
-            self.log.page_fills.push(KvCopy {
-                slot,
-                position: logical * pr + i,
-                dst_row: page * pr + i,
-                pad: 0,
-            });
-        }
+        self.log.push_page_fill(FillRun {
+            slot,
+            position: logical * pr,
+            dst_row: page * pr,
+            rows: pr,
+        });
         self.log.pages.push((slot, logical, page as i32));
         self.touch(session);
     }
@@ -574,6 +656,38 @@ mod tests {
         d.record(0, 10, 12, later);
         d.forget(0);
         assert!(d.take_conflict(0, 10, 12).is_none());
+    }
+
+    /// Page fills are logged as runs (O(pages)); dropping a page's fills splits its run.
+    #[test]
+    fn page_fills_coalesce_into_runs_and_split_on_unmap() {
+        let pr = 4;
+        let mut log = ChangeLog::default();
+        for (logical, page) in [(0, 5), (1, 6), (2, 7), (3, 9)] {
+            log.push_page_fill(FillRun {
+                slot: 1,
+                position: logical * pr,
+                dst_row: page * pr,
+                rows: pr,
+            });
+        }
+        let run = |position, dst_row, rows| FillRun {
+            slot: 1,
+            position,
+            dst_row,
+            rows,
+        };
+        assert_eq!(log.page_runs, [run(0, 20, 12), run(12, 36, 4)]);
+        log.drop_fills_into(6, pr);
+        assert_eq!(
+            log.page_runs,
+            [run(0, 20, 4), run(8, 28, 4), run(12, 36, 4)]
+        );
+        log.drop_fills_into(9, pr);
+        let rows: Vec<KvCopy> = log.page_runs.iter().flat_map(|r| r.copies()).collect();
+        assert_eq!(rows.len(), 8);
+        assert_eq!((rows[4].position, rows[4].dst_row), (8, 28));
+        assert!(!log.is_empty());
     }
 
     /// Bug: session A's fills into page 2 were still pending when B reclaimed page 2 and logged

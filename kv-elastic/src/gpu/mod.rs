@@ -8,6 +8,7 @@
 mod arena;
 mod data;
 mod pool;
+mod strided;
 
 pub use arena::GpuArena;
 /// The copy back-ends of the GPU pool (re-exported from `cuda_kernels`).
@@ -15,4 +16,4 @@ pub use cuda_kernels::CopyBackend;
 /// The resolve kernels of the GPU pool (re-exported from `cuda_kernels`).
 pub use cuda_kernels::ResolveEngine;
 pub use data::{GpuData, PinnedBytes};
-pub use pool::{GpuElasticPool, GpuFlushCounters, GpuPoolConfig, MapAfterFill};
+pub use pool::{EngineHostMemory, GpuElasticPool, GpuFlushCounters, GpuPoolConfig, MapAfterFill};
