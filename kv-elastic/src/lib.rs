@@ -41,6 +41,9 @@ mod error;
 pub mod gpu;
 mod groups;
 mod layout;
+#[cfg(feature = "nixl")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nixl")))]
+pub mod nixl;
 mod pool;
 mod resolve;
 mod ticket;
