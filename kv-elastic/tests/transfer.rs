@@ -221,7 +221,7 @@ fn bad_transfer_input_is_typed_and_changes_nothing() {
         // Two slots: session 1 and the import hold them.
         (
             KvError::StoreCapacity {
-                what: "sessions holding a slot (max_sessions)",
+                what: "live sessions (max_sessions)",
                 value: 3,
                 limit: 3,
             },

@@ -20,8 +20,9 @@ pub use region::{
     REGION_CHUNK,
 };
 pub use region_store::{CpuBytes, RegionBytes, StoreConfig};
+pub(crate) use slots::forward_slot_books;
 #[cfg(feature = "cuda")]
-pub(crate) use slots::SlotBooks;
+pub(crate) use slots::SlotStore;
 
 use crate::error::Result;
 use crate::layout::Geometry;

@@ -5,7 +5,7 @@
 
 use crate::data::host::sealed;
 use crate::data::region::{HostMemory, HostRegion, RegionDesc, StoreLayout, TeardownHook};
-use crate::data::slots::SlotBooks;
+use crate::data::slots::SlotStore;
 use crate::data::{HostBytes, SessionId, VecBytes};
 use crate::error::{KvError, Result};
 
@@ -26,13 +26,10 @@ pub struct StoreConfig {
 /// reads any session's rows in place.
 #[derive(Debug)]
 pub struct RegionBytes {
+    /// The slots over the region's memory (declared first: dropped before the region).
+    store: SlotStore,
     region: HostRegion,
-    layout: StoreLayout,
-    books: SlotBooks,
 }
-
-// The region's bytes are reached through raw pointers only (no reference to the whole region is
-// ever made), and every slice handed out covers a live session's committed rows.
 
 impl RegionBytes {
     /// A store of `layout` over `region`. Errors: `InvalidConfig` for a region shorter than
@@ -50,11 +47,12 @@ impl RegionBytes {
                 layout.store_bytes()
             )));
         }
-        Ok(Self {
-            books: SlotBooks::new(layout.max_slots),
-            region,
-            layout,
-        })
+        let full = |what, value, limit| KvError::StoreCapacity { what, value, limit };
+        // SAFETY: the region's memory is mapped while `region` lives, which this value owns
+        // (the store drops first); the layout fits (checked above); only the store and the
+        // writers it hands rows to write it.
+        let store = unsafe { SlotStore::new(region.base(), region.len(), layout, full) };
+        Ok(Self { store, region })
     }
 
     /// The region.
@@ -69,28 +67,7 @@ impl RegionBytes {
 
     /// Slots a new session could take now.
     pub fn free_slots(&self) -> usize {
-        self.books.free_count()
-    }
-
-    fn slot_bytes(&self) -> usize {
-        self.layout.slot_bytes() as usize
-    }
-
-    fn full(&self, what: &'static str, value: u64, limit: u64) -> KvError {
-        KvError::StoreCapacity { what, value, limit }
-    }
-
-    /// Copies `bytes` to offset `off` of the region (no reference to the rest of it is made:
-    /// transfer agents may be writing other slots meanwhile).
-    fn write(&mut self, off: usize, bytes: &[u8]) {
-        assert!(off + bytes.len() <= self.region.len(), "inside the region");
-        // SAFETY: `off .. off + bytes.len()` lies inside the region (checked above); the bytes
-        // are past a live session's committed rows or in a slot just taken, which no transfer
-        // agent was handed (imports and exports name other slots or committed rows), and
-        // `&mut self` excludes other host writers.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.region.base().add(off), bytes.len())
-        };
+        self.store.books.free_count()
     }
 }
 
@@ -98,44 +75,15 @@ impl sealed::Sealed for RegionBytes {}
 
 impl HostBytes for RegionBytes {
     fn check_room(&self, history_bytes: usize) -> Result<()> {
-        if history_bytes > self.slot_bytes() {
-            return Err(self.full(
-                "history length (max_history)",
-                (history_bytes as u64).div_ceil(self.layout.token_bytes()),
-                self.layout.max_history as u64 + 1,
-            ));
-        }
-        if !self.books.has_free() {
-            return Err(self.full(
-                "sessions holding a slot (max_sessions)",
-                self.books.held() as u64 + 1,
-                self.layout.max_slots as u64 + 1,
-            ));
-        }
-        Ok(())
+        self.store.check_room(history_bytes)
     }
 
     fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()> {
-        self.check_room(history.len())?;
-        let b = self.books.take(session).expect("checked room");
-        self.write(b as usize * self.slot_bytes(), history);
-        self.books.set_used(b, history.len());
-        Ok(())
+        self.store.create(session, history).map(|_| ())
     }
 
     fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()> {
-        let b = self.books.slot_of(session).expect("checked live");
-        let used = self.books.used(b);
-        if used + bytes.len() > self.slot_bytes() {
-            return Err(self.full(
-                "history length (max_history)",
-                ((used + bytes.len()) as u64).div_ceil(self.layout.token_bytes()),
-                self.layout.max_history as u64 + 1,
-            ));
-        }
-        self.write(b as usize * self.slot_bytes() + used, bytes);
-        self.books.set_used(b, used + bytes.len());
-        Ok(())
+        self.store.append(session, Some(bytes), bytes.len())
     }
 
     fn extend_device_written(&mut self, _session: SessionId, _bytes: usize) -> Result<()> {
@@ -145,56 +93,26 @@ impl HostBytes for RegionBytes {
     }
 
     fn bytes(&self, session: SessionId) -> Result<&[u8]> {
-        let b = self.books.slot_of(session).expect("checked live");
-        let off = b as usize * self.slot_bytes();
-        // SAFETY: `off .. off + used` lies inside the region (slot `b`, `used <= slot_bytes`)
-        // and holds the session's committed rows: only host writes past `used` (which need
-        // `&mut self`, excluded while this borrow lives) and reads by export agents touch them.
-        Ok(unsafe { std::slice::from_raw_parts(self.region.base().add(off), self.books.used(b)) })
+        Ok(self.store.committed(session))
     }
 
     fn remove(&mut self, session: SessionId) {
-        self.books.free(session, false);
+        self.store.books.free(session, false);
     }
 
     fn region(&self) -> Option<(RegionDesc, StoreLayout)> {
-        Some((self.region.desc(), self.layout))
+        Some((self.region.desc(), self.store.layout()))
     }
 
-    fn slot(&self, session: SessionId) -> Option<u32> {
-        self.books.slot_of(session)
-    }
-
-    fn reserve_import(&mut self, session: SessionId) -> Result<u32> {
-        self.check_room(0)?;
-        Ok(self.books.take(session).expect("checked room"))
-    }
+    crate::data::forward_slot_books!(store);
 
     fn commit_import(&mut self, session: SessionId, bytes: usize) {
-        let b = self.books.slot_of(session).expect("importing");
-        self.books.set_used(b, bytes);
-    }
-
-    fn drop_import(&mut self, session: SessionId) {
-        self.books.free(session, false);
-    }
-
-    fn pin_export(&mut self, session: SessionId) -> Result<()> {
-        self.books.pin_export(session).expect("checked live");
-        Ok(())
-    }
-
-    fn exports_of(&self, session: SessionId) -> u32 {
-        self.books.exports_of(session)
-    }
-
-    fn unpin_export(&mut self, session: SessionId) -> bool {
-        self.books.unpin_export(session)
+        self.store.commit_import(session, bytes);
     }
 
     fn memory(&self) -> HostMemory {
         HostMemory {
-            store_bytes: self.layout.store_bytes(),
+            store_bytes: self.store.layout().store_bytes(),
             ..self.region.memory()
         }
     }

@@ -13,7 +13,7 @@ use tier_core::CompletionSignal;
 
 use super::GpuArena;
 use crate::data::{
-    sealed, DataPlane, HostBytes, HostStore, MemKind, RegionDesc, SessionId, SlotBooks,
+    sealed, DataPlane, HostBytes, HostStore, MemKind, RegionDesc, SessionId, SlotStore,
     StoreLayout, TeardownHook, TeardownHooks,
 };
 use crate::error::{KvError, Result};
@@ -29,20 +29,16 @@ use crate::error::{KvError, Result};
 /// slice it hands out covers bytes a queued kernel still writes.
 #[derive(Debug)]
 pub struct PinnedBytes {
-    base: *mut u8,
-    len: usize,
-    token_bytes: usize,
-    max_history: u32,
-    layout: StoreLayout,
+    /// The slots over the pinned store (owned by the `GpuArena` beside this value in
+    /// `GpuData`, which outlives it); freed slots stay blocked until the device passed the work
+    /// queued before the free, exported ones until their last export ends.
+    store: SlotStore,
     numa_node: Option<u32>,
     /// Who owns the pinned memory (for the accounting).
     backing: HostBacking,
     /// Teardown hooks (transfer agents' deregistrations): run when this view drops, before the
     /// `GpuArena` beside it frees the pinned store.
     hooks: TeardownHooks,
-    /// Slot ownership; freed slots stay blocked until the device passed the work queued before
-    /// the free, exported ones until their last export ends.
-    books: SlotBooks,
     /// Event after the last write-back queued (set by the publish that queued it).
     last_write_back: Option<EventSignal>,
     /// Host waits the byte view made for it.
@@ -52,30 +48,26 @@ pub struct PinnedBytes {
     pub(crate) freed: Vec<u32>,
 }
 
-// SAFETY: `base` points into the pinned allocation owned by the `GpuArena` that sits beside this
-// value in the same `GpuData` (so it outlives every use); the bytes are only reached through
-// `&self` / `&mut self` of the pool, so Rust's aliasing rules apply as for a `Vec<u8>` field.
-unsafe impl Send for PinnedBytes {}
-// SAFETY: as above; `&self` hands out shared slices only, each after waiting for every
-// write-back queued into the store (`HostBytes::bytes`); the wait counter is atomic.
-unsafe impl Sync for PinnedBytes {}
-
 impl PinnedBytes {
     fn new(dev: &GpuArena) -> Self {
         let d = *dev.dims();
         let (base, len) = dev.host_base();
-        Self {
-            base,
-            len,
-            token_bytes: d.token_bytes(),
+        let layout = StoreLayout {
+            max_slots: d.max_slots,
             max_history: d.max_history,
-            layout: StoreLayout {
-                max_slots: d.max_slots,
-                max_history: d.max_history,
-                layers: d.layers,
-                row_bytes: d.row_bytes,
-            },
-            books: SlotBooks::new(d.max_slots),
+            layers: d.layers,
+            row_bytes: d.row_bytes,
+        };
+        let full = |what, value, limit| {
+            KvError::Cuda(cuda_kernels::CudaError::OutOfRange { what, value, limit })
+        };
+        // SAFETY: the pinned allocation of `dev` (the `GpuArena` this view sits beside in
+        // `GpuData`, dropped after it) holds the layout (`GpuArena::with_buffers` checks it); the
+        // host writes it only through this store, the device through queued kernels the pool
+        // orders (see `SlotStore::write`).
+        let store = unsafe { SlotStore::new(base, len, layout, full) };
+        Self {
+            store,
             numa_node: crate::data::numa_node_of(base),
             backing: dev.host_backing(),
             hooks: TeardownHooks::default(),
@@ -86,28 +78,24 @@ impl PinnedBytes {
         }
     }
 
-    fn slot_bytes(&self) -> usize {
-        self.max_history as usize * self.token_bytes
-    }
-
     /// The session slot of a live session.
     pub fn slot_of(&self, session: SessionId) -> Option<u32> {
-        self.books.slot_of(session)
+        self.store.books.slot_of(session)
     }
 
     /// The session holding a slot (live or importing).
     pub fn session_at(&self, slot: u32) -> Option<SessionId> {
-        self.books.session_at(slot)
+        self.store.books.session_at(slot)
     }
 
     /// Sessions holding a slot (live or importing).
     pub fn live(&self) -> usize {
-        self.books.held()
+        self.store.books.held()
     }
 
     /// Whether a slot is free for a new session now.
     pub(crate) fn has_free_slot(&self) -> bool {
-        self.books.has_free()
+        self.store.books.has_free()
     }
 
     /// A publish queued write-backs into the store, complete after `event`.
@@ -117,33 +105,14 @@ impl PinnedBytes {
 
     /// Makes a freed slot reusable (the device passed the work queued before its free).
     pub(crate) fn unblock(&mut self, slot: u32) {
-        self.books.unblock(slot);
-    }
-
-    /// Copies `bytes` to byte offset `off` of the store (no reference to the rest of it is made:
-    /// kernels may be reading or writing other rows meanwhile).
-    fn write(&mut self, off: usize, bytes: &[u8]) {
-        assert!(off + bytes.len() <= self.len, "inside the pinned store");
-        // SAFETY: `off .. off + bytes.len()` lies inside the live pinned allocation (checked
-        // above; see the `Send` impl); `bytes` is a host slice that cannot overlap it mutably
-        // borrowed, and `&mut self` excludes other host writers. No queued kernel reads these
-        // bytes: they are past the committed history (no fill, miss or write-back touches them)
-        // and the GPU pool waited for the last publish whose step copies read draft bytes there
-        // (`DraftReads`, before `write_scratch` / `append`), or they are in a slot created now
-        // (reused only after the step stream passed the publish that freed it).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
+        self.store.books.unblock(slot);
     }
 
     /// Writes `token` at `position` of a live session's slot (drafts: past its committed bytes,
-    /// below `max_history`; the pool checks the bound first).
+    /// below `max_history`; the pool checks the bound first and waits for queued copies that
+    /// read drafts there, `DraftReads`).
     pub(crate) fn write_at(&mut self, session: SessionId, position: u32, token: &[u8]) {
-        let b = self.books.slot_of(session).expect("live") as usize;
-        let off = b * self.slot_bytes() + position as usize * self.token_bytes;
-        self.write(off, token);
-    }
-
-    fn capacity_error(&self, what: &'static str, value: u64, limit: u64) -> KvError {
-        KvError::Cuda(cuda_kernels::CudaError::OutOfRange { what, value, limit })
+        self.store.write_at(session, position, token);
     }
 }
 
@@ -151,59 +120,21 @@ impl sealed::Sealed for PinnedBytes {}
 
 impl HostBytes for PinnedBytes {
     fn check_room(&self, history_bytes: usize) -> Result<()> {
-        if history_bytes > self.slot_bytes() {
-            return Err(self.capacity_error(
-                "history length (max_history)",
-                (history_bytes / self.token_bytes.max(1)) as u64,
-                self.max_history as u64 + 1,
-            ));
-        }
-        if !self.has_free_slot() {
-            return Err(self.capacity_error(
-                "live sessions (max_sessions)",
-                self.books.held() as u64 + 1,
-                self.books.slots() as u64 + 1,
-            ));
-        }
-        Ok(())
+        self.store.check_room(history_bytes)
     }
 
     fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()> {
-        self.check_room(history.len())?;
-        let b = self.books.take(session).expect("checked room");
-        self.write(b as usize * self.slot_bytes(), history);
-        self.books.set_used(b, history.len());
+        let b = self.store.create(session, history)?;
         self.created.push(b);
         Ok(())
     }
 
     fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()> {
-        let b = self.books.slot_of(session).expect("checked live");
-        let used = self.books.used(b);
-        if used + bytes.len() > self.slot_bytes() {
-            return Err(self.capacity_error(
-                "history length (max_history)",
-                ((used + bytes.len()) / self.token_bytes.max(1)) as u64,
-                self.max_history as u64 + 1,
-            ));
-        }
-        self.write(b as usize * self.slot_bytes() + used, bytes);
-        self.books.set_used(b, used + bytes.len());
-        Ok(())
+        self.store.append(session, Some(bytes), bytes.len())
     }
 
     fn extend_device_written(&mut self, session: SessionId, bytes: usize) -> Result<()> {
-        let b = self.books.slot_of(session).expect("checked live");
-        let used = self.books.used(b);
-        if used + bytes > self.slot_bytes() {
-            return Err(self.capacity_error(
-                "history length (max_history)",
-                ((used + bytes) / self.token_bytes.max(1)) as u64,
-                self.max_history as u64 + 1,
-            ));
-        }
-        self.books.set_used(b, used + bytes);
-        Ok(())
+        self.store.append(session, None, bytes)
     }
 
     fn bytes(&self, session: SessionId) -> Result<&[u8]> {
@@ -215,61 +146,29 @@ impl HostBytes for PinnedBytes {
                 })?;
             }
         }
-        let b = self.books.slot_of(session).expect("checked live");
-        let used = self.books.used(b);
-        let off = b as usize * self.slot_bytes();
-        // SAFETY: `off .. off + used` lies inside the live pinned allocation (slot `b` of
-        // `max_slots`, `used <= slot_bytes`). No device work writes these bytes while the
-        // slice lives: every write-back queued so far has run (waited above; device kernels
-        // write the store only through write-backs), a new one is queued only by a publish,
-        // which needs `&mut` of the pool that this `&self` borrow excludes, and host writes go
-        // past `used[b]` or need `&mut self`. Kernels may read the bytes meanwhile (fine).
-        Ok(unsafe { std::slice::from_raw_parts(self.base.add(off), used) })
+        // No device work writes these bytes while the slice lives: every write-back queued so
+        // far has run (waited above; device kernels write the store only through write-backs),
+        // and a new one is queued only by a publish, which needs `&mut` of the pool.
+        Ok(self.store.committed(session))
     }
 
     fn region(&self) -> Option<(RegionDesc, StoreLayout)> {
         let desc = RegionDesc {
-            addr: self.base as u64,
-            len: self.len as u64,
-            item_len: self.token_bytes as u64,
+            addr: self.store.base() as u64,
+            len: self.store.len() as u64,
+            item_len: self.store.layout().token_bytes(),
             kind: MemKind::Dram,
             numa_node: self.numa_node,
         };
-        Some((desc, self.layout))
+        Some((desc, self.store.layout()))
     }
 
-    fn slot(&self, session: SessionId) -> Option<u32> {
-        self.books.slot_of(session)
-    }
-
-    fn reserve_import(&mut self, session: SessionId) -> Result<u32> {
-        self.check_room(0)?;
-        Ok(self.books.take(session).expect("checked room"))
-    }
+    crate::data::forward_slot_books!(store);
 
     fn commit_import(&mut self, session: SessionId, bytes: usize) {
-        let b = self.books.slot_of(session).expect("importing");
-        self.books.set_used(b, bytes);
+        let b = self.store.commit_import(session, bytes);
         // Published as a new session's slot (tables reset, fixed pages, tail fills).
         self.created.push(b);
-    }
-
-    fn drop_import(&mut self, session: SessionId) {
-        // No device work ever named an importing slot: free at once.
-        self.books.free(session, false);
-    }
-
-    fn pin_export(&mut self, session: SessionId) -> Result<()> {
-        self.books.pin_export(session).expect("checked live");
-        Ok(())
-    }
-
-    fn exports_of(&self, session: SessionId) -> u32 {
-        self.books.exports_of(session)
-    }
-
-    fn unpin_export(&mut self, session: SessionId) -> bool {
-        self.books.unpin_export(session)
     }
 
     fn on_teardown(&mut self, hook: TeardownHook) -> Result<()> {
@@ -280,14 +179,14 @@ impl HostBytes for PinnedBytes {
     fn memory(&self) -> crate::HostMemory {
         // Pinned and mapped once: tierkit's `cuMemHostAlloc`, or the engine's memory registered
         // by tierkit (`cuMemHostRegister`), or already pinned by the engine (nothing more).
-        let len = self.len as u64;
+        let len = self.store.len() as u64;
         let (allocated_bytes, pinned_bytes) = match self.backing {
             HostBacking::Owned => (len, len),
             HostBacking::Registered => (0, len),
             HostBacking::Borrowed => (0, 0),
         };
         crate::HostMemory {
-            store_bytes: self.layout.store_bytes(),
+            store_bytes: self.store.layout().store_bytes(),
             allocated_bytes,
             pinned_bytes,
         }
@@ -296,7 +195,7 @@ impl HostBytes for PinnedBytes {
     fn remove(&mut self, session: SessionId) {
         // Blocked until the device passed the publish that freed it (and, exported, until the
         // last export ends).
-        if let Some(b) = self.books.free(session, true) {
+        if let Some(b) = self.store.books.free(session, true) {
             self.freed.push(b);
         }
     }
