@@ -525,6 +525,12 @@ fn host_memory_of_a_locked_store_is_within_2_percent_of_its_size() {
         m.footprint()
     );
     assert_eq!(lck, m.pinned_bytes, "the kernel's count agrees");
+    // Bounded teardown: a chunk at a time, the rest at drop.
+    let mut p = p;
+    let chunk = m.pinned_bytes as usize / 3;
+    let left = p.release_store_step(chunk).unwrap();
+    assert!(left > 0 && left < m.pinned_bytes as usize);
+    assert_eq!(vm_lck().unwrap() - lck0, left as u64);
     drop(p);
     assert_eq!(vm_lck().unwrap(), lck0, "unlocked at teardown");
 }

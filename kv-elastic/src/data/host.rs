@@ -239,7 +239,6 @@ impl<B: HostBytes> HostStore<B> {
         &self.bytes
     }
 
-    #[cfg(feature = "cuda")]
     pub(crate) fn backing_mut(&mut self) -> &mut B {
         &mut self.bytes
     }

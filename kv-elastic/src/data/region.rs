@@ -218,7 +218,7 @@ pub struct HostRegion {
     len: usize,
     item_len: usize,
     numa_node: Option<u32>,
-    /// Bytes locked from the start (`mlock`), a multiple of the page size or `mapped`.
+    /// Bytes locked from the start (`mlock`), a multiple of the page size.
     locked: usize,
     hooks: TeardownHooks,
     /// The hooks ran.
@@ -336,7 +336,8 @@ impl HostRegion {
             hooks_done: false,
         };
         if lock {
-            let total = r.mem.mapped;
+            // Whole pages (what the kernel locks), so the chunks unlock exactly.
+            let total = r.mem.mapped.next_multiple_of(page_size());
             while r.locked < total {
                 let n = (total - r.locked).min(REGION_CHUNK);
                 // SAFETY: a range inside our mapping.
@@ -411,10 +412,14 @@ impl HostRegion {
     /// an agent may no longer be registered with it.
     pub fn release_step(&mut self, max_bytes: usize) -> usize {
         self.run_hooks();
-        let mut budget = max_bytes.max(1);
+        // Whole pages from the end (`locked` is a multiple of the page size).
+        let page = page_size();
+        let mut budget = max_bytes
+            .max(1)
+            .checked_next_multiple_of(page)
+            .unwrap_or(usize::MAX / page * page);
         while self.locked > 0 && budget > 0 {
-            let n = self.locked.min(REGION_CHUNK).min(budget.max(page_size()));
-            let n = n.min(self.locked);
+            let n = self.locked.min(REGION_CHUNK).min(budget);
             let start = self.locked - n;
             // SAFETY: a range inside our mapping that we locked.
             unsafe { libc::munlock(self.base().add(start).cast(), n) };

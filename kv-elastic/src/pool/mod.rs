@@ -148,7 +148,7 @@ impl ElasticPool {
     /// As [`ElasticPool::new`], with the host store in one registrable region of
     /// `store.max_sessions × store.max_history × token_bytes` bytes (page-aligned, mapped by
     /// tierkit, locked in RAM with `store.lock`): the layout of the GPU pool's pinned store,
-    /// which transfer agents register once ([`ElasticPool::regions`]) and write imports into /
+    /// which transfer agents register once ([`ElasticPool::region`]) and write imports into /
     /// read exports from in place ([`ElasticPool::reserve`], [`ElasticPool::export`]).
     ///
     /// # Errors
@@ -200,6 +200,21 @@ impl ElasticPool {
             CpuBytes::region(RegionBytes::new(region, layout)?),
         )?;
         Self::with_data(geometry, config, data)
+    }
+
+    /// Bounded teardown of a region-backed store, between steps while the engine shuts down:
+    /// runs the teardown hooks (agents' deregistration; first call), then unlocks at most
+    /// `max_bytes` (at least one page) of the region; returns the bytes still locked. Call until
+    /// it returns 0; the pool's drop does whatever is left. Errors: `Unsupported` for a store
+    /// without a region.
+    pub fn release_store_step(&mut self, max_bytes: usize) -> Result<usize> {
+        let r = self
+            .data
+            .host_mut()
+            .backing_mut()
+            .as_region_mut()
+            .ok_or(KvError::Unsupported("the host store has no region"))?;
+        Ok(r.host_region_mut().release_step(max_bytes))
     }
 
     /// One layer's arena plane (`u8 [arena_rows][row_bytes]`). Errors: `LayerOutOfRange`.
