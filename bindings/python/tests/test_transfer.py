@@ -7,9 +7,16 @@ over UCX, or Mooncake's transfer engine over TCP, both on loopback), the decode 
 resolves, and the bytes attention reads equal the source. No mocks: the agents are the packages
 `nixl-cu13` and `mooncake-transfer-engine-non-cuda` that `.ci/test` installs (a test says SKIP with
 the reason where they cannot be imported).
+
+The agent tests run in a child interpreter that leaves with `os._exit`: nixl-cu13 1.5.1 crashes the
+interpreter at exit once an agent was made (a segfault after finalization; reproduced with a bare
+`nixl_agent` and no tierkit, and not when Mooncake's engine is imported first), which would fail
+the whole pytest run after every test passed.
 """
 
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -47,6 +54,32 @@ def assert_reads(pool, session, src):
                 assert r.valid_count[0] == picks.shape[1]
                 for p, row in zip(picks[0], r.indices[0]):
                     assert pool.arena_row(layer, int(row)) == src[p, layer].tobytes(), (p, layer)
+
+
+SKIPPED = 77  # a child's exit code for "skipped"; the reason is its last line
+
+
+def isolated(name):
+    """Runs test body `name` of this module in a child interpreter that exits with `os._exit`
+    (see the module docs), forwarding a skip and failing with the child's output."""
+    code = (
+        "import os, sys, traceback\n"
+        f"sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})\n"
+        "import pytest, test_transfer as t\n"
+        "rc = 0\n"
+        "try:\n"
+        f"    t.{name}()\n"
+        "except pytest.skip.Exception as e:\n"
+        "    print(e.msg); rc = 77\n"
+        "except BaseException:\n"
+        "    traceback.print_exc(); rc = 1\n"
+        "sys.stdout.flush(); sys.stderr.flush(); os._exit(rc)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    print(r.stdout)
+    if r.returncode == SKIPPED:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0, f"{name} failed in the child (exit {r.returncode}):\n{r.stdout}\n{r.stderr}"
 
 
 def agent_module(name):
@@ -155,6 +188,10 @@ def finish_import(src, prefill, decode):
 
 
 def test_nixl_writes_an_exported_history_into_reserved_rows():
+    isolated("case_nixl_writes_an_exported_history_into_reserved_rows")
+
+
+def case_nixl_writes_an_exported_history_into_reserved_rows():
     nixl = agent_module("nixl_cu13")
     cfg = nixl.nixl_agent_config(backends=["UCX"])
     src, prefill, decode, chunks = prefill_and_decode()
@@ -189,6 +226,10 @@ def test_nixl_writes_an_exported_history_into_reserved_rows():
 
 
 def test_mooncake_writes_an_exported_history_into_reserved_rows():
+    isolated("case_mooncake_writes_an_exported_history_into_reserved_rows")
+
+
+def case_mooncake_writes_an_exported_history_into_reserved_rows():
     engine = agent_module("mooncake.engine")
     TransferEngine = engine.engine.TransferEngine
     src, prefill, decode, chunks = prefill_and_decode()
@@ -223,6 +264,10 @@ def vm_kib(field):
 
 
 def test_store_memory_with_both_agents_registered_is_within_2_percent():
+    isolated("case_store_memory_with_both_agents_registered_is_within_2_percent")
+
+
+def case_store_memory_with_both_agents_registered_is_within_2_percent():
     nixl = agent_module("nixl_cu13")
     mooncake = agent_module("mooncake.engine").engine
     if vm_kib("VmLck") is None:
