@@ -178,6 +178,63 @@ pub enum KvError {
         /// Bytes asked for.
         bytes: u64,
     },
+    /// A host store's capacity is exceeded (its session slots or positions per slot; a
+    /// region-backed store's `max_sessions` / `max_history`).
+    #[error("host store: {what} = {value}, must stay below {limit}")]
+    StoreCapacity {
+        /// Which limit.
+        what: &'static str,
+        /// The value asked for.
+        value: u64,
+        /// One past the largest allowed.
+        limit: u64,
+    },
+    /// The session is being imported (rows reserved by [`crate::ElasticPool::reserve`], not
+    /// committed yet): it is invisible to resolves, appends and finish until `commit` or `abort`.
+    #[error("session {0} is being imported (reserved, not committed)")]
+    SessionImporting(u64),
+    /// `commit` / `abort` of a session with no reservation.
+    #[error("session {0} has no import in flight (reserve first)")]
+    NoImport(u64),
+    /// A reservation overlapping rows the same import already reserved.
+    #[error("session {session}: rows {start}..{end} overlap rows already reserved")]
+    OverlappingReserve {
+        /// Session.
+        session: u64,
+        /// First row asked for.
+        start: u32,
+        /// One past the last row asked for.
+        end: u32,
+    },
+    /// A reservation past the rows a session slot of the region holds (`max_history`), or an
+    /// empty one.
+    #[error("session {session}: rows {start}..{end} outside the region's 0..{limit}")]
+    RowsBeyondRegion {
+        /// Session.
+        session: u64,
+        /// First row asked for.
+        start: u32,
+        /// One past the last row asked for.
+        end: u32,
+        /// Rows per session slot.
+        limit: u32,
+    },
+    /// `commit` while the reserved rows leave a gap (they must cover `0..n`).
+    #[error("session {session}: reserved rows leave position {missing} uncovered")]
+    ImportIncomplete {
+        /// Session.
+        session: u64,
+        /// The first position no reservation covers.
+        missing: u32,
+    },
+    /// The import timed out (no `commit` within the pool's import timeout of `between_steps`
+    /// calls): its pages went back; its rows stay held, because a writer may still be writing
+    /// them, until `abort` says it is gone. A writer outliving its session gets this.
+    #[error("session {0}: the import timed out; abort it once its writer is gone")]
+    ImportExpired(u64),
+    /// `export_done` with no export of the session open.
+    #[error("session {0} has no export in flight")]
+    NoExport(u64),
     /// A simulation or selection-model parameter is out of range (the message names it and its bounds).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),

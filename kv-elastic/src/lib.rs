@@ -41,19 +41,27 @@ mod error;
 pub mod gpu;
 mod groups;
 mod layout;
+#[cfg(feature = "nixl")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nixl")))]
+pub mod nixl;
 mod pool;
 mod resolve;
 mod ticket;
 
 pub use control::{HotCache, PageCounts};
-pub use data::{CpuData, DataPlane, HostBytes, HostStore, SessionId, VecBytes};
+pub use data::{
+    page_size, CpuBytes, CpuData, DataPlane, HostBytes, HostMemory, HostRegion, HostStore, MemKind,
+    RegionBytes, RegionDesc, RegionHold, SessionId, StoreConfig, StoreLayout, TeardownHook,
+    VecBytes, REGION_CHUNK,
+};
 pub use error::{KvError, Result};
 pub use groups::LayerGroups;
 pub use layout::{
     Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HISTORY, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
 };
 pub use pool::{
-    Admission, ElasticPool, PoolConfig, PoolCounters, SessionPlacement, StepMaintenance,
+    Admission, ElasticPool, ImportInfo, PoolConfig, PoolCounters, Reserve, RowSpan,
+    SessionPlacement, StepMaintenance, TransferCounters, DEFAULT_IMPORT_TIMEOUT_STEPS,
 };
 pub use resolve::{
     OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,

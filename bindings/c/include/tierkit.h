@@ -20,6 +20,9 @@
 // Most reads a pool keeps open at once (resolves not yet ended by `tierkit_kv_pool_end_read`).
 #define TIERKIT_KV_MAX_OPEN_READS 4096
 
+// `tierkit_kv_region::kind`: host memory (NIXL's `DRAM_SEG`).
+#define TIERKIT_MEM_DRAM 0
+
 // The residency controller. Free with `tierkit_controller_free`.
 typedef struct tierkit_controller tierkit_controller;
 
@@ -195,6 +198,57 @@ typedef struct tierkit_kv_stats {
   // Copies in the read's plan (what `tierkit_kv_pool_replay` applies to another layer).
   uint64_t plan_copies;
 } tierkit_kv_stats;
+
+// A pool's host-store region and the layout of its rows: register `addr .. addr + len` with a
+// transfer agent once. Byte offset of (slot, position, layer) from `addr`:
+// `((slot * max_history + position) * layers + layer) * row_bytes`.
+typedef struct tierkit_kv_region {
+  // Virtual address of the first byte.
+  uint64_t addr;
+  // Bytes.
+  uint64_t len;
+  // Bytes of one token (`layers * row_bytes`).
+  uint64_t item_len;
+  // `TIERKIT_MEM_DRAM`.
+  uint32_t kind;
+  // NUMA node of the first page, -1 when unknown (a NIXL `dev_id` of 0 then).
+  int32_t numa_node;
+  // Session slots.
+  uint32_t max_slots;
+  // Positions per slot.
+  uint32_t max_history;
+  // Layers per token.
+  uint32_t layers;
+  // Bytes per row.
+  uint32_t row_bytes;
+} tierkit_kv_region;
+
+// Rows `start .. end` of a session in the region: `len` bytes at `addr` (one contiguous run).
+// From `tierkit_kv_pool_reserve`, `reserved` is false (and the rest zero but `pending`) while
+// the session's fixed pages wait for readers.
+typedef struct tierkit_kv_row_span {
+  // Session.
+  uint64_t session;
+  // First position.
+  uint32_t start;
+  // One past the last position.
+  uint32_t end;
+  // The session's slot.
+  uint32_t slot;
+  // Whether the rows are reserved (always true from `tierkit_kv_pool_export`).
+  bool reserved;
+  // Pages waiting behind reader fences (not reserved).
+  uint32_t pending;
+  // Byte offset from the region's start.
+  uint64_t offset;
+  // Address of the first byte.
+  uint64_t addr;
+  // Bytes.
+  uint64_t len;
+} tierkit_kv_row_span;
+
+// A teardown callback: `(user, addr, len)` of the region.
+typedef void (*tierkit_teardown_fn)(void *user, uint64_t addr, uint64_t len);
 
 // Success.
 #define TIERKIT_OK 0
@@ -746,6 +800,107 @@ tierkit_code tierkit_kv_pool_check_invariants(const struct tierkit_kv_pool *pool
 // `pool` is NULL or a pointer tierkit returned; pointers from `tierkit_kv_pool_arena_row` are
 // invalid afterwards.
 void tierkit_kv_pool_free(struct tierkit_kv_pool *pool);
+
+// A new pool of `geometry` whose host store is one region of `max_sessions * max_history *
+// layers * row_bytes` bytes (page-aligned; locked in RAM with `lock`): the layout transfer
+// agents register (`tierkit_kv_pool_region`) and write imports into / read exports from.
+//
+// # Safety
+// As `tierkit_kv_pool_new`.
+tierkit_code tierkit_kv_pool_new_with_store(const struct tierkit_kv_geometry *geometry,
+                                            bool elastic,
+                                            uint32_t max_sessions,
+                                            uint32_t max_history,
+                                            bool lock,
+                                            struct tierkit_kv_pool **out_pool,
+                                            struct tierkit_error **err);
+
+// The pool's host-store region (`TIERKIT_ERR_UNSUPPORTED` for a pool made by
+// `tierkit_kv_pool_new`, whose store keeps a buffer per session).
+//
+// # Safety
+// `pool` is NULL or a pool handle; `region` valid for a write; `err` NULL or valid for a
+// pointer write.
+tierkit_code tierkit_kv_pool_region(const struct tierkit_kv_pool *pool,
+                                    struct tierkit_kv_region *region,
+                                    struct tierkit_error **err);
+
+// Reserves rows `start .. end` of a new or importing session for a transfer agent to write in
+// place (`kv_elastic::ElasticPool::reserve`): the session is invisible until
+// `tierkit_kv_pool_commit`; an import not committed within the import timeout of
+// `tierkit_kv_pool_between_steps` calls expires. Errors change nothing:
+// `TIERKIT_ERR_INVALID_ARGUMENT` (overlapping, empty or out-of-region rows, a live id),
+// `TIERKIT_ERR_NO_ROOM` (no free slot or pages), `TIERKIT_ERR_STATE` (expired).
+//
+// # Safety
+// `pool` is NULL or a pool handle; `span` valid for a write; `err` NULL or valid for a pointer
+// write.
+tierkit_code tierkit_kv_pool_reserve(const struct tierkit_kv_pool *pool,
+                                     uint64_t session,
+                                     uint32_t start,
+                                     uint32_t end,
+                                     struct tierkit_kv_row_span *span,
+                                     struct tierkit_error **err);
+
+// Publishes an import once its writes completed: the reserved rows (covering `0 .. n`) become
+// the session's history, admitted with no host copy. `admission` may be NULL.
+//
+// # Safety
+// `pool` is NULL or a pool handle; `admission` NULL or valid for a write; `err` NULL or valid
+// for a pointer write.
+tierkit_code tierkit_kv_pool_commit(const struct tierkit_kv_pool *pool,
+                                    uint64_t session,
+                                    struct tierkit_kv_admission *admission,
+                                    struct tierkit_error **err);
+
+// Drops an import whose writer is gone (failed, cancelled, timed out): the pool is as before it.
+//
+// # Safety
+// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.
+tierkit_code tierkit_kv_pool_abort(const struct tierkit_kv_pool *pool,
+                                   uint64_t session,
+                                   struct tierkit_error **err);
+
+// Sets after how many `tierkit_kv_pool_between_steps` calls without a reserve an import expires
+// (default 1000; at least 1).
+//
+// # Safety
+// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.
+tierkit_code tierkit_kv_pool_set_import_timeout(const struct tierkit_kv_pool *pool,
+                                                uint32_t steps,
+                                                struct tierkit_error **err);
+
+// Pins a live session's committed rows for a transfer agent to read; they stay in place, even
+// after `tierkit_kv_pool_finish`, until `tierkit_kv_pool_export_done`.
+//
+// # Safety
+// `pool` is NULL or a pool handle; `span` valid for a write; `err` NULL or valid for a pointer
+// write.
+tierkit_code tierkit_kv_pool_export(const struct tierkit_kv_pool *pool,
+                                    uint64_t session,
+                                    struct tierkit_kv_row_span *span,
+                                    struct tierkit_error **err);
+
+// The transfer reading an export of `session` completed.
+//
+// # Safety
+// `pool` is NULL or a pool handle; `err` NULL or valid for a pointer write.
+tierkit_code tierkit_kv_pool_export_done(const struct tierkit_kv_pool *pool,
+                                         uint64_t session,
+                                         struct tierkit_error **err);
+
+// Calls `callback(user, addr, len)` when the pool is freed, before its region is unlocked and
+// unmapped (a transfer agent's deregistration); callbacks run newest first.
+// `TIERKIT_ERR_UNSUPPORTED` for a pool without a region; `TIERKIT_ERR_INVALID_ARGUMENT` for a
+// NULL callback.
+//
+// # Safety
+// `pool` is NULL or a pool handle; `callback` safe to call once with `user` from the thread
+// that calls `tierkit_kv_pool_free`; `err` NULL or valid for a pointer write.
+tierkit_code tierkit_kv_pool_on_teardown(const struct tierkit_kv_pool *pool,
+                                         tierkit_teardown_fn callback,
+                                         void *user,
+                                         struct tierkit_error **err);
 
 #ifdef __cplusplus
 }  // extern "C"

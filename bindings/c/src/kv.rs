@@ -95,7 +95,7 @@ impl TierkitKvGeometry {
     ///
     /// # Safety
     /// When `group_count > 0`, `group_sizes` points to `group_count` readable `u32`.
-    unsafe fn read_geometry(&self) -> R<Geometry> {
+    pub(crate) unsafe fn read_geometry(&self) -> R<Geometry> {
         let layer_groups = if self.group_count > 0 {
             // SAFETY: the caller's contract (checked for NULL and alignment by `view`).
             let sizes =
@@ -192,6 +192,23 @@ pub struct TierkitKvAdmission {
     pub pending: u32,
 }
 
+impl From<Admission> for TierkitKvAdmission {
+    fn from(a: Admission) -> Self {
+        match a {
+            Admission::Admitted { borrowed_pages } => TierkitKvAdmission {
+                admitted: true,
+                borrowed_pages,
+                pending: 0,
+            },
+            Admission::Waiting { pending } => TierkitKvAdmission {
+                admitted: false,
+                borrowed_pages: 0,
+                pending,
+            },
+        }
+    }
+}
+
 /// What `tierkit_kv_pool_between_steps` did.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -212,8 +229,8 @@ struct OpenRead {
 }
 
 #[derive(Debug)]
-struct PoolState {
-    pool: ElasticPool,
+pub(crate) struct PoolState {
+    pub(crate) pool: ElasticPool,
     reads: HashMap<u64, OpenRead>,
     next_read: u64,
 }
@@ -221,6 +238,17 @@ struct PoolState {
 /// The elastic KV pool (CPU arena). Free with `tierkit_kv_pool_free` (which ends its open reads).
 #[derive(Debug)]
 pub struct TierkitKvPool(Mutex<PoolState>);
+
+impl TierkitKvPool {
+    /// A handle's value for `pool` (no read open).
+    pub(crate) fn wrap(pool: ElasticPool) -> Self {
+        TierkitKvPool(Mutex::new(PoolState {
+            pool,
+            reads: HashMap::new(),
+            next_read: 1,
+        }))
+    }
+}
 
 impl Object for TierkitKvPool {
     const KIND: Kind = Kind::Pool;
@@ -285,16 +313,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_new(
         call(err, || {
             let g = view(geometry, 1, "geometry")?[0].read_geometry()?;
             let pool = ElasticPool::new(g, PoolConfig { elastic })?;
-            let state = PoolState {
-                pool,
-                reads: HashMap::new(),
-                next_read: 1,
-            };
-            out(
-                out_pool,
-                new_handle(TierkitKvPool(Mutex::new(state))),
-                "out_pool",
-            )
+            out(out_pool, new_handle(TierkitKvPool::wrap(pool)), "out_pool")
         })
     }
 }
@@ -303,7 +322,10 @@ pub unsafe extern "C" fn tierkit_kv_pool_new(
 ///
 /// # Safety
 /// `pool` is NULL or a pool handle.
-unsafe fn with_pool<T>(pool: *const TierkitKvPool, f: impl FnOnce(&mut PoolState) -> R<T>) -> R<T> {
+pub(crate) unsafe fn with_pool<T>(
+    pool: *const TierkitKvPool,
+    f: impl FnOnce(&mut PoolState) -> R<T>,
+) -> R<T> {
     let live = live();
     let mut state = lock(&live.get(pool, "pool")?.0, "pool")?;
     f(&mut state)
@@ -329,19 +351,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_admit(
         call(err, || {
             let history = view(history, len, "history")?;
             let a = with_pool(pool, |s| Ok(s.pool.admit(session, history)?))?;
-            let a = match a {
-                Admission::Admitted { borrowed_pages } => TierkitKvAdmission {
-                    admitted: true,
-                    borrowed_pages,
-                    pending: 0,
-                },
-                Admission::Waiting { pending } => TierkitKvAdmission {
-                    admitted: false,
-                    borrowed_pages: 0,
-                    pending,
-                },
-            };
-            out_opt(admission, a, "admission")
+            out_opt(admission, TierkitKvAdmission::from(a), "admission")
         })
     }
 }

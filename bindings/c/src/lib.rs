@@ -35,11 +35,13 @@ mod experts;
 mod ffi;
 mod gpu;
 mod kv;
+mod kv_transfer;
 
 pub use experts::*;
 pub use ffi::*;
 pub use gpu::*;
 pub use kv::*;
+pub use kv_transfer::*;
 
 use std::ffi::c_char;
 

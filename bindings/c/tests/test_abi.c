@@ -107,6 +107,81 @@ static void out_of_memory_cases(void) {
 }
 #endif
 
+/* Disaggregation through the region store: a prefill pool exports a history, a decode pool
+ * reserves rows for it, the "agent" (a memcpy here; NIXL and Mooncake in the Python tests)
+ * writes them in place, the decode side commits and resolves the source's bytes. */
+static void on_teardown(void *user, uint64_t addr, uint64_t len) {
+    (void)addr;
+    (void)len;
+    (*(int *)user)++;
+}
+
+static void transfer_cases(void) {
+    tierkit_kv_geometry kg;
+    tierkit_kv_geometry_for_hbm_budget(32 * 4 * 32, 16, 2, 4, 8, 4, 0, &kg, NULL);
+    tierkit_kv_pool *prefill = NULL, *decode = NULL, *plain = NULL;
+    EXPECT("transfer: store pools", tierkit_kv_pool_new_with_store(&kg, true, 4, 64, false, &prefill, &err_) ||
+                                        tierkit_kv_pool_new_with_store(&kg, true, 4, 64, false, &decode, &err_),
+           TIERKIT_OK, NULL);
+    tierkit_kv_region region;
+    EXPECT("transfer: region", tierkit_kv_pool_region(decode, &region, &err_), TIERKIT_OK, NULL);
+    int layout = region.kind == TIERKIT_MEM_DRAM && region.item_len == 32 && region.len == 4 * 64 * 32 &&
+                 region.max_slots == 4 && region.max_history == 64 && region.layers == 2 && region.row_bytes == 16;
+    printf("%s transfer: region layout\n", layout ? "ok  " : "FAIL");
+    layout ? passed++ : failed++;
+    tierkit_kv_pool_new(&kg, true, &plain, NULL);
+    EXPECT("transfer: no region in the default store", tierkit_kv_pool_region(plain, &region, &err_),
+           TIERKIT_ERR_UNSUPPORTED, "region");
+    tierkit_kv_pool_free(plain);
+    uint8_t hist[24 * 32];
+    for (size_t i = 0; i < sizeof hist; i++) hist[i] = (uint8_t)(i * 7 + i / 32);
+    tierkit_kv_pool_admit(prefill, 9, hist, sizeof hist, NULL, NULL);
+    tierkit_kv_row_span src, lo, hi, bad;
+    EXPECT("transfer: export", tierkit_kv_pool_export(prefill, 9, &src, &err_), TIERKIT_OK, NULL);
+    EXPECT("transfer: commit without reserve", tierkit_kv_pool_commit(decode, 9, NULL, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "no import");
+    EXPECT("transfer: reserve rows 12..24", tierkit_kv_pool_reserve(decode, 9, 12, 24, &hi, &err_), TIERKIT_OK, NULL);
+    EXPECT("transfer: overlapping reserve", tierkit_kv_pool_reserve(decode, 9, 8, 16, &bad, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "overlap");
+    EXPECT("transfer: rows beyond the region", tierkit_kv_pool_reserve(decode, 9, 60, 65, &bad, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "outside");
+    EXPECT("transfer: reserve rows 0..12", tierkit_kv_pool_reserve(decode, 9, 0, 12, &lo, &err_), TIERKIT_OK, NULL);
+    EXPECT("transfer: invisible until commit", tierkit_kv_pool_finish(decode, 9, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "imported");
+    memcpy((void *)(uintptr_t)lo.addr, (const void *)(uintptr_t)src.addr, (size_t)lo.len);
+    memcpy((void *)(uintptr_t)hi.addr, (const void *)(uintptr_t)(src.addr + lo.len), (size_t)hi.len);
+    tierkit_kv_admission a;
+    EXPECT("transfer: commit", tierkit_kv_pool_commit(decode, 9, &a, &err_), TIERKIT_OK, NULL);
+    EXPECT("transfer: export done", tierkit_kv_pool_export_done(prefill, 9, &err_), TIERKIT_OK, NULL);
+    uint64_t sessions[1] = {9}, read = 0;
+    int32_t qsl[2] = {0, 1}, seq[1] = {24}, topk[4] = {0, 7, 13, 23}, idx[4], valid[1];
+    tierkit_kv_batch b = {sessions, 1, qsl, seq, topk, 1, 4, 4, NULL, 0, 0};
+    EXPECT("transfer: resolve the import", tierkit_kv_pool_resolve(decode, &b, idx, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_OK, NULL);
+    int exact = a.admitted && valid[0] == 4;
+    for (int j = 0; j < 4 && exact; j++) {
+        const uint8_t *row = NULL;
+        uintptr_t len = 0;
+        exact = tierkit_kv_pool_arena_row(decode, 0, idx[j], &row, &len, NULL) == TIERKIT_OK && len == 16 &&
+                memcmp(row, hist + (size_t)topk[j] * 32, 16) == 0;
+    }
+    printf("%s transfer: attention reads the source's bytes\n", exact ? "ok  " : "FAIL");
+    exact ? passed++ : failed++;
+    tierkit_kv_pool_end_read(decode, read, NULL);
+    EXPECT("transfer: timeout of 0", tierkit_kv_pool_set_import_timeout(decode, 0, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "timeout");
+    EXPECT("transfer: reserve then abort", tierkit_kv_pool_reserve(decode, 10, 0, 4, &bad, &err_) ||
+                                              tierkit_kv_pool_abort(decode, 10, &err_),
+           TIERKIT_OK, NULL);
+    int torn = 0;
+    EXPECT("transfer: teardown callback", tierkit_kv_pool_on_teardown(decode, on_teardown, &torn, &err_),
+           TIERKIT_OK, NULL);
+    tierkit_kv_pool_free(decode);
+    tierkit_kv_pool_free(prefill);
+    printf("%s transfer: the callback ran at free\n", torn == 1 ? "ok  " : "FAIL");
+    torn == 1 ? passed++ : failed++;
+}
+
 int main(void) {
     tierkit_expert_geometry g = {2, 8, 2, 64};
     tierkit_expert_geometry bad_g = {2, 8, 9, 64};
@@ -241,6 +316,7 @@ int main(void) {
     printf("%s no err argument: the code alone\n", code_alone ? "ok  " : "FAIL");
     code_alone ? passed++ : failed++;
 
+    transfer_cases();
     out_of_memory_cases();
 
     /* GPU entry points: in every header; a build without CUDA refuses them with a code. */

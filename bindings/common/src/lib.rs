@@ -51,7 +51,8 @@ pub enum Code {
     /// Anything else.
     Internal = 10,
     /// The entry point needs a feature this build lacks (the GPU entry points of a build without
-    /// the `cuda` feature).
+    /// the `cuda` feature), or a back-end the object lacks (transfers on a KV pool whose host
+    /// store has no region, device-written appends on the CPU pool).
     Unsupported = 11,
     /// The host could not allocate memory the call needs (a copy of the input, a table the
     /// geometry sizes): Python's `MemoryError`. Nothing changed.
@@ -140,9 +141,16 @@ pub fn classify_kv(e: &KvError) -> Code {
         | E::LayerOutOfRange { .. }
         | E::LayerOutsideGroup { .. }
         | E::HistoryTooLong { .. }
+        | E::SessionImporting(_)
+        | E::NoImport(_)
+        | E::OverlappingReserve { .. }
+        | E::RowsBeyondRegion { .. }
+        | E::ImportIncomplete { .. }
+        | E::NoExport(_)
         | E::InvalidConfig(_) => Code::InvalidArgument,
-        E::StalePlan { .. } | E::HotCacheOverflow { .. } => Code::State,
-        E::NoRoom { .. } => Code::NoRoom,
+        E::StalePlan { .. } | E::HotCacheOverflow { .. } | E::ImportExpired(_) => Code::State,
+        E::NoRoom { .. } | E::StoreCapacity { .. } => Code::NoRoom,
+        E::Unsupported(_) => Code::Unsupported,
         E::OutOfMemory { .. } | E::Core(CoreError::AllocationFailed { .. }) => Code::OutOfMemory,
         _ => Code::Internal,
     }

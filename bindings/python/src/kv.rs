@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use kv_elastic::{
     Admission, ElasticPool, Geometry, LayerGroups, OutputLayout, PoolConfig, ReadTicket,
-    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
+    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver, StoreConfig,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{ints, narrow, out_i32, with_bytes, zeros_i32};
 use crate::ints::{int_arg, int_args};
-use crate::{guard, kv_err, to_py, Slot};
+use crate::{guard, kv_err, kv_transfer, to_py, Slot};
 
 /// `layer_groups` as Python gives it: `None` or `"per_layer"` (every layer its own group, the
 /// default), `"one"` (one group of every layer), an `int` n (groups of n layers) or a sequence of
@@ -308,6 +308,7 @@ pub(crate) fn maintenance<'py>(
     d.set_item("handed_back", m.handed_back)?;
     d.set_item("collected", m.collected)?;
     d.set_item("grown", m.grown)?;
+    d.set_item("imports_expired", m.imports_expired)?;
     Ok(d)
 }
 
@@ -333,13 +334,151 @@ pub(crate) struct PyElasticPool(Slot<ElasticPool>);
 
 #[pymethods]
 impl PyElasticPool {
+    /// With `max_sessions` and `max_history`, the host store is one registrable region of
+    /// `max_sessions × max_history × token_bytes` bytes (page-aligned; locked in RAM with
+    /// `lock=True`) that transfer agents (NIXL, Mooncake) register once: see `regions`,
+    /// `reserve` / `commit` / `abort` and `export` / `export_done`.
     #[new]
-    #[pyo3(signature = (geometry, elastic = true))]
-    fn new(geometry: &PyKvGeometry, elastic: bool) -> PyResult<Self> {
+    #[pyo3(
+        signature = (geometry, elastic = true, *, max_sessions = None, max_history = None, lock = false),
+        text_signature = "(geometry, elastic=True, *, max_sessions=None, max_history=None, lock=False)"
+    )]
+    fn new(
+        geometry: &PyKvGeometry,
+        elastic: bool,
+        max_sessions: Option<&Bound<'_, PyAny>>,
+        max_history: Option<&Bound<'_, PyAny>>,
+        lock: bool,
+    ) -> PyResult<Self> {
+        int_args!(max_sessions: Option<u32>, max_history: Option<u32>);
+        let config = PoolConfig { elastic };
         guard(|| {
-            let p = ElasticPool::new(geometry.0, PoolConfig { elastic }).map_err(kv_err)?;
+            let p = match (max_sessions, max_history) {
+                (None, None) => ElasticPool::new(geometry.0, config),
+                (Some(max_sessions), Some(max_history)) => ElasticPool::with_store(
+                    geometry.0,
+                    config,
+                    StoreConfig {
+                        max_sessions,
+                        max_history,
+                        lock,
+                    },
+                ),
+                _ => {
+                    return Err(PyValueError::new_err(
+                        "max_sessions and max_history go together (a region-backed host store)",
+                    ))
+                }
+            }
+            .map_err(kv_err)?;
             Ok(PyElasticPool(Slot::new("ElasticPool", p)))
         })
+    }
+    /// The host store's regions, as tuples `(addr, len, item_len, kind, numa_node)` (`kind`
+    /// `"DRAM"`, `numa_node` -1 when unknown): register each with a transfer agent once
+    /// (NIXL: `agent.register_memory([(addr, len, 0, "")], "DRAM")`; Mooncake:
+    /// `engine.register_memory(addr, len)`). Empty for the default store (a buffer per session).
+    fn regions(&self) -> PyResult<Vec<kv_transfer::RegionTuple>> {
+        self.0.with(|p| Ok(kv_transfer::regions(p)))
+    }
+    /// The row → offset rule of the region: `{"max_slots", "max_history", "layers",
+    /// "row_bytes"}`; byte offset of (slot, position, layer) = `((slot × max_history + position)
+    /// × layers + layer) × row_bytes`. None for the default store.
+    fn store_layout<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let l = self.0.with(|p| Ok(p.region().map(|(_, l)| l)))?;
+        l.map(|l| to_py(py, &l)).transpose()
+    }
+    /// The host store as a writable numpy `uint8 [max_slots, max_history, layers, row_bytes]`
+    /// view of its memory (DLPack through numpy's `__dlpack__`), or None for the default store.
+    /// The view keeps the memory mapped after `close`; agents' registrations end at `close`.
+    fn store_view<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.0.with(|p| kv_transfer::store_view(py, p))
+    }
+    /// Host memory of the store by tierkit's accounting: `{"store_bytes", "allocated_bytes",
+    /// "pinned_bytes"}` (the store costs `max(allocated, pinned)`).
+    fn host_memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let m = self.0.with(|p| Ok(p.host_memory()))?;
+        to_py(py, &m)
+    }
+    /// Runs `callback(addr, len)` at `close` (or when the pool is collected), before the
+    /// store's memory is unlocked and freed: a transfer agent's deregistration. Newest first.
+    fn on_teardown(&self, callback: Py<PyAny>) -> PyResult<()> {
+        self.0
+            .with(|p| p.on_teardown(kv_transfer::hook(callback)).map_err(kv_err))
+    }
+    /// Reserves rows `start .. end` of a new or importing session for a transfer agent to
+    /// write in place. Returns the byte run `{"reserved": True, "session", "start", "end",
+    /// "slot", "offset", "addr", "len"}` (one contiguous run: the store is token-major), or
+    /// `{"reserved": False, "pending": n}` while the session's fixed pages wait for readers.
+    /// The session is invisible until `commit`; an import not committed within
+    /// `import_timeout` calls of `between_steps` expires. `ValueError` for overlapping or
+    /// out-of-region rows, a live id, a full store.
+    fn reserve<'py>(
+        &self,
+        py: Python<'py>,
+        session: &Bound<'py, PyAny>,
+        start: &Bound<'py, PyAny>,
+        end: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        int_args!(session: u64, start: u32, end: u32);
+        let r = self
+            .0
+            .with(|p| p.reserve(session, start..end).map_err(kv_err))?;
+        kv_transfer::reserve(py, r)
+    }
+    /// Publishes an import once its writes completed: the reserved rows (covering `0 .. n`)
+    /// become the session's history, admitted without a host copy. Returns the admission dict.
+    /// `ValueError` without a reservation or with a gap; `RuntimeError` after a timeout.
+    fn commit<'py>(
+        &self,
+        py: Python<'py>,
+        session: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        int_args!(session: u64);
+        let a = self.0.with(|p| p.commit(session).map_err(kv_err))?;
+        admission(py, a)
+    }
+    /// Drops an import whose writer is gone: the pool is as before the reservation.
+    fn abort(&self, session: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(session: u64);
+        self.0.with(|p| p.abort(session).map_err(kv_err))
+    }
+    /// Imports in flight: a list of `{"session", "ranges", "idle_steps", "expired"}`.
+    fn imports<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let i = self.0.with(|p| Ok(p.imports()))?;
+        to_py(py, &i)
+    }
+    /// `between_steps` calls after its last `reserve` before an import expires (default 1000).
+    #[getter]
+    fn import_timeout(&self) -> PyResult<u32> {
+        self.0.with(|p| Ok(p.import_timeout()))
+    }
+    /// Sets the import timeout (at least 1 call).
+    fn set_import_timeout(&self, steps: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(steps: u32);
+        self.0.with(|p| p.set_import_timeout(steps).map_err(kv_err))
+    }
+    /// Pins a live session's committed rows for a transfer agent to read; returns their byte
+    /// run (as `reserve`). They stay in place, even after `finish`, until `export_done`.
+    fn export<'py>(
+        &self,
+        py: Python<'py>,
+        session: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        int_args!(session: u64);
+        let s = self.0.with(|p| p.export(session).map_err(kv_err))?;
+        kv_transfer::span(py, &s)
+    }
+    /// The transfer reading an export of `session` completed.
+    fn export_done(&self, session: &Bound<'_, PyAny>) -> PyResult<()> {
+        int_args!(session: u64);
+        self.0.with(|p| p.export_done(session).map_err(kv_err))
+    }
+    /// Running totals of imports and exports (imports, committed, aborted, expired, exports,
+    /// exports_done).
+    fn transfer_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let c = self.0.with(|p| Ok(p.transfer_counters()))?;
+        to_py(py, &c)
     }
     #[getter]
     fn geometry(&self) -> PyResult<PyKvGeometry> {
@@ -636,5 +775,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyElasticPool>()?;
     m.add_class::<PyResolved>()?;
     m.add_class::<PyResolvePlan>()?;
+    m.add_class::<kv_transfer::PyRegionHold>()?;
     Ok(())
 }

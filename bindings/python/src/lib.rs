@@ -35,6 +35,7 @@ mod experts;
 mod gpu;
 mod ints;
 mod kv;
+mod kv_transfer;
 mod sim;
 
 pyo3::create_exception!(

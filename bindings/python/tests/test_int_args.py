@@ -34,6 +34,10 @@ def pool():
     return p
 
 
+def store_pool():
+    return kv.ElasticPool(kv_geometry(), max_sessions=2, max_history=32)
+
+
 def resolved(p):
     return p.resolve([7], [0, 1], [20], TOPK)
 
@@ -102,6 +106,19 @@ CALLS = [
     ("layer", lambda v: pool().arena_row(v, 0), UNSIGNED),
     ("row", lambda v: pool().arena_row(0, v), SIGNED),
     ("session", lambda v: pool().committed_len(v), UNSIGNED),
+    # tierkit.kv: the region-backed store and transfers
+    ("max_sessions", lambda v: kv.ElasticPool(kv_geometry(), max_sessions=v, max_history=8),
+     UNSIGNED),
+    ("max_history", lambda v: kv.ElasticPool(kv_geometry(), max_sessions=2, max_history=v),
+     UNSIGNED),
+    ("session", lambda v: store_pool().reserve(v, 0, 4), UNSIGNED),
+    ("start", lambda v: store_pool().reserve(8, v, 4), UNSIGNED),
+    ("end", lambda v: store_pool().reserve(8, 0, v), UNSIGNED),
+    ("session", lambda v: store_pool().commit(v), UNSIGNED),
+    ("session", lambda v: store_pool().abort(v), UNSIGNED),
+    ("session", lambda v: store_pool().export(v), UNSIGNED),
+    ("session", lambda v: store_pool().export_done(v), UNSIGNED),
+    ("steps", lambda v: store_pool().set_import_timeout(v), UNSIGNED),
     # tierkit.sim
     *[(name, (lambda n: lambda v: sim.scoreboard(**{n: v}))(name), UNSIGNED)
       for name in ("steps", "shift_at", "tokens_per_step", "seed", "hot", "expert_bytes")],

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use crate::data::SessionId;
 use crate::layout::Geometry;
-use crate::pool::{PoolConfig, PoolCounters};
+use crate::pool::{ImportState, PoolConfig, PoolCounters, TransferCounters};
 
 /// The control plane's state of one pool.
 #[derive(Debug)]
@@ -28,4 +28,9 @@ pub(crate) struct Control {
     pub(crate) sessions: BTreeMap<SessionId, SessionState>,
     pub(crate) grow_cursor: SessionId,
     pub(crate) counters: PoolCounters,
+    /// Imports in flight (rows reserved, not committed).
+    pub(crate) imports: BTreeMap<SessionId, ImportState>,
+    /// `between_steps` calls before an uncommitted import times out.
+    pub(crate) import_timeout: u32,
+    pub(crate) transfers: TransferCounters,
 }

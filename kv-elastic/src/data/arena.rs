@@ -2,7 +2,7 @@
 //! per layer, every layer at the same row indices). It only moves bytes; which row holds what is
 //! the control plane's decision.
 
-use crate::data::{HostStore, SessionId};
+use crate::data::{HostBytes, HostStore, SessionId};
 use crate::error::{KvError, Result};
 use crate::layout::Geometry;
 
@@ -86,9 +86,9 @@ impl CpuArena {
 
     /// Copies `(session, position, layer)` from the host store into `row` of plane `layer`.
     /// The caller checked the session is live and the position committed.
-    pub(crate) fn copy_host_row(
+    pub(crate) fn copy_host_row<B: HostBytes>(
         &mut self,
-        host: &HostStore,
+        host: &HostStore<B>,
         session: SessionId,
         position: u32,
         layer: u32,
@@ -103,9 +103,9 @@ impl CpuArena {
     }
 
     /// Copies history page `logical` of `session` (all layers) into physical page `page`.
-    pub(crate) fn fill_page(
+    pub(crate) fn fill_page<B: HostBytes>(
         &mut self,
-        host: &HostStore,
+        host: &HostStore<B>,
         session: SessionId,
         logical: u32,
         page: u32,

@@ -8,6 +8,7 @@
 use hashbrown::{HashMap, HashSet};
 use tier_core::alloc::try_reserve;
 
+use crate::data::region::{HostMemory, RegionDesc, StoreLayout, TeardownHook};
 use crate::error::{KvError, Result};
 use crate::layout::MAX_HISTORY;
 
@@ -49,8 +50,63 @@ pub trait HostBytes: sealed::Sealed + Send + std::fmt::Debug {
     /// The committed bytes of a live session, once no queued device work writes them (the
     /// pinned store waits for its last write-back). Errors: the wait's CUDA error.
     fn bytes(&self, session: SessionId) -> Result<&[u8]>;
-    /// Drops a finished session's bytes.
+    /// Drops a finished session's bytes (an exported slot keeps them until its last export
+    /// ends).
     fn remove(&mut self, session: SessionId);
+    /// The registrable region and the layout of the rows in it; `None` for a backing without
+    /// one ([`VecBytes`]: a `Vec` per session, which moves as it grows).
+    fn region(&self) -> Option<(RegionDesc, StoreLayout)> {
+        None
+    }
+    /// The slot of a session holding one (live, importing), for the layout's offsets.
+    fn slot(&self, session: SessionId) -> Option<u32> {
+        let _ = session;
+        None
+    }
+    /// Takes a slot for an import of `session` (not live: no byte view until
+    /// [`HostBytes::commit_import`]). Errors: `Unsupported` without a region, a capacity error
+    /// when no slot is free.
+    fn reserve_import(&mut self, session: SessionId) -> Result<u32> {
+        let _ = session;
+        Err(KvError::Unsupported(
+            "imports need a region-backed host store (max_sessions / max_history)",
+        ))
+    }
+    /// The import's first `bytes` bytes become the session's committed history.
+    fn commit_import(&mut self, session: SessionId, bytes: usize) {
+        let _ = (session, bytes);
+    }
+    /// Frees an import's slot (nobody writes it any more).
+    fn drop_import(&mut self, session: SessionId) {
+        let _ = session;
+    }
+    /// One more export reads a live session's slot. Errors: `Unsupported` without a region.
+    fn pin_export(&mut self, session: SessionId) -> Result<()> {
+        let _ = session;
+        Err(KvError::Unsupported(
+            "exports need a region-backed host store (max_sessions / max_history)",
+        ))
+    }
+    /// Open exports of a session (live or finished).
+    fn exports_of(&self, session: SessionId) -> u32 {
+        let _ = session;
+        0
+    }
+    /// One export of `session` ended; `false` when none was open.
+    fn unpin_export(&mut self, session: SessionId) -> bool {
+        let _ = session;
+        false
+    }
+    /// Host memory the backing holds, by its own accounting.
+    fn memory(&self) -> HostMemory;
+    /// Adds a teardown hook (a transfer agent's deregistration), run before the region's memory
+    /// is unlocked and freed. Errors: `Unsupported` without a region.
+    fn on_teardown(&mut self, hook: TeardownHook) -> Result<()> {
+        drop(hook);
+        Err(KvError::Unsupported(
+            "teardown hooks need a region-backed host store",
+        ))
+    }
 }
 
 /// The CPU backing of a [`HostStore`]: one `Vec<u8>` per live session, allocated fallibly (the
@@ -113,6 +169,21 @@ impl HostBytes for VecBytes {
     fn remove(&mut self, session: SessionId) {
         self.sessions.remove(&session);
     }
+
+    fn memory(&self) -> HostMemory {
+        let (used, cap) = self
+            .sessions
+            .values()
+            .chain(std::iter::once(&self.reserved))
+            .fold((0, 0), |(u, c), v| {
+                (u + v.len() as u64, c + v.capacity() as u64)
+            });
+        HostMemory {
+            store_bytes: used,
+            allocated_bytes: cap,
+            pinned_bytes: 0,
+        }
+    }
 }
 
 /// Room for one more entry in `map` (so the insert that follows allocates nothing).
@@ -138,6 +209,8 @@ pub struct HostStore<B: HostBytes = VecBytes> {
     /// Committed tokens of each live session.
     live: HashMap<SessionId, u32>,
     finished: HashSet<SessionId>,
+    /// Sessions whose rows are reserved for an import (not live yet).
+    importing: HashSet<SessionId>,
     bytes: B,
 }
 
@@ -156,6 +229,7 @@ impl<B: HostBytes> HostStore<B> {
             layers: layers as usize,
             live: HashMap::new(),
             finished: HashSet::new(),
+            importing: HashSet::new(),
             bytes,
         }
     }
@@ -165,7 +239,6 @@ impl<B: HostBytes> HostStore<B> {
         &self.bytes
     }
 
-    #[cfg(feature = "cuda")]
     pub(crate) fn backing_mut(&mut self) -> &mut B {
         &mut self.bytes
     }
@@ -175,8 +248,12 @@ impl<B: HostBytes> HostStore<B> {
         self.row_bytes * self.layers
     }
 
-    /// Checks that a session id may be created (`SessionExists`).
+    /// Checks that a session id may be created (`SessionExists`; `SessionImporting` while an
+    /// import of it is in flight).
     pub fn check_new(&self, session: SessionId) -> Result<()> {
+        if self.importing.contains(&session) {
+            return Err(KvError::SessionImporting(session));
+        }
         if self.live.contains_key(&session) || self.finished.contains(&session) {
             return Err(KvError::SessionExists(session));
         }
@@ -244,10 +321,12 @@ impl<B: HostBytes> HostStore<B> {
         Ok(n)
     }
 
-    /// Checks a session is live (`UnknownSession`, `SessionFinished`).
+    /// Checks a session is live (`UnknownSession`, `SessionFinished`, `SessionImporting`).
     pub fn check_live(&self, session: SessionId) -> Result<()> {
         if self.live.contains_key(&session) {
             Ok(())
+        } else if self.importing.contains(&session) {
+            Err(KvError::SessionImporting(session))
         } else if self.finished.contains(&session) {
             Err(KvError::SessionFinished(session))
         } else {
@@ -326,6 +405,101 @@ impl<B: HostBytes> HostStore<B> {
             position: position as i32,
             seq_len: (v.len() / tb) as i32,
         })
+    }
+
+    /// The registrable region and its row layout (`None` for a backing without one).
+    pub fn region(&self) -> Option<(RegionDesc, StoreLayout)> {
+        self.bytes.region()
+    }
+
+    /// The slot of a live or importing session in the region's layout.
+    pub fn slot(&self, session: SessionId) -> Option<u32> {
+        self.bytes.slot(session)
+    }
+
+    /// Whether an import of `session` is in flight (rows reserved, not committed).
+    pub fn is_importing(&self, session: SessionId) -> bool {
+        self.importing.contains(&session)
+    }
+
+    /// Takes a slot for an import of a new session; its rows are invisible (every call naming
+    /// the session gets `SessionImporting`) until [`HostStore::commit_import`]. Returns the slot.
+    /// Errors: `SessionExists`, `SessionImporting`, `Unsupported` (no region), `StoreCapacity`
+    /// / a capacity error (no free slot), `OutOfMemory`; nothing changes on an error.
+    pub fn reserve_import(&mut self, session: SessionId) -> Result<u32> {
+        self.check_new(session)?;
+        self.importing
+            .try_reserve(1)
+            .map_err(|_| KvError::OutOfMemory {
+                what: "host store import set",
+                bytes: (self.importing.len() as u64 + 1) * 8,
+            })?;
+        let slot = self.bytes.reserve_import(session)?;
+        self.importing.insert(session);
+        Ok(slot)
+    }
+
+    /// An import's first `tokens` rows become the session's committed history (it is live from
+    /// now on). Errors: `NoImport`, `HistoryTooLong`, `OutOfMemory`; nothing changes on an error.
+    pub fn commit_import(&mut self, session: SessionId, tokens: u32) -> Result<()> {
+        if !self.importing.contains(&session) {
+            return Err(KvError::NoImport(session));
+        }
+        if tokens > MAX_HISTORY {
+            return Err(KvError::HistoryTooLong {
+                tokens: tokens as u64,
+                max: MAX_HISTORY,
+            });
+        }
+        reserve_entry(&mut self.live, "host store session table")?;
+        self.bytes
+            .commit_import(session, tokens as usize * self.token_bytes());
+        self.importing.remove(&session);
+        self.live.insert(session, tokens);
+        Ok(())
+    }
+
+    /// Drops an import (its slot is free again; the session id was never live and may be
+    /// reserved again). Errors: `NoImport`.
+    pub fn abort_import(&mut self, session: SessionId) -> Result<()> {
+        if !self.importing.remove(&session) {
+            return Err(KvError::NoImport(session));
+        }
+        self.bytes.drop_import(session);
+        Ok(())
+    }
+
+    /// Pins a live session's rows for an export (a transfer agent reading them): its slot is not
+    /// reused, even after the session finishes, until [`HostStore::export_done`]. Errors:
+    /// session errors, `Unsupported` (no region).
+    pub fn export(&mut self, session: SessionId) -> Result<()> {
+        self.check_live(session)?;
+        self.bytes.pin_export(session)
+    }
+
+    /// One export of `session` completed. Errors: `NoExport`.
+    pub fn export_done(&mut self, session: SessionId) -> Result<()> {
+        if self.bytes.unpin_export(session) {
+            Ok(())
+        } else {
+            Err(KvError::NoExport(session))
+        }
+    }
+
+    /// Open exports of a session (live or finished).
+    pub fn exports_of(&self, session: SessionId) -> u32 {
+        self.bytes.exports_of(session)
+    }
+
+    /// Host memory the store holds, by its own accounting.
+    pub fn memory(&self) -> HostMemory {
+        self.bytes.memory()
+    }
+
+    /// Adds a teardown hook (a transfer agent's deregistration), run before the region's memory
+    /// is unlocked and freed. Errors: `Unsupported` without a region.
+    pub fn on_teardown(&mut self, hook: TeardownHook) -> Result<()> {
+        self.bytes.on_teardown(hook)
     }
 
     /// Room to remember one more finished session, so the [`HostStore::finish`] that follows

@@ -6,10 +6,23 @@
 
 mod arena;
 mod host;
+mod region;
+mod region_store;
+mod slots;
 
 pub(crate) use arena::CpuArena;
 pub(crate) use host::sealed;
 pub use host::{HostBytes, HostStore, SessionId, VecBytes};
+#[cfg_attr(not(feature = "cuda"), allow(unused_imports))]
+pub(crate) use region::{numa_node_of, TeardownHooks};
+pub use region::{
+    page_size, HostMemory, HostRegion, MemKind, RegionDesc, RegionHold, StoreLayout, TeardownHook,
+    REGION_CHUNK,
+};
+pub use region_store::{CpuBytes, RegionBytes, StoreConfig};
+pub(crate) use slots::forward_slot_books;
+#[cfg(feature = "cuda")]
+pub(crate) use slots::SlotStore;
 
 use crate::error::Result;
 use crate::layout::Geometry;
@@ -65,18 +78,18 @@ pub trait DataPlane: sealed::Sealed + Send {
     fn row_holds(&self, session: SessionId, position: u32, layer: u32, row: u32) -> Option<bool>;
 }
 
-/// The CPU back-end's data plane: the host store in `Vec`s and the CPU arena
-/// (`u8 [layers][arena_rows][row_bytes]`).
+/// The CPU back-end's data plane: the host store (a `Vec` per session, or one registrable
+/// region: [`CpuBytes`]) and the CPU arena (`u8 [layers][arena_rows][row_bytes]`).
 #[derive(Debug)]
 pub struct CpuData {
-    host: HostStore,
+    host: HostStore<CpuBytes>,
     arena: CpuArena,
 }
 
 impl CpuData {
-    pub(crate) fn new(geometry: &Geometry) -> Result<Self> {
+    pub(crate) fn new(geometry: &Geometry, bytes: CpuBytes) -> Result<Self> {
         Ok(Self {
-            host: HostStore::new(geometry.row_bytes, geometry.layers),
+            host: HostStore::with_backing(geometry.row_bytes, geometry.layers, bytes),
             arena: CpuArena::new(geometry)?,
         })
     }
@@ -101,13 +114,13 @@ impl CpuData {
 impl sealed::Sealed for CpuData {}
 
 impl DataPlane for CpuData {
-    type Bytes = VecBytes;
+    type Bytes = CpuBytes;
 
-    fn host(&self) -> &HostStore {
+    fn host(&self) -> &HostStore<CpuBytes> {
         &self.host
     }
 
-    fn host_mut(&mut self) -> &mut HostStore {
+    fn host_mut(&mut self) -> &mut HostStore<CpuBytes> {
         &mut self.host
     }
 

@@ -88,6 +88,23 @@ impl GpuArena {
         groups: LayerGroups,
         arena: Option<DeviceBuffer<u8>>,
     ) -> Result<Self> {
+        Self::with_buffers(gpu, dims, groups, arena, None)
+    }
+
+    /// As [`GpuArena::with_arena`], with the host store in `host` where given: mapped pinned
+    /// memory of `gpu`'s context, at least `max_slots × max_history × layers × row_bytes` bytes
+    /// (engine-owned memory adopted with [`PinnedBuffer::borrowed`]; its contents are kept).
+    ///
+    /// # Errors
+    /// As [`GpuArena::with_arena`]; [`CudaError::ForeignMemory`] for a host store that is too
+    /// short or of another context.
+    pub fn with_buffers(
+        gpu: &Arc<Gpu>,
+        dims: KvDims,
+        groups: LayerGroups,
+        arena: Option<DeviceBuffer<u8>>,
+        host: Option<PinnedBuffer<u8>>,
+    ) -> Result<Self> {
         dims.validate()?;
         if groups.validate(dims.layers).is_err() {
             return Err(CudaError::OutOfRange {
@@ -144,6 +161,24 @@ impl GpuArena {
             }
             None => DeviceBuffer::zeroed(ctx, arena_bytes)?,
         };
+        let host = match host {
+            Some(h) => {
+                if h.ctx() != ctx {
+                    return Err(CudaError::ForeignMemory {
+                        what: "KV host store",
+                        reason: "belongs to another device's context".into(),
+                    });
+                }
+                if h.len() < host_bytes {
+                    return Err(CudaError::ForeignMemory {
+                        what: "KV host store",
+                        reason: format!("{} bytes, the dims need {host_bytes}", h.len()),
+                    });
+                }
+                h
+            }
+            None => PinnedBuffer::zeroed(ctx, host_bytes)?,
+        };
         let minus = |n: usize| DeviceBuffer::from_host(ctx, &vec![NOT_RESIDENT; n]);
         Ok(GpuArena {
             desc: DeviceBuffer::zeroed(ctx, slots)?,
@@ -160,7 +195,7 @@ impl GpuArena {
             // any resolve uses 1): a zeroed stamp (call 0) is never the current call's.
             call: DeviceBuffer::from_host(ctx, &vec![1u64; slots * ng])?,
             arena,
-            host: PinnedBuffer::zeroed(ctx, host_bytes)?,
+            host,
             err: DeviceBuffer::zeroed(ctx, KV_ERR_WORDS)?,
             direct: DeviceBuffer::zeroed(ctx, 1)?,
             direct_batch: DirectBatch::new(slots),
@@ -302,6 +337,12 @@ impl GpuArena {
     /// for the GPU pool's `PinnedBytes` view. Valid while `self` lives.
     pub(crate) fn host_base(&self) -> (*mut u8, usize) {
         (self.host.host_ptr() as *mut u8, self.host.len())
+    }
+
+    /// Who owns the host store's memory (tierkit's allocation, or the engine's, pinned by
+    /// tierkit or already pinned).
+    pub fn host_backing(&self) -> cuda_kernels::HostBacking {
+        self.host.backing()
     }
 
     /// [`KvKernels::fill_words_async`] (table patches) on `stream`.

@@ -7,12 +7,15 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cuda_kernels::{EventSignal, KvCopy};
+use cuda_kernels::{EventSignal, HostBacking, KvCopy};
 use hashbrown::HashMap;
 use tier_core::CompletionSignal;
 
 use super::GpuArena;
-use crate::data::{sealed, DataPlane, HostBytes, HostStore, SessionId};
+use crate::data::{
+    sealed, DataPlane, HostBytes, HostStore, MemKind, RegionDesc, SessionId, SlotStore,
+    StoreLayout, TeardownHook, TeardownHooks,
+};
 use crate::error::{KvError, Result};
 
 /// The GPU pool's host-store backing: a view of the mapped pinned store of its [`GpuArena`]
@@ -26,16 +29,16 @@ use crate::error::{KvError, Result};
 /// slice it hands out covers bytes a queued kernel still writes.
 #[derive(Debug)]
 pub struct PinnedBytes {
-    base: *mut u8,
-    len: usize,
-    token_bytes: usize,
-    max_history: u32,
-    slot_of: HashMap<SessionId, u32>,
-    session_of: Vec<Option<SessionId>>,
-    /// Committed bytes of each slot.
-    used: Vec<usize>,
-    /// Freed slots not reusable yet (device work queued before the free may still touch them).
-    blocked: Vec<bool>,
+    /// The slots over the pinned store (owned by the `GpuArena` beside this value in
+    /// `GpuData`, which outlives it); freed slots stay blocked until the device passed the work
+    /// queued before the free, exported ones until their last export ends.
+    store: SlotStore,
+    numa_node: Option<u32>,
+    /// Who owns the pinned memory (for the accounting).
+    backing: HostBacking,
+    /// Teardown hooks (transfer agents' deregistrations): run when this view drops, before the
+    /// `GpuArena` beside it frees the pinned store.
+    hooks: TeardownHooks,
     /// Event after the last write-back queued (set by the publish that queued it).
     last_write_back: Option<EventSignal>,
     /// Host waits the byte view made for it.
@@ -45,27 +48,29 @@ pub struct PinnedBytes {
     pub(crate) freed: Vec<u32>,
 }
 
-// SAFETY: `base` points into the pinned allocation owned by the `GpuArena` that sits beside this
-// value in the same `GpuData` (so it outlives every use); the bytes are only reached through
-// `&self` / `&mut self` of the pool, so Rust's aliasing rules apply as for a `Vec<u8>` field.
-unsafe impl Send for PinnedBytes {}
-// SAFETY: as above; `&self` hands out shared slices only, each after waiting for every
-// write-back queued into the store (`HostBytes::bytes`); the wait counter is atomic.
-unsafe impl Sync for PinnedBytes {}
-
 impl PinnedBytes {
     fn new(dev: &GpuArena) -> Self {
         let d = *dev.dims();
         let (base, len) = dev.host_base();
-        Self {
-            base,
-            len,
-            token_bytes: d.token_bytes(),
+        let layout = StoreLayout {
+            max_slots: d.max_slots,
             max_history: d.max_history,
-            slot_of: HashMap::new(),
-            session_of: vec![None; d.max_slots as usize],
-            used: vec![0; d.max_slots as usize],
-            blocked: vec![false; d.max_slots as usize],
+            layers: d.layers,
+            row_bytes: d.row_bytes,
+        };
+        let full = |what, value, limit| {
+            KvError::Cuda(cuda_kernels::CudaError::OutOfRange { what, value, limit })
+        };
+        // SAFETY: the pinned allocation of `dev` (the `GpuArena` this view sits beside in
+        // `GpuData`, dropped after it) holds the layout (`GpuArena::with_buffers` checks it); the
+        // host writes it only through this store, the device through queued kernels the pool
+        // orders (see `SlotStore::write`).
+        let store = unsafe { SlotStore::new(base, len, layout, full) };
+        Self {
+            store,
+            numa_node: crate::data::numa_node_of(base),
+            backing: dev.host_backing(),
+            hooks: TeardownHooks::default(),
             last_write_back: None,
             host_waits: AtomicU64::new(0),
             created: Vec::new(),
@@ -73,28 +78,24 @@ impl PinnedBytes {
         }
     }
 
-    fn slot_bytes(&self) -> usize {
-        self.max_history as usize * self.token_bytes
-    }
-
     /// The session slot of a live session.
     pub fn slot_of(&self, session: SessionId) -> Option<u32> {
-        self.slot_of.get(&session).copied()
+        self.store.books.slot_of(session)
     }
 
-    /// The session holding a slot.
+    /// The session holding a slot (live or importing).
     pub fn session_at(&self, slot: u32) -> Option<SessionId> {
-        self.session_of.get(slot as usize).copied().flatten()
+        self.store.books.session_at(slot)
     }
 
-    /// Live sessions.
+    /// Sessions holding a slot (live or importing).
     pub fn live(&self) -> usize {
-        self.slot_of.len()
+        self.store.books.held()
     }
 
     /// Whether a slot is free for a new session now.
     pub(crate) fn has_free_slot(&self) -> bool {
-        (0..self.session_of.len()).any(|b| self.session_of[b].is_none() && !self.blocked[b])
+        self.store.books.has_free()
     }
 
     /// A publish queued write-backs into the store, complete after `event`.
@@ -104,33 +105,14 @@ impl PinnedBytes {
 
     /// Makes a freed slot reusable (the device passed the work queued before its free).
     pub(crate) fn unblock(&mut self, slot: u32) {
-        self.blocked[slot as usize] = false;
-    }
-
-    /// Copies `bytes` to byte offset `off` of the store (no reference to the rest of it is made:
-    /// kernels may be reading or writing other rows meanwhile).
-    fn write(&mut self, off: usize, bytes: &[u8]) {
-        assert!(off + bytes.len() <= self.len, "inside the pinned store");
-        // SAFETY: `off .. off + bytes.len()` lies inside the live pinned allocation (checked
-        // above; see the `Send` impl); `bytes` is a host slice that cannot overlap it mutably
-        // borrowed, and `&mut self` excludes other host writers. No queued kernel reads these
-        // bytes: they are past the committed history (no fill, miss or write-back touches them)
-        // and the GPU pool waited for the last publish whose step copies read draft bytes there
-        // (`DraftReads`, before `write_scratch` / `append`), or they are in a slot created now
-        // (reused only after the step stream passed the publish that freed it).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(off), bytes.len()) };
+        self.store.books.unblock(slot);
     }
 
     /// Writes `token` at `position` of a live session's slot (drafts: past its committed bytes,
-    /// below `max_history`; the pool checks the bound first).
+    /// below `max_history`; the pool checks the bound first and waits for queued copies that
+    /// read drafts there, `DraftReads`).
     pub(crate) fn write_at(&mut self, session: SessionId, position: u32, token: &[u8]) {
-        let b = self.slot_of[&session] as usize;
-        let off = b * self.slot_bytes() + position as usize * self.token_bytes;
-        self.write(off, token);
-    }
-
-    fn capacity_error(&self, what: &'static str, value: u64, limit: u64) -> KvError {
-        KvError::Cuda(cuda_kernels::CudaError::OutOfRange { what, value, limit })
+        self.store.write_at(session, position, token);
     }
 }
 
@@ -138,64 +120,21 @@ impl sealed::Sealed for PinnedBytes {}
 
 impl HostBytes for PinnedBytes {
     fn check_room(&self, history_bytes: usize) -> Result<()> {
-        if history_bytes > self.slot_bytes() {
-            return Err(self.capacity_error(
-                "history length (max_history)",
-                (history_bytes / self.token_bytes.max(1)) as u64,
-                self.max_history as u64 + 1,
-            ));
-        }
-        if !self.has_free_slot() {
-            return Err(self.capacity_error(
-                "live sessions (max_sessions)",
-                self.slot_of.len() as u64 + 1,
-                self.session_of.len() as u64 + 1,
-            ));
-        }
-        Ok(())
+        self.store.check_room(history_bytes)
     }
 
     fn create(&mut self, session: SessionId, history: &[u8]) -> Result<()> {
-        self.check_room(history.len())?;
-        let b = (0..self.session_of.len())
-            .find(|&b| self.session_of[b].is_none() && !self.blocked[b])
-            .expect("checked room");
-        let off = b * self.slot_bytes();
-        self.write(off, history);
-        self.slot_of.insert(session, b as u32);
-        self.session_of[b] = Some(session);
-        self.used[b] = history.len();
-        self.created.push(b as u32);
+        let b = self.store.create(session, history)?;
+        self.created.push(b);
         Ok(())
     }
 
     fn append(&mut self, session: SessionId, bytes: &[u8]) -> Result<()> {
-        let b = self.slot_of[&session] as usize;
-        let used = self.used[b];
-        if used + bytes.len() > self.slot_bytes() {
-            return Err(self.capacity_error(
-                "history length (max_history)",
-                ((used + bytes.len()) / self.token_bytes.max(1)) as u64,
-                self.max_history as u64 + 1,
-            ));
-        }
-        let off = b * self.slot_bytes() + used;
-        self.write(off, bytes);
-        self.used[b] += bytes.len();
-        Ok(())
+        self.store.append(session, Some(bytes), bytes.len())
     }
 
     fn extend_device_written(&mut self, session: SessionId, bytes: usize) -> Result<()> {
-        let b = self.slot_of[&session] as usize;
-        if self.used[b] + bytes > self.slot_bytes() {
-            return Err(self.capacity_error(
-                "history length (max_history)",
-                ((self.used[b] + bytes) / self.token_bytes.max(1)) as u64,
-                self.max_history as u64 + 1,
-            ));
-        }
-        self.used[b] += bytes;
-        Ok(())
+        self.store.append(session, None, bytes)
     }
 
     fn bytes(&self, session: SessionId) -> Result<&[u8]> {
@@ -207,23 +146,67 @@ impl HostBytes for PinnedBytes {
                 })?;
             }
         }
-        let b = self.slot_of[&session] as usize;
-        let off = b * self.slot_bytes();
-        // SAFETY: `off .. off + used[b]` lies inside the live pinned allocation (slot `b` of
-        // `max_slots`, `used[b] <= slot_bytes`). No device work writes these bytes while the
-        // slice lives: every write-back queued so far has run (waited above; device kernels
-        // write the store only through write-backs), a new one is queued only by a publish,
-        // which needs `&mut` of the pool that this `&self` borrow excludes, and host writes go
-        // past `used[b]` or need `&mut self`. Kernels may read the bytes meanwhile (fine).
-        Ok(unsafe { std::slice::from_raw_parts(self.base.add(off), self.used[b]) })
+        // No device work writes these bytes while the slice lives: every write-back queued so
+        // far has run (waited above; device kernels write the store only through write-backs),
+        // and a new one is queued only by a publish, which needs `&mut` of the pool.
+        Ok(self.store.committed(session))
+    }
+
+    fn region(&self) -> Option<(RegionDesc, StoreLayout)> {
+        let desc = RegionDesc {
+            addr: self.store.base() as u64,
+            len: self.store.len() as u64,
+            item_len: self.store.layout().token_bytes(),
+            kind: MemKind::Dram,
+            numa_node: self.numa_node,
+        };
+        Some((desc, self.store.layout()))
+    }
+
+    crate::data::forward_slot_books!(store);
+
+    fn commit_import(&mut self, session: SessionId, bytes: usize) {
+        let b = self.store.commit_import(session, bytes);
+        // Published as a new session's slot (tables reset, fixed pages, tail fills).
+        self.created.push(b);
+    }
+
+    fn on_teardown(&mut self, hook: TeardownHook) -> Result<()> {
+        self.hooks.push(hook);
+        Ok(())
+    }
+
+    fn memory(&self) -> crate::HostMemory {
+        // Pinned and mapped once: tierkit's `cuMemHostAlloc`, or the engine's memory registered
+        // by tierkit (`cuMemHostRegister`), or already pinned by the engine (nothing more).
+        let len = self.store.len() as u64;
+        let (allocated_bytes, pinned_bytes) = match self.backing {
+            HostBacking::Owned => (len, len),
+            HostBacking::Registered => (0, len),
+            HostBacking::Borrowed => (0, 0),
+        };
+        crate::HostMemory {
+            store_bytes: self.store.layout().store_bytes(),
+            allocated_bytes,
+            pinned_bytes,
+        }
     }
 
     fn remove(&mut self, session: SessionId) {
-        if let Some(b) = self.slot_of.remove(&session) {
-            self.session_of[b as usize] = None;
-            self.used[b as usize] = 0;
-            self.blocked[b as usize] = true;
+        // Blocked until the device passed the publish that freed it (and, exported, until the
+        // last export ends).
+        if let Some(b) = self.store.books.free(session, true) {
             self.freed.push(b);
+        }
+    }
+}
+
+impl Drop for PinnedBytes {
+    fn drop(&mut self) {
+        // Deregistration first: the pinned store is freed after this view (the `GpuArena`
+        // beside it in `GpuData` drops later).
+        if let Some((desc, _)) = self.region() {
+            self.hooks.run(&desc);
         }
     }
 }
@@ -274,6 +257,29 @@ impl<S: tier_core::CompletionSignal + Clone> DraftReads<S> {
     }
 }
 
+/// A run of borrowed-page rows to fill from the pinned store: positions `position ..
+/// position + rows` of `slot` into arena rows `dst_row .. dst_row + rows` (every layer). Whole
+/// pages, so a run starts and ends on page boundaries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FillRun {
+    pub(crate) slot: u32,
+    pub(crate) position: u32,
+    pub(crate) dst_row: u32,
+    pub(crate) rows: u32,
+}
+
+impl FillRun {
+    /// The run's rows, one [`KvCopy`] each (the gather kernel's list).
+    pub(crate) fn copies(&self) -> impl Iterator<Item = KvCopy> + '_ {
+        (0..self.rows).map(move |i| KvCopy {
+            slot: self.slot,
+            position: self.position + i,
+            dst_row: self.dst_row + i,
+            pad: 0,
+        })
+    }
+}
+
 /// What the control plane changed since the last publish (see the module docs), in call order.
 #[derive(Debug, Default)]
 pub(crate) struct ChangeLog {
@@ -282,7 +288,11 @@ pub(crate) struct ChangeLog {
     pub(crate) fills: Vec<KvCopy>,
     /// Host store → arena rows of borrowed pages just lent (loans, growth, admissions' history):
     /// the copy stream, after `fills`; their page-table entries are mapped after them (ordered
-    /// on the step stream, or deferred: see `MapAfterFill`).
+    /// on the step stream, or deferred: see `MapAfterFill`). Kept as runs of consecutive
+    /// positions on consecutive rows (O(pages) to log, one strided copy per run and layer to
+    /// publish); the gather back-end expands them into rows at publish.
+    pub(crate) page_runs: Vec<FillRun>,
+    /// Row by row (the gather kernel's list): filled from `page_runs` at publish.
     pub(crate) page_fills: Vec<KvCopy>,
     /// Arena rows → host store (accepted drafts, rows the engine wrote): the step stream, first.
     pub(crate) write_backs: Vec<KvCopy>,
@@ -303,10 +313,57 @@ impl ChangeLog {
     pub(crate) fn drop_fills_into(&mut self, page: u32, page_rows: u32) {
         self.fills.retain(|c| c.dst_row / page_rows != page);
         self.page_fills.retain(|c| c.dst_row / page_rows != page);
+        let (lo, hi) = (page * page_rows, (page + 1) * page_rows);
+        if !self
+            .page_runs
+            .iter()
+            .any(|r| r.dst_row < hi && lo < r.dst_row + r.rows)
+        {
+            return;
+        }
+        let mut kept = Vec::with_capacity(self.page_runs.len() + 1);
+        for r in self.page_runs.drain(..) {
+            let end = r.dst_row + r.rows;
+            if end <= lo || r.dst_row >= hi {
+                kept.push(r);
+                continue;
+            }
+            if r.dst_row < lo {
+                kept.push(FillRun {
+                    rows: lo - r.dst_row,
+                    ..r
+                });
+            }
+            if end > hi {
+                kept.push(FillRun {
+                    slot: r.slot,
+                    position: r.position + (hi - r.dst_row),
+                    dst_row: hi,
+                    rows: end - hi,
+                });
+            }
+        }
+        self.page_runs = kept;
+    }
+
+    /// Logs the fill of one borrowed page (`page_rows` rows), extending the last run where it
+    /// continues it (same slot, next positions on the next rows).
+    pub(crate) fn push_page_fill(&mut self, run: FillRun) {
+        if let Some(last) = self.page_runs.last_mut() {
+            if last.slot == run.slot
+                && last.position + last.rows == run.position
+                && last.dst_row + last.rows == run.dst_row
+            {
+                last.rows += run.rows;
+                return;
+            }
+        }
+        self.page_runs.push(run);
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.fills.is_empty()
+            && self.page_runs.is_empty()
             && self.page_fills.is_empty()
             && self.write_backs.is_empty()
             && self.step_copies.is_empty()
@@ -375,14 +432,12 @@ impl DataPlane for GpuData {
     fn fill_page(&mut self, session: SessionId, logical: u32, page: u32) {
         let slot = self.slot(session);
         let pr = self.page_rows;
-        for i in 0..pr {
-            self.log.page_fills.push(KvCopy {
-                slot,
-                position: logical * pr + i,
-                dst_row: page * pr + i,
-                pad: 0,
-            });
-        }
+        self.log.push_page_fill(FillRun {
+            slot,
+            position: logical * pr,
+            dst_row: page * pr,
+            rows: pr,
+        });
         self.log.pages.push((slot, logical, page as i32));
         self.touch(session);
     }
@@ -500,6 +555,38 @@ mod tests {
         d.record(0, 10, 12, later);
         d.forget(0);
         assert!(d.take_conflict(0, 10, 12).is_none());
+    }
+
+    /// Page fills are logged as runs (O(pages)); dropping a page's fills splits its run.
+    #[test]
+    fn page_fills_coalesce_into_runs_and_split_on_unmap() {
+        let pr = 4;
+        let mut log = ChangeLog::default();
+        for (logical, page) in [(0, 5), (1, 6), (2, 7), (3, 9)] {
+            log.push_page_fill(FillRun {
+                slot: 1,
+                position: logical * pr,
+                dst_row: page * pr,
+                rows: pr,
+            });
+        }
+        let run = |position, dst_row, rows| FillRun {
+            slot: 1,
+            position,
+            dst_row,
+            rows,
+        };
+        assert_eq!(log.page_runs, [run(0, 20, 12), run(12, 36, 4)]);
+        log.drop_fills_into(6, pr);
+        assert_eq!(
+            log.page_runs,
+            [run(0, 20, 4), run(8, 28, 4), run(12, 36, 4)]
+        );
+        log.drop_fills_into(9, pr);
+        let rows: Vec<KvCopy> = log.page_runs.iter().flat_map(|r| r.copies()).collect();
+        assert_eq!(rows.len(), 8);
+        assert_eq!((rows[4].position, rows[4].dst_row), (8, 28));
+        assert!(!log.is_empty());
     }
 
     /// Bug: session A's fills into page 2 were still pending when B reclaimed page 2 and logged

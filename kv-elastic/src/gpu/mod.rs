@@ -9,6 +9,7 @@ mod arena;
 mod data;
 mod direct;
 mod pool;
+mod strided;
 
 pub use arena::GpuArena;
 /// The copy back-ends of the GPU pool (re-exported from `cuda_kernels`).
@@ -18,4 +19,4 @@ pub use cuda_kernels::CopyBackend;
 #[cfg(feature = "test-hooks")]
 pub use cuda_kernels::ResolveEngine;
 pub use data::{GpuData, PinnedBytes};
-pub use pool::{GpuElasticPool, GpuFlushCounters, GpuPoolConfig, MapAfterFill};
+pub use pool::{EngineHostMemory, GpuElasticPool, GpuFlushCounters, GpuPoolConfig, MapAfterFill};

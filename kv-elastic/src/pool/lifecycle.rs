@@ -26,6 +26,10 @@ impl<D: DataPlane> ElasticPool<D> {
         if logical.is_empty() {
             return Ok(0);
         }
+        // Chosen newest first, lent in position order: free pages come out in ascending order
+        // from a fresh pool, so a history lands on consecutive arena rows and its fill is one
+        // run (the GPU pool copies a run with one strided copy per layer).
+        logical.reverse();
         let loans = self.ctl.pages.lend_history(session, &logical)?;
         for loan in &loans {
             let page = loan.handle.page();
@@ -78,6 +82,24 @@ impl<D: DataPlane> ElasticPool<D> {
         hot: Vec<HotCache>,
         call: Vec<u64>,
     ) -> Result<Admission> {
+        let fixed = match self.take_fixed_pages()? {
+            Ok(fixed) => fixed,
+            Err(pending) => return Ok(Admission::Waiting { pending }),
+        };
+        self.data
+            .host_mut()
+            .create(session, history)
+            .expect("checked above (check_new, check_room, reserve_new)");
+        self.install_session(session, n, fixed, pages, hot, call)
+    }
+
+    /// Takes one session's fixed pages — if the pool runs short, first from finished sessions'
+    /// queued pages, then by reclaiming borrowed pages of others. `Ok(Err(pending))` when the
+    /// freed pages still wait for readers in flight (nothing taken; the reclaims stay).
+    /// Errors: `NoRoom` (not enough pages even after reclaiming every borrowed one).
+    pub(super) fn take_fixed_pages(
+        &mut self,
+    ) -> Result<std::result::Result<Vec<tier_core::PageHandle>, u32>> {
         let f = self.ctl.geometry.fixed_pages();
         self.ctl.pages.collect();
         if self.ctl.pages.free_count() < f {
@@ -102,16 +124,23 @@ impl<D: DataPlane> ElasticPool<D> {
             }
             self.ctl.pages.collect();
             if self.ctl.pages.free_count() < f {
-                return Ok(Admission::Waiting {
-                    pending: self.ctl.pages.pending_count(),
-                });
+                return Ok(Err(self.ctl.pages.pending_count()));
             }
         }
-        let fixed = self.ctl.pages.take_fixed(f)?;
-        self.data
-            .host_mut()
-            .create(session, history)
-            .expect("checked above (check_new, check_room, reserve_new)");
+        Ok(Ok(self.ctl.pages.take_fixed(f)?))
+    }
+
+    /// A session whose `n` committed tokens are in the host store becomes live on its fixed
+    /// pages: tail rows written, history pages borrowed (elastic mode), placement published.
+    pub(super) fn install_session(
+        &mut self,
+        session: SessionId,
+        n: u32,
+        fixed: Vec<tier_core::PageHandle>,
+        pages: PageMap,
+        hot: Vec<HotCache>,
+        call: Vec<u64>,
+    ) -> Result<Admission> {
         let fixed_pages = fixed.iter().map(|h| h.page().0).collect();
         let req = SessionState {
             committed: n,
@@ -324,7 +353,11 @@ impl<D: DataPlane> ElasticPool<D> {
     /// Between decode steps: hands back at most `chunk` pages of finished sessions, frees pages whose
     /// readers have left, and (elastic mode) lends at most `chunk` free pages to sessions missing
     /// history (round-robin, newest missing page first), copying the history in.
+    ///
+    /// It also ages the imports in flight: one not committed within the import timeout
+    /// ([`ElasticPool::set_import_timeout`]) expires (`imports_expired`).
     pub fn between_steps(&mut self, chunk: u32) -> Result<StepMaintenance> {
+        let imports_expired = self.age_imports()?;
         let handed_back = self.ctl.pages.hand_back(chunk);
         self.ctl.counters.pages_handed_back += handed_back as u64;
         let collected = self.ctl.pages.collect();
@@ -357,6 +390,7 @@ impl<D: DataPlane> ElasticPool<D> {
             handed_back,
             collected,
             grown,
+            imports_expired,
         })
     }
 
@@ -370,9 +404,10 @@ impl<D: DataPlane> ElasticPool<D> {
         let l = &self.ctl.pages;
         l.check_books()?;
         let f = self.ctl.geometry.fixed_pages();
-        if l.fixed_count() as u64 != f as u64 * self.ctl.sessions.len() as u64 {
+        let imports = self.import_fixed_pages() as u64;
+        if l.fixed_count() as u64 != f as u64 * self.ctl.sessions.len() as u64 + imports {
             return Err(format!(
-                "{} fixed pages reserved for {} sessions of {f}",
+                "{} fixed pages reserved for {} sessions of {f} and {imports} of imports",
                 l.fixed_count(),
                 self.ctl.sessions.len()
             ));

@@ -7,7 +7,10 @@
 use std::collections::BTreeMap;
 
 use crate::control::{ArenaPages, Control, PageCounts, SessionState};
-use crate::data::{CpuData, DataPlane, HostStore, SessionId};
+use crate::data::{
+    CpuBytes, CpuData, DataPlane, HostRegion, HostStore, RegionBytes, SessionId, StoreConfig,
+    StoreLayout,
+};
 use crate::error::{KvError, Result};
 use crate::layout::Geometry;
 #[cfg(doc)]
@@ -15,7 +18,11 @@ use crate::resolve::Resolver;
 
 mod cpu_resolve;
 mod lifecycle;
+mod transfer;
 mod validate;
+
+pub(crate) use transfer::ImportState;
+pub use transfer::{ImportInfo, Reserve, RowSpan, TransferCounters, DEFAULT_IMPORT_TIMEOUT_STEPS};
 
 /// How the pool places history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -77,6 +84,8 @@ pub struct StepMaintenance {
     pub collected: u32,
     /// Pages lent to sessions missing history.
     pub grown: u32,
+    /// Imports that timed out at this call (see [`ElasticPool::reserve`]).
+    pub imports_expired: u32,
 }
 
 /// A live session's placement (see [`ElasticPool::placement`]).
@@ -132,8 +141,80 @@ impl ElasticPool {
     /// cannot allocate them: `OutOfMemory`.
     pub fn new(geometry: Geometry, config: PoolConfig) -> Result<Self> {
         geometry.validate()?;
-        let data = CpuData::new(&geometry)?;
+        let data = CpuData::new(&geometry, CpuBytes::vec())?;
         Self::with_data(geometry, config, data)
+    }
+
+    /// As [`ElasticPool::new`], with the host store in one registrable region of
+    /// `store.max_sessions × store.max_history × token_bytes` bytes (page-aligned, mapped by
+    /// tierkit, locked in RAM with `store.lock`): the layout of the GPU pool's pinned store,
+    /// which transfer agents register once ([`ElasticPool::region`]) and write imports into /
+    /// read exports from in place ([`ElasticPool::reserve`], [`ElasticPool::export`]).
+    ///
+    /// # Errors
+    /// As [`ElasticPool::new`]; `InvalidConfig` for a zero `max_sessions` / `max_history`;
+    /// `OutOfMemory` when the region cannot be mapped or locked.
+    pub fn with_store(geometry: Geometry, config: PoolConfig, store: StoreConfig) -> Result<Self> {
+        geometry.validate()?;
+        let layout = StoreLayout {
+            max_slots: store.max_sessions,
+            max_history: store.max_history,
+            layers: geometry.layers,
+            row_bytes: geometry.row_bytes,
+        };
+        let bytes = usize::try_from(layout.store_bytes()).map_err(|_| KvError::OutOfMemory {
+            what: "host store region",
+            bytes: layout.store_bytes(),
+        })?;
+        if bytes == 0 {
+            return Err(KvError::InvalidConfig(
+                "a host store needs max_sessions and max_history > 0".into(),
+            ));
+        }
+        let region = HostRegion::allocate(bytes, geometry.token_bytes(), store.lock)?;
+        Self::with_region(geometry, config, layout, region)
+    }
+
+    /// As [`ElasticPool::with_store`], on a region the caller built: [`HostRegion::adopt`] of
+    /// engine-owned memory (an `mmap`, a shared-memory segment), or [`HostRegion::allocate`].
+    /// `layout` must have the geometry's `layers` and `row_bytes`.
+    ///
+    /// # Errors
+    /// As [`ElasticPool::new`]; `InvalidConfig` for a layout that does not match the geometry or
+    /// does not fit in the region.
+    pub fn with_region(
+        geometry: Geometry,
+        config: PoolConfig,
+        layout: StoreLayout,
+        region: HostRegion,
+    ) -> Result<Self> {
+        geometry.validate()?;
+        if layout.layers != geometry.layers || layout.row_bytes != geometry.row_bytes {
+            return Err(KvError::InvalidConfig(format!(
+                "store layout of {} layers × {} bytes, the geometry has {} × {}",
+                layout.layers, layout.row_bytes, geometry.layers, geometry.row_bytes
+            )));
+        }
+        let data = CpuData::new(
+            &geometry,
+            CpuBytes::region(RegionBytes::new(region, layout)?),
+        )?;
+        Self::with_data(geometry, config, data)
+    }
+
+    /// Bounded teardown of a region-backed store, between steps while the engine shuts down:
+    /// runs the teardown hooks (agents' deregistration; first call), then unlocks at most
+    /// `max_bytes` (at least one page) of the region; returns the bytes still locked. Call until
+    /// it returns 0; the pool's drop does whatever is left. Errors: `Unsupported` for a store
+    /// without a region.
+    pub fn release_store_step(&mut self, max_bytes: usize) -> Result<usize> {
+        let r = self
+            .data
+            .host_mut()
+            .backing_mut()
+            .as_region_mut()
+            .ok_or(KvError::Unsupported("the host store has no region"))?;
+        Ok(r.host_region_mut().release_step(max_bytes))
     }
 
     /// One layer's arena plane (`u8 [arena_rows][row_bytes]`). Errors: `LayerOutOfRange`.
@@ -166,6 +247,9 @@ impl<D: DataPlane> ElasticPool<D> {
                 sessions: BTreeMap::new(),
                 grow_cursor: 0,
                 counters: PoolCounters::default(),
+                imports: BTreeMap::new(),
+                import_timeout: DEFAULT_IMPORT_TIMEOUT_STEPS,
+                transfers: TransferCounters::default(),
             },
             data,
         })

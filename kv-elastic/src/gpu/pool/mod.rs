@@ -54,6 +54,9 @@
 mod deferred;
 mod publish;
 mod resolve;
+mod transfer;
+
+pub use transfer::EngineHostMemory;
 
 use deferred::DeferredMaps;
 
@@ -279,6 +282,9 @@ pub struct GpuElasticPool {
     fail_next_publish: bool,
     miss_tokens: u64,
     counters: GpuFlushCounters,
+    /// The engine's host memory under the pinned store (adopted), dropped last: after the
+    /// teardown hooks (in `cpu`'s host store) and the unregistration (in its `GpuArena`).
+    _host_owner: Option<Box<dyn Send>>,
 }
 
 impl std::fmt::Debug for GpuElasticPool {
@@ -323,6 +329,19 @@ impl GpuElasticPool {
         gcfg: GpuPoolConfig,
         arena: Option<DeviceBuffer<u8>>,
     ) -> Result<Self> {
+        Self::with_buffers(gpu, geometry, config, gcfg, arena, None)
+    }
+
+    /// The pool on its buffers: the arena as [`GpuElasticPool::with_arena`], and the pinned host
+    /// store in `host` (with the owner to drop after it) where given.
+    pub(super) fn with_buffers(
+        gpu: &Arc<Gpu>,
+        geometry: Geometry,
+        config: PoolConfig,
+        gcfg: GpuPoolConfig,
+        arena: Option<DeviceBuffer<u8>>,
+        host: Option<(PinnedBuffer<u8>, Box<dyn Send>)>,
+    ) -> Result<Self> {
         geometry.validate()?;
         let dims = KvDims {
             row_bytes: geometry.row_bytes,
@@ -338,7 +357,12 @@ impl GpuElasticPool {
             arena_rows: geometry.arena_rows() as u32,
             pad0: 0,
         };
-        let dev = GpuArena::with_arena(gpu, dims, geometry.layer_groups, arena).map_err(cuda)?;
+        let (host, host_owner) = match host {
+            Some((h, owner)) => (Some(h), Some(owner)),
+            None => (None, None),
+        };
+        let dev =
+            GpuArena::with_buffers(gpu, dims, geometry.layer_groups, arena, host).map_err(cuda)?;
         let cpu = ElasticPool::with_data(geometry, config, GpuData::new(dev))?;
         Ok(Self {
             cpu,
@@ -359,6 +383,7 @@ impl GpuElasticPool {
             fail_next_publish: false,
             miss_tokens: 0,
             counters: GpuFlushCounters::default(),
+            _host_owner: host_owner,
         })
     }
 

@@ -32,7 +32,17 @@ impl GpuElasticPool {
     }
 
     pub(super) fn publish_inner(&mut self) -> Result<()> {
-        let log = std::mem::take(&mut self.cpu.data.log);
+        let mut log = std::mem::take(&mut self.cpu.data.log);
+        // Borrowed pages' fills: whole runs by strided copy-engine copies (`Dma`, one per run and
+        // layer, no list staged), or rows for the gather kernel.
+        let runs = std::mem::take(&mut log.page_runs);
+        let runs = if self.fill_backend == CopyBackend::Dma {
+            runs
+        } else {
+            log.page_fills.extend(runs.iter().flat_map(|r| r.copies()));
+            Vec::new()
+        };
+        let run_rows: u64 = runs.iter().map(|r| r.rows as u64).sum();
         let (created, freed) = {
             let p = self.cpu.data.pinned_mut();
             (std::mem::take(&mut p.created), std::mem::take(&mut p.freed))
@@ -55,7 +65,12 @@ impl GpuElasticPool {
             .deferred
             .try_take_ready(|fill| fill.try_complete())
             .map_err(cuda)?;
-        if log.is_empty() && created.is_empty() && freed.is_empty() && ready.is_empty() {
+        if log.is_empty()
+            && runs.is_empty()
+            && created.is_empty()
+            && freed.is_empty()
+            && ready.is_empty()
+        {
             return Ok(());
         }
         let defer = self.map_after_fill == MapAfterFill::Deferred;
@@ -240,19 +255,20 @@ impl GpuElasticPool {
                 (at_fill, at_fill_n),
                 fill_counts.len(),
             )?;
-            if !log.page_fills.is_empty() {
+            if !log.page_fills.is_empty() || !runs.is_empty() {
                 if let Some(wb) = &self.last_write_back {
                     wb.wait_on(&copy).map_err(cuda)?;
                 }
                 let at = (at_page, at_page_n);
                 self.fill_async(&copy, &log.page_fills, base, at, page_counts.len())?;
+                self.fill_runs_async(&copy, &runs)?;
                 let fill = ev(&copy)?;
                 // A page lent here and reclaimed or handed back before its fill passed becomes
                 // free only after it (so no later owner's fill or fixed-page write races it).
                 self.cpu.fence().enter_signal(Box::new(fill.clone()));
                 copy_done = Some(fill);
             }
-        } else if !log.fills.is_empty() || !log.page_fills.is_empty() {
+        } else if !log.fills.is_empty() || !log.page_fills.is_empty() || !runs.is_empty() {
             if let Some(wb) = &self.last_write_back {
                 wb.wait_on(&copy).map_err(cuda)?;
             }
@@ -265,6 +281,7 @@ impl GpuElasticPool {
             )?;
             let at = (at_page, at_page_n);
             self.fill_async(&copy, &log.page_fills, base, at, page_counts.len())?;
+            self.fill_runs_async(&copy, &runs)?;
             ev(&copy)?.wait_on(&step).map_err(cuda)?;
         }
         if !window_maps.is_empty() {
@@ -329,13 +346,33 @@ impl GpuElasticPool {
         }
         let c = &mut self.counters;
         c.flushes += 1;
-        c.rows_filled += (log.fills.len() + log.page_fills.len()) as u64;
+        c.rows_filled += (log.fills.len() + log.page_fills.len()) as u64 + run_rows;
         c.maps_applied += ready.len() as u64;
         c.rows_copied += log.step_copies.len() as u64;
         c.rows_written_back += log.write_backs.len() as u64;
         c.words_patched += points.len() as u64;
         c.ranges_reset += ranges.len() as u64;
         c.staged_bytes += img.0.len() as u64;
+        Ok(())
+    }
+
+    /// Queues the borrowed pages' fill runs on `stream`: one strided copy per run and layer
+    /// (`gpu/strided.rs`).
+    fn fill_runs_async(
+        &mut self,
+        stream: &CudaStream,
+        runs: &[super::super::data::FillRun],
+    ) -> Result<()> {
+        let dev = &self.cpu.data.dev;
+        for run in runs {
+            // SAFETY: the run's rows are pages just lent (free before: every reader and fill
+            // into them passed; see the module docs) and `dev` outlives the copies (the pool
+            // owns it; its drop waits for nothing queued, as every launch here).
+            let n =
+                unsafe { super::super::strided::copy_run_async(dev, stream, run) }.map_err(cuda)?;
+            self.counters.rows_filled_dma += run.rows as u64;
+            self.counters.fill_descriptors += n as u64;
+        }
         Ok(())
     }
 
