@@ -6,7 +6,7 @@ use expert_residency::{
     NullExecutor, PickCounters, ResidencyMap,
 };
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -56,6 +56,20 @@ impl PyGeometry {
     #[getter]
     fn expert_bytes(&self) -> u64 {
         self.0.expert_bytes
+    }
+    /// HBM slots per layer an executor lays out: the hot experts' and one spare (the rule is the
+    /// library's `Geometry::slots_per_layer`).
+    #[getter]
+    fn slots_per_layer(&self) -> u32 {
+        self.0.slots_per_layer()
+    }
+    /// Bytes of the HBM slots, `layers × slots_per_layer × expert_bytes` (`Geometry::hbm_bytes`;
+    /// `OverflowError` past 2^64).
+    #[getter]
+    fn hbm_bytes(&self) -> PyResult<u64> {
+        self.0
+            .hbm_bytes()
+            .ok_or_else(|| PyOverflowError::new_err("HBM slot bytes overflow a u64"))
     }
     fn __repr__(&self) -> String {
         let g = self.0;

@@ -487,7 +487,7 @@ impl PyGpuExpertBank {
         })?;
         let d = PyDict::new(py);
         d.set_item("layers", g.layers)?;
-        d.set_item("experts", g.experts)?;
+        d.set_item("experts", g.experts_per_layer)?;
         d.set_item("hot_per_layer", g.hot_per_layer)?;
         d.set_item("slots_per_layer", g.slots_per_layer())?;
         d.set_item("expert_bytes", g.expert_bytes)?;
