@@ -48,7 +48,6 @@ mod count;
 mod device;
 mod error;
 mod mem;
-mod ops;
 mod raw;
 mod signal;
 mod table;
@@ -74,7 +73,6 @@ pub use mem::{
     copy_dtoh_async, copy_dtoh_sync, copy_htod_async, copy_htod_sync, DeviceBuffer, HostBacking,
     PinnedBuffer,
 };
-pub use ops::DeviceOps;
 pub use raw::ContextGuard;
 pub use signal::EventSignal;
 pub use table::{

@@ -13,8 +13,17 @@
 //!   [`expert_residency::PickCounters::record_layer_strided`]).
 //! - [`Executor`]: the executors both front ends let a controller drive.
 //! - [`panic_message`]: the text of a panic caught at a boundary.
+//! - `DeviceOps` (feature `cuda`): one device's primary context and `cuda-kernels`' caller-owned
+//!   launchers, opened once per process and device, what the torch ops and the C `*_cuda` entry
+//!   points launch with.
 //!
 //! No FFI type lives here: this crate is plain Rust with plain tests.
+
+#[cfg(feature = "cuda")]
+mod ops;
+
+#[cfg(feature = "cuda")]
+pub use ops::DeviceOps;
 
 use expert_residency::{ControllerConfig, ExpertError, MemoryExecutor, NullExecutor, SwapExecutor};
 use kv_elastic::KvError;

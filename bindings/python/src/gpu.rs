@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_kernels::{
-    ContextGuard, CountTarget, CudaError, DeviceBuffer, DeviceOps, Gpu, IdsDtype, KvResolveArgs,
+    ContextGuard, CountTarget, CudaError, DeviceBuffer, Gpu, IdsDtype, KvResolveArgs,
     KvResolveOptions, PinnedBuffer, SlotLayout, StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED,
     KV_STATS,
 };
@@ -35,6 +35,7 @@ use kv_elastic::PoolConfig;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use tierkit_bindings::DeviceOps;
 
 use crate::arrays::with_bytes;
 use crate::experts::PyResidencyMap;
