@@ -123,10 +123,10 @@ impl Default for CostKnobs {
     }
 }
 
-/// What a host link charges, as the cost-aware policy sees it: in-place reads of cold experts
-/// and swap copies. The numbers duplicate `tierkit-sim`'s link presets (this crate does not
-/// depend on the lab), with their sources. Missing fields take the H200 PCIe values; an unknown
-/// field is an error.
+/// What a host link charges: in-place reads of cold experts and swap copies. The one statement of
+/// the link prices and their arithmetic: the cost-aware policy prices swaps with it, and
+/// `tierkit-sim`'s link model (`LinkModel`) is built on it (adding only how copies meet the step).
+/// Missing fields take the H200 PCIe values; an unknown field is an error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
@@ -149,11 +149,14 @@ impl Default for LinkCost {
 }
 
 impl LinkCost {
-    /// The H200 test machine, PCIe Gen5 x16 (`docs/h200-ceilings.md` in the repository; the same numbers
-    /// as `tierkit-sim`'s `h200-pcie` link preset): in-place reads **47 GB/s** (gather from
-    /// mapped pinned memory, 46.4–47.3 GB/s measured), copies **55 GB/s** (one 17.93 MiB expert
-    /// in 342 µs), **26.2 µs** added step time per applied swap (`gpu_bench_experts`,
-    /// `benches/README.md`).
+    /// The H200 test machine, PCIe Gen5 x16 (`docs/h200-ceilings.md` in the repository;
+    /// `../shared/limits/h200-pcie.md`, measured 2026-11-29 and 2026-12-01):
+    /// - in-place reads **47 GB/s**: the GPU gather from mapped pinned host memory (46.4–46.5
+    ///   GB/s, re-measured 47.3 GB/s with the project's kernel; "use 47 GB/s");
+    /// - copies **55 GB/s**: one 17.93 MiB expert row H2D in 342 µs (55.0 GB/s; the 1 GiB H2D
+    ///   ceiling is 55.6 GB/s);
+    /// - **26.2 µs** per copy: the added step time per applied swap measured by
+    ///   `gpu_bench_experts` (`benches/README.md`), copy hidden behind a 1.37 ms step.
     pub fn h200_pcie() -> Self {
         LinkCost {
             read_gbps: 47.0,
@@ -163,8 +166,8 @@ impl LinkCost {
     }
 
     /// GB300 NVLink-C2C as the published GB300 expert-residency recipe reports it: in-place
-    /// reads **340 GB/s**, a 17.93 MiB expert copy in **~72 µs** (261.1 GB/s), no fixed cost
-    /// besides (`tierkit-sim`'s `gb300-c2c` preset).
+    /// reads **340 GB/s**; a 17.93 MiB expert copy takes **~72 µs**, so `copy_gbps` = 17.93 ×
+    /// 2²⁰ bytes / 72 µs = **261.1 GB/s**; no fixed cost besides.
     pub fn gb300_c2c() -> Self {
         LinkCost {
             read_gbps: 340.0,
@@ -173,14 +176,19 @@ impl LinkCost {
         }
     }
 
-    /// µs to read `bytes` in place once.
+    /// µs to read `bytes` in place once (`bytes / (read_gbps × 10³)`).
     pub fn read_us(&self, bytes: u64) -> f64 {
         bytes as f64 / (self.read_gbps * 1e3)
     }
 
-    /// µs one swap copy of `bytes` costs (bytes at `copy_gbps` + the fixed cost).
+    /// µs of link time a copy of `bytes` takes (`bytes / (copy_gbps × 10³)`, no fixed cost).
+    pub fn copy_link_us(&self, bytes: u64) -> f64 {
+        bytes as f64 / (self.copy_gbps * 1e3)
+    }
+
+    /// µs one swap copy of `bytes` costs ([`LinkCost::copy_link_us`] + `copy_fixed_us`).
     pub fn copy_us(&self, bytes: u64) -> f64 {
-        bytes as f64 / (self.copy_gbps * 1e3) + self.copy_fixed_us
+        self.copy_link_us(bytes) + self.copy_fixed_us
     }
 
     /// A swap copy's cost in in-place reads of the same expert (`copy_us / read_us`): how many
@@ -191,7 +199,10 @@ impl LinkCost {
         self.copy_us(expert_bytes.max(1)) / r
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the rates (finite, > 0) and the fixed cost (finite, ≥ 0).
+    ///
+    /// Errors: [`ExpertError::InvalidConfig`] naming the field (`link.read_gbps`, ...).
+    pub fn validate(&self) -> Result<()> {
         positive("link.read_gbps", self.read_gbps)?;
         positive("link.copy_gbps", self.copy_gbps)?;
         if !(self.copy_fixed_us.is_finite() && self.copy_fixed_us >= 0.0) {
@@ -532,6 +543,27 @@ mod tests {
         ] {
             assert!(matches!(bad.validate(), Err(ExpertError::InvalidConfig(_))));
         }
+    }
+
+    #[test]
+    fn link_prices_and_their_arithmetic() {
+        let h = LinkCost::h200_pcie();
+        h.validate().unwrap();
+        // 55 GB/s: 55,000 bytes of copy per µs of link time, + 26.2 µs per copy.
+        assert!((h.copy_link_us(55_000) - 1.0).abs() < 1e-12);
+        assert!((h.copy_us(55_000) - 27.2).abs() < 1e-9);
+        assert!((h.read_us(47_000) - 1.0).abs() < 1e-12);
+        // A Mixtral expert's copy costs 0.86 in-place reads on PCIe.
+        assert!((h.copy_in_reads(352_321_536) - 0.86).abs() < 0.01);
+        let g = LinkCost::gb300_c2c();
+        g.validate().unwrap();
+        assert_eq!(g.copy_us(261_100), g.copy_link_us(261_100));
+        let bad = LinkCost {
+            copy_fixed_us: -1.0,
+            ..h
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("link.copy_fixed_us"), "{e}");
     }
 
     #[test]

@@ -477,9 +477,9 @@ pub fn legend(opts: &ReplayOptions, trace: &Trace) -> String {
             "oracle-after-shift"
         },
         l.name,
-        l.read_gbps,
-        l.copy_gbps,
-        l.copy_fixed_us,
+        l.cost.read_gbps,
+        l.cost.copy_gbps,
+        l.cost.copy_fixed_us,
     )
 }
 
