@@ -374,7 +374,9 @@ impl PyNullExecutor {
 
 /// The residency controller: call `step(counters, executor)` once per engine step, after the
 /// step's picks were recorded. `config` is a dict or JSON string of `ControllerConfig` fields
-/// (missing fields take their defaults; unknown fields are a `ValueError`).
+/// (missing fields take their defaults; unknown fields are a `ValueError`): the shared knobs and
+/// `policy`, `{"kind": "ratio", "ratio": 1.5}` (or the flat shape of older configs,
+/// `{"policy": "ratio", "ratio": 1.5}`).
 #[pyclass(name = "Controller", module = "tierkit.experts", frozen)]
 pub(crate) struct PyController(Slot<Controller>);
 
@@ -385,7 +387,9 @@ impl PyController {
     fn new(map: &PyResidencyMap, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let json = json_arg(config)?;
         guard(|| {
-            let cfg = tierkit_bindings::controller_config(json.as_deref()).map_err(expert_err)?;
+            // Read here, checked once by Controller::new.
+            let cfg =
+                tierkit_bindings::read_controller_config(json.as_deref()).map_err(expert_err)?;
             let c = Controller::new(map.0.clone(), cfg).map_err(expert_err)?;
             Ok(PyController(Slot::new("Controller", c)))
         })
