@@ -53,7 +53,8 @@ pub use layout::{
     Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HISTORY, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
 };
 pub use pool::{
-    Admission, ElasticPool, PoolConfig, PoolCounters, SessionPlacement, StepMaintenance,
+    Admission, AdmitOptions, ElasticPool, PoolConfig, PoolCounters, SessionPlacement,
+    StepMaintenance, StepOptions,
 };
 pub use resolve::{
     OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,
