@@ -162,6 +162,7 @@ pub struct ResidencyCounters {
 pub struct AdmissionGate {
     sums: StepSums,
     last_misses: u64,
+    max_misses: u64,
     admitted_under_pressure: bool,
 }
 
@@ -171,13 +172,16 @@ impl AdmissionGate {
         // A bad time is the caller's to report; it only leaves the fit without that step.
         let _ = self.sums.add(batch, misses, step_us);
         self.last_misses = misses;
+        self.max_misses = self.max_misses.max(misses);
     }
 
     /// The link's share of a step in missed tokens (`t0 / m` of the fit), None while the fit has
-    /// no positive per-miss term.
+    /// no per-miss term that matters (the most misses of a step priced at under a billionth of
+    /// the base: rounding, not a price).
     pub fn link_share_tokens(&self) -> Option<f64> {
         let m = self.sums.fit().ok()?;
-        (m.step_per_miss_us > 0.0).then(|| m.step_base_us / m.step_per_miss_us)
+        let priced = m.step_per_miss_us * self.max_misses as f64 > 1e-9 * m.step_base_us;
+        priced.then(|| m.step_base_us / m.step_per_miss_us)
     }
 
     /// A new admission round (before each step's admissions).
