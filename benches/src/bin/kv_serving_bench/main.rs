@@ -7,7 +7,7 @@
 //! # here (build; the CPU part also exports a small arrival set for a device without the trace):
 //! cargo build --release -p tierkit-benches --features cuda --bin kv_serving_bench
 //! cargo run --release -p tierkit-benches --bin kv_serving_bench -- --export .gpu-bin/arrivals.jsonl --requests 3000
-//! # on the GPU machine (short mode: 3 placements × 4 loads, ~3 minutes):
+//! # on the GPU machine (short mode: 5 placements × 4 loads, ~5 minutes):
 //! ./kv_serving_bench --short --trace PATH --out $OUT/kv_serving.json
 //! ```
 //!
@@ -373,8 +373,9 @@ fn print_table(runs: &[RunReport]) {
             );
         }
     }
-    // Issue 28: elastic against the engines' elastic designs at every load; at saturation ≥ 1.10×
-    // with TPOT p99 no worse, at low load within 1% of the best of them.
+    // Issue 28: elastic against the engines' elastic designs at every load (≥ 1: the
+    // simulation's target; at saturation ≥ 1.10× with TPOT p99 no worse; at low load within 1%
+    // of the best of them). Each load's line carries every check: a call may run one load.
     for &load in &loads {
         let Some(el) = find("elastic", load) else {
             continue;
@@ -386,26 +387,20 @@ fn print_table(runs: &[RunReport]) {
             };
             let (t, n) = ratio(el, o);
             best = best.max(o.summary.tokens_per_s);
-            let target = if load == hi && lo < hi {
-                format!(
-                    "saturation target >= 1.10: {}; TPOT p99 {:.2} vs {:.2} ms: {}",
-                    verdict(t >= 1.10),
-                    el.summary.tpot_p99_ms,
-                    o.summary.tpot_p99_ms,
-                    verdict(el.summary.tpot_p99_ms <= o.summary.tpot_p99_ms)
-                )
-            } else {
-                format!("target >= 1: {}", verdict(t >= 1.0))
-            };
             println!(
-                "load {load}: elastic / {other} tokens/s = {t:.3} over the first {n} steps of each ({:.3} as run; {target})",
-                el.summary.tokens_per_s / o.summary.tokens_per_s
+                "load {load}: elastic / {other} tokens/s = {t:.3} over the first {n} steps of each ({:.3} as run; >= 1: {}; saturation target >= 1.10: {}; TPOT p99 {:.2} vs {:.2} ms: {})",
+                el.summary.tokens_per_s / o.summary.tokens_per_s,
+                verdict(t >= 1.0),
+                verdict(t >= 1.10),
+                el.summary.tpot_p99_ms,
+                o.summary.tpot_p99_ms,
+                verdict(el.summary.tpot_p99_ms <= o.summary.tpot_p99_ms)
             );
         }
-        if load == lo && lo < hi && best > 0.0 {
+        if best > 0.0 {
             let r = el.summary.tokens_per_s / best;
             println!(
-                "{lo_label}: elastic / the best of vllm-hybrid, sglang-demote = {r:.4} as run (target >= 0.99: {})",
+                "load {load}: elastic / the best of vllm-hybrid, sglang-demote = {r:.4} as run (low-load target >= 0.99: {})",
                 verdict(r >= 0.99)
             );
         }
