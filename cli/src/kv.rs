@@ -39,8 +39,9 @@ pub struct KvArgs {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum KvCommand {
-    /// Serve an arrival trace with three placements (fully resident, fixed hot cache, elastic) and
-    /// compare sessions admitted, decode batch, misses and bytes fetched per step.
+    /// Serve an arrival trace with five placements (fully resident, fixed hot cache, elastic,
+    /// vllm-hybrid, sglang-demote) and compare sessions admitted, decode batch, misses, bytes
+    /// moved, tokens/s, TTFT and TPOT.
     Simulate(SimulateArgs),
     /// Measure the selection model's miss rates against a bare hot cache of k / 2k / 4k rows.
     Calibrate(CalibrateArgs),
@@ -104,10 +105,15 @@ struct SimulateArgs {
     /// Largest decode batch.
     #[arg(long, default_value_t = 256)]
     max_batch: u32,
-    /// Largest decode batch of the elastic placement only (default: --max-batch): a lower cap
-    /// leaves HBM to lend (see docs/kv.md for the sweep on the Mooncake arrivals).
+    /// Largest decode batch of the elastic placement only (default: --max-batch): a manual cap
+    /// (docs/kv.md: the earlier sweep on the Mooncake arrivals). The elastic placement's own
+    /// admission limit is the link-share gate (--no-elastic-gate turns it off).
     #[arg(long)]
     elastic_max_batch: Option<u32>,
+    /// Admit into the elastic pool under pressure regardless of the link's share (the gate is
+    /// inert anyway while misses are not priced in step time: --step-per-miss-us 0).
+    #[arg(long)]
+    no_elastic_gate: bool,
     /// Pages handed back / lent per step between steps.
     #[arg(long, default_value_t = 1024)]
     chunk_pages: u32,
@@ -118,6 +124,10 @@ struct SimulateArgs {
     /// the trace).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     loads: Vec<f64>,
+    /// Placements to run (comma separated, in report order): resident, fixed, elastic,
+    /// vllm-hybrid, sglang-demote (default: all).
+    #[arg(long, value_delimiter = ',')]
+    placements: Vec<String>,
     /// Decode step time: fixed part, µs.
     #[arg(long, default_value_t = 25_000.0)]
     step_base_us: f64,
@@ -253,20 +263,30 @@ fn placement_times_from(
     use tierkit_sim::kv::serving::{PlacementTimes, TimeModel};
     let reports = Reports::load(paths, "--time-from")?;
     let by = reports.steps_by_placement_warned();
-    let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
-        let pts = by
-            .iter()
+    let steps = |name: &str| {
+        by.iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
-            .ok_or_else(|| format!("{}: no `{name}` runs to fit", reports.shown()))?;
+    };
+    let fit = |name: &str| -> Result<TimeModel, Box<dyn std::error::Error>> {
+        let pts =
+            steps(name).ok_or_else(|| format!("{}: no `{name}` runs to fit", reports.shown()))?;
         TimeModel::fit_with_misses(pts)
             .map_err(|e| format!("{}: fitting `{name}`: {e}", reports.shown()).into())
+    };
+    // The engines' designs run on the same pool and resolver as elastic: without runs of their
+    // own in the reports they take elastic's fit.
+    let fit_or_elastic = |p: Placement| match steps(p.name()) {
+        Some(_) => fit(p.name()).map(Some),
+        None => Ok(None),
     };
     Ok((
         PlacementTimes {
             resident: fit(Placement::FullyResident.name())?,
             fixed: fit(Placement::FixedHotCache.name())?,
             elastic: fit(Placement::Elastic.name())?,
+            vllm: fit_or_elastic(Placement::VllmHybrid)?,
+            sglang: fit_or_elastic(Placement::SglangDemote)?,
         },
         reports.admission_gbps(),
     ))
@@ -298,7 +318,7 @@ fn fit_time(a: FitTimeArgs) -> Result<(), Box<dyn std::error::Error>> {
         .flat_map(|(_, v)| v.iter().copied())
         .collect();
     for (name, pts) in by.iter().chain(std::iter::once(&(
-        "pools (fixed + elastic)".to_string(),
+        "pools (every hot-cache placement)".to_string(),
         pools,
     ))) {
         match TimeModel::fit_with_misses(pts) {
@@ -416,10 +436,18 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         [] => (None, None),
         p => {
             let (t, g) = placement_times_from(p)?;
-            for (name, m) in Placement::ALL.map(|p| (p.name(), t.get(p))) {
+            for pl in Placement::ALL {
+                let m = t.get(pl);
+                let own = match pl {
+                    Placement::VllmHybrid => t.vllm.is_some(),
+                    Placement::SglangDemote => t.sglang.is_some(),
+                    _ => true,
+                };
                 outln!(
-                    "step time of {name} (fitted to {}): {:.0} µs + {:.1} µs × batch + {:.3} µs × miss",
+                    "step time of {} (fitted to {}{}): {:.0} µs + {:.1} µs × batch + {:.3} µs × miss",
+                    pl.name(),
                     report::shown(p),
+                    if own { "" } else { ": no runs of its own, elastic's fit" },
                     m.step_base_us,
                     m.step_per_request_us,
                     m.step_per_miss_us
@@ -456,6 +484,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    let placements = placements_named(&a.placements)?;
     if let Some(p) = &a.json {
         tierkit_sim::output::check_writable("--json", p)?;
     }
@@ -492,6 +521,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         page_rows: a.page_rows,
         max_batch: a.max_batch,
         elastic_max_batch: a.elastic_max_batch,
+        elastic_link_gate: !a.no_elastic_gate,
         chunk_pages: a.chunk_pages,
         time: tierkit_sim::kv::serving::TimeModel {
             step_base_us: a.step_base_us,
@@ -526,23 +556,23 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         base.page_rows
     )?;
     let bar = progress::bar(
-        (a.loads.len() * Placement::ALL.len()) as u64,
+        (a.loads.len() * placements.len()) as u64,
         "simulating",
         a.quiet,
     );
     let mut reports = Vec::new();
     for &load in &a.loads {
         let cfg = SimConfig { load, ..base };
-        let mut placements = Vec::new();
-        for p in Placement::ALL {
+        let mut runs = Vec::new();
+        for &p in &placements {
             bar.set_message(format!("load {load}, {}", p.name()));
-            placements.push(simulate_placement(&trace, &cfg, p)?);
+            runs.push(simulate_placement(&trace, &cfg, p)?);
             bar.inc(1);
         }
         reports.push(SimReport {
             trace: trace.name.clone(),
             config: cfg,
-            placements,
+            placements: runs,
         });
     }
     bar.finish_and_clear();
@@ -560,6 +590,36 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+/// The placements `--placements` names (`resident`, `fixed`, `elastic`, `vllm-hybrid`,
+/// `sglang-demote`; each once), in report order; all of them when none is named.
+fn placements_named(names: &[String]) -> Result<Vec<Placement>, String> {
+    const NAMES: [&str; 5] = [
+        "resident",
+        "fixed",
+        "elastic",
+        "vllm-hybrid",
+        "sglang-demote",
+    ];
+    if names.is_empty() {
+        return Ok(Placement::ALL.to_vec());
+    }
+    let mut out: Vec<Placement> = Vec::new();
+    for n in names {
+        let Some(i) = NAMES.iter().position(|x| x == n) else {
+            return Err(format!(
+                "--placements: unknown placement {n:?} (one of {})",
+                NAMES.join(", ")
+            ));
+        };
+        if out.contains(&Placement::ALL[i]) {
+            return Err(format!("--placements: {n} given twice"));
+        }
+        out.push(Placement::ALL[i]);
+    }
+    out.sort_by_key(|p| Placement::ALL.iter().position(|q| q == p));
+    Ok(out)
 }
 
 fn print_reports(reports: &[SimReport]) -> Result<(), Box<dyn std::error::Error>> {
@@ -602,8 +662,21 @@ fn print_reports(reports: &[SimReport]) -> Result<(), Box<dyn std::error::Error>
         }
     }
     outln!("{}", table::render(&header, &rows))?;
+    let timed = |c: &SimConfig| {
+        c.placement_time.is_some()
+            || c.time.step_per_miss_us > 0.0
+            || c.admission_gbps > 0.0
+            || c.elastic_max_batch.is_some()
+    };
     for rep in reports {
-        let [full, fixed, el] = [&rep.placements[0], &rep.placements[1], &rep.placements[2]];
+        let by = |p: Placement| rep.placements.iter().find(|r| r.placement == p);
+        let (Some(full), Some(fixed), Some(el)) = (
+            by(Placement::FullyResident),
+            by(Placement::FixedHotCache),
+            by(Placement::Elastic),
+        ) else {
+            continue;
+        };
         outln!(
             "load {}: elastic admits {}× the fully resident peak ({} vs {}); misses/step elastic {:.0} vs fixed {:.0} ({})",
             rep.config.load,
@@ -614,24 +687,90 @@ fn print_reports(reports: &[SimReport]) -> Result<(), Box<dyn std::error::Error>
             fixed.misses_per_step,
             if el.misses_per_step <= fixed.misses_per_step { "elastic ≤ fixed" } else { "ELASTIC > FIXED" }
         )?;
-        let c = &rep.config;
-        if c.placement_time.is_some()
-            || c.time.step_per_miss_us > 0.0
-            || c.admission_gbps > 0.0
-            || c.elastic_max_batch.is_some()
-        {
+        if timed(&rep.config) {
+            let others: Vec<String> = rep
+                .placements
+                .iter()
+                .filter(|r| r.placement != Placement::Elastic)
+                .map(|r| {
+                    format!(
+                        "÷ {} {}",
+                        r.placement.name(),
+                        ratio(el.tokens_per_s, r.tokens_per_s)
+                    )
+                })
+                .collect();
             outln!(
-                "load {}: decode tokens/s resident {:.0}, fixed {:.0}, elastic {:.0} (elastic ÷ resident {}, ÷ fixed {})",
+                "load {}: elastic decode tokens/s {:.0} ({})",
                 rep.config.load,
-                full.tokens_per_s,
-                fixed.tokens_per_s,
                 el.tokens_per_s,
-                ratio(el.tokens_per_s, full.tokens_per_s),
-                ratio(el.tokens_per_s, fixed.tokens_per_s)
+                others.join(", ")
             )?;
         }
     }
+    if reports.iter().any(|r| timed(&r.config)) {
+        outln!("{}", serving_table(reports))?;
+    }
     Ok(())
+}
+
+/// The serving comparison per load: tokens/s, sessions, TTFT p50/p90 over the requests every
+/// placement finished, TPOT p50/p99 (requests finished in the run), miss and host-write traffic,
+/// device bytes.
+fn serving_table(reports: &[SimReport]) -> String {
+    use tierkit_sim::kv::schedule::{common_finished, quantiles_ms, RequestTiming};
+    let header = [
+        "load",
+        "placement",
+        "tokens/s",
+        "÷ elastic",
+        "peak sessions",
+        "mean batch",
+        "TTFT p50 / p90 (ms, common)",
+        "TPOT p50 / p99 (ms)",
+        "miss MB/step",
+        "host-write MB/step",
+        "device GiB peak / mean",
+    ];
+    let mut rows = Vec::new();
+    for rep in reports {
+        let runs: Vec<&[RequestTiming]> = rep
+            .placements
+            .iter()
+            .map(|r| r.requests.as_slice())
+            .collect();
+        let common = common_finished(&runs);
+        let el = rep
+            .placements
+            .iter()
+            .find(|r| r.placement == Placement::Elastic)
+            .map_or(0.0, |r| r.tokens_per_s);
+        let gib = (1u64 << 30) as f64;
+        for r in &rep.placements {
+            let ttft = quantiles_ms(&r.requests, &common, RequestTiming::ttft_us, &[0.5, 0.9]);
+            rows.push(vec![
+                format!("{}", rep.config.load),
+                r.placement.name().to_string(),
+                format!("{:.0}", r.tokens_per_s),
+                ratio(r.tokens_per_s, el),
+                r.peak_sessions.to_string(),
+                format!("{:.1}", r.mean_batch),
+                format!("{:.0} / {:.0} ({} req)", ttft[0], ttft[1], common.len()),
+                format!("{:.2} / {:.2}", r.tpot_p50_ms, r.tpot_p99_ms),
+                format!("{:.1}", r.fetched_bytes_per_step / 1e6),
+                format!(
+                    "{:.1}",
+                    (r.mirror_bytes_per_step + r.writeback_bytes_per_step) / 1e6
+                ),
+                format!(
+                    "{:.2} / {:.2}",
+                    r.device_bytes_peak as f64 / gib,
+                    r.device_bytes_mean / gib
+                ),
+            ]);
+        }
+    }
+    table::render(&header, &rows)
 }
 
 /// `a ÷ b` to two decimals, `n/a` when `b` is not positive or the ratio is not a number to print.
@@ -652,16 +791,16 @@ fn write_plots(
         |f: &dyn Fn(&tierkit_sim::kv::serving::PlacementReport) -> f64| -> Vec<plot::Series> {
             Placement::ALL
                 .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    (p.name().to_string(), {
-                        let mut pts: Vec<(f64, f64)> = reports
-                            .iter()
-                            .map(|r| (r.config.load, f(&r.placements[i])))
-                            .collect();
-                        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                        pts
-                    })
+                .filter_map(|&p| {
+                    let mut pts: Vec<(f64, f64)> = reports
+                        .iter()
+                        .filter_map(|r| {
+                            let run = r.placements.iter().find(|x| x.placement == p)?;
+                            Some((r.config.load, f(run)))
+                        })
+                        .collect();
+                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    (!pts.is_empty()).then(|| (p.name().to_string(), pts))
                 })
                 .collect()
         };

@@ -370,7 +370,9 @@ fn tiny_valid_run_writes_json_and_plots() {
     assert_eq!(reports.len(), 2);
     for rep in reports {
         let placements = rep["placements"].as_array().unwrap();
-        assert_eq!(placements.len(), 3);
+        assert_eq!(placements.len(), 5);
+        assert_eq!(placements[3]["placement"], "VllmHybrid");
+        assert_eq!(placements[4]["placement"], "SglangDemote");
         assert_eq!(placements[0]["completed"], 6, "{rep}");
         assert_eq!(placements[0]["misses_per_step"], 0.0);
     }
@@ -503,17 +505,83 @@ fn simulate_takes_each_placements_time_model_from_a_benchmark_report() {
         "{text} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(text.contains("decode tokens/s resident"), "{text}");
+    assert!(text.contains("elastic decode tokens/s"), "{text}");
+    assert!(
+        text.contains("TTFT p50 / p90 (ms, common)") && text.contains("sglang-demote"),
+        "{text}"
+    );
+    assert!(
+        text.contains("step time of vllm-hybrid (fitted to") && text.contains("elastic's fit"),
+        "{text}"
+    );
     let rep: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let cfg = &rep[0]["config"];
     let base = |p: &str| cfg["placement_time"][p]["step_base_us"].as_f64().unwrap();
     assert!((base("resident") - 10_000.0).abs() < 1.0, "{cfg}");
     assert!((base("fixed") - 11_600.0).abs() < 1.0, "{cfg}");
     assert!((base("elastic") - 11_100.0).abs() < 1.0, "{cfg}");
+    // No runs of their own: the engines' designs take elastic's model (same pool and resolver).
+    assert!(cfg["placement_time"]["vllm"].is_null(), "{cfg}");
+    assert!(cfg["placement_time"]["sglang"].is_null(), "{cfg}");
     assert!(
         (cfg["admission_gbps"].as_f64().unwrap() - 49.5).abs() < 1e-9,
         "{cfg}"
     );
+    // With runs of their own they take their own fit; --placements runs a subset, in order.
+    let own = temp("time-from-own.json");
+    std::fs::write(
+        &own,
+        format!(
+            r#"{{"runs": [{}, {}, {}, {}]}}"#,
+            run(
+                "fully resident",
+                r#""admission_bytes": 4950000000, "admission_copy_ms": 100.0,"#,
+                steps(10_000.0, 70.0, 0.0, 0)
+            ),
+            run("fixed hot cache", "", steps(11_600.0, 38.0, 1.1, 40)),
+            run("elastic", "", steps(11_100.0, 59.0, 1.0, 30)),
+            run("sglang-demote", "", steps(12_100.0, 50.0, 1.2, 20)),
+        ),
+    )
+    .unwrap();
+    let json2 = temp("time-from-own-sim.json");
+    let out = tierkit(&[
+        "kv",
+        "simulate",
+        "--steps",
+        "30",
+        "--placements",
+        "sglang-demote,elastic",
+        "--time-from",
+        own.to_str().unwrap(),
+        "--json",
+        json2.to_str().unwrap(),
+        QUIET,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rep: serde_json::Value = serde_json::from_slice(&std::fs::read(&json2).unwrap()).unwrap();
+    let sg = &rep[0]["config"]["placement_time"]["sglang"]["step_base_us"];
+    assert!((sg.as_f64().unwrap() - 12_100.0).abs() < 1.0, "{rep}");
+    let ran: Vec<&str> = rep[0]["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["placement"].as_str().unwrap())
+        .collect();
+    assert_eq!(ran, ["Elastic", "SglangDemote"]);
+    for (bad, want) in [
+        ("elastic,elastic", "elastic given twice"),
+        ("vllm", "unknown placement \"vllm\""),
+    ] {
+        fails_with(
+            &["kv", "simulate", "--placements", bad, "--steps", "5", QUIET],
+            want,
+        );
+    }
     // A report without one placement's runs cannot give its model; a bad rate is refused.
     let partial = temp("time-from-partial.json");
     std::fs::write(

@@ -60,8 +60,8 @@ pub use layout::{
     Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HISTORY, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
 };
 pub use pool::{
-    Admission, ElasticPool, ImportInfo, PoolConfig, PoolCounters, Reserve, RowSpan,
-    SessionPlacement, StepMaintenance, TransferCounters, DEFAULT_IMPORT_TIMEOUT_STEPS,
+    Admission, AdmitOptions, ElasticPool, ImportInfo, PoolConfig, PoolCounters, Reserve, RowSpan,
+    SessionPlacement, StepMaintenance, StepOptions, TransferCounters, DEFAULT_IMPORT_TIMEOUT_STEPS,
 };
 pub use resolve::{
     OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,

@@ -64,6 +64,12 @@ enum Op {
     Reclaim {
         n: u8,
     },
+    /// Revokes some pages of one session (a caller's own order) and lends it some back.
+    Revoke {
+        who: u8,
+        seed: u64,
+        lend: u8,
+    },
     Between {
         chunk: u8,
     },
@@ -90,14 +96,27 @@ enum Op {
 #[derive(Clone, Debug)]
 enum MidOp {
     Reclaim { n: u8 },
+    Revoke { who: u8, seed: u64 },
     Admit { len: u16 },
     Finish { who: u8 },
     Between { chunk: u8 },
 }
 
+/// Revokes a seed-chosen set of session `s`'s history page indices (held or not: unheld ones
+/// are skipped), as an engine's own revocation order would; returns the pages taken back.
+fn revoke_some(pool: &mut ElasticPool, s: u64, seed: u64) -> Result<u32, TestCaseError> {
+    let wanted = pool.wanted_pages(pool.committed_len(s).unwrap_or(0));
+    let pages: Vec<u32> = (0..wanted)
+        .filter(|j| (seed >> (j % 64)) & 1 == 1)
+        .collect();
+    pool.revoke(s, &pages)
+        .map_err(|e| TestCaseError::fail(format!("revoke: {e}")))
+}
+
 fn mid_op() -> impl Strategy<Value = MidOp> {
     prop_oneof![
         (1u8..8).prop_map(|n| MidOp::Reclaim { n }),
+        (any::<u8>(), any::<u64>()).prop_map(|(who, seed)| MidOp::Revoke { who, seed }),
         (1u16..40).prop_map(|len| MidOp::Admit { len }),
         any::<u8>().prop_map(|who| MidOp::Finish { who }),
         (1u8..8).prop_map(|chunk| MidOp::Between { chunk }),
@@ -112,6 +131,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (any::<u8>(), 0u8..3).prop_map(|(who, n)| Op::Accept { who, n }),
         1 => any::<u8>().prop_map(|who| Op::Finish { who }),
         2 => (1u8..10).prop_map(|n| Op::Reclaim { n }),
+        1 => (any::<u8>(), any::<u64>(), 0u8..4).prop_map(|(who, seed, lend)| Op::Revoke { who, seed, lend }),
         2 => (1u8..10).prop_map(|chunk| Op::Between { chunk }),
         6 => (1u8..4, 1u8..3, 1u8..7, any::<u64>(), prop::collection::vec(mid_op(), 0..4))
             .prop_map(|(reqs, rows, k, seed, mid)| Op::Resolve { reqs, rows, k, seed, mid }),
@@ -347,6 +367,16 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 pool.reclaim(n as u32)
                     .map_err(|e| TestCaseError::fail(format!("reclaim: {e}")))?;
             }
+            Op::Revoke { who, seed, lend } => {
+                if let Some(s) = m.pick(who) {
+                    revoke_some(&mut pool, s, seed)?;
+                    match pool.lend(s, lend as u32) {
+                        Ok(_) if pool.config().elastic => {}
+                        Err(KvError::Unsupported(_)) if !pool.config().elastic => {}
+                        r => return Err(TestCaseError::fail(format!("lend: {r:?}"))),
+                    }
+                }
+            }
             Op::Between { chunk } => {
                 pool.between_steps(chunk as u32)
                     .map_err(|e| TestCaseError::fail(format!("between: {e}")))?;
@@ -563,6 +593,12 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                                 .reclaim(n as u32)
                                 .map_err(|e| TestCaseError::fail(format!("reclaim: {e}")))?;
                             RECLAIMED_IN_FLIGHT.fetch_add(got as u64, Relaxed);
+                        }
+                        MidOp::Revoke { who, seed } => {
+                            if let Some(s) = m.pick(who) {
+                                let got = revoke_some(&mut pool, s, seed)?;
+                                RECLAIMED_IN_FLIGHT.fetch_add(got as u64, Relaxed);
+                            }
                         }
                         MidOp::Admit { len } => m.admit(&mut pool, len)?,
                         MidOp::Finish { who } => m.finish(&mut pool, who)?,

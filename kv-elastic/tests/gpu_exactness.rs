@@ -1,5 +1,6 @@
 //! The GPU back-end against the CPU reference: the same randomized sessions and operations
-//! (admissions, appends, speculative drafts and accepts, finishes, reclaims, growth between steps,
+//! (admissions, some borrowing at most a few pages, appends, speculative drafts and accepts,
+//! finishes, reclaims, caller-chosen revocations and lending, growth between steps (or none),
 //! resolves with several query rows per session, duplicates and `-1` padding, replays, prefetches,
 //! bad input) applied to an [`ElasticPool`] and a [`GpuElasticPool`] give identical results: indices,
 //! valid counts, plans, stats and errors; and the bytes the GPU arena holds at every returned row equal
@@ -14,8 +15,8 @@ use std::collections::BTreeMap;
 use cuda_kernels::{CopyBackend, ResolveEngine};
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
 use kv_elastic::{
-    ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig, ResolveInput,
-    ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
+    AdmitOptions, ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig,
+    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver, StepOptions,
 };
 use tierkit_testkit::pattern_tokens;
 
@@ -191,8 +192,15 @@ impl Case {
                 self.next_id += 1;
                 let len = 1 + below(rng, 60) as u32;
                 let h = pattern_tokens(g.row_bytes, g.layers, id, 0, len);
-                let a = self.cpu.admit(id, &h);
-                let b = self.gpu.admit(id, &h);
+                // Now and then an admission that borrows at most a few pages (0: hot cache only).
+                let o = AdmitOptions {
+                    max_borrowed_pages: match below(rng, 4) {
+                        0 => below(rng, 3) as u32,
+                        _ => u32::MAX,
+                    },
+                };
+                let a = self.cpu.admit_with(id, &h, o);
+                let b = self.gpu.admit_with(id, &h, o);
                 match (&a, &b) {
                     (Ok(x), Ok(y)) => assert_eq!(x, y),
                     (Err(KvError::NoRoom { .. }), Err(KvError::NoRoom { .. })) => {}
@@ -269,11 +277,30 @@ impl Case {
             }
             6 => {
                 let n = 1 + below(rng, 6) as u32;
-                assert_eq!(self.cpu.reclaim(n), self.gpu.reclaim(n));
+                if live.is_empty() || below(rng, 2) == 0 {
+                    assert_eq!(self.cpu.reclaim(n), self.gpu.reclaim(n));
+                } else {
+                    // A caller's own order: named pages of one session back, some lent again.
+                    let s = pick(rng);
+                    let wanted = self
+                        .cpu
+                        .wanted_pages(self.model.sessions[&s].0.len() as u32);
+                    let pages: Vec<u32> = (0..wanted).filter(|_| below(rng, 2) == 0).collect();
+                    assert_eq!(self.cpu.revoke(s, &pages), self.gpu.revoke(s, &pages));
+                    assert_eq!(self.cpu.lend(s, n), self.gpu.lend(s, n));
+                }
             }
             7 => {
                 let c = 1 + below(rng, 6) as u32;
-                assert_eq!(self.cpu.between_steps(c), self.gpu.between_steps(c));
+                if below(rng, 3) == 0 {
+                    let o = StepOptions { growth: false };
+                    assert_eq!(
+                        self.cpu.between_steps_with(c, o),
+                        self.gpu.between_steps_with(c, o)
+                    );
+                } else {
+                    assert_eq!(self.cpu.between_steps(c), self.gpu.between_steps(c));
+                }
             }
             8 if !live.is_empty() => {
                 let s = pick(rng);

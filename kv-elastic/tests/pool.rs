@@ -2,8 +2,8 @@
 //! oldest-first in proportion, bounded hand-back, prefetch, speculative scratch, typed errors.
 
 use kv_elastic::{
-    Admission, ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig, ResolveInput,
-    ResolveOptions, ResolveOutput, Resolver,
+    Admission, AdmitOptions, ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig,
+    ResolveInput, ResolveOptions, ResolveOutput, Resolver, StepOptions,
 };
 use tierkit_testkit::{pattern_row, pattern_tokens};
 
@@ -140,6 +140,80 @@ fn reclaim_takes_oldest_pages_in_proportion_and_hand_back_is_bounded() {
     }
     for _ in 0..20 {
         pool.between_steps(2).unwrap();
+    }
+    assert_eq!(pool.pages().free, g.arena_pages, "no page leaked");
+}
+
+/// The caller-driven residency operations (an engine's own order: a free queue, a whole-request
+/// demotion, growth it decides): admission without borrowing, revocation of named pages,
+/// lending to one session, maintenance without growth; bytes stay exact and the books balance.
+#[test]
+fn caller_chosen_revocation_lending_and_admission_keep_the_books_and_bytes() {
+    let g = geometry(2 * 4 + 12);
+    let mut pool = ElasticPool::new(g, PoolConfig { elastic: true }).unwrap();
+    // Session 1 lands on its hot cache alone (0 pages), session 2 borrows all it wants (4).
+    let none = AdmitOptions {
+        max_borrowed_pages: 0,
+    };
+    let a = pool
+        .admit_with(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 36), none)
+        .unwrap();
+    assert_eq!(a, Admission::Admitted { borrowed_pages: 0 });
+    assert_eq!(pool.wanted_pages(36), 8);
+    pool.admit(2, &pattern_tokens(g.row_bytes, g.layers, 2, 0, 20))
+        .unwrap();
+    assert_eq!(pool.borrowed_pages(2).unwrap(), 4);
+    // Maintenance without growth lends nothing although 8 pages are free.
+    let m = pool
+        .between_steps_with(16, StepOptions { growth: false })
+        .unwrap();
+    assert_eq!((m.grown, pool.borrowed_pages(1).unwrap()), (0, 0));
+    assert_eq!(pool.pages().free, 8);
+    // Lending to session 1 takes its newest pages first (7, 6, 5).
+    assert_eq!(pool.lend(1, 3).unwrap(), 3);
+    let table = pool.placement(1).unwrap().page_table.to_vec();
+    let held: Vec<usize> = (0..8).filter(|&j| table[j] >= 0).collect();
+    assert_eq!(held, [5, 6, 7]);
+    // Revoking named pages: 6 is held, 0 is not (skipped); counted as reclaimed.
+    let before = pool.counters().pages_reclaimed;
+    assert_eq!(pool.revoke(1, &[6, 0]).unwrap(), 1);
+    assert_eq!(pool.counters().pages_reclaimed, before + 1);
+    let table = pool.placement(1).unwrap().page_table.to_vec();
+    assert!(table[6] < 0 && table[5] >= 0 && table[7] >= 0);
+    pool.check_invariants().unwrap();
+    // Position 24 (page 6) now misses and comes back exact; 20 (page 5) is a page hit.
+    let (idx, st) = resolve(&mut pool, 1, 36, &[24, 20, 0]);
+    assert_eq!((st.page_hits, st.misses), (1, 2));
+    assert_rows(&pool, 1, &[24, 20, 0], &idx);
+    // A whole-request demotion: every page of session 2 back, then it resolves from its hot cache.
+    assert_eq!(pool.revoke(2, &[0, 1, 2, 3]).unwrap(), 4);
+    assert_eq!(pool.borrowed_pages(2).unwrap(), 0);
+    let (idx, st) = resolve(&mut pool, 2, 20, &[0, 5, 15]);
+    assert_eq!(st.misses, 3);
+    assert_rows(&pool, 2, &[0, 5, 15], &idx);
+    pool.check_invariants().unwrap();
+    // Lending to the session that held everything brings its newest page back first.
+    assert_eq!(pool.lend(2, 1).unwrap(), 1);
+    assert!(pool.placement(2).unwrap().page_table[3] >= 0);
+    // Errors: unknown and finished sessions; lending in a fixed pool.
+    assert!(matches!(
+        pool.revoke(9, &[0]),
+        Err(KvError::UnknownSession(9))
+    ));
+    assert!(matches!(pool.lend(9, 1), Err(KvError::UnknownSession(9))));
+    pool.finish(2).unwrap();
+    assert!(pool.revoke(2, &[0]).is_err());
+    assert!(pool.lend(2, 1).is_err());
+    let mut fixed = ElasticPool::new(g, PoolConfig { elastic: false }).unwrap();
+    fixed
+        .admit(1, &pattern_tokens(g.row_bytes, g.layers, 1, 0, 36))
+        .unwrap();
+    assert!(matches!(fixed.lend(1, 1), Err(KvError::Unsupported(_))));
+    assert_eq!(fixed.revoke(1, &[0, 1]).unwrap(), 0);
+    pool.finish(1).unwrap();
+    for _ in 0..10 {
+        pool.between_steps_with(4, StepOptions { growth: false })
+            .unwrap();
     }
     assert_eq!(pool.pages().free, g.arena_pages, "no page leaked");
 }

@@ -119,6 +119,27 @@ impl ArenaPages {
         Ok(self.lender.reclaim(n)?)
     }
 
+    /// Gives back the history pages of `session` whose indices are in `logical` (those it holds;
+    /// the rest are skipped); the loans name them. The pages go behind the fence.
+    pub(crate) fn revoke_history(
+        &mut self,
+        session: SessionId,
+        logical: &[u32],
+    ) -> Result<Vec<Loan>> {
+        let mut want = tier_core::alloc::try_copied(logical, "revoked page indices")?;
+        want.sort_unstable();
+        let loans: Vec<Loan> = self
+            .lender
+            .loans_of(history_id(session))
+            .into_iter()
+            .filter(|l| want.binary_search(&l.logical).is_ok())
+            .collect();
+        for &loan in &loans {
+            self.lender.give_back(loan)?;
+        }
+        Ok(loans)
+    }
+
     /// Queues a finished session's history pages for hand-back.
     pub(crate) fn finish_history(&mut self, session: SessionId) -> Result<()> {
         if self.lender.is_known(history_id(session)) {

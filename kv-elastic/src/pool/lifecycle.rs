@@ -4,7 +4,7 @@
 
 use tier_core::PageMap;
 
-use super::{Admission, ElasticPool, StepMaintenance};
+use super::{Admission, AdmitOptions, ElasticPool, StepMaintenance, StepOptions};
 use crate::control::{HotCache, SessionState};
 use crate::data::{DataPlane, HostBytes, SessionId};
 use crate::error::{KvError, Result};
@@ -58,6 +58,18 @@ impl<D: DataPlane> ElasticPool<D> {
     /// [`Admission::Waiting`] is not an error: pages were reclaimed (a requested effect) but wait for
     /// readers in flight; the session was not created.
     pub fn admit(&mut self, session: SessionId, history: &[u8]) -> Result<Admission> {
+        self.admit_with(session, history, AdmitOptions::default())
+    }
+
+    /// [`ElasticPool::admit`], borrowing at most `options.max_borrowed_pages` elastic pages for
+    /// the history (0: the session starts on its hot cache alone, e.g. an engine that lands a
+    /// request in host memory when its whole history does not fit). Errors as `admit`.
+    pub fn admit_with(
+        &mut self,
+        session: SessionId,
+        history: &[u8],
+        options: AdmitOptions,
+    ) -> Result<Admission> {
         self.data.host().check_new(session)?;
         let n = self.data.host().check_tokens(history, false)?;
         self.data.host().backing().check_room(history.len())?;
@@ -66,7 +78,13 @@ impl<D: DataPlane> ElasticPool<D> {
         let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
         let (hot, call) = SessionState::try_new_hot(&self.ctl.geometry, n)?;
         self.data.host_mut().reserve_new(history.len())?;
-        let admitted = self.admit_reserved(session, history, n, pages, hot, call);
+        let admitted = self.admit_reserved(
+            session,
+            history,
+            n,
+            (pages, hot, call),
+            options.max_borrowed_pages,
+        );
         // The reserved buffer when no session was created (nothing once one was).
         self.data.host_mut().release_reserved();
         admitted
@@ -78,9 +96,8 @@ impl<D: DataPlane> ElasticPool<D> {
         session: SessionId,
         history: &[u8],
         n: u32,
-        pages: PageMap,
-        hot: Vec<HotCache>,
-        call: Vec<u64>,
+        (pages, hot, call): (PageMap, Vec<HotCache>, Vec<u64>),
+        max_borrowed_pages: u32,
     ) -> Result<Admission> {
         let fixed = match self.take_fixed_pages()? {
             Ok(fixed) => fixed,
@@ -90,7 +107,7 @@ impl<D: DataPlane> ElasticPool<D> {
             .host_mut()
             .create(session, history)
             .expect("checked above (check_new, check_room, reserve_new)");
-        self.install_session(session, n, fixed, pages, hot, call)
+        self.install_session(session, n, fixed, (pages, hot, call), max_borrowed_pages)
     }
 
     /// Takes one session's fixed pages — if the pool runs short, first from finished sessions'
@@ -131,15 +148,15 @@ impl<D: DataPlane> ElasticPool<D> {
     }
 
     /// A session whose `n` committed tokens are in the host store becomes live on its fixed
-    /// pages: tail rows written, history pages borrowed (elastic mode), placement published.
+    /// pages: tail rows written, at most `max_borrowed_pages` history pages borrowed (elastic
+    /// mode), placement published.
     pub(super) fn install_session(
         &mut self,
         session: SessionId,
         n: u32,
         fixed: Vec<tier_core::PageHandle>,
-        pages: PageMap,
-        hot: Vec<HotCache>,
-        call: Vec<u64>,
+        (pages, hot, call): (PageMap, Vec<HotCache>, Vec<u64>),
+        max_borrowed_pages: u32,
     ) -> Result<Admission> {
         let fixed_pages = fixed.iter().map(|h| h.page().0).collect();
         let req = SessionState {
@@ -155,7 +172,7 @@ impl<D: DataPlane> ElasticPool<D> {
         self.write_tail(session, 0, n);
         self.ctl.counters.admitted += 1;
         let borrowed = if self.ctl.config.elastic {
-            self.borrow_newest(session, u32::MAX)?
+            self.borrow_newest(session, max_borrowed_pages)?
         } else {
             0
         };
@@ -350,6 +367,43 @@ impl<D: DataPlane> ElasticPool<D> {
         Ok(got)
     }
 
+    /// Takes back borrowed pages `logical` (history page indices) of one live session, in an
+    /// order the caller chose (e.g. an engine's own free queue, or all of a request's pages when
+    /// it is demoted to its hot cache); [`ElasticPool::reclaim`] is the pool's own order.
+    /// Indices the session does not hold are skipped. The session stops mapping the pages at
+    /// once; they become free only after every reader in flight has completed (reader fence),
+    /// and count as reclaimed. Returns the pages taken back. Errors: `UnknownSession`,
+    /// `SessionFinished`, `OutOfMemory` (the sorted copy of `logical`).
+    pub fn revoke(&mut self, session: SessionId, logical: &[u32]) -> Result<u32> {
+        self.session(session)?;
+        let loans = self.ctl.pages.revoke_history(session, logical)?;
+        let r = self.ctl.sessions.get_mut(&session).expect("live");
+        for loan in &loans {
+            r.pages.clear(loan.logical)?;
+            self.data
+                .unmap_page(session, loan.logical, loan.handle.page().0);
+        }
+        self.ctl.counters.pages_reclaimed += loans.len() as u64;
+        self.ctl.pages.collect();
+        Ok(loans.len() as u32)
+    }
+
+    /// Lends up to `max` free pages to one live session for the newest complete history pages it
+    /// does not hold (newest first) and copies that history in: [`ElasticPool::between_steps`]'s
+    /// growth for one session, for a caller that decides who grows (with
+    /// [`StepOptions::growth`] off). Returns the pages lent (0 when no page is free or the
+    /// session holds every page it wants). Errors: `UnknownSession`, `SessionFinished`,
+    /// `Unsupported` on a pool with `elastic` off, `OutOfMemory`.
+    pub fn lend(&mut self, session: SessionId, max: u32) -> Result<u32> {
+        self.session(session)?;
+        if !self.ctl.config.elastic {
+            return Err(KvError::Unsupported(
+                "lending history pages in a pool with elastic off (fixed hot cache)",
+            ));
+        }
+        self.borrow_newest(session, max)
+    }
+
     /// Between decode steps: hands back at most `chunk` pages of finished sessions, frees pages whose
     /// readers have left, and (elastic mode) lends at most `chunk` free pages to sessions missing
     /// history (round-robin, newest missing page first), copying the history in.
@@ -357,12 +411,22 @@ impl<D: DataPlane> ElasticPool<D> {
     /// It also ages the imports in flight: one not committed within the import timeout
     /// ([`ElasticPool::set_import_timeout`]) expires (`imports_expired`).
     pub fn between_steps(&mut self, chunk: u32) -> Result<StepMaintenance> {
+        self.between_steps_with(chunk, StepOptions::default())
+    }
+
+    /// [`ElasticPool::between_steps`]; with `options.growth` off it lends nothing (hand-back and
+    /// freeing only).
+    pub fn between_steps_with(
+        &mut self,
+        chunk: u32,
+        options: StepOptions,
+    ) -> Result<StepMaintenance> {
         let imports_expired = self.age_imports()?;
         let handed_back = self.ctl.pages.hand_back(chunk);
         self.ctl.counters.pages_handed_back += handed_back as u64;
         let collected = self.ctl.pages.collect();
         let mut grown = 0;
-        if self.ctl.config.elastic {
+        if self.ctl.config.elastic && options.growth {
             let mut progress = true;
             while progress && grown < chunk && self.ctl.pages.free_count() > 0 {
                 progress = false;

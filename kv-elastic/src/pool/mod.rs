@@ -54,6 +54,40 @@ pub enum Admission {
     },
 }
 
+/// Options of [`ElasticPool::admit_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AdmitOptions {
+    /// Most elastic pages the admission borrows for the session's history (newest first, free
+    /// pages only). `u32::MAX` (the default, [`ElasticPool::admit`]'s) borrows as much as is
+    /// free; 0 admits the session on its hot cache alone, its history served from host until
+    /// pages are lent to it.
+    pub max_borrowed_pages: u32,
+}
+
+impl Default for AdmitOptions {
+    fn default() -> Self {
+        Self {
+            max_borrowed_pages: u32::MAX,
+        }
+    }
+}
+
+/// Options of [`ElasticPool::between_steps_with`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StepOptions {
+    /// Lend free pages to sessions missing history (the elastic tier's growth, including pages
+    /// taken back under pressure: promotion back). `true` by default ([`ElasticPool::between_steps`]);
+    /// `false` only hands back finished sessions' pages and frees pages whose readers left, for
+    /// a caller that decides itself who grows ([`ElasticPool::lend`]).
+    pub growth: bool,
+}
+
+impl Default for StepOptions {
+    fn default() -> Self {
+        Self { growth: true }
+    }
+}
+
 /// Running totals of the pool's activity (rows are per layer; bytes cover all layers).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolCounters {
@@ -377,8 +411,10 @@ impl<D: DataPlane> ElasticPool<D> {
             .ok_or(KvError::UnknownSession(session))
     }
 
-    /// History pages a session wants resident: complete pages covering positions outside its tail.
-    fn wanted_pages(&self, committed: u32) -> u32 {
+    /// History pages a session of `committed` positions wants resident (borrowed pages can hold):
+    /// the complete pages covering positions outside its tail, `min(ceil((committed −
+    /// tail_rows) / page_rows), committed / page_rows)`.
+    pub fn wanted_pages(&self, committed: u32) -> u32 {
         let g = &self.ctl.geometry;
         committed
             .saturating_sub(g.tail_rows)

@@ -13,7 +13,7 @@ use std::ops::Range;
 
 use tier_core::{PageHandle, PageMap};
 
-use super::{Admission, ElasticPool};
+use super::{Admission, AdmitOptions, ElasticPool};
 use crate::control::SessionState;
 use crate::data::{DataPlane, HostBytes, RegionDesc, SessionId, StoreLayout, TeardownHook};
 use crate::error::{KvError, Result};
@@ -243,7 +243,13 @@ impl<D: DataPlane> ElasticPool<D> {
         self.data.host_mut().commit_import(session, n)?;
         let imp = self.ctl.imports.remove(&session).expect("checked above");
         self.ctl.transfers.committed += 1;
-        self.install_session(session, n, imp.fixed, pages, hot, call)
+        self.install_session(
+            session,
+            n,
+            imp.fixed,
+            (pages, hot, call),
+            AdmitOptions::default().max_borrowed_pages,
+        )
     }
 
     /// Drops an import whose writer is gone (failed, cancelled, or timed out): its fixed pages

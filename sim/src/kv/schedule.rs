@@ -12,6 +12,13 @@
 //! TTFT here is the *queueing* part only (admission time − arrival time; prefill runs elsewhere, as
 //! in disaggregated serving). Requests still queued when the run ends enter the percentiles with
 //! their wait so far (a lower bound), so a saturated run's p90 is not hidden by who got in.
+//!
+//! Per request ([`Scheduler::timings`], [`RequestTiming`]): arrival, admission, the end of its
+//! first decode step (its first decode token: TTFT = that − arrival, queueing and the first step)
+//! and the end of its last (TPOT = (last − first) ÷ (output − 1), every step and stall it
+//! waited through). The summary's TPOT percentiles are over the requests finished in the run;
+//! comparisons across placements take the requests every placement finished
+//! ([`common_finished`]).
 
 use std::collections::VecDeque;
 
@@ -46,6 +53,76 @@ impl Active {
     pub fn last_step(&self) -> bool {
         self.generated + 1 >= self.output
     }
+}
+
+/// One request's clock readings (µs on the scheduler's clock; `None` until they happen).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RequestTiming {
+    /// Session id (trace index + 1 + the scheduler's id base).
+    pub id: u64,
+    /// Arrival (scaled trace time), µs.
+    pub arrival_us: f64,
+    /// Admission, µs.
+    pub admitted_us: Option<f64>,
+    /// End of its first decode step (its first decode token), µs.
+    pub first_token_us: Option<f64>,
+    /// End of its last decode step, µs.
+    pub finished_us: Option<f64>,
+    /// Tokens it decodes (at least 1).
+    pub output: u32,
+}
+
+impl RequestTiming {
+    /// Time to the first decode token (queueing + its first step), µs; None before it.
+    pub fn ttft_us(&self) -> Option<f64> {
+        self.first_token_us.map(|t| t - self.arrival_us)
+    }
+
+    /// Mean time per output token after the first, µs; None until finished or for one token.
+    pub fn tpot_us(&self) -> Option<f64> {
+        match (self.first_token_us, self.finished_us) {
+            (Some(a), Some(b)) if self.output >= 2 => Some((b - a) / (self.output - 1) as f64),
+            _ => None,
+        }
+    }
+}
+
+/// Ids finished in every one of `runs` (each a placement's [`RequestTiming`]s), ascending: the
+/// requests a TTFT or TPOT comparison across placements is taken over.
+pub fn common_finished(runs: &[&[RequestTiming]]) -> Vec<u64> {
+    let mut out: Option<Vec<u64>> = None;
+    for r in runs {
+        let mut ids: Vec<u64> = r
+            .iter()
+            .filter(|t| t.finished_us.is_some())
+            .map(|t| t.id)
+            .collect();
+        ids.sort_unstable();
+        out = Some(match out {
+            None => ids,
+            Some(prev) => prev
+                .into_iter()
+                .filter(|x| ids.binary_search(x).is_ok())
+                .collect(),
+        });
+    }
+    out.unwrap_or_default()
+}
+
+/// The `q` quantiles (nearest rank) of `f` over the timings of `ids` in `run`, ms; 0 when none.
+pub fn quantiles_ms(
+    run: &[RequestTiming],
+    ids: &[u64],
+    f: impl Fn(&RequestTiming) -> Option<f64>,
+    qs: &[f64],
+) -> Vec<f64> {
+    let mut v: Vec<f64> = run
+        .iter()
+        .filter(|t| ids.binary_search(&t.id).is_ok())
+        .filter_map(&f)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    qs.iter().map(|&q| percentile(&v, q) / 1e3).collect()
 }
 
 /// What a placement answers for the request at the head of the queue.
@@ -103,6 +180,12 @@ pub struct ScheduleSummary {
     pub queued_at_end: u64,
     /// Requests that had arrived by the end (admitted, rejected or queued).
     pub arrived: u64,
+    /// Median time per output token of the requests finished in the run, ms (0 when none).
+    #[serde(default)]
+    pub tpot_p50_ms: f64,
+    /// 99th percentile of the same, ms.
+    #[serde(default)]
+    pub tpot_p99_ms: f64,
 }
 
 /// Arrival replay and decode-step accounting (see the module doc).
@@ -118,6 +201,8 @@ pub struct Scheduler {
     busy_us: f64,
     batches: Vec<u32>,
     waits_us: Vec<f64>,
+    /// Per trace request (index): admission, first token and finish times.
+    times: Vec<RequestTiming>,
     tokens: u64,
     admitted: u64,
     completed: u64,
@@ -145,6 +230,19 @@ impl Scheduler {
         }
         let mut t = trace.clone();
         t.speed_up(load);
+        let times = t
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, q)| RequestTiming {
+                id: i as u64 + 1,
+                arrival_us: q.arrival_ms as f64 * 1000.0,
+                admitted_us: None,
+                first_token_us: None,
+                finished_us: None,
+                output: q.output_length.max(1),
+            })
+            .collect();
         Ok(Self {
             reqs: t.requests,
             id_base: 0,
@@ -156,6 +254,7 @@ impl Scheduler {
             busy_us: 0.0,
             batches: Vec::new(),
             waits_us: Vec::new(),
+            times,
             tokens: 0,
             admitted: 0,
             completed: 0,
@@ -168,7 +267,20 @@ impl Scheduler {
     /// give each run its own base.
     pub fn with_id_base(mut self, base: u64) -> Self {
         self.id_base = base;
+        for (i, t) in self.times.iter_mut().enumerate() {
+            t.id = base + i as u64 + 1;
+        }
         self
+    }
+
+    /// Every trace request's clock readings so far (trace order; those not yet arrived too).
+    pub fn timings(&self) -> &[RequestTiming] {
+        &self.times
+    }
+
+    /// The timings of the requests that arrived by now (trace order).
+    pub fn arrived_timings(&self) -> Vec<RequestTiming> {
+        self.times[..self.next].to_vec()
     }
 
     /// The clock, µs since the (scaled) trace start.
@@ -228,6 +340,7 @@ impl Scheduler {
                     self.admitted += 1;
                     self.waits_us
                         .push((self.now_us - q.arrival_ms as f64 * 1000.0).max(0.0));
+                    self.times[i].admitted_us = Some(self.now_us);
                     self.running.push(a);
                     admitted.push(a);
                 }
@@ -269,9 +382,15 @@ impl Scheduler {
         self.now_us += step_us;
         self.busy_us += step_us;
         let mut finished = Vec::new();
+        let (now, base, times) = (self.now_us, self.id_base, &mut self.times);
         self.running.retain_mut(|a| {
             a.generated += 1;
+            let t = &mut times[(a.id - base - 1) as usize];
+            if a.generated == 1 {
+                t.first_token_us = Some(now);
+            }
             if a.generated >= a.output {
+                t.finished_us = Some(now);
                 finished.push(*a);
                 false
             } else {
@@ -308,6 +427,8 @@ impl Scheduler {
                 .map(|&i| (self.now_us - self.reqs[i].arrival_ms as f64 * 1000.0).max(0.0)),
         );
         waits.sort_by(f64::total_cmp);
+        let mut tpot: Vec<f64> = self.times.iter().filter_map(|t| t.tpot_us()).collect();
+        tpot.sort_by(f64::total_cmp);
         let busy_s = self.busy_us / 1e6;
         ScheduleSummary {
             steps,
@@ -329,6 +450,8 @@ impl Scheduler {
             rejected: self.rejected,
             queued_at_end: self.queue.len() as u64,
             arrived: self.next as u64,
+            tpot_p50_ms: percentile(&tpot, 0.5) / 1e3,
+            tpot_p99_ms: percentile(&tpot, 0.99) / 1e3,
         }
     }
 }
@@ -418,6 +541,39 @@ mod tests {
         assert!((s.tokens_per_s - 6.0 / 0.004).abs() < 1e-6);
         assert_eq!((s.admitted, s.completed, s.rejected), (3, 3, 0));
         assert_eq!(s.ttft_queue_p90_ms, 0.0);
+    }
+
+    #[test]
+    fn per_request_ttft_and_tpot_and_the_common_finished_set() {
+        // Two requests at 0 ms: 10 + 2 and 10 + 3 tokens; steps of 1 ms.
+        let t = trace(&[(0, 10, 2), (0, 10, 3), (100, 5, 1)]);
+        let mut s = Scheduler::new(&t, 1.0, 8).unwrap();
+        s.admit(|_| -> Result<Decision> { Ok(Decision::Admitted) })
+            .unwrap();
+        s.stall(500.0).unwrap(); // an admission copy before the first step
+        for _ in 0..3 {
+            s.end_step(1000.0).unwrap();
+        }
+        let tm = s.timings();
+        // First tokens at 1.5 ms (the stall and one step), finished at 2.5 and 3.5 ms.
+        assert_eq!(tm[0].ttft_us(), Some(1500.0));
+        assert_eq!(tm[0].tpot_us(), Some(1000.0));
+        assert_eq!(tm[1].finished_us, Some(3500.0));
+        assert_eq!(tm[1].tpot_us(), Some(1000.0));
+        assert_eq!((tm[2].admitted_us, tm[2].ttft_us()), (None, None));
+        let sum = s.summary();
+        assert_eq!((sum.tpot_p50_ms, sum.tpot_p99_ms), (1.0, 1.0));
+        assert_eq!(s.arrived_timings().len(), 2);
+        // Common set: request 1 finished in both runs, request 2 only in the first.
+        let mut other = tm.to_vec();
+        other[1].finished_us = None;
+        let ids = common_finished(&[tm, &other]);
+        assert_eq!(ids, [1]);
+        let q = quantiles_ms(tm, &ids, RequestTiming::ttft_us, &[0.5, 0.9]);
+        assert_eq!(q, [1.5, 1.5]);
+        // Ids follow the id base.
+        let s = Scheduler::new(&t, 1.0, 8).unwrap().with_id_base(1 << 32);
+        assert_eq!(s.timings()[0].id, (1 << 32) + 1);
     }
 
     #[test]

@@ -1,41 +1,45 @@
-//! Serving simulation: one arrival trace, three placements of the KV history, the same decode
+//! Serving simulation: one arrival trace, five placements of the KV history, the same decode
 //! schedule model.
 //!
 //! - **Fully resident**: a request is admitted only if its whole KV (input + output tokens ×
 //!   `kv_bytes_per_token`) fits in the HBM budget; reserved as pages of a `tier-core` [`PagePool`].
 //!   Every pick is resident by construction, so it never misses.
-//! - **Fixed hot cache (HiSparse)**: an [`ElasticPool`] with `elastic: false`. A request is admitted
-//!   when its fixed rows (hot cache + tail) fit; history lives on the host, picks resolve through the
-//!   exact resolver (tail → hot cache → miss).
-//! - **Elastic (ours)**: the same admission, plus free HBM lent as borrowed history pages (newest
-//!   first), reclaimed oldest-first in proportion to holdings when an admission needs room, and
-//!   handed back in bounded chunks between steps.
+//! - The other four share one [`ElasticPool`] design and its exact resolver (tail → borrowed page
+//!   → hot cache → miss); only their residency policy ([`crate::kv::residency`]) differs:
+//!   **fixed hot cache** (HiSparse: lending off), **elastic** (ours: free HBM lent newest first,
+//!   taken back oldest first in proportion to holdings, lent back when pressure falls, admission
+//!   limited by the link's share), **vllm-hybrid** (vLLM 0.34 Hybrid HiSparse: whole history
+//!   resident until the pool runs low, then hot region and evictable pages in one FIFO free
+//!   queue) and **sglang-demote** (SGLang dynamic HiSparse: full KV resident, largest requests
+//!   demoted to their hot buffer under pressure, no promotion back).
 //!
 //! The schedule (arrivals, first come first served admission, one token per request per step,
-//! batches, TTFT queueing) is [`crate::kv::schedule::Scheduler`], the one the GPU serving benchmark
-//! (`kv_serving_bench`) runs on measured step times; [`TimeModel::fit`] fits this simulation's step
-//! time to that benchmark's per-step records.
+//! batches, TTFT queueing, per-request TTFT and TPOT) is [`crate::kv::schedule::Scheduler`], the
+//! one the GPU serving benchmark (`kv_serving_bench`) runs on measured step times;
+//! [`TimeModel::fit`] fits this simulation's step time to that benchmark's per-step records.
 //!
 //! What is exact and what is modelled: admission, page loans, reclaims, hand-backs, hot-cache
 //! contents, every resolve and every miss count come from the real pool and its resolver (the same
 //! code the exactness proptest checks), run with 1-byte rows and one layer so the arena stays small;
 //! bytes moved are then `misses × kv_bytes_per_token`. Modelled: the top-k picks (the calibrated
 //! [`SelectionGen`], one stream per request standing for every layer), and time: a decode step takes
-//! `step_base_us + step_per_request_us × batch`, prefill runs elsewhere (disaggregated serving, as
-//! in Mooncake: a decode node receives each request's KV at admission). Miss traffic is reported,
-//! not fed back into step time, so all three placements see the same clock model and the fixed and
-//! elastic placements the same schedule (same admissions, same batches): their misses compare at
-//! equal concurrency.
+//! `step_base_us + step_per_request_us × batch + step_per_miss_us × misses`, prefill runs
+//! elsewhere (disaggregated serving, as in Mooncake: a decode node receives each request's KV at
+//! admission). Host-ward writes (vLLM's mirror of the prefix, SGLang's backup, every pool's
+//! write-back of decoded tokens) are counted, not priced in step time (they run the other way
+//! on the link, on a copy stream); SGLang's synchronous wait for a backup before a demotion is a
+//! stall at `admission_gbps`.
 
 use std::collections::HashMap;
 
 use tier_core::{PageHandle, PagePool, Tier};
 
-use crate::kv::schedule::{Decision, Phase, Scheduler};
+use crate::kv::residency::{AdmitOutcome, Residency, ResidencyCounters, ResidencyKind};
+use crate::kv::schedule::{Decision, Phase, RequestTiming, Scheduler};
 use crate::kv::selection::{SelectionGen, SelectionParams};
 use crate::kv::trace::{ArrivalTrace, MAX_REQUEST_TOKENS};
 use kv_elastic::Geometry;
-use kv_elastic::{Admission, ElasticPool, PoolConfig};
+use kv_elastic::{ElasticPool, PoolConfig};
 use kv_elastic::{KvError, Result};
 use kv_elastic::{ResolveInput, ResolveOutput, Resolver};
 
@@ -48,22 +52,46 @@ pub enum Placement {
     FixedHotCache,
     /// Host history + hot cache + borrowed elastic pages (Adaptive HiSparse, this crate).
     Elastic,
+    /// vLLM 0.34 Hybrid HiSparse on the same pool ([`ResidencyKind::VllmHybrid`]).
+    VllmHybrid,
+    /// SGLang dynamic HiSparse demotion on the same pool ([`ResidencyKind::SglangDemote`]).
+    SglangDemote,
 }
 
 impl Placement {
-    /// All three, in report order.
-    pub const ALL: [Placement; 3] = [
+    /// All five, in report order.
+    pub const ALL: [Placement; 5] = [
         Placement::FullyResident,
         Placement::FixedHotCache,
         Placement::Elastic,
+        Placement::VllmHybrid,
+        Placement::SglangDemote,
     ];
 
-    /// Short name for tables.
+    /// Short name for tables (and the GPU benchmark's report).
     pub fn name(self) -> &'static str {
         match self {
             Placement::FullyResident => "fully resident",
             Placement::FixedHotCache => "fixed hot cache",
             Placement::Elastic => "elastic",
+            Placement::VllmHybrid => "vllm-hybrid",
+            Placement::SglangDemote => "sglang-demote",
+        }
+    }
+
+    /// The placement named `name` ([`Placement::name`]), if any.
+    pub fn from_name(name: &str) -> Option<Placement> {
+        Placement::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The residency policy of a pool placement (None for the fully resident one).
+    pub fn residency(self) -> Option<ResidencyKind> {
+        match self {
+            Placement::FullyResident => None,
+            Placement::FixedHotCache => Some(ResidencyKind::Fixed),
+            Placement::Elastic => Some(ResidencyKind::Elastic),
+            Placement::VllmHybrid => Some(ResidencyKind::VllmHybrid),
+            Placement::SglangDemote => Some(ResidencyKind::SglangDemote),
         }
     }
 }
@@ -98,33 +126,11 @@ impl TimeModel {
     /// (`KvError::InvalidConfig`): fewer than two distinct batch sizes, a non-finite or negative
     /// time, or a fitted base that is not > 0.
     pub fn fit(steps: &[(u32, f64)]) -> Result<TimeModel> {
-        if let Some(&(_, t)) = steps.iter().find(|(_, t)| !(t.is_finite() && *t >= 0.0)) {
-            return Err(KvError::InvalidConfig(format!(
-                "step time {t} µs must be finite and >= 0"
-            )));
+        let mut sums = StepSums::default();
+        for &(b, t) in steps {
+            sums.add(b, 0, t)?;
         }
-        let n = steps.len() as f64;
-        let mx = steps.iter().map(|&(b, _)| b as f64).sum::<f64>() / n;
-        let my = steps.iter().map(|&(_, t)| t).sum::<f64>() / n;
-        let sxx: f64 = steps.iter().map(|&(b, _)| (b as f64 - mx).powi(2)).sum();
-        if steps.len() < 2 || sxx == 0.0 {
-            return Err(KvError::InvalidConfig(
-                "fitting a step-time model needs steps of at least two batch sizes".into(),
-            ));
-        }
-        let sxy: f64 = steps.iter().map(|&(b, t)| (b as f64 - mx) * (t - my)).sum();
-        let slope = (sxy / sxx).max(0.0);
-        let base = my - slope * mx;
-        if !(base.is_finite() && base > 0.0) {
-            return Err(KvError::InvalidConfig(format!(
-                "fitted step_base_us {base} must be > 0"
-            )));
-        }
-        Ok(TimeModel {
-            step_base_us: base,
-            step_per_request_us: slope,
-            step_per_miss_us: 0.0,
-        })
+        sums.fit_batch_only()
     }
 
     /// Least-squares fit of `step_base_us + step_per_request_us × batch + step_per_miss_us ×
@@ -134,44 +140,106 @@ impl TimeModel {
     /// (`KvError::InvalidConfig`): a non-finite or negative time, a degenerate design (fewer than
     /// two distinct batch sizes, or misses collinear with the batch), or a base that is not > 0.
     pub fn fit_with_misses(steps: &[(u32, u64, f64)]) -> Result<TimeModel> {
-        if let Some(&(_, _, t)) = steps.iter().find(|(_, _, t)| !(t.is_finite() && *t >= 0.0)) {
+        let mut sums = StepSums::default();
+        for &(b, m, t) in steps {
+            sums.add(b, m, t)?;
+        }
+        sums.fit()
+    }
+}
+
+/// Running least-squares sums of decode steps `(batch, misses, µs)`: the centred co-moments of
+/// [`TimeModel::fit_with_misses`], updated one step at a time (Welford's method), so a caller
+/// can refit after every step in O(1) — e.g. an admission rule that prices misses with the
+/// step times it measured itself ([`crate::kv::residency`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepSums {
+    n: f64,
+    mb: f64,
+    mm: f64,
+    mt: f64,
+    sbb: f64,
+    smm: f64,
+    sbm: f64,
+    sbt: f64,
+    smt: f64,
+    any_miss: bool,
+}
+
+impl StepSums {
+    /// Adds one step. Error (`KvError::InvalidConfig`, nothing added): `us` not finite and >= 0.
+    pub fn add(&mut self, batch: u32, misses: u64, us: f64) -> Result<()> {
+        if !(us.is_finite() && us >= 0.0) {
             return Err(KvError::InvalidConfig(format!(
-                "step time {t} µs must be finite and >= 0"
+                "step time {us} µs must be finite and >= 0"
             )));
         }
-        if steps.iter().all(|&(_, m, _)| m == 0) {
-            return Self::fit(&steps.iter().map(|&(b, _, t)| (b, t)).collect::<Vec<_>>());
+        let (b, m) = (batch as f64, misses as f64);
+        self.n += 1.0;
+        let (db, dm, dt) = (b - self.mb, m - self.mm, us - self.mt);
+        self.mb += db / self.n;
+        self.mm += dm / self.n;
+        self.mt += dt / self.n;
+        let (eb, em, et) = (b - self.mb, m - self.mm, us - self.mt);
+        self.sbb += db * eb;
+        self.smm += dm * em;
+        self.sbm += db * em;
+        self.sbt += db * et;
+        self.smt += dm * et;
+        self.any_miss |= misses > 0;
+        Ok(())
+    }
+
+    /// Steps added.
+    pub fn steps(&self) -> u64 {
+        self.n as u64
+    }
+
+    /// The two-term fit (`step_per_miss_us` 0) of [`TimeModel::fit`].
+    pub fn fit_batch_only(&self) -> Result<TimeModel> {
+        if self.n < 2.0 || self.sbb == 0.0 {
+            return Err(KvError::InvalidConfig(
+                "fitting a step-time model needs steps of at least two batch sizes".into(),
+            ));
         }
-        // Normal equations of [1, batch, misses] (centred for conditioning).
-        let n = steps.len() as f64;
-        let mb = steps.iter().map(|s| s.0 as f64).sum::<f64>() / n;
-        let mm = steps.iter().map(|s| s.1 as f64).sum::<f64>() / n;
-        let mt = steps.iter().map(|s| s.2).sum::<f64>() / n;
-        let (mut sbb, mut smm, mut sbm, mut sbt, mut smt) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        for &(b, m, t) in steps {
-            let (b, m, t) = (b as f64 - mb, m as f64 - mm, t - mt);
-            sbb += b * b;
-            smm += m * m;
-            sbm += b * m;
-            sbt += b * t;
-            smt += m * t;
+        let slope = (self.sbt / self.sbb).max(0.0);
+        Self::model(self.mt - slope * self.mb, slope, 0.0)
+    }
+
+    /// The three-term fit of [`TimeModel::fit_with_misses`] (the two-term one when no step
+    /// missed).
+    pub fn fit(&self) -> Result<TimeModel> {
+        if !self.any_miss {
+            return self.fit_batch_only();
         }
+        let (sbb, smm, sbm) = (self.sbb, self.smm, self.sbm);
         let det = sbb * smm - sbm * sbm;
         if !(det.is_finite() && det > 1e-9 * (sbb * smm).max(f64::MIN_POSITIVE)) {
             return Err(KvError::InvalidConfig(
                 "fitting a step-time model with misses needs steps whose batch and misses vary independently".into(),
             ));
         }
-        let mut kb = (sbt * smm - smt * sbm) / det;
-        let mut km = (smt * sbb - sbt * sbm) / det;
+        let mut kb = (self.sbt * smm - self.smt * sbm) / det;
+        let mut km = (self.smt * sbb - self.sbt * sbm) / det;
         if km < 0.0 {
             km = 0.0;
-            kb = if sbb > 0.0 { (sbt / sbb).max(0.0) } else { 0.0 };
+            kb = if sbb > 0.0 {
+                (self.sbt / sbb).max(0.0)
+            } else {
+                0.0
+            };
         } else if kb < 0.0 {
             kb = 0.0;
-            km = if smm > 0.0 { (smt / smm).max(0.0) } else { 0.0 };
+            km = if smm > 0.0 {
+                (self.smt / smm).max(0.0)
+            } else {
+                0.0
+            };
         }
-        let base = mt - kb * mb - km * mm;
+        Self::model(self.mt - kb * self.mb - km * self.mm, kb, km)
+    }
+
+    fn model(base: f64, per_request: f64, per_miss: f64) -> Result<TimeModel> {
         if !(base.is_finite() && base > 0.0) {
             return Err(KvError::InvalidConfig(format!(
                 "fitted step_base_us {base} must be > 0"
@@ -179,8 +247,8 @@ impl TimeModel {
         }
         Ok(TimeModel {
             step_base_us: base,
-            step_per_request_us: kb,
-            step_per_miss_us: km,
+            step_per_request_us: per_request,
+            step_per_miss_us: per_miss,
         })
     }
 }
@@ -196,6 +264,12 @@ pub struct PlacementTimes {
     pub fixed: TimeModel,
     /// [`Placement::Elastic`].
     pub elastic: TimeModel,
+    /// [`Placement::VllmHybrid`] (None: the elastic placement's; the same pool and resolver).
+    #[serde(default)]
+    pub vllm: Option<TimeModel>,
+    /// [`Placement::SglangDemote`] (None: the elastic placement's).
+    #[serde(default)]
+    pub sglang: Option<TimeModel>,
 }
 
 impl PlacementTimes {
@@ -205,6 +279,8 @@ impl PlacementTimes {
             Placement::FullyResident => self.resident,
             Placement::FixedHotCache => self.fixed,
             Placement::Elastic => self.elastic,
+            Placement::VllmHybrid => self.vllm.unwrap_or(self.elastic),
+            Placement::SglangDemote => self.sglang.unwrap_or(self.elastic),
         }
     }
 }
@@ -228,6 +304,11 @@ pub struct SimConfig {
     /// `max_batch` is an invalid config). A lower cap leaves HBM to lend: fewer sessions, each missing less.
     #[serde(default)]
     pub elastic_max_batch: Option<u32>,
+    /// The elastic placement admits under pressure only within the link's share
+    /// ([`crate::kv::residency::AdmissionGate`]; inert while misses are not priced in step time).
+    /// Missing in older JSON: on.
+    #[serde(default = "default_true")]
+    pub elastic_link_gate: bool,
     /// Most pages handed back / lent per step between steps.
     pub chunk_pages: u32,
     /// Step time model (every placement's, unless `placement_time` is set).
@@ -265,6 +346,10 @@ fn default_max_memory_bytes() -> u64 {
     DEFAULT_MAX_MEMORY_BYTES
 }
 
+fn default_true() -> bool {
+    true
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
         Self {
@@ -275,6 +360,7 @@ impl Default for SimConfig {
             page_rows: 64,
             max_batch: 256,
             elastic_max_batch: None,
+            elastic_link_gate: true,
             chunk_pages: 1024,
             time: TimeModel {
                 step_base_us: 25_000.0,
@@ -444,6 +530,37 @@ pub struct PlacementReport {
     /// benchmark reports the same figure measured).
     #[serde(default)]
     pub tokens_per_s: f64,
+    /// Host-ward bytes per step written at admission (vLLM's mirror of the prefix, SGLang's
+    /// backup; `mirror_tokens × kv_bytes_per_token`).
+    #[serde(default)]
+    pub mirror_bytes_per_step: f64,
+    /// Host-ward bytes per step of decoded tokens written back (every pool placement alike).
+    #[serde(default)]
+    pub writeback_bytes_per_step: f64,
+    /// HBM pages in use (fixed, lent, pending, queued; the resident placement's reserved pages)
+    /// as bytes of all layers, peak over the steps.
+    #[serde(default)]
+    pub device_bytes_peak: u64,
+    /// The same, mean over the steps.
+    #[serde(default)]
+    pub device_bytes_mean: f64,
+    /// Median time per output token of the requests finished in the run, ms.
+    #[serde(default)]
+    pub tpot_p50_ms: f64,
+    /// 99th percentile of the same, ms.
+    #[serde(default)]
+    pub tpot_p99_ms: f64,
+    /// Stall of SGLang's synchronous backup waits before demotions, µs in all.
+    #[serde(default)]
+    pub backup_wait_us: f64,
+    /// The residency policy's totals (transitions, demotions, pages it took back, gated
+    /// admissions, mirrored tokens).
+    #[serde(default)]
+    pub residency: ResidencyCounters,
+    /// Every arrived request's clock readings (for TTFT and TPOT over the requests every
+    /// placement finished: [`crate::kv::schedule::common_finished`]).
+    #[serde(default)]
+    pub requests: Vec<RequestTiming>,
 }
 
 /// All placements on one run.
@@ -465,7 +582,7 @@ struct Running {
 
 enum Store {
     Resident(PagePool),
-    Pool(Box<ElasticPool>),
+    Pool(Box<ElasticPool>, Box<Residency>),
 }
 
 /// Simulates every placement on the same trace and configuration (errors as
@@ -540,15 +657,17 @@ pub fn simulate_placement(
         )));
     }
     let g = cfg.geometry();
-    let mut store = match placement {
-        Placement::FullyResident => Store::Resident(PagePool::new(Tier::DeviceHbm, g.arena_pages)?),
-        Placement::FixedHotCache => Store::Pool(Box::new(ElasticPool::new(
-            g,
-            PoolConfig { elastic: false },
-        )?)),
-        Placement::Elastic => {
-            Store::Pool(Box::new(ElasticPool::new(g, PoolConfig { elastic: true })?))
-        }
+    let mut store = match placement.residency() {
+        None => Store::Resident(PagePool::new(Tier::DeviceHbm, g.arena_pages)?),
+        Some(kind) => Store::Pool(
+            Box::new(ElasticPool::new(
+                g,
+                PoolConfig {
+                    elastic: kind != ResidencyKind::Fixed,
+                },
+            )?),
+            Box::new(Residency::new(kind, cfg.elastic_link_gate)),
+        ),
     };
     let cap = match (placement, cfg.elastic_max_batch) {
         (Placement::Elastic, Some(c)) => c,
@@ -576,8 +695,19 @@ pub fn simulate_placement(
         pages_handed_back: 0,
         queued_at_end: 0,
         tokens_per_s: 0.0,
+        mirror_bytes_per_step: 0.0,
+        writeback_bytes_per_step: 0.0,
+        device_bytes_peak: 0,
+        device_bytes_mean: 0.0,
+        tpot_p50_ms: 0.0,
+        tpot_p99_ms: 0.0,
+        backup_wait_us: 0.0,
+        residency: ResidencyCounters::default(),
+        requests: Vec::new(),
     };
     let (mut picks, mut misses, mut zero_miss) = (0u64, 0u64, 0u64);
+    let (mut pages_used_sum, mut pages_used_peak, mut writeback) = (0u64, 0u32, 0u64);
+    let page_bytes = cfg.page_rows as u64 * cfg.kv_bytes_per_token;
     let (mut sessions, mut qsl, mut seq_lens, mut topk, mut one) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut indices, mut valid) = (Vec::new(), Vec::new());
@@ -591,7 +721,22 @@ pub fn simulate_placement(
             .max()
             .unwrap_or(0)
     ];
+    // SGLang's synchronous backup waits: the tokens waited for since the last look, as a stall.
+    let mut waited_tokens = 0u64;
+    let mut backup_wait = |sched: &mut Scheduler, c: &ResidencyCounters| -> Result<f64> {
+        let new = c.backup_wait_tokens - waited_tokens;
+        waited_tokens = c.backup_wait_tokens;
+        if new == 0 || cfg.admission_gbps <= 0.0 {
+            return Ok(0.0);
+        }
+        let us = (new * cfg.kv_bytes_per_token) as f64 / (cfg.admission_gbps * 1e3);
+        sched.stall(us)?;
+        Ok(us)
+    };
     while sched.steps() < cfg.max_steps {
+        if let Store::Pool(_, res) = &mut store {
+            res.begin_round();
+        }
         // Admissions, first come first served (head-of-line waits).
         let admitted = sched.admit(|a| -> Result<Decision> {
             match &mut store {
@@ -608,28 +753,29 @@ pub fn simulate_placement(
                         Err(_) => Ok(Decision::NoRoom),
                     }
                 }
-                Store::Pool(pool) => match pool.admit(a.id, &history_buf[..a.input as usize]) {
-                    Ok(Admission::Admitted { .. }) => {
-                        // total <= MAX_REQUEST_TOKENS (checked above).
-                        let gen = SelectionGen::new(
-                            cfg.selection,
-                            cfg.seed ^ a.id.wrapping_mul(0x9E37_79B9),
-                            a.total() as u32,
-                        )?;
-                        runs.insert(
-                            a.id,
-                            Running {
-                                gen: Some(gen),
-                                pages: Vec::new(),
-                            },
-                        );
-                        Ok(Decision::Admitted)
+                Store::Pool(pool, res) => {
+                    let history = &history_buf[..a.input as usize];
+                    match res.admit(pool.as_mut(), a.id, history, a.input)? {
+                        AdmitOutcome::Admitted { .. } => {
+                            // total <= MAX_REQUEST_TOKENS (checked above).
+                            let gen = SelectionGen::new(
+                                cfg.selection,
+                                cfg.seed ^ a.id.wrapping_mul(0x9E37_79B9),
+                                a.total() as u32,
+                            )?;
+                            runs.insert(
+                                a.id,
+                                Running {
+                                    gen: Some(gen),
+                                    pages: Vec::new(),
+                                },
+                            );
+                            Ok(Decision::Admitted)
+                        }
+                        AdmitOutcome::NoRoom => Ok(Decision::NoRoom),
+                        AdmitOutcome::Never => Ok(Decision::Reject),
                     }
-                    Ok(Admission::Waiting { .. }) | Err(KvError::NoRoom { .. }) => {
-                        Ok(Decision::NoRoom)
-                    }
-                    Err(e) => Err(e),
-                },
+                }
             }
         })?;
         r.admitted += admitted.len() as u64;
@@ -642,6 +788,9 @@ pub fn simulate_placement(
             if bytes > 0 {
                 sched.stall(bytes as f64 / (cfg.admission_gbps * 1e3))?;
             }
+        }
+        if let Store::Pool(_, res) = &store {
+            r.backup_wait_us += backup_wait(&mut sched, res.counters())?;
         }
         match sched.before_step() {
             Ok(Phase::Step) => {}
@@ -657,9 +806,21 @@ pub fn simulate_placement(
             Err(e) => return Err(e),
         }
         let batch = sched.running().len() as u32;
+        let used = match &mut store {
+            Store::Resident(pool) => pool.used_count(),
+            Store::Pool(pool, res) => {
+                sessions.clear();
+                sessions.extend(sched.running().iter().map(|a| a.id));
+                res.before_step(pool.as_mut(), &sessions);
+                let c = pool.pages();
+                c.capacity - c.free
+            }
+        };
+        pages_used_sum += used as u64;
+        pages_used_peak = pages_used_peak.max(used);
         // One decode step: every running request picks top-k over its history.
         let mut step_misses = 0;
-        if let Store::Pool(pool) = &mut store {
+        if let Store::Pool(pool, _) = &mut store {
             sessions.clear();
             qsl.clear();
             seq_lens.clear();
@@ -708,11 +869,13 @@ pub fn simulate_placement(
         // Each request commits one token; finished ones leave.
         for a in sched.running() {
             match &mut store {
-                Store::Pool(pool) => {
+                Store::Pool(pool, res) => {
                     if a.last_step() {
                         pool.finish(a.id)?;
+                        res.finished(a.id);
                     } else {
                         pool.append(a.id, &[0u8])?;
+                        writeback += 1;
                     }
                 }
                 Store::Resident(pool) => {
@@ -728,15 +891,18 @@ pub fn simulate_placement(
                 }
             }
         }
-        for f in sched.end_step(
-            time.step_base_us
-                + time.step_per_request_us * batch as f64
-                + time.step_per_miss_us * step_misses as f64,
-        )? {
+        let step_us = time.step_base_us
+            + time.step_per_request_us * batch as f64
+            + time.step_per_miss_us * step_misses as f64;
+        for f in sched.end_step(step_us)? {
             runs.remove(&f.id);
         }
-        if let Store::Pool(pool) = &mut store {
-            pool.between_steps(cfg.chunk_pages)?;
+        if let Store::Pool(pool, res) = &mut store {
+            res.observe_step(batch, step_misses, step_us);
+            sessions.clear();
+            sessions.extend(sched.running().iter().map(|a| a.id));
+            res.between_steps(pool.as_mut(), &sessions, cfg.chunk_pages)?;
+            r.backup_wait_us += backup_wait(&mut sched, res.counters())?;
         }
     }
     let s = sched.summary();
@@ -749,16 +915,25 @@ pub fn simulate_placement(
     r.mean_batch = s.mean_batch;
     r.queued_at_end = s.queued_at_end;
     r.tokens_per_s = s.tokens_per_s;
+    r.tpot_p50_ms = s.tpot_p50_ms;
+    r.tpot_p99_ms = s.tpot_p99_ms;
+    r.requests = sched.arrived_timings();
     let steps = r.steps.max(1) as f64;
     r.picks_per_step = picks as f64 / steps;
     r.misses_per_step = misses as f64 / steps;
     r.fetched_bytes_per_step = r.misses_per_step * cfg.kv_bytes_per_token as f64;
     r.zero_miss_steps = zero_miss as f64 / steps;
-    if let Store::Pool(pool) = &store {
+    r.device_bytes_peak = pages_used_peak as u64 * page_bytes;
+    r.device_bytes_mean = pages_used_sum as f64 / steps * page_bytes as f64;
+    if let Store::Pool(pool, res) = &store {
         let c = pool.counters();
         r.fill_bytes_per_step = c.page_fill_tokens as f64 * cfg.kv_bytes_per_token as f64 / steps;
         r.pages_reclaimed = c.pages_reclaimed;
         r.pages_handed_back = c.pages_handed_back;
+        r.residency = *res.counters();
+        r.mirror_bytes_per_step =
+            r.residency.mirror_tokens as f64 * cfg.kv_bytes_per_token as f64 / steps;
+        r.writeback_bytes_per_step = writeback as f64 * cfg.kv_bytes_per_token as f64 / steps;
     }
     Ok(r)
 }
@@ -1076,6 +1251,8 @@ mod tests {
                     resident: slow,
                     fixed: base.time,
                     elastic: base.time,
+                    vllm: None,
+                    sglang: None,
                 }),
                 ..base
             },
@@ -1113,6 +1290,8 @@ mod tests {
                     ..base.time
                 },
                 elastic: base.time,
+                vllm: None,
+                sglang: None,
             }),
             ..base
         };

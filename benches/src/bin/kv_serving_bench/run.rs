@@ -61,16 +61,17 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
     let mut runs = Vec::new();
     for placement in &args.placements {
         let t0 = Instant::now();
-        let (mut store, name) = match placement.as_str() {
-            "resident" => (Store::resident(&dev, &sc, &pat)?, "fully resident"),
-            "fixed" => (
-                Store::pool(&dev, &sc, false, max_history, args.ordered_maps)?,
-                "fixed hot cache",
-            ),
-            _ => (
-                Store::pool(&dev, &sc, true, max_history, args.ordered_maps)?,
-                "elastic",
-            ),
+        let pl = crate::placement_of(placement).ok_or("unknown placement")?;
+        let name = pl.name();
+        let mut store = match pl.residency() {
+            None => Store::resident(&dev, &sc, &pat)?,
+            Some(kind) => Store::pool(
+                &dev,
+                &sc,
+                (kind, args.elastic_gate),
+                max_history,
+                args.ordered_maps,
+            )?,
         };
         eprintln!("{name}: store ready in {:.1} s", t0.elapsed().as_secs_f64());
         for (run_no, &load) in args.loads.iter().enumerate() {
@@ -86,7 +87,7 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
                 name,
                 max_history,
             )?;
-            if let Store::Pool(p) = &store {
+            if let Store::Pool(p, _) = &store {
                 let e = p.device().errors()?;
                 r.device_errors = Some(DeviceErrors {
                     bad_session: e.bad_session,
@@ -111,7 +112,7 @@ pub fn run_all(args: &Args, trace: &ArrivalTrace) -> Res<Option<Report>> {
             );
             runs.push(r);
         }
-        if let Store::Pool(p) = &store {
+        if let Store::Pool(p, _) = &store {
             let e = p.device().errors()?;
             println!("{name}: device error counters {e:?}");
         }
@@ -172,6 +173,23 @@ fn run_one(
     // times are read once they passed.
     let defer = store.defers_copies();
     let mut windows = CopyWindows::default();
+    let (mut mirror_bytes, mut backup_wait_us, mut waited_tokens) = (0u64, 0.0f64, 0u64);
+    // SGLang's demotions wait for the request's pending backup first (a host wait on the step
+    // stream, where the write-back runs): measured and added to the clock as a stall.
+    let mut backup_wait =
+        |store: &Store, s: &cuda_kernels::cudarc_driver::CudaStream| -> Res<f64> {
+            let Some(t) = store.residency().map(|r| r.counters().backup_wait_tokens) else {
+                return Ok(0.0);
+            };
+            if t == waited_tokens {
+                return Ok(0.0);
+            }
+            waited_tokens = t;
+            let t0 = Instant::now();
+            s.synchronize().map_err(cu("cuStreamSynchronize"))?;
+            Ok(t0.elapsed().as_secs_f64() * 1e6)
+        };
+    let mut ids: Vec<u64> = Vec::new();
     loop {
         if sched.steps() >= args.max_steps {
             break;
@@ -185,17 +203,27 @@ fn run_one(
         windows.collect(false, &mut adm_ms, &mut growth_ms)?;
         let w = [dev.timing_event()?, dev.timing_event()?];
         w[0].record(&copy).map_err(cu("cuEventRecord"))?;
-        let mut tokens = 0u64;
+        let (mut tokens, mut mirrored) = (0u64, 0u64);
+        if let Some(r) = store.residency_mut() {
+            r.begin_round();
+        }
         let admitted = {
             let d: &Device = dev;
             sched.admit(|a| -> Res<Decision> {
                 let r = store.admit(d, &sc, a, pat, max_history)?;
                 tokens += r.tokens_copied;
+                mirrored += r.tokens_mirrored;
                 Ok(r.decision)
             })?
         };
         if tokens > 0 {
             dev.shadow_h2d(&copy, tokens * shadow)?;
+        }
+        if mirrored > 0 {
+            // vLLM's mirror of the prefix / SGLang's backup: every model layer's bytes (the held
+            // layers' are already in the pinned store, so all of them go through the stand-in).
+            dev.shadow_d2h(&copy, mirrored * sc.token_bytes_model())?;
+            mirror_bytes += mirrored * sc.token_bytes_model();
         }
         let adm_us = if admitted.is_empty() {
             0.0
@@ -212,11 +240,17 @@ fn run_one(
             )?;
             gens.insert(a.id, gen);
         }
+        let w_us = backup_wait(store, &s)?;
+        backup_wait_us += w_us;
+        sched.stall(w_us)?;
         match sched.before_step()? {
             Phase::Done => break,
             Phase::Waited => continue,
             Phase::Step => {}
         }
+        ids.clear();
+        ids.extend(sched.running().iter().map(|a| a.id));
+        store.before_step(&ids);
         kv_pages.push(store.pages_in_use());
         let running: Vec<Active> = sched.running().to_vec();
         let b = running.len();
@@ -258,7 +292,7 @@ fn run_one(
         ev[1].record(&s).map_err(cu("cuEventRecord"))?;
         let io = &dev.io;
         match &*store {
-            Store::Pool(p) => {
+            Store::Pool(p, _) => {
                 let a = KvResolveArgs {
                     topk: io.topk.device_ptr(),
                     query_start_loc: io.small_ptr(io.qsl_at()),
@@ -331,7 +365,7 @@ fn run_one(
             .filter(|a| !a.last_step())
             .map(|a| (a.id, 1))
             .collect();
-        if let Store::Pool(p) = store {
+        if let Store::Pool(p, _) = store {
             p.append_written_batch(&continuing)?;
             dev.shadow_d2h(&s, continuing.len() as u64 * shadow)?;
         }
@@ -352,7 +386,7 @@ fn run_one(
                 .map(|&c| c as u64)
                 .sum()
         };
-        if let Store::Pool(p) = &*store {
+        if let Store::Pool(p, _) = &*store {
             let last = sched.steps() + 1 >= args.max_steps;
             if last || sched.steps().is_multiple_of(args.check_every) {
                 let (c, m) = check_rows(dev, p, &sc, &running, step_no)?;
@@ -364,11 +398,16 @@ fn run_one(
             store.finish(f.id)?;
             gens.remove(&f.id);
         }
+        if let Some(r) = store.residency_mut() {
+            r.observe_step(b as u32, misses, step_us);
+        }
         // Between steps: hand-back and growth (their fills are waited for by the next step,
         // unless deferred).
         let w = [dev.timing_event()?, dev.timing_event()?];
         w[0].record(&copy).map_err(cu("cuEventRecord"))?;
-        let grown = store.maintain(&sc)?;
+        ids.clear();
+        ids.extend(sched.running().iter().map(|a| a.id));
+        let grown = store.maintain(&sc, &ids)?;
         if grown > 0 {
             dev.shadow_h2d(&copy, grown * shadow)?;
         }
@@ -378,7 +417,9 @@ fn run_one(
             windows.end(w, &copy, (&s, !defer), false)?
         };
         growth_ms += g_us / 1e3;
-        sched.stall(adm_us + g_us)?;
+        let w_us = backup_wait(store, &s)?;
+        backup_wait_us += w_us;
+        sched.stall(adm_us + g_us + w_us)?;
         steps.push(StepRecord {
             batch: b as u32,
             history_tokens,
@@ -407,7 +448,7 @@ fn run_one(
             break;
         }
         dev.gpu.synchronize()?;
-        store.maintain(&sc)?;
+        store.maintain(&sc, &[])?;
     }
     dev.gpu.synchronize()?;
     windows.collect(true, &mut adm_ms, &mut growth_ms)?;
@@ -449,6 +490,20 @@ fn run_one(
         rows_checked: checked,
         rows_mismatched: mismatched,
         device_errors: None,
+        mirror_bytes,
+        writeback_bytes: steps
+            .iter()
+            .map(|x| x.batch as u64)
+            .sum::<u64>()
+            .saturating_sub(summary.completed)
+            * if matches!(store, Store::Pool(..)) {
+                sc.token_bytes_model()
+            } else {
+                0
+            },
+        backup_wait_us,
+        residency: store.residency().map(|r| *r.counters()),
+        requests: sched.arrived_timings(),
         stopped_by_wall_clock: stopped,
         wall_s: wall.elapsed().as_secs_f64(),
         summary,

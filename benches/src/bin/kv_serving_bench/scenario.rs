@@ -1,7 +1,8 @@
 //! The benchmark's scenario (what one run stands for) and its JSON report.
 
 use serde::Serialize;
-use tierkit_sim::kv::schedule::ScheduleSummary;
+use tierkit_sim::kv::residency::ResidencyCounters;
+use tierkit_sim::kv::schedule::{RequestTiming, ScheduleSummary};
 
 /// The published setting the scenario follows (DeepSeek-V4.1-Flash-like sparse attention, as in
 /// the Adaptive HiSparse results): fp8 MLA rows of 656 B per token per layer, 61 layers, top-k
@@ -145,7 +146,8 @@ pub struct DeviceErrors {
 /// One placement at one load.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunReport {
-    /// `fully resident`, `fixed hot cache` or `elastic`.
+    /// `fully resident`, `fixed hot cache`, `elastic`, `vllm-hybrid` or `sglang-demote`
+    /// (`tierkit_sim::kv::serving::Placement::name`).
     pub placement: String,
     /// Arrival speed-up over the trace.
     pub load: f64,
@@ -190,6 +192,18 @@ pub struct RunReport {
     /// The pool's device error counters after this run (cumulative over the placement's runs;
     /// `cuda_kernels::KvErrors`); None for the fully resident placement (no pool kernels).
     pub device_errors: Option<DeviceErrors>,
+    /// Bytes the residency policy wrote host-ward at admission, all model layers (vLLM's mirror
+    /// of the prefix, SGLang's backup; D2H on the copy stream, not waited for).
+    pub mirror_bytes: u64,
+    /// Bytes of decoded tokens written back to host memory, all model layers (pools).
+    pub writeback_bytes: u64,
+    /// Host waits before SGLang's demotions for the pending backup, µs in all (a stall).
+    pub backup_wait_us: f64,
+    /// The residency policy's totals (pools; None for the fully resident placement).
+    pub residency: Option<ResidencyCounters>,
+    /// Every arrived request's clock readings (TTFT / TPOT over the requests every placement
+    /// finished).
+    pub requests: Vec<RequestTiming>,
     /// Run stopped at the wall-clock limit (`--max-run-s`).
     pub stopped_by_wall_clock: bool,
     /// Host wall time of the run, s.

@@ -1,14 +1,20 @@
-//! The three placements' stores: admission (with its copies), per-step inputs, finish and
-//! between-step maintenance, over the physical planes of one index-sharing group.
+//! The placements' stores: admission (with its copies), per-step inputs, finish and
+//! between-step maintenance, over the physical planes of one index-sharing group. The four pool
+//! placements run one `GpuElasticPool` each under their residency policy
+//! (`tierkit_sim::kv::residency`, the simulation's), through [`GpuDriver`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use cuda_kernels::cudarc_driver::CudaStream;
 use cuda_kernels::{copy_htod_async, CopyBackend, DeviceBuffer, PinnedBuffer};
-use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig, MapAfterFill};
-use kv_elastic::{Admission, Geometry, KvError, LayerGroups, PoolConfig};
+use kv_elastic::gpu::{GpuData, GpuElasticPool, GpuPoolConfig, MapAfterFill};
+use kv_elastic::{
+    Admission, AdmitOptions, ElasticPool, Geometry, LayerGroups, PoolConfig, SessionId,
+    StepMaintenance, StepOptions,
+};
 use tier_core::{PageHandle, PagePool, Tier};
+use tierkit_sim::kv::residency::{AdmitOutcome, PoolDriver, Residency, ResidencyKind};
 use tierkit_sim::kv::schedule::{Active, Decision};
 
 use crate::device::{Device, Res};
@@ -73,7 +79,45 @@ pub struct Resident {
 /// A placement's store.
 pub enum Store {
     Resident(Box<Resident>),
-    Pool(Box<GpuElasticPool>),
+    /// A GPU pool and the residency policy that drives it.
+    Pool(Box<GpuElasticPool>, Box<Residency>),
+}
+
+/// The GPU pool as a residency policy's [`PoolDriver`]: every call publishes its work to the
+/// device, as the simulation's CPU pool calls change its arena at once.
+pub struct GpuDriver<'a>(pub &'a mut GpuElasticPool);
+
+impl PoolDriver for GpuDriver<'_> {
+    type Data = GpuData;
+
+    fn pool(&self) -> &ElasticPool<GpuData> {
+        self.0.cpu()
+    }
+
+    fn admit_with(
+        &mut self,
+        session: SessionId,
+        history: &[u8],
+        options: AdmitOptions,
+    ) -> kv_elastic::Result<Admission> {
+        self.0.admit_with(session, history, options)
+    }
+
+    fn revoke(&mut self, session: SessionId, logical: &[u32]) -> kv_elastic::Result<u32> {
+        self.0.revoke(session, logical)
+    }
+
+    fn lend(&mut self, session: SessionId, max: u32) -> kv_elastic::Result<u32> {
+        self.0.lend(session, max)
+    }
+
+    fn between_steps_with(
+        &mut self,
+        chunk: u32,
+        options: StepOptions,
+    ) -> kv_elastic::Result<StepMaintenance> {
+        self.0.between_steps_with(chunk, options)
+    }
 }
 
 /// What an admission did.
@@ -81,6 +125,9 @@ pub struct Admitted {
     pub decision: Decision,
     /// Tokens (all model layers) the admission copied host → HBM.
     pub tokens_copied: u64,
+    /// Tokens (all model layers) the policy writes host-ward at admission (vLLM's mirror of the
+    /// prefix, SGLang's backup; the caller moves their bytes D2H on the copy stream).
+    pub tokens_mirrored: u64,
 }
 
 impl Store {
@@ -110,15 +157,17 @@ impl Store {
         })))
     }
 
-    /// A GPU pool over the budget (`elastic`: borrowed pages, else the fixed hot cache only),
-    /// mapping borrowed pages deferred after their fill unless `ordered_maps`.
+    /// A GPU pool over the budget run by the residency policy `kind` (`link_gate`: the elastic
+    /// placement's admission gate), mapping borrowed pages deferred after their fill unless
+    /// `ordered_maps`.
     pub fn pool(
         dev: &Device,
         sc: &Scenario,
-        elastic: bool,
+        (kind, link_gate): (ResidencyKind, bool),
         max_history: u32,
         ordered_maps: bool,
     ) -> Res<Self> {
+        let elastic = kind != ResidencyKind::Fixed;
         let g = Geometry {
             row_bytes: sc.row_bytes,
             layers: sc.group_layers,
@@ -139,12 +188,7 @@ impl Store {
             backend: CopyBackend::Gather,
         };
         eprintln!(
-            "pool ({}): {} pages, {max_sessions} session slots, pinned store {:.1} GB",
-            if elastic {
-                "elastic"
-            } else {
-                "fixed hot cache"
-            },
+            "pool ({kind:?}): {} pages, {max_sessions} session slots, pinned store {:.1} GB",
             g.arena_pages,
             max_sessions as f64 * max_history as f64 * g.token_bytes() as f64 / 1e9
         );
@@ -154,20 +198,23 @@ impl Store {
         } else {
             MapAfterFill::Deferred
         });
-        Ok(Store::Pool(Box::new(p)))
+        Ok(Store::Pool(
+            Box::new(p),
+            Box::new(Residency::new(kind, link_gate)),
+        ))
     }
 
     /// Whether the step stream does not wait for this store's admission and growth copies (a
     /// pool with deferred mapping: pages are mapped once their fill passed, misses meanwhile).
     pub fn defers_copies(&self) -> bool {
-        matches!(self, Store::Pool(p) if p.map_after_fill() == MapAfterFill::Deferred)
+        matches!(self, Store::Pool(p, _) if p.map_after_fill() == MapAfterFill::Deferred)
     }
 
     /// The stream admissions and fills run on.
     pub fn copy_stream(&self, dev: &Device) -> Arc<CudaStream> {
         match self {
             Store::Resident(_) => dev.copy.clone(),
-            Store::Pool(p) => p.copy_stream().clone(),
+            Store::Pool(p, _) => p.copy_stream().clone(),
         }
     }
 
@@ -175,7 +222,7 @@ impl Store {
     pub fn plane_ptr(&self, l: u32) -> Res<u64> {
         match self {
             Store::Resident(r) => Ok(r.arena.device_ptr() + l as u64 * r.plane_bytes),
-            Store::Pool(p) => Ok(p.device().plane_ptr(l)?),
+            Store::Pool(p, _) => Ok(p.device().plane_ptr(l)?),
         }
     }
 
@@ -183,7 +230,7 @@ impl Store {
     pub fn plane_bytes(&self) -> u64 {
         match self {
             Store::Resident(r) => r.plane_bytes,
-            Store::Pool(p) => p.cpu().geometry().plane_bytes() as u64,
+            Store::Pool(p, _) => p.cpu().geometry().plane_bytes() as u64,
         }
     }
 
@@ -191,7 +238,7 @@ impl Store {
     pub fn pages_in_use(&self) -> u32 {
         match self {
             Store::Resident(r) => r.pages.used_count(),
-            Store::Pool(p) => {
+            Store::Pool(p, _) => {
                 let c = p.cpu().pages();
                 c.capacity - c.free
             }
@@ -210,27 +257,29 @@ impl Store {
         let none = |decision| Admitted {
             decision,
             tokens_copied: 0,
+            tokens_mirrored: 0,
         };
         if a.total() > max_history as u64 {
             return Ok(none(Decision::Reject));
         }
         match self {
-            Store::Pool(p) => {
+            Store::Pool(p, res) => {
                 // The pool refuses a session beyond its slots with an error; here that is "no
                 // room" (the slots are sized to the fixed pages the budget holds).
                 if p.cpu().active_sessions() >= pool_slots(p.cpu().geometry(), sc) as usize {
                     return Ok(none(Decision::NoRoom));
                 }
                 let before = p.flush_counters().rows_filled;
-                match p.admit(a.id, pat.history(a.id, a.input)) {
-                    Ok(Admission::Admitted { .. }) => Ok(Admitted {
+                let mirrored = res.counters().mirror_tokens;
+                let history = pat.history(a.id, a.input);
+                match res.admit(&mut GpuDriver(p), a.id, history, a.input)? {
+                    AdmitOutcome::Admitted { .. } => Ok(Admitted {
                         decision: Decision::Admitted,
                         tokens_copied: p.flush_counters().rows_filled - before,
+                        tokens_mirrored: res.counters().mirror_tokens - mirrored,
                     }),
-                    Ok(Admission::Waiting { .. }) | Err(KvError::NoRoom { .. }) => {
-                        Ok(none(Decision::NoRoom))
-                    }
-                    Err(e) => Err(e.into()),
+                    AdmitOutcome::NoRoom => Ok(none(Decision::NoRoom)),
+                    AdmitOutcome::Never => Ok(none(Decision::Reject)),
                 }
             }
             Store::Resident(r) => {
@@ -247,6 +296,7 @@ impl Store {
                 Ok(Admitted {
                     decision: Decision::Admitted,
                     tokens_copied: copied,
+                    tokens_mirrored: 0,
                 })
             }
         }
@@ -255,7 +305,10 @@ impl Store {
     /// Ends session `id` (its pages go back).
     pub fn finish(&mut self, id: u64) -> Res<()> {
         match self {
-            Store::Pool(p) => p.finish(id)?,
+            Store::Pool(p, res) => {
+                p.finish(id)?;
+                res.finished(id);
+            }
             Store::Resident(r) => {
                 for h in r.tables.remove(&id).unwrap_or_default() {
                     r.pages.free(h)?;
@@ -265,15 +318,39 @@ impl Store {
         Ok(())
     }
 
-    /// Between steps: hand-back and growth (pools). Returns rows filled (tokens, all layers).
-    pub fn maintain(&mut self, sc: &Scenario) -> Res<u64> {
+    /// Between steps: hand-back and the policy's growth for the live sessions `running` (pools).
+    /// Returns rows filled (tokens, all layers).
+    pub fn maintain(&mut self, sc: &Scenario, running: &[SessionId]) -> Res<u64> {
         match self {
-            Store::Pool(p) => {
+            Store::Pool(p, res) => {
                 let before = p.flush_counters().rows_filled;
-                p.between_steps(sc.chunk_pages)?;
+                res.between_steps(&mut GpuDriver(p), running, sc.chunk_pages)?;
                 Ok(p.flush_counters().rows_filled - before)
             }
             Store::Resident(_) => Ok(0),
+        }
+    }
+
+    /// At the scheduling boundary before a step of `running` (vLLM's transitions).
+    pub fn before_step(&mut self, running: &[SessionId]) {
+        if let Store::Pool(p, res) = self {
+            res.before_step(&mut GpuDriver(p), running);
+        }
+    }
+
+    /// The residency policy (pools).
+    pub fn residency(&self) -> Option<&Residency> {
+        match self {
+            Store::Pool(_, res) => Some(res),
+            Store::Resident(_) => None,
+        }
+    }
+
+    /// The residency policy, mutable (pools).
+    pub fn residency_mut(&mut self) -> Option<&mut Residency> {
+        match self {
+            Store::Pool(_, res) => Some(res),
+            Store::Resident(_) => None,
         }
     }
 
@@ -284,7 +361,7 @@ impl Store {
         let io = &mut dev.io;
         let (slots_at, rows_at, mb) = (io.slots_at(), io.rows_at(), io.max_blocks);
         match self {
-            Store::Pool(p) => {
+            Store::Pool(p, _) => {
                 let small = io.small_h.as_mut_slice();
                 for (r, a) in running.iter().enumerate() {
                     small[slots_at + r] = p.slot_of(a.id)? as i32;

@@ -81,7 +81,7 @@ use super::GpuArena;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
 use crate::layout::Geometry;
-use crate::pool::{Admission, ElasticPool, PoolConfig, StepMaintenance};
+use crate::pool::{Admission, AdmitOptions, ElasticPool, PoolConfig, StepMaintenance, StepOptions};
 use crate::resolve::{
     OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,
     Resolver, RowCopy,
@@ -570,6 +570,22 @@ impl GpuElasticPool {
         a
     }
 
+    /// [`ElasticPool::admit_with`], then publishes (asynchronous). Extra errors as
+    /// [`GpuElasticPool::admit`].
+    pub fn admit_with(
+        &mut self,
+        session: SessionId,
+        history: &[u8],
+        options: AdmitOptions,
+    ) -> Result<Admission> {
+        self.check_poison()?;
+        self.check_admission(history)?;
+        self.settle_readers()?;
+        let a = self.cpu.admit_with(session, history, options);
+        self.publish()?;
+        a
+    }
+
     /// Admits several sessions with one publish at the end. Stops at the first error or `Waiting`
     /// admission; what was admitted before stays admitted and published. Returns the outcome of
     /// each attempted admission.
@@ -723,6 +739,39 @@ impl GpuElasticPool {
         self.check_poison()?;
         self.settle_readers()?;
         let r = self.cpu.reclaim(n)?;
+        self.publish()?;
+        Ok(r)
+    }
+
+    /// [`ElasticPool::revoke`], then publishes: the owner's page-table entries are patched on
+    /// the step stream (no row moves), as [`GpuElasticPool::reclaim`]'s.
+    pub fn revoke(&mut self, session: SessionId, logical: &[u32]) -> Result<u32> {
+        self.check_poison()?;
+        self.settle_readers()?;
+        let r = self.cpu.revoke(session, logical)?;
+        self.publish()?;
+        Ok(r)
+    }
+
+    /// [`ElasticPool::lend`], then publishes: the pages are filled on the copy stream and mapped
+    /// after their fill, as [`GpuElasticPool::between_steps`]'s growth.
+    pub fn lend(&mut self, session: SessionId, max: u32) -> Result<u32> {
+        self.check_poison()?;
+        self.settle_readers()?;
+        let r = self.cpu.lend(session, max)?;
+        self.publish()?;
+        Ok(r)
+    }
+
+    /// [`ElasticPool::between_steps_with`], then publishes (as [`GpuElasticPool::between_steps`]).
+    pub fn between_steps_with(
+        &mut self,
+        chunk: u32,
+        options: StepOptions,
+    ) -> Result<StepMaintenance> {
+        self.check_poison()?;
+        self.settle_readers()?;
+        let r = self.cpu.between_steps_with(chunk, options)?;
         self.publish()?;
         Ok(r)
     }
