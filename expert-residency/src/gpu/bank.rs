@@ -269,6 +269,22 @@ impl ExpertBankGpu {
         )
     }
 
+    /// Checks the device against the bank's own placement, after synchronising the device: the
+    /// table must hold [`ExpertBankGpu::entry`] for every cell and every occupied slot exactly
+    /// its expert's host bytes ([`ExpertStore::mismatches`]). Returns the number of mismatching
+    /// entries plus slots (0 = consistent). A diagnostic (the reference example's and the GPU
+    /// tests' final check): it downloads the table and every occupied slot.
+    ///
+    /// # Errors
+    /// [`ExpertError::Cuda`] for a failed download.
+    pub fn mismatches(&self) -> Result<u64> {
+        self.store.mismatches(
+            // In range (the store's own loop): `entry` cannot fail there.
+            |l, e| self.entry(l, e).unwrap_or(0),
+            |l, s| self.expert_in_slot(l, s),
+        )
+    }
+
     /// Whether a swap copy is in flight on the layer's spare slot.
     pub fn in_flight(&self, layer: u32) -> bool {
         self.placement
