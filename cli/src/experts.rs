@@ -408,8 +408,9 @@ pub struct ReplayArgs {
     /// on the steps before the first shift (the first tenth of the trace if it has no shift).
     #[arg(long)]
     seed_map: Option<PathBuf>,
-    /// Controller config JSON (`ControllerConfig`: an object of named fields, at most 1 MiB);
-    /// default: the crate's defaults.
+    /// Controller config JSON (`ControllerConfig`: an object of named fields, at most 1 MiB; the
+    /// policy as `{"kind": "ratio", "ratio": 1.5}`, or the flat shape of older configs,
+    /// `"policy": "ratio", "ratio": 1.5`); default: the crate's defaults.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override: steps between drains.
