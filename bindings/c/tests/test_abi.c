@@ -155,7 +155,7 @@ static void transfer_cases(void) {
     EXPECT("transfer: export done", tierkit_kv_pool_export_done(prefill, 9, &err_), TIERKIT_OK, NULL);
     uint64_t sessions[1] = {9}, read = 0;
     int32_t qsl[2] = {0, 1}, seq[1] = {24}, topk[4] = {0, 7, 13, 23}, idx[4], valid[1];
-    tierkit_kv_batch b = {sessions, 1, qsl, seq, topk, 1, 4, 4, NULL, 0, 0};
+    tierkit_kv_batch b = {sessions, 1, qsl, seq, topk, 1, 4, 4, NULL, 0, 0, 0};
     EXPECT("transfer: resolve the import", tierkit_kv_pool_resolve(decode, &b, idx, 4, valid, 1, NULL, &read, &err_),
            TIERKIT_OK, NULL);
     int exact = a.admitted && valid[0] == 4;
