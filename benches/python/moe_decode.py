@@ -903,8 +903,7 @@ class TierkitInPlace(Alternative):
         self.tables = self.ctx.model.table(lambda l, e: "hbm" if e in hot[l] else "host")
 
     def hbm_expert_bytes(self):
-        s = self.ctx.model.shape
-        return s.layers * (self.hot + 1) * s.expert_bytes
+        return self.geometry.hbm_bytes  # hot slots and one spare per layer: the library's rule
 
     def count(self, layer, ids_l):
         if self.gpu:

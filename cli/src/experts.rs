@@ -408,8 +408,9 @@ pub struct ReplayArgs {
     /// on the steps before the first shift (the first tenth of the trace if it has no shift).
     #[arg(long)]
     seed_map: Option<PathBuf>,
-    /// Controller config JSON (`ControllerConfig`: an object of named fields, at most 1 MiB);
-    /// default: the crate's defaults.
+    /// Controller config JSON (`ControllerConfig`: an object of named fields, at most 1 MiB; the
+    /// policy as `{"kind": "ratio", "ratio": 1.5}`, or the flat shape of older configs,
+    /// `"policy": "ratio", "ratio": 1.5`); default: the crate's defaults.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override: steps between drains.
@@ -708,12 +709,12 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     )?;
     print_read_report(&t.source)?;
     outln!(
-        "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, ratio {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
+        "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
         g.experts_per_layer,
         out.controller.drain_every,
         out.controller.half_life_steps,
-        out.controller.ratio,
+        out.controller.policy,
         out.controller.max_swaps_per_layer,
         out.controller.max_swaps_per_step,
         out.seed_map
@@ -742,8 +743,8 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     {
         if let Some(c) = &r.report.config {
             outln!(
-                "ratio (best tuning), in hindsight on this trace: drain every {} steps, EMA half-life {} steps, ratio {}",
-                c.drain_every, c.half_life_steps, c.ratio
+                "ratio (best tuning), in hindsight on this trace: drain every {} steps, EMA half-life {} steps, {}",
+                c.drain_every, c.half_life_steps, c.policy
             )?;
         }
     }

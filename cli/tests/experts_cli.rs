@@ -19,6 +19,43 @@ fn replay_json(extra: &[&str]) -> serde_json::Value {
     serde_json::from_str(&ok_stdout(&args)).unwrap()
 }
 
+/// `--config` reads the controller JSON of both shapes: the flat shape written before the
+/// per-policy configs (the policy a name, its knobs at the top level) and the policy object
+/// (`{"kind": "ratio", ...}`); both give the same replay. A file mixing them fails, naming the
+/// new shape.
+#[test]
+fn config_files_of_both_shapes_are_read() {
+    let flat = temp("flat.json");
+    std::fs::write(
+        &flat,
+        r#"{"policy": "ratio", "ratio": 1.25, "adaptive": null, "drain_every": 8}"#,
+    )
+    .unwrap();
+    let new = temp("new.json");
+    std::fs::write(
+        &new,
+        r#"{"policy": {"kind": "ratio", "ratio": 1.25}, "adaptive": null, "drain_every": 8}"#,
+    )
+    .unwrap();
+    let a = replay_json(&["--policy", "adaptive", "--config", flat.to_str().unwrap()]);
+    let b = replay_json(&["--policy", "adaptive", "--config", new.to_str().unwrap()]);
+    assert_eq!(
+        a["controller"]["policy"],
+        serde_json::json!({"kind": "ratio", "ratio": 1.25})
+    );
+    assert_eq!(a["controller"]["drain_every"], 8);
+    assert_eq!(
+        (&a["controller"], &a["runs"]),
+        (&b["controller"], &b["runs"])
+    );
+    let mixed = temp("mixed.json");
+    std::fs::write(&mixed, r#"{"policy": {"kind": "ratio"}, "ratio": 1.25}"#).unwrap();
+    fails_with(
+        &["experts", "replay", "--config", mixed.to_str().unwrap()],
+        r#"{"policy": {"kind": "ratio", "ratio": 1.5}}"#,
+    );
+}
+
 #[test]
 fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
     let mut args = vec!["experts", "replay", "--json", "--drain-every", "8"];
@@ -65,7 +102,7 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
     assert!((0..9).all(|i| stall(i) >= stall(9)), "{}", v["summary"]);
     assert_eq!(runs[0]["report"]["lookups"], 240 * 4 * 8 * 16);
     // The cost-aware row ignores --drain-every (no flags apply to it): its own config.
-    assert_eq!(runs[2]["report"]["config"]["policy"], "cost");
+    assert_eq!(runs[2]["report"]["config"]["policy"]["kind"], "cost");
     assert_eq!(runs[3]["report"]["config"]["drain_every"], 64);
     // The oracle after the shift is the best fixed map for the new domain.
     let s = |i: usize| v["summary"][i]["steady_state_cold_share"].as_f64().unwrap();

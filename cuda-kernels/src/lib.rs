@@ -9,12 +9,14 @@
 //!   drains), the header engines paste into their router ([`EXPERT_COUNT_CUH`]), and
 //!   [`count_picks_cpu`] / [`fold_stripes_cpu`].
 //! - Indirection tables: [`TableUpdater`] (`tierkit_table_update`) and
-//!   [`apply_table_updates_cpu`]; [`ExpertStore`] holds an expert tier's memory (pinned host
-//!   experts, HBM slots, the table) for `expert-residency`'s GPU bank.
+//!   [`apply_table_updates_cpu`]; the slot-id form [`SlotIdLauncher`] / [`table_slot_ids_cpu`].
+//!   The expert tier's memory (pinned host experts, HBM slots, the table) is
+//!   `expert-residency`'s (`expert_residency::gpu::ExpertStore`), built on these types.
 //! - The KV resolve/dedup/fetch, replay, prefetch and write-back kernels: [`KvKernels`], launched
 //!   on the caller's tables ([`KvTables`], [`KvDims`]); their semantics are the "KV resolve kernel
 //!   contract" of the crate's `DESIGN.md`.
-//! - Memory and sync: [`DeviceBuffer`], [`PinnedBuffer`], [`EventSignal`] (a CUDA event as a
+//! - Memory and sync: [`DeviceBuffer`], [`PinnedBuffer`], synchronous and asynchronous copies
+//!   ([`copy_htod_sync`], [`copy_htod_async`], ...), [`EventSignal`] (a CUDA event as a
 //!   `tier_core::CompletionSignal`), [`Gpu`] (context, step stream, NVRTC cache).
 //!
 //! Built on cudarc with dynamic loading, so it builds and its CPU tests run where no CUDA
@@ -45,12 +47,9 @@
 mod count;
 mod device;
 mod error;
-mod geometry;
 mod mem;
-mod ops;
 mod raw;
 mod signal;
-mod store;
 mod table;
 
 mod kv;
@@ -63,7 +62,6 @@ pub use count::{
 };
 pub use device::{cuda_available, Gpu, KernelSource, COUNT_MODULE, EXPERT_COUNT_CUH, TABLE_MODULE};
 pub use error::{CudaError, Result};
-pub use geometry::StoreGeometry;
 #[cfg(feature = "test-hooks")]
 pub use kv::ResolveEngine;
 pub use kv::{
@@ -71,11 +69,12 @@ pub use kv::{
     KvSlotDesc, KvStats, KvTables, KV_ERR_WORDS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE,
     KV_STATS, KV_UNCLAIMED,
 };
-pub use mem::{copy_dtoh_async, copy_htod_async, DeviceBuffer, HostBacking, PinnedBuffer};
-pub use ops::DeviceOps;
+pub use mem::{
+    copy_dtoh_async, copy_dtoh_sync, copy_htod_async, copy_htod_sync, DeviceBuffer, HostBacking,
+    PinnedBuffer,
+};
 pub use raw::ContextGuard;
 pub use signal::EventSignal;
-pub use store::ExpertStore;
 pub use table::{
     apply_table_updates_cpu, table_slot_ids_cpu, SlotIdLauncher, SlotLayout, TableUpdater,
     MAX_UPDATES_PER_LAUNCH,

@@ -423,6 +423,43 @@ impl<T: Pod> Drop for PinnedBuffer<T> {
     }
 }
 
+/// Synchronous host → device copy of `src` to device address `dst` (`cuMemcpyHtoD`) in `ctx`,
+/// which is bound to the calling thread first. The copy may still be landing on return (a
+/// pageable source is staged): synchronise the context (e.g. [`DeviceBuffer::upload`],
+/// `Gpu::synchronize`) before kernels read `dst`.
+///
+/// # Errors
+/// [`CudaError::Driver`] naming `cuCtxSetCurrent` or `cuMemcpyHtoD`.
+///
+/// # Safety
+/// `dst .. dst + size_of_val(src)` lies inside a live device allocation of `ctx`, and no kernel
+/// reads or writes it during the copy.
+pub unsafe fn copy_htod_sync<T: Pod>(ctx: &Arc<CudaContext>, dst: u64, src: &[T]) -> Result<()> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: forwarded to the caller's contract above; the context is bound just above.
+    unsafe { raw::memcpy_htod_sync(dst, src, "cuMemcpyHtoD") }
+}
+
+/// Synchronous device → host copy from device address `src` into `dst` (`cuMemcpyDtoH`) in
+/// `ctx`, which is bound to the calling thread first. Not ordered with non-blocking streams:
+/// synchronise the work that writes `src` first.
+///
+/// # Errors
+/// [`CudaError::Driver`] naming `cuCtxSetCurrent` or `cuMemcpyDtoH`.
+///
+/// # Safety
+/// `src .. src + size_of_val(dst)` lies inside a live device allocation of `ctx`, and no kernel
+/// writes it during the copy.
+pub unsafe fn copy_dtoh_sync<T: Pod>(
+    ctx: &Arc<CudaContext>,
+    dst: &mut [T],
+    src: u64,
+) -> Result<()> {
+    ctx.bind_to_thread().map_err(drv("cuCtxSetCurrent"))?;
+    // SAFETY: forwarded to the caller's contract above; the context is bound just above.
+    unsafe { raw::memcpy_dtoh_sync(dst, src, "cuMemcpyDtoH") }
+}
+
 /// Asynchronous host → device copy of `bytes` bytes on `stream` (`cuMemcpyHtoDAsync`).
 ///
 /// # Safety

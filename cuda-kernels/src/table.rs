@@ -128,7 +128,7 @@ impl TableUpdater {
 }
 
 /// Where a table's HBM slots lie: `slots_per_layer` slots of `slot_bytes` per layer, layer after
-/// layer from `hbm` (an [`crate::ExpertStore`]'s layout).
+/// layer from `hbm` (the layout of `expert_residency::gpu::ExpertStore`'s slots).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotLayout {
     /// Device address of slot 0 of layer 0.

@@ -77,25 +77,20 @@ fn strided_count_into_caller_memory_matches_the_cpu_reference() {
 }
 
 #[test]
-fn slot_ids_match_the_cpu_reference_on_an_expert_store() {
+fn slot_ids_match_the_cpu_reference_on_an_expert_table() {
     let Some(gpu) = gpu_or_skip() else { return };
-    let geo = StoreGeometry {
-        layers: 2,
-        experts: 8,
-        hot_per_layer: 3,
-        expert_bytes: 256,
-    };
-    let mut store = ExpertStore::new(&gpu, geo).unwrap();
-    let mut table: Vec<u64> = (0..2u32)
-        .flat_map(|l| (0..8u32).map(move |e| (l, e)))
-        .map(|(l, e)| store.host_device_ptr(l, e))
-        .collect();
-    table[1] = store.slot_ptr(0, 2);
-    table[8 + 5] = store.slot_ptr(1, 0);
-    table[8 + 6] = store.slot_ptr(1, 3); // the spare
-    store.upload_table(&table).unwrap();
+    // An expert tier's layout: 2 layers x 8 experts of 256 bytes in mapped pinned memory, 4 HBM
+    // slots per layer (3 hot and a spare) in one allocation, a table of expert addresses.
+    let host = PinnedBuffer::<u8>::zeroed(gpu.ctx(), 2 * 8 * 256).unwrap();
+    let hbm = DeviceBuffer::<u8>::zeroed(gpu.ctx(), 2 * 4 * 256).unwrap();
+    let slot_ptr = |l: u64, s: u64| hbm.device_ptr() + (l * 4 + s) * 256;
+    let mut table: Vec<u64> = (0..16u64).map(|c| host.device_ptr() + c * 256).collect();
+    table[1] = slot_ptr(0, 2);
+    table[8 + 5] = slot_ptr(1, 0);
+    table[8 + 6] = slot_ptr(1, 3); // the spare
+    let table_dev = DeviceBuffer::from_host(gpu.ctx(), &table).unwrap();
     let layout = SlotLayout {
-        hbm: store.slot_ptr(0, 0),
+        hbm: slot_ptr(0, 0),
         slot_bytes: 256,
         slots_per_layer: 4,
     };
@@ -105,7 +100,7 @@ fn slot_ids_match_the_cpu_reference_on_an_expert_store() {
     unsafe {
         launcher.launch(
             gpu.stream(),
-            store.table_ptr(),
+            table_dev.device_ptr(),
             out.device_ptr(),
             16,
             8,

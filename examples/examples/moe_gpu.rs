@@ -31,7 +31,7 @@ mod run {
     };
     use tierkit_sim::experts::trace::synth::{generate, DomainProfile, Phase, SynthConfig};
     use tierkit_sim::experts::trace::{Trace, TraceShape};
-    use tierkit_testkit::{gpu_or_skip, verify_store};
+    use tierkit_testkit::gpu_or_skip;
 
     const LAYERS: u32 = 40;
     const EXPERTS: u32 = 64;
@@ -284,13 +284,7 @@ extern "C" __global__ void moe_expert_gemv(const unsigned long long* table, unsi
         if adaptive {
             ctl.step_with(None, &mut exec).unwrap();
         }
-        let bank = exec.bank();
-        let bad = verify_store(
-            bank.store(),
-            |l, e| bank.entry(l, e).unwrap(),
-            |l, s| bank.expert_in_slot(l, s),
-        )
-        .unwrap();
+        let bad = exec.bank().mismatches().unwrap();
         assert_eq!(bad, 0, "HBM slots differ from host copies");
         Result {
             name,

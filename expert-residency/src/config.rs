@@ -1,22 +1,32 @@
-//! Controller configuration: the policy, drain cadence (fixed or adapted to the traffic), EMA
-//! half-life, the link's cost, swap caps and budgets, and the shift response.
+//! Controller configuration: the shared knobs (drain cadence, fixed or adapted to the traffic,
+//! EMA half-life, swap caps and budgets, the window, the shift response, boot freeze, counter
+//! resets) and the policy with its own config ([`PolicyConfig`]); the link's prices
+//! ([`LinkCost`]).
 
 use crate::error::{ExpertError, Result};
+use crate::policy::{CostConfig, PolicyConfig, RatioConfig};
 
-/// How the controller counts, decays and swaps.
+/// How the controller counts, decays and swaps: the knobs every policy shares, and `policy`,
+/// the [`crate::SwapPolicy`] to build with its own config.
 ///
-/// [`Default`] is the **cost-aware** default ([`PolicyKind::Cost`], [`crate::CostPolicy`]): heat in
-/// touched steps, a half-life and drain cadence that adapt to the observed traffic
+/// [`Default`] is the **cost-aware** default ([`PolicyConfig::Cost`], [`crate::CostPolicy`]):
+/// heat in touched steps, a half-life and drain cadence that adapt to the observed traffic
 /// ([`AdaptiveCadence`]: the same defaults serve batch 1 and batch 256), the H200 PCIe link's
 /// costs ([`LinkCost::h200_pcie`]), a swap budget of 1 GiB per step, 2 swaps per layer per drain,
 /// 8 swaps begun per step, no shift response. [`ControllerConfig::published_recipe`] is the
 /// published GB300 recipe (ratio policy, drain every 64 steps, half-life 500 steps): the seed
 /// defaults of the issue, unchanged.
-/// Missing fields take their defaults when deserialized; an unknown field is an error (a typo
-/// must not silently fall back to a default).
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(remote = "Self")]
-#[serde(default, deny_unknown_fields)]
+///
+/// JSON: an object of the fields below (missing fields take their defaults; an unknown field is
+/// an error: a typo must not silently fall back to a default), `policy` an object tagged by
+/// `kind` (`{"policy": {"kind": "ratio", "ratio": 1.25}}`, see [`PolicyConfig`]). The flat shape
+/// of configs written before the per-policy configs is still read: `policy` as a name
+/// (`"cost"`, `"ratio"`, `"recency"`; absent: `"cost"`) with the policies' knobs at the top
+/// level, `ratio` (a number), `cost` (`{"payback", "z"}`) and `link` (a [`LinkCost`]); the named
+/// policy takes its own from them, the others' are ignored (they were unused). Top-level knobs
+/// beside a `policy` object are an error naming the new shape. A config is written in the new
+/// shape.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ControllerConfig {
     /// Steps between drains (≥ 1). With [`ControllerConfig::adaptive`] set, the most steps
     /// between drains (the adapted cadence is never slower).
@@ -24,10 +34,6 @@ pub struct ControllerConfig {
     /// EMA half-life of pick counts, in steps (finite, > 0). With
     /// [`ControllerConfig::adaptive`] set, the half-life before the first drain (then adapted).
     pub half_life_steps: f64,
-    /// A cold expert replaces a hot one only if its EMA is at least `ratio` times the hot one's
-    /// (≥ 1, finite): hysteresis against churn. The knob of [`crate::RatioPolicy`]
-    /// ([`PolicyKind::Ratio`], the published recipe); unused by other policies.
-    pub ratio: f64,
     /// Swaps planned per layer per drain (≥ 1).
     pub max_swaps_per_layer: u32,
     /// Swaps begun per step, all layers together (≥ 1): bounds the copy traffic per step.
@@ -46,15 +52,9 @@ pub struct ControllerConfig {
     /// zeroed under the controller would otherwise read as ~2^32 phantom picks per cell):
     /// re-baseline (default) or a typed error. See [`OnCounterReset`].
     pub on_counter_reset: OnCounterReset,
-    /// The policy [`crate::Controller::new`] builds: `"cost"` (default), `"ratio"` (the
-    /// published GB300 recipe) or `"recency"` (capped LRU). Absent in configs written before
-    /// it existed: the default, `"cost"`.
-    pub policy: PolicyKind,
-    /// The cost-aware policy's knobs ([`PolicyKind::Cost`]).
-    pub cost: CostKnobs,
-    /// What the host link charges for an in-place read and for a swap copy: the cost-aware
-    /// policy's prices. Default [`LinkCost::h200_pcie`].
-    pub link: LinkCost,
+    /// The policy [`crate::Controller::new`] builds and its own config: the cost-aware policy
+    /// (default), the published GB300 recipe's ratio policy, or capped recency.
+    pub policy: PolicyConfig,
     /// Drain cadence and half-life adapted to the observed traffic (`None`: fixed
     /// `drain_every` and `half_life_steps`, as the published recipe).
     pub adaptive: Option<AdaptiveCadence>,
@@ -64,9 +64,200 @@ pub struct ControllerConfig {
     pub swap_budget_bytes_per_step: Option<u64>,
 }
 
-named_fields!(ControllerConfig, "a controller config");
+/// The fields a controller config is read from: the shared knobs, `policy` as a name or an
+/// object, and the flat shape's policy knobs (configs written before the per-policy configs).
+#[derive(serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct ConfigFields {
+    drain_every: u32,
+    half_life_steps: f64,
+    max_swaps_per_layer: u32,
+    max_swaps_per_step: u32,
+    window_drains: u32,
+    shift_response: Option<ShiftResponse>,
+    boot_frozen: bool,
+    on_counter_reset: OnCounterReset,
+    policy: Option<PolicyField>,
+    adaptive: Option<AdaptiveCadence>,
+    swap_budget_bytes_per_step: Option<u64>,
+    /// Flat shape: the ratio policy's knob.
+    ratio: Option<f64>,
+    /// Flat shape: the cost-aware policy's margins.
+    cost: Option<FlatCostKnobs>,
+    /// Flat shape: the cost-aware policy's link prices.
+    link: Option<LinkCost>,
+}
 
-/// Which [`crate::SwapPolicy`] [`crate::Controller::new`] builds. JSON: `"cost"`, `"ratio"`,
+impl Default for ConfigFields {
+    fn default() -> Self {
+        let d = ControllerConfig::default();
+        ConfigFields {
+            drain_every: d.drain_every,
+            half_life_steps: d.half_life_steps,
+            max_swaps_per_layer: d.max_swaps_per_layer,
+            max_swaps_per_step: d.max_swaps_per_step,
+            window_drains: d.window_drains,
+            shift_response: d.shift_response,
+            boot_frozen: d.boot_frozen,
+            on_counter_reset: d.on_counter_reset,
+            policy: None,
+            adaptive: d.adaptive,
+            swap_budget_bytes_per_step: d.swap_budget_bytes_per_step,
+            ratio: None,
+            cost: None,
+            link: None,
+        }
+    }
+}
+
+/// The flat shape's `cost` object: the cost-aware policy's margins (its link prices were the
+/// top-level `link`).
+#[derive(serde::Deserialize)]
+#[serde(remote = "Self")]
+#[serde(default, deny_unknown_fields)]
+struct FlatCostKnobs {
+    payback: f64,
+    z: f64,
+}
+
+named_fields!(@de FlatCostKnobs, "the cost knobs");
+
+impl Default for FlatCostKnobs {
+    fn default() -> Self {
+        let d = CostConfig::default();
+        FlatCostKnobs {
+            payback: d.payback,
+            z: d.z,
+        }
+    }
+}
+
+/// `policy` as read: a name (the flat shape) or a [`PolicyConfig`] object.
+enum PolicyField {
+    Name(PolicyKind),
+    Config(PolicyConfig),
+}
+
+impl<'de> serde::Deserialize<'de> for PolicyField {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = PolicyField;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a policy config as an object of named fields tagged by `kind` \
+                     ({\"kind\": \"ratio\", \"ratio\": 1.5}), or a policy name",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(
+                self,
+                name: &str,
+            ) -> std::result::Result<Self::Value, E> {
+                use serde::de::IntoDeserializer;
+                use serde::Deserialize;
+                PolicyKind::deserialize(name.into_deserializer()).map(PolicyField::Name)
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                // The derived (inherent, `remote = "Self"`) reading of the tagged object.
+                PolicyConfig::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(PolicyField::Config)
+            }
+        }
+        d.deserialize_any(Either)
+    }
+}
+
+impl ConfigFields {
+    /// The config these fields describe (the flat shape's knobs folded into its named policy).
+    fn into_config(self) -> std::result::Result<ControllerConfig, String> {
+        let flat = [
+            ("ratio", self.ratio.is_some()),
+            ("cost", self.cost.is_some()),
+            ("link", self.link.is_some()),
+        ];
+        let policy = match self.policy {
+            Some(PolicyField::Config(p)) => {
+                if let Some((knob, _)) = flat.iter().find(|(_, given)| *given) {
+                    return Err(format!(
+                        "`{knob}` at the top level is the flat config shape, where `policy` is a \
+                         name (\"policy\": \"ratio\"); with `policy` an object, give the \
+                         policy's knobs inside it: {{\"policy\": {{\"kind\": \"ratio\", \
+                         \"ratio\": 1.5}}}} or {{\"policy\": {{\"kind\": \"cost\", \
+                         \"payback\": 1.5, \"z\": 1.0, \"link\": {{...}}}}}}"
+                    ));
+                }
+                p
+            }
+            Some(PolicyField::Name(kind)) => self.flat_policy(kind),
+            None => self.flat_policy(PolicyKind::Cost),
+        };
+        Ok(ControllerConfig {
+            drain_every: self.drain_every,
+            half_life_steps: self.half_life_steps,
+            max_swaps_per_layer: self.max_swaps_per_layer,
+            max_swaps_per_step: self.max_swaps_per_step,
+            window_drains: self.window_drains,
+            shift_response: self.shift_response,
+            boot_frozen: self.boot_frozen,
+            on_counter_reset: self.on_counter_reset,
+            policy,
+            adaptive: self.adaptive,
+            swap_budget_bytes_per_step: self.swap_budget_bytes_per_step,
+        })
+    }
+
+    /// The flat shape: policy `kind` tuned by its own top-level knobs (the others' are ignored,
+    /// as they always were unused).
+    fn flat_policy(&self, kind: PolicyKind) -> PolicyConfig {
+        match kind {
+            PolicyKind::Cost => {
+                let knobs =
+                    self.cost
+                        .as_ref()
+                        .map_or_else(FlatCostKnobs::default, |c| FlatCostKnobs {
+                            payback: c.payback,
+                            z: c.z,
+                        });
+                PolicyConfig::Cost(CostConfig {
+                    payback: knobs.payback,
+                    z: knobs.z,
+                    link: self.link.clone().unwrap_or_default(),
+                })
+            }
+            PolicyKind::Ratio => PolicyConfig::Ratio(RatioConfig {
+                ratio: self.ratio.unwrap_or(RatioConfig::default().ratio),
+            }),
+            kind => PolicyConfig::default_for(kind),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ControllerConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = ControllerConfig;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a controller config as an object of named fields")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<ControllerConfig, A::Error> {
+                use serde::Deserialize;
+                ConfigFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?
+                    .into_config()
+                    .map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
+/// Which [`crate::SwapPolicy`]: the `kind` of a [`PolicyConfig`]. JSON: `"cost"`, `"ratio"`,
 /// `"recency"`.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
@@ -78,8 +269,7 @@ pub enum PolicyKind {
     /// the copy's cost on the link (tierkit's default).
     #[default]
     Cost,
-    /// [`crate::RatioPolicy`] at [`ControllerConfig::ratio`]: the published GB300 recipe's "EMA
-    /// drain + ratio hysteresis".
+    /// [`crate::RatioPolicy`]: the published GB300 recipe's "EMA drain + ratio hysteresis".
     Ratio,
     /// [`crate::RecencyPolicy`]: capped LRU on the drained touches (at most
     /// `max_swaps_per_step` swaps per step).
@@ -97,36 +287,10 @@ impl PolicyKind {
     }
 }
 
-/// The cost-aware policy's knobs ([`crate::CostPolicy`]). Missing fields take their defaults;
-/// an unknown field is an error.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(remote = "Self")]
-#[serde(default, deny_unknown_fields)]
-pub struct CostKnobs {
-    /// A swap must save at least `payback ×` its copy cost (≥ 1, finite): a margin for the
-    /// future not repeating the past. Default 1.5.
-    pub payback: f64,
-    /// Sampling-noise margin in standard deviations of the touched-step heat difference (≥ 0,
-    /// finite): a swap must also clear `z · √(var_in + var_out)` touched steps. Default 1
-    /// (picked on the Mixtral decode traces: z 0 churns, z 2 is slow; `docs/experts.md`).
-    pub z: f64,
-}
-
-named_fields!(CostKnobs, "the cost knobs");
-
-impl Default for CostKnobs {
-    fn default() -> Self {
-        CostKnobs {
-            payback: 1.5,
-            z: 1.0,
-        }
-    }
-}
-
-/// What a host link charges, as the cost-aware policy sees it: in-place reads of cold experts
-/// and swap copies. The numbers duplicate `tierkit-sim`'s link presets (this crate does not
-/// depend on the lab), with their sources. Missing fields take the H200 PCIe values; an unknown
-/// field is an error.
+/// What a host link charges: in-place reads of cold experts and swap copies. The one statement of
+/// the link prices and their arithmetic: the cost-aware policy prices swaps with it, and
+/// `tierkit-sim`'s link model (`LinkModel`) is built on it (adding only how copies meet the step).
+/// Missing fields take the H200 PCIe values; an unknown field is an error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(remote = "Self")]
 #[serde(default, deny_unknown_fields)]
@@ -149,11 +313,14 @@ impl Default for LinkCost {
 }
 
 impl LinkCost {
-    /// The H200 test machine, PCIe Gen5 x16 (`docs/h200-ceilings.md` in the repository; the same numbers
-    /// as `tierkit-sim`'s `h200-pcie` link preset): in-place reads **47 GB/s** (gather from
-    /// mapped pinned memory, 46.4–47.3 GB/s measured), copies **55 GB/s** (one 17.93 MiB expert
-    /// in 342 µs), **26.2 µs** added step time per applied swap (`gpu_bench_experts`,
-    /// `benches/README.md`).
+    /// The H200 test machine, PCIe Gen5 x16 (`docs/h200-ceilings.md` in the repository;
+    /// `../shared/limits/h200-pcie.md`, measured 2026-11-29 and 2026-12-01):
+    /// - in-place reads **47 GB/s**: the GPU gather from mapped pinned host memory (46.4–46.5
+    ///   GB/s, re-measured 47.3 GB/s with the project's kernel; "use 47 GB/s");
+    /// - copies **55 GB/s**: one 17.93 MiB expert row H2D in 342 µs (55.0 GB/s; the 1 GiB H2D
+    ///   ceiling is 55.6 GB/s);
+    /// - **26.2 µs** per copy: the added step time per applied swap measured by
+    ///   `gpu_bench_experts` (`benches/README.md`), copy hidden behind a 1.37 ms step.
     pub fn h200_pcie() -> Self {
         LinkCost {
             read_gbps: 47.0,
@@ -163,8 +330,8 @@ impl LinkCost {
     }
 
     /// GB300 NVLink-C2C as the published GB300 expert-residency recipe reports it: in-place
-    /// reads **340 GB/s**, a 17.93 MiB expert copy in **~72 µs** (261.1 GB/s), no fixed cost
-    /// besides (`tierkit-sim`'s `gb300-c2c` preset).
+    /// reads **340 GB/s**; a 17.93 MiB expert copy takes **~72 µs**, so `copy_gbps` = 17.93 ×
+    /// 2²⁰ bytes / 72 µs = **261.1 GB/s**; no fixed cost besides.
     pub fn gb300_c2c() -> Self {
         LinkCost {
             read_gbps: 340.0,
@@ -173,14 +340,19 @@ impl LinkCost {
         }
     }
 
-    /// µs to read `bytes` in place once.
+    /// µs to read `bytes` in place once (`bytes / (read_gbps × 10³)`).
     pub fn read_us(&self, bytes: u64) -> f64 {
         bytes as f64 / (self.read_gbps * 1e3)
     }
 
-    /// µs one swap copy of `bytes` costs (bytes at `copy_gbps` + the fixed cost).
+    /// µs of link time a copy of `bytes` takes (`bytes / (copy_gbps × 10³)`, no fixed cost).
+    pub fn copy_link_us(&self, bytes: u64) -> f64 {
+        bytes as f64 / (self.copy_gbps * 1e3)
+    }
+
+    /// µs one swap copy of `bytes` costs ([`LinkCost::copy_link_us`] + `copy_fixed_us`).
     pub fn copy_us(&self, bytes: u64) -> f64 {
-        bytes as f64 / (self.copy_gbps * 1e3) + self.copy_fixed_us
+        self.copy_link_us(bytes) + self.copy_fixed_us
     }
 
     /// A swap copy's cost in in-place reads of the same expert (`copy_us / read_us`): how many
@@ -191,7 +363,10 @@ impl LinkCost {
         self.copy_us(expert_bytes.max(1)) / r
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Checks the rates (finite, > 0) and the fixed cost (finite, ≥ 0).
+    ///
+    /// Errors: [`ExpertError::InvalidConfig`] naming the field (`link.read_gbps`, ...).
+    pub fn validate(&self) -> Result<()> {
         positive("link.read_gbps", self.read_gbps)?;
         positive("link.copy_gbps", self.copy_gbps)?;
         if !(self.copy_fixed_us.is_finite() && self.copy_fixed_us >= 0.0) {
@@ -273,16 +448,13 @@ impl Default for ControllerConfig {
         ControllerConfig {
             drain_every: 64,
             half_life_steps: 500.0,
-            ratio: 1.5,
             max_swaps_per_layer: 2,
             max_swaps_per_step: 8,
             window_drains: 8,
             shift_response: None,
             boot_frozen: false,
             on_counter_reset: OnCounterReset::Rebaseline,
-            policy: PolicyKind::Cost,
-            cost: CostKnobs::default(),
-            link: LinkCost::h200_pcie(),
+            policy: PolicyConfig::default(),
             adaptive: Some(AdaptiveCadence::default()),
             swap_budget_bytes_per_step: Some(1 << 30),
         }
@@ -348,7 +520,7 @@ impl Default for ShiftResponse {
 /// cadence). The controller keeps `layers × window_drains` window cells.
 pub const MAX_WINDOW_DRAINS: u32 = 1024;
 
-fn bad(msg: String) -> ExpertError {
+pub(crate) fn bad(msg: String) -> ExpertError {
     ExpertError::InvalidConfig(msg)
 }
 
@@ -379,18 +551,23 @@ impl ControllerConfig {
         Ok(cfg)
     }
 
-    /// Checks every field. Errors: [`ExpertError::InvalidConfig`] naming the field.
+    /// Checks every field: the shared knobs, then the policy's config
+    /// ([`PolicyConfig::validate`]). For callers that check a config before using it (a file,
+    /// a command line); [`crate::Controller::new`] checks each part once itself.
+    ///
+    /// Errors: [`ExpertError::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
+        self.validate_knobs()?;
+        self.policy.validate()
+    }
+
+    /// Checks the knobs every policy shares (not `policy`: its constructor checks its own).
+    /// Errors: [`ExpertError::InvalidConfig`] naming the field.
+    pub(crate) fn validate_knobs(&self) -> Result<()> {
         if self.drain_every == 0 {
             return Err(bad("drain_every must be ≥ 1".into()));
         }
         positive("half_life_steps", self.half_life_steps)?;
-        if !(self.ratio.is_finite() && self.ratio >= 1.0) {
-            return Err(bad(format!(
-                "ratio must be finite and ≥ 1, got {}",
-                self.ratio
-            )));
-        }
         if self.max_swaps_per_layer == 0 || self.max_swaps_per_step == 0 {
             return Err(bad("swap caps must be ≥ 1".into()));
         }
@@ -424,17 +601,6 @@ impl ControllerConfig {
                 return Err(bad("shift min_picks must be ≥ 1".into()));
             }
         }
-        let c = &self.cost;
-        if !(c.payback.is_finite() && c.payback >= 1.0) {
-            return Err(bad(format!(
-                "cost.payback must be finite and ≥ 1, got {}",
-                c.payback
-            )));
-        }
-        if !(c.z.is_finite() && c.z >= 0.0) {
-            return Err(bad(format!("cost.z must be finite and ≥ 0, got {}", c.z)));
-        }
-        self.link.validate()?;
         if let Some(a) = &self.adaptive {
             positive("adaptive.touches_per_half_life", a.touches_per_half_life)?;
             positive("adaptive.min_half_life_steps", a.min_half_life_steps)?;
@@ -462,12 +628,12 @@ impl ControllerConfig {
     }
 
     /// The published GB300 recipe ("EMA drain + ratio hysteresis"), the crate's defaults before
-    /// the cost-aware policy: [`PolicyKind::Ratio`] at ratio 1.5, drain every 64 steps, EMA
+    /// the cost-aware policy: [`PolicyConfig::Ratio`] at ratio 1.5, drain every 64 steps, EMA
     /// half-life 500 steps (fixed), 2 swaps per layer per drain, 8 swaps begun per step, no byte
     /// budget, no shift response.
     pub fn published_recipe() -> Self {
         ControllerConfig {
-            policy: PolicyKind::Ratio,
+            policy: PolicyConfig::Ratio(RatioConfig::default()),
             adaptive: None,
             swap_budget_bytes_per_step: None,
             ..Self::default()
@@ -498,6 +664,7 @@ impl ControllerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::RecencyConfig;
 
     #[test]
     fn partial_json_takes_defaults_and_validation_names_fields() {
@@ -535,6 +702,27 @@ mod tests {
     }
 
     #[test]
+    fn link_prices_and_their_arithmetic() {
+        let h = LinkCost::h200_pcie();
+        h.validate().unwrap();
+        // 55 GB/s: 55,000 bytes of copy per µs of link time, + 26.2 µs per copy.
+        assert!((h.copy_link_us(55_000) - 1.0).abs() < 1e-12);
+        assert!((h.copy_us(55_000) - 27.2).abs() < 1e-9);
+        assert!((h.read_us(47_000) - 1.0).abs() < 1e-12);
+        // A Mixtral expert's copy costs 0.86 in-place reads on PCIe.
+        assert!((h.copy_in_reads(352_321_536) - 0.86).abs() < 0.01);
+        let g = LinkCost::gb300_c2c();
+        g.validate().unwrap();
+        assert_eq!(g.copy_us(261_100), g.copy_link_us(261_100));
+        let bad = LinkCost {
+            copy_fixed_us: -1.0,
+            ..h
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("link.copy_fixed_us"), "{e}");
+    }
+
+    #[test]
     fn window_is_bounded_and_unknown_fields_are_rejected() {
         let c: ControllerConfig = serde_json::from_str(r#"{"window_drains": 100000000}"#).unwrap();
         let e = c.validate().unwrap_err();
@@ -566,6 +754,7 @@ mod tests {
             r#"{"link": [1.0, 2.0]}"#,
             r#"{"adaptive": [1, 2, 3, 4]}"#,
             r#"{"shift_response": [2.0]}"#,
+            r#"{"policy": {"kind": "cost", "link": [1.0, 2.0]}}"#,
         ] {
             let e = serde_json::from_str::<ControllerConfig>(bad).unwrap_err();
             assert!(
@@ -581,7 +770,10 @@ mod tests {
         // objects (and a nested null) still read as before, and the round trip holds
         let c: ControllerConfig =
             serde_json::from_str(r#"{"cost": {"z": 2.0}, "adaptive": null}"#).unwrap();
-        assert_eq!((c.cost.z, c.cost.payback, c.adaptive), (2.0, 1.5, None));
+        let PolicyConfig::Cost(cost) = &c.policy else {
+            panic!("{:?}", c.policy)
+        };
+        assert_eq!((cost.z, cost.payback, c.adaptive), (2.0, 1.5, None));
         let back: ControllerConfig =
             serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
         assert_eq!(back, c);
@@ -608,5 +800,136 @@ mod tests {
         let e = serde_json::from_str::<ControllerConfig>(r#"{"on_counter_reset": "ignore"}"#)
             .unwrap_err();
         assert!(e.to_string().contains("ignore"), "{e}");
+    }
+
+    /// Configs in the flat shape (the policy a name, its knobs at the top level), as written
+    /// before the per-policy configs (every config `tierkit --config`, Python's `Controller(boot,
+    /// cfg)` and C's `tierkit_controller_new` took), still read as the same policy and knobs.
+    #[test]
+    fn the_flat_shape_is_still_read() {
+        let read = |j: &str| serde_json::from_str::<ControllerConfig>(j).unwrap();
+        // The bindings' and examples' config: the published recipe at a fast cadence.
+        let c = read(
+            r#"{"policy": "ratio", "adaptive": null, "drain_every": 8, "half_life_steps": 32}"#,
+        );
+        assert_eq!(c.policy, PolicyConfig::Ratio(RatioConfig { ratio: 1.5 }));
+        assert_eq!(
+            (c.drain_every, c.half_life_steps, c.adaptive),
+            (8, 32.0, None)
+        );
+        let c = read(r#"{"policy": "ratio", "ratio": 1.25}"#);
+        assert_eq!(c.policy, PolicyConfig::Ratio(RatioConfig { ratio: 1.25 }));
+        // The cost policy's margins and link prices at the top level (policy absent: cost).
+        let c = read(r#"{"cost": {"payback": 2.0}, "link": {"read_gbps": 340.0}}"#);
+        let want = CostConfig {
+            payback: 2.0,
+            z: 1.0,
+            link: LinkCost {
+                read_gbps: 340.0,
+                ..LinkCost::h200_pcie()
+            },
+        };
+        assert_eq!(c.policy, PolicyConfig::Cost(want.clone()));
+        assert_eq!(read(r#"{"policy": "recency"}"#).policy.name(), "recency");
+        // A whole config as the old shape serialised it: every policy's knobs, the others'
+        // ignored (they were unused).
+        let old = r#"{"drain_every": 64, "half_life_steps": 500.0, "ratio": 1.5,
+            "max_swaps_per_layer": 2, "max_swaps_per_step": 8, "window_drains": 8,
+            "shift_response": null, "boot_frozen": false, "on_counter_reset": "rebaseline",
+            "policy": "cost", "cost": {"payback": 1.5, "z": 1.0},
+            "link": {"read_gbps": 47.0, "copy_gbps": 55.0, "copy_fixed_us": 26.2},
+            "adaptive": {"touches_per_half_life": 12.0, "drains_per_half_life": 48.0,
+                "min_half_life_steps": 2.0, "max_half_life_steps": 4096.0},
+            "swap_budget_bytes_per_step": 1073741824}"#;
+        assert_eq!(read(old), ControllerConfig::default());
+        let old_recipe = old
+            .replace(r#""policy": "cost""#, r#""policy": "ratio""#)
+            .replace(
+                r#""adaptive": {"touches_per_half_life": 12.0, "drains_per_half_life": 48.0,
+                "min_half_life_steps": 2.0, "max_half_life_steps": 4096.0}"#,
+                r#""adaptive": null"#,
+            )
+            .replace("1073741824", "null");
+        assert_eq!(read(&old_recipe), ControllerConfig::published_recipe());
+        // A name that is no policy, a flat knob of the wrong type: errors naming them.
+        let e = serde_json::from_str::<ControllerConfig>(r#"{"policy": "lfu"}"#).unwrap_err();
+        assert!(e.to_string().contains("lfu"), "{e}");
+        let e = serde_json::from_str::<ControllerConfig>(r#"{"ratio": "x"}"#).unwrap_err();
+        assert!(e.to_string().contains("invalid type"), "{e}");
+    }
+
+    /// The new shape: `policy` an object tagged by `kind` holding that policy's knobs, written
+    /// and read back; top-level knobs beside it are an error naming the new shape.
+    #[test]
+    fn the_policy_object_round_trips_and_mixing_shapes_is_refused() {
+        for c in [
+            ControllerConfig::default(),
+            ControllerConfig::published_recipe(),
+            ControllerConfig {
+                policy: PolicyConfig::Recency(RecencyConfig {}),
+                ..ControllerConfig::default()
+            },
+        ] {
+            let json = serde_json::to_value(&c).unwrap();
+            assert_eq!(json["policy"]["kind"], c.policy.name(), "{json}");
+            assert!(
+                json.get("ratio").is_none() && json.get("link").is_none(),
+                "{json}"
+            );
+            let back: ControllerConfig = serde_json::from_value(json).unwrap();
+            assert_eq!(back, c);
+        }
+        let c: ControllerConfig =
+            serde_json::from_str(r#"{"policy": {"kind": "ratio", "ratio": 1.25}}"#).unwrap();
+        assert_eq!(c.policy, PolicyConfig::Ratio(RatioConfig { ratio: 1.25 }));
+        let c: ControllerConfig =
+            serde_json::from_str(r#"{"policy": {"kind": "cost", "z": 2.0}}"#).unwrap();
+        assert_eq!(
+            c.policy,
+            PolicyConfig::Cost(CostConfig {
+                z: 2.0,
+                ..CostConfig::default()
+            })
+        );
+        for (bad, names) in [
+            (r#"{"policy": {"kind": "ratio"}, "ratio": 1.25}"#, "`ratio`"),
+            (r#"{"policy": {"kind": "cost"}, "link": {}}"#, "`link`"),
+            (
+                r#"{"policy": {"kind": "cost"}, "cost": {"z": 2.0}}"#,
+                "`cost`",
+            ),
+        ] {
+            let e = serde_json::from_str::<ControllerConfig>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(names) && e.contains(r#"{"policy": {"kind": "#),
+                "{bad}: {e}"
+            );
+        }
+        // A policy's unknown knob, a missing or unknown kind: errors naming them.
+        for (bad, names) in [
+            (
+                r#"{"policy": {"kind": "ratio", "payback": 2.0}}"#,
+                "payback",
+            ),
+            (r#"{"policy": {"ratio": 1.5}}"#, "kind"),
+            (r#"{"policy": {"kind": "lfu"}}"#, "lfu"),
+        ] {
+            let e = serde_json::from_str::<ControllerConfig>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(names), "{bad}: {e}");
+        }
+        // Each part is checked by validate: a shared knob, a policy's knob.
+        let bad_ratio = ControllerConfig {
+            policy: PolicyConfig::Ratio(RatioConfig { ratio: 0.5 }),
+            ..ControllerConfig::default()
+        };
+        assert!(bad_ratio
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ratio"));
     }
 }

@@ -140,6 +140,30 @@ impl Geometry {
             .checked_mul(self.expert_bytes)
     }
 
+    /// HBM slots per layer: the `hot_per_layer` hot experts' slots plus one **spare**, the slot a
+    /// swap copies its incoming expert into while the outgoing one is still read (the outgoing
+    /// expert's slot then becomes the spare). The executors (`MemoryExecutor`, the GPU bank) lay
+    /// out `layers × slots_per_layer()` slots; at boot the spare is the last one,
+    /// [`Geometry::spare_slot`]. This is the one statement of the "hot + 1 slots" rule.
+    pub fn slots_per_layer(&self) -> u32 {
+        self.hot_per_layer.saturating_add(1)
+    }
+
+    /// The slot that is each layer's spare at boot (and after a map is loaded): the last of the
+    /// [`Geometry::slots_per_layer`], `hot_per_layer` (the hot experts take slots
+    /// `0..hot_per_layer` in map order).
+    pub fn spare_slot(&self) -> u32 {
+        self.hot_per_layer
+    }
+
+    /// Bytes of the HBM slots, `layers × slots_per_layer() × expert_bytes` (the hot set plus one
+    /// spare per layer: what an executor's HBM holds), or `None` if it overflows a `u64`.
+    pub fn hbm_bytes(&self) -> Option<u64> {
+        (self.layers as u64)
+            .checked_mul(self.slots_per_layer() as u64)?
+            .checked_mul(self.expert_bytes)
+    }
+
     /// Number of `(layer, expert)` cells: `layers × experts_per_layer`.
     pub fn cells(&self) -> usize {
         self.layers as usize * self.experts_per_layer as usize
@@ -270,6 +294,12 @@ mod tests {
         assert_eq!(at_bound.cells() as u64, MAX_CELLS);
         assert_eq!(at_bound.bank_bytes(), Some(MAX_CELLS << 20));
         assert_eq!(at_bound.hot_bytes(), Some(64 << 20));
+        assert_eq!(
+            at_bound.hbm_bytes(),
+            Some(80 << 20),
+            "hot + 1 slots per layer"
+        );
+        assert_eq!((at_bound.slots_per_layer(), at_bound.spare_slot()), (5, 4));
         let e = Geometry::new(4096, 4097, 1, 1).unwrap_err().to_string();
         assert!(e.contains("exceed the limit"), "{e}");
     }

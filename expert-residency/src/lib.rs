@@ -12,7 +12,9 @@
 //! swaps under per-layer / per-step caps and a byte budget, a cadence adapted to the traffic,
 //! freeze, optional shift response) asking a [`SwapPolicy`] what to swap ([`CostPolicy`] by
 //! default: a swap must save more host bytes than its copy costs on the link; [`RatioPolicy`],
-//! the published "EMA drain + ratio hysteresis" recipe; [`RecencyPolicy`], capped LRU); the [`SwapExecutor`] trait with [`MemoryExecutor`] and [`NullExecutor`]
+//! the published "EMA drain + ratio hysteresis" recipe; [`RecencyPolicy`], capped LRU; each with
+//! its own config, [`PolicyConfig`]); the [`SwapExecutor`] trait with [`MemoryExecutor`] and
+//! [`NullExecutor`]
 //! (the GPU executor is `gpu::GpuExecutor`, `cuda` feature); seed maps fitted offline
 //! ([`fit_seed_map`]). Traces, replays, oracles and the scoreboard live in the `tierkit-sim`
 //! crate.
@@ -56,8 +58,8 @@ mod telemetry;
 pub mod gpu;
 
 pub use config::{
-    AdaptiveCadence, ControllerConfig, CostKnobs, LinkCost, OnCounterReset, PolicyKind,
-    ShiftResponse, MAX_CONFIG_FILE_BYTES, MAX_WINDOW_DRAINS,
+    AdaptiveCadence, ControllerConfig, LinkCost, OnCounterReset, PolicyKind, ShiftResponse,
+    MAX_CONFIG_FILE_BYTES, MAX_WINDOW_DRAINS,
 };
 pub use controller::{ControlMessage, Controller, StepReport};
 pub use counters::{
@@ -68,7 +70,10 @@ pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, Swap
 pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
-pub use policy::{CostPolicy, LayerHeat, RatioPolicy, RecencyPolicy, SwapChoice, SwapPolicy};
+pub use policy::{
+    CostConfig, CostPolicy, LayerHeat, PolicyConfig, RatioConfig, RatioPolicy, RecencyConfig,
+    RecencyPolicy, SwapChoice, SwapPolicy,
+};
 pub use router_ids::{strided_len, RouterIds};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION, MAX_MAP_FILE_BYTES};
 pub use seed::{

@@ -14,7 +14,8 @@ use tier_core::NOT_RESIDENT;
 ///
 /// - host: `[layers][experts][bytes]`, every expert's weights (cold experts are read in place);
 ///   filled with seeded random bytes and never written after.
-/// - HBM: `[layers][hot + 1][bytes]`: the hot slots plus one spare per layer.
+/// - HBM: `[layers][slots_per_layer][bytes]` ([`Geometry::slots_per_layer`]): the hot slots plus
+///   one spare per layer.
 /// - table: `[layers][experts]` i32, the physical HBM slot an expert is read from, or [`NOT_RESIDENT`].
 ///
 /// `begin` copies the incoming expert host → the layer's spare slot; `commit_ready` checks the
@@ -59,10 +60,11 @@ impl MemoryExecutor {
     /// Most bytes (host plus HBM buffers) one executor allocates: 1 GiB.
     pub const MAX_BYTES: usize = 1 << 30;
 
-    /// An executor holding `map`'s hot experts in HBM slots `0..hot` (slot `hot` is the spare),
-    /// with `bytes` random bytes per expert drawn from `seed`.
+    /// An executor holding `map`'s hot experts in HBM slots `0..hot` (slot
+    /// [`Geometry::spare_slot`] is the spare), with `bytes` random bytes per expert drawn from
+    /// `seed`.
     ///
-    /// It allocates `layers × (experts + hot + 1) × bytes` bytes, at most
+    /// It allocates `layers × (experts + slots_per_layer) × bytes` bytes, at most
     /// [`MemoryExecutor::MAX_BYTES`] (1 GiB): it stands in for the real bank in tests and replays.
     ///
     /// Errors: [`ExpertError::InvalidConfig`] for `bytes == 0`, for buffers above
@@ -76,10 +78,10 @@ impl MemoryExecutor {
         }
         let g = *map.geometry();
         g.validate()?;
-        let (layers, experts, hot) = (
+        let (layers, experts, slots) = (
             g.layers as usize,
             g.experts_per_layer as usize,
-            g.hot_per_layer as usize,
+            g.slots_per_layer() as usize,
         );
         let too_big = || {
             ExpertError::InvalidConfig(format!(
@@ -89,9 +91,7 @@ impl MemoryExecutor {
             ))
         };
         let host_len = (layers * experts).checked_mul(bytes).ok_or_else(too_big)?;
-        let hbm_len = (layers * (hot + 1))
-            .checked_mul(bytes)
-            .ok_or_else(too_big)?;
+        let hbm_len = (layers * slots).checked_mul(bytes).ok_or_else(too_big)?;
         if host_len
             .checked_add(hbm_len)
             .is_none_or(|t| t > Self::MAX_BYTES)
@@ -111,7 +111,7 @@ impl MemoryExecutor {
             bytes,
             hbm,
             table: try_filled(layers * experts, NOT_RESIDENT, "in-memory executor table")?,
-            spare: try_filled(layers, hot as u32, "in-memory executor table")?,
+            spare: try_filled(layers, g.spare_slot(), "in-memory executor table")?,
             host,
             host_sums,
             pending: Vec::new(),
@@ -129,7 +129,7 @@ impl MemoryExecutor {
     fn copy_in(&mut self, layer: usize, expert: usize, phys: usize) {
         let (experts, slots) = (
             self.geometry.experts_per_layer as usize,
-            self.geometry.hot_per_layer as usize + 1,
+            self.geometry.slots_per_layer() as usize,
         );
         let src = (layer * experts + expert) * self.bytes;
         let dst = (layer * slots + phys) * self.bytes;
@@ -137,7 +137,7 @@ impl MemoryExecutor {
     }
 
     fn hbm_slot(&self, layer: usize, phys: usize) -> &[u8] {
-        let slots = self.geometry.hot_per_layer as usize + 1;
+        let slots = self.geometry.slots_per_layer() as usize;
         let at = (layer * slots + phys) * self.bytes;
         &self.hbm[at..at + self.bytes]
     }
@@ -193,7 +193,7 @@ impl MemoryExecutor {
             }
         }
         for (l, row) in map.layers().iter().enumerate() {
-            let mut used = vec![false; g.hot_per_layer as usize + 1];
+            let mut used = vec![false; g.slots_per_layer() as usize];
             for e in 0..experts {
                 let t = self.table[l * experts + e];
                 if (t != NOT_RESIDENT) != row.is_hot(e as u32) {

@@ -12,7 +12,7 @@ use expert_residency::{
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tierkit_testkit::{gpu_or_skip, verify_store, write_expert_pattern, ExpertReaders};
+use tierkit_testkit::{gpu_or_skip, write_expert_pattern, ExpertReaders};
 
 /// Under compute-sanitizer (`TIERKIT_SANITIZE=1`) the long loops shrink ~30x: the sanitizer
 /// instruments every load, and the point there is memory safety, not volume.
@@ -43,12 +43,13 @@ fn pattern_bank(gpu: &Arc<Gpu>, geo: Geometry) -> ExpertBankGpu {
 /// Mismatching table entries plus mismatching HBM slots of `bank` (0 = consistent), after
 /// synchronising the device.
 fn consistent(bank: &ExpertBankGpu) -> u64 {
-    verify_store(
-        bank.store(),
-        |l, e| bank.entry(l, e).unwrap(),
-        |l, s| bank.expert_in_slot(l, s),
-    )
-    .unwrap()
+    bank.mismatches().unwrap()
+}
+
+/// The bank's indirection table as the reader kernels take it: its device address and the
+/// bytes each entry points at.
+fn table(bank: &ExpertBankGpu) -> (u64, u64) {
+    (bank.table_ptr(), bank.geometry().expert_bytes)
 }
 
 /// Begins `(layer, incoming -> outgoing)` planned against the bank's map now.
@@ -90,7 +91,7 @@ fn ten_thousand_random_swaps_then_restore_keep_every_slot_exact() {
     while committed < target {
         readers
             .launch_checksum_reader(
-                bank.store(),
+                table(&bank),
                 &s,
                 &pick_sets[step % pick_sets.len()],
                 &errors,
@@ -131,7 +132,7 @@ fn ten_thousand_random_swaps_then_restore_keep_every_slot_exact() {
                 .unwrap();
             begin(&mut bank, l, inc, out);
             readers
-                .launch_checksum_reader(bank.store(), &s, &pick_sets[0], &errors)
+                .launch_checksum_reader(table(&bank), &s, &pick_sets[0], &errors)
                 .unwrap();
             assert_eq!(bank.commit_ready(&s, CommitMode::Wait).unwrap().len(), 1);
         }
@@ -170,7 +171,7 @@ fn readers_concurrent_with_swaps_never_see_torn_or_stale_experts() {
     let steps = scaled(1500);
     for step in 0..steps {
         readers
-            .launch_checksum_reader(bank.store(), &s, &picks, &errors)
+            .launch_checksum_reader(table(&bank), &s, &picks, &errors)
             .unwrap();
         let l = rng.random_range(0..geo.layers);
         if !bank.in_flight(l) {

@@ -238,6 +238,24 @@ impl Geometry {
         }
     }
 
+    /// Arena row of a session's fixed local row `local` (hot-cache slots `0..hot_rows`, then the
+    /// tail ring, then the scratch rows): row `local % page_rows` of its fixed page
+    /// `fixed_pages[local / page_rows]` (the session's [`Geometry::fixed_pages`] physical pages).
+    /// The one statement of the fixed-row rule; the device kernels follow the same layout
+    /// (`cuda-kernels/DESIGN.md`, the KV resolve kernel contract).
+    #[inline]
+    pub(crate) fn fixed_row(&self, fixed_pages: &[u32], local: u32) -> u32 {
+        let pr = self.page_rows;
+        fixed_pages[(local / pr) as usize] * pr + local % pr
+    }
+
+    /// Arena row of history position `position` on its borrowed physical page `page`:
+    /// `page × page_rows + position % page_rows`.
+    #[inline]
+    pub(crate) fn page_row(&self, page: u32, position: u32) -> u32 {
+        page * self.page_rows + position % self.page_rows
+    }
+
     /// Layer groups ([`LayerGroups::count`] of `layers`).
     pub fn groups(&self) -> u32 {
         self.layer_groups.count(self.layers)
@@ -296,6 +314,11 @@ mod tests {
         assert_eq!(g().arena_rows(), 32);
         assert_eq!(g().token_bytes(), 32);
         g().validate().unwrap();
+        // Fixed local rows 0..12 over fixed pages [5, 1, 7] of 4 rows; a borrowed page's rows.
+        let fixed = [5, 1, 7];
+        let rows: Vec<u32> = (0..12).map(|l| g().fixed_row(&fixed, l)).collect();
+        assert_eq!(rows, [20, 21, 22, 23, 4, 5, 6, 7, 28, 29, 30, 31]);
+        assert_eq!((g().page_row(3, 0), g().page_row(3, 13)), (12, 13));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The byte-true scoreboard on a hand-written trace: distinct cold pairs per step, swap copies
 //! (net hot-set changes) for LRU and the adaptive controller, the link's stall, deterministic JSON.
 
-use expert_residency::{ControllerConfig, Geometry};
+use expert_residency::{ControllerConfig, Geometry, LinkCost};
 use tierkit_sim::experts::scoreboard::{self, Boot, Policy};
 use tierkit_sim::experts::trace::{StepPicks, Trace, TraceShape};
 use tierkit_sim::experts::{replay_with, LinkModel, PolicySpec, ReplayOptions, StepBytes};
@@ -222,7 +222,10 @@ fn byte_json_is_deterministic_and_the_scoreboard_prices_it() {
 fn a_bad_link_is_a_typed_error() {
     let o = ReplayOptions {
         link: LinkModel {
-            read_gbps: -1.0,
+            cost: LinkCost {
+                read_gbps: -1.0,
+                ..LinkCost::h200_pcie()
+            },
             ..LinkModel::h200_pcie()
         },
         ..opts()

@@ -1,12 +1,11 @@
 //! Expert-bank test helpers: the self-checking expert byte pattern (with its CPU check), the
-//! reader kernels that read experts through an [`ExpertStore`]'s indirection table (a checksum
-//! reader and a bandwidth reader standing in for expert FFN weight reads), and a full
-//! consistency check of a store against the placement its owner believes in.
-
-use std::sync::Arc;
+//! reader kernels that read experts through an indirection table of `u64` expert addresses (an
+//! expert store's: `expert_residency::gpu::ExpertStore::table_ptr`; a checksum reader and a
+//! bandwidth reader standing in for expert FFN weight reads), and [`pattern_table`], patterned
+//! experts in mapped pinned memory behind such a table, for tests below the expert tier.
 
 use cuda_kernels::cudarc_driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use cuda_kernels::{CudaError, DeviceBuffer, ExpertStore, Gpu, KernelSource, Result};
+use cuda_kernels::{CudaError, DeviceBuffer, Gpu, KernelSource, PinnedBuffer, Result};
 
 /// The reader kernels (`tierkit_verify_experts`, `tierkit_touch_experts`).
 pub const EXPERT_READERS_MODULE: KernelSource = KernelSource {
@@ -58,7 +57,9 @@ pub fn check_expert_pattern(bytes: &[u8], tag: u32) -> bool {
     sum == words[last]
 }
 
-/// Launchers of the reader kernels of [`EXPERT_READERS_MODULE`] over an [`ExpertStore`].
+/// Launchers of the reader kernels of [`EXPERT_READERS_MODULE`] over an indirection table:
+/// `table_ptr` is the device address of `u64 [cells]` expert addresses (flat index
+/// `layer * experts + expert`), each pointing at `expert_bytes` readable bytes.
 #[derive(Debug, Clone)]
 pub struct ExpertReaders {
     f_verify: CudaFunction,
@@ -90,21 +91,22 @@ impl ExpertReaders {
 
     /// Launches the checksum reader on `stream`: one block per entry of `picks` (flat indices
     /// `layer * experts + expert`, each `< layers * experts`: not checked, the caller's contract) reads
-    /// that expert through the indirection table (HBM or mapped host) and verifies the pattern
-    /// of [`write_expert_pattern`]; `errors` (u32 `[2]`) gets `[0] += bad`, `[1] = last bad index`.
+    /// that expert through the indirection table at `table_ptr` (HBM or mapped host, `expert_bytes`
+    /// each) and verifies the pattern of [`write_expert_pattern`]; `errors` (u32 `[2]`) gets
+    /// `[0] += bad`, `[1] = last bad index`.
     ///
     /// # Errors
     /// [`CudaError::Shape`] for empty `picks`, `errors` shorter than 2 or experts under 8
     /// bytes; launch errors.
     pub fn launch_checksum_reader(
         &self,
-        store: &ExpertStore,
+        (table_ptr, expert_bytes): (u64, u64),
         stream: &CudaStream,
         picks: &DeviceBuffer<u32>,
         errors: &DeviceBuffer<u32>,
     ) -> Result<()> {
         self.check_picks(picks)?;
-        if errors.len() < 2 || store.geometry().expert_bytes < 8 {
+        if errors.len() < 2 || expert_bytes < 8 {
             return Err(CudaError::Shape {
                 what: "errors (u32 [2])",
                 expected: 2,
@@ -117,10 +119,10 @@ impl ExpertReaders {
             shared_mem_bytes: 0,
         };
         let (table, p, n, words, e) = (
-            store.table_ptr(),
+            table_ptr,
             picks.device_ptr(),
             picks.len() as u32,
-            store.geometry().expert_bytes / 4,
+            expert_bytes / 4,
             errors.device_ptr(),
         );
         let mut b = stream.launch_builder(&self.f_verify);
@@ -134,14 +136,15 @@ impl ExpertReaders {
     }
 
     /// Launches the bandwidth reader on `stream` (a stand-in for expert FFN weight reads):
-    /// `blocks_per_expert` blocks of 256 threads read each picked expert whole through the
-    /// table with 16-byte loads. `sink` (u32 `[1]`) keeps the loads alive.
+    /// `blocks_per_expert` blocks of 256 threads read each picked expert whole (`expert_bytes`)
+    /// through the table at `table_ptr` with 16-byte loads. `sink` (u32 `[1]`) keeps the loads
+    /// alive.
     ///
     /// # Errors
     /// [`CudaError::Shape`] for empty `picks` or `sink`; launch errors.
     pub fn launch_touch_reader(
         &self,
-        store: &ExpertStore,
+        (table_ptr, expert_bytes): (u64, u64),
         stream: &CudaStream,
         picks: &DeviceBuffer<u32>,
         blocks_per_expert: u32,
@@ -161,9 +164,9 @@ impl ExpertReaders {
             shared_mem_bytes: 0,
         };
         let (table, p, bytes, sk) = (
-            store.table_ptr(),
+            table_ptr,
             picks.device_ptr(),
-            store.geometry().expert_bytes,
+            expert_bytes,
             sink.device_ptr(),
         );
         let mut b = stream.launch_builder(&self.f_touch);
@@ -177,55 +180,30 @@ impl ExpertReaders {
     }
 }
 
-/// Checks, after synchronizing the device, that `store`'s device table holds `entry(layer,
-/// expert)` for every cell and that every HBM slot `expert_in_slot(layer, slot)` names holds
-/// exactly the bytes of that expert's host copy. Returns the number of mismatching entries plus
-/// mismatching slots (0 = consistent).
+/// `experts` experts of `expert_bytes` bytes (a multiple of 4, at least 8) in mapped pinned
+/// host memory, expert `i` holding [`write_expert_pattern`] with tag `i` and `seed`, and the
+/// device table `u64 [experts]` of their mapped addresses: what a checksum reader reads in place
+/// (every expert cold), for tests of the memory and sync types below the expert tier. Keep the
+/// pinned buffer alive while kernels read through the table.
 ///
 /// # Errors
-/// CUDA errors of the downloads.
-pub fn verify_store(
-    store: &ExpertStore,
-    entry: impl Fn(u32, u32) -> u64,
-    expert_in_slot: impl Fn(u32, u32) -> Option<u32>,
-) -> Result<u64> {
-    let geo = store.geometry();
-    let table = store.table().download()?;
-    let mut bad = 0u64;
-    for l in 0..geo.layers {
-        for e in 0..geo.experts {
-            if table[store.cell(l, e) as usize] != entry(l, e) {
-                bad += 1;
-            }
-        }
-    }
-    for l in 0..geo.layers {
-        for s in 0..geo.slots_per_layer() {
-            let Some(e) = expert_in_slot(l, s) else {
-                continue;
-            };
-            if store.download_slot(l, s)? != store.host_expert(l, e)? {
-                bad += 1;
-            }
-        }
-    }
-    Ok(bad)
-}
-
-/// A store of `geo` whose every host expert holds [`write_expert_pattern`] with tag = its flat
-/// index and `seed`, filled on 8 threads (its table points every expert at its host copy).
-///
-/// # Errors
-/// As [`ExpertStore::new`].
-pub fn pattern_store(
-    gpu: &Arc<Gpu>,
-    geo: cuda_kernels::StoreGeometry,
+/// CUDA errors of the allocations (`CUDA_ERROR_OUT_OF_MEMORY`).
+pub fn pattern_table(
+    gpu: &Gpu,
+    experts: u32,
+    expert_bytes: u64,
     seed: u64,
-) -> Result<ExpertStore> {
-    let mut store = ExpertStore::new(gpu, geo)?;
-    let experts = geo.experts;
-    store.fill_host(8, |l, e, b| write_expert_pattern(b, l * experts + e, seed));
-    Ok(store)
+) -> Result<(PinnedBuffer<u8>, DeviceBuffer<u64>)> {
+    let n = expert_bytes as usize;
+    let mut host = PinnedBuffer::<u8>::zeroed(gpu.ctx(), experts as usize * n)?;
+    for (i, bytes) in host.as_mut_slice().chunks_mut(n).enumerate() {
+        write_expert_pattern(bytes, i as u32, seed);
+    }
+    let addrs: Vec<u64> = (0..experts as u64)
+        .map(|i| host.device_ptr() + i * expert_bytes)
+        .collect();
+    let table = DeviceBuffer::from_host(gpu.ctx(), &addrs)?;
+    Ok((host, table))
 }
 
 #[cfg(test)]

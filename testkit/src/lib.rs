@@ -15,8 +15,7 @@ mod routers;
 mod sglang;
 
 pub use experts::{
-    check_expert_pattern, pattern_store, verify_store, write_expert_pattern, ExpertReaders,
-    EXPERT_READERS_MODULE,
+    check_expert_pattern, pattern_table, write_expert_pattern, ExpertReaders, EXPERT_READERS_MODULE,
 };
 pub use gpu::{gpu_or_skip, TIMING_EVENT};
 pub use hostile::hostile_bytes;

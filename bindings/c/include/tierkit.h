@@ -454,7 +454,9 @@ void tierkit_pick_counters_free(struct tierkit_pick_counters *counters);
 
 // A controller booting from a copy of `map`. `config_json` is NULL (defaults) or a
 // `ControllerConfig` JSON object (missing fields take their defaults, unknown fields are
-// refused), e.g. `{"drain_every": 8, "half_life_steps": 32}`.
+// refused), e.g. `{"drain_every": 8, "half_life_steps": 32}`; the policy and its knobs are
+// `"policy": {"kind": "ratio", "ratio": 1.5}` (the flat shape of older configs, `"policy":
+// "ratio", "ratio": 1.5`, is read too).
 //
 // # Safety
 // `map` is NULL or a map handle; `config_json` NULL or a NUL-terminated string; `out_controller`

@@ -465,7 +465,9 @@ pub unsafe extern "C" fn tierkit_pick_counters_free(counters: *mut TierkitPickCo
 
 /// A controller booting from a copy of `map`. `config_json` is NULL (defaults) or a
 /// `ControllerConfig` JSON object (missing fields take their defaults, unknown fields are
-/// refused), e.g. `{"drain_every": 8, "half_life_steps": 32}`.
+/// refused), e.g. `{"drain_every": 8, "half_life_steps": 32}`; the policy and its knobs are
+/// `"policy": {"kind": "ratio", "ratio": 1.5}` (the flat shape of older configs, `"policy":
+/// "ratio", "ratio": 1.5`, is read too).
 ///
 /// # Safety
 /// `map` is NULL or a map handle; `config_json` NULL or a NUL-terminated string; `out_controller`
@@ -484,7 +486,8 @@ pub unsafe extern "C" fn tierkit_controller_new(
                 true => None,
                 false => Some(c_str(config_json, "config_json")?),
             };
-            let cfg = tierkit_bindings::controller_config(json)?;
+            // Read here, checked once by Controller::new.
+            let cfg = tierkit_bindings::read_controller_config(json)?;
             let boot = live().get(map, "map")?.0.clone();
             let ctl = Controller::new(boot, cfg)?;
             out(

@@ -182,10 +182,9 @@ mod imp {
     use super::{TIERKIT_IDS_INT32, TIERKIT_IDS_INT64};
     use crate::ffi::{fail, Fail, R};
     use cuda_kernels::{
-        check_strided, ContextGuard, CountTarget, CudaError, DeviceOps, IdsDtype, SlotLayout,
-        StridedIds,
+        check_strided, ContextGuard, CountTarget, CudaError, IdsDtype, SlotLayout, StridedIds,
     };
-    use tierkit_bindings::Code;
+    use tierkit_bindings::{Code, DeviceOps};
 
     fn classify(e: CudaError) -> Fail {
         let code = match &e {

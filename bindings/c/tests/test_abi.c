@@ -203,6 +203,31 @@ int main(void) {
     EXPECT("controller: unknown config field",
            tierkit_controller_new(map, "{\"drain_evry\": 4}", &ctl, &err_),
            TIERKIT_ERR_INVALID_ARGUMENT, "drain_evry");
+    /* Both config shapes: the policy object, and the flat shape of older configs (policy a
+     * name, its knobs at the top level); mixing them is refused, naming the new shape. */
+    {
+        tierkit_controller *shaped = NULL;
+        EXPECT("controller: policy object",
+               tierkit_controller_new(map, "{\"policy\": {\"kind\": \"ratio\", \"ratio\": 1.25}}",
+                                      &shaped, &err_),
+               TIERKIT_OK, NULL);
+        tierkit_controller_free(shaped);
+        shaped = NULL;
+        EXPECT("controller: flat config shape",
+               tierkit_controller_new(map, "{\"policy\": \"ratio\", \"ratio\": 1.25}", &shaped,
+                                      &err_),
+               TIERKIT_OK, NULL);
+        tierkit_controller_free(shaped);
+        shaped = NULL;
+        EXPECT("controller: both config shapes at once",
+               tierkit_controller_new(map, "{\"policy\": {\"kind\": \"ratio\"}, \"ratio\": 1.25}",
+                                      &shaped, &err_),
+               TIERKIT_ERR_INVALID_ARGUMENT, "\"kind\"");
+        EXPECT("controller: a policy knob out of range",
+               tierkit_controller_new(map, "{\"policy\": {\"kind\": \"ratio\", \"ratio\": 0.5}}",
+                                      &shaped, &err_),
+               TIERKIT_ERR_INVALID_ARGUMENT, "ratio");
+    }
     EXPECT("controller: new", tierkit_controller_new(map, NULL, &ctl, &err_), TIERKIT_OK, NULL);
     EXPECT("executor: new", tierkit_executor_new_memory(map, 64, 1, &exec, &err_), TIERKIT_OK, NULL);
 

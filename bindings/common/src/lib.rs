@@ -7,14 +7,25 @@
 //!   type each), and [`classify_expert`] / [`classify_kv`] / [`classify_core`], which put every
 //!   tier error in one; [`Failure`], a class and a message, what the shared helpers return.
 //! - [`controller_config`]: a [`ControllerConfig`] from optional JSON (missing fields take their
-//!   defaults, unknown fields are refused, the values are validated).
+//!   defaults, unknown fields are refused, the values are validated; the flat shape of older
+//!   configs is read too); [`read_controller_config`], the same without the range checks, for a
+//!   config handed to `Controller::new` (which checks it once).
 //! - [`strided_len`]: the elements a strided `[tokens, k]` view spans (the front ends check their
 //!   pointers with it; the view itself is [`expert_residency::RouterIds`], counted in place by
 //!   [`expert_residency::PickCounters::record_layer_strided`]).
 //! - [`Executor`]: the executors both front ends let a controller drive.
 //! - [`panic_message`]: the text of a panic caught at a boundary.
+//! - `DeviceOps` (feature `cuda`): one device's primary context and `cuda-kernels`' caller-owned
+//!   launchers, opened once per process and device, what the torch ops and the C `*_cuda` entry
+//!   points launch with.
 //!
 //! No FFI type lives here: this crate is plain Rust with plain tests.
+
+#[cfg(feature = "cuda")]
+mod ops;
+
+#[cfg(feature = "cuda")]
+pub use ops::DeviceOps;
 
 use expert_residency::{ControllerConfig, ExpertError, MemoryExecutor, NullExecutor, SwapExecutor};
 use kv_elastic::KvError;
@@ -156,17 +167,29 @@ pub fn classify_kv(e: &KvError) -> Code {
     }
 }
 
-/// A controller configuration from JSON (`None` or an empty string: the defaults). Missing fields
-/// take their defaults; an unknown field, a wrong type or an out-of-range value is an
-/// [`ExpertError::InvalidConfig`] naming it.
+/// A controller configuration from JSON (`None` or an empty string: the defaults), checked
+/// ([`ControllerConfig::validate`]). Missing fields take their defaults; an unknown field, a
+/// wrong type or an out-of-range value is an [`ExpertError::InvalidConfig`] naming it. Both
+/// JSON shapes are read: the policy as an object (`{"policy": {"kind": "ratio", "ratio":
+/// 1.5}}`) and the flat shape of older configs (`{"policy": "ratio", "ratio": 1.5}`).
 pub fn controller_config(json: Option<&str>) -> Result<ControllerConfig, ExpertError> {
-    let cfg = match json.map(str::trim) {
+    let cfg = read_controller_config(json)?;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// As [`controller_config`], without the range checks: for a config handed straight to
+/// `Controller::new`, which checks each part once itself (so a controller built from JSON is not
+/// checked twice).
+///
+/// # Errors
+/// [`ExpertError::InvalidConfig`] for bad JSON, a wrong type or an unknown field.
+pub fn read_controller_config(json: Option<&str>) -> Result<ControllerConfig, ExpertError> {
+    Ok(match json.map(str::trim) {
         None | Some("") => ControllerConfig::default(),
         Some(j) => serde_json::from_str(j)
             .map_err(|e| ExpertError::InvalidConfig(format!("controller config JSON: {e}")))?,
-    };
-    cfg.validate()?;
-    Ok(cfg)
+    })
 }
 
 /// The executors a front end hands to a controller: the in-memory one (checksummed byte moves,
@@ -235,6 +258,28 @@ mod tests {
             let e = controller_config(Some(bad)).unwrap_err();
             assert_eq!(classify_expert(&e), Code::InvalidArgument, "{bad}: {e}");
         }
+    }
+
+    /// What Python's `Controller(boot, cfg)` and C's `tierkit_controller_new` were given before
+    /// the per-policy configs still reads (the flat shape), and the new shape reads too.
+    #[test]
+    fn config_json_of_both_shapes() {
+        use expert_residency::{PolicyConfig, RatioConfig};
+        let ratio = |r| PolicyConfig::Ratio(RatioConfig { ratio: r });
+        let flat = r#"{"policy": "ratio", "adaptive": null, "drain_every": 4, "ratio": 1.25}"#;
+        let c = read_controller_config(Some(flat)).unwrap();
+        assert_eq!((c.policy, c.drain_every), (ratio(1.25), 4));
+        let new = r#"{"policy": {"kind": "ratio", "ratio": 1.25}, "drain_every": 4}"#;
+        assert_eq!(controller_config(Some(new)).unwrap().policy, ratio(1.25));
+        // read_ checks types and names, not ranges; controller_config checks ranges too.
+        let bad = r#"{"policy": {"kind": "ratio", "ratio": 0.5}}"#;
+        assert!(read_controller_config(Some(bad)).is_ok());
+        let e = controller_config(Some(bad)).unwrap_err();
+        assert_eq!(classify_expert(&e), Code::InvalidArgument, "{e}");
+        let mixed = r#"{"policy": {"kind": "ratio"}, "ratio": 1.25}"#;
+        let e = read_controller_config(Some(mixed)).unwrap_err();
+        assert_eq!(classify_expert(&e), Code::InvalidArgument, "{e}");
+        assert!(e.to_string().contains(r#""kind": "ratio""#), "{e}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use expert_residency::{
     NullExecutor, PickCounters, ResidencyMap,
 };
 use numpy::{PyArray1, PyArrayMethods};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
@@ -56,6 +56,20 @@ impl PyGeometry {
     #[getter]
     fn expert_bytes(&self) -> u64 {
         self.0.expert_bytes
+    }
+    /// HBM slots per layer an executor lays out: the hot experts' and one spare (the rule is the
+    /// library's `Geometry::slots_per_layer`).
+    #[getter]
+    fn slots_per_layer(&self) -> u32 {
+        self.0.slots_per_layer()
+    }
+    /// Bytes of the HBM slots, `layers × slots_per_layer × expert_bytes` (`Geometry::hbm_bytes`;
+    /// `OverflowError` past 2^64).
+    #[getter]
+    fn hbm_bytes(&self) -> PyResult<u64> {
+        self.0
+            .hbm_bytes()
+            .ok_or_else(|| PyOverflowError::new_err("HBM slot bytes overflow a u64"))
     }
     fn __repr__(&self) -> String {
         let g = self.0;
@@ -360,7 +374,9 @@ impl PyNullExecutor {
 
 /// The residency controller: call `step(counters, executor)` once per engine step, after the
 /// step's picks were recorded. `config` is a dict or JSON string of `ControllerConfig` fields
-/// (missing fields take their defaults; unknown fields are a `ValueError`).
+/// (missing fields take their defaults; unknown fields are a `ValueError`): the shared knobs and
+/// `policy`, `{"kind": "ratio", "ratio": 1.5}` (or the flat shape of older configs,
+/// `{"policy": "ratio", "ratio": 1.5}`).
 #[pyclass(name = "Controller", module = "tierkit.experts", frozen)]
 pub(crate) struct PyController(Slot<Controller>);
 
@@ -371,7 +387,9 @@ impl PyController {
     fn new(map: &PyResidencyMap, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         let json = json_arg(config)?;
         guard(|| {
-            let cfg = tierkit_bindings::controller_config(json.as_deref()).map_err(expert_err)?;
+            // Read here, checked once by Controller::new.
+            let cfg =
+                tierkit_bindings::read_controller_config(json.as_deref()).map_err(expert_err)?;
             let c = Controller::new(map.0.clone(), cfg).map_err(expert_err)?;
             Ok(PyController(Slot::new("Controller", c)))
         })

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cuda_kernels::{
-    ContextGuard, CountTarget, CudaError, DeviceBuffer, DeviceOps, Gpu, IdsDtype, KvResolveArgs,
+    ContextGuard, CountTarget, CudaError, DeviceBuffer, Gpu, IdsDtype, KvResolveArgs,
     KvResolveOptions, PinnedBuffer, SlotLayout, StridedIds, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED,
     KV_STATS,
 };
@@ -35,6 +35,7 @@ use kv_elastic::PoolConfig;
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
+use tierkit_bindings::DeviceOps;
 
 use crate::arrays::with_bytes;
 use crate::experts::PyResidencyMap;
@@ -487,7 +488,7 @@ impl PyGpuExpertBank {
         })?;
         let d = PyDict::new(py);
         d.set_item("layers", g.layers)?;
-        d.set_item("experts", g.experts)?;
+        d.set_item("experts", g.experts_per_layer)?;
         d.set_item("hot_per_layer", g.hot_per_layer)?;
         d.set_item("slots_per_layer", g.slots_per_layer())?;
         d.set_item("expert_bytes", g.expert_bytes)?;

@@ -299,8 +299,8 @@ fn link_stall_us<'py>(
     let model = guard(|| LinkModel::preset(link).map_err(expert_err))?;
     let d = PyDict::new(py);
     d.set_item("stall_us", model.stall_us(read_bytes, copies, copy_bytes))?;
-    d.set_item("read_us", model.read_us(read_bytes))?;
-    d.set_item("copy_us", model.copy_us(copy_bytes))?;
+    d.set_item("read_us", model.cost.read_us(read_bytes))?;
+    d.set_item("copy_us", model.cost.copy_link_us(copy_bytes))?;
     d.set_item("link", to_py(py, &model)?)?;
     Ok(d.into_any())
 }

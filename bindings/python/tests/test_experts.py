@@ -47,6 +47,32 @@ def test_engine_loop_follows_the_shift_and_moves_bytes_losslessly():
         assert counters.snapshot().sum() == 400 * LAYERS * TOKENS * TOP_K
 
 
+def test_geometry_states_the_hbm_slots_an_executor_lays_out():
+    # the hot experts' slots and one spare per layer: the library's rule, asked, not restated
+    g = experts.Geometry(3, 8, 2, 64)
+    assert g.slots_per_layer == 3
+    assert g.hbm_bytes == 3 * 3 * 64
+    with pytest.raises(OverflowError):
+        experts.Geometry(1, 1, 1, 1 << 63).hbm_bytes  # the bank fits a u64, its slots do not
+
+
+def test_controller_configs_of_both_shapes():
+    # the flat shape of older configs (policy a name, its knobs at the top level) and the policy
+    # object read the same; the config is given back in the new shape; mixing them is refused
+    g = experts.Geometry(2, 8, 2, 64)
+    m = experts.ResidencyMap.first_k("m", g)
+    flat = experts.Controller(m, {"policy": "ratio", "ratio": 1.25, "adaptive": None})
+    new = experts.Controller(m, {"policy": {"kind": "ratio", "ratio": 1.25}, "adaptive": None})
+    assert flat.config == new.config
+    assert flat.config["policy"] == {"kind": "ratio", "ratio": 1.25}
+    assert experts.Controller(m, new.config).config == new.config
+    assert experts.Controller(m).config["policy"]["kind"] == "cost"
+    with pytest.raises(ValueError, match='"kind": "ratio"'):
+        experts.Controller(m, {"policy": {"kind": "ratio"}, "ratio": 1.25})
+    with pytest.raises(ValueError, match="ratio must be finite"):
+        experts.Controller(m, {"policy": {"kind": "ratio", "ratio": 0.5}})
+
+
 def test_strided_int64_and_torch_style_views_count_the_same():
     g = experts.Geometry(2, 8, 2)
     wide = np.array([[1, 2, 7], [3, 4, 7]], dtype=np.int64)

@@ -14,11 +14,13 @@ mod touch;
 
 pub use control::ControlMessage;
 
-use crate::config::{ControllerConfig, PolicyKind};
+use crate::config::ControllerConfig;
 use crate::counters::PickCounters;
 use crate::error::{ExpertError, Result};
 use crate::executor::{PlannedSwap, SwapExecutor};
-use crate::policy::{CostPolicy, RatioPolicy, RecencyPolicy, SwapChoice, SwapPolicy};
+#[cfg(doc)]
+use crate::policy::{CostPolicy, RatioPolicy};
+use crate::policy::{SwapChoice, SwapPolicy};
 use crate::rowmap::ResidencyMap;
 use crate::telemetry::{DrainTelemetry, SwapStats};
 use drain::ShiftState;
@@ -109,35 +111,42 @@ pub struct Controller {
 
 impl Controller {
     /// A controller starting from `map` (the boot map: first-K, or a seed map) with the policy
-    /// `cfg.policy` names: [`CostPolicy`] (default) at `cfg.cost` and `cfg.link`, the published
-    /// [`RatioPolicy`] at `cfg.ratio`, or [`RecencyPolicy`]; frozen if `cfg.boot_frozen`.
+    /// `cfg.policy` configures: [`CostPolicy`] (default), the published [`RatioPolicy`], or
+    /// [`RecencyPolicy`](crate::RecencyPolicy); frozen if `cfg.boot_frozen`. Each part of `cfg`
+    /// is checked once: the shared knobs here, the policy's config by the policy's constructor
+    /// ([`PolicyConfig::build`](crate::PolicyConfig::build)).
     ///
     /// Errors: [`ExpertError::InvalidConfig`] for a bad config; [`ExpertError::OutOfMemory`] (see
     /// [`Controller::with_policy`]).
     pub fn new(map: ResidencyMap, cfg: ControllerConfig) -> Result<Self> {
-        cfg.validate()?;
-        let policy: Box<dyn SwapPolicy> = match cfg.policy {
-            PolicyKind::Cost => Box::new(CostPolicy::new(cfg.cost, cfg.link.clone())?),
-            PolicyKind::Ratio => Box::new(RatioPolicy::new(cfg.ratio)?),
-            PolicyKind::Recency => Box::new(RecencyPolicy::new()),
-        };
-        Self::with_policy(map, cfg, policy)
+        cfg.validate_knobs()?;
+        let policy = cfg.policy.build()?;
+        Self::build(map, cfg, policy)
     }
 
-    /// A controller starting from `map` that asks `policy` what to swap. `cfg.policy`,
-    /// `cfg.ratio`, `cfg.cost` and `cfg.link` choose and tune the policy [`Controller::new`]
-    /// builds and are unused here; everything else in `cfg` (drain cadence, half-life, caps,
-    /// budget, window, shift response) applies whatever the policy.
+    /// A controller starting from `map` that asks `policy` what to swap. `cfg.policy` chooses
+    /// and tunes the policy [`Controller::new`] builds and is unused here (not checked);
+    /// everything else in `cfg` (drain cadence, half-life, caps, budget, window, shift response)
+    /// applies whatever the policy.
     ///
-    /// Errors: [`ExpertError::InvalidConfig`] for a bad config; [`ExpertError::OutOfMemory`] when
-    /// the host cannot allocate the controller's per-cell tables (about 40 bytes per
+    /// Errors: [`ExpertError::InvalidConfig`] for a bad shared knob; [`ExpertError::OutOfMemory`]
+    /// when the host cannot allocate the controller's per-cell tables (about 40 bytes per
     /// `(layer, expert)` cell, plus 16 bytes per layer and window drain).
     pub fn with_policy(
         map: ResidencyMap,
         cfg: ControllerConfig,
         policy: Box<dyn SwapPolicy>,
     ) -> Result<Self> {
-        cfg.validate()?;
+        cfg.validate_knobs()?;
+        Self::build(map, cfg, policy)
+    }
+
+    /// The controller for `cfg`, whose shared knobs are checked, and `policy`.
+    fn build(
+        map: ResidencyMap,
+        cfg: ControllerConfig,
+        policy: Box<dyn SwapPolicy>,
+    ) -> Result<Self> {
         let g = *map.geometry();
         let cells = g.cells();
         let layers = g.layers as usize;

@@ -197,7 +197,7 @@ fn baseline_reset_forgets_and_errors_change_nothing() {
     assert!(Controller::new(
         ResidencyMap::first_k("t", g).unwrap(),
         ControllerConfig {
-            ratio: 0.5,
+            policy: crate::PolicyConfig::Ratio(crate::RatioConfig { ratio: 0.5 }),
             ..cfg()
         }
     )

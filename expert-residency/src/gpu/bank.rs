@@ -5,12 +5,10 @@
 use std::sync::Arc;
 
 use cuda_kernels::cudarc_driver::CudaStream;
-use cuda_kernels::{
-    CudaError, DeviceBuffer, EventSignal, ExpertStore, Gpu, PinnedBuffer, StoreGeometry,
-    TableUpdater,
-};
+use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer, TableUpdater};
 
 use super::placement::Placement;
+use super::store::ExpertStore;
 use crate::error::{ExpertError, Result};
 use crate::executor::PlannedSwap;
 use crate::geometry::Geometry;
@@ -68,10 +66,10 @@ impl ExpertBankGpu {
     /// expert's host copy.
     ///
     /// # Errors
-    /// The errors of [`Geometry::validate`], [`ExpertError::InvalidGeometry`] if `expert_bytes` is not
-    /// a multiple of 16 (all before any allocation); [`ExpertError::Cuda`] for the store's limits
-    /// ([`StoreGeometry::validate`]) and device failures (e.g. `CUDA_ERROR_OUT_OF_MEMORY` when
-    /// HBM or pinnable host memory is short).
+    /// The errors of [`ExpertStore::check_geometry`] (the tier's geometry rules, an
+    /// `expert_bytes` multiple of 16, the store's byte limits; all before any allocation);
+    /// [`ExpertError::Cuda`] for device failures (e.g. `CUDA_ERROR_OUT_OF_MEMORY` when HBM or
+    /// pinnable host memory is short).
     pub fn new(gpu: &Arc<Gpu>, geometry: Geometry) -> Result<Self> {
         Self::with_memory(gpu, geometry, None, None)
     }
@@ -79,7 +77,7 @@ impl ExpertBankGpu {
     /// As [`ExpertBankGpu::new`], over caller-owned memory where given: `host` is the experts'
     /// host store (`[layers][experts_per_layer][expert_bytes]` u8, kept as it is: the caller's
     /// weights are read in place and copied into slots from there) and `slots` the HBM slots
-    /// (`layers × (hot_per_layer + 1) × expert_bytes` bytes). Build them with
+    /// ([`Geometry::hbm_bytes`]: the hot slots and a spare per layer). Build them with
     /// [`PinnedBuffer::borrowed`] /
     /// [`DeviceBuffer::borrowed`]; see [`ExpertStore::with_memory`].
     ///
@@ -92,24 +90,7 @@ impl ExpertBankGpu {
         host: Option<PinnedBuffer<u8>>,
         slots: Option<DeviceBuffer<u8>>,
     ) -> Result<Self> {
-        geometry.validate()?;
-        if !geometry.expert_bytes.is_multiple_of(16) {
-            return Err(ExpertError::InvalidGeometry(format!(
-                "expert_bytes {} is not a multiple of 16 (GPU bank)",
-                geometry.expert_bytes
-            )));
-        }
-        let store = ExpertStore::with_memory(
-            gpu,
-            StoreGeometry {
-                layers: geometry.layers,
-                experts: geometry.experts_per_layer,
-                hot_per_layer: geometry.hot_per_layer,
-                expert_bytes: geometry.expert_bytes,
-            },
-            host,
-            slots,
-        )?;
+        let store = ExpertStore::with_memory(gpu, geometry, host, slots)?;
         let mut copy_done = Vec::with_capacity(geometry.layers as usize);
         let mut spare_fence = Vec::with_capacity(geometry.layers as usize);
         for _ in 0..geometry.layers {
@@ -158,7 +139,7 @@ impl ExpertBankGpu {
     /// # Errors
     /// [`ExpertError::Cuda`] (`OutOfRange`) for a bad layer or expert.
     pub fn host_expert(&self, layer: u32, expert: u32) -> Result<&[u8]> {
-        Ok(self.store.host_expert(layer, expert)?)
+        self.store.host_expert(layer, expert)
     }
 
     /// Mutable host copy of an expert: only before [`ExpertBankGpu::load_map`] (weights are
@@ -169,7 +150,7 @@ impl ExpertBankGpu {
     /// or expert.
     pub fn host_expert_mut(&mut self, layer: u32, expert: u32) -> Result<&mut [u8]> {
         self.check_writable()?;
-        Ok(self.store.host_expert_mut(layer, expert)?)
+        self.store.host_expert_mut(layer, expert)
     }
 
     /// Fills every host expert with `f(layer, expert, bytes)`, on up to `threads` threads; only
@@ -197,7 +178,7 @@ impl ExpertBankGpu {
 
     /// Loads a residency map synchronously (boot, or restore): each layer's hot experts are
     /// copied into physical slots `0..hot_per_layer` in `map`'s slot order, the last slot
-    /// becomes the spare, and the table is rewritten. The bank's generations become `map`'s.
+    /// ([`Geometry::spare_slot`]) becomes the spare, and the table is rewritten. The bank's generations become `map`'s.
     ///
     /// # Errors
     /// [`ExpertError::GeometryMismatch`] if `map` has another geometry, [`ExpertError::Executor`] while a
@@ -285,6 +266,22 @@ impl ExpertBankGpu {
                 Some(s) => self.store.slot_ptr(layer, s),
                 None => self.store.host_device_ptr(layer, expert),
             },
+        )
+    }
+
+    /// Checks the device against the bank's own placement, after synchronising the device: the
+    /// table must hold [`ExpertBankGpu::entry`] for every cell and every occupied slot exactly
+    /// its expert's host bytes ([`ExpertStore::mismatches`]). Returns the number of mismatching
+    /// entries plus slots (0 = consistent). A diagnostic (the reference example's and the GPU
+    /// tests' final check): it downloads the table and every occupied slot.
+    ///
+    /// # Errors
+    /// [`ExpertError::Cuda`] for a failed download.
+    pub fn mismatches(&self) -> Result<u64> {
+        self.store.mismatches(
+            // In range (the store's own loop): `entry` cannot fail there.
+            |l, e| self.entry(l, e).unwrap_or(0),
+            |l, s| self.expert_in_slot(l, s),
         )
     }
 

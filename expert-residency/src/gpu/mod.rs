@@ -1,9 +1,10 @@
 //! The GPU executor (`cuda` feature): [`GpuExecutor`] implements [`SwapExecutor`] on top of an
 //! [`ExpertBankGpu`]: all experts in pinned host memory (the source of truth), the hot ones in
 //! HBM slots plus one spare slot per layer, and a device indirection table `(layer, expert) →
-//! u64 address` at a fixed address (CUDA-graph safe). The memory and the kernels are
-//! `cuda-kernels`' ([`cuda_kernels::ExpertStore`], [`cuda_kernels::TableUpdater`]); the
-//! residency state and the protocol below are this module's.
+//! u64 address` at a fixed address (CUDA-graph safe). The memory is this module's
+//! [`ExpertStore`] (on `cuda-kernels`' device memory types), the kernels are `cuda-kernels`'
+//! ([`cuda_kernels::TableUpdater`]); the residency state and the protocol below are this
+//! module's.
 //!
 //! A swap (incoming cold expert in, outgoing hot expert out):
 //! 1. `begin` ([`ExpertBankGpu::begin_swap`]) checks the swap against the executor's mirror of
@@ -34,9 +35,11 @@
 mod bank;
 mod executor;
 mod placement;
+mod store;
 
 pub use bank::{CommitMode, CommittedSwap, ExpertBankGpu};
 pub use executor::GpuExecutor;
+pub use store::ExpertStore;
 
 #[cfg(doc)]
 use crate::executor::SwapExecutor;

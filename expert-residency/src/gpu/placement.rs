@@ -3,13 +3,15 @@
 //! [`Placement`] keeps the executor's mirror of the controller's [`ResidencyMap`] (one
 //! generation for map, executor and bank: the mirror applies exactly the swaps the bank flips,
 //! in flip order, as the controller applies the swaps reported committed) and where each hot
-//! expert physically sits: `hot_per_layer + 1` HBM slots per layer, one of them the layer's
-//! spare. A swap copies its incoming expert into the spare; at the flip the incoming expert owns
+//! expert physically sits: [`Geometry::slots_per_layer`] HBM slots per layer, one of them the
+//! layer's spare. A swap copies its incoming expert into the spare; at the flip the incoming expert owns
 //! that slot and the outgoing expert's old slot becomes the spare. The mirror's logical slots
 //! (`PlannedSwap::slot`) and the physical slots differ once swaps rotate the spare.
 
 use crate::error::{ExpertError, Result};
 use crate::executor::PlannedSwap;
+#[cfg(doc)]
+use crate::geometry::Geometry;
 use crate::rowmap::ResidencyMap;
 use tier_core::alloc::try_filled;
 
@@ -30,12 +32,12 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
-    /// `map`'s hot slot `i` of every layer in physical slot `i`; slot `hot_per_layer` is the
+    /// `map`'s hot slot `i` of every layer in physical slot `i`; [`Geometry::spare_slot`] is the
     /// spare; nothing in flight. Errors: `OutOfMemory` for tables the host cannot allocate.
     pub(crate) fn new(map: &ResidencyMap) -> Result<Self> {
         let g = *map.geometry();
-        let (layers, experts, hot) = (g.layers, g.experts_per_layer, g.hot_per_layer);
-        let slots_per_layer = hot + 1;
+        let (layers, experts) = (g.layers, g.experts_per_layer);
+        let slots_per_layer = g.slots_per_layer();
         let what = "GPU bank placement tables";
         let mut slot_of = try_filled((layers * experts) as usize, None, what)?;
         let mut expert_in_slot = try_filled((layers * slots_per_layer) as usize, None, what)?;
@@ -51,7 +53,7 @@ impl Placement {
             slots_per_layer,
             slot_of,
             expert_in_slot,
-            spare: vec![hot; layers as usize],
+            spare: vec![g.spare_slot(); layers as usize],
             inflight: vec![None; layers as usize],
         })
     }

@@ -3,7 +3,62 @@
 use super::{
     keep_beatable, rank_cold, rank_hot, rank_least_hot, LayerHeat, SwapChoice, SwapPolicy,
 };
-use crate::config::{CostKnobs, LinkCost};
+use crate::config::{bad, LinkCost};
+use crate::error::Result;
+
+/// The cost-aware policy's config ([`CostPolicy`], `{"kind": "cost", ...}` in a controller
+/// config's `policy`): its margins and the link prices it prices swaps with. Missing fields take
+/// their defaults; an unknown field is an error.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
+#[serde(default, deny_unknown_fields)]
+pub struct CostConfig {
+    /// A swap must save at least `payback ×` its copy cost (≥ 1, finite): a margin for the
+    /// future not repeating the past. Default 1.5.
+    pub payback: f64,
+    /// Sampling-noise margin in standard deviations of the touched-step heat difference (≥ 0,
+    /// finite): a swap must also clear `z · √(var_in + var_out)` touched steps. Default 1
+    /// (picked on the Mixtral decode traces: z 0 churns, z 2 is slow; `docs/experts.md`).
+    pub z: f64,
+    /// What the host link charges for an in-place read and for a swap copy. Default
+    /// [`LinkCost::h200_pcie`].
+    pub link: LinkCost,
+}
+
+named_fields!(CostConfig, "a cost policy config");
+
+impl Default for CostConfig {
+    fn default() -> Self {
+        CostConfig {
+            payback: 1.5,
+            z: 1.0,
+            link: LinkCost::h200_pcie(),
+        }
+    }
+}
+
+impl CostConfig {
+    /// Checks every field (the one check of the cost-aware policy's config: [`CostPolicy::new`]
+    /// runs it).
+    ///
+    /// Errors: [`crate::ExpertError::InvalidConfig`] naming the field (`cost.payback`,
+    /// `cost.z`, `link.*`).
+    pub fn validate(&self) -> Result<()> {
+        if !(self.payback.is_finite() && self.payback >= 1.0) {
+            return Err(bad(format!(
+                "cost.payback must be finite and ≥ 1, got {}",
+                self.payback
+            )));
+        }
+        if !(self.z.is_finite() && self.z >= 0.0) {
+            return Err(bad(format!(
+                "cost.z must be finite and ≥ 0, got {}",
+                self.z
+            )));
+        }
+        self.link.validate()
+    }
+}
 
 /// Swaps a cold expert in when the host reads it is expected to save over its expected residency
 /// exceed what its copy costs on the link (tierkit's default policy; the idea is the published
@@ -39,40 +94,28 @@ use crate::config::{CostKnobs, LinkCost};
 /// experts that can pay are ranked at all.
 #[derive(Clone, Debug)]
 pub struct CostPolicy {
-    knobs: CostKnobs,
-    link: LinkCost,
+    cfg: CostConfig,
     cold: Vec<(f64, u32)>,
     hot: Vec<(f64, u32)>,
 }
 
 impl CostPolicy {
-    /// The cost-aware policy with `knobs` and the link prices `link`.
+    /// The cost-aware policy with `cfg` (its margins and link prices), validated here, once.
     ///
-    /// Errors: [`crate::ExpertError::InvalidConfig`] for knobs or prices out of range (see
-    /// [`CostKnobs`], [`LinkCost`]).
-    pub fn new(knobs: CostKnobs, link: LinkCost) -> crate::Result<Self> {
-        let cfg = crate::ControllerConfig {
-            cost: knobs,
-            link: link.clone(),
-            ..crate::ControllerConfig::default()
-        };
+    /// Errors: [`crate::ExpertError::InvalidConfig`] for a field out of range
+    /// ([`CostConfig::validate`]).
+    pub fn new(cfg: CostConfig) -> Result<Self> {
         cfg.validate()?;
         Ok(CostPolicy {
-            knobs,
-            link,
+            cfg,
             cold: Vec::new(),
             hot: Vec::new(),
         })
     }
 
-    /// The knobs.
-    pub fn knobs(&self) -> CostKnobs {
-        self.knobs
-    }
-
-    /// The link prices.
-    pub fn link(&self) -> &LinkCost {
-        &self.link
+    /// The config (margins and link prices).
+    pub fn config(&self) -> &CostConfig {
+        &self.cfg
     }
 }
 
@@ -98,8 +141,8 @@ impl SwapPolicy for CostPolicy {
         let f = (-1.0 / layer.half_life_steps.max(1e-9)).exp2();
         let one_minus_f = 1.0 - f;
         let inv_var_den = 1.0 / (1.0 - f * f).max(1e-12);
-        let price = self.knobs.payback * self.link.copy_in_reads(layer.expert_bytes);
-        let z = self.knobs.z;
+        let price = self.cfg.payback * self.cfg.link.copy_in_reads(layer.expert_bytes);
+        let z = self.cfg.z;
         // Only a cold expert at least `price` touched steps hotter than the least busy hot one
         // can pay: find that bound first (one short pass over the hot set, which also ranks the
         // least busy hot experts when the "beatable" test below is monotone in the heat).
@@ -179,14 +222,12 @@ mod tests {
 
     #[test]
     fn swaps_only_what_pays_for_its_copy() {
-        let mut p = CostPolicy::new(
-            CostKnobs {
-                payback: 1.0,
-                z: 0.0,
-            },
-            LinkCost::h200_pcie(),
-        )
-        .unwrap();
+        let cost = |payback: f64, z: f64| CostConfig {
+            payback,
+            z,
+            link: LinkCost::h200_pcie(),
+        };
+        let mut p = CostPolicy::new(cost(1.0, 0.0)).unwrap();
         let mb = 352_321_536; // a Mixtral expert: a copy costs 0.86 reads on PCIe
                               // Hot 0 (1.0), 1 (5.0); cold 2 (2.0: +1.0 over expert 0, pays), 3 (1.5: +0.5, does not).
         assert_eq!(
@@ -198,14 +239,7 @@ mod tests {
             Vec::<u32>::new()
         );
         // A payback margin of 2 needs 1.72 touched steps more.
-        let mut p2 = CostPolicy::new(
-            CostKnobs {
-                payback: 2.0,
-                z: 0.0,
-            },
-            LinkCost::h200_pcie(),
-        )
-        .unwrap();
+        let mut p2 = CostPolicy::new(cost(2.0, 0.0)).unwrap();
         assert_eq!(
             plan(&mut p2, &[1.0, 5.0, 2.0, 1.5], &[0, 1], 16.0, mb),
             Vec::<u32>::new()
@@ -215,14 +249,7 @@ mod tests {
             vec![300]
         );
         // The noise margin stops swaps between experts whose heat differs by sampling noise.
-        let mut pz = CostPolicy::new(
-            CostKnobs {
-                payback: 1.0,
-                z: 4.0,
-            },
-            LinkCost::h200_pcie(),
-        )
-        .unwrap();
+        let mut pz = CostPolicy::new(cost(1.0, 4.0)).unwrap();
         assert_eq!(
             plan(&mut pz, &[4.0, 9.0, 6.0, 0.0], &[0, 1], 16.0, mb),
             Vec::<u32>::new()
@@ -240,19 +267,16 @@ mod tests {
             plan(&mut p, &[1.0, 5.0, 2.0, 1.5], &[0, 1], f64::NAN, mb),
             Vec::<u32>::new()
         );
-        assert!(CostPolicy::new(
-            CostKnobs {
-                payback: 0.5,
-                z: 0.0
-            },
-            LinkCost::h200_pcie()
-        )
-        .is_err());
+        assert!(CostPolicy::new(cost(0.5, 0.0)).is_err());
         let bad = LinkCost {
             read_gbps: 0.0,
             ..LinkCost::h200_pcie()
         };
-        assert!(CostPolicy::new(CostKnobs::default(), bad).is_err());
+        assert!(CostPolicy::new(CostConfig {
+            link: bad,
+            ..CostConfig::default()
+        })
+        .is_err());
         assert_eq!(p.name(), "cost");
     }
 }

@@ -10,16 +10,111 @@
 //! - [`RatioPolicy`] (`ratio.rs`): the published GB300 recipe's "EMA drain + ratio hysteresis";
 //! - [`RecencyPolicy`] (`recency.rs`): capped LRU on the drained touches, for comparison and for
 //!   traffic where recency wins.
+//!
+//! Each policy has its own config beside it ([`CostConfig`], [`RatioConfig`], [`RecencyConfig`]),
+//! validated once, by the policy's constructor; [`PolicyConfig`] is the one a
+//! [`ControllerConfig`](crate::ControllerConfig) carries and builds.
 
 mod cost;
 mod ratio;
 mod recency;
 
-pub use cost::CostPolicy;
-pub use ratio::RatioPolicy;
-pub use recency::RecencyPolicy;
+pub use cost::{CostConfig, CostPolicy};
+pub use ratio::{RatioConfig, RatioPolicy};
+pub use recency::{RecencyConfig, RecencyPolicy};
 
+use crate::config::PolicyKind;
+use crate::error::Result;
 use crate::rowmap::RowMap;
+
+/// The swap policy a [`Controller::new`](crate::Controller::new) builds, with that policy's own
+/// config (the controller's shared knobs, cadence, caps and budget, are
+/// [`ControllerConfig`](crate::ControllerConfig)'s).
+///
+/// JSON: an object tagged by `kind` holding the policy's fields, `{"kind": "cost", "payback":
+/// 1.5, "z": 1.0, "link": {...}}`, `{"kind": "ratio", "ratio": 1.5}`, `{"kind": "recency"}`;
+/// missing fields take their defaults, an unknown field is an error. In a controller config the
+/// name alone (`"policy": "ratio"`) is that policy at its defaults.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PolicyConfig {
+    /// [`CostPolicy`] (the default): a swap must save more host bytes than its copy costs.
+    Cost(CostConfig),
+    /// [`RatioPolicy`]: the published GB300 recipe's "EMA drain + ratio hysteresis".
+    Ratio(RatioConfig),
+    /// [`RecencyPolicy`]: capped LRU on the drained touches.
+    Recency(RecencyConfig),
+}
+
+named_fields!(PolicyConfig, "a policy config");
+
+impl Default for PolicyConfig {
+    /// The cost-aware policy at its defaults.
+    fn default() -> Self {
+        PolicyConfig::Cost(CostConfig::default())
+    }
+}
+
+impl PolicyConfig {
+    /// The policy `kind` at its defaults.
+    pub fn default_for(kind: PolicyKind) -> Self {
+        match kind {
+            PolicyKind::Cost => PolicyConfig::Cost(CostConfig::default()),
+            PolicyKind::Ratio => PolicyConfig::Ratio(RatioConfig::default()),
+            PolicyKind::Recency => PolicyConfig::Recency(RecencyConfig::default()),
+        }
+    }
+
+    /// Which policy.
+    pub fn kind(&self) -> PolicyKind {
+        match self {
+            PolicyConfig::Cost(_) => PolicyKind::Cost,
+            PolicyConfig::Ratio(_) => PolicyKind::Ratio,
+            PolicyConfig::Recency(_) => PolicyKind::Recency,
+        }
+    }
+
+    /// The name used in configs and reports (`cost`, `ratio`, `recency`).
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// Checks the policy's config (its own `validate`), for callers that check a config without
+    /// building the policy ([`ControllerConfig::validate`](crate::ControllerConfig::validate)).
+    ///
+    /// Errors: [`crate::ExpertError::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            PolicyConfig::Cost(c) => c.validate(),
+            PolicyConfig::Ratio(c) => c.validate(),
+            PolicyConfig::Recency(_) => Ok(()),
+        }
+    }
+
+    /// Builds the policy; its constructor validates the config (once).
+    ///
+    /// Errors: [`crate::ExpertError::InvalidConfig`] naming the field.
+    pub fn build(&self) -> Result<Box<dyn SwapPolicy>> {
+        Ok(match self {
+            PolicyConfig::Cost(c) => Box::new(CostPolicy::new(c.clone())?),
+            PolicyConfig::Ratio(c) => Box::new(RatioPolicy::new(*c)?),
+            PolicyConfig::Recency(_) => Box::new(RecencyPolicy::new()),
+        })
+    }
+}
+
+impl std::fmt::Display for PolicyConfig {
+    /// The policy and its knobs, for reports: `cost (payback 1.5, z 1)`, `ratio 1.5`, `recency`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicyConfig::Cost(c) => write!(f, "cost (payback {}, z {})", c.payback, c.z),
+            PolicyConfig::Ratio(c) => write!(f, "ratio {}", c.ratio),
+            PolicyConfig::Recency(_) => f.write_str("recency"),
+        }
+    }
+}
 
 /// What a policy sees of one layer at a drain.
 #[derive(Clone, Copy, Debug)]

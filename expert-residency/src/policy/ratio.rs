@@ -3,6 +3,43 @@
 use super::{
     keep_beatable, rank_cold, rank_hot, rank_least_hot, LayerHeat, SwapChoice, SwapPolicy,
 };
+use crate::config::bad;
+use crate::error::Result;
+
+/// The ratio policy's config ([`RatioPolicy`], `{"kind": "ratio", "ratio": 1.5}` in a controller
+/// config's `policy`). A missing field takes its default; an unknown field is an error.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
+#[serde(default, deny_unknown_fields)]
+pub struct RatioConfig {
+    /// A cold expert replaces a hot one only if its EMA is at least `ratio` times the hot one's
+    /// (≥ 1, finite): hysteresis against churn. Default 1.5 (the published recipe's).
+    pub ratio: f64,
+}
+
+named_fields!(RatioConfig, "a ratio policy config");
+
+impl Default for RatioConfig {
+    fn default() -> Self {
+        RatioConfig { ratio: 1.5 }
+    }
+}
+
+impl RatioConfig {
+    /// Checks the ratio (the one check of the ratio policy's config: [`RatioPolicy::new`] runs
+    /// it).
+    ///
+    /// Errors: [`crate::ExpertError::InvalidConfig`] for a ratio below 1 or not finite.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.ratio.is_finite() && self.ratio >= 1.0) {
+            return Err(bad(format!(
+                "ratio must be finite and ≥ 1, got {}",
+                self.ratio
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// The published policy, "EMA drain + ratio hysteresis" (the GB300 expert-residency recipe):
 /// the busiest cold experts are paired with the least busy hot ones, busiest with least busy, and
@@ -19,19 +56,14 @@ pub struct RatioPolicy {
 }
 
 impl RatioPolicy {
-    /// The ratio policy with hysteresis `ratio` (≥ 1, finite; the controller's config validates
-    /// [`ControllerConfig::ratio`](crate::ControllerConfig::ratio)).
+    /// The ratio policy with the hysteresis of `cfg`, validated here, once.
     ///
-    /// Errors: [`ExpertError::InvalidConfig`](crate::ExpertError::InvalidConfig) for a ratio below 1 or not
-    /// finite.
-    pub fn new(ratio: f64) -> crate::Result<Self> {
-        if !(ratio.is_finite() && ratio >= 1.0) {
-            return Err(crate::ExpertError::InvalidConfig(format!(
-                "ratio must be finite and ≥ 1, got {ratio}"
-            )));
-        }
+    /// Errors: [`crate::ExpertError::InvalidConfig`] for a ratio below 1 or not finite
+    /// ([`RatioConfig::validate`]).
+    pub fn new(cfg: RatioConfig) -> Result<Self> {
+        cfg.validate()?;
         Ok(RatioPolicy {
-            ratio,
+            ratio: cfg.ratio,
             cold: Vec::new(),
             hot: Vec::new(),
         })
@@ -123,7 +155,7 @@ mod tests {
 
     #[test]
     fn pairs_busiest_cold_with_least_busy_hot_under_the_ratio() {
-        let mut p = RatioPolicy::new(1.5).unwrap();
+        let mut p = RatioPolicy::new(RatioConfig::default()).unwrap();
         // Hot 0 (1.0), 1 (4.0); cold 2 (6.0), 3 (1.4), 4 (6.0).
         let heat = [1.0, 4.0, 6.0, 1.4, 6.0];
         let c = |incoming, outgoing| SwapChoice { incoming, outgoing };
@@ -132,7 +164,8 @@ mod tests {
         // 1.4 < 1.5 × 1.0: a close call stays put.
         assert_eq!(plan(&mut p, &[1.0, 4.0, 0.0, 1.4, 0.0], &[0, 1], 4), vec![]);
         assert_eq!(plan(&mut p, &[0.0; 5], &[0, 1], 4), vec![]);
-        assert!(RatioPolicy::new(0.9).is_err() && RatioPolicy::new(f64::NAN).is_err());
+        let ratio = |ratio| RatioPolicy::new(RatioConfig { ratio });
+        assert!(ratio(0.9).is_err() && ratio(f64::NAN).is_err());
         assert_eq!((p.name(), p.ratio()), ("ratio", 1.5));
     }
 }

@@ -2,6 +2,16 @@
 
 use super::{LayerHeat, SwapChoice, SwapPolicy};
 
+/// The recency policy's config ([`RecencyPolicy`], `{"kind": "recency"}` in a controller config's
+/// `policy`). It has no knobs of its own: its cap N is the controller's
+/// (`max_swaps_per_layer`, `max_swaps_per_step`); an unknown field is an error.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(remote = "Self")]
+#[serde(deny_unknown_fields)]
+pub struct RecencyConfig {}
+
+named_fields!(RecencyConfig, "a recency policy config");
+
 /// Capped LRU (after the classic least-recently-used cache; ARC's recency list without its
 /// frequency list): at each drain the most recently touched cold experts replace the least
 /// recently touched hot ones, as long as the incoming expert was touched more recently than the

@@ -105,6 +105,8 @@ impl GpuArena {
         arena: Option<DeviceBuffer<u8>>,
         host: Option<PinnedBuffer<u8>>,
     ) -> Result<Self> {
+        // Dims a caller built by hand: the kernels' own check. (The pool converts a validated
+        // geometry instead, `GpuPoolConfig::kv_dims`, and calls `from_checked` directly.)
         dims.validate()?;
         if groups.validate(dims.layers).is_err() {
             return Err(CudaError::OutOfRange {
@@ -113,6 +115,19 @@ impl GpuArena {
                 limit: dims.layers as u64 + 1,
             });
         }
+        Self::from_checked(gpu, dims, groups, arena, host)
+    }
+
+    /// As [`GpuArena::with_buffers`], for `dims` and `groups` already known valid (`dims`
+    /// converted from a validated geometry, whose layer groups partition its layers): nothing is
+    /// checked again.
+    pub(crate) fn from_checked(
+        gpu: &Arc<Gpu>,
+        dims: KvDims,
+        groups: LayerGroups,
+        arena: Option<DeviceBuffer<u8>>,
+        host: Option<PinnedBuffer<u8>>,
+    ) -> Result<Self> {
         let n_groups = groups.count(dims.layers);
         let ctx = gpu.ctx();
         let slots = dims.max_slots as usize;

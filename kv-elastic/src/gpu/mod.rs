@@ -7,6 +7,7 @@
 
 mod arena;
 mod data;
+mod dims;
 mod direct;
 mod pool;
 mod strided;

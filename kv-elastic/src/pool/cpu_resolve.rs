@@ -42,7 +42,7 @@ impl ElasticPool {
             .unwrap_or(-1);
         if pg >= 0 {
             stats.page_hits += 1;
-            return Some(pg as u32 * g.page_rows + p % g.page_rows);
+            return Some(g.page_row(pg as u32, p));
         }
         let slot = r.hot[group].lookup(p)?;
         stats.hot_hits += 1;
@@ -104,8 +104,7 @@ impl Resolver for ElasticPool {
                     break;
                 };
                 hot.install(slot, p, call);
-                let pr = g.page_rows;
-                let dst_row = r.fixed_pages[(slot / pr) as usize] * pr + slot % pr;
+                let dst_row = g.fixed_row(&r.fixed_pages, slot);
                 copies.push(RowCopy {
                     session: s,
                     position: p,
@@ -233,11 +232,10 @@ impl Resolver for ElasticPool {
                 break;
             };
             r.hot[group].install(slot, p, call);
-            let pr = g.page_rows;
             copies.push(RowCopy {
                 session,
                 position: p,
-                dst_row: r.fixed_pages[(slot / pr) as usize] * pr + slot % pr,
+                dst_row: g.fixed_row(&r.fixed_pages, slot),
             });
         }
         self.apply_copies(&copies, g.group_layers(layer));

@@ -529,12 +529,7 @@ impl<D: DataPlane> ElasticPool<D> {
         for (j, &pg) in r.pages.table().iter().enumerate() {
             if pg >= 0 {
                 for p in j as u32 * g.page_rows..(j as u32 + 1) * g.page_rows {
-                    check(
-                        p,
-                        pg as u32 * g.page_rows + p % g.page_rows,
-                        0..g.layers,
-                        "page",
-                    )?;
+                    check(p, g.page_row(pg as u32, p), 0..g.layers, "page")?;
                 }
             }
         }

@@ -189,6 +189,7 @@ impl ElasticPool {
     /// As [`ElasticPool::new`]; `InvalidConfig` for a zero `max_sessions` / `max_history`;
     /// `OutOfMemory` when the region cannot be mapped or locked.
     pub fn with_store(geometry: Geometry, config: PoolConfig, store: StoreConfig) -> Result<Self> {
+        // Validated once, before the region is allocated (`with_region_checked` does not again).
         geometry.validate()?;
         let layout = StoreLayout {
             max_slots: store.max_sessions,
@@ -206,7 +207,7 @@ impl ElasticPool {
             ));
         }
         let region = HostRegion::allocate(bytes, geometry.token_bytes(), store.lock)?;
-        Self::with_region(geometry, config, layout, region)
+        Self::with_region_checked(geometry, config, layout, region)
     }
 
     /// As [`ElasticPool::with_store`], on a region the caller built: [`HostRegion::adopt`] of
@@ -223,6 +224,16 @@ impl ElasticPool {
         region: HostRegion,
     ) -> Result<Self> {
         geometry.validate()?;
+        Self::with_region_checked(geometry, config, layout, region)
+    }
+
+    /// [`ElasticPool::with_region`] for a validated `geometry`.
+    fn with_region_checked(
+        geometry: Geometry,
+        config: PoolConfig,
+        layout: StoreLayout,
+        region: HostRegion,
+    ) -> Result<Self> {
         if layout.layers != geometry.layers || layout.row_bytes != geometry.row_bytes {
             return Err(KvError::InvalidConfig(format!(
                 "store layout of {} layers × {} bytes, the geometry has {} × {}",
@@ -270,8 +281,9 @@ impl ElasticPool {
 
 impl<D: DataPlane> ElasticPool<D> {
     /// A pool for a validated `geometry` on the data plane `data` (which holds no session yet).
+    /// Every caller validated the geometry first, once (`ElasticPool::new`, `with_store`,
+    /// `with_region`, the GPU pool's constructor): it is not checked again here.
     pub(crate) fn with_data(geometry: Geometry, config: PoolConfig, data: D) -> Result<Self> {
-        geometry.validate()?;
         let pages = ArenaPages::new(geometry.arena_pages)?;
         Ok(Self {
             ctl: Control {
@@ -412,8 +424,7 @@ impl<D: DataPlane> ElasticPool<D> {
 
     #[inline]
     fn fixed_row(&self, r: &SessionState, local: u32) -> u32 {
-        let pr = self.ctl.geometry.page_rows;
-        r.fixed_pages[(local / pr) as usize] * pr + local % pr
+        self.ctl.geometry.fixed_row(&r.fixed_pages, local)
     }
 
     #[inline]

@@ -3,8 +3,8 @@
 
 use expert_residency::{
     fit_seed_map, Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry,
-    MemoryExecutor, NullExecutor, PickCounters, ResidencyMap, Result, StepPicks, SwapExecutor,
-    SwapStats,
+    MemoryExecutor, NullExecutor, PickCounters, PolicyConfig, RatioConfig, ResidencyMap, Result,
+    StepPicks, SwapExecutor, SwapStats,
 };
 
 use crate::experts::bound::LowerBound;
@@ -81,7 +81,7 @@ pub fn ratio_tuning_grid() -> Vec<ControllerConfig> {
                 out.push(ControllerConfig {
                     drain_every,
                     half_life_steps,
-                    ratio,
+                    policy: PolicyConfig::Ratio(RatioConfig { ratio }),
                     ..ControllerConfig::published_recipe()
                 });
             }

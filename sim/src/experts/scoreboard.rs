@@ -83,12 +83,12 @@ pub const BOUND_LABEL: &str = "bound (any policy ≥)";
 /// Swaps per step of the `recency (capped N)` row.
 pub const RECENCY_CAP: u32 = 4;
 
-/// The config of the `recency (capped N)` row: [`expert_residency::PolicyKind::Recency`],
+/// The config of the `recency (capped N)` row: [`expert_residency::PolicyConfig::Recency`],
 /// drained every step (recency at one-step resolution), at most [`RECENCY_CAP`] swaps per step
 /// and per layer per drain, a fixed 8-step half-life for its frequency tie-break, no byte budget.
 pub fn recency_config() -> ControllerConfig {
     ControllerConfig {
-        policy: expert_residency::PolicyKind::Recency,
+        policy: expert_residency::PolicyConfig::Recency(expert_residency::RecencyConfig {}),
         drain_every: 1,
         half_life_steps: 8.0,
         max_swaps_per_layer: RECENCY_CAP,
@@ -477,9 +477,9 @@ pub fn legend(opts: &ReplayOptions, trace: &Trace) -> String {
             "oracle-after-shift"
         },
         l.name,
-        l.read_gbps,
-        l.copy_gbps,
-        l.copy_fixed_us,
+        l.cost.read_gbps,
+        l.cost.copy_gbps,
+        l.cost.copy_fixed_us,
     )
 }
 

@@ -69,7 +69,7 @@ use cuda_kernels::cudarc_driver::CudaStream;
 #[cfg(feature = "test-hooks")]
 use cuda_kernels::ResolveEngine;
 use cuda_kernels::{
-    CopyBackend, KvCopy, KvDims, KvFill, KvResolveArgs, KvResolveOptions, KvSlotDesc, KvStats,
+    CopyBackend, KvCopy, KvFill, KvResolveArgs, KvResolveOptions, KvSlotDesc, KvStats,
     KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
@@ -342,27 +342,15 @@ impl GpuElasticPool {
         arena: Option<DeviceBuffer<u8>>,
         host: Option<(PinnedBuffer<u8>, Box<dyn Send>)>,
     ) -> Result<Self> {
+        // The geometry's one validation, then its one conversion into the kernels' terms.
         geometry.validate()?;
-        let dims = KvDims {
-            row_bytes: geometry.row_bytes,
-            layers: geometry.layers,
-            page_rows: geometry.page_rows,
-            hot_rows: geometry.hot_rows,
-            tail_rows: geometry.tail_rows,
-            scratch_rows: geometry.scratch_rows,
-            fixed_pages: geometry.fixed_pages(),
-            max_slots: gcfg.max_sessions,
-            max_history: gcfg.max_history,
-            max_pages: gcfg.max_history.div_ceil(geometry.page_rows),
-            arena_rows: geometry.arena_rows() as u32,
-            pad0: 0,
-        };
+        let dims = gcfg.kv_dims(&geometry)?;
         let (host, host_owner) = match host {
             Some((h, owner)) => (Some(h), Some(owner)),
             None => (None, None),
         };
         let dev =
-            GpuArena::with_buffers(gpu, dims, geometry.layer_groups, arena, host).map_err(cuda)?;
+            GpuArena::from_checked(gpu, dims, geometry.layer_groups, arena, host).map_err(cuda)?;
         let cpu = ElasticPool::with_data(geometry, config, GpuData::new(dev))?;
         Ok(Self {
             cpu,

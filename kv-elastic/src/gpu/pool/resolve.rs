@@ -219,10 +219,7 @@ impl Resolver for GpuElasticPool {
                     .dev
                     .hot_slot_of(slot, plan.group, c.position)
                     .map_err(cuda)?
-                    .is_some_and(|s| {
-                        pl.fixed_pages[(s / g.page_rows) as usize] * g.page_rows + s % g.page_rows
-                            == c.dst_row
-                    });
+                    .is_some_and(|s| g.fixed_row(pl.fixed_pages, s) == c.dst_row);
             if !ok {
                 return Err(KvError::StalePlan {
                     session: c.session,

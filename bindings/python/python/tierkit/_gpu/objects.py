@@ -102,10 +102,11 @@ class DeviceCounters(_Closable):
 class ExpertBank(_Closable):
     """The GPU expert bank for ``map``'s geometry: every expert in mapped pinned host memory
     (``host``, ``uint8 [layers, experts, expert_bytes]``, a CUDA tensor over the host copy, read
-    in place by kernels), the hot ones in HBM slots (``slots``, ``uint8 [layers, hot + 1,
-    expert_bytes]``), and the table of addresses ``table`` (``int64 [layers, experts]``, fixed
-    address, rewritten by flips on the step stream: the pointer form). Write the experts into
-    ``host`` then call ``reload(map)``; pass the bank as the executor of
+    in place by kernels), the hot ones in HBM slots (``slots``, ``uint8 [layers,
+    slots_per_layer, expert_bytes]``: each layer's hot experts and a spare,
+    ``Geometry.slots_per_layer``), and the table of addresses ``table`` (``int64 [layers,
+    experts]``, fixed address, rewritten by flips on the step stream: the pointer form). Write the
+    experts into ``host`` then call ``reload(map)``; pass the bank as the executor of
     ``tierkit.experts.Controller.step`` (or call ``step``).
 
     ``stream`` (default: the current stream) is the step stream flips are ordered on; keep
@@ -118,8 +119,8 @@ class ExpertBank(_Closable):
     it is (memory another tierkit object pinned is refused); any other is pinned and mapped by
     tierkit (``cuMemHostRegister``, listed by ``pinned_ranges()``, unregistered when the bank is
     freed).
-    ``slots`` is a contiguous CUDA tensor on the bank's device of at least ``layers × (hot + 1) ×
-    expert_bytes`` bytes for the HBM slots. tierkit keeps both tensors' storages alive while it
+    ``slots`` is a contiguous CUDA tensor on the bank's device of at least ``geometry.hbm_bytes``
+    (``layers × slots_per_layer × expert_bytes``) bytes for the HBM slots. tierkit keeps both tensors' storages alive while it
     uses them (re-pointing a tensor with ``set_`` frees nothing it uses); do not write them while
     the bank lives (``host`` is the bank's source of truth). Bad input: TypeError for a
     non-tensor, ValueError for the wrong device, layout, alignment or size, a range the driver
@@ -131,7 +132,8 @@ class ExpertBank(_Closable):
         dev = _device(device)
         self.device = dev
         g = map.geometry
-        L, E, H, B = g.layers, g.experts_per_layer, g.hot_per_layer, g.expert_bytes
+        L, E, B = g.layers, g.experts_per_layer, g.expert_bytes
+        slot_bytes = g.hbm_bytes  # the hot slots and a spare per layer (the library's rule)
         host_arg = slots_arg = None
         registered = False
         if host is not None:
@@ -145,12 +147,12 @@ class ExpertBank(_Closable):
             # the storage, not the tensor, is kept: a tensor can be re-pointed with `set_`
             host_arg = (host.untyped_storage(), host.data_ptr(), L * E * B, registered)
         if slots is not None:
-            slots = _range(slots, "slots", L * (H + 1) * B, "cuda", dev)
+            slots = _range(slots, "slots", slot_bytes, "cuda", dev)
         self._stream = _step_stream(stream, dev)
         with _LEND_LOCK:
             if slots is not None:
-                _refuse_tierkit_device(slots, L * (H + 1) * B, dev, "slots")
-                slots_arg = (slots.untyped_storage(), slots.data_ptr(), L * (H + 1) * B)
+                _refuse_tierkit_device(slots, slot_bytes, dev, "slots")
+                slots_arg = (slots.untyped_storage(), slots.data_ptr(), slot_bytes)
             self._native = _native.GpuExpertBank(
                 map, dev.index, self._stream.cuda_stream, threads, host_arg, slots_arg
             )

@@ -1,16 +1,13 @@
-//! [`DeviceOps`]: one device's primary context with the caller-owned launchers
-//! ([`CountLauncher`], [`SlotIdLauncher`]), opened once per process and device, for the
+//! [`DeviceOps`] (`cuda` feature): one device's primary context with `cuda-kernels`' caller-owned
+//! launchers ([`CountLauncher`], [`SlotIdLauncher`]), opened once per process and device, for the
 //! bindings' per-call entry points (torch ops, C functions) that launch on the caller's stream.
+//! Only the bindings use it, so it lives here rather than in the kernel crate.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::CudaStream;
-
-use crate::count::CountLauncher;
-use crate::device::Gpu;
-use crate::error::{drv, CudaError, Result};
-use crate::table::SlotIdLauncher;
+use cuda_kernels::cudarc_driver::CudaStream;
+use cuda_kernels::{CountLauncher, CudaError, Gpu, Result, SlotIdLauncher};
 
 /// A device's primary context (PyTorch's and the CUDA runtime's) and the launchers of the
 /// bindings' per-call entry points. See [`DeviceOps::get`].
@@ -41,7 +38,7 @@ impl DeviceOps {
             d.gpu
                 .ctx()
                 .bind_to_thread()
-                .map_err(drv("cuCtxSetCurrent"))?;
+                .map_err(|e| CudaError::driver("cuCtxSetCurrent", e))?;
             return Ok(d.clone());
         }
         // SAFETY: stream 0 is the legacy default stream of the primary context: always alive.
