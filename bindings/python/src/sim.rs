@@ -42,7 +42,7 @@ fn scoreboard<'py>(
     hot: Option<&Bound<'py, PyAny>>,
     from_domain: &str,
     to_domain: &str,
-    policies: Option<Vec<String>>,
+    policies: Option<&Bound<'py, PyAny>>,
     config: Option<&Bound<'py, PyAny>>,
     expert_bytes: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -55,19 +55,9 @@ fn scoreboard<'py>(
         expert_bytes: u64 = 6 << 20
     );
     let cfg_json = json_arg(config)?;
-    let policies: Vec<Policy> = match policies {
+    let policies: Vec<Policy> = match policies.filter(|p| !p.is_none()) {
         None => Policy::ALL.to_vec(),
-        Some(names) => names
-            .iter()
-            .map(|n| {
-                serde_json::from_value(serde_json::Value::String(n.clone())).map_err(|_| {
-                    raise(
-                        Code::InvalidArgument,
-                        format!("unknown policy {n:?} (static, seed, adaptive, adaptive-shift-response, lru, oracle)"),
-                    )
-                })
-            })
-            .collect::<PyResult<_>>()?,
+        Some(names) => policy_list(names)?,
     };
     let (from, to) = (from_domain.to_string(), to_domain.to_string());
     let (name, rows, table) = py.detach(move || {
@@ -97,6 +87,60 @@ fn scoreboard<'py>(
     d.set_item("rows", to_py(py, &rows)?)?;
     d.set_item("table", table)?;
     Ok(d.into_any())
+}
+
+/// `policies` as given: a list (or other iterable, not a string) of distinct policy names, at
+/// least one. `TypeError` for a string or a non-string name, `ValueError` for an unknown, repeated
+/// or empty list (an empty list used to return an empty table).
+fn policy_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<Policy>> {
+    let known = "static, seed, adaptive, adaptive-shift-response, lru, oracle";
+    let not_list = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "policies must be a list of policy names ({known}), not {}",
+            names
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    if names.is_instance_of::<pyo3::types::PyString>() || names.is_instance_of::<PyDict>() {
+        return Err(not_list());
+    }
+    let mut out: Vec<Policy> = Vec::new();
+    for (i, n) in names.try_iter().map_err(|_| not_list())?.enumerate() {
+        let n = n?;
+        let name: String = n.extract().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "policies[{i}] must be a policy name (str), not {}",
+                n.get_type()
+                    .name()
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        let p: Policy =
+            serde_json::from_value(serde_json::Value::String(name.clone())).map_err(|_| {
+                raise(
+                    Code::InvalidArgument,
+                    format!("policies[{i}]: unknown policy {name:?} ({known})"),
+                )
+            })?;
+        if out.contains(&p) {
+            return Err(raise(
+                Code::InvalidArgument,
+                format!("policies[{i}]: {name:?} is given twice"),
+            ));
+        }
+        out.push(p);
+    }
+    if out.is_empty() {
+        return Err(raise(
+            Code::InvalidArgument,
+            format!("policies is empty: name at least one ({known}), or pass None for all"),
+        ));
+    }
+    Ok(out)
 }
 
 /// A trace error as a Python exception: `OSError` for a file that cannot be read, `MemoryError`
