@@ -833,6 +833,8 @@ fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
 }
 
 fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
+    // Checked before the trace is read (a bad range used to fail after the whole read).
+    let range = a.range.as_deref().map(parse_range).transpose()?;
     let dump = if let Some(p) = &a.dump {
         // Deserializing checks the dump (shape, lengths, counts).
         input::counter_dump("--dump", p)?
@@ -868,10 +870,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         for line in read.lines() {
             eprintln!("read: {line}");
         }
-        let range = match &a.range {
-            Some(r) => parse_range(r)?,
-            None => 0..t.steps.len(),
-        };
+        let range = range.unwrap_or(0..t.steps.len());
         tierkit_sim::experts::counter_dump(&t, range)?
     };
     let hot = a.hot.unwrap_or_else(|| default_hot(dump.experts_per_layer));

@@ -432,6 +432,16 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(output::chart_prefix("--plot", p)?),
         None => None,
     };
+    // The charts plot against the load: with one load there is nothing to draw (this used to
+    // print "plot skipped" on stdout after the whole run, exit 0).
+    if let (Some(p), 0..=1) = (&a.plot, a.loads.len()) {
+        return Err(format!(
+            "--plot {}: the charts plot against the load and need two loads or more \
+             (--loads a,b,...)",
+            p.display()
+        )
+        .into());
+    }
     let (placement_time, measured_gbps) = match a.time_from.as_slice() {
         [] => (None, None),
         p => {
@@ -583,11 +593,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         outln!("wrote {}", path.display())?;
     }
     if let Some(prefix) = &plot_prefix {
-        if reports.len() < 2 {
-            outln!("plot skipped: it needs two loads or more (--loads a,b,...)")?;
-        } else {
-            write_plots(prefix, &reports)?;
-        }
+        write_plots(prefix, &reports)?;
     }
     Ok(())
 }

@@ -425,3 +425,43 @@ fn report_files_are_bounded_together() {
         std::fs::remove_file(p).unwrap();
     }
 }
+
+#[test]
+fn degenerate_flags_are_refused_before_the_work() {
+    // `--plot` with one load used to run everything, then print "plot skipped" on stdout, exit 0.
+    let prefix = temp("one-load");
+    fails_within(
+        &[
+            "kv",
+            "simulate",
+            "--quiet",
+            "--loads",
+            "1",
+            "--plot",
+            prefix.to_str().unwrap(),
+        ],
+        "need two loads or more",
+        10,
+    );
+    // A bad `--range` used to fail after the whole trace was read (its "read:" report first).
+    let trace = temp("range-trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"problem_id\": 0, \"token_idx\": 0, \"layer\": 0, \"experts\": [1, 2]}\n\
+         {\"problem_id\": 0, \"token_idx\": 1, \"layer\": 0, \"experts\": [3, 2]}\n",
+    )
+    .unwrap();
+    let t = trace.to_str().unwrap();
+    for (range, want) in [
+        ("abc", "range \"abc\" is not START..END"),
+        ("5..2", "empty range \"5..2\""),
+    ] {
+        fails_within(
+            &[
+                "experts", "fit-seed", "--trace", t, "--hot", "2", "--range", range,
+            ],
+            want,
+            10,
+        );
+    }
+}
