@@ -261,10 +261,12 @@ fn trace_ids<'py>(
 /// 0.5, the 512-expert scenario's weak skew; 0 is uniform), expert ranks relabelled per layer.
 /// Both: `tokens_per_step` independent token streams (token `i` of a step continues token `i` of
 /// the step before), previous-step reuse `reuse` (default 0.37, real Mixtral decode's), seeded
-/// by `seed` (the same arguments give the same ids). Bad input is a `ValueError`.
+/// by `seed` (the same arguments give the same ids). Bad input is a `ValueError`, and so is an
+/// argument of the other scenario (`zipf` without `shape`; `from_domain`, `to_domain` or
+/// `shift_at` with one).
 #[pyfunction]
 #[pyo3(
-    signature = (*, steps, tokens_per_step, shape = None, zipf = None, reuse = None, seed = None, from_domain = "github", to_domain = "book", shift_at = None),
+    signature = (*, steps, tokens_per_step, shape = None, zipf = None, reuse = None, seed = None, from_domain = None, to_domain = None, shift_at = None),
     text_signature = "(*, steps, tokens_per_step, shape=None, zipf=0.5, reuse=0.37, seed=42, from_domain='github', to_domain='book', shift_at=None)"
 )]
 #[allow(clippy::too_many_arguments)]
@@ -276,10 +278,34 @@ fn synth_ids<'py>(
     zipf: Option<f64>,
     reuse: Option<f64>,
     seed: Option<&Bound<'py, PyAny>>,
-    from_domain: &str,
-    to_domain: &str,
+    from_domain: Option<&str>,
+    to_domain: Option<&str>,
     shift_at: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    // Each scenario's own arguments: one given to the other scenario used to be ignored.
+    let olmoe_args = [
+        ("from_domain", from_domain.is_some()),
+        ("to_domain", to_domain.is_some()),
+        ("shift_at", shift_at.is_some_and(|s| !s.is_none())),
+    ];
+    match (&shape, olmoe_args.iter().find(|a| a.1)) {
+        (Some(_), Some((name, _))) => {
+            return Err(raise(
+                Code::InvalidArgument,
+                format!("{name} applies to the OLMoE scenario (shape=None), not to shape=(...)"),
+            ))
+        }
+        (None, _) if zipf.is_some() => {
+            return Err(raise(
+                Code::InvalidArgument,
+                "zipf applies to shape=(layers, experts, top_k) scenarios; the OLMoE scenario \
+                 (shape=None) takes its popularity from the routing counts"
+                    .into(),
+            ))
+        }
+        _ => {}
+    }
+    let (from_domain, to_domain) = (from_domain.unwrap_or("github"), to_domain.unwrap_or("book"));
     int_args!(steps: u64, tokens_per_step: u32, seed: u64 = 42, shift_at: u64 = u64::MAX);
     let shape = match shape {
         None => None,

@@ -128,3 +128,15 @@ def test_a_host_store_whose_size_overflows_is_a_value_error():
     # Was a panic (InternalError) in StoreLayout::store_bytes.
     with pytest.raises(ValueError, match="overflows 64 bits"):
         kv.ElasticPool(kv_geometry(), max_sessions=2**32 - 1, max_history=2**32 - 1)
+
+
+def test_synth_ids_refuses_the_other_scenarios_arguments():
+    # Each was ignored silently: zipf without a shape, the OLMoE shift with one.
+    with pytest.raises(ValueError, match="zipf applies to shape="):
+        sim.synth_ids(steps=2, tokens_per_step=1, zipf=float("nan"))
+    for kw in (dict(shift_at=1), dict(from_domain="book"), dict(to_domain="arxiv")):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=f"{name} applies to the OLMoE scenario"):
+            sim.synth_ids(steps=2, tokens_per_step=1, shape=(2, 8, 2), **kw)
+    assert sim.synth_ids(steps=2, tokens_per_step=1, shape=(2, 8, 2), zipf=0.0)["top_k"] == 2
+    assert sim.synth_ids(steps=2, tokens_per_step=1, shift_at=1, to_domain="arxiv")["top_k"] == 8
