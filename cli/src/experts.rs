@@ -1047,7 +1047,7 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
     };
     let named = |e: trace::TraceError| -> Box<dyn std::error::Error> {
         match e {
-            trace::TraceError::Io { source, .. } => format!("{p}: {source}").into(),
+            trace::TraceError::Io { source, .. } => format!("--out {p}: {source}").into(),
             other => other.into(),
         }
     };
@@ -1056,8 +1056,8 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
             binary::write_binary(&t, &mut w).map_err(named)?;
         }
         OutFormat::Json => {
-            serde_json::to_writer(&mut w, &t).map_err(|e| format!("{p}: {e}"))?;
-            std::io::Write::flush(&mut w).map_err(|e| format!("{p}: {e}"))?;
+            serde_json::to_writer(&mut w, &t).map_err(|e| format!("--out {p}: {e}"))?;
+            std::io::Write::flush(&mut w).map_err(|e| format!("--out {p}: {e}"))?;
         }
         OutFormat::LoggerJsonl => {
             logger::write_logger(&t, &mut w).map_err(named)?;

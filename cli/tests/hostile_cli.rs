@@ -443,6 +443,29 @@ fn degenerate_flags_are_refused_before_the_work() {
         "need two loads or more",
         10,
     );
+    // A write error of `experts synth --out` names the flag, as its other errors do.
+    if Path::new("/dev/full").exists() {
+        for fmt in ["binary", "json", "logger-jsonl"] {
+            fails_within(
+                &[
+                    "experts",
+                    "synth",
+                    "--out",
+                    "/dev/full",
+                    "--format",
+                    fmt,
+                    "--steps",
+                    "60",
+                    "--tokens",
+                    "2",
+                ],
+                "--out /dev/full: No space left on device",
+                10,
+            );
+        }
+    } else {
+        println!("SKIP synth --out /dev/full: no /dev/full");
+    }
     // A bad `--range` used to fail after the whole trace was read (its "read:" report first).
     let trace = temp("range-trace.jsonl");
     std::fs::write(
