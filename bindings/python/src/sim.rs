@@ -54,7 +54,7 @@ fn scoreboard<'py>(
         hot: u32 = 16,
         expert_bytes: u64 = 6 << 20
     );
-    let cfg_json = json_arg(config)?;
+    let cfg_json = json_arg(config, "config")?;
     let policies: Vec<Policy> = match policies.filter(|p| !p.is_none()) {
         None => Policy::ALL.to_vec(),
         Some(names) => policy_list(names)?,

@@ -140,3 +140,18 @@ def test_synth_ids_refuses_the_other_scenarios_arguments():
             sim.synth_ids(steps=2, tokens_per_step=1, shape=(2, 8, 2), **kw)
     assert sim.synth_ids(steps=2, tokens_per_step=1, shape=(2, 8, 2), zipf=0.0)["top_k"] == 2
     assert sim.synth_ids(steps=2, tokens_per_step=1, shift_at=1, to_domain="arxiv")["top_k"] == 8
+
+
+def test_config_objects_json_refuses_name_the_argument():
+    for bad, exc in ((b"{}", TypeError), ({1, 2}, TypeError), ({"half_life_steps": float("nan")},
+                                                                ValueError)):
+        with pytest.raises(exc, match="config must be a JSON string or a JSON-serialisable dict"):
+            experts.Controller(MAP, bad)
+        with pytest.raises(exc, match="config must be"):
+            sim.scoreboard(steps=60, shift_at=20, config=bad)
+    with pytest.raises(TypeError, match="message must be"):
+        experts.Controller(MAP).apply_control(b"{}")
+    circular = {}
+    circular["x"] = circular
+    with pytest.raises(ValueError, match="config must be"):
+        experts.Controller(MAP, circular)
