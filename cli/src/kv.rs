@@ -180,9 +180,9 @@ struct CalibrateArgs {
     /// which is warned about).
     #[arg(long, default_value_t = 32_768)]
     history: u32,
-    /// Steps measured (after a warm-up of a third as many), 3 to 100,000: the warm-up must be a
-    /// step or more, or the first step's cold misses (every pick misses an empty cache) are
-    /// measured.
+    /// Steps measured (after a warm-up of a third as many), 3 to 100,000, and at most 2^28 picks
+    /// with --top-k (steps × top-k): the warm-up must be a step or more, or the first step's cold
+    /// misses (every pick misses an empty cache) are measured.
     #[arg(long, default_value_t = 300)]
     steps: u32,
     /// Seed.
@@ -378,6 +378,7 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    checks::calibrate_picks(a.steps, a.top_k)?;
     if a.top_k >= a.history {
         return Err(format!(
             "--top-k {} is not below --history {}: every step picks the whole history, so no \

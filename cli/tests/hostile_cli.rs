@@ -443,6 +443,21 @@ fn degenerate_flags_are_refused_before_the_work() {
         "need two loads or more",
         10,
     );
+    // Each of calibrate's flags is bounded, their product was not (10^11 picks, days).
+    fails_within(
+        &[
+            "kv",
+            "calibrate",
+            "--steps",
+            "100000",
+            "--top-k",
+            "1048576",
+            "--history",
+            "16777216",
+        ],
+        "--steps 100000 × --top-k 1048576 = 104857600000 picks: at most 268435456",
+        10,
+    );
     // A write error of `experts synth --out` names the flag, as its other errors do.
     if Path::new("/dev/full").exists() {
         for fmt in ["binary", "json", "logger-jsonl"] {
