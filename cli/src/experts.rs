@@ -364,13 +364,28 @@ enum PolicyArg {
     AdaptiveShiftResponse,
     /// Per-layer LRU admitting every miss (uncapped reference).
     Lru,
-    /// The best static map in hindsight (whole trace; also after the last shift if any).
-    Oracle,
+    /// The best static map in hindsight: per layer the top-H experts by steps touched, the static
+    /// map of least stall (whole trace; also after the last shift if any). The reference of every
+    /// "vs best static" ratio.
+    BestStatic,
+    /// The static map in hindsight ranked by picks (the former `oracle`: best for the cold share,
+    /// not for the link).
+    StaticByPicks,
     /// Not a policy: a lower bound on every policy's reads and stall (per step and layer, at
     /// least `touched − hot` distinct cold experts are read in place).
     Bound,
-    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, oracle, bound.
+    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static,
+    /// bound.
     All,
+}
+
+/// What `fit-seed` ranks experts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RankArg {
+    /// Steps in which the expert was picked at all (the map of least stall).
+    Touched,
+    /// Picks (the map of least cold share).
+    Picks,
 }
 
 /// The map adaptive and LRU rows boot from.
@@ -517,7 +532,8 @@ fn policies(args: &[PolicyArg]) -> Vec<Policy> {
             PolicyArg::Adaptive => out.push(Policy::Adaptive),
             PolicyArg::AdaptiveShiftResponse => out.push(Policy::AdaptiveShiftResponse),
             PolicyArg::Lru => out.push(Policy::Lru),
-            PolicyArg::Oracle => out.push(Policy::Oracle),
+            PolicyArg::BestStatic => out.push(Policy::BestStatic),
+            PolicyArg::StaticByPicks => out.push(Policy::StaticByPicks),
             PolicyArg::Bound => out.push(Policy::Bound),
         }
     }
@@ -781,6 +797,12 @@ pub struct FitSeedArgs {
     /// Steps of the trace to count, `START..END` (default: all).
     #[arg(long, value_name = "START..END")]
     range: Option<String>,
+    /// What ranks the experts of a layer: `touched` (steps in which the expert was picked at
+    /// all: the link pays one read per cold expert and step, so this is the map of least stall;
+    /// the default with --trace) or `picks` (lookups: the least cold share; the only ranking
+    /// count inputs have, so their default).
+    #[arg(long, value_enum)]
+    rank: Option<RankArg>,
     /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`, at most 16 MiB);
     /// unmeasured layers are derived from the measured ones as the synthetic generator does.
     #[arg(long)]
@@ -833,6 +855,13 @@ fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
 }
 
 fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
+    if a.rank == Some(RankArg::Touched) && a.files.trace.is_empty() {
+        return Err(
+            "--rank touched needs steps (--trace); counts (--dump, --eplb-counts, \
+                    --routing-counts) rank by picks"
+                .into(),
+        );
+    }
     let dump = if let Some(p) = &a.dump {
         // Deserializing checks the dump (shape, lengths, counts).
         input::counter_dump("--dump", p)?
@@ -872,7 +901,10 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
             Some(r) => parse_range(r)?,
             None => 0..t.steps.len(),
         };
-        tierkit_sim::experts::counter_dump(&t, range)?
+        match a.rank.unwrap_or(RankArg::Touched) {
+            RankArg::Touched => tierkit_sim::experts::touched_dump(&t, range)?,
+            RankArg::Picks => tierkit_sim::experts::counter_dump(&t, range)?,
+        }
     };
     let hot = a.hot.unwrap_or_else(|| default_hot(dump.experts_per_layer));
     let g = Geometry::new(dump.layers, dump.experts_per_layer, hot, a.expert_bytes)?;

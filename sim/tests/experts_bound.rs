@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use tierkit_sim::experts::scoreboard::{self, Policy};
 use tierkit_sim::experts::trace::{StepPicks, Trace, TraceShape};
 use tierkit_sim::experts::{
-    replay_with, LinkModel, OracleWindow, PolicySpec, ReplayOptions, ReplayReport,
+    replay_with, LinkModel, OracleWindow, PolicySpec, ReplayOptions, ReplayReport, StaticRank,
 };
 
 /// `steps` steps of `tokens` tokens, each picking `top_k` distinct experts per layer from `draws`
@@ -66,7 +66,7 @@ fn specs() -> Vec<PolicySpec> {
     };
     vec![
         PolicySpec::Static(None),
-        PolicySpec::Oracle(OracleWindow::Whole),
+        PolicySpec::BestStatic(OracleWindow::Whole, StaticRank::Touched),
         PolicySpec::Lru(None),
         PolicySpec::Controller(None, Box::default()),
         fast(ControllerConfig {

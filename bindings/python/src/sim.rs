@@ -22,7 +22,9 @@ use tierkit_bindings::Code;
 
 /// Replays an OLMoE-shaped synthetic scenario (16 layers × 64 experts, top-8; traffic shifting
 /// from `from_domain` to `to_domain` at `shift_at`) through `policies` (default: all of
-/// `static`, `seed`, `adaptive`, `adaptive-shift-response`, `lru`, `oracle`) and returns
+/// [`Policy::ALL`]; names as `tierkit experts replay --policy` spells them: `static`, `seed`,
+/// `cost-aware`, `ratio`, `ratio-best`, `recency`, `lru`, `static-by-picks`, `best-static`,
+/// `bound`, and `adaptive`, `adaptive-shift-response`) and returns
 /// `{"scenario": name, "rows": [score rows as dicts], "table": the rendered table}`. The
 /// defaults are a short run (3,000 steps); `steps=9000, shift_at=3000` is the CLI's default
 /// scenario. Releases the GIL while it replays (its worker threads are joined before it
@@ -63,7 +65,7 @@ fn scoreboard<'py>(
                 serde_json::from_value(serde_json::Value::String(n.clone())).map_err(|_| {
                     raise(
                         Code::InvalidArgument,
-                        format!("unknown policy {n:?} (static, seed, adaptive, adaptive-shift-response, lru, oracle)"),
+                        format!("unknown policy {n:?} (static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static, bound, adaptive, adaptive-shift-response)"),
                     )
                 })
             })

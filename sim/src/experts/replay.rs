@@ -2,18 +2,19 @@
 //! bytes the host link carries ([`ByteReport`]).
 
 use expert_residency::{
-    fit_seed_map, Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry,
-    MemoryExecutor, NullExecutor, PickCounters, PolicyConfig, RatioConfig, ResidencyMap, Result,
-    StepPicks, SwapExecutor, SwapStats,
+    Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry, MemoryExecutor,
+    NullExecutor, PickCounters, PolicyConfig, RatioConfig, ResidencyMap, Result, StepPicks,
+    SwapExecutor, SwapStats,
 };
 
 use crate::experts::bound::LowerBound;
 use crate::experts::bytes::{ByteReport, ByteTally, UniqueCold};
+use crate::experts::hindsight::{best_static_map, StaticRank};
 use crate::experts::link::LinkModel;
 use crate::experts::t90::{mean, t90, T90};
 use crate::experts::trace::Trace;
 
-/// Which steps an oracle map is fitted on.
+/// Which steps a static map in hindsight ([`PolicySpec::BestStatic`]) is fitted on.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OracleWindow {
     /// The whole trace.
@@ -47,8 +48,10 @@ pub enum PolicySpec {
     /// is admitted at the end of its step, evicting the least recently used hot expert. Uncapped
     /// (an idealised reference: real copies could not keep up; its swaps per step are reported).
     Lru(Option<ResidencyMap>),
-    /// The best static map in hindsight: top-`hot_per_layer` per layer over a window of the trace.
-    Oracle(OracleWindow),
+    /// A static map in hindsight: top-`hot_per_layer` per layer over a window of the trace, ranked
+    /// by touched steps ([`StaticRank::Touched`]: the best static map for stall and bytes) or by
+    /// picks ([`StaticRank::Picks`]); see [`crate::experts::best_static_map`].
+    BestStatic(OracleWindow, StaticRank),
     /// The [`Controller`] with exactly this config (the config passed to the replay is ignored),
     /// from the given boot map (first-K if `None`): the cost-aware default, the published ratio
     /// recipe, the capped recency policy, each at its own config.
@@ -92,7 +95,7 @@ pub fn ratio_tuning_grid() -> Vec<ControllerConfig> {
 
 impl PolicySpec {
     /// The policy's short name (`static`, `seed`, `adaptive`, `adaptive+shift-response`, `lru`,
-    /// `oracle`; a [`PolicySpec::Controller`] by its config's policy: `cost`, `ratio`,
+    /// `best-static`, `static-by-picks`; a [`PolicySpec::Controller`] by its config's policy: `cost`, `ratio`,
     /// `recency`; `ratio-best-tuning`).
     pub fn name(&self) -> &'static str {
         match self {
@@ -101,7 +104,8 @@ impl PolicySpec {
             PolicySpec::Adaptive(_) => "adaptive",
             PolicySpec::AdaptiveShiftResponse(_) => "adaptive+shift-response",
             PolicySpec::Lru(_) => "lru",
-            PolicySpec::Oracle(_) => "oracle",
+            PolicySpec::BestStatic(_, StaticRank::Touched) => "best-static",
+            PolicySpec::BestStatic(_, StaticRank::Picks) => "static-by-picks",
             PolicySpec::Controller(_, c) => c.policy.name(),
             PolicySpec::RatioBestTuning(_) => "ratio-best-tuning",
             PolicySpec::Bound => "bound",
@@ -109,7 +113,8 @@ impl PolicySpec {
     }
 
     /// The map the policy starts from: `first-k` (no map given), `seed` (a given map: the seed
-    /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too), `oracle`, or
+    /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too), `hindsight` (a
+    /// static map in hindsight), or
     /// `any` ([`PolicySpec::Bound`]: every map).
     pub fn boot_name(&self) -> &'static str {
         match self {
@@ -126,7 +131,7 @@ impl PolicySpec {
             | PolicySpec::Controller(Some(_), _)
             | PolicySpec::RatioBestTuning(Some(_))
             | PolicySpec::Lru(Some(_)) => "seed",
-            PolicySpec::Oracle(_) => "oracle",
+            PolicySpec::BestStatic(..) => "hindsight",
             PolicySpec::Bound => "any",
         }
     }
@@ -342,32 +347,6 @@ pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
     Ok(lookups)
 }
 
-/// The oracle map of `window` (top-`hot_per_layer` per layer over those steps, ties to the lower
-/// id). Errors: as [`validate_trace`], and [`ExpertError::EmptyTrace`] for an empty window.
-pub fn oracle_map(
-    trace: &Trace,
-    geometry: &Geometry,
-    window: &OracleWindow,
-) -> Result<ResidencyMap> {
-    validate_trace(trace, geometry)?;
-    let n = trace.steps.len();
-    let range = match window {
-        OracleWindow::Whole => 0..n,
-        OracleWindow::AfterLastShift => {
-            let s = trace
-                .shifts
-                .iter()
-                .copied()
-                .filter(|&s| (s as usize) < n)
-                .max();
-            s.map_or(0, |s| s as usize)..n
-        }
-        OracleWindow::Steps { start, end } => (*start as usize).min(n)..(*end as usize).min(n),
-    };
-    let dump = crate::experts::counter_dump(trace, range)?;
-    fit_seed_map(format!("oracle:{}", trace.name), geometry, &dump)
-}
-
 /// [`replay_with`] with [`ReplayOptions::default`].
 pub fn replay(
     trace: &Trace,
@@ -562,7 +541,7 @@ pub fn replay_with(
     match policy {
         PolicySpec::Static(m) => fixed(boot(m)?),
         PolicySpec::Seed(m) => fixed(boot(&Some(m.clone()))?),
-        PolicySpec::Oracle(w) => fixed(oracle_map(trace, geometry, w)?),
+        PolicySpec::BestStatic(w, r) => fixed(best_static_map(trace, geometry, w, *r)?),
         PolicySpec::Bound => {
             let mut lb = LowerBound::new(geometry.experts_per_layer, geometry.hot_per_layer);
             for s in &trace.steps {
