@@ -371,12 +371,25 @@ enum PolicyArg {
     /// The static map in hindsight ranked by picks (the former `oracle`: best for the cold share,
     /// not for the link).
     StaticByPicks,
-    /// Not a policy: a lower bound on every policy's reads and stall (per step and layer, at
-    /// least `touched − hot` distinct cold experts are read in place).
-    Bound,
+    /// Not a policy: the exact offline optimum of the stall (per layer, a min-cost flow; its
+    /// step-0 map free); every row's stall over it is shown. Subject to --optimum.
+    OfflineOptimum,
     /// static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static,
-    /// bound.
+    /// offline-optimum.
     All,
+}
+
+/// When `replay` computes the `offline optimum` row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OptimumArg {
+    /// Where it takes seconds: the solver's work bound at most
+    /// `tierkit_sim::experts::OPTIMUM_AUTO_MAX_WORK` (5 × 10⁷, about 10 s), and a stall linear in
+    /// copies.
+    Auto,
+    /// Always (fails on a link with --hide-us > 0, where the stall is not linear in copies).
+    Always,
+    /// Never.
+    Never,
 }
 
 /// What `fit-seed` ranks experts by.
@@ -457,6 +470,11 @@ pub struct ReplayArgs {
     /// overlap the step; default 0: nothing hidden).
     #[arg(long, value_name = "US")]
     hide_us: Option<f64>,
+    /// The `offline optimum` row: `auto` computes it where it takes seconds (the solver's work
+    /// bound, Σ over layers of min(hot, touches) × (steps + 2 × touches), at most 5 × 10⁷: about
+    /// 10 s) and says so where it is skipped.
+    #[arg(long, value_enum, default_value_t = OptimumArg::Auto)]
+    optimum: OptimumArg,
     /// With --json: every step's bytes and stall too (the per-window series are always there).
     #[arg(long)]
     bytes_per_step: bool,
@@ -534,7 +552,7 @@ fn policies(args: &[PolicyArg]) -> Vec<Policy> {
             PolicyArg::Lru => out.push(Policy::Lru),
             PolicyArg::BestStatic => out.push(Policy::BestStatic),
             PolicyArg::StaticByPicks => out.push(Policy::StaticByPicks),
-            PolicyArg::Bound => out.push(Policy::Bound),
+            PolicyArg::OfflineOptimum => out.push(Policy::Optimum),
         }
     }
     out
@@ -676,7 +694,19 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         a.expert_bytes,
     )?;
     let (seed, seed_note) = seed_map(&a, seed_file, &trace, &g)?;
-    let specs = scoreboard::policy_specs_booted(&policies(&a.policy), &trace, &seed, boot);
+    let mut wanted = policies(&a.policy);
+    let mut optimum_note = None;
+    if wanted.contains(&Policy::Optimum) && a.optimum != OptimumArg::Always {
+        let skip = match a.optimum {
+            OptimumArg::Never => Some("--optimum never".to_string()),
+            _ => scoreboard::optimum_skip_reason(&trace, &g, &opts.link),
+        };
+        if let Some(why) = skip {
+            wanted.retain(|&p| p != Policy::Optimum);
+            optimum_note = Some(why);
+        }
+    }
+    let specs = scoreboard::policy_specs_booted(&wanted, &trace, &seed, boot);
     let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
     let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {
         if label.is_empty() {
@@ -752,6 +782,9 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     outln!()?;
     outln!("{}", scoreboard::render(&out.summary))?;
     outln!("\n{}", scoreboard::legend(&opts, &trace))?;
+    if let Some(why) = &optimum_note {
+        outln!("offline optimum not computed: {why}")?;
+    }
     for r in out
         .runs
         .iter()

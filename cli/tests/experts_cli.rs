@@ -88,7 +88,7 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
             "static by picks after shift",
             "best static",
             "best static after shift",
-            "bound (any policy ≥)"
+            "offline optimum"
         ]
     );
     for r in v["summary"].as_array().unwrap() {
@@ -98,10 +98,13 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
     }
     let runs = v["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 12);
-    // The bound is no policy's: no row's stall is below it.
+    // The offline optimum is no policy's: no row's stall is below it, and every row's ratio to it
+    // is shown.
     let stall = |i: usize| v["summary"][i]["stall_ms_per_step"].as_f64().unwrap();
-    assert_eq!(runs[11]["report"]["policy"], "bound");
+    assert_eq!(runs[11]["report"]["policy"], "offline-optimum");
     assert!((0..11).all(|i| stall(i) >= stall(11)), "{}", v["summary"]);
+    let vs_opt = |i: usize| v["summary"][i]["stall_vs_optimum"].as_f64().unwrap();
+    assert!(vs_opt(11) == 1.0 && (0..11).all(|i| vs_opt(i) >= 1.0));
     // The best static map (by steps touched) stalls no more than the map ranked by picks.
     assert!(
         stall(9) <= stall(7) && stall(10) <= stall(8),

@@ -192,7 +192,7 @@ fn byte_json_is_deterministic_and_the_scoreboard_prices_it() {
             "seed",
             "hindsight",
             "hindsight",
-            "any"
+            "optimal"
         ]
     );
     let best = rows

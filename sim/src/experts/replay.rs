@@ -7,7 +7,6 @@ use expert_residency::{
     SwapExecutor, SwapStats,
 };
 
-use crate::experts::bound::LowerBound;
 use crate::experts::bytes::{ByteReport, ByteTally, UniqueCold};
 use crate::experts::hindsight::{best_static_map, StaticRank};
 use crate::experts::link::LinkModel;
@@ -60,17 +59,13 @@ pub enum PolicySpec {
     /// [`ratio_tuning_grid`] is replayed on this same trace and the one with the least mean
     /// stall per step under the replay's link is reported (its config in the report).
     RatioBestTuning(Option<ResidencyMap>),
-    /// Not a policy: a lower bound on every policy's cold lookups, host reads and stall, step by
-    /// step, under the replay's link. With `H` = `hot_per_layer` hot slots per layer, a step in
-    /// which `d` distinct experts of a layer are picked reads at least `max(0, d − H)` of them in
-    /// place (and has at least the picks of the `max(0, d − H)` least picked as cold lookups),
-    /// whatever the map. It holds in this replay's model: `H` slots per layer, not shared; a step
-    /// served by the map in force at its start (a copy never serves the step it runs in); a cold
-    /// expert read once per step; copies never lowering a step's stall (both presets:
-    /// [`crate::experts::LinkModel::stall_us`] adds `max(0, copy − hide) + fixed ≥ 0` or
-    /// `copy ≥ 0`). Its stall charges those reads and no copy. Loose where swapping pays (0 when
-    /// `d ≤ H`, e.g. at batch 1). No map, no swap; `sim/DESIGN.md` has the argument.
-    Bound,
+    /// Not a policy: the exact offline optimum of the stall in the scoreboard's model, per layer
+    /// (Belady with bypass and copy costs, a min-cost flow: [`crate::experts::optimum_work`] and
+    /// the `optimum` module docs). Its map at step 0 is free and it knows the whole trace, so no
+    /// row's stall is below it. It needs a stall linear in copies (`hide_us = 0` on a
+    /// [`crate::experts::CopyMode::SharesLink`] link, as the presets have): otherwise the replay
+    /// fails with [`ExpertError::InvalidConfig`]. Its swaps are its copies.
+    OfflineOptimum,
 }
 
 /// The sweep behind [`PolicySpec::RatioBestTuning`]: the published recipe
@@ -108,14 +103,14 @@ impl PolicySpec {
             PolicySpec::BestStatic(_, StaticRank::Picks) => "static-by-picks",
             PolicySpec::Controller(_, c) => c.policy.name(),
             PolicySpec::RatioBestTuning(_) => "ratio-best-tuning",
-            PolicySpec::Bound => "bound",
+            PolicySpec::OfflineOptimum => "offline-optimum",
         }
     }
 
     /// The map the policy starts from: `first-k` (no map given), `seed` (a given map: the seed
     /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too), `hindsight` (a
     /// static map in hindsight), or
-    /// `any` ([`PolicySpec::Bound`]: every map).
+    /// `optimal` ([`PolicySpec::OfflineOptimum`]: its own, free, map).
     pub fn boot_name(&self) -> &'static str {
         match self {
             PolicySpec::Static(None)
@@ -132,7 +127,7 @@ impl PolicySpec {
             | PolicySpec::RatioBestTuning(Some(_))
             | PolicySpec::Lru(Some(_)) => "seed",
             PolicySpec::BestStatic(..) => "hindsight",
-            PolicySpec::Bound => "any",
+            PolicySpec::OfflineOptimum => "optimal",
         }
     }
 }
@@ -542,13 +537,14 @@ pub fn replay_with(
         PolicySpec::Static(m) => fixed(boot(m)?),
         PolicySpec::Seed(m) => fixed(boot(&Some(m.clone()))?),
         PolicySpec::BestStatic(w, r) => fixed(best_static_map(trace, geometry, w, *r)?),
-        PolicySpec::Bound => {
-            let mut lb = LowerBound::new(geometry.experts_per_layer, geometry.hot_per_layer);
-            for s in &trace.steps {
-                let (cold, unique) = lb.step(&s.layers);
-                cold_per_step.push(cold);
-                swaps_per_step.push(0);
-                tally.push(unique, 0);
+        PolicySpec::OfflineOptimum => {
+            for s in crate::experts::optimum::solve(trace, geometry, &opts.link)? {
+                cold_per_step.push(s.cold_lookups);
+                let copies = u32::try_from(s.copies).unwrap_or(u32::MAX);
+                swaps_per_step.push(copies);
+                tally.push(s.cold_unique, s.copies);
+                stats.planned += s.copies;
+                stats.applied += s.copies;
             }
         }
         PolicySpec::Lru(m) => {

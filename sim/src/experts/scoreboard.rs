@@ -19,8 +19,9 @@
 //!   `ratio (best tuning)` (the least stall over [`crate::experts::ratio_tuning_grid`] on the
 //!   same trace: in hindsight), `recency (capped 4)` ([`recency_config`]), `lru (uncapped)`;
 //!   `adaptive` and `adaptive+shift-response` run the command's own config when asked for;
-//! - the last row, [`BOUND_LABEL`], is no policy but a lower bound on all of them
-//!   ([`PolicySpec::Bound`]): a policy row below it would be a scoreboard bug (tested);
+//! - the last row, [`OPTIMUM_LABEL`], is no policy but the exact offline optimum of the stall
+//!   ([`PolicySpec::OfflineOptimum`]): a row whose whole-trace stall is below it would be a
+//!   scoreboard bug (tested); every row's whole-trace stall over it is its "stall vs optimum";
 //! - bytes (host reads in place + swap copies, [`crate::experts::ByteReport`]) and the modelled
 //!   stall (under the replay's [`crate::experts::LinkModel`]) stand beside the cold share; their
 //!   "vs best static" ratios divide steady-state bytes (stall) per step by the same reference's.
@@ -28,7 +29,7 @@
 use expert_residency::{fit_seed_map, ControllerConfig, Geometry, ResidencyMap, Result};
 
 use crate::experts::hindsight::StaticRank;
-use crate::experts::link::CopyMode;
+use crate::experts::link::{CopyMode, LinkModel};
 use crate::experts::replay::{replay_with, OracleWindow, PolicySpec, ReplayOptions, ReplayReport};
 use crate::experts::trace::{synth, Trace};
 
@@ -65,9 +66,10 @@ pub enum Policy {
     /// The static maps in hindsight ranked by picks (the former `oracle`), rows
     /// [`STATIC_BY_PICKS_LABEL`] and `static by picks after shift`.
     StaticByPicks,
-    /// Not a policy: the lower bound on every policy's reads and stall
-    /// ([`PolicySpec::Bound`]), row [`BOUND_LABEL`].
-    Bound,
+    /// Not a policy: the exact offline optimum of the stall ([`PolicySpec::OfflineOptimum`]),
+    /// row [`OPTIMUM_LABEL`].
+    #[serde(rename = "offline-optimum")]
+    Optimum,
 }
 
 impl Policy {
@@ -83,7 +85,7 @@ impl Policy {
         Policy::Lru,
         Policy::StaticByPicks,
         Policy::BestStatic,
-        Policy::Bound,
+        Policy::Optimum,
     ];
 }
 
@@ -94,9 +96,9 @@ pub const BEST_STATIC_AFTER_SHIFT_LABEL: &str = "best static after shift";
 /// Row label of [`Policy::StaticByPicks`] over the whole trace.
 pub const STATIC_BY_PICKS_LABEL: &str = "static by picks";
 
-/// Row label of [`Policy::Bound`]: no policy's stall (reads, cold lookups) is below it, step by
+/// Row label of [`Policy::Optimum`]: no row's stall over the whole trace is below it.
 /// step.
-pub const BOUND_LABEL: &str = "bound (any policy ≥)";
+pub const OPTIMUM_LABEL: &str = "offline optimum";
 
 /// Swaps per step of the `recency (capped N)` row.
 pub const RECENCY_CAP: u32 = 4;
@@ -174,7 +176,7 @@ pub struct Run {
     /// Row label (`static`, `seed`, `cost-aware (default)`, `ratio (published defaults)`,
     /// `ratio (best tuning)`, `recency (capped 4)`, `lru (uncapped)`, `adaptive`,
     /// `adaptive+shift-response`, `static by picks`, `static by picks after shift`, `best static`,
-    /// `best static after shift`, [`BOUND_LABEL`]).
+    /// `best static after shift`, [`OPTIMUM_LABEL`]).
     pub label: String,
     /// The replay's report.
     pub report: ReplayReport,
@@ -199,7 +201,8 @@ pub struct ScoreRow {
     pub max_swaps_per_step: u32,
     /// Swaps applied.
     pub swaps_applied: u64,
-    /// The map the row started from (`first-k`, `seed`, `hindsight`; `any` for the bound).
+    /// The map the row started from (`first-k`, `seed`, `hindsight`; `optimal` for the offline
+    /// optimum, whose map at step 0 is free).
     #[serde(default)]
     pub boot: String,
     /// Name of the link the stall was modelled with.
@@ -223,6 +226,10 @@ pub struct ScoreRow {
     /// Steady-state stall per step over the reference best static map's.
     #[serde(default)]
     pub stall_vs_best_static: Option<f64>,
+    /// Stall over the whole trace over the [`OPTIMUM_LABEL`] row's (`None` without that row, or
+    /// when its stall is 0).
+    #[serde(default)]
+    pub stall_vs_optimum: Option<f64>,
 }
 
 /// The default seed map of a comparison and a note saying how it was fitted: per layer the top-H
@@ -322,10 +329,30 @@ pub fn policy_specs_booted(
                     ));
                 }
             }
-            Policy::Bound => out.push((BOUND_LABEL.into(), PolicySpec::Bound)),
+            Policy::Optimum => out.push((OPTIMUM_LABEL.into(), PolicySpec::OfflineOptimum)),
         }
     }
     out
+}
+
+/// Why the [`OPTIMUM_LABEL`] row would not take seconds or cannot be computed on this trace and
+/// link (`None`: compute it): its solver's work bound ([`crate::experts::optimum_work`]) above
+/// [`crate::experts::OPTIMUM_AUTO_MAX_WORK`], or a stall not linear in copies (`hide_us > 0` on a
+/// link whose copies share it).
+pub fn optimum_skip_reason(trace: &Trace, geometry: &Geometry, link: &LinkModel) -> Option<String> {
+    if link.copy_mode == CopyMode::SharesLink && link.hide_us > 0.0 {
+        return Some(format!(
+            "with {} µs of copy time hidden per step the stall is not linear in copies",
+            link.hide_us
+        ));
+    }
+    let work = crate::experts::optimum_work(trace, geometry);
+    let max = crate::experts::OPTIMUM_AUTO_MAX_WORK;
+    (work > max).then(|| {
+        format!(
+            "its work bound {work:.3e} is above {max:.0e} (minutes, not seconds); --optimum always computes it"
+        )
+    })
 }
 
 /// Replays every spec on up to `available_parallelism` threads; results in input order.
@@ -390,6 +417,10 @@ pub fn summarize(runs: &[Run]) -> Vec<ScoreRow> {
         .or_else(|| runs.iter().find(|r| r.label == BEST_STATIC_LABEL))
         .map(|r| &r.report);
     let reference = reference_run.map(|r| r.steady_state.cold_share);
+    let optimum = runs
+        .iter()
+        .find(|r| r.label == OPTIMUM_LABEL)
+        .map(|r| r.report.bytes.stall_us);
     let ratio = |x: f64, of: Option<f64>| of.filter(|&o| o > 0.0).map(|o| x / o);
     runs.iter()
         .map(|r| {
@@ -420,6 +451,7 @@ pub fn summarize(runs: &[Run]) -> Vec<ScoreRow> {
                     b.steady_stall_us_per_step,
                     reference_run.map(|o| o.bytes.steady_stall_us_per_step),
                 ),
+                stall_vs_optimum: ratio(b.stall_us, optimum),
             }
         })
         .collect()
@@ -432,8 +464,8 @@ pub fn render(rows: &[ScoreRow]) -> String {
         .map(|r| {
             // T90 describes adaptation: a map that never moves has none.
             let fixed = r.swaps_applied == 0
-                && (matches!(r.label.as_str(), "static" | "seed" | BOUND_LABEL)
-                    || r.boot == "hindsight");
+                && (matches!(r.label.as_str(), "static" | "seed") || r.boot == "hindsight")
+                || r.label == OPTIMUM_LABEL;
             let t90 = if r.t90_steps.is_empty() || fixed {
                 "-".to_string()
             } else {
@@ -460,6 +492,7 @@ pub fn render(rows: &[ScoreRow]) -> String {
                 format!("{:.2}", r.stall_ms_per_step),
                 x(r.bytes_vs_best_static),
                 x(r.stall_vs_best_static),
+                x(r.stall_vs_optimum),
             ]
         })
         .collect();
@@ -480,6 +513,7 @@ pub fn render(rows: &[ScoreRow]) -> String {
             "stall ms/step",
             "bytes vs best static",
             "stall vs best static",
+            "stall vs optimum",
         ],
         &body,
     )
@@ -497,7 +531,7 @@ pub fn legend(opts: &ReplayOptions, trace: &Trace) -> String {
     };
     format!(
         "cold share = fraction of expert lookups served from host; steady state = mean over the last {}% of the segment after the last shift; vs best static = steady state / {}'s (per layer the top-H experts by steps touched in hindsight: the static map of least stall); T90 = steps until the excess cold share after a shift has decayed by 90%.\n\
-         host GB read = distinct cold (layer, expert) pairs per step × expert bytes, read in place; swap GB = net hot-set changes × expert bytes; stall = modelled link wait per step under {}: reads at {} GB/s, copies at {} GB/s, {copies}, +{} µs per copy; bytes/stall vs best static = steady-state per step / the same map's; boot = the map a row started from.",
+         host GB read = distinct cold (layer, expert) pairs per step × expert bytes, read in place; swap GB = net hot-set changes × expert bytes; stall = modelled link wait per step under {}: reads at {} GB/s, copies at {} GB/s, {copies}, +{} µs per copy; bytes/stall vs best static = steady-state per step / the same map's; stall vs optimum = stall over the whole trace / the offline optimum's (the least stall of any hot-set schedule in this model, per layer, its step-0 map free); boot = the map a row started from.",
         (opts.steady_fraction * 100.0).round(),
         if trace.shifts.is_empty() {
             BEST_STATIC_LABEL
