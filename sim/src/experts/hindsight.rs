@@ -65,10 +65,9 @@ pub(crate) fn window_range(trace: &Trace, window: &OracleWindow) -> std::ops::Ra
 /// as a counter dump (`layers × experts_per_layer`, row-major), named `NAME[START..END] touched`.
 /// Feed it to [`fit_seed_map`] for a map ranked by touched steps.
 ///
-/// Errors: [`ExpertError::EmptyTrace`] for an empty range; [`ExpertError::LengthMismatch`] for a
-/// step with another number of layers than the trace's shape, [`ExpertError::ExpertOutOfRange`]
-/// for an id outside it; the errors of [`CounterDump::new`] (shape bounds);
-/// [`ExpertError::OutOfMemory`] for counts the host cannot allocate.
+/// Errors: [`ExpertError::EmptyTrace`] for an empty range; the errors of
+/// [`CounterDump::from_steps`] (a step with another number of layers than the trace's shape, an
+/// id outside it, shape bounds, counts the host cannot allocate).
 pub fn touched_dump(trace: &Trace, range: std::ops::Range<usize>) -> Result<CounterDump> {
     let steps = trace
         .steps
@@ -76,36 +75,28 @@ pub fn touched_dump(trace: &Trace, range: std::ops::Range<usize>) -> Result<Coun
         .filter(|s| !s.is_empty())
         .ok_or_else(|| ExpertError::EmptyTrace(format!("no step in {range:?}")))?;
     let (layers, experts) = (trace.shape.layers, trace.shape.experts_per_layer);
-    let n = layers as usize * experts as usize;
-    let mut counts = tier_core::alloc::try_filled(n, 0f64, "touched-steps dump")?;
+    // The pick counts check the steps (layers per step, ids) and give the counts' allocation.
+    let mut dump = CounterDump::from_steps(
+        format!("{}[{}..{}] touched", trace.name, range.start, range.end),
+        layers,
+        experts,
+        steps,
+    )?;
+    dump.counts.fill(0.0);
     // The step (+ 1) that last counted each cell: each cell counts once per step.
-    let mut last = tier_core::alloc::try_filled(n, 0usize, "touched-steps dump")?;
+    let mut last = tier_core::alloc::try_filled(dump.counts.len(), 0usize, "touched-steps dump")?;
     for (i, s) in steps.iter().enumerate() {
-        if s.layers.len() != layers as usize {
-            return Err(ExpertError::LengthMismatch {
-                expected: layers as usize,
-                found: s.layers.len(),
-            });
-        }
         for (l, picks) in s.layers.iter().enumerate() {
             for &e in picks {
-                if e >= experts {
-                    return Err(ExpertError::ExpertOutOfRange { expert: e, experts });
-                }
                 let cell = l * experts as usize + e as usize;
                 if last[cell] != i + 1 {
                     last[cell] = i + 1;
-                    counts[cell] += 1.0;
+                    dump.counts[cell] += 1.0;
                 }
             }
         }
     }
-    CounterDump::new(
-        format!("{}[{}..{}] touched", trace.name, range.start, range.end),
-        layers,
-        experts,
-        counts,
-    )
+    Ok(dump)
 }
 
 /// The static map in hindsight over `window`: per layer the top `hot_per_layer` experts by
