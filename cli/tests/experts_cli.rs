@@ -832,3 +832,75 @@ fn a_closed_stdout_pipe_ends_the_command_quietly() {
         out.status
     );
 }
+
+#[test]
+fn optimum_flag_and_fit_seed_ranking() {
+    let labels = |v: &serde_json::Value| -> Vec<String> {
+        v["summary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["label"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let opt = "offline optimum".to_string();
+    // auto: a small trace gets the row; never: no row, and no ratio to it.
+    let auto = replay_json(&["--policy", "static,offline-optimum"]);
+    assert_eq!(labels(&auto), ["static", "offline optimum"]);
+    let never = replay_json(&["--policy", "static,offline-optimum", "--optimum", "never"]);
+    assert!(!labels(&never).contains(&opt));
+    assert!(never["summary"][0]["stall_vs_optimum"].is_null());
+    // A hidden copy time makes the stall nonlinear in copies: auto skips the row and says why;
+    // always fails with a message naming hide_us.
+    let mut args = vec!["experts", "replay", "--policy", "static,offline-optimum"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(&["--hide-us", "50"]);
+    let out = ok_stdout(&args);
+    assert!(
+        out.contains("offline optimum not computed") && !out.contains("| offline optimum"),
+        "{out}"
+    );
+    args.extend_from_slice(&["--optimum", "always"]);
+    fails_with(&args, "hide_us");
+
+    // fit-seed ranks a trace by steps touched unless told otherwise; counts have picks only.
+    let tkt = temp("rank.tkt");
+    let mut args = vec!["experts", "synth", "--out", tkt.to_str().unwrap()];
+    args.extend_from_slice(TINY);
+    ok_stdout(&args);
+    let fit = |rank: &str| {
+        let out = temp(&format!("rank-{rank}.json"));
+        let mut a = vec![
+            "experts",
+            "fit-seed",
+            "--trace",
+            tkt.to_str().unwrap(),
+            "--hot",
+            "16",
+        ];
+        if !rank.is_empty() {
+            a.extend_from_slice(&["--rank", rank]);
+        }
+        a.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        ok_stdout(&a);
+        let map: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+        map["hot"].clone()
+    };
+    let (default, touched, picks) = (fit(""), fit("touched"), fit("picks"));
+    assert_eq!(default, touched);
+    // At 4 tokens per step experts are picked several times in a step: the hot sets differ.
+    assert_ne!(touched, picks);
+    assert_eq!(touched.as_array().unwrap().len(), 16);
+    fails_with(
+        &[
+            "experts",
+            "fit-seed",
+            "--dump",
+            tkt.to_str().unwrap(),
+            "--rank",
+            "touched",
+        ],
+        "--rank touched needs steps",
+    );
+}
