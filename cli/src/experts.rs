@@ -364,13 +364,41 @@ enum PolicyArg {
     AdaptiveShiftResponse,
     /// Per-layer LRU admitting every miss (uncapped reference).
     Lru,
-    /// The best static map in hindsight (whole trace; also after the last shift if any).
-    Oracle,
-    /// Not a policy: a lower bound on every policy's reads and stall (per step and layer, at
-    /// least `touched − hot` distinct cold experts are read in place).
-    Bound,
-    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, oracle, bound.
+    /// The best static map in hindsight: per layer the top-H experts by steps touched, the static
+    /// map of least stall (whole trace; also after the last shift if any). The reference of every
+    /// "vs best static" ratio.
+    BestStatic,
+    /// The static map in hindsight ranked by picks (the former `oracle`: best for the cold share,
+    /// not for the link).
+    StaticByPicks,
+    /// Not a policy: the exact offline optimum of the stall (per layer, a min-cost flow; its
+    /// step-0 map free); every row's stall over it is shown. Subject to --optimum.
+    OfflineOptimum,
+    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static,
+    /// offline-optimum.
     All,
+}
+
+/// When `replay` computes the `offline optimum` row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OptimumArg {
+    /// Where it takes seconds: the solver's work bound at most
+    /// `tierkit_sim::experts::OPTIMUM_AUTO_MAX_WORK` (5 × 10⁷, about 10 s), and a stall linear in
+    /// copies.
+    Auto,
+    /// Always (fails on a link with --hide-us > 0, where the stall is not linear in copies).
+    Always,
+    /// Never.
+    Never,
+}
+
+/// What `fit-seed` ranks experts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RankArg {
+    /// Steps in which the expert was picked at all (the map of least stall).
+    Touched,
+    /// Picks (the map of least cold share).
+    Picks,
 }
 
 /// The map adaptive and LRU rows boot from.
@@ -442,6 +470,11 @@ pub struct ReplayArgs {
     /// overlap the step; default 0: nothing hidden).
     #[arg(long, value_name = "US")]
     hide_us: Option<f64>,
+    /// The `offline optimum` row: `auto` computes it where it takes seconds (the solver's work
+    /// bound, Σ over layers of min(hot, touches) × (steps + 2 × touches), at most 5 × 10⁷: about
+    /// 10 s) and says so where it is skipped.
+    #[arg(long, value_enum, default_value_t = OptimumArg::Auto)]
+    optimum: OptimumArg,
     /// With --json: every step's bytes and stall too (the per-window series are always there).
     #[arg(long)]
     bytes_per_step: bool,
@@ -517,8 +550,9 @@ fn policies(args: &[PolicyArg]) -> Vec<Policy> {
             PolicyArg::Adaptive => out.push(Policy::Adaptive),
             PolicyArg::AdaptiveShiftResponse => out.push(Policy::AdaptiveShiftResponse),
             PolicyArg::Lru => out.push(Policy::Lru),
-            PolicyArg::Oracle => out.push(Policy::Oracle),
-            PolicyArg::Bound => out.push(Policy::Bound),
+            PolicyArg::BestStatic => out.push(Policy::BestStatic),
+            PolicyArg::StaticByPicks => out.push(Policy::StaticByPicks),
+            PolicyArg::OfflineOptimum => out.push(Policy::Optimum),
         }
     }
     out
@@ -660,7 +694,19 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         a.expert_bytes,
     )?;
     let (seed, seed_note) = seed_map(&a, seed_file, &trace, &g)?;
-    let specs = scoreboard::policy_specs_booted(&policies(&a.policy), &trace, &seed, boot);
+    let mut wanted = policies(&a.policy);
+    let mut optimum_note = None;
+    if wanted.contains(&Policy::Optimum) && a.optimum != OptimumArg::Always {
+        let skip = match a.optimum {
+            OptimumArg::Never => Some("--optimum never".to_string()),
+            _ => scoreboard::optimum_skip_reason(&trace, &g, &opts.link),
+        };
+        if let Some(why) = skip {
+            wanted.retain(|&p| p != Policy::Optimum);
+            optimum_note = Some(why);
+        }
+    }
+    let specs = scoreboard::policy_specs_booted(&wanted, &trace, &seed, boot);
     let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
     let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {
         if label.is_empty() {
@@ -736,6 +782,9 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     outln!()?;
     outln!("{}", scoreboard::render(&out.summary))?;
     outln!("\n{}", scoreboard::legend(&opts, &trace))?;
+    if let Some(why) = &optimum_note {
+        outln!("offline optimum not computed: {why}")?;
+    }
     for r in out
         .runs
         .iter()
@@ -781,6 +830,12 @@ pub struct FitSeedArgs {
     /// Steps of the trace to count, `START..END` (default: all).
     #[arg(long, value_name = "START..END")]
     range: Option<String>,
+    /// What ranks the experts of a layer: `touched` (steps in which the expert was picked at
+    /// all: the link pays one read per cold expert and step, so this is the map of least stall;
+    /// the default with --trace) or `picks` (lookups: the least cold share; the only ranking
+    /// count inputs have, so their default).
+    #[arg(long, value_enum)]
+    rank: Option<RankArg>,
     /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`, at most 16 MiB);
     /// unmeasured layers are derived from the measured ones as the synthetic generator does.
     #[arg(long)]
@@ -833,6 +888,13 @@ fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
 }
 
 fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
+    if a.rank == Some(RankArg::Touched) && a.files.trace.is_empty() {
+        return Err(
+            "--rank touched needs steps (--trace); counts (--dump, --eplb-counts, \
+                    --routing-counts) rank by picks"
+                .into(),
+        );
+    }
     // Checked before the trace is read (a bad range used to fail after the whole read).
     let range = a.range.as_deref().map(parse_range).transpose()?;
     let dump = if let Some(p) = &a.dump {
@@ -871,7 +933,10 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
             eprintln!("read: {line}");
         }
         let range = range.unwrap_or(0..t.steps.len());
-        tierkit_sim::experts::counter_dump(&t, range)?
+        match a.rank.unwrap_or(RankArg::Touched) {
+            RankArg::Touched => tierkit_sim::experts::touched_dump(&t, range)?,
+            RankArg::Picks => tierkit_sim::experts::counter_dump(&t, range)?,
+        }
     };
     let hot = a.hot.unwrap_or_else(|| default_hot(dump.experts_per_layer));
     let g = Geometry::new(dump.layers, dump.experts_per_layer, hot, a.expert_bytes)?;

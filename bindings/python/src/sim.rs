@@ -22,7 +22,9 @@ use tierkit_bindings::Code;
 
 /// Replays an OLMoE-shaped synthetic scenario (16 layers × 64 experts, top-8; traffic shifting
 /// from `from_domain` to `to_domain` at `shift_at`) through `policies` (default: all of
-/// `static`, `seed`, `adaptive`, `adaptive-shift-response`, `lru`, `oracle`) and returns
+/// [`Policy::ALL`], less the offline optimum where it would take more than seconds; names as `tierkit experts replay --policy` spells them: `static`, `seed`,
+/// `cost-aware`, `ratio`, `ratio-best`, `recency`, `lru`, `static-by-picks`, `best-static`,
+/// `offline-optimum`, and `adaptive`, `adaptive-shift-response`) and returns
 /// `{"scenario": name, "rows": [score rows as dicts], "table": the rendered table}`. The
 /// defaults are a short run (3,000 steps); `steps=9000, shift_at=3000` is the CLI's default
 /// scenario. Releases the GIL while it replays (its worker threads are joined before it
@@ -55,7 +57,11 @@ fn scoreboard<'py>(
         expert_bytes: u64 = 6 << 20
     );
     let cfg_json = json_arg(config, "config")?;
-    let policies: Vec<Policy> = match policies.filter(|p| !p.is_none()) {
+    // The default list drops the offline optimum where it would take more than seconds, as
+    // `tierkit experts replay --optimum auto` does; a list that names it always runs it.
+    let policies = policies.filter(|p| !p.is_none());
+    let auto_optimum = policies.is_none();
+    let mut policies: Vec<Policy> = match policies {
         None => Policy::ALL.to_vec(),
         Some(names) => policy_list(names)?,
     };
@@ -73,6 +79,11 @@ fn scoreboard<'py>(
             let g = Geometry::new(s.layers, s.experts_per_layer, hot, expert_bytes)
                 .map_err(expert_err)?;
             let (seed_map, _) = board::default_seed_map(&trace, &g).map_err(expert_err)?;
+            if auto_optimum
+                && board::optimum_skip_reason(&trace, &g, &LinkModel::default()).is_some()
+            {
+                policies.retain(|&p| p != Policy::Optimum);
+            }
             let specs = board::policy_specs(&policies, &trace, &seed_map);
             let runs =
                 board::run_policies(&trace, &g, &cfg, &ReplayOptions::default(), &specs, &|_| {})
@@ -93,7 +104,8 @@ fn scoreboard<'py>(
 /// least one. `TypeError` for a string or a non-string name, `ValueError` for an unknown, repeated
 /// or empty list (an empty list used to return an empty table).
 fn policy_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<Policy>> {
-    let known = "static, seed, adaptive, adaptive-shift-response, lru, oracle";
+    let known = "static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, \
+                 best-static, offline-optimum, adaptive, adaptive-shift-response";
     let not_list = || {
         pyo3::exceptions::PyTypeError::new_err(format!(
             "policies must be a list of policy names ({known}), not {}",
