@@ -895,6 +895,8 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
                 .into(),
         );
     }
+    // Checked before the trace is read (a bad range used to fail after the whole read).
+    let range = a.range.as_deref().map(parse_range).transpose()?;
     let dump = if let Some(p) = &a.dump {
         // Deserializing checks the dump (shape, lengths, counts).
         input::counter_dump("--dump", p)?
@@ -930,10 +932,7 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         for line in read.lines() {
             eprintln!("read: {line}");
         }
-        let range = match &a.range {
-            Some(r) => parse_range(r)?,
-            None => 0..t.steps.len(),
-        };
+        let range = range.unwrap_or(0..t.steps.len());
         match a.rank.unwrap_or(RankArg::Touched) {
             RankArg::Touched => tierkit_sim::experts::touched_dump(&t, range)?,
             RankArg::Picks => tierkit_sim::experts::counter_dump(&t, range)?,
@@ -1113,7 +1112,7 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
     };
     let named = |e: trace::TraceError| -> Box<dyn std::error::Error> {
         match e {
-            trace::TraceError::Io { source, .. } => format!("{p}: {source}").into(),
+            trace::TraceError::Io { source, .. } => format!("--out {p}: {source}").into(),
             other => other.into(),
         }
     };
@@ -1122,8 +1121,8 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
             binary::write_binary(&t, &mut w).map_err(named)?;
         }
         OutFormat::Json => {
-            serde_json::to_writer(&mut w, &t).map_err(|e| format!("{p}: {e}"))?;
-            std::io::Write::flush(&mut w).map_err(|e| format!("{p}: {e}"))?;
+            serde_json::to_writer(&mut w, &t).map_err(|e| format!("--out {p}: {e}"))?;
+            std::io::Write::flush(&mut w).map_err(|e| format!("--out {p}: {e}"))?;
         }
         OutFormat::LoggerJsonl => {
             logger::write_logger(&t, &mut w).map_err(named)?;

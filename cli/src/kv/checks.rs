@@ -32,6 +32,24 @@ pub const MAX_LOADS: usize = 64;
 /// the three hot-cache sizes).
 pub const MAX_CALIBRATE_STEPS: u32 = 100_000;
 
+/// Most picks `kv calibrate` draws, `--steps × --top-k`: 2^28 (100,000 steps at the default
+/// top-k of 2,048 fit). Each flag has its own bound, but their product did not: `--steps 100000
+/// --top-k 1048576` asked for 10^11 picks, days of work.
+pub const MAX_CALIBRATE_PICKS: u64 = 1 << 28;
+
+/// `kv calibrate`'s `--steps × --top-k` against [`MAX_CALIBRATE_PICKS`].
+pub fn calibrate_picks(steps: u32, top_k: u32) -> Result<(), String> {
+    let picks = steps as u64 * top_k as u64;
+    if picks <= MAX_CALIBRATE_PICKS {
+        Ok(())
+    } else {
+        Err(format!(
+            "--steps {steps} × --top-k {top_k} = {picks} picks: at most {MAX_CALIBRATE_PICKS} \
+             (the run's time grows with their product); lower --steps or --top-k"
+        ))
+    }
+}
+
 /// `--steps` of `kv simulate`: in `1..=MAX_SIM_STEPS` (0 steps used to print a table of zeros).
 pub fn sim_steps(steps: u64) -> Result<(), String> {
     if (1..=MAX_SIM_STEPS).contains(&steps) {
