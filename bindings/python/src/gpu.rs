@@ -618,11 +618,20 @@ impl PyGpuKvPool {
             max_history: u32
         );
         let arena = memory_arg(arena, "arena", false)?;
+        // `settle_readers` is kv-elastic's test hook (tests comparing the GPU pool with the CPU
+        // one page for page): only in a wheel built with `--features test-hooks`.
+        #[cfg(not(feature = "test-hooks"))]
+        if settle_readers {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "settle_readers=True is a test hook: build tierkit with --features test-hooks",
+            ));
+        }
         gpu_guard(|| {
             // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
             let mut keep = Vec::new();
             let arena = borrow_device(&gpu, &mut keep, arena)?;
+            #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
             let mut p = GpuElasticPool::with_arena(
                 &gpu,
                 geometry.0,
@@ -638,6 +647,7 @@ impl PyGpuKvPool {
                 kv_elastic::KvError::Cuda(c @ CudaError::ForeignMemory { .. }) => cuda_err(c),
                 e => kv_err(e),
             })?;
+            #[cfg(feature = "test-hooks")]
             p.set_settle_readers(settle_readers);
             Ok(PyGpuKvPool(
                 GpuSlot::new("GpuKvPool", p, gpu, device_index).keeping(keep),

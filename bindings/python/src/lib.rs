@@ -252,6 +252,13 @@ fn has_lab() -> bool {
     cfg!(feature = "lab")
 }
 
+/// Whether this build has the test hooks (`--features test-hooks`: `KvPool(...,
+/// settle_readers=True)`); false in every wheel meant for engines.
+#[pyfunction]
+fn has_test_hooks() -> bool {
+    cfg!(feature = "test-hooks")
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -261,6 +268,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(_test_panic, m)?)?;
     m.add_function(wrap_pyfunction!(has_lab, m)?)?;
+    m.add_function(wrap_pyfunction!(has_test_hooks, m)?)?;
     experts::register(m)?;
     kv::register(m)?;
     #[cfg(feature = "lab")]
