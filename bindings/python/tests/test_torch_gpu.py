@@ -25,18 +25,18 @@ if torch is None:
         def __getattr__(self, name):
             return name
 
-    torch = _NoTorch()
-    tt = None
-    pytestmark = pytest.mark.skip(reason=NO_TORCH)
+    torch, tt, NOT_HERE = _NoTorch(), None, NO_TORCH
 elif not tierkit._native.has_cuda_ops():
-    tt = None
-    pytestmark = pytest.mark.skip(reason="tierkit built without CUDA ops (maturin --features cuda)")
+    tt, NOT_HERE = None, "tierkit built without CUDA ops (maturin --features cuda)"
 else:
     import tierkit.torch as tt
 
-needs_gpu = pytest.mark.skipif(
-    NO_TORCH is not None or not torch.cuda.is_available(), reason="no CUDA device"
-)
+    NOT_HERE = None if torch.cuda.is_available() else "no CUDA device"
+
+if NOT_HERE is not None and tt is None:
+    pytestmark = pytest.mark.skip(reason=NOT_HERE)
+
+needs_gpu = pytest.mark.skipif(NOT_HERE is not None, reason=str(NOT_HERE))
 needs_test_hooks = pytest.mark.skipif(
     not tierkit._native.has_test_hooks(),
     reason="needs KvPool(settle_readers=True): tierkit built without --features test-hooks",
