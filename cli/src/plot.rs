@@ -368,7 +368,10 @@ mod tests {
     fn y_axis_fits_the_data() {
         // 150-210 ms: a band around the data, not from 0
         let (lo, hi) = fit_y(150.0, 210.0);
-        assert!(lo > 140.0 && lo < 150.0 && hi > 210.0 && hi < 220.0, "{lo}..{hi}");
+        assert!(
+            lo > 140.0 && lo < 150.0 && hi > 210.0 && hi < 220.0,
+            "{lo}..{hi}"
+        );
         // shares from 0.1 to 0.6 reach down near 0: from 0
         assert_eq!(fit_y(0.1, 0.6).0, 0.0);
         // negative values are shown; a flat series gets a band
