@@ -38,10 +38,10 @@ use pyo3::types::{PyDict, PyTuple};
 use tierkit_bindings::DeviceOps;
 
 use crate::arrays::with_bytes;
-use crate::experts::PyResidencyMap;
+use crate::experts::{PyController, PyPickCounters, PyResidencyMap};
 use crate::ints::{int_arg, int_args};
 use crate::kv::{admission, maintenance, PyKvGeometry};
-use crate::{expert_err, guard, kv_err, Slot};
+use crate::{expert_err, guard, kv_err, to_py, Slot};
 
 /// Caller memory: the tensor's storage that owns it, its address, its bytes and (the host
 /// store's) whether tierkit registers it.
@@ -395,18 +395,31 @@ impl<T> GpuSlot<T> {
 pub(crate) struct PyGpuExpertBank(GpuSlot<GpuExecutor>);
 
 impl PyGpuExpertBank {
-    /// Refuses `Controller.step` during a capture ([`GpuSlot::refuse_capture`]).
-    pub(crate) fn refuse_capture(&self, py: Python<'_>, what: &str) -> PyResult<()> {
-        self.0.refuse_capture(py, what)
-    }
-    /// Runs `f` on the executor with the context bound (for `Controller.step`).
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut GpuExecutor) -> PyResult<R>) -> PyResult<R> {
+    /// Runs `f` on the executor with the context bound.
+    fn with<R>(&self, f: impl FnOnce(&mut GpuExecutor) -> PyResult<R>) -> PyResult<R> {
         self.0.with(f)
     }
 }
 
 #[pymethods]
 impl PyGpuExpertBank {
+    /// `Controller.step(counters, bank)` with this bank as the executor (called by
+    /// `Controller.step`, not public API): refused during a capture
+    /// ([`GpuSlot::refuse_capture`]); returns the step report as a dict.
+    fn _controller_step<'py>(
+        &self,
+        py: Python<'py>,
+        controller: &PyController,
+        counters: &PyPickCounters,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.0
+            .refuse_capture(py, "Controller.step with a GPU bank")?;
+        let report = controller.step_on(counters, |ctl, c| {
+            self.0.with(|e| ctl.step(c, e).map_err(expert_err))
+        })?;
+        to_py(py, &report)
+    }
+
     /// Allocates the bank for `map`'s geometry on device `device_index` (host experts zeroed;
     /// write them through the host view, then `reload(map)`), step stream `stream`.
     ///
