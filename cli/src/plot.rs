@@ -3,6 +3,7 @@
 //! Text is drawn with an embedded font (Hack, MIT + Bitstream Vera licence, shipped by the
 //! `epaint_default_fonts` crate), so charts render on machines without system fonts.
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::Path;
 use std::sync::Once;
@@ -22,13 +23,15 @@ pub struct ChartSpec {
     pub x_label: String,
     /// Y axis label.
     pub y_label: String,
-    /// The series, drawn in order with distinct colours.
+    /// The series, drawn in order with distinct colour-blind-safe colours (Okabe-Ito) and marker
+    /// shapes; earlier series are drawn wider, so one that a later one covers stays visible.
     pub series: Vec<Series>,
     /// Vertical markers `(x, label)`.
     pub markers: Vec<(f64, String)>,
     /// Image size in pixels.
     pub size: (u32, u32),
-    /// Y range; `None` fits the data (from 0).
+    /// Y range; `None` fits the data: from 0 when the data reaches down near 0 (its lowest value
+    /// below its spread), else around the data (so 150-210 ms is not squeezed at the top).
     pub y_range: Option<(f64, f64)>,
 }
 
@@ -48,10 +51,152 @@ fn register_font() {
 const MAX_PLOTTED: f64 = 1e15;
 
 /// Series of at most this many points get a marker on every point (a benchmark's few loads);
-/// longer ones (per-step curves) are lines only.
+/// longer ones (per-step curves) get about [`MARKS_PER_LONG_SERIES`] markers, each series' marks
+/// shifted along the line, so series that coincide still show every series' marker.
 const MARKED_POINTS: usize = 24;
 
-/// Draws `series` as a PNG line chart at `path` (1200×700 px, y from 0). Used by `tierkit kv`.
+/// Markers on a series longer than [`MARKED_POINTS`].
+const MARKS_PER_LONG_SERIES: usize = 12;
+
+/// The Okabe-Ito colour-blind-safe palette (Okabe & Ito, "Color Universal Design", 2008), in the
+/// order series get it: blue, vermillion, bluish green, reddish purple, orange, sky blue, black,
+/// and yellow last (the weakest on white). Series beyond eight reuse it with another marker.
+const OKABE_ITO: [RGBColor; 8] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 0, 0),
+    RGBColor(240, 228, 66),
+];
+
+/// Marker shapes, by series index (with the colour, a series is told apart in grey print too).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shape {
+    Circle,
+    Triangle,
+    Square,
+    Cross,
+    Diamond,
+}
+
+const SHAPES: [Shape; 5] = [
+    Shape::Circle,
+    Shape::Triangle,
+    Shape::Square,
+    Shape::Cross,
+    Shape::Diamond,
+];
+
+/// Colour, marker and line width of series `i` of `n`: the first series drawn widest (3 px more
+/// than the last), so a later series drawn on top of it leaves its edges visible.
+fn style_of(i: usize, n: usize) -> (RGBColor, Shape, u32) {
+    let width = 2 + (n.saturating_sub(1).saturating_sub(i)).min(3) as u32;
+    (
+        OKABE_ITO[i % OKABE_ITO.len()],
+        SHAPES[(i + i / OKABE_ITO.len()) % SHAPES.len()],
+        width,
+    )
+}
+
+/// Indices of the points of series `i` (of `n`) that get a marker: all of a short series; about
+/// [`MARKS_PER_LONG_SERIES`] of a long one, the series' marks shifted by `i / n` of the gap.
+fn marked(len: usize, i: usize, n: usize) -> Vec<usize> {
+    if len <= MARKED_POINTS {
+        return (0..len).collect();
+    }
+    let gap = len.div_ceil(MARKS_PER_LONG_SERIES).max(1);
+    let start = gap * i / n.max(1);
+    (start..len).step_by(gap).collect()
+}
+
+/// The y range that fits `y0..=y1` (the data's lowest and highest values): from 0 when the
+/// lowest value is below the spread (or negative: from below it), else a band around the data;
+/// 8% of headroom either side.
+fn fit_y(y0: f64, y1: f64) -> (f64, f64) {
+    if y1 <= y0 {
+        return if y0 == 0.0 {
+            (0.0, 1.0)
+        } else {
+            let pad = y0.abs() * 0.08;
+            (y0 - pad, y1 + pad)
+        };
+    }
+    let pad = (y1 - y0) * 0.08;
+    if y0 < 0.0 {
+        (y0 - pad, y1 + pad)
+    } else if y0 <= y1 - y0 {
+        (0.0, y1 + pad)
+    } else {
+        (y0 - pad, y1 + pad)
+    }
+}
+
+/// Draws `shape` of `color` at every point of `pts`.
+fn draw_marks<DB: DrawingBackend>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    pts: &[(f64, f64)],
+    shape: Shape,
+    color: RGBColor,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    DB::ErrorType: 'static,
+{
+    let style = color.filled();
+    let line = color.stroke_width(2);
+    let it = pts.iter().copied();
+    match shape {
+        Shape::Circle => chart.draw_series(it.map(|p| Circle::new(p, 5, style)))?,
+        Shape::Triangle => chart.draw_series(it.map(|p| TriangleMarker::new(p, 6, style)))?,
+        Shape::Square => chart.draw_series(
+            it.map(|p| EmptyElement::at(p) + Rectangle::new([(-4, -4), (4, 4)], style)),
+        )?,
+        Shape::Cross => chart.draw_series(it.map(|p| Cross::new(p, 5, line)))?,
+        Shape::Diamond => chart.draw_series(it.map(|p| {
+            EmptyElement::at(p) + Polygon::new(vec![(0, -6), (6, 0), (0, 6), (-6, 0)], style)
+        }))?,
+    };
+    Ok(())
+}
+
+/// The outline of `shape`'s legend mark around (0, 0), in pixels (a polygon for every shape, so
+/// the legend entries are of one type).
+fn legend_outline(shape: Shape) -> Vec<(i32, i32)> {
+    match shape {
+        Shape::Circle => vec![
+            (5, 0),
+            (4, 4),
+            (0, 5),
+            (-4, 4),
+            (-5, 0),
+            (-4, -4),
+            (0, -5),
+            (4, -4),
+        ],
+        Shape::Triangle => vec![(0, -6), (6, 4), (-6, 4)],
+        Shape::Square => vec![(-4, -4), (4, -4), (4, 4), (-4, 4)],
+        Shape::Cross => vec![
+            (-5, -4),
+            (-4, -5),
+            (0, -1),
+            (4, -5),
+            (5, -4),
+            (1, 0),
+            (5, 4),
+            (4, 5),
+            (0, 1),
+            (-4, 5),
+            (-5, 4),
+            (-1, 0),
+        ],
+        Shape::Diamond => vec![(0, -6), (6, 0), (0, 6), (-6, 0)],
+    }
+}
+
+/// Draws `series` as a PNG line chart at `path` (1200×700 px, y fitted as [`ChartSpec::y_range`]
+/// says). Used by `tierkit kv`.
 ///
 /// # Errors
 /// Drawing or encoding errors from plotters (bad path, unwritable file), as a boxed error.
@@ -100,7 +245,7 @@ pub fn draw(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
 fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Error>> {
     let points = spec.series.iter().flat_map(|s| s.1.iter());
     let (mut x0, mut x1) = (f64::INFINITY, f64::NEG_INFINITY);
-    let (mut y0, mut y1) = (0.0f64, 0.0f64);
+    let (mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY);
     for &(x, y) in points {
         if x.is_finite() && y.is_finite() {
             x0 = x0.min(x);
@@ -109,7 +254,7 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
             y1 = y1.max(y);
         }
     }
-    if !x0.is_finite() {
+    if !x0.is_finite() || !y0.is_finite() {
         return Err(format!("{}: nothing to plot", path.display()).into());
     }
     // plotters spins on ranges whose ticks overflow: refuse values no chart of ours can mean.
@@ -123,13 +268,7 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    let (ylo, yhi) = spec.y_range.unwrap_or(if y1 > y0 {
-        // y from 0 (or the lowest negative value), 8% of headroom
-        let pad = (y1 - y0) * 0.08;
-        (if y0 < 0.0 { y0 - pad } else { 0.0 }, y1 + pad)
-    } else {
-        (0.0, 1.0)
-    });
+    let (ylo, yhi) = spec.y_range.unwrap_or_else(|| fit_y(y0, y1));
     let root = BitMapBackend::new(path, spec.size).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
@@ -159,19 +298,35 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
             (FONT, 16).into_font().color(&grey),
         )))?;
     }
+    let n = spec.series.len();
     for (i, (name, pts)) in spec.series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        // A series of few points (a benchmark's loads) shows each measured point: the lines
-        // between them are not measurements.
-        if pts.len() <= MARKED_POINTS {
-            chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
-        }
+        let (color, shape, width) = style_of(i, n);
+        let pts: Vec<(f64, f64)> = pts
+            .iter()
+            .copied()
+            .filter(|&(x, y)| x.is_finite() && y.is_finite())
+            .collect();
         chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                pts.iter().copied(),
+                color.stroke_width(width),
+            ))?
             .label(name.clone())
             .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+                let mark = legend_outline(shape)
+                    .into_iter()
+                    .map(|(dx, dy)| (dx + 14, dy));
+                EmptyElement::at((x, y))
+                    + PathElement::new(vec![(0, 0), (28, 0)], color.stroke_width(width))
+                    + Polygon::new(mark.collect::<Vec<_>>(), color.filled())
             });
+        // A series of few points (a benchmark's loads) shows each measured point: the lines
+        // between them are not measurements. A long one shows a few, shifted per series.
+        let marks: Vec<(f64, f64)> = marked(pts.len(), i, n)
+            .into_iter()
+            .map(|k| pts[k])
+            .collect();
+        draw_marks(&mut chart, &marks, shape, color)?;
     }
     chart
         .configure_series_labels()
@@ -207,6 +362,44 @@ mod tests {
         assert_eq!(tick_label(8000.0), "8000");
         assert_eq!(tick_label(-0.0001), "0");
         assert_eq!(tick_label(0.7692), "0.769");
+    }
+
+    #[test]
+    fn y_axis_fits_the_data() {
+        // 150-210 ms: a band around the data, not from 0
+        let (lo, hi) = fit_y(150.0, 210.0);
+        assert!(
+            lo > 140.0 && lo < 150.0 && hi > 210.0 && hi < 220.0,
+            "{lo}..{hi}"
+        );
+        // shares from 0.1 to 0.6 reach down near 0: from 0
+        assert_eq!(fit_y(0.1, 0.6).0, 0.0);
+        // negative values are shown; a flat series gets a band
+        assert!(fit_y(-3.0, -1.0).0 < -3.0);
+        let (lo, hi) = fit_y(5.0, 5.0);
+        assert!(lo < 5.0 && hi > 5.0);
+        assert_eq!(fit_y(0.0, 0.0), (0.0, 1.0));
+    }
+
+    #[test]
+    fn series_get_distinct_styles_and_shifted_marks() {
+        let n = 6;
+        let styles: Vec<_> = (0..n).map(|i| style_of(i, n)).collect();
+        for i in 0..n {
+            for j in i + 1..n {
+                assert!(styles[i].0 != styles[j].0, "colours {i} and {j}");
+            }
+        }
+        // earlier series are at least as wide, so a later one drawn on top leaves edges
+        assert!(styles.windows(2).all(|w| w[0].2 >= w[1].2) && styles[0].2 > styles[n - 1].2);
+        // yellow (the weakest on white) is the last colour
+        assert_eq!(OKABE_ITO[7], RGBColor(240, 228, 66));
+        // short series: every point; long ones: ~12 marks, shifted per series
+        assert_eq!(marked(5, 3, 6), vec![0, 1, 2, 3, 4]);
+        let (a, b) = (marked(585, 0, 2), marked(585, 1, 2));
+        assert!(a.len() >= 10 && a.len() <= 13 && b.len() >= 10, "{a:?}");
+        assert!(a.iter().all(|k| !b.contains(k)), "{a:?} {b:?}");
+        assert!(b.iter().all(|&k| k < 585));
     }
 
     #[test]

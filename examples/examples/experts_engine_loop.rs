@@ -44,8 +44,9 @@ fn main() -> Result<()> {
     let seed = 7; // the stand-in weights' pseudo-random bytes
     let mut exec = MemoryExecutor::new(&boot, STAND_IN_BYTES, seed)?; // host + HBM slots + spare
     let counters = PickCounters::new(&geometry)?; // the router's counting table
-                                                  // The default policy is cost-aware and sizes its drain cadence and half-life from the
-                                                  // traffic it sees; `ControllerConfig::published_recipe()` is the GB300 ratio recipe.
+
+    // The default policy is cost-aware and sizes its drain cadence and half-life from the
+    // traffic it sees; `ControllerConfig::published_recipe()` is the GB300 ratio recipe.
     let cfg = ControllerConfig::default();
     let mut ctl = Controller::new(boot, cfg)?;
     let digest = exec.read_digest();

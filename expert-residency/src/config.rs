@@ -425,7 +425,7 @@ impl Default for AdaptiveCadence {
 }
 
 /// What a drain does with a counter snapshot in which some cell is below the previous snapshot
-/// (wrap-around delta ≥ [`crate::COUNTER_RESET_DELTA`]). JSON: `"rebaseline"` / `"error"`.
+/// (wrap-around delta ≥ 2^31: a drop read as a reset, never as 2^31 picks in one interval). JSON: `"rebaseline"` / `"error"`.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]

@@ -320,7 +320,7 @@ impl PickCounters {
 /// any engine. A table re-created, zeroed or swapped for another under the controller is caught
 /// at the first drain where any cell is below its previous value (see
 /// [`ControllerConfig::on_counter_reset`](crate::ControllerConfig::on_counter_reset)).
-pub const COUNTER_RESET_DELTA: u32 = 1 << 31;
+pub(crate) const COUNTER_RESET_DELTA: u32 = 1 << 31;
 
 /// The first cell (row-major `layer * experts + expert`) whose wrap-around delta `new - old` is
 /// at least [`COUNTER_RESET_DELTA`], i.e. that went backwards between the two snapshots; `None`
@@ -329,7 +329,7 @@ pub const COUNTER_RESET_DELTA: u32 = 1 << 31;
 /// interval's deltas are then too small, never phantom).
 ///
 /// Errors: [`ExpertError::LengthMismatch`] unless `new` and `old` have the same length.
-pub fn first_backwards_cell(new: &[u32], old: &[u32]) -> Result<Option<usize>> {
+pub(crate) fn first_backwards_cell(new: &[u32], old: &[u32]) -> Result<Option<usize>> {
     if new.len() != old.len() {
         return Err(ExpertError::LengthMismatch {
             expected: old.len(),
@@ -340,27 +340,6 @@ pub fn first_backwards_cell(new: &[u32], old: &[u32]) -> Result<Option<usize>> {
         .iter()
         .zip(old)
         .position(|(&n, &o)| n.wrapping_sub(o) >= COUNTER_RESET_DELTA))
-}
-
-/// Wrap-around-safe deltas `new - old` of two u32 snapshots, widened to u64 into `out`. Correct as
-/// long as fewer than 2^32 picks landed in one cell between the two snapshots.
-///
-/// Errors: [`ExpertError::LengthMismatch`] unless the three slices have the same length.
-pub fn snapshot_deltas(new: &[u32], old: &[u32], out: &mut [u64]) -> Result<()> {
-    if new.len() != old.len() || out.len() != new.len() {
-        return Err(ExpertError::LengthMismatch {
-            expected: new.len(),
-            found: if old.len() != new.len() {
-                old.len()
-            } else {
-                out.len()
-            },
-        });
-    }
-    for ((o, &n), &p) in out.iter_mut().zip(new).zip(old) {
-        *o = n.wrapping_sub(p) as u64;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -492,13 +471,5 @@ mod tests {
             first_backwards_cell(&[1], &[1, 2]),
             Err(ExpertError::LengthMismatch { .. })
         ));
-    }
-
-    #[test]
-    fn deltas_wrap() {
-        let mut out = [0u64; 2];
-        snapshot_deltas(&[5, 3], &[u32::MAX - 1, 1], &mut out).unwrap();
-        assert_eq!(out, [7, 2]);
-        assert!(snapshot_deltas(&[1], &[1, 2], &mut out).is_err());
     }
 }

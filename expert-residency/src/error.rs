@@ -102,7 +102,7 @@ pub enum ExpertError {
     #[error("cuda: {0}")]
     Cuda(#[from] cuda_kernels::CudaError),
     /// A drained counter table went backwards: `cell (layer, expert)` is below the previous
-    /// snapshot (wrap-around delta ≥ 2^31, [`crate::COUNTER_RESET_DELTA`]), so the table was
+    /// snapshot (wrap-around delta ≥ 2^31), so the table was
     /// re-created, reset or replaced under the controller. Returned only with
     /// [`crate::OnCounterReset::Error`] (the default re-baselines instead); nothing changed: call
     /// [`crate::Controller::reset_baseline`] with the new table to go on.

@@ -62,9 +62,7 @@ pub use config::{
     MAX_CONFIG_FILE_BYTES, MAX_WINDOW_DRAINS,
 };
 pub use controller::{ControlMessage, Controller, StepReport};
-pub use counters::{
-    first_backwards_cell, snapshot_deltas, PassKind, PauseGuard, PickCounters, COUNTER_RESET_DELTA,
-};
+pub use counters::{PassKind, PauseGuard, PickCounters};
 pub use error::{ExpertError, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};

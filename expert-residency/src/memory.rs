@@ -10,7 +10,11 @@ use crate::rowmap::ResidencyMap;
 use tier_core::alloc::{try_collect, try_filled};
 use tier_core::NOT_RESIDENT;
 
-/// An executor over plain byte buffers, for tests and replays that must prove the moves lossless.
+/// An executor over plain byte buffers that proves every move lossless: the executor of the
+/// reference examples (`examples/examples/experts_engine_loop.rs`, the C ABI's `engine_loop.c`)
+/// and the object behind Python's `MemoryExecutor` and C's `tierkit_executor_new_memory`,
+/// standing in for the GPU expert bank (`gpu::GpuExecutor`, feature `cuda`) in a CPU-only
+/// integration; the lab's replays use it too.
 ///
 /// - host: `[layers][experts][bytes]`, every expert's weights (cold experts are read in place);
 ///   filled with seeded random bytes and never written after.
@@ -65,7 +69,7 @@ impl MemoryExecutor {
     /// `seed`.
     ///
     /// It allocates `layers × (experts + slots_per_layer) × bytes` bytes, at most
-    /// [`MemoryExecutor::MAX_BYTES`] (1 GiB): it stands in for the real bank in tests and replays.
+    /// [`MemoryExecutor::MAX_BYTES`] (1 GiB): it stands in for the real bank in the reference examples, tests and replays.
     ///
     /// Errors: [`ExpertError::InvalidConfig`] for `bytes == 0`, for buffers above
     /// [`MemoryExecutor::MAX_BYTES`] (or overflowing `usize`); [`ExpertError::OutOfMemory`] if

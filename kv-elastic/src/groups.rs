@@ -4,7 +4,10 @@
 use std::ops::Range;
 
 use crate::error::{KvError, Result};
-use crate::layout::MAX_LAYERS;
+
+/// Most layers (arena planes) a `Geometry` may have (DeepSeek-V3 has 61); the layer
+/// groups' bitsets are this wide.
+pub const MAX_LAYERS: u32 = 4096;
 
 /// Words of the explicit partition's bitset (one bit per layer, [`MAX_LAYERS`] bits).
 const WORDS: usize = MAX_LAYERS as usize / 64;

@@ -4,8 +4,7 @@
 use crate::error::{KvError, Result};
 use crate::groups::LayerGroups;
 
-/// Most layers (arena planes) a [`Geometry`] may have (DeepSeek-V3 has 61).
-pub const MAX_LAYERS: u32 = 4096;
+pub use crate::groups::MAX_LAYERS;
 
 /// Most committed tokens one session's history may hold: positions are `int32` (the indexer's
 /// top-k, FlashMLA's indices), so `i32::MAX`.

@@ -20,6 +20,9 @@ except ImportError as e:  # the CI's virtual environment has no torch
     print(f"SKIP: moe_decode tests need torch and the tierkit wheel ({e})")
     pytest.skip(f"needs torch and tierkit: {e}", allow_module_level=True)
 
+# Needs tierkit.sim: .ci/test runs it with the lab wheel (`pytest -m lab`).
+pytestmark = pytest.mark.lab
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(HERE), "moe_decode.py")
 sys.path.insert(0, os.path.dirname(HERE))

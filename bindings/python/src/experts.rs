@@ -380,6 +380,18 @@ impl PyNullExecutor {
 #[pyclass(name = "Controller", module = "tierkit.experts", frozen)]
 pub(crate) struct PyController(Slot<Controller>);
 
+impl PyController {
+    /// Runs `f` on the controller and the counters, both locked (`Controller.step` with any
+    /// executor; the GPU bank's `_controller_step` calls it).
+    pub(crate) fn step_on<R>(
+        &self,
+        counters: &PyPickCounters,
+        f: impl FnOnce(&mut Controller, &PickCounters) -> PyResult<R>,
+    ) -> PyResult<R> {
+        self.0.with(|ctl| counters.0.with(|c| f(ctl, c)))
+    }
+}
+
 #[pymethods]
 impl PyController {
     #[new]
@@ -398,29 +410,23 @@ impl PyController {
     /// begins queued swaps. Returns the step report as a dict (`drain` is the drain record or
     /// None).
     fn step<'py>(
-        &self,
-        py: Python<'py>,
-        counters: &PyPickCounters,
+        slf: &Bound<'py, Self>,
+        counters: &Bound<'py, PyPickCounters>,
         executor: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        #[cfg(feature = "cuda")]
-        {
-            // The GPU bank (directly, or the `tierkit.torch.ExpertBank` wrapping it).
-            let native = match executor.getattr("_native") {
-                Ok(n) => n,
-                Err(_) => executor.clone(),
-            };
-            if let Ok(g) = native.cast::<crate::gpu::PyGpuExpertBank>() {
-                g.get()
-                    .refuse_capture(py, "Controller.step with a GPU bank")?;
-                let report = self.0.with(|ctl| {
-                    counters
-                        .0
-                        .with(|c| g.get().with(|e| ctl.step(c, e).map_err(expert_err)))
-                })?;
-                return to_py(py, &report);
-            }
+        let py = slf.py();
+        // An executor of another module (the GPU bank of `gpu.rs`, directly or as the
+        // `tierkit.torch.ExpertBank` wrapping it) steps the controller itself through
+        // `_controller_step(controller, counters)`, which calls `PyController::step_on`: this
+        // module names no executor type it does not define.
+        let native = match executor.getattr("_native") {
+            Ok(n) => n,
+            Err(_) => executor.clone(),
+        };
+        if let Ok(own_step) = native.getattr("_controller_step") {
+            return own_step.call1((slf, counters));
         }
+        let (this, counters) = (slf.get(), counters.get());
         let exec: &Slot<Exec> = if let Ok(m) = executor.cast::<PyMemoryExecutor>() {
             &m.get().0
         } else if let Ok(n) = executor.cast::<PyNullExecutor>() {
@@ -430,10 +436,8 @@ impl PyController {
                 "executor must be a MemoryExecutor, a NullExecutor or a GPU ExpertBank",
             ));
         };
-        let report = self.0.with(|ctl| {
-            counters
-                .0
-                .with(|c| exec.with(|e| ctl.step(c, e.as_dyn()).map_err(expert_err)))
+        let report = this.step_on(counters, |ctl, c| {
+            exec.with(|e| ctl.step(c, e.as_dyn()).map_err(expert_err))
         })?;
         to_py(py, &report)
     }

@@ -38,10 +38,10 @@ use pyo3::types::{PyDict, PyTuple};
 use tierkit_bindings::DeviceOps;
 
 use crate::arrays::with_bytes;
-use crate::experts::PyResidencyMap;
+use crate::experts::{PyController, PyPickCounters, PyResidencyMap};
 use crate::ints::{int_arg, int_args};
 use crate::kv::{admission, maintenance, PyKvGeometry};
-use crate::{expert_err, guard, kv_err, Slot};
+use crate::{expert_err, guard, kv_err, to_py, Slot};
 
 /// Caller memory: the tensor's storage that owns it, its address, its bytes and (the host
 /// store's) whether tierkit registers it.
@@ -395,18 +395,31 @@ impl<T> GpuSlot<T> {
 pub(crate) struct PyGpuExpertBank(GpuSlot<GpuExecutor>);
 
 impl PyGpuExpertBank {
-    /// Refuses `Controller.step` during a capture ([`GpuSlot::refuse_capture`]).
-    pub(crate) fn refuse_capture(&self, py: Python<'_>, what: &str) -> PyResult<()> {
-        self.0.refuse_capture(py, what)
-    }
-    /// Runs `f` on the executor with the context bound (for `Controller.step`).
-    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut GpuExecutor) -> PyResult<R>) -> PyResult<R> {
+    /// Runs `f` on the executor with the context bound.
+    fn with<R>(&self, f: impl FnOnce(&mut GpuExecutor) -> PyResult<R>) -> PyResult<R> {
         self.0.with(f)
     }
 }
 
 #[pymethods]
 impl PyGpuExpertBank {
+    /// `Controller.step(counters, bank)` with this bank as the executor (called by
+    /// `Controller.step`, not public API): refused during a capture
+    /// ([`GpuSlot::refuse_capture`]); returns the step report as a dict.
+    fn _controller_step<'py>(
+        &self,
+        py: Python<'py>,
+        controller: &PyController,
+        counters: &PyPickCounters,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.0
+            .refuse_capture(py, "Controller.step with a GPU bank")?;
+        let report = controller.step_on(counters, |ctl, c| {
+            self.0.with(|e| ctl.step(c, e).map_err(expert_err))
+        })?;
+        to_py(py, &report)
+    }
+
     /// Allocates the bank for `map`'s geometry on device `device_index` (host experts zeroed;
     /// write them through the host view, then `reload(map)`), step stream `stream`.
     ///
@@ -618,11 +631,20 @@ impl PyGpuKvPool {
             max_history: u32
         );
         let arena = memory_arg(arena, "arena", false)?;
+        // `settle_readers` is kv-elastic's test hook (tests comparing the GPU pool with the CPU
+        // one page for page): only in a wheel built with `--features test-hooks`.
+        #[cfg(not(feature = "test-hooks"))]
+        if settle_readers {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "settle_readers=True is a test hook: build tierkit with --features test-hooks",
+            ));
+        }
         gpu_guard(|| {
             // SAFETY: the caller's live stream of this device, kept alive as long as the pool.
             let gpu = unsafe { Gpu::with_step_stream(device_index, stream) }.map_err(cuda_err)?;
             let mut keep = Vec::new();
             let arena = borrow_device(&gpu, &mut keep, arena)?;
+            #[cfg_attr(not(feature = "test-hooks"), allow(unused_mut))]
             let mut p = GpuElasticPool::with_arena(
                 &gpu,
                 geometry.0,
@@ -638,6 +660,7 @@ impl PyGpuKvPool {
                 kv_elastic::KvError::Cuda(c @ CudaError::ForeignMemory { .. }) => cuda_err(c),
                 e => kv_err(e),
             })?;
+            #[cfg(feature = "test-hooks")]
             p.set_settle_readers(settle_readers);
             Ok(PyGpuKvPool(
                 GpuSlot::new("GpuKvPool", p, gpu, device_index).keeping(keep),

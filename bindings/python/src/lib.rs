@@ -2,8 +2,9 @@
 //!
 //! The native module `tierkit._native` of the `tierkit` Python package (PyO3, abi3 for CPython
 //! ≥ 3.9, built by maturin: `pip install ./bindings/python`). The Python modules
-//! `tierkit.experts`, `tierkit.kv` and `tierkit.sim` re-export its classes under their public
-//! names; see `bindings/python/README.md`.
+//! `tierkit.experts` and `tierkit.kv` re-export its classes under their public names, and
+//! `tierkit.sim` the lab's functions where the wheel was built with the `lab` feature (the base
+//! wheel depends on the tiers only); see `bindings/python/README.md`.
 //!
 //! Boundaries, the same for every method:
 //! - **Arrays** come in as numpy arrays, CPU tensors through DLPack (torch, jax, cupy-on-host...)
@@ -36,6 +37,7 @@ mod gpu;
 mod ints;
 mod kv;
 mod kv_transfer;
+#[cfg(feature = "lab")]
 mod sim;
 
 pyo3::create_exception!(
@@ -260,6 +262,20 @@ fn has_cuda_ops() -> bool {
     false
 }
 
+/// Whether this build has the lab (`tierkit.sim`: the replay scoreboard, trace readers and link
+/// model of `tierkit-sim`); false in the base wheel, built without the `lab` feature.
+#[pyfunction]
+fn has_lab() -> bool {
+    cfg!(feature = "lab")
+}
+
+/// Whether this build has the test hooks (`--features test-hooks`: `KvPool(...,
+/// settle_readers=True)`); false in every wheel meant for engines.
+#[pyfunction]
+fn has_test_hooks() -> bool {
+    cfg!(feature = "test-hooks")
+}
+
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -268,8 +284,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ClosedError", py.get_type::<ClosedError>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     m.add_function(wrap_pyfunction!(_test_panic, m)?)?;
+    m.add_function(wrap_pyfunction!(has_lab, m)?)?;
+    m.add_function(wrap_pyfunction!(has_test_hooks, m)?)?;
     experts::register(m)?;
     kv::register(m)?;
+    #[cfg(feature = "lab")]
     sim::register(m)?;
     #[cfg(feature = "cuda")]
     gpu::register(m)?;

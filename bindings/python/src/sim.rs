@@ -57,9 +57,9 @@ fn scoreboard<'py>(
         expert_bytes: u64 = 6 << 20
     );
     let cfg_json = json_arg(config, "config")?;
+    let policies = policies.filter(|p| !p.is_none());
     // The default list drops the offline optimum where it would take more than seconds, as
     // `tierkit experts replay --optimum auto` does; a list that names it always runs it.
-    let policies = policies.filter(|p| !p.is_none());
     let auto_optimum = policies.is_none();
     let mut policies: Vec<Policy> = match policies {
         None => Policy::ALL.to_vec(),
@@ -104,8 +104,7 @@ fn scoreboard<'py>(
 /// least one. `TypeError` for a string or a non-string name, `ValueError` for an unknown, repeated
 /// or empty list (an empty list used to return an empty table).
 fn policy_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<Policy>> {
-    let known = "static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, \
-                 best-static, offline-optimum, adaptive, adaptive-shift-response";
+    let known = "static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static, offline-optimum, adaptive, adaptive-shift-response";
     let not_list = || {
         pyo3::exceptions::PyTypeError::new_err(format!(
             "policies must be a list of policy names ({known}), not {}",

@@ -150,3 +150,10 @@ def test_sequence_configs_and_executors_of_another_geometry_are_errors():
     ex = experts.MemoryExecutor(other, 16, 1)
     with pytest.raises(ValueError, match="geometry mismatch"):
         ctl.step(experts.PickCounters(g), ex)
+
+
+@pytest.mark.skipif(tierkit.has_lab, reason="this wheel has the lab (built with --features lab)")
+def test_sim_in_the_base_wheel_is_an_import_error_naming_the_feature():
+    assert tierkit.has_lab is False and "sim" not in tierkit.__all__
+    with pytest.raises(ImportError, match="--features lab"):
+        importlib.import_module("tierkit.sim")

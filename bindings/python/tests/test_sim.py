@@ -1,4 +1,6 @@
-"""The lab from Python: the replay scoreboard, routing traces' ids, the link model."""
+"""The lab from Python: the replay scoreboard, routing traces' ids, the link model. Every test
+here needs a wheel built with ``--features lab`` and is skipped, one by one, in the base wheel
+(conftest.py)."""
 
 import json
 import pathlib
@@ -6,7 +8,12 @@ import pathlib
 import numpy as np
 import pytest
 
-from tierkit import sim
+import tierkit
+
+if tierkit.has_lab:
+    from tierkit import sim
+
+pytestmark = pytest.mark.lab
 
 
 def test_scoreboard_on_a_short_scenario():

@@ -2,8 +2,8 @@
 graph replayed many times with the controls changed between replays, the KV resolve is bit-exact
 against the CPU pool, and bad input is an exception.
 
-Skipped (with the reason) without torch, without tierkit's CUDA ops (a CPU build) or, for the
-tests that launch, without a CUDA device.
+Skipped test by test (with the reason, so each counts once) without torch, without tierkit's CUDA
+ops (a CPU build) or, for the tests that launch, without a CUDA device.
 """
 
 import numpy as np
@@ -12,13 +12,35 @@ import pytest
 import tierkit
 from tierkit import experts, kv
 
-torch = pytest.importorskip("torch", reason="tierkit.torch tests need PyTorch")
-if not tierkit._native.has_cuda_ops():
-    pytest.skip("tierkit built without CUDA ops (maturin --features cuda)", allow_module_level=True)
+try:
+    import torch
+except ImportError as e:  # each test below is skipped with this reason (counted once per test)
+    torch, NO_TORCH = None, f"tierkit.torch tests need PyTorch ({e})"
+else:
+    NO_TORCH = None
 
-import tierkit.torch as tt  # noqa: E402
+if torch is None:
+    # Stand-ins for the module-level uses of torch (parametrize values): never run.
+    class _NoTorch:
+        def __getattr__(self, name):
+            return name
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+    torch, tt, NOT_HERE = _NoTorch(), None, NO_TORCH
+elif not tierkit._native.has_cuda_ops():
+    tt, NOT_HERE = None, "tierkit built without CUDA ops (maturin --features cuda)"
+else:
+    import tierkit.torch as tt
+
+    NOT_HERE = None if torch.cuda.is_available() else "no CUDA device"
+
+if NOT_HERE is not None and tt is None:
+    pytestmark = pytest.mark.skip(reason=NOT_HERE)
+
+needs_gpu = pytest.mark.skipif(NOT_HERE is not None, reason=str(NOT_HERE))
+needs_test_hooks = pytest.mark.skipif(
+    not tierkit._native.has_test_hooks(),
+    reason="needs KvPool(settle_readers=True): tierkit built without --features test-hooks",
+)
 
 LAYERS, EXPERTS, HOT, TOP_K = 3, 16, 4, 2
 
@@ -534,6 +556,7 @@ def small_kv_pool():
 
 
 @needs_gpu
+@needs_test_hooks
 def test_kv_resolve_is_bit_exact_against_the_cpu_pool_in_a_graph():
     g = kv_geometry()
     cpu = kv.ElasticPool(g)
@@ -629,6 +652,7 @@ def test_kv_resolve_is_bit_exact_against_the_cpu_pool_in_a_graph():
 
 
 @needs_gpu
+@needs_test_hooks
 def test_kv_block_ids_in_a_graph_equal_the_cpu_pool():
     """Block-id top-k (MiniMax-M3 style, blocks of 8 positions) through the torch op in a CUDA
     graph: the same indices, valid counts and bytes as the CPU pool's resolve of the same ids."""

@@ -505,7 +505,7 @@ impl GpuArena {
     pub fn reset_slot(&mut self, slot: u32) -> Result<()> {
         self.check_slot(slot)?;
         self.put_desc(slot, KvSlotDesc::default())?;
-        self.clear_hot(slot)
+        self.clear_hot_caches(slot)
     }
 
     /// Empties one live slot's hot caches, in every layer group (all hot slots free, reference
@@ -513,11 +513,18 @@ impl GpuArena {
     /// fixed pages and page table (synchronous; nothing in flight may read the slot). Resident
     /// rows (tail, scratch, borrowed pages) are unaffected; the next resolve fetches every
     /// hot-cache position again. Used to start comparisons from the same cold state without
-    /// rebuilding the pool.
+    /// rebuilding the pool (a test hook, feature `test-hooks`: the peer comparison of
+    /// `kv_gpu_bench`).
     ///
     /// # Errors
     /// `OutOfRange` for the slot; driver errors.
+    #[cfg(feature = "test-hooks")]
     pub fn clear_hot(&mut self, slot: u32) -> Result<()> {
+        self.clear_hot_caches(slot)
+    }
+
+    /// [`GpuArena::reset_slot`]'s hot-cache half (what `clear_hot` does).
+    fn clear_hot_caches(&mut self, slot: u32) -> Result<()> {
         self.check_slot(slot)?;
         let d = self.dims;
         let (h, n) = (d.hot_rows as usize, d.max_history as usize);

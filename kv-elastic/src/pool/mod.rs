@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::control::{ArenaPages, Control, PageCounts, SessionState};
+use crate::control::{ArenaPages, PageCounts, SessionState};
 use crate::data::{
     CpuBytes, CpuData, DataPlane, HostRegion, HostStore, RegionBytes, SessionId, StoreConfig,
     StoreLayout,
@@ -23,6 +23,23 @@ mod validate;
 
 pub(crate) use transfer::ImportState;
 pub use transfer::{ImportInfo, Reserve, RowSpan, TransferCounters, DEFAULT_IMPORT_TIMEOUT_STEPS};
+
+/// The control plane's state of one pool ([`crate::control`]'s types, the pool's config and
+/// counters).
+#[derive(Debug)]
+pub(crate) struct Control {
+    pub(crate) geometry: Geometry,
+    pub(crate) config: PoolConfig,
+    pub(crate) pages: ArenaPages,
+    pub(crate) sessions: BTreeMap<SessionId, SessionState>,
+    pub(crate) grow_cursor: SessionId,
+    pub(crate) counters: PoolCounters,
+    /// Imports in flight (rows reserved, not committed).
+    pub(crate) imports: BTreeMap<SessionId, ImportState>,
+    /// `between_steps` calls before an uncommitted import times out.
+    pub(crate) import_timeout: u32,
+    pub(crate) transfers: TransferCounters,
+}
 
 /// How the pool places history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

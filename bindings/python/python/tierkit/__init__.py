@@ -6,7 +6,9 @@ Submodules:
   ``Controller``, ``MemoryExecutor``, ``NullExecutor``, ``fit_seed_map``, ``seed_coverage``).
 - ``tierkit.kv``: the elastic sparse-attention KV pool and its exact CPU resolver
   (``Geometry.for_hbm_budget``, ``ElasticPool``, ``Resolved``, ``ResolvePlan``).
-- ``tierkit.sim``: the expert replay scoreboard on a synthetic scenario.
+- ``tierkit.sim``: the lab (the expert replay scoreboard, trace readers, the link model), only in
+  a wheel built with the ``lab`` feature (``tierkit.has_lab`` says whether this one was); the
+  base wheel carries the tiers only, and importing ``tierkit.sim`` there raises ``ImportError``.
 - ``tierkit.torch``: the GPU ops (torch custom ops) are a later step; importing it raises
   ``ImportError`` in this build.
 
@@ -20,6 +22,15 @@ that outlives the call that started it.
 """
 
 from tierkit._native import ClosedError, InternalError, __version__
-from tierkit import experts, kv, sim
+from tierkit._native import has_lab as _has_lab
+from tierkit import experts, kv
 
-__all__ = ["ClosedError", "InternalError", "__version__", "experts", "kv", "sim"]
+#: Whether this wheel has the lab (``tierkit.sim``): built with ``--features lab``.
+has_lab: bool = _has_lab()
+
+__all__ = ["ClosedError", "InternalError", "__version__", "experts", "has_lab", "kv"]
+
+if has_lab:
+    from tierkit import sim  # noqa: E402
+
+    __all__.append("sim")

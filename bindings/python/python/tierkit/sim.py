@@ -16,7 +16,20 @@ a GPU benchmark replays as router output (``benches/python/moe_decode.py``).
 
 ``link_stall_us(read_bytes, copies, copy_bytes, link="h200-pcie")`` is the lab's link model of
 one step: the stall that in-place reads and swap copies add (the replay's stall column).
+
+Only in a wheel built with the ``lab`` feature (``maturin build --release --features lab``, or
+``MATURIN_PEP517_ARGS="--features lab" pip install ./bindings/python``); in the base wheel, which
+carries the tiers only, importing this module raises ``ImportError``.
 """
+
+from tierkit import _native
+
+if not _native.has_lab():
+    raise ImportError(
+        "tierkit.sim needs the lab: this tierkit wheel was built without the `lab` feature "
+        "(rebuild with `maturin build --features lab`, or "
+        "`MATURIN_PEP517_ARGS=\"--features lab\" pip install ./bindings/python`)"
+    )
 
 from tierkit._native import link_stall_us, scoreboard, synth_ids, trace_ids
 

@@ -464,7 +464,9 @@ impl GpuElasticPool {
     /// With `true`, every control operation that frees pages (admit, reclaim, between steps)
     /// first waits for the device, so every ticket ended before it is complete and the pool
     /// frees exactly the pages the CPU reference frees for the same calls (tests comparing the
-    /// two). Default `false`: no host wait; pages free when the GPU passed their readers.
+    /// two). Default `false`: no host wait; pages free when the GPU passed their readers. A test
+    /// hook (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
     pub fn set_settle_readers(&mut self, settle: bool) {
         self.settle = settle;
     }

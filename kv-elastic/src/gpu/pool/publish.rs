@@ -25,8 +25,9 @@ impl GpuElasticPool {
         }
     }
 
-    /// Makes the next publish fail after staging (tests of the failure path).
-    #[doc(hidden)]
+    /// Makes the next publish fail after staging (a test hook, feature `test-hooks`: tests of
+    /// the failure path).
+    #[cfg(feature = "test-hooks")]
     pub fn inject_publish_failure(&mut self) {
         self.fail_next_publish = true;
     }
