@@ -6,7 +6,11 @@ larger than the largest arena, a host store whose size overflows."""
 import numpy as np
 import pytest
 
-from tierkit import experts, kv, sim
+import tierkit
+from tierkit import experts, kv
+
+if tierkit.has_lab:
+    from tierkit import sim
 
 G = experts.Geometry(2, 8, 2)
 MAP = experts.ResidencyMap.first_k("m", G)
@@ -89,6 +93,7 @@ def test_layer_groups_that_are_no_list_of_sizes_are_type_errors():
     assert kv_geometry(layer_groups=range(2, 3)).layer_groups == [2]
 
 
+@pytest.mark.lab
 def test_scoreboard_policies_must_name_at_least_one_policy_once():
     short = dict(steps=60, shift_at=20, tokens_per_step=4)
     with pytest.raises(ValueError, match="policies is empty"):
@@ -109,9 +114,14 @@ def test_an_empty_config_string_is_no_config():
     for blank in ("", "  ", "\n"):
         with pytest.raises(ValueError, match="config JSON is empty"):
             experts.Controller(MAP, blank)  # was the defaults, silently
+    assert experts.Controller(MAP, None).config == experts.Controller(MAP, {}).config
+
+
+@pytest.mark.lab
+def test_an_empty_scoreboard_config_string_is_no_config():
+    for blank in ("", "  ", "\n"):
         with pytest.raises(ValueError, match="config JSON is empty"):
             sim.scoreboard(steps=60, shift_at=20, config=blank)
-    assert experts.Controller(MAP, None).config == experts.Controller(MAP, {}).config
 
 
 def test_a_budget_beyond_the_largest_arena_warns():
@@ -130,6 +140,7 @@ def test_a_host_store_whose_size_overflows_is_a_value_error():
         kv.ElasticPool(kv_geometry(), max_sessions=2**32 - 1, max_history=2**32 - 1)
 
 
+@pytest.mark.lab
 def test_synth_ids_refuses_the_other_scenarios_arguments():
     # Each was ignored silently: zipf without a shape, the OLMoE shift with one.
     with pytest.raises(ValueError, match="zipf applies to shape="):
@@ -142,13 +153,21 @@ def test_synth_ids_refuses_the_other_scenarios_arguments():
     assert sim.synth_ids(steps=2, tokens_per_step=1, shift_at=1, to_domain="arxiv")["top_k"] == 8
 
 
-def test_config_objects_json_refuses_name_the_argument():
-    for bad, exc in ((b"{}", TypeError), ({1, 2}, TypeError), ({"half_life_steps": float("nan")},
-                                                                ValueError)):
-        with pytest.raises(exc, match="config must be a JSON string or a JSON-serialisable dict"):
-            experts.Controller(MAP, bad)
+BAD_CONFIGS = ((b"{}", TypeError), ({1, 2}, TypeError),
+               ({"half_life_steps": float("nan")}, ValueError))
+
+
+@pytest.mark.lab
+def test_scoreboard_config_objects_json_refuses_name_the_argument():
+    for bad, exc in BAD_CONFIGS:
         with pytest.raises(exc, match="config must be"):
             sim.scoreboard(steps=60, shift_at=20, config=bad)
+
+
+def test_config_objects_json_refuses_name_the_argument():
+    for bad, exc in BAD_CONFIGS:
+        with pytest.raises(exc, match="config must be a JSON string or a JSON-serialisable dict"):
+            experts.Controller(MAP, bad)
     with pytest.raises(TypeError, match="message must be"):
         experts.Controller(MAP).apply_control(b"{}")
     circular = {}
