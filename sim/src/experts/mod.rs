@@ -7,6 +7,7 @@
 mod bound;
 mod bytes;
 mod link;
+pub mod modes;
 mod replay;
 pub mod scoreboard;
 mod t90;
