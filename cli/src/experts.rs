@@ -15,6 +15,8 @@ use tierkit_sim::experts::trace::{
 use tierkit_sim::experts::{LinkModel, ReplayOptions};
 use tierkit_sim::table;
 
+mod modes;
+
 type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Most `--count-run-starts`: a run start counted as up to the picks of a 256-token decode
@@ -457,6 +459,8 @@ pub struct ReplayArgs {
     /// run).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    modes: modes::ModeArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -642,6 +646,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         }
     }
     opts.validate()?;
+    let mode_opts = modes::check(&a, &opts.link)?;
     if let Some(p) = &a.plot {
         output::check_png("--plot", p)?;
     }
@@ -660,6 +665,9 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         a.expert_bytes,
     )?;
     let (seed, seed_note) = seed_map(&a, seed_file, &trace, &g)?;
+    if let Some(mo) = &mode_opts {
+        return modes::replay(&a, mo, &trace, source, &g, &seed, seed_note, boot);
+    }
     let specs = scoreboard::policy_specs_booted(&policies(&a.policy), &trace, &seed, boot);
     let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
     let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {
