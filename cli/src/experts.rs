@@ -705,17 +705,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         return Ok(());
     }
     let t = &out.trace;
-    outln!(
-        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
-        t.name,
-        t.steps,
-        t.shape.layers,
-        t.shape.experts_per_layer,
-        t.shape.top_k,
-        t.lookups,
-        t.shifts
-    )?;
-    print_read_report(&t.source)?;
+    print_trace_info(t)?;
     outln!(
         "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
@@ -764,6 +754,21 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         )?;
     }
     Ok(())
+}
+
+/// Prints the trace's line (name, shape, lookups, shifts) and what the readers found.
+fn print_trace_info(t: &TraceInfo) -> CliResult {
+    outln!(
+        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
+        t.name,
+        t.steps,
+        t.shape.layers,
+        t.shape.experts_per_layer,
+        t.shape.top_k,
+        t.lookups,
+        t.shifts
+    )?;
+    print_read_report(&t.source)
 }
 
 /// Prints what the readers found (rows missing, passes dropped), one `read: ` line each.

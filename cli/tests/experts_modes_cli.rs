@@ -64,6 +64,22 @@ fn mode_flag_selects_the_table() {
             "{modes:?}"
         );
     }
+    // A fixed map's copy-on-miss stall over its in-place stall is one copy over one read, at
+    // the link's prices as the JSON states them.
+    let link = &all["options"]["link"];
+    let price = |k: &str| link[k].as_f64().unwrap();
+    let b = all["geometry"]["expert_bytes"].as_f64().unwrap();
+    let want = (b / (price("copy_gbps") * 1e3) + price("copy_fixed_us"))
+        / (b / (price("read_gbps") * 1e3));
+    let fixed = |mode: &str| {
+        rows.iter()
+            .find(|r| r["mode"] == mode && r["label"] == "static")
+            .unwrap()["stall_ms_per_step"]
+            .as_f64()
+            .unwrap()
+    };
+    let got = fixed("copy-on-miss") / fixed("in-place");
+    assert!((got - want).abs() < 1e-9, "{got} vs {want}");
     // The in-place rows of the fixed maps and the controllers are the scoreboard's.
     let summary = board["summary"].as_array().unwrap();
     for label in [

@@ -11,7 +11,7 @@ use tierkit_sim::experts::scoreboard::Boot;
 use tierkit_sim::experts::trace::Trace;
 use tierkit_sim::experts::LinkModel;
 
-use super::{print_read_report, progress, CliResult, PolicyArg, ReplayArgs, Source, TraceInfo};
+use super::{print_trace_info, progress, CliResult, PolicyArg, ReplayArgs, Source, TraceInfo};
 
 /// How the engine serves a cold expert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -162,17 +162,7 @@ pub(super) fn replay(
         return Ok(());
     }
     let t = &out.trace;
-    outln!(
-        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
-        t.name,
-        t.steps,
-        t.shape.layers,
-        t.shape.experts_per_layer,
-        t.shape.top_k,
-        t.lookups,
-        t.shifts
-    )?;
-    print_read_report(&t.source)?;
+    print_trace_info(t)?;
     outln!(
         "hot {} of {} experts per layer; seed map {}; adaptive and lru boot from the {} map; expert {} bytes; link {}",
         g.hot_per_layer,
