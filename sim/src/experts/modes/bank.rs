@@ -12,13 +12,18 @@
 //! - [`EngineMode::CopyOnMiss`] and [`EngineMode::ReadOrCopy`]: layer by layer in step order (a
 //!   shared bank's later layers see the earlier layers' admissions); a miss is copied into the
 //!   bank and served from HBM in the same step (read-or-copy: copied or read in place,
-//!   [`super::price`]'s rule with the reuse estimate of [`Reuse`]; a read miss is not admitted),
+//!   [`super::price`]'s rule with the reuse estimate below; a read miss is not admitted),
 //!   then the bank evicts down to its capacity; every copy is paid, even one evicted again within
 //!   the step (when `T` exceeds the bank).
 //! - [`EngineMode::InPlace`] and [`EngineMode::Cpu`]: every layer is served with the bank as it
 //!   was at the step's start (misses read in place, or split between the link and the CPU), then
 //!   every miss is admitted at the step's end; the copies paid are the admitted experts still
 //!   resident after the step's admissions (the scoreboard's `lru (uncapped)` rule).
+//!
+//! Read-or-copy's reuse estimate, per `(layer, expert)`: `p = (c + 1) / (n + 2)` (Laplace's rule)
+//! from its `n` touched steps so far, `c` of them right after a touched step, and `reuse =
+//! p / (1 − p)`, the expected further touched steps of a geometric run. Causal (a step decides
+//! with the counts before it); it ignores the reuse the evicted expert loses.
 
 use std::collections::BTreeSet;
 

@@ -15,8 +15,8 @@
 //!   miss in the same step costs no second copy.
 //! - **`read-or-copy`**: per expert and step, read in place or copy, whichever the link prices
 //!   lower given the expected reuse (`copy_us ≤ read_us × (1 + reuse)`): in an LRU bank the reuse
-//!   is the estimate of [`bank`]'s `Reuse` (expected further touched steps of the expert's run,
-//!   from its past runs); under a policy's map a staged copy serves one step only (the policy,
+//!   is [`bank`]'s estimate (expected further touched steps of the expert's run, from
+//!   its past runs); under a policy's map a staged copy serves one step only (the policy,
 //!   not the miss, decides residency), so the reuse is 0 and the choice is the cheaper of one
 //!   read and one copy.
 //! - **`cpu`**: the cold experts of a layer are split between the link (read in place) and the
