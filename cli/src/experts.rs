@@ -15,6 +15,8 @@ use tierkit_sim::experts::trace::{
 use tierkit_sim::experts::{LinkModel, ReplayOptions};
 use tierkit_sim::table;
 
+mod modes;
+
 type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Most `--count-run-starts`: a run start counted as up to the picks of a 256-token decode
@@ -490,6 +492,8 @@ pub struct ReplayArgs {
     /// run).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    modes: modes::ModeArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -676,6 +680,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         }
     }
     opts.validate()?;
+    let mode_opts = modes::check(&a, &opts.link)?;
     if let Some(p) = &a.plot {
         output::check_png("--plot", p)?;
     }
@@ -694,6 +699,9 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         a.expert_bytes,
     )?;
     let (seed, seed_note) = seed_map(&a, seed_file, &trace, &g)?;
+    if let Some(mo) = &mode_opts {
+        return modes::replay(&a, mo, &trace, source, &g, &seed, seed_note, boot);
+    }
     let mut wanted = policies(&a.policy);
     let mut optimum_note = None;
     if wanted.contains(&Policy::Optimum) && a.optimum != OptimumArg::Always {
@@ -743,17 +751,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         return Ok(());
     }
     let t = &out.trace;
-    outln!(
-        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
-        t.name,
-        t.steps,
-        t.shape.layers,
-        t.shape.experts_per_layer,
-        t.shape.top_k,
-        t.lookups,
-        t.shifts
-    )?;
-    print_read_report(&t.source)?;
+    print_trace_info(t)?;
     outln!(
         "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
@@ -805,6 +803,21 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         )?;
     }
     Ok(())
+}
+
+/// Prints the trace's line (name, shape, lookups, shifts) and what the readers found.
+fn print_trace_info(t: &TraceInfo) -> CliResult {
+    outln!(
+        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
+        t.name,
+        t.steps,
+        t.shape.layers,
+        t.shape.experts_per_layer,
+        t.shape.top_k,
+        t.lookups,
+        t.shifts
+    )?;
+    print_read_report(&t.source)
 }
 
 /// Prints what the readers found (rows missing, passes dropped), one `read: ` line each.

@@ -7,6 +7,7 @@
 mod bytes;
 mod hindsight;
 mod link;
+pub mod modes;
 mod optimum;
 mod replay;
 pub mod scoreboard;
