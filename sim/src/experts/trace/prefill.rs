@@ -76,6 +76,19 @@ pub fn with_prefill(trace: &Trace, prompt_tokens: u32, seed: u64) -> Result<Trac
     })
 }
 
+/// Every token of `steps` as (step, token) (a step's tokens: its fullest layer's picks over
+/// `k`): what a generated prompt token copies, here and in [`super::rawlog`].
+pub(super) fn token_donors(steps: &[StepPicks], k: usize) -> Vec<(usize, usize)> {
+    steps
+        .iter()
+        .enumerate()
+        .flat_map(|(s, st)| {
+            let t = st.layers.iter().map(|l| l.len() / k).max().unwrap_or(0);
+            (0..t).map(move |t| (s, t))
+        })
+        .collect()
+}
+
 /// One prefill step of `tokens` tokens, each a copy (in every layer) of a token of `seg` drawn
 /// at random; `None` if `seg` routes no token.
 fn prompt(
@@ -85,14 +98,7 @@ fn prompt(
     tokens: u32,
     rng: &mut ChaCha8Rng,
 ) -> Option<StepPicks> {
-    let donors: Vec<(usize, usize)> = seg
-        .iter()
-        .enumerate()
-        .flat_map(|(s, st)| {
-            let t = st.layers.iter().map(|l| l.len() / k).max().unwrap_or(0);
-            (0..t).map(move |t| (s, t))
-        })
-        .collect();
+    let donors = token_donors(seg, k);
     if donors.is_empty() {
         return None;
     }
