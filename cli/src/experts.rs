@@ -484,6 +484,15 @@ pub struct ReplayArgs {
     /// picked at step t and not at t − 1), each as N picks (1..=256), instead of every pick.
     #[arg(long, value_name = "N")]
     count_run_starts: Option<u32>,
+    /// Put a synthetic prefill of N prompt tokens in front of each segment of the trace (its
+    /// start and every shift: one per request of a joined directory), each prompt token routed
+    /// like a random token of that segment (`tierkit_sim::experts::trace::prefill`), for
+    /// decode-only logs. One step each; the shifts move onto the prefills.
+    #[arg(long, value_name = "N")]
+    prefill: Option<u32>,
+    /// Seed of the --prefill prompts' draw (same seed, same trace).
+    #[arg(long, default_value_t = 7, requires = "prefill")]
+    prefill_seed: u64,
     /// Print the full report as JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -688,7 +697,11 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         Some(p) => Some(input::map_file("--seed-map", p)?),
         None => None,
     };
-    let (trace, source) = load(&a.input, quiet)?;
+    let (mut trace, source) = load(&a.input, quiet)?;
+    if let Some(n) = a.prefill {
+        trace = trace::prefill::with_prefill(&trace, n, a.prefill_seed)
+            .map_err(|e| format!("--prefill {n}: {e}"))?;
+    }
     let hot = a
         .hot
         .unwrap_or_else(|| default_hot(trace.shape.experts_per_layer));
