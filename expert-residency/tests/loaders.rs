@@ -138,7 +138,7 @@ fn check(load: &dyn Fn(&Path) -> Result<(), ExpertError>, path: &Path, bytes: &[
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig::with_cases(10_000))]
 
     #[test]
     fn any_bytes_as_a_config_are_a_config_or_an_error(bytes in hostile(VALID_CONFIG)) {

@@ -371,7 +371,7 @@ mod tests {
         {\"timestamp\": 2, \"input_length\": 0, \"output_length\": 7}\n";
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(10_000))]
 
         /// Any bytes as an arrival trace (`kv simulate --trace`): a trace of sorted requests with
         /// history, each within the request limit, or a `KvError::Trace`; never a panic.
