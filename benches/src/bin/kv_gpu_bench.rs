@@ -9,7 +9,8 @@
 //! steps, 9.5% and 25.9% misses, all resident), plain launch, CUDA graph and bookkeeping (the copy left
 //! out, plain and in a graph); see `kv_gpu_bench/peer.rs`. `--mode admit`: a 500K-token history admitted on the copy
 //! stream while decode steps run (copy time, GB/s, step time with and without it; see
-//! `kv_gpu_bench/admit.rs`; `--reps` caps at 5 admissions per fill back-end). Default
+//! `kv_gpu_bench/admit.rs`; `--reps` caps at 5 admissions per fill back-end; `--mode admit-import`:
+//! its import rows alone, issue 29's figures). Default
 //! (`--mode all`): the table below.
 //!
 //! Batch 64, top-k 2048, 656-byte rows (DeepSeek fp8 MLA), 4 layers. Prints one table with the
@@ -427,6 +428,11 @@ mod bench {
             .skip_while(|a| a != "--mode")
             .nth(1)
             .unwrap_or_else(|| "all".into());
+        const MODES: &str = "all, peer, peer-resident, admit, admit-import";
+        if !MODES.split(", ").any(|m| m == mode) {
+            // Refused with or without a device (the match below keeps its own arm for safety).
+            return Err(format!("unknown --mode {mode} ({MODES})").into());
+        }
         // The peer's source first: a missing one is refused with or without a device.
         let peer = if mode.starts_with("peer") {
             Some(crate::peer::PeerArgs::from_args()?)
@@ -448,12 +454,9 @@ mod bench {
             ("all", _) => {}
             ("peer", Some(p)) => return crate::peer::run(&gpu, reps, p),
             ("peer-resident", Some(p)) => return crate::peer::run_resident(&gpu, reps, p),
-            ("admit", _) => return crate::admit::run(&gpu, reps),
-            (other, _) => {
-                return Err(
-                    format!("unknown --mode {other} (all, peer, peer-resident, admit)").into(),
-                )
-            }
+            ("admit", _) => return crate::admit::run(&gpu, reps, false),
+            ("admit-import", _) => return crate::admit::run(&gpu, reps, true),
+            (other, _) => return Err(format!("unknown --mode {other} ({MODES})").into()),
         }
         let warm = 3;
         let standins = KvStandins::new(&gpu)?;
