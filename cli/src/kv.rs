@@ -496,6 +496,13 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let placements = placements_named(&a.placements)?;
+    checks::sim_picks(
+        a.steps,
+        a.max_batch,
+        a.top_k,
+        a.loads.len(),
+        placements.len(),
+    )?;
     if let Some(p) = &a.json {
         tierkit_sim::output::check_writable("--json", p)?;
     }
