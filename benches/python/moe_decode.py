@@ -50,9 +50,11 @@ public description only, no engine code; ``docs/experts.md`` says what was kept 
   the default ``Controller`` config (cost-aware policy, adaptive cadence); picks counted on the
   GPU inside the graph (``DeviceCounters.record``), drained and decided between steps
   (``ExpertBank.step``), swaps copied on the bank's stream and flipped into its table, which the
-  kernel reads directly; cold experts read in place. ``--tierkit-mode`` names the engine mode;
-  ``in-place`` is today's. Other modes (copy-on-miss with tierkit's admission, read-or-copy, the
-  CPU channel) plug in as classes of ``TIERKIT_MODES``.
+  kernel reads directly; cold experts read in place. ``--tierkit-mode`` names the engine mode:
+  ``in-place`` (the above), ``copy-on-miss`` (half the spare budget as per-layer staging rows
+  that misses admitted by tierkit's controller are copied into inside the graph) and ``auto``
+  (the default: one of the two per cell, priced on the profile window by the link model);
+  ``moe_tierkit.py`` describes them. The CPU channel would plug in as another mode.
 
 **Host work and the graph**: the whole GPU step (every layer) is one CUDA graph for all GPU
 alternatives; tierkit's drain + decide runs on the host between graph launches (at the start of
@@ -104,6 +106,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+import moe_tierkit
 
 BF16 = torch.bfloat16
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -859,13 +863,17 @@ class TierkitInPlace(Alternative):
     reference path: the same controller with a ``NullExecutor`` and tables rebuilt from its map."""
 
     name = "tierkit"
+    mode = "in-place"
+
+    def hot_slots(self):
+        return max(self.slots_per_layer - 1, 1)
 
     def __init__(self, ctx, budget):
         super().__init__(ctx, budget)
         from tierkit import experts
 
         m, s = ctx.model, ctx.model.shape
-        self.hot = max(self.slots_per_layer - 1, 1)
+        self.hot = self.hot_slots()
         self.geometry = experts.Geometry(s.layers, s.experts, self.hot, s.expert_bytes)
         self.seed_map = experts.fit_seed_map(f"{s.name}-profile", self.geometry, ctx.profile)
         self.gpu = m.device.type == "cuda"
@@ -921,8 +929,11 @@ class TierkitInPlace(Alternative):
 
     def stats(self):
         st = self.ctl.stats
-        return {"hot_per_layer": self.hot, "swaps_applied": st.get("applied", 0),
-                "swaps_planned": st.get("planned", 0), "mode": "in-place"}
+        out = {"hot_per_layer": self.hot, "swaps_applied": st.get("applied", 0),
+               "swaps_planned": st.get("planned", 0), "mode": self.mode}
+        if getattr(self, "auto", None):
+            out["auto"] = self.auto
+        return out
 
     def close(self):
         if self.gpu:
@@ -936,10 +947,10 @@ class TierkitInPlace(Alternative):
             self.ctx.model.repin()
 
 
-# The tierkit engine modes: the scoreboard's modes (copy-on-miss with tierkit's admission,
-# read-or-copy, the per-expert link / CPU split) plug in here as Alternative subclasses named
-# "tierkit" (a table per layer from the library's decisions; cpu_split for the CPU channel).
-TIERKIT_MODES = {"in-place": TierkitInPlace}
+# The tierkit engine modes (moe_tierkit.py): in-place, copy-on-miss with tierkit's admission, and
+# auto (the default: one of the two per cell, priced on the profile window by the link model).
+# The per-expert link / CPU split would plug in here too (an Alternative named "tierkit").
+TIERKIT_MODES = moe_tierkit.modes(sys.modules[__name__])
 
 ALTERNATIVES = {"all-hbm": AllHbm, "layer-uva": LayerUva, "shared-bank": SharedBank,
                 "cpu-cold": CpuCold, "tierkit": None}
@@ -1181,6 +1192,7 @@ class Bench:
         self.use_triton = (dev.type == "cuda" or INTERPRETED) and triton is not None and not args.no_triton
         self.graphs = dev.type == "cuda" and not args.no_graphs
         self.ctx = Ctx(model, self.profile, batch, self.stream, args.tierkit_mode)
+        self.ctx.profile_ids = ids[:P]  # the auto mode prices both modes on the profile window
         self.ceiling = None
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # inputs made on the default stream, read on self.stream
@@ -1310,7 +1322,7 @@ def check(bench: Bench, alts, budgets, steps, tol) -> list[dict]:
             rows.append({"check": name, "budget": budget, "shape": bench.shape.name,
                          "batch": bench.batch, "steps": steps, "bit_identical": same,
                          "max_rel_err": err, "required": "bit-identical" if exact else f"<= {tol}",
-                         "ok": ok, **{k: v for k, v in st.items() if k != "mode"}})
+                         "ok": ok, **st})
     return rows
 
 
@@ -1383,7 +1395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--budgets", default="0.25,0.5,0.75", help="HBM for experts, share of all")
     ap.add_argument("--alternatives", default="all-hbm,layer-uva,shared-bank,cpu-cold,tierkit")
-    ap.add_argument("--tierkit-mode", default="in-place", choices=sorted(TIERKIT_MODES))
+    ap.add_argument("--tierkit-mode", default="auto", choices=sorted(TIERKIT_MODES),
+                    help="auto: in-place or copy-on-miss per cell (moe_tierkit.py)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps per run")
     ap.add_argument("--profile-steps", type=int, default=32, help="steps counted for the ranked "
