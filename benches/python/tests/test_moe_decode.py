@@ -160,6 +160,24 @@ def test_kernels_under_the_triton_interpreter():
     assert all(r["ok"] and r.get("bit_identical", True) for r in checks)
 
 
+def test_copy_on_miss_kernels_under_the_triton_interpreter():
+    # the staging copies through the fixed-grid Triton copy kernel, then the MoE kernels
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        print("SKIP: Triton is not installed (copy-on-miss under Triton's CPU interpreter)")
+        pytest.skip("no Triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, SCRIPT, *TINY, "--check", "--batches", "3", "--budgets",
+                        "0.5", "--check-steps", "3", "--alternatives", "tierkit",
+                        "--tierkit-mode", "copy-on-miss"],
+                       env=env, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    tk = [r for r in rows if r.get("check") == "tierkit"]
+    assert tk and tk[0]["ok"] and tk[0]["bit_identical"] and tk[0]["copies"] > 0, tk
+
+
 def test_gpu_check():
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device (the GPU path: Triton kernels in CUDA graphs, tierkit's bank)")
