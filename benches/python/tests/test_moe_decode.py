@@ -1,7 +1,8 @@
 """benches/python/moe_decode.py on its CPU reference path (tiny shapes): the alternatives'
 planners and placements, the exactness check (and that it catches a wrong placement), the
-controller swapping on a shifting trace, the batch composition; the Triton kernels under Triton's
-CPU interpreter when Triton is installed; the GPU path where a GPU is present."""
+controller swapping on a shifting trace, tierkit's modes (copy-on-miss, auto), the batch
+composition; the Triton kernels under Triton's CPU interpreter when Triton is installed; the GPU
+path where a GPU is present."""
 
 from __future__ import annotations
 
