@@ -589,6 +589,42 @@ def copy_rows_torch(model: Model, src, dst, ok) -> None:
             model.resolve(b).copy_(model.resolve(a))
 
 
+def lru_plan(remap, rows_l, owner, last, now, hit, miss, M, base, sentinel, ar, cond=None):
+    """One layer of a device-side LRU planner (torch ops, capturable; ``shared-bank`` and
+    tierkit's ``copy-on-miss`` staging). ``rows_l int64 [E]``: the layer's view of ``remap``
+    (its row or -1); ``owner`` / ``last`` ``int64 [R + 1]``: each row's id in ``remap`` and
+    last-use stamp (index ``R`` a sentinel); ``hit`` / ``miss`` ``bool [E]``; ``now`` the stamp
+    (``int64 [1]``). Hits are stamped, then up to ``M`` misses (lowest id first) take the least
+    recently used rows not stamped ``now`` (and where ``cond``). Returns ``(gid, victim, ok)``:
+    ids ``base + expert`` in ``remap``, rows, and which of the ``M`` pairs to copy."""
+    R, E = last.numel() - 1, rows_l.numel()
+    last.scatter_(0, torch.where(hit, rows_l, R), now.expand(E))
+    miss_e = torch.argsort(torch.where(miss, ar, ar + E), stable=True)[:M]
+    victim = torch.argsort(last[:R], stable=True)[:M]
+    ok = miss.gather(0, miss_e) & (last.gather(0, victim) < now)
+    if cond is not None:
+        ok = ok & cond
+    old = owner.gather(0, victim)
+    remap.scatter_(0, torch.where(ok & (old >= 0), old, sentinel), -1)
+    gid = base + miss_e
+    remap.scatter_(0, torch.where(ok, gid, sentinel), victim)
+    owner.scatter_(0, torch.where(ok, victim, R), gid)
+    last.scatter_(0, torch.where(ok, victim, R), now.expand(M))
+    return gid, victim, ok
+
+
+def copy_planned(step, model: Model, src, dst, ok, M: int) -> torch.Tensor:
+    """Copies the planned blobs (``src``/``dst`` ``int64 [M]`` addresses where ``ok``): the
+    fixed-grid Triton kernel, or ``copy_rows_torch``. Returns the count (``int64`` device)."""
+    okw = ok.to(torch.int32)
+    if step.use_triton:
+        nb = model.shape.expert_bytes
+        _copy_rows[(64, M)](src, dst, okw, nb // 8, BLOCK=512, PROGS=64, num_warps=4)
+    else:
+        copy_rows_torch(model, src, dst, okw)
+    return okw.sum()
+
+
 class Step:
     """One decode step's torch code for an alternative: the dense part, the router, the table of
     the layer (the alternative's), the MoE kernel, the shared experts; ``triton`` picks the
@@ -820,26 +856,11 @@ class SharedBank(Alternative):
         need = torch.zeros(E, dtype=torch.bool, device=m.device).scatter_(0, ids_l.reshape(-1), True)
         now = self.stamp + (layer + 1)
         rows_l = self.remap[layer * E:(layer + 1) * E]
-        hit = need & (rows_l >= 0)
-        self.last.scatter_(0, torch.where(hit, rows_l, R), now.expand(E))
-        miss = need & (rows_l < 0)
-        miss_e = torch.argsort(torch.where(miss, self.ar, self.ar + E), stable=True)[:M]
-        victim = torch.argsort(self.last[:R], stable=True)[:M]
-        ok = miss.gather(0, miss_e) & (self.last.gather(0, victim) < now) & (need.sum() <= R)
-        old = self.owner.gather(0, victim)
-        self.remap.scatter_(0, torch.where(ok & (old >= 0), old, L * E), -1)
-        gid = layer * E + miss_e
-        self.remap.scatter_(0, torch.where(ok, gid, L * E), victim)
-        self.owner.scatter_(0, torch.where(ok, victim, R), gid)
-        self.last.scatter_(0, torch.where(ok, victim, R), now.expand(M))
-        src = m.host_lo + gid * nb
-        dst = self.bank.data_ptr() + victim * nb
-        okw = ok.to(torch.int32)
-        if step.use_triton:
-            _copy_rows[(64, M)](src, dst, okw, nb // 8, BLOCK=512, PROGS=64, num_warps=4)
-        else:
-            copy_rows_torch(m, src, dst, okw)
-        self.copies += okw.sum()
+        gid, victim, ok = lru_plan(self.remap, rows_l, self.owner, self.last, now,
+                                   need & (rows_l >= 0), need & (rows_l < 0), M, layer * E,
+                                   L * E, self.ar, need.sum() <= R)
+        self.copies += copy_planned(step, m, m.host_lo + gid * nb,
+                                    self.bank.data_ptr() + victim * nb, ok, M)
         t = torch.where(rows_l >= 0, self.bank.data_ptr() + rows_l * nb,
                         m.host_lo + (layer * E + self.ar) * nb)
         self.tables[layer].copy_(t)

@@ -122,27 +122,13 @@ def modes(md) -> dict:
             need.scatter_(0, ids_l.reshape(-1), True)
             cold = need & (base >= m.host_lo) & (base < m.host_hi)
             now = self.stamp + 1
-            rows_l, last, owner = self.remap[layer], self.last[layer], self.owner[layer]
-            hit = cold & (rows_l[:E] >= 0)
-            last.scatter_(0, torch.where(hit, rows_l[:E], S), now.expand(E))
+            rows_l = self.remap[layer]
             miss = cold & (rows_l[:E] < 0) & self.admit[layer]
-            miss_e = torch.argsort(torch.where(miss, self.ar, self.ar + E), stable=True)[:M]
-            victim = torch.argsort(last[:S], stable=True)[:M]
-            ok = miss.gather(0, miss_e) & (last.gather(0, victim) < now)
-            old = owner.gather(0, victim)
-            rows_l.scatter_(0, torch.where(ok & (old >= 0), old, E), -1)
-            rows_l.scatter_(0, torch.where(ok, miss_e, E), victim)
-            owner.scatter_(0, torch.where(ok, victim, S), miss_e)
-            last.scatter_(0, torch.where(ok, victim, S), now.expand(M))
-            src = m.host_lo + (layer * E + miss_e) * nb
             row0 = self.buf.data_ptr() + layer * S * nb  # the layer's first staging row
-            dst = row0 + victim * nb
-            okw = ok.to(torch.int32)
-            if step.use_triton:
-                md._copy_rows[(64, M)](src, dst, okw, nb // 8, BLOCK=512, PROGS=64, num_warps=4)
-            else:
-                md.copy_rows_torch(m, src, dst, okw)
-            self.copies += okw.sum()
+            gid, victim, ok = md.lru_plan(rows_l, rows_l[:E], self.owner[layer], self.last[layer],
+                                          now, cold & (rows_l[:E] >= 0), miss, M, 0, E, self.ar)
+            self.copies += md.copy_planned(step, m, m.host_lo + (layer * E + gid) * nb,
+                                           row0 + victim * nb, ok, M)
             r = rows_l[:E]
             staged = (r >= 0) & (base >= m.host_lo) & (base < m.host_hi)
             t = torch.where(staged, row0 + r * nb, base)

@@ -142,20 +142,25 @@ def test_compose_batch_reuses_streams_at_offsets():
     assert corr["touched_per_layer"] > 0 and corr["touched_independent_rows"] > 0
 
 
-def test_kernels_under_the_triton_interpreter():
+def interpreted(what, *args) -> list[dict]:
+    """The script's ``--check`` on TINY under Triton's CPU interpreter (SKIP without Triton);
+    its JSON rows, after asserting exit 0."""
     try:
         import triton  # noqa: F401
     except ImportError:
-        print("SKIP: Triton is not installed (the kernels' CPU interpreter test)")
+        print(f"SKIP: Triton is not installed ({what} under Triton's CPU interpreter)")
         pytest.skip("no Triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run([sys.executable, SCRIPT, *TINY, "--check", "--batches", "3", "--budgets",
-                        "0.25", "--check-steps", "2", "--alternatives",
-                        "layer-uva,shared-bank,tierkit"],
+    p = subprocess.run([sys.executable, SCRIPT, *TINY, "--check", "--batches", "3", *args],
                        env=env, capture_output=True, text=True, timeout=900)
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    checks = [r for r in rows if "check" in r]
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+def test_kernels_under_the_triton_interpreter():
+    rows = interpreted("the kernels", "--budgets", "0.25", "--check-steps", "2",
+                       "--alternatives", "layer-uva,shared-bank,tierkit")
+    checks = [r for r in rows if "check" in r]
     kernel = [r for r in checks if r["check"] == "kernel-vs-torch-reference"]
     assert kernel and kernel[0]["ok"] and kernel[0]["max_rel_err"] < 2e-2
     assert all(r["ok"] and r.get("bit_identical", True) for r in checks)
@@ -163,18 +168,8 @@ def test_kernels_under_the_triton_interpreter():
 
 def test_copy_on_miss_kernels_under_the_triton_interpreter():
     # the staging copies through the fixed-grid Triton copy kernel, then the MoE kernels
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        print("SKIP: Triton is not installed (copy-on-miss under Triton's CPU interpreter)")
-        pytest.skip("no Triton")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run([sys.executable, SCRIPT, *TINY, "--check", "--batches", "3", "--budgets",
-                        "0.5", "--check-steps", "3", "--alternatives", "tierkit",
-                        "--tierkit-mode", "copy-on-miss"],
-                       env=env, capture_output=True, text=True, timeout=900)
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = interpreted("copy-on-miss", "--budgets", "0.5", "--check-steps", "3",
+                       "--alternatives", "tierkit", "--tierkit-mode", "copy-on-miss")
     tk = [r for r in rows if r.get("check") == "tierkit"]
     assert tk and tk[0]["ok"] and tk[0]["bit_identical"] and tk[0]["copies"] > 0, tk
 
