@@ -51,8 +51,9 @@ public description only, no engine code; ``docs/experts.md`` says what was kept 
   GPU inside the graph (``DeviceCounters.record``), drained and decided between steps
   (``ExpertBank.step``), swaps copied on the bank's stream and flipped into its table, which the
   kernel reads directly; cold experts read in place. ``--tierkit-mode`` names the engine mode:
-  ``in-place`` (the above), ``copy-on-miss`` (half the spare budget as per-layer staging rows
-  that misses admitted by tierkit's controller are copied into inside the graph) and ``auto``
+  ``in-place`` (the above), ``copy-on-miss`` (half of a layer's slots, less the bank's spare, as
+  staging rows that misses admitted by tierkit's controller are copied into inside the graph,
+  read from HBM in the same step) and ``auto``
   (the default: one of the two per cell, priced on the profile window by the link model);
   ``moe_tierkit.py`` describes them. The CPU channel would plug in as another mode.
 
