@@ -50,9 +50,12 @@ public description only, no engine code; ``docs/experts.md`` says what was kept 
   the default ``Controller`` config (cost-aware policy, adaptive cadence); picks counted on the
   GPU inside the graph (``DeviceCounters.record``), drained and decided between steps
   (``ExpertBank.step``), swaps copied on the bank's stream and flipped into its table, which the
-  kernel reads directly; cold experts read in place. ``--tierkit-mode`` names the engine mode;
-  ``in-place`` is today's. Other modes (copy-on-miss with tierkit's admission, read-or-copy, the
-  CPU channel) plug in as classes of ``TIERKIT_MODES``.
+  kernel reads directly; cold experts read in place. ``--tierkit-mode`` names the engine mode:
+  ``in-place`` (the above), ``copy-on-miss`` (half of a layer's slots, less the bank's spare, as
+  staging rows that misses admitted by tierkit's controller are copied into inside the graph,
+  read from HBM in the same step) and ``auto``
+  (the default: one of the two per cell, priced on the profile window by the link model);
+  ``moe_tierkit.py`` describes them. The CPU channel would plug in as another mode.
 
 **Host work and the graph**: the whole GPU step (every layer) is one CUDA graph for all GPU
 alternatives; tierkit's drain + decide runs on the host between graph launches (at the start of
@@ -104,6 +107,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+import moe_tierkit
 
 BF16 = torch.bfloat16
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -585,6 +590,42 @@ def copy_rows_torch(model: Model, src, dst, ok) -> None:
             model.resolve(b).copy_(model.resolve(a))
 
 
+def lru_plan(remap, rows_l, owner, last, now, hit, miss, M, base, sentinel, ar, cond=None):
+    """One layer of a device-side LRU planner (torch ops, capturable; ``shared-bank`` and
+    tierkit's ``copy-on-miss`` staging). ``rows_l int64 [E]``: the layer's view of ``remap``
+    (its row or -1); ``owner`` / ``last`` ``int64 [R + 1]``: each row's id in ``remap`` and
+    last-use stamp (index ``R`` a sentinel); ``hit`` / ``miss`` ``bool [E]``; ``now`` the stamp
+    (``int64 [1]``). Hits are stamped, then up to ``M`` misses (lowest id first) take the least
+    recently used rows not stamped ``now`` (and where ``cond``). Returns ``(gid, victim, ok)``:
+    ids ``base + expert`` in ``remap``, rows, and which of the ``M`` pairs to copy."""
+    R, E = last.numel() - 1, rows_l.numel()
+    last.scatter_(0, torch.where(hit, rows_l, R), now.expand(E))
+    miss_e = torch.argsort(torch.where(miss, ar, ar + E), stable=True)[:M]
+    victim = torch.argsort(last[:R], stable=True)[:M]
+    ok = miss.gather(0, miss_e) & (last.gather(0, victim) < now)
+    if cond is not None:
+        ok = ok & cond
+    old = owner.gather(0, victim)
+    remap.scatter_(0, torch.where(ok & (old >= 0), old, sentinel), -1)
+    gid = base + miss_e
+    remap.scatter_(0, torch.where(ok, gid, sentinel), victim)
+    owner.scatter_(0, torch.where(ok, victim, R), gid)
+    last.scatter_(0, torch.where(ok, victim, R), now.expand(M))
+    return gid, victim, ok
+
+
+def copy_planned(step, model: Model, src, dst, ok, M: int) -> torch.Tensor:
+    """Copies the planned blobs (``src``/``dst`` ``int64 [M]`` addresses where ``ok``): the
+    fixed-grid Triton kernel, or ``copy_rows_torch``. Returns the count (``int64`` device)."""
+    okw = ok.to(torch.int32)
+    if step.use_triton:
+        nb = model.shape.expert_bytes
+        _copy_rows[(64, M)](src, dst, okw, nb // 8, BLOCK=512, PROGS=64, num_warps=4)
+    else:
+        copy_rows_torch(model, src, dst, okw)
+    return okw.sum()
+
+
 class Step:
     """One decode step's torch code for an alternative: the dense part, the router, the table of
     the layer (the alternative's), the MoE kernel, the shared experts; ``triton`` picks the
@@ -816,26 +857,11 @@ class SharedBank(Alternative):
         need = torch.zeros(E, dtype=torch.bool, device=m.device).scatter_(0, ids_l.reshape(-1), True)
         now = self.stamp + (layer + 1)
         rows_l = self.remap[layer * E:(layer + 1) * E]
-        hit = need & (rows_l >= 0)
-        self.last.scatter_(0, torch.where(hit, rows_l, R), now.expand(E))
-        miss = need & (rows_l < 0)
-        miss_e = torch.argsort(torch.where(miss, self.ar, self.ar + E), stable=True)[:M]
-        victim = torch.argsort(self.last[:R], stable=True)[:M]
-        ok = miss.gather(0, miss_e) & (self.last.gather(0, victim) < now) & (need.sum() <= R)
-        old = self.owner.gather(0, victim)
-        self.remap.scatter_(0, torch.where(ok & (old >= 0), old, L * E), -1)
-        gid = layer * E + miss_e
-        self.remap.scatter_(0, torch.where(ok, gid, L * E), victim)
-        self.owner.scatter_(0, torch.where(ok, victim, R), gid)
-        self.last.scatter_(0, torch.where(ok, victim, R), now.expand(M))
-        src = m.host_lo + gid * nb
-        dst = self.bank.data_ptr() + victim * nb
-        okw = ok.to(torch.int32)
-        if step.use_triton:
-            _copy_rows[(64, M)](src, dst, okw, nb // 8, BLOCK=512, PROGS=64, num_warps=4)
-        else:
-            copy_rows_torch(m, src, dst, okw)
-        self.copies += okw.sum()
+        gid, victim, ok = lru_plan(self.remap, rows_l, self.owner, self.last, now,
+                                   need & (rows_l >= 0), need & (rows_l < 0), M, layer * E,
+                                   L * E, self.ar, need.sum() <= R)
+        self.copies += copy_planned(step, m, m.host_lo + gid * nb,
+                                    self.bank.data_ptr() + victim * nb, ok, M)
         t = torch.where(rows_l >= 0, self.bank.data_ptr() + rows_l * nb,
                         m.host_lo + (layer * E + self.ar) * nb)
         self.tables[layer].copy_(t)
@@ -859,13 +885,17 @@ class TierkitInPlace(Alternative):
     reference path: the same controller with a ``NullExecutor`` and tables rebuilt from its map."""
 
     name = "tierkit"
+    mode = "in-place"
+
+    def hot_slots(self):
+        return max(self.slots_per_layer - 1, 1)
 
     def __init__(self, ctx, budget):
         super().__init__(ctx, budget)
         from tierkit import experts
 
         m, s = ctx.model, ctx.model.shape
-        self.hot = max(self.slots_per_layer - 1, 1)
+        self.hot = self.hot_slots()
         self.geometry = experts.Geometry(s.layers, s.experts, self.hot, s.expert_bytes)
         self.seed_map = experts.fit_seed_map(f"{s.name}-profile", self.geometry, ctx.profile)
         self.gpu = m.device.type == "cuda"
@@ -921,8 +951,11 @@ class TierkitInPlace(Alternative):
 
     def stats(self):
         st = self.ctl.stats
-        return {"hot_per_layer": self.hot, "swaps_applied": st.get("applied", 0),
-                "swaps_planned": st.get("planned", 0), "mode": "in-place"}
+        out = {"hot_per_layer": self.hot, "swaps_applied": st.get("applied", 0),
+               "swaps_planned": st.get("planned", 0), "mode": self.mode}
+        if getattr(self, "auto", None):
+            out["auto"] = self.auto
+        return out
 
     def close(self):
         if self.gpu:
@@ -936,10 +969,10 @@ class TierkitInPlace(Alternative):
             self.ctx.model.repin()
 
 
-# The tierkit engine modes: the scoreboard's modes (copy-on-miss with tierkit's admission,
-# read-or-copy, the per-expert link / CPU split) plug in here as Alternative subclasses named
-# "tierkit" (a table per layer from the library's decisions; cpu_split for the CPU channel).
-TIERKIT_MODES = {"in-place": TierkitInPlace}
+# The tierkit engine modes (moe_tierkit.py): in-place, copy-on-miss with tierkit's admission, and
+# auto (the default: one of the two per cell, priced on the profile window by the link model).
+# The per-expert link / CPU split would plug in here too (an Alternative named "tierkit").
+TIERKIT_MODES = moe_tierkit.modes(sys.modules[__name__])
 
 ALTERNATIVES = {"all-hbm": AllHbm, "layer-uva": LayerUva, "shared-bank": SharedBank,
                 "cpu-cold": CpuCold, "tierkit": None}
@@ -1181,6 +1214,7 @@ class Bench:
         self.use_triton = (dev.type == "cuda" or INTERPRETED) and triton is not None and not args.no_triton
         self.graphs = dev.type == "cuda" and not args.no_graphs
         self.ctx = Ctx(model, self.profile, batch, self.stream, args.tierkit_mode)
+        self.ctx.profile_ids = ids[:P]  # the auto mode prices both modes on the profile window
         self.ceiling = None
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # inputs made on the default stream, read on self.stream
@@ -1310,7 +1344,7 @@ def check(bench: Bench, alts, budgets, steps, tol) -> list[dict]:
             rows.append({"check": name, "budget": budget, "shape": bench.shape.name,
                          "batch": bench.batch, "steps": steps, "bit_identical": same,
                          "max_rel_err": err, "required": "bit-identical" if exact else f"<= {tol}",
-                         "ok": ok, **{k: v for k, v in st.items() if k != "mode"}})
+                         "ok": ok, **st})
     return rows
 
 
@@ -1383,7 +1417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--budgets", default="0.25,0.5,0.75", help="HBM for experts, share of all")
     ap.add_argument("--alternatives", default="all-hbm,layer-uva,shared-bank,cpu-cold,tierkit")
-    ap.add_argument("--tierkit-mode", default="in-place", choices=sorted(TIERKIT_MODES))
+    ap.add_argument("--tierkit-mode", default="auto", choices=sorted(TIERKIT_MODES),
+                    help="auto: in-place or copy-on-miss per cell (moe_tierkit.py)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps per run")
     ap.add_argument("--profile-steps", type=int, default=32, help="steps counted for the ranked "

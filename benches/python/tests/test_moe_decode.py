@@ -1,7 +1,8 @@
 """benches/python/moe_decode.py on its CPU reference path (tiny shapes): the alternatives'
 planners and placements, the exactness check (and that it catches a wrong placement), the
-controller swapping on a shifting trace, the batch composition; the Triton kernels under Triton's
-CPU interpreter when Triton is installed; the GPU path where a GPU is present."""
+controller swapping on a shifting trace, tierkit's modes (copy-on-miss, auto), the batch
+composition; the Triton kernels under Triton's CPU interpreter when Triton is installed; the GPU
+path where a GPU is present."""
 
 from __future__ import annotations
 
@@ -141,23 +142,36 @@ def test_compose_batch_reuses_streams_at_offsets():
     assert corr["touched_per_layer"] > 0 and corr["touched_independent_rows"] > 0
 
 
-def test_kernels_under_the_triton_interpreter():
+def interpreted(what, *args) -> list[dict]:
+    """The script's ``--check`` on TINY under Triton's CPU interpreter (SKIP without Triton);
+    its JSON rows, after asserting exit 0."""
     try:
         import triton  # noqa: F401
     except ImportError:
-        print("SKIP: Triton is not installed (the kernels' CPU interpreter test)")
+        print(f"SKIP: Triton is not installed ({what} under Triton's CPU interpreter)")
         pytest.skip("no Triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    p = subprocess.run([sys.executable, SCRIPT, *TINY, "--check", "--batches", "3", "--budgets",
-                        "0.25", "--check-steps", "2", "--alternatives",
-                        "layer-uva,shared-bank,tierkit"],
+    p = subprocess.run([sys.executable, SCRIPT, *TINY, "--check", "--batches", "3", *args],
                        env=env, capture_output=True, text=True, timeout=900)
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    checks = [r for r in rows if "check" in r]
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+
+
+def test_kernels_under_the_triton_interpreter():
+    rows = interpreted("the kernels", "--budgets", "0.25", "--check-steps", "2",
+                       "--alternatives", "layer-uva,shared-bank,tierkit")
+    checks = [r for r in rows if "check" in r]
     kernel = [r for r in checks if r["check"] == "kernel-vs-torch-reference"]
     assert kernel and kernel[0]["ok"] and kernel[0]["max_rel_err"] < 2e-2
     assert all(r["ok"] and r.get("bit_identical", True) for r in checks)
+
+
+def test_copy_on_miss_kernels_under_the_triton_interpreter():
+    # the staging copies through the fixed-grid Triton copy kernel, then the MoE kernels
+    rows = interpreted("copy-on-miss", "--budgets", "0.5", "--check-steps", "3",
+                       "--alternatives", "tierkit", "--tierkit-mode", "copy-on-miss")
+    tk = [r for r in rows if r.get("check") == "tierkit"]
+    assert tk and tk[0]["ok"] and tk[0]["bit_identical"] and tk[0]["copies"] > 0, tk
 
 
 def test_gpu_check():
@@ -168,3 +182,99 @@ def test_gpu_check():
                         "--batches", "1,8", "--budgets", "0.25,0.5"],
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def reuse_trace(path, layers=2, experts=8):
+    """One token per step picking expert 0 and a second expert that changes every 4 steps
+    (1, 2, 3, 4, then 5, 6, 7, 1, ...): a cold expert reused over 4 steps, what copy-on-miss
+    pays on."""
+    lines = [{"tierkit_trace": 1, "layers": layers, "experts_per_layer": experts, "top_k": 2,
+              "name": "reuse"}]
+    for s in range(80):
+        x = 1 + (s // 4) % (experts - 1)
+        for layer in range(layers):
+            lines.append({"step": s, "layer": layer, "topk_ids": [0, x]})
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return str(path)
+
+
+BIG = ["--hidden", "256", "--ffn", "1024"]  # 1.5 MiB experts: a copy's fixed cost is small
+
+
+@pytest.mark.parametrize("mode", ["copy-on-miss", "auto", "in-place"])
+def test_tierkit_modes_are_bit_identical(capsys, tmp_path, mode):
+    trace = reuse_trace(tmp_path / "reuse.jsonl")
+    rc, rows = run(capsys, "--check", "--check-steps", "30", "--trace", trace, *BIG,
+                   "--profile-steps", "16", "--budgets", "0.5,0.75", "--batches", "1",
+                   "--alternatives", "tierkit", "--tierkit-mode", mode)
+    tk = [r for r in rows if r.get("check") == "tierkit"]
+    assert rc == 0 and len(tk) == 2, rows
+    for r in tk:
+        assert r["ok"] and r["bit_identical"] and r["max_rel_err"] == 0.0
+        if mode == "copy-on-miss":
+            assert r["mode"] == "copy-on-miss" and r["stage_per_layer"] >= 1
+            assert r["copies"] > 0  # misses were staged and read from HBM in the same step
+        if mode == "auto":
+            assert r["auto"]["mode"] == r["mode"]
+
+
+def test_copy_on_miss_cells_keep_equal_hbm_and_count_copies(capsys, tmp_path):
+    trace = reuse_trace(tmp_path / "reuse.jsonl")
+    rc, rows = run(capsys, "--trace", trace, *BIG, "--profile-steps", "16", "--budgets", "0.5",
+                   "--batches", "1", "--steps", "20", "--warmup", "2", "--runs", "1",
+                   "--alternatives", "shared-bank,tierkit", "--tierkit-mode", "copy-on-miss")
+    cells = {r["alternative"]: r for r in rows if "alternative" in r}
+    assert rc == 0 and set(cells) == {"all-hbm", "shared-bank", "tierkit"}
+    t, nb = cells["tierkit"], 6 * 256 * 1024
+    # 4 slots of 8 per layer: hot 2 + the bank's spare + 1 staging row, as the shared bank's 8 rows
+    assert t["hbm_expert_bytes"] == cells["shared-bank"]["hbm_expert_bytes"] == 2 * 4 * nb
+    assert t["mode"] == "copy-on-miss" and t["stage_per_layer"] == 1
+    assert t["link_copy_bytes_per_step"] > 0
+    # a staged expert is reused for up to 4 steps: fewer bytes read in place than in-place mode
+    rc, rows = run(capsys, "--trace", trace, *BIG, "--profile-steps", "16", "--budgets", "0.5",
+                   "--batches", "1", "--steps", "20", "--warmup", "2", "--runs", "1",
+                   "--alternatives", "tierkit", "--tierkit-mode", "in-place")
+    ip = [r for r in rows if r.get("alternative") == "tierkit"][0]
+    assert t["link_read_bytes_per_step"] < ip["link_read_bytes_per_step"]
+
+
+def test_simulate_counts_reads_copies_and_reuse():
+    import moe_tierkit as mt
+
+    # one layer, 8 experts, 1 token, top-1: expert 5 for 3 steps then 6 for 3 steps
+    ids = np.array([5, 5, 5, 6, 6, 6], dtype=np.int64).reshape(6, 1, 1, 1)
+    profile = np.array([[9, 8, 0, 0, 0, 3, 3, 0]])
+    ip = mt.simulate(ids, profile, hot=2, stage=0, keep=0)
+    assert ip == {"reads": 1.0, "copies": 0.0, "reuse": round(4 / 6, 3)}
+    cm = mt.simulate(ids, profile, hot=2, stage=1, keep=4)  # 5 and 6 admitted: one copy each
+    assert cm["reads"] == 0.0 and cm["copies"] == 2 / 6
+    cm = mt.simulate(ids, profile, hot=2, stage=1, keep=3)  # 6 not admitted: read in place
+    assert cm["reads"] == 0.5 and cm["copies"] == 1 / 6
+    assert mt.stage_split(4) == (2, 1) and mt.stage_split(2) == (1, 0)
+    assert mt.stage_split(32) == (16, 15)
+    m = mt.admit_mask(np.array([[0.0, 2.0, 1.0, 2.0]]), 2)
+    assert m.tolist() == [[False, True, False, True]]
+
+
+def test_auto_prices_both_modes_and_picks_the_cheaper(capsys, tmp_path):
+    import moe_tierkit as mt
+
+    trace = reuse_trace(tmp_path / "reuse.jsonl")
+    rc, rows = run(capsys, "--trace", trace, *BIG, "--profile-steps", "16", "--budgets",
+                   "0.5", "--batches", "1", "--steps", "4", "--warmup", "1", "--runs", "1",
+                   "--alternatives", "tierkit")
+    t = [r for r in rows if r.get("alternative") == "tierkit"][0]
+    a = t["auto"]
+    assert rc == 0 and t["mode"] == a["mode"]
+    cheaper = "copy-on-miss" if a["pred_copy_on_miss_us"] < a["pred_in_place_us"] else "in-place"
+    assert a["mode"] == cheaper and 0 <= a["reuse"] <= 1
+    # the rule on its own: a window of no reuse at all (a new cold expert every step) keeps
+    # in-place, since a copy costs at least the read it replaces
+    ids = (1 + np.arange(16) % 7).reshape(16, 1, 1, 1).astype(np.int64)
+    profile = np.bincount(ids.ravel(), minlength=8)[None, :].astype(np.int64)
+    profile[0, 0] = 100
+    ctx = type("C", (), {})()
+    ctx.model = type("M", (), {"shape": md.Shape("t", 1, 8, 1, 256, 1024, 256, 256)})()
+    ctx.profile, ctx.profile_ids = profile, ids
+    c = mt.choose(ctx, 0.5)
+    assert c["reuse"] == 0.0 and c["mode"] == "in-place", c
