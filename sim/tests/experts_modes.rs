@@ -18,6 +18,18 @@ fn steps(layers: usize, experts: u32) -> impl Strategy<Value = Vec<Vec<Vec<u32>>
     )
 }
 
+/// `raw` cut to `layers` layers, ids taken modulo `experts`.
+fn fit(raw: &[Vec<Vec<u32>>], layers: usize, experts: u32) -> Vec<Vec<Vec<u32>>> {
+    raw.iter()
+        .map(|st| {
+            st[..layers]
+                .iter()
+                .map(|l| l.iter().map(|&e| e % experts).collect())
+                .collect()
+        })
+        .collect()
+}
+
 fn replay(
     g: &Geometry,
     scope: BankScope,
@@ -59,10 +71,7 @@ proptest! {
     ) {
         let hot = 1 + ((experts - 1) as f64 * hot_frac) as u32;
         let g = Geometry::new(layers as u32, experts, hot, 1 << 20).unwrap();
-        let s: Vec<Vec<Vec<u32>>> = raw
-            .iter()
-            .map(|st| st[..layers].iter().map(|l| l.iter().map(|&e| e % experts).collect()).collect())
-            .collect();
+        let s = fit(&raw, layers, experts);
         let shuffled: Vec<Vec<Vec<u32>>> = s
             .iter()
             .map(|st| {
@@ -97,10 +106,7 @@ proptest! {
         raw in steps(3, 8),
     ) {
         let g = Geometry::new(layers as u32, experts, experts, 1 << 20).unwrap();
-        let s: Vec<Vec<Vec<u32>>> = raw
-            .iter()
-            .map(|st| st[..layers].iter().map(|l| l.iter().map(|&e| e % experts).collect()).collect())
-            .collect();
+        let s = fit(&raw, layers, experts);
         let full = ResidencyMap::first_k("t", g).unwrap();
         for scope in SCOPES {
             let (costs, _) = replay(&g, scope, EngineMode::CopyOnMiss, None, &s);
@@ -132,10 +138,7 @@ proptest! {
     ) {
         let hot = 1 + ((experts - 1) as f64 * hot_frac) as u32;
         let g = Geometry::new(layers as u32, experts, hot, 1 << 20).unwrap();
-        let s: Vec<Vec<Vec<u32>>> = raw
-            .iter()
-            .map(|st| st[..layers].iter().map(|l| l.iter().map(|&e| e % experts).collect()).collect())
-            .collect();
+        let s = fit(&raw, layers, experts);
         let rev: Vec<Vec<Vec<u32>>> = s
             .iter()
             .map(|st| st.iter().map(|l| l.iter().rev().copied().collect()).collect())
