@@ -1,12 +1,13 @@
 //! Properties of the engine modes' LRU bank: its eviction order is deterministic (the order of
 //! picks within a step moves nothing), and a bank of all experts in copy-on-miss pays only the
-//! first touch of each expert.
+//! first touch of each expert. The same of the default's copy-on-miss bank (`DuelBank`), which
+//! also never holds more than its slots and copies every miss.
 
 use std::collections::BTreeSet;
 
-use expert_residency::{Geometry, ResidencyMap};
+use expert_residency::{ControllerConfig, Geometry, ResidencyMap, StepPicks};
 use proptest::prelude::*;
-use tierkit_sim::experts::modes::{BankScope, CpuChannel, EngineMode, LruBank, StepCost};
+use tierkit_sim::experts::modes::{BankScope, CpuChannel, DuelBank, EngineMode, LruBank, StepCost};
 use tierkit_sim::experts::LinkModel;
 
 /// Steps of `layers` layers, each layer 0–6 picks of ids below `experts`.
@@ -15,6 +16,18 @@ fn steps(layers: usize, experts: u32) -> impl Strategy<Value = Vec<Vec<Vec<u32>>
         prop::collection::vec(prop::collection::vec(0..experts, 0..=6), layers),
         1..40,
     )
+}
+
+/// `raw` cut to `layers` layers, ids taken modulo `experts`.
+fn fit(raw: &[Vec<Vec<u32>>], layers: usize, experts: u32) -> Vec<Vec<Vec<u32>>> {
+    raw.iter()
+        .map(|st| {
+            st[..layers]
+                .iter()
+                .map(|l| l.iter().map(|&e| e % experts).collect())
+                .collect()
+        })
+        .collect()
 }
 
 fn replay(
@@ -58,10 +71,7 @@ proptest! {
     ) {
         let hot = 1 + ((experts - 1) as f64 * hot_frac) as u32;
         let g = Geometry::new(layers as u32, experts, hot, 1 << 20).unwrap();
-        let s: Vec<Vec<Vec<u32>>> = raw
-            .iter()
-            .map(|st| st[..layers].iter().map(|l| l.iter().map(|&e| e % experts).collect()).collect())
-            .collect();
+        let s = fit(&raw, layers, experts);
         let shuffled: Vec<Vec<Vec<u32>>> = s
             .iter()
             .map(|st| {
@@ -96,10 +106,7 @@ proptest! {
         raw in steps(3, 8),
     ) {
         let g = Geometry::new(layers as u32, experts, experts, 1 << 20).unwrap();
-        let s: Vec<Vec<Vec<u32>>> = raw
-            .iter()
-            .map(|st| st[..layers].iter().map(|l| l.iter().map(|&e| e % experts).collect()).collect())
-            .collect();
+        let s = fit(&raw, layers, experts);
         let full = ResidencyMap::first_k("t", g).unwrap();
         for scope in SCOPES {
             let (costs, _) = replay(&g, scope, EngineMode::CopyOnMiss, None, &s);
@@ -117,5 +124,48 @@ proptest! {
             let (costs, _) = replay(&g, scope, EngineMode::CopyOnMiss, Some(&full), &s);
             prop_assert!(costs.iter().all(|c| c.serving_copies == 0 && c.stall_us == 0.0));
         }
+    }
+
+    /// The default's copy-on-miss bank: pick order within a step moves nothing; every miss is
+    /// one serving copy and nothing else; a layer never holds more than its slots; booted with
+    /// every expert it never copies.
+    #[test]
+    fn duel_bank_is_deterministic_and_bounded(
+        layers in 1usize..=3,
+        experts in 2u32..=8,
+        hot_frac in 0.0f64..1.0,
+        raw in steps(3, 8),
+    ) {
+        let hot = 1 + ((experts - 1) as f64 * hot_frac) as u32;
+        let g = Geometry::new(layers as u32, experts, hot, 1 << 20).unwrap();
+        let s = fit(&raw, layers, experts);
+        let rev: Vec<Vec<Vec<u32>>> = s
+            .iter()
+            .map(|st| st.iter().map(|l| l.iter().rev().copied().collect()).collect())
+            .collect();
+        let run = |g: &Geometry, steps: &[Vec<Vec<u32>>]| {
+            let boot = ResidencyMap::first_k("t", *g).unwrap();
+            let mut b =
+                DuelBank::new(g, &boot, ControllerConfig::default(), &LinkModel::h200_pcie())
+                    .unwrap();
+            let mut out = Vec::new();
+            for st in steps {
+                let c = b.step(&StepPicks { layers: st.clone() }).unwrap();
+                let held: Vec<usize> = (0..g.layers as usize)
+                    .map(|l| (0..g.experts_per_layer).filter(|&e| b.is_resident(l, e)).count())
+                    .collect();
+                out.push((c, held));
+            }
+            out
+        };
+        let a = run(&g, &s);
+        prop_assert_eq!(&a, &run(&g, &rev));
+        for (c, held) in &a {
+            prop_assert!(held.iter().all(|&h| h <= hot as usize));
+            prop_assert_eq!(c.boundary_copies + c.reads + c.cpu, 0);
+            prop_assert!(c.serving_copies <= c.miss_picks);
+        }
+        let full = Geometry::new(layers as u32, experts, experts, 1 << 20).unwrap();
+        prop_assert!(run(&full, &s).iter().all(|(c, _)| c.serving_copies == 0 && c.stall_us == 0.0));
     }
 }

@@ -12,7 +12,10 @@
 //!   ([`LruBank`], per layer or shared by all layers) the copy is admitted; with one of the
 //!   project's policies the policy is the admission and eviction: the miss lands in a staging
 //!   slot, the policy's map decides what stays, and a swap that admits an expert copied on a
-//!   miss in the same step costs no second copy.
+//!   miss in the same step costs no second copy. The project's default
+//!   ([`ModePolicy::Default`]) is a [`DuelBank`] instead: the controller's map protects the
+//!   experts it wants hot, recency evicts among the rest, and per layer two shadow banks
+//!   (recency alone, map first) say which rule evicts; with no evidence it is an LRU bank.
 //! - **`read-or-copy`**: per expert and step, read in place or copy, whichever the link prices
 //!   lower given the expected reuse (`copy_us ≤ read_us × (1 + reuse)`): in an LRU bank the reuse
 //!   is [`bank`]'s estimate (expected further touched steps of the expert's run, from
@@ -27,6 +30,7 @@
 //! Per row, the stall is summed over steps; `vs in-place` divides a row's mean stall by the same
 //! policy's in-place row's. Replays are deterministic.
 
+pub mod admit;
 pub mod bank;
 pub mod price;
 
@@ -35,6 +39,7 @@ use expert_residency::{
     Result,
 };
 
+pub use admit::DuelBank;
 pub use bank::{BankScope, LruBank};
 pub use price::CpuChannel;
 
@@ -122,13 +127,21 @@ pub enum ModePolicy {
     Controller(ResidencyMap, Box<ControllerConfig>),
     /// An [`LruBank`] of this scope booting from this map (`None`: empty).
     Lru(BankScope, Option<ResidencyMap>),
+    /// The project's default: the [`Controller`] with this config from this boot map as in
+    /// [`ModePolicy::Controller`] in `in-place` and `cpu` (and in `read-or-copy` where a read is
+    /// cheaper than a copy); in `copy-on-miss` (and `read-or-copy` where a copy is cheaper than
+    /// one read, so every miss is copied) the controller's map is the admission and eviction of
+    /// a [`DuelBank`].
+    Default(ResidencyMap, Box<ControllerConfig>),
 }
 
 impl ModePolicy {
     /// The bank column: `map` (a policy's map, per layer) or the LRU bank's scope.
     pub fn bank(&self) -> &'static str {
         match self {
-            ModePolicy::Map(_) | ModePolicy::Controller(..) => "per-layer",
+            ModePolicy::Map(_) | ModePolicy::Controller(..) | ModePolicy::Default(..) => {
+                "per-layer"
+            }
             ModePolicy::Lru(s, _) => s.name(),
         }
     }
@@ -222,7 +235,9 @@ fn map_policy_totals(
     let experts = geometry.experts_per_layer as usize;
     let (map, cfg) = match policy {
         ModePolicy::Map(m) => (m.clone(), None),
-        ModePolicy::Controller(m, c) => (m.clone(), Some((**c).clone())),
+        ModePolicy::Controller(m, c) | ModePolicy::Default(m, c) => {
+            (m.clone(), Some((**c).clone()))
+        }
         ModePolicy::Lru(..) => unreachable!("LRU banks are replayed by LruBank"),
     };
     geometry.check_same(map.geometry())?;
@@ -331,6 +346,22 @@ fn lru_totals(
     Ok(t)
 }
 
+/// Replays the default's copy-on-miss bank ([`DuelBank`]).
+fn duel_totals(
+    trace: &Trace,
+    geometry: &Geometry,
+    boot: &ResidencyMap,
+    config: &ControllerConfig,
+    opts: &ModeOptions,
+) -> Result<Totals> {
+    let mut bank = DuelBank::new(geometry, boot, config.clone(), &opts.link)?;
+    let mut t = Totals::default();
+    for s in &trace.steps {
+        t.add(&bank.step(s)?);
+    }
+    Ok(t)
+}
+
 /// The policies of the modes table: `static` (first-K), `seed`, `cost-aware (default)`,
 /// `recency (capped 4)` (their maps are the policy, as admission and eviction), and `lru` with a
 /// per-layer and a shared bank; the adaptive and LRU rows boot from `boot` (first-K or the seed
@@ -355,7 +386,7 @@ pub fn mode_policies(
         (
             b("cost-aware (default)"),
             b(boot_name),
-            ModePolicy::Controller(start.clone(), Box::default()),
+            ModePolicy::Default(start.clone(), Box::default()),
         ),
         (
             format!("recency (capped {RECENCY_CAP})"),
@@ -392,12 +423,17 @@ pub fn mode_rows(
     validate_trace(trace, geometry)?;
     opts.validate()?;
     let all = EngineMode::ALL;
-    // One job per map policy (all modes at once), one per LRU bank and mode.
+    // Whether read-or-copy copies every miss of a map-driven row (a copy cheaper than one read).
+    let roc_copies =
+        price::read_or_copy(&opts.link, geometry.expert_bytes, 0.0) == price::Channel::Copy;
+    // One job per map policy (all modes at once), one per LRU bank and mode; the default adds
+    // its copy-on-miss bank.
     let jobs: Vec<(usize, Option<EngineMode>)> = policies
         .iter()
         .enumerate()
         .flat_map(|(i, (_, _, p))| match p {
             ModePolicy::Lru(..) => all.iter().map(|&m| (i, Some(m))).collect::<Vec<_>>(),
+            ModePolicy::Default(..) => vec![(i, None), (i, Some(EngineMode::CopyOnMiss))],
             _ => vec![(i, None)],
         })
         .collect();
@@ -411,16 +447,27 @@ pub fn mode_rows(
                 m,
                 opts,
             )?]),
+            (ModePolicy::Default(boot, c), Some(_)) => {
+                Ok(vec![duel_totals(trace, geometry, boot, c, opts)?])
+            }
             (p, _) => map_policy_totals(trace, geometry, p, &all, opts),
         }
     };
     let results = parallel(&jobs, run)?;
     // totals[policy][mode]
     let mut totals: Vec<[Totals; 4]> = vec![[Totals::default(); 4]; policies.len()];
-    for ((i, mode), r) in jobs.iter().zip(results) {
-        match mode {
-            Some(m) => totals[*i][mode_index(*m)] = r[0],
-            None => totals[*i].copy_from_slice(&r),
+    // Map rows first, then the banks that override a mode of the default.
+    for ((i, mode), r) in jobs.iter().zip(&results) {
+        if mode.is_none() {
+            totals[*i].copy_from_slice(r);
+        }
+    }
+    for ((i, mode), r) in jobs.iter().zip(&results) {
+        if let Some(m) = mode {
+            totals[*i][mode_index(*m)] = r[0];
+            if matches!(policies[*i].2, ModePolicy::Default(..)) && roc_copies {
+                totals[*i][mode_index(EngineMode::ReadOrCopy)] = r[0];
+            }
         }
     }
     let b = geometry.expert_bytes as f64;
@@ -540,7 +587,7 @@ pub fn render_modes(rows: &[ModeRow]) -> String {
 pub fn modes_legend(opts: &ModeOptions) -> String {
     let l = &opts.link;
     format!(
-        "mode = how the engine serves a cold expert: in-place = read over the link by the GEMM, copies at step boundaries (the scoreboard's model); copy-on-miss = copied into HBM and computed there in the same step (a copy on the critical path; an LRU bank admits it, a policy's map decides what stays and admits a just-copied expert for free); read-or-copy = read or copy per expert and step, whichever the link prices lower given the expected reuse (LRU bank: expected further touched steps of the expert's run; a policy's staged copy: none); cpu = a layer's cold experts split between the link and the host CPU, whole experts, in parallel.\n\
+        "mode = how the engine serves a cold expert: in-place = read over the link by the GEMM, copies at step boundaries (the scoreboard's model); copy-on-miss = copied into HBM and computed there in the same step (a copy on the critical path; an LRU bank admits it, a policy's map decides what stays and admits a just-copied expert for free; the default's bank evicts by recency, or by its map first where that shadow missed less, per layer); read-or-copy = read or copy per expert and step, whichever the link prices lower given the expected reuse (LRU bank: expected further touched steps of the expert's run; a policy's staged copy: none); cpu = a layer's cold experts split between the link and the host CPU, whole experts, in parallel.\n\
          link {}: reads {} GB/s, copies {} GB/s +{} µs each; CPU {} GB/s of weights, each channel at {} of its solo rate when both run. lru evicts the least recently used, then the fewest picks, then the lowest id; bank = per-layer (hot slots per layer) or shared (layers × hot slots, layers in order). miss share = picks of experts not in HBM when their layer ran; vs in-place = stall / the same policy's in-place stall.",
         l.name,
         l.cost.read_gbps,

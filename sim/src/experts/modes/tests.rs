@@ -176,3 +176,69 @@ fn default_table_has_every_mode_and_is_deterministic() {
         Err(ExpertError::InvalidConfig(_))
     ));
 }
+
+/// The default's row: in place, cpu (and read-or-copy where a read is cheaper) it is the
+/// controller's row, unchanged; in copy-on-miss (and read-or-copy where a copy is cheaper than
+/// one read) it is the [`DuelBank`] replay, and on the default scenario's first 300 steps at
+/// batch 1 and 32 it stalls no more than the per-layer LRU bank.
+#[test]
+fn default_row_is_the_controller_in_place_and_the_duel_bank_on_a_miss() {
+    for tokens in [1, 32] {
+        let mut cfg = synth::SynthConfig::default_scenario();
+        cfg.steps = 300;
+        cfg.tokens_per_step = tokens;
+        cfg.phases[1].start_step = 150;
+        let t = synth::generate(&cfg).unwrap();
+        let s = t.shape;
+        for (link, b) in [
+            (LinkModel::h200_pcie(), 12 << 20),
+            (LinkModel::gb300_c2c(), 12 << 20),
+        ] {
+            let g = Geometry::new(s.layers, s.experts_per_layer, 16, b).unwrap();
+            let fk = ResidencyMap::first_k("t", g).unwrap();
+            let ctl = rows_of(
+                &t,
+                &g,
+                ModePolicy::Controller(fk.clone(), Box::default()),
+                link.clone(),
+            );
+            let def = rows_of(
+                &t,
+                &g,
+                ModePolicy::Default(fk.clone(), Box::default()),
+                link.clone(),
+            );
+            let lru = rows_of(
+                &t,
+                &g,
+                ModePolicy::Lru(BankScope::PerLayer, Some(fk.clone())),
+                link.clone(),
+            );
+            assert_eq!(def[0], ctl[0]);
+            assert_eq!(def[3], ctl[3]);
+            let mut bank = DuelBank::new(&g, &fk, ControllerConfig::default(), &link).unwrap();
+            let (mut copies, mut us) = (0, 0.0);
+            for st in &t.steps {
+                let c = bank.step(st).unwrap();
+                copies += c.serving_copies;
+                us += c.stall_us;
+            }
+            assert_eq!(def[1].copies, copies);
+            assert_eq!((def[1].reads, def[1].cpu), (0, 0));
+            assert!((def[1].stall_ms_per_step * 1e3 * 300.0 - us).abs() < 1e-6 * us);
+            let copy_first = price::read_or_copy(&link, b, 0.0) == price::Channel::Copy;
+            if copy_first {
+                assert_eq!(def[2].copies, def[1].copies);
+                assert_eq!(def[2].stall_ms_per_step, def[1].stall_ms_per_step);
+            } else {
+                assert_eq!(def[2], ctl[2]);
+            }
+            assert!(
+                def[1].stall_ms_per_step <= lru[1].stall_ms_per_step * 1.01,
+                "batch {tokens}: {} vs {}",
+                def[1].stall_ms_per_step,
+                lru[1].stall_ms_per_step
+            );
+        }
+    }
+}
