@@ -15,6 +15,8 @@ use tierkit_sim::experts::trace::{
 use tierkit_sim::experts::{LinkModel, ReplayOptions};
 use tierkit_sim::table;
 
+mod modes;
+
 type CliResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
 
 /// Most `--count-run-starts`: a run start counted as up to the picks of a 256-token decode
@@ -364,13 +366,41 @@ enum PolicyArg {
     AdaptiveShiftResponse,
     /// Per-layer LRU admitting every miss (uncapped reference).
     Lru,
-    /// The best static map in hindsight (whole trace; also after the last shift if any).
-    Oracle,
-    /// Not a policy: a lower bound on every policy's reads and stall (per step and layer, at
-    /// least `touched − hot` distinct cold experts are read in place).
-    Bound,
-    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, oracle, bound.
+    /// The best static map in hindsight: per layer the top-H experts by steps touched, the static
+    /// map of least stall (whole trace; also after the last shift if any). The reference of every
+    /// "vs best static" ratio.
+    BestStatic,
+    /// The static map in hindsight ranked by picks (the former `oracle`: best for the cold share,
+    /// not for the link).
+    StaticByPicks,
+    /// Not a policy: the exact offline optimum of the stall (per layer, a min-cost flow; its
+    /// step-0 map free); every row's stall over it is shown. Subject to --optimum.
+    OfflineOptimum,
+    /// static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static,
+    /// offline-optimum.
     All,
+}
+
+/// When `replay` computes the `offline optimum` row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OptimumArg {
+    /// Where it takes seconds: the solver's work bound at most
+    /// `tierkit_sim::experts::OPTIMUM_AUTO_MAX_WORK` (5 × 10⁷, about 10 s), and a stall linear in
+    /// copies.
+    Auto,
+    /// Always (fails on a link with --hide-us > 0, where the stall is not linear in copies).
+    Always,
+    /// Never.
+    Never,
+}
+
+/// What `fit-seed` ranks experts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RankArg {
+    /// Steps in which the expert was picked at all (the map of least stall).
+    Touched,
+    /// Picks (the map of least cold share).
+    Picks,
 }
 
 /// The map adaptive and LRU rows boot from.
@@ -442,6 +472,11 @@ pub struct ReplayArgs {
     /// overlap the step; default 0: nothing hidden).
     #[arg(long, value_name = "US")]
     hide_us: Option<f64>,
+    /// The `offline optimum` row: `auto` computes it where it takes seconds (the solver's work
+    /// bound, Σ over layers of min(hot, touches) × (steps + 2 × touches), at most 5 × 10⁷: about
+    /// 10 s) and says so where it is skipped.
+    #[arg(long, value_enum, default_value_t = OptimumArg::Auto)]
+    optimum: OptimumArg,
     /// With --json: every step's bytes and stall too (the per-window series are always there).
     #[arg(long)]
     bytes_per_step: bool,
@@ -449,6 +484,15 @@ pub struct ReplayArgs {
     /// picked at step t and not at t − 1), each as N picks (1..=256), instead of every pick.
     #[arg(long, value_name = "N")]
     count_run_starts: Option<u32>,
+    /// Put a synthetic prefill of N prompt tokens in front of each segment of the trace (its
+    /// start and every shift: one per request of a joined directory), each prompt token routed
+    /// like a random token of that segment (`tierkit_sim::experts::trace::prefill`), for
+    /// decode-only logs. One step each; the shifts move onto the prefills.
+    #[arg(long, value_name = "N")]
+    prefill: Option<u32>,
+    /// Seed of the --prefill prompts' draw (same seed, same trace).
+    #[arg(long, default_value_t = 7, requires = "prefill")]
+    prefill_seed: u64,
     /// Print the full report as JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -457,6 +501,8 @@ pub struct ReplayArgs {
     /// run).
     #[arg(long, value_name = "FILE.png")]
     plot: Option<PathBuf>,
+    #[command(flatten)]
+    modes: modes::ModeArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -517,8 +563,9 @@ fn policies(args: &[PolicyArg]) -> Vec<Policy> {
             PolicyArg::Adaptive => out.push(Policy::Adaptive),
             PolicyArg::AdaptiveShiftResponse => out.push(Policy::AdaptiveShiftResponse),
             PolicyArg::Lru => out.push(Policy::Lru),
-            PolicyArg::Oracle => out.push(Policy::Oracle),
-            PolicyArg::Bound => out.push(Policy::Bound),
+            PolicyArg::BestStatic => out.push(Policy::BestStatic),
+            PolicyArg::StaticByPicks => out.push(Policy::StaticByPicks),
+            PolicyArg::OfflineOptimum => out.push(Policy::Optimum),
         }
     }
     out
@@ -642,6 +689,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         }
     }
     opts.validate()?;
+    let mode_opts = modes::check(&a, &opts.link)?;
     if let Some(p) = &a.plot {
         output::check_png("--plot", p)?;
     }
@@ -649,7 +697,11 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         Some(p) => Some(input::map_file("--seed-map", p)?),
         None => None,
     };
-    let (trace, source) = load(&a.input, quiet)?;
+    let (mut trace, source) = load(&a.input, quiet)?;
+    if let Some(n) = a.prefill {
+        trace = trace::prefill::with_prefill(&trace, n, a.prefill_seed)
+            .map_err(|e| format!("--prefill {n}: {e}"))?;
+    }
     let hot = a
         .hot
         .unwrap_or_else(|| default_hot(trace.shape.experts_per_layer));
@@ -660,7 +712,22 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         a.expert_bytes,
     )?;
     let (seed, seed_note) = seed_map(&a, seed_file, &trace, &g)?;
-    let specs = scoreboard::policy_specs_booted(&policies(&a.policy), &trace, &seed, boot);
+    if let Some(mo) = &mode_opts {
+        return modes::replay(&a, mo, &trace, source, &g, &seed, seed_note, boot);
+    }
+    let mut wanted = policies(&a.policy);
+    let mut optimum_note = None;
+    if wanted.contains(&Policy::Optimum) && a.optimum != OptimumArg::Always {
+        let skip = match a.optimum {
+            OptimumArg::Never => Some("--optimum never".to_string()),
+            _ => scoreboard::optimum_skip_reason(&trace, &g, &opts.link),
+        };
+        if let Some(why) = skip {
+            wanted.retain(|&p| p != Policy::Optimum);
+            optimum_note = Some(why);
+        }
+    }
+    let specs = scoreboard::policy_specs_booted(&wanted, &trace, &seed, boot);
     let pb = progress::bar(specs.len() as u64, "replaying policies", quiet);
     let runs = scoreboard::run_policies(&trace, &g, &cfg, &opts, &specs, &|label| {
         if label.is_empty() {
@@ -697,17 +764,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         return Ok(());
     }
     let t = &out.trace;
-    outln!(
-        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
-        t.name,
-        t.steps,
-        t.shape.layers,
-        t.shape.experts_per_layer,
-        t.shape.top_k,
-        t.lookups,
-        t.shifts
-    )?;
-    print_read_report(&t.source)?;
+    print_trace_info(t)?;
     outln!(
         "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
@@ -736,6 +793,9 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     outln!()?;
     outln!("{}", scoreboard::render(&out.summary))?;
     outln!("\n{}", scoreboard::legend(&opts, &trace))?;
+    if let Some(why) = &optimum_note {
+        outln!("offline optimum not computed: {why}")?;
+    }
     for r in out
         .runs
         .iter()
@@ -756,6 +816,21 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         )?;
     }
     Ok(())
+}
+
+/// Prints the trace's line (name, shape, lookups, shifts) and what the readers found.
+fn print_trace_info(t: &TraceInfo) -> CliResult {
+    outln!(
+        "trace {}: {} steps, {} layers × {} experts, top-{}, {} lookups, shifts at {:?}",
+        t.name,
+        t.steps,
+        t.shape.layers,
+        t.shape.experts_per_layer,
+        t.shape.top_k,
+        t.lookups,
+        t.shifts
+    )?;
+    print_read_report(&t.source)
 }
 
 /// Prints what the readers found (rows missing, passes dropped), one `read: ` line each.
@@ -781,6 +856,12 @@ pub struct FitSeedArgs {
     /// Steps of the trace to count, `START..END` (default: all).
     #[arg(long, value_name = "START..END")]
     range: Option<String>,
+    /// What ranks the experts of a layer: `touched` (steps in which the expert was picked at
+    /// all: the link pays one read per cold expert and step, so this is the map of least stall;
+    /// the default with --trace) or `picks` (lookups: the least cold share; the only ranking
+    /// count inputs have, so their default).
+    #[arg(long, value_enum)]
+    rank: Option<RankArg>,
     /// A `routing-counts.json` (`{model: {domain: {layers, topk_counts}}}`, at most 16 MiB);
     /// unmeasured layers are derived from the measured ones as the synthetic generator does.
     #[arg(long)]
@@ -833,6 +914,15 @@ fn parse_range(s: &str) -> CliResult<std::ops::Range<usize>> {
 }
 
 fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
+    if a.rank == Some(RankArg::Touched) && a.files.trace.is_empty() {
+        return Err(
+            "--rank touched needs steps (--trace); counts (--dump, --eplb-counts, \
+                    --routing-counts) rank by picks"
+                .into(),
+        );
+    }
+    // Checked before the trace is read (a bad range used to fail after the whole read).
+    let range = a.range.as_deref().map(parse_range).transpose()?;
     let dump = if let Some(p) = &a.dump {
         // Deserializing checks the dump (shape, lengths, counts).
         input::counter_dump("--dump", p)?
@@ -868,11 +958,11 @@ fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         for line in read.lines() {
             eprintln!("read: {line}");
         }
-        let range = match &a.range {
-            Some(r) => parse_range(r)?,
-            None => 0..t.steps.len(),
-        };
-        tierkit_sim::experts::counter_dump(&t, range)?
+        let range = range.unwrap_or(0..t.steps.len());
+        match a.rank.unwrap_or(RankArg::Touched) {
+            RankArg::Touched => tierkit_sim::experts::touched_dump(&t, range)?,
+            RankArg::Picks => tierkit_sim::experts::counter_dump(&t, range)?,
+        }
     };
     let hot = a.hot.unwrap_or_else(|| default_hot(dump.experts_per_layer));
     let g = Geometry::new(dump.layers, dump.experts_per_layer, hot, a.expert_bytes)?;
@@ -1048,7 +1138,7 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
     };
     let named = |e: trace::TraceError| -> Box<dyn std::error::Error> {
         match e {
-            trace::TraceError::Io { source, .. } => format!("{p}: {source}").into(),
+            trace::TraceError::Io { source, .. } => format!("--out {p}: {source}").into(),
             other => other.into(),
         }
     };
@@ -1057,8 +1147,8 @@ fn synth_cmd(a: SynthArgs) -> CliResult {
             binary::write_binary(&t, &mut w).map_err(named)?;
         }
         OutFormat::Json => {
-            serde_json::to_writer(&mut w, &t).map_err(|e| format!("{p}: {e}"))?;
-            std::io::Write::flush(&mut w).map_err(|e| format!("{p}: {e}"))?;
+            serde_json::to_writer(&mut w, &t).map_err(|e| format!("--out {p}: {e}"))?;
+            std::io::Write::flush(&mut w).map_err(|e| format!("--out {p}: {e}"))?;
         }
         OutFormat::LoggerJsonl => {
             logger::write_logger(&t, &mut w).map_err(named)?;

@@ -137,7 +137,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #![proptest_config(ProptestConfig::with_cases(10_000))]
 
         /// Any bytes: a dump of the asked shape or an error naming the flag and file.
         #[test]

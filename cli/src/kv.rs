@@ -182,9 +182,9 @@ struct CalibrateArgs {
     /// which is warned about).
     #[arg(long, default_value_t = 32_768)]
     history: u32,
-    /// Steps measured (after a warm-up of a third as many), 3 to 100,000: the warm-up must be a
-    /// step or more, or the first step's cold misses (every pick misses an empty cache) are
-    /// measured.
+    /// Steps measured (after a warm-up of a third as many), 3 to 100,000, and at most 2^28 picks
+    /// with --top-k (steps × top-k): the warm-up must be a step or more, or the first step's cold
+    /// misses (every pick misses an empty cache) are measured.
     #[arg(long, default_value_t = 300)]
     steps: u32,
     /// Seed.
@@ -328,6 +328,7 @@ fn calibrate(a: CalibrateArgs) -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    checks::calibrate_picks(a.steps, a.top_k)?;
     if a.top_k >= a.history {
         return Err(format!(
             "--top-k {} is not below --history {}: every step picks the whole history, so no \
@@ -382,6 +383,16 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(output::chart_prefix("--plot", p)?),
         None => None,
     };
+    // The charts plot against the load: with one load there is nothing to draw (this used to
+    // print "plot skipped" on stdout after the whole run, exit 0).
+    if let (Some(p), 0..=1) = (&a.plot, a.loads.len()) {
+        return Err(format!(
+            "--plot {}: the charts plot against the load and need two loads or more \
+             (--loads a,b,...)",
+            p.display()
+        )
+        .into());
+    }
     let (placement_time, measured_gbps) = match a.time_from.as_slice() {
         [] => (None, None),
         p => {
@@ -435,6 +446,13 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let placements = placements_named(&a.placements)?;
+    checks::sim_picks(
+        a.steps,
+        a.max_batch,
+        a.top_k,
+        a.loads.len(),
+        placements.len(),
+    )?;
     if let Some(p) = &a.json {
         tierkit_sim::output::check_writable("--json", p)?;
     }
@@ -533,11 +551,7 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         outln!("wrote {}", path.display())?;
     }
     if let Some(prefix) = &plot_prefix {
-        if reports.len() < 2 {
-            outln!("plot skipped: it needs two loads or more (--loads a,b,...)")?;
-        } else {
-            write_plots(prefix, &reports)?;
-        }
+        write_plots(prefix, &reports)?;
     }
     Ok(())
 }

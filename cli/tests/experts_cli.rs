@@ -84,9 +84,11 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
             "ratio (best tuning)",
             "recency (capped 4)",
             "lru (uncapped)",
-            "oracle",
-            "oracle-after-shift",
-            "bound (any policy ≥)"
+            "static by picks",
+            "static by picks after shift",
+            "best static",
+            "best static after shift",
+            "offline optimum"
         ]
     );
     for r in v["summary"].as_array().unwrap() {
@@ -95,18 +97,30 @@ fn replay_default_scenario_json_has_every_policy_and_is_deterministic() {
         assert_eq!(r["t90_steps"].as_array().unwrap().len(), 1);
     }
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 10);
-    // The bound is no policy's: no row's stall is below it.
+    assert_eq!(runs.len(), 12);
+    // The offline optimum is no policy's: no row's stall is below it, and every row's ratio to it
+    // is shown.
     let stall = |i: usize| v["summary"][i]["stall_ms_per_step"].as_f64().unwrap();
-    assert_eq!(runs[9]["report"]["policy"], "bound");
-    assert!((0..9).all(|i| stall(i) >= stall(9)), "{}", v["summary"]);
+    assert_eq!(runs[11]["report"]["policy"], "offline-optimum");
+    assert!((0..11).all(|i| stall(i) >= stall(11)), "{}", v["summary"]);
+    let vs_opt = |i: usize| v["summary"][i]["stall_vs_optimum"].as_f64().unwrap();
+    assert!(vs_opt(11) == 1.0 && (0..11).all(|i| vs_opt(i) >= 1.0));
+    // The best static map (by steps touched) stalls no more than the map ranked by picks.
+    assert!(
+        stall(9) <= stall(7) && stall(10) <= stall(8),
+        "{}",
+        v["summary"]
+    );
     assert_eq!(runs[0]["report"]["lookups"], 240 * 4 * 8 * 16);
     // The cost-aware row ignores --drain-every (no flags apply to it): its own config.
     assert_eq!(runs[2]["report"]["config"]["policy"]["kind"], "cost");
     assert_eq!(runs[3]["report"]["config"]["drain_every"], 64);
-    // The oracle after the shift is the best fixed map for the new domain.
+    // The maps in hindsight after the shift are the best fixed maps for the new domain: by
+    // picks for the cold share, by steps touched for the stall.
     let s = |i: usize| v["summary"][i]["steady_state_cold_share"].as_f64().unwrap();
     assert!(s(8) <= s(0) && s(8) <= s(1));
+    let st = |i: usize| v["summary"][i]["stall_vs_best_static"].as_f64().unwrap();
+    assert!(st(10) == 1.0 && st(0) >= 1.0 && st(1) >= 1.0);
     let other_seed = {
         let mut args = vec!["experts", "replay", "--json", "--drain-every", "8"];
         args.extend_from_slice(&["--steps", "240", "--tokens", "4", "--seed", "6"]);
@@ -127,9 +141,9 @@ fn synth_file_replays_like_the_built_in_generator_and_fit_seed_writes_a_map() {
         "--trace",
         tkt.to_str().unwrap(),
         "--policy",
-        "adaptive,oracle",
+        "adaptive,best-static",
     ]);
-    let built_in = replay_json(&["--policy", "adaptive,oracle"]);
+    let built_in = replay_json(&["--policy", "adaptive,best-static"]);
     assert_eq!(from_file["summary"], built_in["summary"]);
     assert_eq!(from_file["summary"].as_array().unwrap().len(), 3);
 
@@ -143,7 +157,7 @@ fn synth_file_replays_like_the_built_in_generator_and_fit_seed_writes_a_map() {
             "--trace",
             p.to_str().unwrap(),
             "--policy",
-            "adaptive,oracle",
+            "adaptive,best-static",
         ]);
         // A single logger/JSON file carries its shifts only in JSON; compare the adaptive row.
         assert_eq!(
@@ -198,7 +212,7 @@ fn table_output_and_plot() {
 fn replay_bytes_link_and_boot_flags() {
     let v = replay_json(&[
         "--policy",
-        "static,adaptive,lru,oracle",
+        "static,adaptive,lru,best-static",
         "--drain-every",
         "8",
     ]);
@@ -218,9 +232,9 @@ fn replay_bytes_link_and_boot_flags() {
     // Fixed maps copy nothing; LRU copies; the reference row's ratios are 1.
     assert_eq!(rows[0]["swap_gb"], 0.0);
     assert!(rows[2]["swap_gb"].as_f64().unwrap() > 0.0);
-    assert_eq!(rows[4]["label"], "oracle-after-shift");
-    assert_eq!(rows[4]["bytes_vs_oracle"], 1.0);
-    assert_eq!(rows[4]["stall_vs_oracle"], 1.0);
+    assert_eq!(rows[4]["label"], "best static after shift");
+    assert_eq!(rows[4]["bytes_vs_best_static"], 1.0);
+    assert_eq!(rows[4]["stall_vs_best_static"], 1.0);
     let b = &v["runs"][2]["report"]["bytes"];
     assert_eq!(b["host_read_bytes_windows"].as_array().unwrap().len(), 4);
     assert_eq!(b["stall_us_windows"].as_array().unwrap().len(), 4);
@@ -233,7 +247,7 @@ fn replay_bytes_link_and_boot_flags() {
     // GB300 C2C: same bytes, less stall.
     let g = replay_json(&[
         "--policy",
-        "static,adaptive,lru,oracle",
+        "static,adaptive,lru,best-static",
         "--drain-every",
         "8",
         "--link",
@@ -435,26 +449,29 @@ fn real_mixtral_traces_replay_all_policies() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["trace"]["shape"]["experts_per_layer"], 8);
     assert_eq!(v["trace"]["steps"], 585);
-    assert_eq!(v["summary"].as_array().unwrap().len(), 10);
+    assert_eq!(v["summary"].as_array().unwrap().len(), 12);
     // Bytes: LRU has the lowest cold share but moves the most bytes (every cold read at batch 1
     // is followed by a full copy), 1.5× the first-K map's and more.
     let gb = |i: usize| v["summary"][i]["total_gb"].as_f64().unwrap();
     let cold = |i: usize| v["summary"][i]["cold_share"].as_f64().unwrap();
     assert_eq!(v["summary"][6]["label"], "lru (uncapped)");
-    assert!((0..9).all(|i| i == 6 || cold(6) < cold(i)));
+    assert!((0..11).all(|i| i == 6 || cold(6) < cold(i)));
+    assert_eq!(v["summary"][9]["label"], "best static");
     assert!(
-        gb(6) > 1.5 * gb(0) && gb(6) > 1.8 * gb(7),
+        gb(6) > 1.5 * gb(0) && gb(6) > 1.8 * gb(9),
         "{} {} {}",
         gb(6),
         gb(0),
-        gb(7)
+        gb(9)
     );
+    // The best static map (by steps touched) reads no more than the map ranked by picks.
+    assert!(gb(9) <= gb(7) && gb(10) <= gb(8));
     assert_eq!(v["summary"][6]["swap_gb"], v["summary"][6]["host_read_gb"]);
     // The cost-aware default with no flags: stall within 1.10× the best static map in
     // hindsight, under 0.6× uncapped LRU's, better than its boot map (first-K).
     let stall = |i: usize| v["summary"][i]["stall_ms_per_step"].as_f64().unwrap();
     assert_eq!(v["summary"][2]["label"], "cost-aware (default)");
-    assert!(stall(2) <= 1.10 * stall(7), "{} vs {}", stall(2), stall(7));
+    assert!(stall(2) <= 1.10 * stall(9), "{} vs {}", stall(2), stall(9));
     assert!(stall(2) <= 0.6 * stall(6), "{} vs {}", stall(2), stall(6));
     assert!(stall(2) < stall(0));
 }
@@ -813,5 +830,77 @@ fn a_closed_stdout_pipe_ends_the_command_quietly() {
         out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
         "{:?} {err}",
         out.status
+    );
+}
+
+#[test]
+fn optimum_flag_and_fit_seed_ranking() {
+    let labels = |v: &serde_json::Value| -> Vec<String> {
+        v["summary"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["label"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let opt = "offline optimum".to_string();
+    // auto: a small trace gets the row; never: no row, and no ratio to it.
+    let auto = replay_json(&["--policy", "static,offline-optimum"]);
+    assert_eq!(labels(&auto), ["static", "offline optimum"]);
+    let never = replay_json(&["--policy", "static,offline-optimum", "--optimum", "never"]);
+    assert!(!labels(&never).contains(&opt));
+    assert!(never["summary"][0]["stall_vs_optimum"].is_null());
+    // A hidden copy time makes the stall nonlinear in copies: auto skips the row and says why;
+    // always fails with a message naming hide_us.
+    let mut args = vec!["experts", "replay", "--policy", "static,offline-optimum"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(&["--hide-us", "50"]);
+    let out = ok_stdout(&args);
+    assert!(
+        out.contains("offline optimum not computed") && !out.contains("| offline optimum"),
+        "{out}"
+    );
+    args.extend_from_slice(&["--optimum", "always"]);
+    fails_with(&args, "hide_us");
+
+    // fit-seed ranks a trace by steps touched unless told otherwise; counts have picks only.
+    let tkt = temp("rank.tkt");
+    let mut args = vec!["experts", "synth", "--out", tkt.to_str().unwrap()];
+    args.extend_from_slice(TINY);
+    ok_stdout(&args);
+    let fit = |rank: &str| {
+        let out = temp(&format!("rank-{rank}.json"));
+        let mut a = vec![
+            "experts",
+            "fit-seed",
+            "--trace",
+            tkt.to_str().unwrap(),
+            "--hot",
+            "16",
+        ];
+        if !rank.is_empty() {
+            a.extend_from_slice(&["--rank", rank]);
+        }
+        a.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        ok_stdout(&a);
+        let map: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+        map["hot"].clone()
+    };
+    let (default, touched, picks) = (fit(""), fit("touched"), fit("picks"));
+    assert_eq!(default, touched);
+    // At 4 tokens per step experts are picked several times in a step: the hot sets differ.
+    assert_ne!(touched, picks);
+    assert_eq!(touched.as_array().unwrap().len(), 16);
+    fails_with(
+        &[
+            "experts",
+            "fit-seed",
+            "--dump",
+            tkt.to_str().unwrap(),
+            "--rank",
+            "touched",
+        ],
+        "--rank touched needs steps",
     );
 }

@@ -127,3 +127,65 @@ fn a_llama_cpp_csv_replays_and_a_keyed_count_dump_fits_a_seed() {
         "{err}"
     );
 }
+
+#[test]
+fn prefill_puts_one_prompt_step_in_front_of_each_segment() {
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec![
+            "experts",
+            "replay",
+            "--steps",
+            "60",
+            "--shift-at",
+            "30",
+            "--tokens",
+            "1",
+            "--policy",
+            "cost-aware,best-static",
+            "--optimum",
+            "never",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        serde_json::from_str(&ok_stdout(&args)).unwrap()
+    };
+    let plain = json(&[]);
+    let pre = json(&["--prefill", "40"]);
+    assert_eq!(plain["trace"]["steps"], 60);
+    assert_eq!(pre["trace"]["steps"], 62, "one prefill per segment");
+    assert_eq!(plain["trace"]["shifts"], serde_json::json!([30]));
+    assert_eq!(
+        pre["trace"]["shifts"],
+        serde_json::json!([31]),
+        "the shift moves onto its prefill"
+    );
+    // Each prefill routes 40 tokens × top-k in every layer.
+    let (lp, lq) = (
+        plain["trace"]["lookups"].as_u64().unwrap(),
+        pre["trace"]["lookups"].as_u64().unwrap(),
+    );
+    let shape = &plain["trace"]["shape"];
+    let per_prefill = 40 * shape["top_k"].as_u64().unwrap() * shape["layers"].as_u64().unwrap();
+    assert_eq!(lq - lp, 2 * per_prefill);
+    assert!(pre["trace"]["name"]
+        .as_str()
+        .unwrap()
+        .ends_with("+prefill40"));
+    // Same seed, same trace.
+    assert_eq!(json(&["--prefill", "40"])["summary"], pre["summary"]);
+    // A prefill above the bound is a typed error, not a panic.
+    let o = tierkit(&[
+        "experts",
+        "replay",
+        "--steps",
+        "20",
+        "--prefill",
+        "999999999",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--prefill 999999999") && err.contains("bound"),
+        "{err}"
+    );
+}

@@ -425,3 +425,81 @@ fn report_files_are_bounded_together() {
         std::fs::remove_file(p).unwrap();
     }
 }
+
+#[test]
+fn degenerate_flags_are_refused_before_the_work() {
+    // `--plot` with one load used to run everything, then print "plot skipped" on stdout, exit 0.
+    let prefix = temp("one-load");
+    fails_within(
+        &[
+            "kv",
+            "simulate",
+            "--quiet",
+            "--loads",
+            "1",
+            "--plot",
+            prefix.to_str().unwrap(),
+        ],
+        "need two loads or more",
+        10,
+    );
+    // Each of calibrate's flags is bounded, their product was not (10^11 picks, days).
+    fails_within(
+        &[
+            "kv",
+            "calibrate",
+            "--steps",
+            "100000",
+            "--top-k",
+            "1048576",
+            "--history",
+            "16777216",
+        ],
+        "--steps 100000 × --top-k 1048576 = 104857600000 picks: at most 268435456",
+        10,
+    );
+    // A write error of `experts synth --out` names the flag, as its other errors do.
+    if Path::new("/dev/full").exists() {
+        for fmt in ["binary", "json", "logger-jsonl"] {
+            fails_within(
+                &[
+                    "experts",
+                    "synth",
+                    "--out",
+                    "/dev/full",
+                    "--format",
+                    fmt,
+                    "--steps",
+                    "60",
+                    "--tokens",
+                    "2",
+                ],
+                "--out /dev/full: No space left on device",
+                10,
+            );
+        }
+    } else {
+        println!("SKIP synth --out /dev/full: no /dev/full");
+    }
+    // A bad `--range` used to fail after the whole trace was read (its "read:" report first).
+    let trace = temp("range-trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"problem_id\": 0, \"token_idx\": 0, \"layer\": 0, \"experts\": [1, 2]}\n\
+         {\"problem_id\": 0, \"token_idx\": 1, \"layer\": 0, \"experts\": [3, 2]}\n",
+    )
+    .unwrap();
+    let t = trace.to_str().unwrap();
+    for (range, want) in [
+        ("abc", "range \"abc\" is not START..END"),
+        ("5..2", "empty range \"5..2\""),
+    ] {
+        fails_within(
+            &[
+                "experts", "fit-seed", "--trace", t, "--hot", "2", "--range", range,
+            ],
+            want,
+            10,
+        );
+    }
+}

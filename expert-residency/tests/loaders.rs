@@ -138,7 +138,7 @@ fn check(load: &dyn Fn(&Path) -> Result<(), ExpertError>, path: &Path, bytes: &[
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig::with_cases(10_000))]
 
     #[test]
     fn any_bytes_as_a_config_are_a_config_or_an_error(bytes in hostile(VALID_CONFIG)) {
@@ -160,6 +160,22 @@ proptest! {
             &p,
             &bytes,
         );
+    }
+
+    /// A control message (`Controller.apply_control` in Python, `tierkit_controller_apply_control`
+    /// in C) from any text: a message that round-trips, or a `Format` error.
+    #[test]
+    fn any_text_as_a_control_message_is_a_message_or_a_format_error(
+        bytes in hostile(r#"{"freeze": false, "baseline": true}"#)
+    ) {
+        let text = String::from_utf8_lossy(&bytes);
+        match expert_residency::ControlMessage::from_json(&text) {
+            Ok(m) => prop_assert_eq!(
+                expert_residency::ControlMessage::from_json(&m.to_json()).unwrap(),
+                m
+            ),
+            Err(e) => prop_assert!(matches!(e, ExpertError::Format(_)), "{}", e),
+        }
     }
 
     #[test]

@@ -440,6 +440,48 @@ fn export_rows_stay_pinned_until_the_transfer_completes() {
     assert_eq!((c.exports, c.exports_done), (1, 1));
 }
 
+/// A store whose `max_sessions × max_history × token_bytes` overflows 64 bits (the hostile-input
+/// pass: `u32::MAX` for both used to overflow in `StoreLayout::store_bytes`, a panic in debug
+/// builds and a wrapped, too small size in release ones) is a typed error, and so is a layout too
+/// large for the caller's region.
+#[test]
+fn store_sizes_that_overflow_are_typed_errors() {
+    for (s, h) in [
+        (u32::MAX, u32::MAX),
+        (u32::MAX, 1 << 30),
+        (1 << 31, 1 << 31),
+    ] {
+        let e = ElasticPool::with_store(
+            geometry(16),
+            PoolConfig::default(),
+            StoreConfig {
+                max_sessions: s,
+                max_history: h,
+                lock: false,
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(
+            matches!(e, KvError::InvalidConfig(_) | KvError::OutOfMemory { .. }),
+            "{s} × {h}: {e}"
+        );
+    }
+    let huge = StoreLayout {
+        max_slots: u32::MAX,
+        max_history: u32::MAX,
+        layers: LAYERS,
+        row_bytes: RB,
+    };
+    assert_eq!(huge.checked_store_bytes(), None);
+    assert_eq!(huge.store_bytes(), u64::MAX);
+    let region = HostRegion::allocate(4096, TB, false).unwrap();
+    let e = ElasticPool::with_region(geometry(16), PoolConfig::default(), huge, region)
+        .err()
+        .unwrap();
+    assert!(matches!(e, KvError::InvalidConfig(_)), "{e}");
+}
+
 #[test]
 fn teardown_deregisters_before_the_adopted_memory_is_freed() {
     let log = Arc::new(Mutex::new(Vec::<String>::new()));

@@ -5,7 +5,7 @@
 
 use expert_residency::{fit_seed_map, ControllerConfig, Geometry};
 use tierkit_sim::experts::trace::synth::{generate, SynthConfig};
-use tierkit_sim::experts::{replay_with, OracleWindow, PolicySpec, ReplayOptions};
+use tierkit_sim::experts::{replay_with, OracleWindow, PolicySpec, ReplayOptions, StaticRank};
 
 #[test]
 #[cfg_attr(
@@ -26,7 +26,10 @@ fn default_scenario_meets_the_bar() {
     let cfg = ControllerConfig::published_recipe();
     let opts = ReplayOptions::default();
     let run = |p: PolicySpec| replay_with(&trace, &g, &p, &cfg, &opts).unwrap();
-    let oracle = run(PolicySpec::Oracle(OracleWindow::AfterLastShift));
+    let oracle = run(PolicySpec::BestStatic(
+        OracleWindow::AfterLastShift,
+        StaticRank::Picks,
+    ));
     let adaptive = run(PolicySpec::Adaptive(None));
     let boosted = run(PolicySpec::AdaptiveShiftResponse(None));
     let seeded = run(PolicySpec::Seed(seed_map));

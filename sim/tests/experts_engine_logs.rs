@@ -285,6 +285,8 @@ fn dev_zero_fails_quickly_in_every_format() {
     })
     .unwrap_err();
     assert!(e.to_string().contains("/dev/zero"), "{e}");
+    // Refused at its first bytes, not after reading up to the 1 GiB document cap (TooLarge).
+    assert!(matches!(e, TraceError::Malformed { line: 1, .. }), "{e}");
 }
 
 #[test]

@@ -1,13 +1,13 @@
 //! Every trace and counts reader on arbitrary bytes, and on valid files with random bytes
 //! changed: a typed result (a trace or a `TraceError`), never a panic or an abort. Three
-//! properties × 3,500 cases = 10,500 cases, each run through all nine readers.
+//! properties × 10,000 cases = 30,000 cases, each run through all nine readers.
 
 use proptest::prelude::*;
 use tierkit_sim::experts::trace::{
     binary, capture, counts, llamacpp, logger, mixtral, vllm, ReadOptions, Trace,
 };
 
-const CASES: u32 = 3_500;
+const CASES: u32 = 10_000;
 
 /// Runs every reader on `bytes`; each must return (a trace or an error) without panicking.
 fn all_readers(bytes: &[u8]) {

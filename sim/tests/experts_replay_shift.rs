@@ -7,7 +7,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tierkit_sim::experts::trace::{StepPicks, Trace, TraceShape};
-use tierkit_sim::experts::{replay, replay_with, OracleWindow, PolicySpec, ReplayOptions};
+use tierkit_sim::experts::{
+    replay, replay_with, OracleWindow, PolicySpec, ReplayOptions, StaticRank,
+};
 
 const LAYERS: u32 = 4;
 const EXPERTS: u32 = 64;
@@ -98,7 +100,10 @@ fn adaptive_tracks_the_shift_and_beats_the_old_seed() {
     let old = tierkit_sim::experts::counter_dump(&trace, 0..shift).unwrap();
     let seed_map = fit_seed_map("zipf", &g, &old).unwrap();
     let run = |p: &PolicySpec| replay_with(&trace, &g, p, &cfg, &opts).unwrap();
-    let oracle = run(&PolicySpec::Oracle(OracleWindow::AfterLastShift));
+    let oracle = run(&PolicySpec::BestStatic(
+        OracleWindow::AfterLastShift,
+        StaticRank::Picks,
+    ));
     let adaptive = run(&PolicySpec::Adaptive(None));
     let boosted = run(&PolicySpec::AdaptiveShiftResponse(None));
     let seeded = run(&PolicySpec::Seed(seed_map.clone()));

@@ -296,7 +296,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #![proptest_config(ProptestConfig::with_cases(10_000))]
         /// Any bytes and any cap: the reader returns the input when it fits, else fails after
         /// at most `cap + 1` bytes.
         #[test]

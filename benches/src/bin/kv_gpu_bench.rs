@@ -9,7 +9,8 @@
 //! steps, 9.5% and 25.9% misses, all resident), plain launch, CUDA graph and bookkeeping (the copy left
 //! out, plain and in a graph); see `kv_gpu_bench/peer.rs`. `--mode admit`: a 500K-token history admitted on the copy
 //! stream while decode steps run (copy time, GB/s, step time with and without it; see
-//! `kv_gpu_bench/admit.rs`; `--reps` caps at 5 admissions per fill back-end). Default
+//! `kv_gpu_bench/admit.rs`; `--reps` caps at 5 admissions per fill back-end; `--mode admit-import`:
+//! its import rows alone, issue 29's figures). Default
 //! (`--mode all`): the table below.
 //!
 //! Batch 64, top-k 2048, 656-byte rows (DeepSeek fp8 MLA), 4 layers. Prints one table with the

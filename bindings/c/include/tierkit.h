@@ -456,7 +456,8 @@ void tierkit_pick_counters_free(struct tierkit_pick_counters *counters);
 // `ControllerConfig` JSON object (missing fields take their defaults, unknown fields are
 // refused), e.g. `{"drain_every": 8, "half_life_steps": 32}`; the policy and its knobs are
 // `"policy": {"kind": "ratio", "ratio": 1.5}` (the flat shape of older configs, `"policy":
-// "ratio", "ratio": 1.5`, is read too).
+// "ratio", "ratio": 1.5`, is read too). An empty or blank string is
+// `TIERKIT_ERR_INVALID_ARGUMENT` (pass NULL for the defaults).
 //
 // # Safety
 // `map` is NULL or a map handle; `config_json` NULL or a NUL-terminated string; `out_controller`
@@ -739,7 +740,8 @@ tierkit_code tierkit_kv_pool_between_steps(const struct tierkit_kv_pool *pool,
 // id. End it with
 // `tierkit_kv_pool_end_read` once the attention that reads the rows is done: until then the
 // rows' pages are not reused. `stats` may be NULL. On error nothing changes and no read is
-// opened (the outputs are filled with `-1` / 0 when long enough).
+// opened (the outputs are filled with `-1` / 0 when long enough). `indices` and `valid_count`
+// overlapping each other or the batch's arrays is `TIERKIT_ERR_INVALID_ARGUMENT`.
 //
 // # Safety
 // `pool` is NULL or a pool handle; `batch` points to a readable batch whose pointers are

@@ -13,7 +13,7 @@ use tierkit_bindings::{strided_len, Code, Executor as Exec};
 
 use crate::ffi::{
     c_str, c_string, call, fail, free_handle, live, lock, new_handle, out, out_opt, view, view_mut,
-    Kind, Object, TierkitCode, TierkitError, R,
+    writable, writable_opt, Kind, Object, TierkitCode, TierkitError, R,
 };
 
 /// A MoE model's expert bank and the size of its hot (HBM) set, by value.
@@ -166,6 +166,7 @@ pub unsafe extern "C" fn tierkit_residency_map_first_k(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_map, "out_map")?;
             let map = ResidencyMap::first_k(c_str(model, "model")?, geometry_arg(geometry)?)?;
             out(out_map, new_handle(TierkitResidencyMap(map)), "out_map")
         })
@@ -187,6 +188,7 @@ pub unsafe extern "C" fn tierkit_residency_map_from_json(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_map, "out_map")?;
             let map = ResidencyMap::from_json(c_str(json, "json")?, &geometry_arg(geometry)?)?;
             out(out_map, new_handle(TierkitResidencyMap(map)), "out_map")
         })
@@ -212,6 +214,7 @@ pub unsafe extern "C" fn tierkit_fit_seed_map(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_map, "out_map")?;
             let g = geometry_arg(geometry)?;
             let counts = tier_core::alloc::try_copied(view(counts, len, "counts")?, "counts")?;
             let dump = CounterDump::new("c-api", g.layers, g.experts_per_layer, counts)?;
@@ -235,6 +238,7 @@ pub unsafe extern "C" fn tierkit_residency_map_to_json(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_json, "out_json")?;
             let json = live().get(map, "map")?.0.to_json();
             let s = c_string(json);
             out(out_json, s, "out_json").inspect_err(|_| tierkit_string_free_inner(s))
@@ -346,6 +350,7 @@ pub unsafe extern "C" fn tierkit_pick_counters_new(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_counters, "out_counters")?;
             let c = PickCounters::new(&geometry_arg(geometry)?)?;
             out(
                 out_counters,
@@ -467,7 +472,8 @@ pub unsafe extern "C" fn tierkit_pick_counters_free(counters: *mut TierkitPickCo
 /// `ControllerConfig` JSON object (missing fields take their defaults, unknown fields are
 /// refused), e.g. `{"drain_every": 8, "half_life_steps": 32}`; the policy and its knobs are
 /// `"policy": {"kind": "ratio", "ratio": 1.5}` (the flat shape of older configs, `"policy":
-/// "ratio", "ratio": 1.5`, is read too).
+/// "ratio", "ratio": 1.5`, is read too). An empty or blank string is
+/// `TIERKIT_ERR_INVALID_ARGUMENT` (pass NULL for the defaults).
 ///
 /// # Safety
 /// `map` is NULL or a map handle; `config_json` NULL or a NUL-terminated string; `out_controller`
@@ -482,6 +488,7 @@ pub unsafe extern "C" fn tierkit_controller_new(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_controller, "out_controller")?;
             let json = match config_json.is_null() {
                 true => None,
                 false => Some(c_str(config_json, "config_json")?),
@@ -517,6 +524,7 @@ pub unsafe extern "C" fn tierkit_controller_step(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable_opt(report, "report")?;
             let live = live();
             let ctl = live.get(controller, "controller")?;
             let counters = &live.get(counters, "counters")?.0;
@@ -559,6 +567,7 @@ pub unsafe extern "C" fn tierkit_controller_map(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_map, "out_map")?;
             let map = {
                 let live = live();
                 let ctl = lock(&live.get(controller, "controller")?.0, "controller")?;
@@ -648,6 +657,7 @@ pub unsafe extern "C" fn tierkit_executor_new_memory(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_executor, "out_executor")?;
             let exec = {
                 let live = live();
                 MemoryExecutor::new(&live.get(map, "map")?.0, bytes_per_expert, seed)?
@@ -670,6 +680,7 @@ pub unsafe extern "C" fn tierkit_executor_new_null(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_executor, "out_executor")?;
             let h = new_handle(TierkitExecutor(Mutex::new(Exec::Null(NullExecutor::new()))));
             out(out_executor, h, "out_executor")
         })

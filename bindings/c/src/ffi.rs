@@ -313,6 +313,46 @@ fn check_ptr<T>(p: *const T, len: usize, what: &str) -> R<()> {
     Ok(())
 }
 
+/// Checks an output argument (not NULL, aligned) before the call acts, so that a bad one is an
+/// error that changes nothing: checked only at the write, a state-changing call (a reserve, an
+/// export, a resolve opening a read, a new handle) had already acted and its result was lost.
+pub(crate) fn writable<T>(p: *mut T, what: &str) -> R<()> {
+    check_ptr(p, 1, what)
+}
+
+/// [`writable`] for an optional output argument (NULL is fine).
+pub(crate) fn writable_opt<T>(p: *mut T, what: &str) -> R<()> {
+    match p.is_null() {
+        true => Ok(()),
+        false => check_ptr(p, 1, what),
+    }
+}
+
+/// Refuses an output array whose memory overlaps another argument's (`TIERKIT_ERR_INVALID_ARGUMENT`
+/// naming both): an output the call writes while it reads or writes the other through a second
+/// slice would be undefined behaviour in Rust (two live views of one byte, one of them
+/// mutable), and the results garbage. Empty ranges overlap nothing.
+pub(crate) fn disjoint<A, B>(
+    out: (*const A, usize, &str),
+    other: (*const B, usize, &str),
+) -> R<()> {
+    let span = |p: usize, n: usize, size: usize| (p, p.saturating_add(n.saturating_mul(size)));
+    let (a, b) = (
+        span(out.0 as usize, out.1, std::mem::size_of::<A>()),
+        span(other.0 as usize, other.1, std::mem::size_of::<B>()),
+    );
+    if out.1 > 0 && other.1 > 0 && a.0 < b.1 && b.0 < a.1 {
+        return Err(fail(
+            Code::InvalidArgument,
+            format!(
+                "{} overlaps {} in memory: outputs need their own arrays",
+                out.2, other.2
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Writes `value` to an output argument.
 ///
 /// # Safety

@@ -15,8 +15,8 @@ use kv_elastic::{
 use tierkit_bindings::{strided_len, Code};
 
 use crate::ffi::{
-    call, fail, free_handle, live, lock, new_handle, out, out_opt, view, view_mut, Kind, Object,
-    TierkitCode, TierkitError, R,
+    call, disjoint, fail, free_handle, live, lock, new_handle, out, out_opt, view, view_mut,
+    writable, writable_opt, Kind, Object, TierkitCode, TierkitError, R,
 };
 
 /// `tierkit_kv_batch::flags`: write each row's valid entries packed to the front (FlashMLA's
@@ -311,6 +311,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_new(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_pool, "out_pool")?;
             let g = view(geometry, 1, "geometry")?[0].read_geometry()?;
             let pool = ElasticPool::new(g, PoolConfig { elastic })?;
             out(out_pool, new_handle(TierkitKvPool::wrap(pool)), "out_pool")
@@ -349,6 +350,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_admit(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable_opt(admission, "admission")?;
             let history = view(history, len, "history")?;
             let a = with_pool(pool, |s| Ok(s.pool.admit(session, history)?))?;
             out_opt(admission, TierkitKvAdmission::from(a), "admission")
@@ -374,6 +376,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_append(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable_opt(committed, "committed")?;
             let tokens = view(tokens, len, "tokens")?;
             let n = with_pool(pool, |s| Ok(s.pool.append(session, tokens)?))?;
             out_opt(committed, n, "committed")
@@ -411,6 +414,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_between_steps(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable_opt(maintenance, "maintenance")?;
             let m = with_pool(pool, |s| Ok(s.pool.between_steps(chunk)?))?;
             let m = TierkitKvMaintenance {
                 handed_back: m.handed_back,
@@ -430,7 +434,8 @@ pub unsafe extern "C" fn tierkit_kv_pool_between_steps(
 /// id. End it with
 /// `tierkit_kv_pool_end_read` once the attention that reads the rows is done: until then the
 /// rows' pages are not reused. `stats` may be NULL. On error nothing changes and no read is
-/// opened (the outputs are filled with `-1` / 0 when long enough).
+/// opened (the outputs are filled with `-1` / 0 when long enough). `indices` and `valid_count`
+/// overlapping each other or the batch's arrays is `TIERKIT_ERR_INVALID_ARGUMENT`.
 ///
 /// # Safety
 /// `pool` is NULL or a pool handle; `batch` points to a readable batch whose pointers are
@@ -453,6 +458,8 @@ pub unsafe extern "C" fn tierkit_kv_pool_resolve(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable_opt(stats, "stats")?;
+            writable(read, "read")?;
             let b = view(batch, 1, "batch")?[0];
             if b.flags & !TIERKIT_KV_PACKED != 0 {
                 return Err(fail(
@@ -494,6 +501,22 @@ pub unsafe extern "C" fn tierkit_kv_pool_resolve(
                 true => None,
                 false => Some(view(b.query_seq_lens, b.rows, "batch.query_seq_lens")?),
             };
+            // The outputs are written while the inputs are read: no byte may be both.
+            let outs = [
+                (indices.cast_const(), indices_len, "indices"),
+                (valid_count.cast_const(), valid_len, "valid_count"),
+            ];
+            disjoint(outs[0], outs[1])?;
+            for o in outs {
+                disjoint(o, (sessions.as_ptr(), sessions.len(), "batch.sessions"))?;
+                disjoint(o, (qsl.as_ptr(), qsl.len(), "batch.query_start_loc"))?;
+                disjoint(o, (seq_lens.as_ptr(), seq_lens.len(), "batch.seq_lens"))?;
+                disjoint(o, (topk_view.as_ptr(), topk_view.len(), "batch.topk"))?;
+                if let Some(q) = qsls {
+                    disjoint(o, (q.as_ptr(), q.len(), "batch.query_seq_lens"))?;
+                }
+                disjoint(o, (batch, 1, "batch"))?;
+            }
             let indices = view_mut(indices, indices_len, "indices")?;
             let valid_count = view_mut(valid_count, valid_len, "valid_count")?;
             let input = ResolveInput {

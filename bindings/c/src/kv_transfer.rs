@@ -6,7 +6,9 @@ use std::ffi::c_void;
 
 use kv_elastic::{ElasticPool, PoolConfig, Reserve, RowSpan, StoreConfig};
 
-use crate::ffi::{call, new_handle, out, out_opt, view, TierkitCode, TierkitError};
+use crate::ffi::{
+    call, new_handle, out, out_opt, view, writable, writable_opt, TierkitCode, TierkitError,
+};
 use crate::kv::{with_pool, TierkitKvAdmission, TierkitKvGeometry, TierkitKvPool};
 
 /// `tierkit_kv_region::kind`: host memory (NIXL's `DRAM_SEG`).
@@ -99,6 +101,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_new_with_store(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(out_pool, "out_pool")?;
             let g = view(geometry, 1, "geometry")?[0].read_geometry()?;
             let store = StoreConfig {
                 max_sessions,
@@ -169,6 +172,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_reserve(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(span, "span")?;
             let r = with_pool(pool, |s| Ok(s.pool.reserve(session, start..end)?))?;
             let v = match r {
                 Reserve::Reserved(s) => TierkitKvRowSpan::from(s),
@@ -199,6 +203,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_commit(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable_opt(admission, "admission")?;
             let a = with_pool(pool, |s| Ok(s.pool.commit(session)?))?;
             out_opt(admission, TierkitKvAdmission::from(a), "admission")
         })
@@ -254,6 +259,7 @@ pub unsafe extern "C" fn tierkit_kv_pool_export(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            writable(span, "span")?;
             let s = with_pool(pool, |s| Ok(s.pool.export(session)?))?;
             out(span, TierkitKvRowSpan::from(s), "span")
         })

@@ -123,6 +123,12 @@ static void transfer_cases(void) {
     EXPECT("transfer: store pools", tierkit_kv_pool_new_with_store(&kg, true, 4, 64, false, &prefill, &err_) ||
                                         tierkit_kv_pool_new_with_store(&kg, true, 4, 64, false, &decode, &err_),
            TIERKIT_OK, NULL);
+    {
+        tierkit_kv_pool *huge = NULL;
+        EXPECT("transfer: a store size overflowing 64 bits",
+               tierkit_kv_pool_new_with_store(&kg, true, UINT32_MAX, UINT32_MAX, false, &huge, &err_),
+               TIERKIT_ERR_INVALID_ARGUMENT, "overflows");
+    }
     tierkit_kv_region region;
     EXPECT("transfer: region", tierkit_kv_pool_region(decode, &region, &err_), TIERKIT_OK, NULL);
     int layout = region.kind == TIERKIT_MEM_DRAM && region.item_len == 32 && region.len == 4 * 64 * 32 &&
@@ -170,6 +176,8 @@ static void transfer_cases(void) {
     tierkit_kv_pool_end_read(decode, read, NULL);
     EXPECT("transfer: timeout of 0", tierkit_kv_pool_set_import_timeout(decode, 0, &err_),
            TIERKIT_ERR_INVALID_ARGUMENT, "timeout");
+    EXPECT("transfer: reserve with a NULL span", tierkit_kv_pool_reserve(decode, 10, 0, 4, NULL, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "span");
     EXPECT("transfer: reserve then abort", tierkit_kv_pool_reserve(decode, 10, 0, 4, &bad, &err_) ||
                                               tierkit_kv_pool_abort(decode, 10, &err_),
            TIERKIT_OK, NULL);
@@ -228,6 +236,8 @@ int main(void) {
                                       &shaped, &err_),
                TIERKIT_ERR_INVALID_ARGUMENT, "ratio");
     }
+    EXPECT("controller: empty config string", tierkit_controller_new(map, " ", &ctl, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "empty");
     EXPECT("controller: new", tierkit_controller_new(map, NULL, &ctl, &err_), TIERKIT_OK, NULL);
     EXPECT("executor: new", tierkit_executor_new_memory(map, 64, 1, &exec, &err_), TIERKIT_OK, NULL);
 
@@ -321,6 +331,25 @@ int main(void) {
     EXPECT("resolve: block outputs too short",
            tierkit_kv_pool_resolve(pool, &b_blocks, idx, 3, valid, 1, NULL, &read, &err_),
            TIERKIT_ERR_INVALID_ARGUMENT, "indices");
+    /* Outputs sharing memory with each other or with an input: refused before any write (two
+     * views of one byte, one mutable, inside Rust). */
+    EXPECT("resolve: indices overlap valid_count",
+           tierkit_kv_pool_resolve(pool, &b, idx, 4, idx + 3, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "overlaps");
+    EXPECT("resolve: indices overlap topk",
+           tierkit_kv_pool_resolve(pool, &b, topk, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "batch.topk");
+    /* A NULL read pointer is refused before the read opens (it used to open one nobody could
+     * end): read ids count up by one per opened read. */
+    uint64_t first = 0, second = 0;
+    EXPECT("resolve", tierkit_kv_pool_resolve(pool, &b, idx, 4, valid, 1, NULL, &first, &err_), TIERKIT_OK, NULL);
+    tierkit_kv_pool_end_read(pool, first, NULL);
+    EXPECT("resolve: NULL read", tierkit_kv_pool_resolve(pool, &b, idx, 4, valid, 1, NULL, NULL, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "read");
+    EXPECT("resolve", tierkit_kv_pool_resolve(pool, &b, idx, 4, valid, 1, NULL, &second, &err_), TIERKIT_OK, NULL);
+    tierkit_kv_pool_end_read(pool, second, NULL);
+    printf("%s a refused resolve opened no read\n", second == first + 1 ? "ok  " : "FAIL");
+    second == first + 1 ? passed++ : failed++;
     EXPECT("resolve", tierkit_kv_pool_resolve(pool, &b, idx, 4, valid, 1, NULL, &read, &err_), TIERKIT_OK, NULL);
     EXPECT("end read", tierkit_kv_pool_end_read(pool, read, &err_), TIERKIT_OK, NULL);
     EXPECT("end read twice", tierkit_kv_pool_end_read(pool, read, &err_), TIERKIT_ERR_INVALID_HANDLE, "not open");

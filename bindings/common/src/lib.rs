@@ -167,7 +167,8 @@ pub fn classify_kv(e: &KvError) -> Code {
     }
 }
 
-/// A controller configuration from JSON (`None` or an empty string: the defaults), checked
+/// A controller configuration from JSON (`None`: the defaults; an empty or blank string is an
+/// error), checked
 /// ([`ControllerConfig::validate`]). Missing fields take their defaults; an unknown field, a
 /// wrong type or an out-of-range value is an [`ExpertError::InvalidConfig`] naming it. Both
 /// JSON shapes are read: the policy as an object (`{"policy": {"kind": "ratio", "ratio":
@@ -186,7 +187,16 @@ pub fn controller_config(json: Option<&str>) -> Result<ControllerConfig, ExpertE
 /// [`ExpertError::InvalidConfig`] for bad JSON, a wrong type or an unknown field.
 pub fn read_controller_config(json: Option<&str>) -> Result<ControllerConfig, ExpertError> {
     Ok(match json.map(str::trim) {
-        None | Some("") => ControllerConfig::default(),
+        None => ControllerConfig::default(),
+        // An empty string is no JSON object: a caller who meant the defaults passes None / NULL
+        // (`Controller(map, "")` used to take the defaults silently).
+        Some("") => {
+            return Err(ExpertError::InvalidConfig(
+                "controller config JSON is empty: pass a JSON object, or None / NULL for the \
+                 defaults"
+                    .into(),
+            ))
+        }
         Some(j) => serde_json::from_str(j)
             .map_err(|e| ExpertError::InvalidConfig(format!("controller config JSON: {e}")))?,
     })
@@ -243,10 +253,12 @@ mod tests {
             controller_config(None).unwrap(),
             ControllerConfig::default()
         );
-        assert_eq!(
-            controller_config(Some(" ")).unwrap(),
-            ControllerConfig::default()
-        );
+        // An empty or blank string is no config (it used to mean the defaults, silently).
+        for blank in ["", " ", "\n\t"] {
+            let e = controller_config(Some(blank)).unwrap_err();
+            assert_eq!(classify_expert(&e), Code::InvalidArgument, "{blank:?}: {e}");
+            assert!(e.to_string().contains("empty"), "{e}");
+        }
         let c = controller_config(Some(r#"{"drain_every": 4}"#)).unwrap();
         assert_eq!(c.drain_every, 4);
         for bad in [

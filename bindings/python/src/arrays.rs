@@ -8,7 +8,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyList, PyTuple};
 use tier_core::alloc::{try_collect, try_reserve};
 
 use crate::core_err;
@@ -25,6 +25,7 @@ pub(crate) fn ndarray<'py>(
     what: &str,
 ) -> PyResult<Bound<'py, PyUntypedArray>> {
     if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        refuse_masked(obj, what)?;
         return Ok(a.clone());
     }
     let py = obj.py();
@@ -54,6 +55,25 @@ pub(crate) fn ndarray<'py>(
     Ok(np
         .call_method1("asarray", (view,))?
         .cast_into::<PyUntypedArray>()?)
+}
+
+/// A `numpy.ma.MaskedArray` is refused (`TypeError` naming `what`): its data array is what a
+/// buffer read sees, masked entries included, so the mask would be ignored silently. Fill it
+/// (`a.filled(...)`) or compress it first. (No masked array exists before `numpy.ma` is
+/// imported, so the check costs one dictionary lookup otherwise.)
+fn refuse_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    let py = obj.py();
+    let modules = py.import("sys")?.getattr("modules")?;
+    let Some(ma) = modules.cast::<PyDict>()?.get_item("numpy.ma")? else {
+        return Ok(());
+    };
+    if obj.is_instance(&ma.getattr("MaskedArray")?)? {
+        return Err(PyTypeError::new_err(format!(
+            "{what} is a masked array: its mask would be ignored (pass a.filled(value) or \
+             a.compressed())"
+        )));
+    }
+    Ok(())
 }
 
 fn check_shape(a: &Bound<'_, PyUntypedArray>, what: &str, ndim: usize, dims: &str) -> PyResult<()> {
@@ -260,6 +280,7 @@ pub(crate) fn out_i32<'py>(
                 .unwrap_or_default()
         ))
     })?;
+    refuse_masked(obj, what)?;
     let t = a
         .cast::<PyArrayDyn<i32>>()
         .map_err(|_| dtype_error(a, what, "int32"))?;

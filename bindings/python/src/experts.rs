@@ -397,7 +397,7 @@ impl PyController {
     #[new]
     #[pyo3(signature = (map, config = None))]
     fn new(map: &PyResidencyMap, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
-        let json = json_arg(config)?;
+        let json = json_arg(config, "config")?;
         guard(|| {
             // Read here, checked once by Controller::new.
             let cfg =
@@ -502,7 +502,7 @@ impl PyController {
         message: &Bound<'_, PyAny>,
         counters: Option<&PyPickCounters>,
     ) -> PyResult<()> {
-        let json = json_arg(Some(message))?.unwrap_or_default();
+        let json = json_arg(Some(message), "message")?.unwrap_or_default();
         let snapshot = match counters {
             Some(c) => Some(c.0.with(|c| c.try_snapshot().map_err(expert_err))?),
             None => None,

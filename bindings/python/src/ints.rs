@@ -2,12 +2,14 @@
 //! list) is read by [`int_arg`], usually through [`int_args!`]: an int (or
 //! anything with `__index__`, such as a numpy integer) outside the parameter's range is a
 //! `ValueError` naming the argument and the range, anything else a `TypeError` naming it — never
-//! PyO3's `OverflowError` ("can't convert negative int to unsigned"), which names neither.
+//! PyO3's `OverflowError` ("can't convert negative int to unsigned"), which names neither. A
+//! `bool` is a `TypeError` too, though Python makes it an int: `layer=True` is a slip, never a
+//! count or an id.
 //! Ranges tighter than the Rust type (a layer below `layers`, ...) are the tiers' own checks.
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyInt;
+use pyo3::types::{PyBool, PyInt};
 
 /// An integer type a parameter is read as, with its range for messages.
 pub(crate) trait IntType: TryFrom<i128> {
@@ -31,8 +33,13 @@ macro_rules! int_type {
 int_type!(u32 => "uint32", u64 => "uint64", usize => "size_t", i32 => "int32", i64 => "int64");
 
 /// `obj` read as a `T` for the argument `name`: `TypeError` unless it is an int (or has
-/// `__index__`), `ValueError` naming `name` and `T`'s range when the value is outside it.
+/// `__index__`) other than a `bool`, `ValueError` naming `name` and `T`'s range when the value is outside it.
 pub(crate) fn int_arg<T: IntType>(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<T> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, not bool"
+        )));
+    }
     let int = match obj.cast::<PyInt>() {
         Ok(i) => i.clone(),
         Err(_) => index(obj).ok_or_else(|| {

@@ -14,6 +14,14 @@ use crate::arrays::{ints, narrow, out_i32, with_bytes, zeros_i32};
 use crate::ints::{int_arg, int_args};
 use crate::{guard, kv_err, kv_transfer, to_py, Slot};
 
+/// The Python type name of `obj`, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
 /// `layer_groups` as Python gives it: `None` or `"per_layer"` (every layer its own group, the
 /// default), `"one"` (one group of every layer), an `int` n (groups of n layers) or a sequence of
 /// group sizes summing to `layers`.
@@ -33,6 +41,20 @@ fn layer_groups_arg(arg: Option<&Bound<'_, PyAny>>) -> PyResult<LayerGroups> {
         }
     } else if a.is_instance_of::<pyo3::types::PyInt>() {
         LayerGroups::every(int_arg::<u32>(a, "layer_groups")?)
+    } else if a.is_instance_of::<pyo3::types::PyBool>()
+        || a.is_instance_of::<pyo3::types::PyBytes>()
+        || a.is_instance_of::<pyo3::types::PyByteArray>()
+        || a.is_instance_of::<PyDict>()
+        || a.is_instance_of::<pyo3::types::PySet>()
+        || a.is_instance_of::<pyo3::types::PyFrozenSet>()
+    {
+        // A bool is no group size, and these iterate as something else than group sizes in
+        // layer order (bytes as ints, a dict as its keys, a set in hash order).
+        return Err(PyTypeError::new_err(format!(
+            "layer_groups must be None, \"per_layer\", \"one\", an int (layers per group) or a \
+             list of group sizes, not {}",
+            type_name(a)
+        )));
     } else if let Ok(seq) = a.try_iter() {
         let mut sizes = Vec::new();
         for item in seq {
@@ -41,7 +63,8 @@ fn layer_groups_arg(arg: Option<&Bound<'_, PyAny>>) -> PyResult<LayerGroups> {
                     "layer_groups: more groups than MAX_LAYERS (4096)",
                 ));
             }
-            sizes.push(int_arg::<u32>(&item?, "layer_groups[i]")?);
+            let i = sizes.len();
+            sizes.push(int_arg::<u32>(&item?, &format!("layer_groups[{i}]"))?);
         }
         LayerGroups::from_sizes(&sizes)
     } else {
@@ -102,6 +125,9 @@ impl PyKvGeometry {
     }
     /// Sizes the arena from an HBM budget in bytes (`budget_bytes`), as many pages of
     /// `page_rows × layers × row_bytes` bytes as fit; `layer_groups` as in the constructor.
+    /// The arena is capped at the largest one `int32` row indices address (and 1 TiB,
+    /// `kv_elastic::MAX_ARENA_BYTES`): a larger budget gives that arena and a `UserWarning`
+    /// naming the bytes left unused (`arena_rows × layers × row_bytes` is what the pool takes).
     #[staticmethod]
     #[pyo3(
         signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = None, layer_groups = None),
@@ -109,6 +135,7 @@ impl PyKvGeometry {
     )]
     #[allow(clippy::too_many_arguments)]
     fn for_hbm_budget(
+        py: Python<'_>,
         budget_bytes: &Bound<'_, PyAny>,
         row_bytes: &Bound<'_, PyAny>,
         layers: &Bound<'_, PyAny>,
@@ -142,6 +169,23 @@ impl PyKvGeometry {
             g.layer_groups = layer_groups;
             g.validate().map_err(kv_err)?;
             Ok(PyKvGeometry(g))
+        })
+        .and_then(|g| {
+            // validate() bounded layers × row_bytes × page_rows: no overflow.
+            let page_bytes = g.0.page_rows as u64 * g.0.layers as u64 * g.0.row_bytes as u64;
+            if budget_bytes / page_bytes > g.0.arena_pages as u64 {
+                let arena = g.0.arena_pages as u64 * page_bytes;
+                let msg = format!(
+                    "budget_bytes = {budget_bytes}: the arena is capped at {arena} bytes \
+                     ({} pages, the most int32 row indices and MAX_ARENA_BYTES allow); {} bytes \
+                     of the budget stay unused",
+                    g.0.arena_pages,
+                    budget_bytes - arena
+                );
+                let warn = py.get_type::<pyo3::exceptions::PyUserWarning>();
+                PyErr::warn(py, &warn, &std::ffi::CString::new(msg)?, 1)?;
+            }
+            Ok(g)
         })
     }
     #[getter]
@@ -177,15 +221,17 @@ impl PyKvGeometry {
     fn layer_groups(&self) -> Vec<u32> {
         self.0.layer_groups.sizes(self.0.layers)
     }
-    /// The layer group holding `layer` (`ValueError` past the last layer).
-    fn group_of(&self, layer: i64) -> PyResult<u32> {
-        match u32::try_from(layer) {
-            Ok(l) if l < self.0.layers => Ok(self.0.group_of(l)),
-            _ => Err(PyValueError::new_err(format!(
-                "layer: {layer} outside 0..{}",
+    /// The layer group holding `layer` (`ValueError` past the last layer or for a negative or
+    /// huge int, `TypeError` for a non-int).
+    fn group_of(&self, layer: &Bound<'_, PyAny>) -> PyResult<u32> {
+        int_args!(layer: u32);
+        if layer >= self.0.layers {
+            return Err(PyValueError::new_err(format!(
+                "layer = {layer} is out of range: the geometry has layers 0..{}",
                 self.0.layers
-            ))),
+            )));
         }
+        Ok(self.0.group_of(layer))
     }
     /// Bytes of one token over all layers (`layers × row_bytes`): history is whole tokens.
     #[getter]
@@ -402,7 +448,15 @@ impl PyElasticPool {
     }
     /// Runs `callback(addr, len)` at `close` (or when the pool is collected), before the
     /// store's memory is unlocked and freed: a transfer agent's deregistration. Newest first.
-    fn on_teardown(&self, callback: Py<PyAny>) -> PyResult<()> {
+    /// `TypeError` when `callback` is not callable (it would only fail at `close`).
+    fn on_teardown(&self, callback: &Bound<'_, PyAny>) -> PyResult<()> {
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err(format!(
+                "callback must be callable as callback(addr, len), not {}",
+                type_name(callback)
+            )));
+        }
+        let callback = callback.clone().unbind();
         self.0
             .with(|p| p.on_teardown(kv_transfer::hook(callback)).map_err(kv_err))
     }
@@ -702,24 +756,30 @@ impl PyElasticPool {
                 .map_err(kv_err)
         })
     }
-    /// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), or
-    /// None for `-1` / out of range.
+    /// The bytes of arena row `row` in `layer` (what attention reads at a resolved index).
+    /// `ValueError` for a layer or row outside the arena, `-1` (a padding index) included, as
+    /// `tierkit_kv_pool_arena_row` in C.
     fn arena_row<'py>(
         &self,
         py: Python<'py>,
         layer: &Bound<'py, PyAny>,
         row: &Bound<'py, PyAny>,
-    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    ) -> PyResult<Bound<'py, PyBytes>> {
         int_args!(layer: u32, row: i32);
         self.0.with(|p| {
-            p.arena_row(layer, row)
-                .map(|src| {
-                    PyBytes::new_with(py, src.len(), |b| {
-                        b.copy_from_slice(src);
-                        Ok(())
-                    })
-                })
-                .transpose()
+            let g = *p.geometry();
+            let src = p.arena_row(layer, row).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "no arena row {row} in layer {layer}: layer in 0..{}, row in 0..{} \
+                     (-1 is a padding index, not a row)",
+                    g.layers,
+                    g.arena_rows()
+                ))
+            })?;
+            PyBytes::new_with(py, src.len(), |b| {
+                b.copy_from_slice(src);
+                Ok(())
+            })
         })
     }
     /// Committed tokens of a session.

@@ -212,19 +212,36 @@ pub(crate) fn to_py<'py>(
     py.import("json")?.call_method1("loads", (s,))
 }
 
-/// A JSON argument given as a string, a dict (or any JSON-serialisable object), or None.
-pub(crate) fn json_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+/// A JSON argument `what` given as a string, a dict (or any JSON-serialisable object), or None.
+/// An object `json.dumps` refuses (bytes, a set, a circular dict, NaN...) is a `TypeError` /
+/// `ValueError` naming `what`.
+pub(crate) fn json_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
     match obj {
         None => Ok(None),
         Some(o) if o.is_none() => Ok(None),
         Some(o) => match o.extract::<String>() {
             Ok(s) => Ok(Some(s)),
-            Err(_) => Ok(Some(
-                o.py()
+            Err(_) => {
+                let py = o.py();
+                let kw = pyo3::types::PyDict::new(py);
+                // NaN and infinities are no JSON: refused here, not sent as `NaN`.
+                kw.set_item("allow_nan", false)?;
+                let dumped = py
                     .import("json")?
-                    .call_method1("dumps", (o,))?
-                    .extract()?,
-            )),
+                    .call_method("dumps", (o,), Some(&kw))
+                    .map_err(|e| {
+                        let msg = format!(
+                            "{what} must be a JSON string or a JSON-serialisable dict: {}",
+                            e.value(py)
+                        );
+                        if e.is_instance_of::<PyTypeError>(py) {
+                            PyTypeError::new_err(msg)
+                        } else {
+                            PyValueError::new_err(msg)
+                        }
+                    })?;
+                Ok(Some(dumped.extract()?))
+            }
         },
     }
 }

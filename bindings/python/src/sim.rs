@@ -22,7 +22,9 @@ use tierkit_bindings::Code;
 
 /// Replays an OLMoE-shaped synthetic scenario (16 layers × 64 experts, top-8; traffic shifting
 /// from `from_domain` to `to_domain` at `shift_at`) through `policies` (default: all of
-/// `static`, `seed`, `adaptive`, `adaptive-shift-response`, `lru`, `oracle`) and returns
+/// [`Policy::ALL`], less the offline optimum where it would take more than seconds; names as `tierkit experts replay --policy` spells them: `static`, `seed`,
+/// `cost-aware`, `ratio`, `ratio-best`, `recency`, `lru`, `static-by-picks`, `best-static`,
+/// `offline-optimum`, and `adaptive`, `adaptive-shift-response`) and returns
 /// `{"scenario": name, "rows": [score rows as dicts], "table": the rendered table}`. The
 /// defaults are a short run (3,000 steps); `steps=9000, shift_at=3000` is the CLI's default
 /// scenario. Releases the GIL while it replays (its worker threads are joined before it
@@ -42,7 +44,7 @@ fn scoreboard<'py>(
     hot: Option<&Bound<'py, PyAny>>,
     from_domain: &str,
     to_domain: &str,
-    policies: Option<Vec<String>>,
+    policies: Option<&Bound<'py, PyAny>>,
     config: Option<&Bound<'py, PyAny>>,
     expert_bytes: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -54,20 +56,14 @@ fn scoreboard<'py>(
         hot: u32 = 16,
         expert_bytes: u64 = 6 << 20
     );
-    let cfg_json = json_arg(config)?;
-    let policies: Vec<Policy> = match policies {
+    let cfg_json = json_arg(config, "config")?;
+    let policies = policies.filter(|p| !p.is_none());
+    // The default list drops the offline optimum where it would take more than seconds, as
+    // `tierkit experts replay --optimum auto` does; a list that names it always runs it.
+    let auto_optimum = policies.is_none();
+    let mut policies: Vec<Policy> = match policies {
         None => Policy::ALL.to_vec(),
-        Some(names) => names
-            .iter()
-            .map(|n| {
-                serde_json::from_value(serde_json::Value::String(n.clone())).map_err(|_| {
-                    raise(
-                        Code::InvalidArgument,
-                        format!("unknown policy {n:?} (static, seed, adaptive, adaptive-shift-response, lru, oracle)"),
-                    )
-                })
-            })
-            .collect::<PyResult<_>>()?,
+        Some(names) => policy_list(names)?,
     };
     let (from, to) = (from_domain.to_string(), to_domain.to_string());
     let (name, rows, table) = py.detach(move || {
@@ -83,6 +79,11 @@ fn scoreboard<'py>(
             let g = Geometry::new(s.layers, s.experts_per_layer, hot, expert_bytes)
                 .map_err(expert_err)?;
             let (seed_map, _) = board::default_seed_map(&trace, &g).map_err(expert_err)?;
+            if auto_optimum
+                && board::optimum_skip_reason(&trace, &g, &LinkModel::default()).is_some()
+            {
+                policies.retain(|&p| p != Policy::Optimum);
+            }
             let specs = board::policy_specs(&policies, &trace, &seed_map);
             let runs =
                 board::run_policies(&trace, &g, &cfg, &ReplayOptions::default(), &specs, &|_| {})
@@ -97,6 +98,60 @@ fn scoreboard<'py>(
     d.set_item("rows", to_py(py, &rows)?)?;
     d.set_item("table", table)?;
     Ok(d.into_any())
+}
+
+/// `policies` as given: a list (or other iterable, not a string) of distinct policy names, at
+/// least one. `TypeError` for a string or a non-string name, `ValueError` for an unknown, repeated
+/// or empty list (an empty list used to return an empty table).
+fn policy_list(names: &Bound<'_, PyAny>) -> PyResult<Vec<Policy>> {
+    let known = "static, seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static, offline-optimum, adaptive, adaptive-shift-response";
+    let not_list = || {
+        pyo3::exceptions::PyTypeError::new_err(format!(
+            "policies must be a list of policy names ({known}), not {}",
+            names
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    };
+    if names.is_instance_of::<pyo3::types::PyString>() || names.is_instance_of::<PyDict>() {
+        return Err(not_list());
+    }
+    let mut out: Vec<Policy> = Vec::new();
+    for (i, n) in names.try_iter().map_err(|_| not_list())?.enumerate() {
+        let n = n?;
+        let name: String = n.extract().map_err(|_| {
+            pyo3::exceptions::PyTypeError::new_err(format!(
+                "policies[{i}] must be a policy name (str), not {}",
+                n.get_type()
+                    .name()
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            ))
+        })?;
+        let p: Policy =
+            serde_json::from_value(serde_json::Value::String(name.clone())).map_err(|_| {
+                raise(
+                    Code::InvalidArgument,
+                    format!("policies[{i}]: unknown policy {name:?} ({known})"),
+                )
+            })?;
+        if out.contains(&p) {
+            return Err(raise(
+                Code::InvalidArgument,
+                format!("policies[{i}]: {name:?} is given twice"),
+            ));
+        }
+        out.push(p);
+    }
+    if out.is_empty() {
+        return Err(raise(
+            Code::InvalidArgument,
+            format!("policies is empty: name at least one ({known}), or pass None for all"),
+        ));
+    }
+    Ok(out)
 }
 
 /// A trace error as a Python exception: `OSError` for a file that cannot be read, `MemoryError`
@@ -217,10 +272,12 @@ fn trace_ids<'py>(
 /// 0.5, the 512-expert scenario's weak skew; 0 is uniform), expert ranks relabelled per layer.
 /// Both: `tokens_per_step` independent token streams (token `i` of a step continues token `i` of
 /// the step before), previous-step reuse `reuse` (default 0.37, real Mixtral decode's), seeded
-/// by `seed` (the same arguments give the same ids). Bad input is a `ValueError`.
+/// by `seed` (the same arguments give the same ids). Bad input is a `ValueError`, and so is an
+/// argument of the other scenario (`zipf` without `shape`; `from_domain`, `to_domain` or
+/// `shift_at` with one).
 #[pyfunction]
 #[pyo3(
-    signature = (*, steps, tokens_per_step, shape = None, zipf = None, reuse = None, seed = None, from_domain = "github", to_domain = "book", shift_at = None),
+    signature = (*, steps, tokens_per_step, shape = None, zipf = None, reuse = None, seed = None, from_domain = None, to_domain = None, shift_at = None),
     text_signature = "(*, steps, tokens_per_step, shape=None, zipf=0.5, reuse=0.37, seed=42, from_domain='github', to_domain='book', shift_at=None)"
 )]
 #[allow(clippy::too_many_arguments)]
@@ -232,10 +289,34 @@ fn synth_ids<'py>(
     zipf: Option<f64>,
     reuse: Option<f64>,
     seed: Option<&Bound<'py, PyAny>>,
-    from_domain: &str,
-    to_domain: &str,
+    from_domain: Option<&str>,
+    to_domain: Option<&str>,
     shift_at: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    // Each scenario's own arguments: one given to the other scenario used to be ignored.
+    let olmoe_args = [
+        ("from_domain", from_domain.is_some()),
+        ("to_domain", to_domain.is_some()),
+        ("shift_at", shift_at.is_some_and(|s| !s.is_none())),
+    ];
+    match (&shape, olmoe_args.iter().find(|a| a.1)) {
+        (Some(_), Some((name, _))) => {
+            return Err(raise(
+                Code::InvalidArgument,
+                format!("{name} applies to the OLMoE scenario (shape=None), not to shape=(...)"),
+            ))
+        }
+        (None, _) if zipf.is_some() => {
+            return Err(raise(
+                Code::InvalidArgument,
+                "zipf applies to shape=(layers, experts, top_k) scenarios; the OLMoE scenario \
+                 (shape=None) takes its popularity from the routing counts"
+                    .into(),
+            ))
+        }
+        _ => {}
+    }
+    let (from_domain, to_domain) = (from_domain.unwrap_or("github"), to_domain.unwrap_or("book"));
     int_args!(steps: u64, tokens_per_step: u32, seed: u64 = 42, shift_at: u64 = u64::MAX);
     let shape = match shape {
         None => None,

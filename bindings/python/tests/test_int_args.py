@@ -106,6 +106,7 @@ CALLS = [
     ("session", lambda v: pool().prefetch(v, [0], 0), UNSIGNED),
     ("layer", lambda v: pool().prefetch(7, [0], v), UNSIGNED),
     ("candidates[0]", lambda v: pool().prefetch(7, [v], 0), SIGNED),
+    ("layer", lambda v: kv_geometry().group_of(v), UNSIGNED),
     ("layer", lambda v: pool().arena_row(v, 0), UNSIGNED),
     ("row", lambda v: pool().arena_row(0, v), SIGNED),
     ("session", lambda v: pool().committed_len(v), UNSIGNED),
@@ -209,6 +210,11 @@ def test_the_range_is_named_and_non_ints_are_type_errors():
         experts.Geometry(2.0, 8, 2)
     with pytest.raises(TypeError, match="hot_sets\\[0\\] must be a sequence of ints"):
         experts.ResidencyMap.from_hot_sets("m", G, ["ab", [0, 1]])
-    # Ints from numpy and bools are ints.
-    assert experts.Geometry(np.int64(2), np.uint32(8), True).hot_per_layer == 1
+    # Ints from numpy are ints; bools are not (a `True` where a count or id goes is a slip).
+    assert experts.Geometry(np.int64(2), np.uint32(8), 1).hot_per_layer == 1
+    for call in (lambda: experts.Geometry(2, 8, True), lambda: kv_geometry(layers=True),
+                 lambda: pool().resolve([True], [0, 1], [20], TOPK),
+                 lambda: MAP.is_hot(False, 0), lambda: counters().record(0, np.True_)):
+        with pytest.raises(TypeError, match="must be an int, not"):
+            call()
     assert pool().committed_len(np.uint64(7)) == 20

@@ -17,10 +17,21 @@ pytestmark = pytest.mark.lab
 
 
 def test_scoreboard_on_a_short_scenario():
-    board = sim.scoreboard(steps=600, shift_at=300, policies=["static", "adaptive", "oracle"],
+    board = sim.scoreboard(steps=600, shift_at=300,
+                           policies=["static", "adaptive", "static-by-picks", "best-static",
+                                     "offline-optimum"],
                            config={"drain_every": 16})
     labels = [r["label"] for r in board["rows"]]
-    assert labels[:2] == ["static", "adaptive"] and "oracle" in labels
+    assert labels == ["static", "adaptive", "static by picks", "static by picks after shift",
+                      "best static", "best static after shift", "offline optimum"]
+    rows = {r["label"]: r for r in board["rows"]}
+    # every ratio is against the best static map after the shift (top-H by steps touched)
+    assert rows["best static after shift"]["stall_vs_best_static"] == 1.0
+    assert (rows["best static"]["stall_ms_per_step"]
+            <= rows["static by picks"]["stall_ms_per_step"])
+    # no row stalls less than the offline optimum over the whole trace
+    assert rows["offline optimum"]["stall_vs_optimum"] == 1.0
+    assert all(r["stall_vs_optimum"] >= 1.0 for r in board["rows"])
     rows = {r["label"]: r for r in board["rows"]}
     assert rows["adaptive"]["cold_share"] < rows["static"]["cold_share"]
     assert "adaptive" in board["table"] and board["scenario"] == "olmoe-github-to-book"

@@ -32,6 +32,58 @@ pub const MAX_LOADS: usize = 64;
 /// the three hot-cache sizes).
 pub const MAX_CALIBRATE_STEPS: u32 = 100_000;
 
+/// Most picks `kv calibrate` draws, `--steps × --top-k`: 2^28 (100,000 steps at the default
+/// top-k of 2,048 fit). Each flag has its own bound, but their product did not: `--steps 100000
+/// --top-k 1048576` asked for 10^11 picks, days of work.
+pub const MAX_CALIBRATE_PICKS: u64 = 1 << 28;
+
+/// `kv calibrate`'s `--steps × --top-k` against [`MAX_CALIBRATE_PICKS`].
+pub fn calibrate_picks(steps: u32, top_k: u32) -> Result<(), String> {
+    let picks = steps as u64 * top_k as u64;
+    if picks <= MAX_CALIBRATE_PICKS {
+        Ok(())
+    } else {
+        Err(format!(
+            "--steps {steps} × --top-k {top_k} = {picks} picks: at most {MAX_CALIBRATE_PICKS} \
+             (the run's time grows with their product); lower --steps or --top-k"
+        ))
+    }
+}
+
+/// Most picks `kv simulate` may draw, `--steps × --max-batch × --top-k × loads × placements`:
+/// 2^38, 64× the documented four-load run of five placements (1,000 steps × 256 × 2,048 × 4 × 5
+/// ≈ 2^32.3, ~35 min on one core). Each flag has its own bound; their product did not, so
+/// in-range flags could ask for years of work.
+pub const MAX_SIM_PICKS: u128 = 1 << 38;
+
+/// `kv simulate`'s work, the product of its flags, against [`MAX_SIM_PICKS`].
+pub fn sim_picks(
+    steps: u64,
+    max_batch: u32,
+    top_k: u32,
+    loads: usize,
+    placements: usize,
+) -> Result<(), String> {
+    // Saturating: five factors of up to 64 bits overflow even u128.
+    let picks = [
+        max_batch as u128,
+        top_k as u128,
+        loads as u128,
+        placements as u128,
+    ]
+    .into_iter()
+    .fold(steps as u128, u128::saturating_mul);
+    if picks <= MAX_SIM_PICKS {
+        Ok(())
+    } else {
+        Err(format!(
+            "--steps {steps} × --max-batch {max_batch} × --top-k {top_k} × {loads} loads × \
+             {placements} placements = {picks} picks: at most {MAX_SIM_PICKS} (the run's time \
+             grows with their product); lower one of them"
+        ))
+    }
+}
+
 /// `--steps` of `kv simulate`: in `1..=MAX_SIM_STEPS` (0 steps used to print a table of zeros).
 pub fn sim_steps(steps: u64) -> Result<(), String> {
     if (1..=MAX_SIM_STEPS).contains(&steps) {
@@ -295,5 +347,17 @@ mod tests {
         assert!(in_range("--x", 0.0, 0.0, true, 1.0, "").is_err());
         assert_eq!(show(0.5), "0.5");
         assert_eq!(show(-1e308), "-1e308");
+    }
+
+    #[test]
+    fn the_simulated_picks_are_bounded_as_a_product() {
+        // The documented four-load run of five placements fits with room to spare.
+        sim_picks(1000, 256, 2048, 4, 5).unwrap();
+        // Each flag within its own bound, the product years of work: refused, naming them all.
+        let e = sim_picks(MAX_SIM_STEPS, 4096, 1 << 20, MAX_LOADS, 5).unwrap_err();
+        for flag in ["--steps", "--max-batch", "--top-k", "loads", "placements"] {
+            assert!(e.contains(flag), "{e}");
+        }
+        assert!(sim_picks(u64::MAX, u32::MAX, u32::MAX, usize::MAX, usize::MAX).is_err());
     }
 }

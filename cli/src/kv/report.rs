@@ -477,7 +477,7 @@ mod tests {
         "admission_copy_ms": 1}]}"#;
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #![proptest_config(ProptestConfig::with_cases(10_000))]
 
         /// Any bytes as a report: read, and every view the commands take of it, without a
         /// panic; or an error naming the flag and the file.

@@ -92,7 +92,19 @@ struct Touched {
     all: f64,
     /// Their cold part (experts not resident).
     cold: f64,
+    /// Layers whose interval was a burst (counted by the exact lower bound).
+    bursts: u32,
 }
+
+/// An interval whose picks per step exceed this multiple of the layer's smoothed picks per step
+/// holds a burst: a prefill pass (hundreds of tokens in one step) or a burst of requests. Its
+/// touched steps are counted by their exact lower bound, 1 per expert picked, instead of the
+/// estimate, which would spread the burst's picks over every step of the interval as if decode
+/// had made them (a 135-token prompt at top-2 over 8 experts: ~34 picks per expert, read as 34
+/// touched steps in a 34-step interval where the link paid for one). A burst also leaves the
+/// adaptive cadence alone. 4: a decode batch that grows from 1 to 32 reads as a burst for ~4
+/// drains while the smoothed rate catches up (each drain takes at most 4× the old rate).
+const BURST_FACTOR: f64 = 4.0;
 
 impl Controller {
     /// Drains `snap` (length checked by the callers): the "drain + decide" of one interval.
@@ -106,7 +118,7 @@ impl Controller {
         let touches = self.cfg.adaptive.is_some() || self.policy.uses_touch();
         let (cold, picks, touched) = self.take_deltas(snap, touches.then_some(elapsed));
         let cold_share = share(cold, picks);
-        if let Some(t) = &touched {
+        if let Some(t) = touched.as_ref().filter(|t| t.bursts == 0) {
             self.adapt_cadence(t.per_step_sum, t.layers_with_picks);
         }
         // Detect before folding so that a boosted half-life applies to this very fold.
@@ -198,6 +210,8 @@ impl Controller {
             cold_all += cold;
             total_all += total;
             let Some(n) = n else { continue };
+            let burst = burst_update(&mut self.picks_per_step[l], total, n);
+            touched.bursts += u32::from(burst);
             let (mut cold_t, mut all_t) = (0.0, 0.0);
             if let Some(per_step) = touch_layer(
                 &self.deltas[r.clone()],
@@ -205,6 +219,7 @@ impl Controller {
                 &mut self.last_touch[r.clone()],
                 n,
                 step,
+                burst,
             ) {
                 touched.per_step_sum += per_step;
                 touched.layers_with_picks += 1;
@@ -376,14 +391,39 @@ impl Controller {
     }
 }
 
+/// Whether a layer's interval of `n` steps with `picks` picks is a burst (see [`BURST_FACTOR`]),
+/// with `mean`, the layer's smoothed picks per step, updated (halfway to this interval's rate,
+/// capped at `BURST_FACTOR ×` the old one; an interval without picks leaves it).
+fn burst_update(mean: &mut f64, picks: u64, n: f64) -> bool {
+    if picks == 0 {
+        return false;
+    }
+    let rate = picks as f64 / n;
+    if *mean <= 0.0 {
+        *mean = rate;
+        return false;
+    }
+    let burst = rate > BURST_FACTOR * *mean;
+    *mean = 0.5 * *mean + 0.5 * rate.min(BURST_FACTOR * *mean);
+    burst
+}
+
 /// One layer's touched steps of an interval of `n` steps (see `touch.rs`): `n · τ(d)` per cell
-/// into `x` (0 where `d` is 0), `step` stamped into `last` where `d > 0`. Returns the sum of `τ`
+/// into `x` (0 where `d` is 0), `step` stamped into `last` where `d > 0`. A `burst` interval is
+/// counted by its exact lower bound instead: 1 where `d > 0` (see [`BURST_FACTOR`]). Returns the sum of `τ`
 /// over the layer (in expert order), or `None` (and `x` all zeros) if it had no picks.
 ///
 /// Small pick counts repeat across a layer's experts: a first pass over the (cached) deltas finds
 /// the largest and which counts below `MEMO` (64) occur, `τ` is evaluated once for each of those
 /// (independent evaluations, no branch per cell), and the cells read it from the table.
-fn touch_layer(d: &[u64], x: &mut [f64], last: &mut [u64], n: f64, step: u64) -> Option<f64> {
+fn touch_layer(
+    d: &[u64],
+    x: &mut [f64],
+    last: &mut [u64],
+    n: f64,
+    step: u64,
+    burst: bool,
+) -> Option<f64> {
     const MEMO: usize = 64;
     // Four accumulators: the maxima and the bitmask do not chain cell after cell.
     let (mut mx, mut seen) = ([0u64; 4], [0u64; 4]);
@@ -403,6 +443,20 @@ fn touch_layer(d: &[u64], x: &mut [f64], last: &mut [u64], n: f64, step: u64) ->
     if max_d == 0 {
         x.iter_mut().for_each(|v| *v = 0.0);
         return None;
+    }
+    if burst {
+        // A burst interval: its exact lower bound, one touched step per expert picked, however
+        // many tokens picked it (a prefill's hundreds of tokens count once).
+        let mut touched = 0.0;
+        for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
+            let hit = d > 0;
+            *x = f64::from(u8::from(hit));
+            touched += *x;
+            if hit {
+                *last = step;
+            }
+        }
+        return Some(touched / n.max(1.0));
     }
     let inv_n = 1.0 / n;
     let tokens = (max_d as f64 * inv_n).max(1.0);

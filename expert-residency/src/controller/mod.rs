@@ -103,6 +103,9 @@ pub struct Controller {
     last_touch: Vec<u64>,
     /// Experts touched per step per layer, smoothed over drains (adaptive cadence).
     touched_per_step: Option<f64>,
+    /// Per layer, picks per step smoothed over drains (0: no drain with picks yet): what tells a
+    /// burst interval (a prefill) from decode (`drain.rs`, `BURST_FACTOR`).
+    picks_per_step: Vec<f64>,
     /// The half-life chosen by the adaptive cadence (or the config's), steps.
     base_half_life: f64,
     /// Steps from one drain to the next (`drain_every`, or the adapted cadence).
@@ -175,6 +178,7 @@ impl Controller {
             touch_scratch: try_filled(cells, 0.0, what)?,
             last_touch: try_filled(cells, 0, what)?,
             touched_per_step: None,
+            picks_per_step: try_filled(layers, 0.0, what)?,
             base_half_life: cfg.half_life_steps,
             drain_gap: Self::first_gap(&cfg),
             cfg,
@@ -299,6 +303,7 @@ impl Controller {
         self.touch.iter_mut().for_each(|t| *t = 0.0);
         self.last_touch.iter_mut().for_each(|t| *t = 0);
         self.touched_per_step = None;
+        self.picks_per_step.iter_mut().for_each(|p| *p = 0.0);
         self.base_half_life = self.cfg.half_life_steps;
         self.drain_gap = Self::first_gap(&self.cfg);
         self.window.iter_mut().for_each(|w| *w = (0, 0));

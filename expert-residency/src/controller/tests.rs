@@ -490,3 +490,52 @@ fn drain_telemetry_reports_the_link_unit_beside_the_pick_unit() {
     let d = d.unwrap();
     assert_eq!((d.touched, d.host_bytes_per_step), (None, None));
 }
+
+#[test]
+fn a_prefill_burst_counts_one_touched_step_per_expert_not_its_picks() {
+    // 2 layers × 8 experts, drains every 4 steps (fixed cadence), frozen so the map stays.
+    let g = geo();
+    let cfg = ControllerConfig {
+        drain_every: 4,
+        adaptive: None,
+        ..ControllerConfig::default()
+    };
+    let mut ctl = Controller::new(ResidencyMap::first_k("t", g).unwrap(), cfg).unwrap();
+    let (c, mut ex) = (PickCounters::new(&g).unwrap(), NullExecutor::new());
+    ctl.freeze();
+    let decode = StepPicks {
+        layers: vec![vec![0, 5]; 2],
+    };
+    let mut drain = |ctl: &mut Controller, steps: &[&StepPicks]| {
+        let mut last = None;
+        for s in steps {
+            c.record_step(s).unwrap();
+            last = ctl.step(&c, &mut ex).unwrap().drain.or(last);
+        }
+        last.expect("drained")
+    };
+    // Three intervals of batch-1 decode: 2 picks per step per layer.
+    for _ in 0..3 {
+        let d = drain(&mut ctl, &[&decode; 4]);
+        assert_eq!(d.touched, Some(16.0), "batch 1: touches = picks");
+    }
+    let cell = |ctl: &Controller, e: usize| ctl.touch_values()[e];
+    assert_eq!(cell(&ctl, 6), 0.0);
+    // An interval holding a 40-token prefill that picks experts 6 and 7 (80 picks per layer in
+    // one step): the estimate would spread them over the interval (λ = 10 picks per step: 4
+    // touched steps each); the link paid for one step, and one is what is counted.
+    let prefill = StepPicks {
+        layers: vec![[6, 7].repeat(40); 2],
+    };
+    let d = drain(&mut ctl, &[&decode, &prefill, &decode, &decode]);
+    assert_eq!(
+        d.touched,
+        Some(8.0),
+        "experts 0, 5, 6, 7 touched, once each, per layer: {d:?}"
+    );
+    assert_eq!(cell(&ctl, 6), 1.0);
+    assert_eq!(cell(&ctl, 7), 1.0);
+    // Decode after it is decode again (the burst did not become the picks-per-step norm).
+    let d = drain(&mut ctl, &[&decode; 4]);
+    assert_eq!(d.touched, Some(16.0), "{d:?}");
+}

@@ -76,14 +76,22 @@ impl StoreLayout {
         self.layers as u64 * self.row_bytes as u64
     }
 
-    /// Bytes of one slot (`max_history × token_bytes`).
+    /// Bytes of one slot (`max_history × token_bytes`; below 2^56, so it never overflows).
     pub fn slot_bytes(&self) -> u64 {
         self.max_history as u64 * self.token_bytes()
     }
 
-    /// Bytes of the whole store (`max_slots × slot_bytes`).
+    /// Bytes of the whole store (`max_slots × slot_bytes`), saturating at `u64::MAX` (a layout of
+    /// `u32` fields can need up to 2^120 bytes; no region is that large, so the comparisons
+    /// against a region's length stay right). [`StoreLayout::checked_store_bytes`] tells the
+    /// overflow apart.
     pub fn store_bytes(&self) -> u64 {
-        self.max_slots as u64 * self.slot_bytes()
+        self.checked_store_bytes().unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of the whole store, or `None` when they overflow a `u64`.
+    pub fn checked_store_bytes(&self) -> Option<u64> {
+        (self.max_slots as u64).checked_mul(self.slot_bytes())
     }
 
     /// The row → offset rule: byte offset of `(slot, position, layer)` from the region's start,

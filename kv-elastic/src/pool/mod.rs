@@ -203,8 +203,9 @@ impl ElasticPool {
     /// read exports from in place ([`ElasticPool::reserve`], [`ElasticPool::export`]).
     ///
     /// # Errors
-    /// As [`ElasticPool::new`]; `InvalidConfig` for a zero `max_sessions` / `max_history`;
-    /// `OutOfMemory` when the region cannot be mapped or locked.
+    /// As [`ElasticPool::new`]; `InvalidConfig` for a zero `max_sessions` / `max_history`, or a
+    /// store whose size overflows 64 bits; `OutOfMemory` when the region cannot be mapped or
+    /// locked.
     pub fn with_store(geometry: Geometry, config: PoolConfig, store: StoreConfig) -> Result<Self> {
         // Validated once, before the region is allocated (`with_region_checked` does not again).
         geometry.validate()?;
@@ -214,9 +215,18 @@ impl ElasticPool {
             layers: geometry.layers,
             row_bytes: geometry.row_bytes,
         };
-        let bytes = usize::try_from(layout.store_bytes()).map_err(|_| KvError::OutOfMemory {
+        let total = layout.checked_store_bytes().ok_or_else(|| {
+            KvError::InvalidConfig(format!(
+                "a host store of max_sessions {} × max_history {} × {} bytes per token overflows \
+                 64 bits",
+                store.max_sessions,
+                store.max_history,
+                layout.token_bytes()
+            ))
+        })?;
+        let bytes = usize::try_from(total).map_err(|_| KvError::OutOfMemory {
             what: "host store region",
-            bytes: layout.store_bytes(),
+            bytes: total,
         })?;
         if bytes == 0 {
             return Err(KvError::InvalidConfig(

@@ -1,12 +1,14 @@
 //! The expert-residency lab: routing traces ([`trace`]), replays of traces through every policy
-//! ([`replay()`]), the oracle and LRU references, a lower bound on every policy
-//! ([`PolicySpec::Bound`]), T90, the bytes on the host link ([`ByteReport`],
-//! priced by a [`LinkModel`]), and the one scoreboard ([`scoreboard`]) that the CLI and the
-//! examples print.
+//! ([`replay()`]), the static maps in hindsight ([`best_static_map`]) and LRU references, the
+//! exact offline optimum of the stall ([`PolicySpec::OfflineOptimum`]), T90, the bytes on the
+//! host link ([`ByteReport`], priced by a [`LinkModel`]), and the one scoreboard ([`scoreboard`])
+//! that the CLI and the examples print.
 
-mod bound;
 mod bytes;
+mod hindsight;
 mod link;
+pub mod modes;
+mod optimum;
 mod replay;
 pub mod scoreboard;
 mod t90;
@@ -15,9 +17,11 @@ pub mod trace;
 use expert_residency::{CounterDump, ExpertError, Result};
 
 pub use bytes::{ByteReport, StepBytes};
+pub use hindsight::{best_static_map, touched_dump, StaticRank};
 pub use link::{CopyMode, LinkModel, LINK_PRESETS};
+pub use optimum::{optimum_work, OPTIMUM_AUTO_MAX_WORK};
 pub use replay::{
-    oracle_map, ratio_tuning_grid, replay, replay_with, validate_trace, OracleWindow, PolicySpec,
+    ratio_tuning_grid, replay, replay_with, validate_trace, OracleWindow, PolicySpec,
     ReplayOptions, ReplayReport, SteadyState,
 };
 pub use t90::{t90, T90};

@@ -2,18 +2,18 @@
 //! bytes the host link carries ([`ByteReport`]).
 
 use expert_residency::{
-    fit_seed_map, Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry,
-    MemoryExecutor, NullExecutor, PickCounters, PolicyConfig, RatioConfig, ResidencyMap, Result,
-    StepPicks, SwapExecutor, SwapStats,
+    Controller, ControllerConfig, DrainTelemetry, ExpertError, Geometry, MemoryExecutor,
+    NullExecutor, PickCounters, PolicyConfig, RatioConfig, ResidencyMap, Result, StepPicks,
+    SwapExecutor, SwapStats,
 };
 
-use crate::experts::bound::LowerBound;
 use crate::experts::bytes::{ByteReport, ByteTally, UniqueCold};
+use crate::experts::hindsight::{best_static_map, StaticRank};
 use crate::experts::link::LinkModel;
 use crate::experts::t90::{mean, t90, T90};
 use crate::experts::trace::Trace;
 
-/// Which steps an oracle map is fitted on.
+/// Which steps a static map in hindsight ([`PolicySpec::BestStatic`]) is fitted on.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum OracleWindow {
     /// The whole trace.
@@ -47,8 +47,10 @@ pub enum PolicySpec {
     /// is admitted at the end of its step, evicting the least recently used hot expert. Uncapped
     /// (an idealised reference: real copies could not keep up; its swaps per step are reported).
     Lru(Option<ResidencyMap>),
-    /// The best static map in hindsight: top-`hot_per_layer` per layer over a window of the trace.
-    Oracle(OracleWindow),
+    /// A static map in hindsight: top-`hot_per_layer` per layer over a window of the trace, ranked
+    /// by touched steps ([`StaticRank::Touched`]: the best static map for stall and bytes) or by
+    /// picks ([`StaticRank::Picks`]); see [`crate::experts::best_static_map`].
+    BestStatic(OracleWindow, StaticRank),
     /// The [`Controller`] with exactly this config (the config passed to the replay is ignored),
     /// from the given boot map (first-K if `None`): the cost-aware default, the published ratio
     /// recipe, the capped recency policy, each at its own config.
@@ -57,17 +59,13 @@ pub enum PolicySpec {
     /// [`ratio_tuning_grid`] is replayed on this same trace and the one with the least mean
     /// stall per step under the replay's link is reported (its config in the report).
     RatioBestTuning(Option<ResidencyMap>),
-    /// Not a policy: a lower bound on every policy's cold lookups, host reads and stall, step by
-    /// step, under the replay's link. With `H` = `hot_per_layer` hot slots per layer, a step in
-    /// which `d` distinct experts of a layer are picked reads at least `max(0, d − H)` of them in
-    /// place (and has at least the picks of the `max(0, d − H)` least picked as cold lookups),
-    /// whatever the map. It holds in this replay's model: `H` slots per layer, not shared; a step
-    /// served by the map in force at its start (a copy never serves the step it runs in); a cold
-    /// expert read once per step; copies never lowering a step's stall (both presets:
-    /// [`crate::experts::LinkModel::stall_us`] adds `max(0, copy − hide) + fixed ≥ 0` or
-    /// `copy ≥ 0`). Its stall charges those reads and no copy. Loose where swapping pays (0 when
-    /// `d ≤ H`, e.g. at batch 1). No map, no swap; `sim/DESIGN.md` has the argument.
-    Bound,
+    /// Not a policy: the exact offline optimum of the stall in the scoreboard's model, per layer
+    /// (Belady with bypass and copy costs, a min-cost flow: [`crate::experts::optimum_work`] and
+    /// the `optimum` module docs). Its map at step 0 is free and it knows the whole trace, so no
+    /// row's stall is below it. It needs a stall linear in copies (`hide_us = 0` on a
+    /// [`crate::experts::CopyMode::SharesLink`] link, as the presets have): otherwise the replay
+    /// fails with [`ExpertError::InvalidConfig`]. Its swaps are its copies.
+    OfflineOptimum,
 }
 
 /// The sweep behind [`PolicySpec::RatioBestTuning`]: the published recipe
@@ -92,7 +90,7 @@ pub fn ratio_tuning_grid() -> Vec<ControllerConfig> {
 
 impl PolicySpec {
     /// The policy's short name (`static`, `seed`, `adaptive`, `adaptive+shift-response`, `lru`,
-    /// `oracle`; a [`PolicySpec::Controller`] by its config's policy: `cost`, `ratio`,
+    /// `best-static`, `static-by-picks`; a [`PolicySpec::Controller`] by its config's policy: `cost`, `ratio`,
     /// `recency`; `ratio-best-tuning`).
     pub fn name(&self) -> &'static str {
         match self {
@@ -101,16 +99,18 @@ impl PolicySpec {
             PolicySpec::Adaptive(_) => "adaptive",
             PolicySpec::AdaptiveShiftResponse(_) => "adaptive+shift-response",
             PolicySpec::Lru(_) => "lru",
-            PolicySpec::Oracle(_) => "oracle",
+            PolicySpec::BestStatic(_, StaticRank::Touched) => "best-static",
+            PolicySpec::BestStatic(_, StaticRank::Picks) => "static-by-picks",
             PolicySpec::Controller(_, c) => c.policy.name(),
             PolicySpec::RatioBestTuning(_) => "ratio-best-tuning",
-            PolicySpec::Bound => "bound",
+            PolicySpec::OfflineOptimum => "offline-optimum",
         }
     }
 
     /// The map the policy starts from: `first-k` (no map given), `seed` (a given map: the seed
-    /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too), `oracle`, or
-    /// `any` ([`PolicySpec::Bound`]: every map).
+    /// map, as `tierkit-sim`'s scoreboard passes it; [`PolicySpec::Seed`] too), `hindsight` (a
+    /// static map in hindsight), or
+    /// `optimal` ([`PolicySpec::OfflineOptimum`]: its own, free, map).
     pub fn boot_name(&self) -> &'static str {
         match self {
             PolicySpec::Static(None)
@@ -126,8 +126,8 @@ impl PolicySpec {
             | PolicySpec::Controller(Some(_), _)
             | PolicySpec::RatioBestTuning(Some(_))
             | PolicySpec::Lru(Some(_)) => "seed",
-            PolicySpec::Oracle(_) => "oracle",
-            PolicySpec::Bound => "any",
+            PolicySpec::BestStatic(..) => "hindsight",
+            PolicySpec::OfflineOptimum => "optimal",
         }
     }
 }
@@ -342,32 +342,6 @@ pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
     Ok(lookups)
 }
 
-/// The oracle map of `window` (top-`hot_per_layer` per layer over those steps, ties to the lower
-/// id). Errors: as [`validate_trace`], and [`ExpertError::EmptyTrace`] for an empty window.
-pub fn oracle_map(
-    trace: &Trace,
-    geometry: &Geometry,
-    window: &OracleWindow,
-) -> Result<ResidencyMap> {
-    validate_trace(trace, geometry)?;
-    let n = trace.steps.len();
-    let range = match window {
-        OracleWindow::Whole => 0..n,
-        OracleWindow::AfterLastShift => {
-            let s = trace
-                .shifts
-                .iter()
-                .copied()
-                .filter(|&s| (s as usize) < n)
-                .max();
-            s.map_or(0, |s| s as usize)..n
-        }
-        OracleWindow::Steps { start, end } => (*start as usize).min(n)..(*end as usize).min(n),
-    };
-    let dump = crate::experts::counter_dump(trace, range)?;
-    fit_seed_map(format!("oracle:{}", trace.name), geometry, &dump)
-}
-
 /// [`replay_with`] with [`ReplayOptions::default`].
 pub fn replay(
     trace: &Trace,
@@ -562,14 +536,15 @@ pub fn replay_with(
     match policy {
         PolicySpec::Static(m) => fixed(boot(m)?),
         PolicySpec::Seed(m) => fixed(boot(&Some(m.clone()))?),
-        PolicySpec::Oracle(w) => fixed(oracle_map(trace, geometry, w)?),
-        PolicySpec::Bound => {
-            let mut lb = LowerBound::new(geometry.experts_per_layer, geometry.hot_per_layer);
-            for s in &trace.steps {
-                let (cold, unique) = lb.step(&s.layers);
-                cold_per_step.push(cold);
-                swaps_per_step.push(0);
-                tally.push(unique, 0);
+        PolicySpec::BestStatic(w, r) => fixed(best_static_map(trace, geometry, w, *r)?),
+        PolicySpec::OfflineOptimum => {
+            for s in crate::experts::optimum::solve(trace, geometry, &opts.link)? {
+                cold_per_step.push(s.cold_lookups);
+                let copies = u32::try_from(s.copies).unwrap_or(u32::MAX);
+                swaps_per_step.push(copies);
+                tally.push(s.cold_unique, s.copies);
+                stats.planned += s.copies;
+                stats.applied += s.copies;
             }
         }
         PolicySpec::Lru(m) => {

@@ -365,4 +365,29 @@ mod tests {
             .iter()
             .all(|r| (1000..=64000).contains(&r.input_length)));
     }
+
+    const VALID: &str = "{\"timestamp\": 5, \"input_length\": 3, \"output_length\": 4}\n\
+        {\"arrival_ms\": 1, \"input_length\": 9, \"output_length\": 0, \"hash_ids\": [1, 2]}\n\n\
+        {\"timestamp\": 2, \"input_length\": 0, \"output_length\": 7}\n";
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(10_000))]
+
+        /// Any bytes as an arrival trace (`kv simulate --trace`): a trace of sorted requests with
+        /// history, each within the request limit, or a `KvError::Trace`; never a panic.
+        #[test]
+        fn any_bytes_are_a_sorted_trace_or_a_trace_error(
+            bytes in tierkit_testkit::hostile_bytes(VALID)
+        ) {
+            match ArrivalTrace::from_reader("t", &bytes[..]) {
+                Ok(t) => {
+                    proptest::prop_assert!(!t.requests.is_empty());
+                    proptest::prop_assert!(t.requests.windows(2).all(|w| w[0].arrival_ms <= w[1].arrival_ms));
+                    proptest::prop_assert!(t.requests.iter().all(|r| r.input_length > 0
+                        && r.input_length as u64 + r.output_length as u64 <= MAX_REQUEST_TOKENS as u64));
+                }
+                Err(e) => proptest::prop_assert!(matches!(e, KvError::Trace(_)), "{}", e),
+            }
+        }
+    }
 }

@@ -21,6 +21,8 @@
 //! the `host admit call` column times `GpuElasticPool::commit` alone: bookkeeping, the fills
 //! enqueued on the copy stream (one strided copy per run of pages with the `Dma` back-end).
 //! Targets: host call <= 1 ms, copy >= 95% of H2D, steps during the copy <= 2% slower.
+//! `--mode admit-import` runs these rows alone (the whole mode, 8 cases × `--reps`, ran past a
+//! 120 s call limit on the H200 at `--reps 3`).
 
 use std::sync::Arc;
 
@@ -313,7 +315,9 @@ struct Window {
 }
 
 /// Runs the admission measurement and prints its table.
-pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
+/// `import_only`: the import rows alone (`--mode admit-import`, issue 29's figures: the three
+/// import cases take about a third of the whole mode's time).
+pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, import_only: bool) -> Res<()> {
     let mut b = Bench::new(gpu)?;
     let bytes = TOKENS as f64 * ROW as f64;
     println!(
@@ -368,6 +372,9 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize) -> Res<()> {
         ),
     ];
     for (ci, (backend, mapping, after, how)) in cases.into_iter().enumerate() {
+        if import_only && how != How::Import {
+            continue;
+        }
         b.pool.set_fill_backend(backend);
         b.pool.set_map_after_fill(mapping);
         for rep in 0..reps.clamp(1, 5) {

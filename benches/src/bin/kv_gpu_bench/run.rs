@@ -13,6 +13,11 @@ pub fn run() -> Res<()> {
         .skip_while(|a| a != "--mode")
         .nth(1)
         .unwrap_or_else(|| "all".into());
+    const MODES: &str = "all, peer, peer-resident, admit, admit-import";
+    if !MODES.split(", ").any(|m| m == mode) {
+        // Refused with or without a device (the match below keeps its own arm for safety).
+        return Err(format!("unknown --mode {mode} ({MODES})").into());
+    }
     // The peer's source first: a missing one is refused with or without a device.
     let peer = if mode.starts_with("peer") {
         Some(crate::peer::PeerArgs::from_args()?)
@@ -34,10 +39,9 @@ pub fn run() -> Res<()> {
         ("all", _) => {}
         ("peer", Some(p)) => return crate::peer::run(&gpu, reps, p),
         ("peer-resident", Some(p)) => return crate::peer::run_resident(&gpu, reps, p),
-        ("admit", _) => return crate::admit::run(&gpu, reps),
-        (other, _) => {
-            return Err(format!("unknown --mode {other} (all, peer, peer-resident, admit)").into())
-        }
+        ("admit", _) => return crate::admit::run(&gpu, reps, false),
+        ("admit-import", _) => return crate::admit::run(&gpu, reps, true),
+        (other, _) => return Err(format!("unknown --mode {other} ({MODES})").into()),
     }
     let warm = 3;
     let standins = KvStandins::new(&gpu)?;

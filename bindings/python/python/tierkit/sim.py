@@ -2,8 +2,11 @@
 top-k ids as numpy arrays.
 
 ``scoreboard(steps=3000, shift_at=1000)`` replays the scenario through every policy (static,
-seed, adaptive, adaptive-shift-response, lru, oracle) and returns ``{"scenario", "rows",
-"table"}``: the same rows and table as ``tierkit experts replay``.
+seed, cost-aware, ratio, ratio-best, recency, lru, static-by-picks, best-static,
+offline-optimum; also adaptive, adaptive-shift-response when named) and returns ``{"scenario",
+"rows", "table"}``: the same rows and table as ``tierkit experts replay``, every steady-state ratio
+against ``best static`` (top-H experts per layer by steps touched, in hindsight) and every
+whole-trace stall against the ``offline optimum`` (``stall_vs_optimum``).
 
 ``trace_ids(paths)`` reads any trace ``tierkit experts replay --trace`` reads (Mixtral decode
 JSONL, engine routing logs, ``.tkt``, ...) and ``synth_ids(steps=..., tokens_per_step=...)``

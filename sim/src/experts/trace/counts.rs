@@ -187,6 +187,19 @@ pub fn read_counts_report(
     if is_pickle(&head) {
         return Err(pickle_error(&p));
     }
+    // Every document read here is a JSON object or array: a head that opens neither is refused
+    // now, not after reading up to the document cap (`/dev/zero` read a whole GiB first).
+    if let Some(b) = head.iter().copied().find(|b| !b.is_ascii_whitespace()) {
+        if b != b'{' && b != b'[' {
+            return Err(TraceError::malformed(
+                &p,
+                1,
+                format!(
+                    "not a JSON counts document: it starts with byte {b:#04x}, not '{{' or '['"
+                ),
+            ));
+        }
+    }
     let bytes = read_rest(head, rest, &p)?;
     let stem = path
         .file_stem()

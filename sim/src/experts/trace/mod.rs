@@ -18,7 +18,8 @@
 //! Engine expert-load counts (vLLM EPLB windows, SGLang expert-distribution dumps) are counts,
 //! not routes: [`counts`] reads them (also objects keyed by layer strings) into an
 //! [`expert_residency::CounterDump`] for seed fitting. [`rawlog`] writes a trace back as a raw
-//! per-row log with rows dropped, the way real logs come. [`read_trace_report`] returns what the
+//! per-row log with rows dropped, the way real logs come; [`prefill`] puts a synthetic prefill
+//! step in front of a decode-only trace. [`read_trace_report`] returns what the
 //! readers found ([`ReadReport`]: rows read and missing, passes dropped).
 //! Every text reader is bounded ([`lines`]): line length, blank-line runs, total picks.
 //!
@@ -51,6 +52,7 @@ pub mod logger;
 pub mod mixtral;
 pub mod olmoe;
 pub mod passes;
+pub mod prefill;
 pub mod rawlog;
 pub mod rows;
 pub mod stats;

@@ -89,15 +89,7 @@ pub fn write_raw_log<W: Write>(
     }
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     // The prompt: each token copies one token of a random step, in every layer.
-    let donors: Vec<(usize, usize)> = trace
-        .steps
-        .iter()
-        .enumerate()
-        .flat_map(|(s, st)| {
-            let tokens = st.layers.iter().map(|l| l.len() / k).max().unwrap_or(0);
-            (0..tokens).map(move |t| (s, t))
-        })
-        .collect();
+    let donors = super::prefill::token_donors(&trace.steps, k);
     let token_of = |s: usize, t: usize, l: usize| -> &[u32] {
         trace.steps[s].layers[l]
             .get(t * k..(t + 1) * k)

@@ -1,0 +1,176 @@
+"""Findings of the hostile-input pass (docs/hostile-input.md), each a case that passed silently or
+raised the wrong exception before its fix: masked arrays, non-callable callbacks, arena rows
+outside the arena, empty policy lists, empty config strings, odd layer-group containers, a budget
+larger than the largest arena, a host store whose size overflows."""
+
+import numpy as np
+import pytest
+
+import tierkit
+from tierkit import experts, kv
+
+if tierkit.has_lab:
+    from tierkit import sim
+
+G = experts.Geometry(2, 8, 2)
+MAP = experts.ResidencyMap.first_k("m", G)
+
+
+def kv_geometry(**kw):
+    return kv.Geometry(row_bytes=16, layers=2, page_rows=4, arena_pages=16, hot_rows=8,
+                       tail_rows=4, **kw)
+
+
+def masked(a):
+    return np.ma.array(a, mask=np.zeros(np.shape(a), bool))
+
+
+def test_masked_arrays_are_type_errors_naming_the_argument():
+    pool = kv.ElasticPool(kv_geometry(), elastic=False)
+    token = np.zeros(32, np.uint8)
+    pool.admit(1, np.tile(token, 20))
+    topk = np.array([[3]], np.int32)
+    calls = [
+        ("history", lambda: pool.admit(2, masked(np.tile(token, 20)))),
+        ("tokens", lambda: pool.append(1, masked(token))),
+        ("topk", lambda: pool.resolve([1], [0, 1], [20], masked(topk))),
+        ("sessions", lambda: pool.resolve(masked(np.array([1])), [0, 1], [20], topk)),
+        ("indices", lambda: pool.resolve([1], [0, 1], [20], topk,
+                                         indices=masked(np.zeros((1, 1), np.int32)))),
+        ("candidates", lambda: pool.prefetch(1, masked(np.array([3])), 0)),
+        ("ids", lambda: experts.PickCounters(G).record_layer(0, masked(np.zeros((1, 2), np.int32)))),
+        ("counts", lambda: experts.PickCounters(G).add_counts(masked(np.ones((2, 8), np.int64)))),
+        ("counts", lambda: experts.fit_seed_map("m", G, masked(np.ones((2, 8))))),
+        ("counts", lambda: experts.seed_coverage(MAP, masked(np.ones((2, 8))))),
+    ]
+    for name, call in calls:
+        with pytest.raises(TypeError, match=f"{name} is a masked array"):
+            call()
+    assert pool.committed_len(1) == 20 and pool.active_sessions == 1  # nothing changed
+    # A filled copy is what the caller means.
+    pool.append(1, masked(token).filled(0))
+    assert pool.committed_len(1) == 21
+
+
+def test_teardown_callbacks_must_be_callable():
+    pool = kv.ElasticPool(kv_geometry(), max_sessions=2, max_history=16)
+    for bad in (5, None, "deregister"):
+        with pytest.raises(TypeError, match="callback must be callable"):
+            pool.on_teardown(bad)
+    seen = []
+    pool.on_teardown(lambda addr, n: seen.append(n))
+    pool.close()
+    assert seen == [2 * 16 * 32]
+
+
+def test_arena_rows_outside_the_arena_are_value_errors():
+    pool = kv.ElasticPool(kv_geometry(), elastic=False)
+    rows = pool.geometry.arena_rows
+    assert len(pool.arena_row(1, rows - 1)) == 16
+    for layer, row in ((2, 0), (0, rows), (0, -1), (0, -7), (2**32 - 1, 0)):
+        with pytest.raises(ValueError, match=f"no arena row {row} in layer {layer}"):
+            pool.arena_row(layer, row)
+
+
+def test_group_of_checks_its_int():
+    g = kv_geometry(layer_groups="one")
+    assert g.group_of(1) == 0
+    with pytest.raises(ValueError, match="layer = 2 is out of range"):
+        g.group_of(2)
+    with pytest.raises(ValueError, match="layer = .* is out of range"):
+        g.group_of(2**70)  # was OverflowError
+    with pytest.raises(TypeError, match="layer must be an int, not bool"):
+        g.group_of(True)
+
+
+def test_layer_groups_that_are_no_list_of_sizes_are_type_errors():
+    for bad in (True, b"\x01\x01", {1: 1}, {2}, frozenset([2])):
+        with pytest.raises(TypeError, match="layer_groups must be"):
+            kv_geometry(layer_groups=bad)
+    with pytest.raises(TypeError, match=r"layer_groups\[1\] must be an int"):
+        kv_geometry(layer_groups=[1, 1.0])
+    assert kv_geometry(layer_groups=(1, 1)).layer_groups == [1, 1]
+    assert kv_geometry(layer_groups=range(2, 3)).layer_groups == [2]
+
+
+@pytest.mark.lab
+def test_scoreboard_policies_must_name_at_least_one_policy_once():
+    short = dict(steps=60, shift_at=20, tokens_per_step=4)
+    with pytest.raises(ValueError, match="policies is empty"):
+        sim.scoreboard(policies=[], **short)  # was an empty table
+    with pytest.raises(TypeError, match="policies must be a list"):
+        sim.scoreboard(policies="static", **short)
+    with pytest.raises(TypeError, match=r"policies\[0\] must be a policy name"):
+        sim.scoreboard(policies=[1], **short)
+    with pytest.raises(ValueError, match=r"policies\[1\]: \"static\" is given twice"):
+        sim.scoreboard(policies=["static", "static"], **short)
+    with pytest.raises(ValueError, match=r"policies\[0\]: unknown policy"):
+        sim.scoreboard(policies=["nope"], **short)
+    rows = sim.scoreboard(policies=("static",), **short)["rows"]
+    assert [r["label"] for r in rows] == ["static"]
+
+
+def test_an_empty_config_string_is_no_config():
+    for blank in ("", "  ", "\n"):
+        with pytest.raises(ValueError, match="config JSON is empty"):
+            experts.Controller(MAP, blank)  # was the defaults, silently
+    assert experts.Controller(MAP, None).config == experts.Controller(MAP, {}).config
+
+
+@pytest.mark.lab
+def test_an_empty_scoreboard_config_string_is_no_config():
+    for blank in ("", "  ", "\n"):
+        with pytest.raises(ValueError, match="config JSON is empty"):
+            sim.scoreboard(steps=60, shift_at=20, config=blank)
+
+
+def test_a_budget_beyond_the_largest_arena_warns():
+    with pytest.warns(UserWarning, match=r"budget_bytes = 9223372036854775808: the arena is capped"):
+        g = kv.Geometry.for_hbm_budget(2**63, 16, 2, 4, 8, 4)
+    assert g.arena_rows * g.layers * g.row_bytes <= 2**40
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kv.Geometry.for_hbm_budget(16 * 128 + 100, 16, 2, 4, 8, 4).arena_pages == 16
+
+
+def test_a_host_store_whose_size_overflows_is_a_value_error():
+    # Was a panic (InternalError) in StoreLayout::store_bytes.
+    with pytest.raises(ValueError, match="overflows 64 bits"):
+        kv.ElasticPool(kv_geometry(), max_sessions=2**32 - 1, max_history=2**32 - 1)
+
+
+@pytest.mark.lab
+def test_synth_ids_refuses_the_other_scenarios_arguments():
+    # Each was ignored silently: zipf without a shape, the OLMoE shift with one.
+    with pytest.raises(ValueError, match="zipf applies to shape="):
+        sim.synth_ids(steps=2, tokens_per_step=1, zipf=float("nan"))
+    for kw in (dict(shift_at=1), dict(from_domain="book"), dict(to_domain="arxiv")):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=f"{name} applies to the OLMoE scenario"):
+            sim.synth_ids(steps=2, tokens_per_step=1, shape=(2, 8, 2), **kw)
+    assert sim.synth_ids(steps=2, tokens_per_step=1, shape=(2, 8, 2), zipf=0.0)["top_k"] == 2
+    assert sim.synth_ids(steps=2, tokens_per_step=1, shift_at=1, to_domain="arxiv")["top_k"] == 8
+
+
+BAD_CONFIGS = ((b"{}", TypeError), ({1, 2}, TypeError),
+               ({"half_life_steps": float("nan")}, ValueError))
+
+
+@pytest.mark.lab
+def test_scoreboard_config_objects_json_refuses_name_the_argument():
+    for bad, exc in BAD_CONFIGS:
+        with pytest.raises(exc, match="config must be"):
+            sim.scoreboard(steps=60, shift_at=20, config=bad)
+
+
+def test_config_objects_json_refuses_name_the_argument():
+    for bad, exc in BAD_CONFIGS:
+        with pytest.raises(exc, match="config must be a JSON string or a JSON-serialisable dict"):
+            experts.Controller(MAP, bad)
+    with pytest.raises(TypeError, match="message must be"):
+        experts.Controller(MAP).apply_control(b"{}")
+    circular = {}
+    circular["x"] = circular
+    with pytest.raises(ValueError, match="config must be"):
+        experts.Controller(MAP, circular)

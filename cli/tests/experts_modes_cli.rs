@@ -1,0 +1,141 @@
+//! `tierkit experts replay --mode`: the default is the in-place scoreboard as before; the other
+//! modes print the modes table, whose rows name their mode; bad mode flags fail cleanly.
+
+mod common;
+
+use common::{fails_with, ok_stdout};
+
+const TINY: &[&str] = &["--steps", "240", "--tokens", "4", "--seed", "5"];
+
+fn replay(extra: &[&str]) -> String {
+    let mut args = vec!["experts", "replay"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(extra);
+    ok_stdout(&args)
+}
+
+fn json(extra: &[&str]) -> serde_json::Value {
+    let mut a = vec!["--json"];
+    a.extend_from_slice(extra);
+    serde_json::from_str(&replay(&a)).unwrap()
+}
+
+#[test]
+fn mode_flag_selects_the_table() {
+    // No flag and --mode in-place: the scoreboard, byte for byte the same.
+    let plain = replay(&[]);
+    assert_eq!(plain, replay(&["--mode", "in-place"]));
+    assert!(!plain.contains("| mode"), "{plain}");
+    let board = json(&[]);
+    assert!(board.get("summary").is_some() && board.get("rows").is_none());
+
+    let one = json(&["--mode", "copy-on-miss"]);
+    let rows = one["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 6);
+    assert!(rows.iter().all(|r| r["mode"] == "copy-on-miss"));
+    let labels: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r["label"].as_str().unwrap(), r["bank"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("static", "per-layer"),
+            ("seed", "per-layer"),
+            ("cost-aware (default)", "per-layer"),
+            ("recency (capped 4)", "per-layer"),
+            ("lru", "per-layer"),
+            ("lru", "shared"),
+        ]
+    );
+    // Copy-on-miss reads nothing in place.
+    assert!(rows.iter().all(|r| r["reads"] == 0));
+
+    let all = json(&["--mode", "all"]);
+    let rows = all["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 24);
+    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    for (i, m) in ["in-place", "copy-on-miss", "read-or-copy", "cpu"]
+        .iter()
+        .enumerate()
+    {
+        assert!(
+            modes[i * 6..(i + 1) * 6].iter().all(|x| x == m),
+            "{modes:?}"
+        );
+    }
+    // A fixed map's copy-on-miss stall over its in-place stall is one copy over one read, at
+    // the link's prices as the JSON states them.
+    let link = &all["options"]["link"];
+    let price = |k: &str| link[k].as_f64().unwrap();
+    let b = all["geometry"]["expert_bytes"].as_f64().unwrap();
+    let want = (b / (price("copy_gbps") * 1e3) + price("copy_fixed_us"))
+        / (b / (price("read_gbps") * 1e3));
+    let fixed = |mode: &str| {
+        rows.iter()
+            .find(|r| r["mode"] == mode && r["label"] == "static")
+            .unwrap()["stall_ms_per_step"]
+            .as_f64()
+            .unwrap()
+    };
+    let got = fixed("copy-on-miss") / fixed("in-place");
+    assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+    // The in-place rows of the fixed maps and the controllers are the scoreboard's.
+    let summary = board["summary"].as_array().unwrap();
+    for label in [
+        "static",
+        "seed",
+        "cost-aware (default)",
+        "recency (capped 4)",
+    ] {
+        let s = summary.iter().find(|r| r["label"] == label).unwrap();
+        let m = &rows.iter().find(|r| r["label"] == label).unwrap();
+        let (a, b) = (
+            s["stall_ms_per_step"].as_f64().unwrap(),
+            m["stall_ms_per_step"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-9 * a.max(1.0), "{label}: {a} vs {b}");
+    }
+    // A slower CPU makes the cpu rows slower, never faster.
+    let slow = json(&["--mode", "cpu", "--cpu-gbps", "5"]);
+    let fast = json(&["--mode", "cpu"]);
+    for (s, f) in slow["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(fast["rows"].as_array().unwrap())
+    {
+        assert!(s["stall_ms_per_step"].as_f64() >= f["stall_ms_per_step"].as_f64());
+    }
+    let text = replay(&["--mode", "read-or-copy", "--link", "gb300-c2c"]);
+    assert!(
+        text.contains("| mode") && text.contains("| read-or-copy"),
+        "{text}"
+    );
+    assert!(text.contains("engine modes: read-or-copy"), "{text}");
+    assert!(text.contains("lowest id"), "{text}");
+}
+
+#[test]
+fn bad_mode_flags_fail_cleanly() {
+    let base = ["experts", "replay", "--steps", "50"];
+    let with = |extra: &[&'static str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        a
+    };
+    fails_with(&with(&["--mode", "cpu", "--cpu-gbps", "0"]), "cpu_gbps");
+    fails_with(
+        &with(&["--mode", "cpu", "--cpu-together", "1.5"]),
+        "together",
+    );
+    fails_with(&with(&["--cpu-gbps", "10"]), "--mode cpu or all");
+    fails_with(
+        &with(&["--mode", "copy-on-miss", "--plot", "x.png"]),
+        "--plot applies to the in-place scoreboard",
+    );
+    fails_with(
+        &with(&["--mode", "all", "--policy", "lru"]),
+        "--policy applies",
+    );
+}
