@@ -58,10 +58,11 @@ const MARKED_POINTS: usize = 24;
 /// Markers on a series longer than [`MARKED_POINTS`].
 const MARKS_PER_LONG_SERIES: usize = 12;
 
-/// The Okabe-Ito colour-blind-safe palette (Okabe & Ito, "Color Universal Design", 2008), in the
-/// order series get it: blue, vermillion, bluish green, reddish purple, orange, sky blue, black,
-/// and yellow last (the weakest on white). Series beyond eight reuse it with another marker.
-const OKABE_ITO: [RGBColor; 8] = [
+/// The Okabe-Ito colour-blind-safe palette (Okabe & Ito, "Color Universal Design", 2008) with
+/// two more for charts of up to ten series (grey, and Paul Tol's "wine"), in the order series get
+/// them: blue, vermillion, bluish green, reddish purple, orange, sky blue, black, grey, wine, and
+/// yellow last (the weakest on white). Series beyond ten reuse them with another marker.
+const PALETTE: [RGBColor; 10] = [
     RGBColor(0, 114, 178),
     RGBColor(213, 94, 0),
     RGBColor(0, 158, 115),
@@ -69,6 +70,8 @@ const OKABE_ITO: [RGBColor; 8] = [
     RGBColor(230, 159, 0),
     RGBColor(86, 180, 233),
     RGBColor(0, 0, 0),
+    RGBColor(128, 128, 128),
+    RGBColor(136, 34, 85),
     RGBColor(240, 228, 66),
 ];
 
@@ -90,13 +93,14 @@ const SHAPES: [Shape; 5] = [
     Shape::Diamond,
 ];
 
-/// Colour, marker and line width of series `i` of `n`: the first series drawn widest (3 px more
-/// than the last), so a later series drawn on top of it leaves its edges visible.
+/// Colour, marker and line width of series `i` of `n`: from 4 px for the first series down to
+/// 2 px for the last, so a later series drawn on top of an earlier one leaves its edges visible.
 fn style_of(i: usize, n: usize) -> (RGBColor, Shape, u32) {
-    let width = 2 + (n.saturating_sub(1).saturating_sub(i)).min(3) as u32;
+    let width =
+        2 + (2 * (n.saturating_sub(1).saturating_sub(i)) / n.saturating_sub(1).max(1)) as u32;
     (
-        OKABE_ITO[i % OKABE_ITO.len()],
-        SHAPES[(i + i / OKABE_ITO.len()) % SHAPES.len()],
+        PALETTE[i % PALETTE.len()],
+        SHAPES[(i + i / PALETTE.len()) % SHAPES.len()],
         width,
     )
 }
@@ -383,7 +387,7 @@ mod tests {
 
     #[test]
     fn series_get_distinct_styles_and_shifted_marks() {
-        let n = 6;
+        let n = 10;
         let styles: Vec<_> = (0..n).map(|i| style_of(i, n)).collect();
         for i in 0..n {
             for j in i + 1..n {
@@ -393,7 +397,8 @@ mod tests {
         // earlier series are at least as wide, so a later one drawn on top leaves edges
         assert!(styles.windows(2).all(|w| w[0].2 >= w[1].2) && styles[0].2 > styles[n - 1].2);
         // yellow (the weakest on white) is the last colour
-        assert_eq!(OKABE_ITO[7], RGBColor(240, 228, 66));
+        assert_eq!(PALETTE[9], RGBColor(240, 228, 66));
+        assert_eq!((styles[0].2, styles[n - 1].2), (4, 2));
         // short series: every point; long ones: ~12 marks, shifted per series
         assert_eq!(marked(5, 3, 6), vec![0, 1, 2, 3, 4]);
         let (a, b) = (marked(585, 0, 2), marked(585, 1, 2));

@@ -151,3 +151,17 @@ impl From<tier_core::CoreError> for ExpertError {
 
 /// Result alias with [`ExpertError`].
 pub type Result<T, E = ExpertError> = std::result::Result<T, E>;
+
+/// An `InvalidConfig` error with `msg`.
+pub(crate) fn bad(msg: String) -> ExpertError {
+    ExpertError::InvalidConfig(msg)
+}
+
+/// `InvalidConfig` unless `v` (the field `name`) is finite and > 0.
+pub(crate) fn positive(name: &str, v: f64) -> Result<()> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(bad(format!("{name} must be finite and > 0, got {v}")))
+    }
+}

@@ -46,6 +46,7 @@ mod counters;
 mod error;
 mod executor;
 mod geometry;
+mod link;
 mod memory;
 mod picks;
 mod policy;
@@ -58,19 +59,20 @@ mod telemetry;
 pub mod gpu;
 
 pub use config::{
-    AdaptiveCadence, ControllerConfig, LinkCost, OnCounterReset, PolicyKind, ShiftResponse,
-    MAX_CONFIG_FILE_BYTES, MAX_WINDOW_DRAINS,
+    AdaptiveCadence, ControllerConfig, OnCounterReset, ShiftResponse, MAX_CONFIG_FILE_BYTES,
+    MAX_WINDOW_DRAINS,
 };
 pub use controller::{ControlMessage, Controller, StepReport};
 pub use counters::{PassKind, PauseGuard, PickCounters};
 pub use error::{ExpertError, Result};
 pub use executor::{NullExecutor, PlannedSwap, SwapCompletion, SwapExecutor, SwapOutcome};
 pub use geometry::{Geometry, MAX_CELLS, MAX_EXPERTS_PER_LAYER, MAX_LAYERS};
+pub use link::LinkCost;
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
 pub use policy::{
-    CostConfig, CostPolicy, LayerHeat, PolicyConfig, RatioConfig, RatioPolicy, RecencyConfig,
-    RecencyPolicy, SwapChoice, SwapPolicy,
+    CostConfig, CostPolicy, LayerHeat, PolicyConfig, PolicyKind, RatioConfig, RatioPolicy,
+    RecencyConfig, RecencyPolicy, SwapChoice, SwapPolicy,
 };
 pub use router_ids::{strided_len, RouterIds};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION, MAX_MAP_FILE_BYTES};

@@ -34,6 +34,8 @@ mod arrays;
 mod experts;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_kv;
 mod ints;
 mod kv;
 mod kv_transfer;
@@ -292,6 +294,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sim::register(m)?;
     #[cfg(feature = "cuda")]
     gpu::register(m)?;
+    #[cfg(feature = "cuda")]
+    gpu_kv::register(m)?;
     #[cfg(not(feature = "cuda"))]
     m.add_function(wrap_pyfunction!(has_cuda_ops, m)?)?;
     Ok(())

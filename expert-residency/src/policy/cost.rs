@@ -3,8 +3,9 @@
 use super::{
     keep_beatable, rank_cold, rank_hot, rank_least_hot, LayerHeat, SwapChoice, SwapPolicy,
 };
-use crate::config::{bad, LinkCost};
+use crate::error::bad;
 use crate::error::Result;
+use crate::link::LinkCost;
 
 /// The cost-aware policy's config ([`CostPolicy`], `{"kind": "cost", ...}` in a controller
 /// config's `policy`): its margins and the link prices it prices swaps with. Missing fields take

@@ -23,9 +23,38 @@ pub use cost::{CostConfig, CostPolicy};
 pub use ratio::{RatioConfig, RatioPolicy};
 pub use recency::{RecencyConfig, RecencyPolicy};
 
-use crate::config::PolicyKind;
 use crate::error::Result;
 use crate::rowmap::RowMap;
+
+/// Which [`crate::SwapPolicy`]: the `kind` of a [`PolicyConfig`]. JSON: `"cost"`, `"ratio"`,
+/// `"recency"`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PolicyKind {
+    /// [`crate::CostPolicy`]: swap when the host bytes saved over the expected residency exceed
+    /// the copy's cost on the link (tierkit's default).
+    #[default]
+    Cost,
+    /// [`crate::RatioPolicy`]: the published GB300 recipe's "EMA drain + ratio hysteresis".
+    Ratio,
+    /// [`crate::RecencyPolicy`]: capped LRU on the drained touches (at most
+    /// `max_swaps_per_step` swaps per step).
+    Recency,
+}
+
+impl PolicyKind {
+    /// The name used in configs and reports (`cost`, `ratio`, `recency`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Cost => "cost",
+            PolicyKind::Ratio => "ratio",
+            PolicyKind::Recency => "recency",
+        }
+    }
+}
 
 /// The swap policy a [`Controller::new`](crate::Controller::new) builds, with that policy's own
 /// config (the controller's shared knobs, cadence, caps and budget, are

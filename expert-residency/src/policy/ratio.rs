@@ -3,7 +3,7 @@
 use super::{
     keep_beatable, rank_cold, rank_hot, rank_least_hot, LayerHeat, SwapChoice, SwapPolicy,
 };
-use crate::config::bad;
+use crate::error::bad;
 use crate::error::Result;
 
 /// The ratio policy's config ([`RatioPolicy`], `{"kind": "ratio", "ratio": 1.5}` in a controller

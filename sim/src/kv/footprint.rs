@@ -10,7 +10,7 @@
 //! and allows for map overhead, and leaves out what does not grow with it (the trace itself, a
 //! few MiB of fixed state).
 
-use crate::kv::serving::SimConfig;
+use crate::kv::config::SimConfig;
 use crate::kv::trace::ArrivalTrace;
 
 /// Host bytes per arena page of every placement: the page pool's free list, generation and state

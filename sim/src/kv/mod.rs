@@ -5,9 +5,11 @@
 //! residency policies those pool placements run ([`residency`], shared with the GPU benchmark),
 //! with an up-front estimate of its host memory ([`footprint`]).
 
+mod config;
 pub mod footprint;
 pub mod residency;
 pub mod schedule;
 pub mod selection;
 pub mod serving;
+mod time_model;
 pub mod trace;
