@@ -446,13 +446,6 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let placements = placements_named(&a.placements)?;
-    checks::sim_picks(
-        a.steps,
-        a.max_batch,
-        a.top_k,
-        a.loads.len(),
-        placements.len(),
-    )?;
     if let Some(p) = &a.json {
         tierkit_sim::output::check_writable("--json", p)?;
     }
@@ -511,6 +504,14 @@ fn simulate(a: SimulateArgs) -> Result<(), Box<dyn std::error::Error>> {
         SimConfig { load, ..base }.validate()?;
     }
     checks::memory(&a, &base, &trace)?;
+    // Last of the checks: the flags' own bounds and the memory estimate name the flag first.
+    checks::sim_picks(
+        a.steps,
+        a.max_batch,
+        a.top_k,
+        a.loads.len(),
+        placements.len(),
+    )?;
     outln!(
         "trace {} ({} requests); HBM budget {:.1} GiB = {} tokens of {} B; top-k {}, hot {} + tail {} rows, pages of {} rows",
         trace.name,
