@@ -16,8 +16,25 @@
 
 use expert_residency::{fit_seed_map, CounterDump, ExpertError, Geometry, ResidencyMap, Result};
 
-use crate::experts::replay::{validate_trace, OracleWindow};
+use crate::experts::check::validate_trace;
 use crate::experts::trace::Trace;
+
+/// Which steps a static map in hindsight ([`PolicySpec::BestStatic`](crate::experts::PolicySpec::BestStatic)) is fitted on.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum OracleWindow {
+    /// The whole trace.
+    Whole,
+    /// From the last shift in `trace.shifts` to the end ("the oracle for the new domain"); the
+    /// whole trace if there is no shift.
+    AfterLastShift,
+    /// Steps `start..end`.
+    Steps {
+        /// First step (inclusive).
+        start: u64,
+        /// Last step (exclusive).
+        end: u64,
+    },
+}
 
 /// What a static map in hindsight ranks the experts of a layer by.
 #[derive(

@@ -5,6 +5,7 @@
 //! that the CLI and the examples print.
 
 mod bytes;
+mod check;
 mod hindsight;
 mod link;
 pub mod modes;
@@ -17,12 +18,12 @@ pub mod trace;
 use expert_residency::{CounterDump, ExpertError, Result};
 
 pub use bytes::{ByteReport, StepBytes};
-pub use hindsight::{best_static_map, touched_dump, StaticRank};
+pub use check::validate_trace;
+pub use hindsight::{best_static_map, touched_dump, OracleWindow, StaticRank};
 pub use link::{CopyMode, LinkModel, LINK_PRESETS};
 pub use optimum::{optimum_work, OPTIMUM_AUTO_MAX_WORK};
 pub use replay::{
-    ratio_tuning_grid, replay, replay_with, validate_trace, OracleWindow, PolicySpec,
-    ReplayOptions, ReplayReport, SteadyState,
+    ratio_tuning_grid, replay, replay_with, PolicySpec, ReplayOptions, ReplayReport, SteadyState,
 };
 pub use t90::{t90, T90};
 

@@ -8,27 +8,11 @@ use expert_residency::{
 };
 
 use crate::experts::bytes::{ByteReport, ByteTally, UniqueCold};
-use crate::experts::hindsight::{best_static_map, StaticRank};
+use crate::experts::check::validate_trace;
+use crate::experts::hindsight::{best_static_map, OracleWindow, StaticRank};
 use crate::experts::link::LinkModel;
 use crate::experts::t90::{mean, t90, T90};
 use crate::experts::trace::Trace;
-
-/// Which steps a static map in hindsight ([`PolicySpec::BestStatic`]) is fitted on.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum OracleWindow {
-    /// The whole trace.
-    Whole,
-    /// From the last shift in `trace.shifts` to the end ("the oracle for the new domain"); the
-    /// whole trace if there is no shift.
-    AfterLastShift,
-    /// Steps `start..end`.
-    Steps {
-        /// First step (inclusive).
-        start: u64,
-        /// Last step (exclusive).
-        end: u64,
-    },
-}
 
 /// The policy a replay runs.
 #[derive(Clone, Debug, PartialEq)]
@@ -289,57 +273,6 @@ impl ReplayReport {
             .map(|t| t.to_json_line() + "\n")
             .collect()
     }
-}
-
-/// Checks a trace against a geometry: same layers and experts, a valid top-k, at least one step
-/// and one lookup, one row per layer in every step, every id in range.
-///
-/// Errors: [`ExpertError::GeometryMismatch`], [`ExpertError::TopKTooWide`], [`ExpertError::EmptyTrace`],
-/// [`ExpertError::LengthMismatch`], [`ExpertError::ExpertOutOfRange`].
-pub fn validate_trace(trace: &Trace, geometry: &Geometry) -> Result<u64> {
-    geometry.validate()?;
-    let s = trace.shape;
-    if s.layers != geometry.layers || s.experts_per_layer != geometry.experts_per_layer {
-        return Err(ExpertError::GeometryMismatch {
-            expected: format!(
-                "{} layers × {} experts",
-                geometry.layers, geometry.experts_per_layer
-            ),
-            found: format!(
-                "trace {:?}: {} layers × {} experts",
-                trace.name, s.layers, s.experts_per_layer
-            ),
-        });
-    }
-    geometry.check_top_k(s.top_k)?;
-    if trace.steps.is_empty() {
-        return Err(ExpertError::EmptyTrace(format!(
-            "trace {:?} has no step",
-            trace.name
-        )));
-    }
-    let mut lookups = 0u64;
-    for step in &trace.steps {
-        if step.layers.len() != geometry.layers as usize {
-            return Err(ExpertError::LengthMismatch {
-                expected: geometry.layers as usize,
-                found: step.layers.len(),
-            });
-        }
-        for picks in &step.layers {
-            for &e in picks {
-                geometry.check_expert(e)?;
-            }
-            lookups += picks.len() as u64;
-        }
-    }
-    if lookups == 0 {
-        return Err(ExpertError::EmptyTrace(format!(
-            "trace {:?} has no lookup",
-            trace.name
-        )));
-    }
-    Ok(lookups)
 }
 
 /// [`replay_with`] with [`ReplayOptions::default`].

@@ -28,9 +28,10 @@
 
 use expert_residency::{fit_seed_map, ControllerConfig, Geometry, ResidencyMap, Result};
 
+use crate::experts::hindsight::OracleWindow;
 use crate::experts::hindsight::StaticRank;
 use crate::experts::link::{CopyMode, LinkModel};
-use crate::experts::replay::{replay_with, OracleWindow, PolicySpec, ReplayOptions, ReplayReport};
+use crate::experts::replay::{replay_with, PolicySpec, ReplayOptions, ReplayReport};
 use crate::experts::trace::{synth, Trace};
 
 /// A policy family of the comparison (one or two rows each: the maps in hindsight add an

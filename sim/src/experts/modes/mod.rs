@@ -43,8 +43,8 @@ pub use admit::DuelBank;
 pub use bank::{BankScope, LruBank};
 pub use price::CpuChannel;
 
+use crate::experts::check::validate_trace;
 use crate::experts::link::LinkModel;
-use crate::experts::replay::validate_trace;
 use crate::experts::scoreboard::{recency_config, Boot, RECENCY_CAP};
 use crate::experts::trace::Trace;
 
