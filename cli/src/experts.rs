@@ -496,6 +496,10 @@ pub struct ReplayArgs {
     /// Print the full report as JSON instead of the table.
     #[arg(long)]
     json: bool,
+    /// Print every column of the table (boot map, cold share of all lookups, swaps, GB read and
+    /// copied, bytes ratio); the default table has eight and fits 120 columns.
+    #[arg(long, conflicts_with = "json")]
+    wide: bool,
     /// Draw cold share over steps per policy to this PNG, and the modelled stall per step to a
     /// second PNG beside it (`FILE-stall.png`). The name must end in `.png` (checked before the
     /// run).
@@ -529,6 +533,26 @@ struct ReplayOutput {
     count_run_starts: Option<u32>,
     summary: Vec<ScoreRow>,
     runs: Vec<Run>,
+}
+
+/// The drain cadence and half-life the controller rows ran with, as the header states them: the
+/// adapted cadence's rule where the config has one (the default), the fixed ones otherwise.
+fn cadence_text(c: &ControllerConfig) -> String {
+    match &c.adaptive {
+        Some(a) => format!(
+            "cadence adapted to the traffic ({} touched steps of an average expert and {} drains \
+             per half-life, half-life {}–{} steps, at most {} steps between drains)",
+            a.touches_per_half_life,
+            a.drains_per_half_life,
+            a.min_half_life_steps,
+            a.max_half_life_steps,
+            c.drain_every
+        ),
+        None => format!(
+            "drain every {} steps, EMA half-life {} steps",
+            c.drain_every, c.half_life_steps
+        ),
+    }
 }
 
 fn controller_config(a: &ReplayArgs) -> CliResult<ControllerConfig> {
@@ -766,11 +790,10 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     let t = &out.trace;
     print_trace_info(t)?;
     outln!(
-        "hot {} of {} experts per layer; controller: drain every {} steps, EMA half-life {} steps, {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
+        "hot {} of {} experts per layer; the default row: {}, {}, ≤{} swaps/layer/drain, ≤{} swaps/step; seed map {}",
         g.hot_per_layer,
         g.experts_per_layer,
-        out.controller.drain_every,
-        out.controller.half_life_steps,
+        cadence_text(&out.controller),
         out.controller.policy,
         out.controller.max_swaps_per_layer,
         out.controller.max_swaps_per_step,
@@ -791,8 +814,18 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
         )?;
     }
     outln!()?;
-    outln!("{}", scoreboard::render(&out.summary))?;
+    if a.wide {
+        outln!("{}", scoreboard::render(&out.summary))?;
+    } else {
+        outln!("{}", scoreboard::render_compact(&out.summary))?;
+    }
     outln!("\n{}", scoreboard::legend(&opts, &trace))?;
+    if !a.wide {
+        outln!(
+            "steady cold = steady-state cold share; vs best = its ratio to the best static map's; \
+             stall ms = mean stall per step; --wide: every column, --json: the full report."
+        )?;
+    }
     if let Some(why) = &optimum_note {
         outln!("offline optimum not computed: {why}")?;
     }

@@ -303,6 +303,7 @@ fn replay_bytes_link_and_boot_flags() {
         "seed",
         "--link",
         "gb300-c2c",
+        "--wide",
     ]);
     assert!(
         out.contains("boot from the seed map") && out.contains("link gb300-c2c"),
@@ -312,6 +313,17 @@ fn replay_bytes_link_and_boot_flags() {
         out.contains("stall ms/step") && out.contains("copies stop the step"),
         "{out}"
     );
+    // Without --wide the table has eight columns within 120 characters, and the header states
+    // the default's adapted cadence, not the fixed drain interval it does not use.
+    let out = ok_stdout(&["experts", "replay", "--steps", "240", "--tokens", "4"]);
+    let table: Vec<&str> = out.lines().filter(|l| l.starts_with('|')).collect();
+    assert!(table.len() > 3, "{out}");
+    for l in &table {
+        assert!(l.chars().count() <= 120, "{} wide: {l}", l.chars().count());
+    }
+    assert!(table[0].contains("stall vs best") && !table[0].contains("host GB read"));
+    assert!(out.contains("cadence adapted to the traffic"), "{out}");
+    assert!(!out.contains("drain every 64 steps"), "{out}");
 
     for (flag, v, want) in [
         ("--link", "nvlink", "invalid value 'nvlink'"),

@@ -458,24 +458,65 @@ pub fn summarize(runs: &[Run]) -> Vec<ScoreRow> {
         .collect()
 }
 
+/// The T90 cell of a row: its steps after each shift, `never`, or `-` for a map that never moves
+/// (T90 describes adaptation).
+fn t90_cell(r: &ScoreRow) -> String {
+    let fixed = r.swaps_applied == 0
+        && (matches!(r.label.as_str(), "static" | "seed") || r.boot == "hindsight")
+        || r.label == OPTIMUM_LABEL;
+    if r.t90_steps.is_empty() || fixed {
+        "-".to_string()
+    } else {
+        r.t90_steps
+            .iter()
+            .map(|t| t.map_or("never".to_string(), |s| s.to_string()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The comparison in eight columns, under 120 characters wide for the scoreboard's row labels
+/// (the CLI's default table; [`render`] has every column): policy, steady-state cold share and
+/// its ratio to the best static map, T90, swaps per step, stall per step and its ratios to the
+/// best static map and to the offline optimum.
+pub fn render_compact(rows: &[ScoreRow]) -> String {
+    let x = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}×"));
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.label.clone(),
+                format!("{:.4}", r.steady_state_cold_share),
+                x(r.vs_best_static),
+                t90_cell(r),
+                format!("{:.3}", r.mean_swaps_per_step),
+                format!("{:.2}", r.stall_ms_per_step),
+                x(r.stall_vs_best_static),
+                x(r.stall_vs_optimum),
+            ]
+        })
+        .collect();
+    crate::table::render(
+        &[
+            "policy",
+            "steady cold",
+            "vs best",
+            "T90",
+            "swaps/step",
+            "stall ms",
+            "stall vs best",
+            "vs optimum",
+        ],
+        &body,
+    )
+}
+
 /// The comparison as a Markdown-compatible text table.
 pub fn render(rows: &[ScoreRow]) -> String {
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            // T90 describes adaptation: a map that never moves has none.
-            let fixed = r.swaps_applied == 0
-                && (matches!(r.label.as_str(), "static" | "seed") || r.boot == "hindsight")
-                || r.label == OPTIMUM_LABEL;
-            let t90 = if r.t90_steps.is_empty() || fixed {
-                "-".to_string()
-            } else {
-                r.t90_steps
-                    .iter()
-                    .map(|t| t.map_or("never".to_string(), |s| s.to_string()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
+            let t90 = t90_cell(r);
             let x = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}×"));
             vec![
                 r.label.clone(),
