@@ -519,6 +519,20 @@ struct TraceInfo {
     source: Source,
 }
 
+impl TraceInfo {
+    /// What the replay and modes headers (and their JSON) say of a trace.
+    fn of(trace: &Trace, source: Source) -> Self {
+        TraceInfo {
+            name: trace.name.clone(),
+            shape: trace.shape,
+            steps: trace.steps.len() as u64,
+            lookups: trace.lookups(),
+            shifts: trace.shifts.clone(),
+            source,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct ReplayOutput {
     command: &'static str,
@@ -763,14 +777,7 @@ fn replay_cmd(a: ReplayArgs) -> CliResult {
     pb.finish_and_clear();
     let out = ReplayOutput {
         command: "tierkit experts replay",
-        trace: TraceInfo {
-            name: trace.name.clone(),
-            shape: trace.shape,
-            steps: trace.steps.len() as u64,
-            lookups: trace.lookups(),
-            shifts: trace.shifts.clone(),
-            source,
-        },
+        trace: TraceInfo::of(&trace, source),
         geometry: g,
         controller: cfg,
         seed_map: seed_note,

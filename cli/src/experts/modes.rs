@@ -142,14 +142,7 @@ pub(super) fn replay(
     pb.finish_and_clear();
     let out = ModesOutput {
         command: "tierkit experts replay --mode",
-        trace: TraceInfo {
-            name: trace.name.clone(),
-            shape: trace.shape,
-            steps: trace.steps.len() as u64,
-            lookups: trace.lookups(),
-            shifts: trace.shifts.clone(),
-            source,
-        },
+        trace: TraceInfo::of(trace, source),
         geometry: *g,
         seed_map: seed_note,
         boot,
