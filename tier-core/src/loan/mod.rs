@@ -265,8 +265,11 @@ impl<P: ReclaimPolicy> Lender<P> {
 
     /// Lends one free page to `b` for each logical index in `logical`, all or
     /// nothing; registers `b` if new. Loans come back in the order of
-    /// `logical`. O(m log m) for m pages (appending past the pages already
-    /// held is the fast case).
+    /// `logical`. Pages follow the indices' order: the i-th smallest index
+    /// gets the i-th lowest page id of the pages taken, so consecutive
+    /// indices land on consecutive pages wherever the free pages are (one
+    /// copy per run when a history is filled in). O(m log m) for m pages
+    /// (appending past the pages already held is the fast case).
     ///
     /// # Errors
     /// - [`CoreError::BorrowerFinished`] if `b` has finished.
@@ -304,14 +307,28 @@ impl<P: ReclaimPolicy> Lender<P> {
                 free: self.pool.free_count(),
             });
         };
-        let handles = self.pool.alloc_many(n)?;
+        let mut handles = self.pool.alloc_many(n)?;
+        // Pages in the order of their logical indices: the i-th smallest logical index gets the
+        // i-th lowest page, so a run of consecutive indices lands on ascending pages wherever the
+        // free pages allow it (the free stack hands pages back in the reverse of the order they
+        // were freed; a history's fill is then one copy per run of pages, not one per page).
+        handles.sort_unstable_by_key(|h| h.page.0);
+        let ascending = logical.windows(2).all(|w| w[0] < w[1]);
         let out: Vec<Loan> = logical
             .iter()
-            .zip(handles)
-            .map(|(&l, handle)| Loan {
-                borrower: b,
-                logical: l,
-                handle,
+            .enumerate()
+            .map(|(i, &l)| {
+                let rank = if ascending {
+                    i
+                } else {
+                    // `sorted` holds `logical` without repeats (checked above).
+                    sorted.binary_search(&l).unwrap_or(i)
+                };
+                Loan {
+                    borrower: b,
+                    logical: l,
+                    handle: handles[rank],
+                }
             })
             .collect();
         let entry = self.borrowers.entry(b).or_default();

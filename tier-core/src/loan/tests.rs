@@ -217,3 +217,28 @@ fn invalid_policy_choice_reclaims_nothing() {
     assert_eq!(l.reclaim(3).unwrap().len(), 1);
     check(&l);
 }
+
+#[test]
+fn consecutive_logical_indices_get_ascending_pages_whatever_order_pages_came_back() {
+    let mut l = Lender::new(Tier::DeviceHbm, 8).unwrap();
+    let pages = |loans: &[Loan]| loans.iter().map(|x| x.handle.page().0).collect::<Vec<_>>();
+    let first = l.lend(BorrowerId(1), &[0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    assert_eq!(pages(&first), (0..8).collect::<Vec<_>>());
+    // Given back lowest page first: the free stack now pops them highest first.
+    l.finish(BorrowerId(1)).unwrap();
+    l.hand_back_step(8);
+    assert_eq!(l.collect(), 8);
+    let again = l.lend(BorrowerId(2), &[0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
+    assert_eq!(pages(&again), (0..8).collect::<Vec<_>>(), "one run, not eight");
+    // Unordered indices: the i-th smallest index gets the i-th lowest page; loans keep the
+    // order of the call.
+    l.finish(BorrowerId(2)).unwrap();
+    l.hand_back_step(8);
+    l.collect();
+    let mixed = l.lend(BorrowerId(3), &[5, 2, 7]).unwrap();
+    let logical: Vec<u32> = mixed.iter().map(|x| x.logical).collect();
+    assert_eq!(logical, vec![5, 2, 7]);
+    let p = pages(&mixed);
+    assert!(p[1] < p[0] && p[0] < p[2], "{p:?}");
+    check(&l);
+}
