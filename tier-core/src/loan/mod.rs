@@ -286,13 +286,22 @@ impl<P: ReclaimPolicy> Lender<P> {
         if existing.is_some_and(|s| s.finished) {
             return Err(CoreError::BorrowerFinished { borrower: b.0 });
         }
-        // Duplicate check without hashing: sort a copy (O(m log m)), look at
-        // neighbours, then probe the held set only where it overlaps.
-        let mut sorted = crate::alloc::try_copied(logical, "lend: sorted logical pages")?;
-        sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Self::duplicate(b, w[0]));
-        }
+        // Duplicate check without hashing: sort a copy (O(m log m); none for
+        // strictly ascending indices, the common case, which cannot repeat),
+        // look at neighbours, then probe the held set only where it overlaps.
+        let ascending = logical.windows(2).all(|w| w[0] < w[1]);
+        let owned;
+        let sorted: &[u32] = if ascending {
+            logical
+        } else {
+            let mut v = crate::alloc::try_copied(logical, "lend: sorted logical pages")?;
+            v.sort_unstable();
+            if let Some(w) = v.windows(2).find(|w| w[0] == w[1]) {
+                return Err(Self::duplicate(b, w[0]));
+            }
+            owned = v;
+            &owned
+        };
         if let (Some(s), Some(&lo)) = (existing, sorted.first()) {
             let overlaps = s.loans.last_key_value().is_some_and(|(&max, _)| lo <= max);
             if overlaps {
@@ -312,8 +321,13 @@ impl<P: ReclaimPolicy> Lender<P> {
         // i-th lowest page, so a run of consecutive indices lands on ascending pages wherever the
         // free pages allow it (the free stack hands pages back in the reverse of the order they
         // were freed; a history's fill is then one copy per run of pages, not one per page).
-        handles.sort_unstable_by_key(|h| h.page.0);
-        let ascending = logical.windows(2).all(|w| w[0] < w[1]);
+        // The free stack pops pages in one order or its reverse when they were
+        // freed in order: O(m) then, a sort otherwise.
+        if handles.windows(2).all(|w| w[0].page.0 > w[1].page.0) {
+            handles.reverse();
+        } else if !handles.windows(2).all(|w| w[0].page.0 < w[1].page.0) {
+            handles.sort_unstable_by_key(|h| h.page.0);
+        }
         let out: Vec<Loan> = logical
             .iter()
             .enumerate()

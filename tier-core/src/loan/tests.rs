@@ -229,7 +229,11 @@ fn consecutive_logical_indices_get_ascending_pages_whatever_order_pages_came_bac
     l.hand_back_step(8);
     assert_eq!(l.collect(), 8);
     let again = l.lend(BorrowerId(2), &[0, 1, 2, 3, 4, 5, 6, 7]).unwrap();
-    assert_eq!(pages(&again), (0..8).collect::<Vec<_>>(), "one run, not eight");
+    assert_eq!(
+        pages(&again),
+        (0..8).collect::<Vec<_>>(),
+        "one run, not eight"
+    );
     // Unordered indices: the i-th smallest index gets the i-th lowest page; loans keep the
     // order of the call.
     l.finish(BorrowerId(2)).unwrap();

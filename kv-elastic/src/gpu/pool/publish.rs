@@ -120,8 +120,11 @@ impl GpuElasticPool {
             }
         }
         ranges.dedup();
-        let mut words: HashMap<u64, u32> = HashMap::new();
-        let mut order: Vec<u64> = Vec::new();
+        // Sized for this window's page-table entries up front (a whole history's import maps
+        // thousands of pages: no rehash on the host call's path).
+        let word_hint = log.pages.len() + created.len() * d.fixed_pages as usize + 64;
+        let mut words: HashMap<u64, u32> = HashMap::with_capacity(word_hint);
+        let mut order: Vec<u64> = Vec::with_capacity(word_hint);
         let mut put = |addr: u64, value: u32| {
             if words.insert(addr, value).is_none() {
                 order.push(addr);
@@ -136,7 +139,8 @@ impl GpuElasticPool {
         }
         // This window's borrowed-page mappings held back until their fill (deferred mode), in
         // call order: an unmap later in the window cancels an earlier mapping of the same entry.
-        let mut window_maps: HashMap<(u32, u32), u32> = HashMap::new();
+        let mut window_maps: HashMap<(u32, u32), u32> =
+            HashMap::with_capacity(if defer { log.pages.len() } else { 0 });
         for &(b, logical, page) in &log.pages {
             if self.pinned().session_at(b).is_some() && (logical as u64) < mp {
                 if defer {
