@@ -1,6 +1,6 @@
 //! `scripts/fetch-sglang-peer`: what it extracts from a wheel and what it records, checked on a
 //! wheel built here (offline) and on the released one (SKIP where the package registry cannot be
-//! reached). SKIP without `bash` or `python3` (the script's own needs).
+//! reached). SKIP without `bash` or `python3` (the script's own needs) or away from the source tree.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -14,13 +14,26 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fetch-sglang-peer")
 }
 
+/// Whether the script and what it runs are here (a test binary carried to another machine finds
+/// no source tree: SKIP there), printing the SKIP line otherwise.
 fn tools() -> bool {
-    ["bash", "python3"].iter().all(|t| {
+    if !script().is_file() {
+        println!(
+            "SKIP: no {} (a test binary away from its source tree)",
+            script().display()
+        );
+        return false;
+    }
+    let ok = ["bash", "python3"].iter().all(|t| {
         Command::new(t)
             .arg("--version")
             .output()
             .is_ok_and(|o| o.status.success())
-    })
+    });
+    if !ok {
+        println!("SKIP: no bash or python3 to run scripts/fetch-sglang-peer");
+    }
+    ok
 }
 
 fn scratch(tag: &str) -> PathBuf {
@@ -88,7 +101,6 @@ fn check_record(out: &Path, wheel_name: &str, wheel_sha: Option<&str>) {
 #[test]
 fn the_script_extracts_and_records_the_peer_from_a_wheel_on_disk() {
     if !tools() {
-        println!("SKIP: no bash or python3 to run scripts/fetch-sglang-peer");
         return;
     }
     let d = scratch("disk");
@@ -145,7 +157,6 @@ fn the_script_extracts_and_records_the_peer_from_a_wheel_on_disk() {
 #[test]
 fn the_script_extracts_the_released_peer_and_the_shim_assembles_it() {
     if !tools() {
-        println!("SKIP: no bash or python3 to run scripts/fetch-sglang-peer");
         return;
     }
     let d = scratch("registry");
