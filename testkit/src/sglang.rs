@@ -12,7 +12,9 @@
 //! `hot` is the newest token's page, `page_size = 1`), `device_buffer_locs int32 [reqs][hot + 1]`
 //! (device row of each slot: `r × (hot + 1) + slot`), `lru_slots int16 [reqs][hot]` (LRU order,
 //! initially `0 .. hot`), `host_cache_locs int64 [reqs][host_stride]` (host row of each token),
-//! `top_k_device_locs int32 [reqs][k]` (the output). The device buffer is `u8 [reqs × (hot + 1)]
+//! `top_k_device_locs int32 [reqs][k]` (the output); `req_pool_indices` and `seq_lens` are int64
+//! `[reqs]`, as SGLang's scheduler makes them (the kernel's `int64_t, int64_t` instantiation). The
+//! device buffer is `u8 [reqs × (hot + 1)]
 //! [item_bytes]` in HBM; the host cache is read in place through its device address.
 
 use std::path::{Path, PathBuf};
@@ -301,8 +303,8 @@ pub struct SglangHisparse {
     locs: DeviceBuffer<i32>,
     host_locs: DeviceBuffer<i64>,
     lru: DeviceBuffer<i16>,
-    rpi: DeviceBuffer<i32>,
-    seq: DeviceBuffer<i32>,
+    rpi: DeviceBuffer<i64>,
+    seq: DeviceBuffer<i64>,
     nreal: DeviceBuffer<i32>,
     out: DeviceBuffer<i32>,
     buffer: DeviceBuffer<u8>,
@@ -390,8 +392,8 @@ impl SglangHisparse {
             locs: DeviceBuffer::from_host(ctx, &locs)?,
             host_locs: DeviceBuffer::from_host(ctx, host_locs)?,
             lru: DeviceBuffer::zeroed(ctx, n * shape.hot as usize)?,
-            rpi: DeviceBuffer::from_host(ctx, &(0..shape.reqs as i32).collect::<Vec<_>>())?,
-            seq: DeviceBuffer::from_host(ctx, &vec![shape.seq_len as i32; n])?,
+            rpi: DeviceBuffer::from_host(ctx, &(0..shape.reqs as i64).collect::<Vec<_>>())?,
+            seq: DeviceBuffer::from_host(ctx, &vec![shape.seq_len as i64; n])?,
             nreal: DeviceBuffer::from_host(ctx, &[shape.reqs as i32])?,
             out: DeviceBuffer::zeroed(ctx, n * SGLANG_TOP_K as usize)?,
             buffer: DeviceBuffer::zeroed(ctx, n * stride * shape.item_bytes as usize)?,
