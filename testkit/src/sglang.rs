@@ -12,7 +12,9 @@
 //! `hot` is the newest token's page, `page_size = 1`), `device_buffer_locs int32 [reqs][hot + 1]`
 //! (device row of each slot: `r × (hot + 1) + slot`), `lru_slots int16 [reqs][hot]` (LRU order,
 //! initially `0 .. hot`), `host_cache_locs int64 [reqs][host_stride]` (host row of each token),
-//! `top_k_device_locs int32 [reqs][k]` (the output). The device buffer is `u8 [reqs × (hot + 1)]
+//! `top_k_device_locs int32 [reqs][k]` (the output); `req_pool_indices` and `seq_lens` are int64
+//! `[reqs]`, as SGLang's scheduler makes them (the kernel's `int64_t, int64_t` instantiation). The
+//! device buffer is `u8 [reqs × (hot + 1)]
 //! [item_bytes]` in HBM; the host cache is read in place through its device address.
 
 use std::path::{Path, PathBuf};
@@ -41,57 +43,121 @@ const SHIM_PRELUDE: &str = include_str!("../kernels/sglang_shim.cuh");
 const SHIM_ENTRIES: &str = include_str!("../kernels/sglang_entries.cu");
 
 /// The peer's files in a folder made by `scripts/fetch-sglang-peer`: `hisparse.cuh`,
-/// `kvcacheio.cuh` and `PROVENANCE` (the wheel they came from), with their SHA-256, and the NVRTC
-/// source assembled from them and the shim.
+/// `kvcacheio.cuh` and `PROVENANCE` (the wheel they came from, its SHA-256 and each file's), and
+/// the NVRTC source assembled from them and the shim.
 #[derive(Debug)]
 pub struct SglangSource {
     /// The folder.
     pub dir: PathBuf,
-    /// `PROVENANCE`'s first line (the wheel's file name, e.g. `sglang-0.5.23-...whl`).
+    /// `PROVENANCE`'s first line: the wheel's file name (e.g. `sglang-0.5.23-cp312-...whl`).
     pub wheel: String,
-    /// `(file, sha256 hex)` of the peer's two files.
+    /// The release the wheel carries (`0.5.23`: its name's second field).
+    pub version: String,
+    /// The wheel's SHA-256 (hex) as `PROVENANCE` recorded it at download.
+    pub wheel_sha256: String,
+    /// `(file, sha256 hex)` of the peer's two files, computed from the files read (equal to what
+    /// `PROVENANCE` recorded: [`SglangSource::load`] refuses them otherwise).
     pub files: Vec<(String, String)>,
     code: String,
     module: OnceLock<Arc<CudaModule>>,
 }
 
+/// Lowercase hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 impl SglangSource {
-    /// Reads the peer from `dir`.
+    /// Reads the peer from `dir` and checks each file against the SHA-256 `PROVENANCE` recorded
+    /// when `scripts/fetch-sglang-peer` extracted it from the wheel (`NAME MEMBER sha256 HEX`).
     ///
     /// # Errors
-    /// A message naming the missing file and how to get it (`scripts/fetch-sglang-peer`), or what
-    /// the peer's text lacks (its source changed shape).
+    /// A message naming the missing file and how to get it (`scripts/fetch-sglang-peer`); a
+    /// `PROVENANCE` without the wheel's name, its hash or a file's line; a file whose SHA-256
+    /// differs from the recorded one (edited since it was fetched); or what the peer's text lacks
+    /// (its source changed shape).
     pub fn load(dir: &Path) -> Result<Self, String> {
+        let refetch = format!(
+            "fetch the released peer with `scripts/fetch-sglang-peer {}` (needs the package \
+             registry) and pass that folder",
+            dir.display()
+        );
         let read = |name: &str| {
-            std::fs::read_to_string(dir.join(name)).map_err(|e| {
-                format!(
-                    "{}: {e}; fetch the released peer with `scripts/fetch-sglang-peer {}` (needs the \
-                     package registry) and pass that folder",
-                    dir.join(name).display(),
-                    dir.display()
-                )
-            })
+            std::fs::read_to_string(dir.join(name))
+                .map_err(|e| format!("{}: {e}; {refetch}", dir.join(name).display()))
         };
         let provenance = read("PROVENANCE")?;
-        let hisparse = read("hisparse.cuh")?;
-        let kvcacheio = read("kvcacheio.cuh")?;
-        let sha = |t: &str| {
-            Sha256::digest(t.as_bytes())
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
+        let mut lines = provenance.lines();
+        let wheel = lines.next().unwrap_or("").trim().to_string();
+        let version = wheel
+            .strip_prefix("sglang-")
+            .and_then(|v| v.split('-').next())
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                format!("PROVENANCE names no sglang wheel (first line {wheel:?}); {refetch}")
+            })?
+            .to_string();
+        let wheel_sha256 = lines
+            .next()
+            .and_then(|l| l.strip_prefix("sha256 "))
+            .map(|h| h.trim().to_string())
+            .ok_or_else(|| format!("PROVENANCE has no wheel sha256 line; {refetch}"))?;
+        let recorded = |name: &str| {
+            provenance.lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() == 4 && f[0] == name && f[2] == "sha256").then(|| f[3].to_string())
+            })
         };
-        let code = assemble(&kvcacheio, &hisparse)?;
+        let mut files = Vec::new();
+        let mut text = Vec::new();
+        for name in ["hisparse.cuh", "kvcacheio.cuh"] {
+            let t = read(name)?;
+            let sha = sha256_hex(t.as_bytes());
+            match recorded(name) {
+                Some(r) if r == sha => {}
+                Some(r) => {
+                    return Err(format!(
+                        "{}: sha256 {sha}, but PROVENANCE recorded {r} from {wheel}: the file \
+                         changed since it was fetched; {refetch}",
+                        dir.join(name).display()
+                    ))
+                }
+                None => return Err(format!("PROVENANCE has no line for {name}; {refetch}")),
+            }
+            files.push((name.to_string(), sha));
+            text.push(t);
+        }
+        let code = assemble(&text[1], &text[0])?;
         Ok(SglangSource {
             dir: dir.to_path_buf(),
-            wheel: provenance.lines().next().unwrap_or("").trim().to_string(),
-            files: vec![
-                ("hisparse.cuh".into(), sha(&hisparse)),
-                ("kvcacheio.cuh".into(), sha(&kvcacheio)),
-            ],
+            wheel,
+            version,
+            wheel_sha256,
+            files,
             code,
             module: OnceLock::new(),
         })
+    }
+
+    /// One line for a bench's output: the release, the wheel and its SHA-256, the folder, and
+    /// each file's SHA-256.
+    pub fn describe(&self) -> String {
+        let files: Vec<String> = self
+            .files
+            .iter()
+            .map(|(f, h)| format!("{f} sha256 {h}"))
+            .collect();
+        format!(
+            "peer: sglang {} (wheel {} sha256 {}) from {}: {}",
+            self.version,
+            self.wheel,
+            self.wheel_sha256,
+            self.dir.display(),
+            files.join(", ")
+        )
     }
 
     /// The NVRTC source (shim prelude, the peer's device code, the shim's entry points).
@@ -237,8 +303,8 @@ pub struct SglangHisparse {
     locs: DeviceBuffer<i32>,
     host_locs: DeviceBuffer<i64>,
     lru: DeviceBuffer<i16>,
-    rpi: DeviceBuffer<i32>,
-    seq: DeviceBuffer<i32>,
+    rpi: DeviceBuffer<i64>,
+    seq: DeviceBuffer<i64>,
     nreal: DeviceBuffer<i32>,
     out: DeviceBuffer<i32>,
     buffer: DeviceBuffer<u8>,
@@ -326,8 +392,8 @@ impl SglangHisparse {
             locs: DeviceBuffer::from_host(ctx, &locs)?,
             host_locs: DeviceBuffer::from_host(ctx, host_locs)?,
             lru: DeviceBuffer::zeroed(ctx, n * shape.hot as usize)?,
-            rpi: DeviceBuffer::from_host(ctx, &(0..shape.reqs as i32).collect::<Vec<_>>())?,
-            seq: DeviceBuffer::from_host(ctx, &vec![shape.seq_len as i32; n])?,
+            rpi: DeviceBuffer::from_host(ctx, &(0..shape.reqs as i64).collect::<Vec<_>>())?,
+            seq: DeviceBuffer::from_host(ctx, &vec![shape.seq_len as i64; n])?,
             nreal: DeviceBuffer::from_host(ctx, &[shape.reqs as i32])?,
             out: DeviceBuffer::zeroed(ctx, n * SGLANG_TOP_K as usize)?,
             buffer: DeviceBuffer::zeroed(ctx, n * stride * shape.item_bytes as usize)?,
@@ -460,6 +526,87 @@ void other(tvm::ffi::TensorView t) { { } }
         assert!(assemble("", "void f() {}").is_err(), "not the peer");
     }
 
+    /// A folder as `scripts/fetch-sglang-peer` writes it, with the miniature as `hisparse.cuh`;
+    /// `edit` changes a file after `PROVENANCE` recorded it.
+    fn fetched(tag: &str, edit: Option<(&str, &str)>) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tierkit-peer-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kvcacheio = "// kvcacheio\n#include <x.h>\n";
+        std::fs::write(dir.join("hisparse.cuh"), FAKE).unwrap();
+        std::fs::write(dir.join("kvcacheio.cuh"), kvcacheio).unwrap();
+        let prov = format!(
+            "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl\nsha256 {}\n\
+             hisparse.cuh sglang/kernels/jit/csrc/kvcacheio/hisparse.cuh sha256 {}\n\
+             kvcacheio.cuh sglang/kernels/jit/include/sgl_kernel/deepseek_v4/kvcacheio.cuh sha256 {}\n",
+            "ab".repeat(32),
+            sha256_hex(FAKE.as_bytes()),
+            sha256_hex(kvcacheio.as_bytes()),
+        );
+        std::fs::write(dir.join("PROVENANCE"), prov).unwrap();
+        if let Some((name, text)) = edit {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn sha256_hex_is_the_standard_digest() {
+        // FIPS 180-2 test vector "abc".
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn a_fetched_folder_records_the_release_the_wheel_and_each_files_sha256() {
+        let dir = fetched("ok", None);
+        let src = SglangSource::load(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(src.version, "0.5.23");
+        assert_eq!(
+            src.wheel,
+            "sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl"
+        );
+        assert_eq!(src.wheel_sha256, "ab".repeat(32));
+        let hisparse = sha256_hex(FAKE.as_bytes());
+        assert_eq!(src.files[0], ("hisparse.cuh".to_string(), hisparse.clone()));
+        let line = src.describe();
+        assert!(
+            line.starts_with("peer: sglang 0.5.23 (wheel sglang-0.5.23-"),
+            "{line}"
+        );
+        assert!(
+            line.contains(&format!("hisparse.cuh sha256 {hisparse}")),
+            "{line}"
+        );
+        assert!(line.contains(&src.wheel_sha256), "{line}");
+    }
+
+    #[test]
+    fn a_file_edited_after_the_fetch_is_refused() {
+        let dir = fetched(
+            "edited",
+            Some(("hisparse.cuh", &format!("{FAKE}// edited\n"))),
+        );
+        let e = SglangSource::load(&dir).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(e.contains("changed since it was fetched"), "{e}");
+        assert!(e.contains("scripts/fetch-sglang-peer"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_or_foreign_folder_says_how_to_fetch_the_peer() {
+        let dir = std::env::temp_dir().join(format!("tierkit-peer-{}-none", std::process::id()));
+        let e = SglangSource::load(&dir).unwrap_err();
+        assert!(e.contains("PROVENANCE"), "{e}");
+        assert!(e.contains("scripts/fetch-sglang-peer"), "{e}");
+        let dir = fetched("foreign", Some(("PROVENANCE", "vllm-0.34.whl\n")));
+        let e = SglangSource::load(&dir).unwrap_err();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(e.contains("no sglang wheel"), "{e}");
+    }
+
     /// The released peer, where `scripts/fetch-sglang-peer` put it (`.peer/` at the repository
     /// root); SKIP otherwise.
     #[test]
@@ -473,6 +620,7 @@ void other(tvm::ffi::TensorView t) { { } }
             return;
         };
         assert!(src.wheel.starts_with("sglang-"), "{}", src.wheel);
+        assert!(src.wheel.contains(&src.version), "{}", src.wheel);
         assert!(!src.code().contains("tvm::ffi::TensorView"));
         assert_eq!(src.files.len(), 2);
     }

@@ -353,9 +353,10 @@ impl PeerArgs {
     pub(crate) fn from_args() -> Res<Self> {
         let arg = |name: &str| std::env::args().skip_while(|a| a != name).nth(1);
         let dir = arg("--peer-source").ok_or(
-            "--mode peer needs --peer-source DIR: the SGLang peer is read from its released wheel; \
-             fetch it with `scripts/fetch-sglang-peer DIR` (on a machine that reaches the package \
-             registry) and carry DIR here",
+            "--mode peer needs --peer-source DIR: the SGLang peer is read from its released wheel, \
+             never kept in the tree; fetch it with `scripts/fetch-sglang-peer .peer/sglang` (on a \
+             machine that reaches the package registry: sglang==0.5.23, no dependencies), carry \
+             .peer/sglang beside this binary and pass `--peer-source .peer/sglang`",
         )?;
         let source = SglangSource::load(std::path::Path::new(&dir))?;
         let runs = match arg("--runs") {
@@ -369,19 +370,10 @@ impl PeerArgs {
         Ok(PeerArgs { source, runs })
     }
 
-    fn describe(&self) -> String {
-        let files: Vec<String> = self
-            .source
-            .files
-            .iter()
-            .map(|(f, h)| format!("{f} sha256 {h}"))
-            .collect();
-        format!(
-            "peer: {} from {} ({})",
-            self.source.wheel,
-            self.source.dir.display(),
-            files.join(", ")
-        )
+    /// The peer's record for the output: release, wheel and every SHA-256
+    /// ([`SglangSource::describe`]).
+    pub(crate) fn describe(&self) -> String {
+        self.source.describe()
     }
 }
 
@@ -401,11 +393,10 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
         "peer mode: device {} ({}), batch {REQS}, top-k {K}, rows {ROW} B, 1 layer, history in \
          mapped pinned host memory (read in place), {reps} timed steps per phase (median), {} runs \
          (order alternating); SGLang = load_cache_to_device_buffer_kernel (960 threads/block); \
-         tierkit = the library's resolve (ResolveEngine::Auto)\n{}",
+         tierkit = the library's resolve (ResolveEngine::Auto)",
         gpu.name()?,
         gpu.arch(),
         peer.runs,
-        peer.describe()
     );
     let mut t = Table(vec![header()]);
     // Mismatches are reported after the table (rows marked WRONG).
@@ -508,7 +499,6 @@ pub(crate) fn run(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
 
 /// Only the all-resident row (`--mode peer-resident`).
 pub(crate) fn run_resident(gpu: &Arc<Gpu>, reps: usize, peer: &PeerArgs) -> Res<()> {
-    println!("{}", peer.describe());
     let mut t = Table(vec![header()]);
     all_resident(gpu, &peer.source, peer.runs, reps, 3, &mut t)?;
     t.print();

@@ -18,9 +18,12 @@ pub fn run() -> Res<()> {
         // Refused with or without a device (the match below keeps its own arm for safety).
         return Err(format!("unknown --mode {mode} ({MODES})").into());
     }
-    // The peer's source first: a missing one is refused with or without a device.
+    // The peer's source first: a missing one is refused with or without a device, and the
+    // record of the one read (release, wheel, SHA-256s) heads the output.
     let peer = if mode.starts_with("peer") {
-        Some(crate::peer::PeerArgs::from_args()?)
+        let p = crate::peer::PeerArgs::from_args()?;
+        println!("{}", p.describe());
+        Some(p)
     } else {
         None
     };
