@@ -19,7 +19,12 @@ const NONE: i32 = -1;
 #[derive(Debug, Clone)]
 pub struct HotCache {
     slot_pos: Vec<i32>,
+    /// `position → slot`, filled lazily: entries at and past its length are `NONE`. Its capacity
+    /// covers `history` from the start (allocated, fallibly, not written: a GPU pool, whose hot
+    /// caches live on the device, never touches the pages of a long history's table).
     pos_slot: Vec<i32>,
+    /// Positions the table covers (committed history).
+    history: usize,
     referenced: Vec<bool>,
     stamp: Vec<u64>,
     hand: usize,
@@ -27,7 +32,8 @@ pub struct HotCache {
 
 impl HotCache {
     /// An empty cache of `hot_rows` slots for a history of `history` positions. It allocates
-    /// `13 × hot_rows + 4 × history` bytes.
+    /// `13 × hot_rows + 4 × history` bytes (the position table's are written only as far as a
+    /// position is installed).
     ///
     /// # Panics
     /// When the host cannot allocate them (sizes from caller input: [`HotCache::try_new`]).
@@ -40,7 +46,12 @@ impl HotCache {
         let (rows, what) = (hot_rows as usize, "hot-cache tables");
         Ok(Self {
             slot_pos: try_filled(rows, NONE, what)?,
-            pos_slot: try_filled(history as usize, NONE, "hot-cache position table")?,
+            pos_slot: {
+                let mut v = Vec::new();
+                try_reserve(&mut v, history as usize, "hot-cache position table")?;
+                v
+            },
+            history: history as usize,
             referenced: try_filled(rows, false, what)?,
             stamp: try_filled(rows, 0, what)?,
             hand: 0,
@@ -51,6 +62,7 @@ impl HotCache {
     /// allocates nothing. Errors: `OutOfMemory` (nothing changed).
     pub fn reserve(&mut self, history: u32) -> Result<()> {
         let extra = (history as usize).saturating_sub(self.pos_slot.len());
+        // `try_reserve` counts from the length: capacity for `history` positions afterwards.
         Ok(try_reserve(
             &mut self.pos_slot,
             extra,
@@ -66,8 +78,12 @@ impl HotCache {
     /// Grows the position table to `history` positions (history is append-only); allocates
     /// nothing after a [`HotCache::reserve`] of at least `history`.
     pub fn grow(&mut self, history: u32) {
-        if history as usize > self.pos_slot.len() {
-            self.pos_slot.resize(history as usize, NONE);
+        let history = history as usize;
+        if history > self.history {
+            self.history = history;
+            // Without a `reserve` first, this allocates (as a resize would have).
+            self.pos_slot
+                .reserve(history.saturating_sub(self.pos_slot.len()));
         }
     }
 
@@ -133,7 +149,17 @@ impl HotCache {
             self.pos_slot[old as usize] = NONE;
         }
         self.slot_pos[slot as usize] = position as i32;
-        self.pos_slot[position as usize] = slot as i32;
+        let p = position as usize;
+        assert!(
+            p < self.history,
+            "position {p} past the hot cache's history {}",
+            self.history
+        );
+        if p >= self.pos_slot.len() {
+            // Within the capacity reserved for `history`: no allocation.
+            self.pos_slot.resize(p + 1, NONE);
+        }
+        self.pos_slot[p] = slot as i32;
         self.referenced[slot as usize] = false;
         self.stamp[slot as usize] = call;
     }
@@ -190,6 +216,37 @@ mod tests {
         assert_eq!(h.lookup(7), Some(v));
         assert_eq!(h.occupied(), 3);
         assert_eq!(h.evictable(2), 1);
+    }
+
+    #[test]
+    fn the_position_table_is_written_only_as_far_as_installs_reach() {
+        let mut h = HotCache::try_new(2, 1 << 20).unwrap();
+        // Reserved for the whole history, nothing written yet.
+        assert!(h.pos_slot.capacity() >= 1 << 20);
+        assert_eq!(h.pos_slot.len(), 0);
+        assert_eq!(h.lookup(5), None);
+        let cap = h.pos_slot.capacity();
+        h.install(1, 1000, 1);
+        assert_eq!(
+            (h.lookup(1000), h.lookup(999), h.lookup(1001)),
+            (Some(1), None, None)
+        );
+        assert_eq!(h.pos_slot.len(), 1001);
+        assert_eq!(
+            h.pos_slot.capacity(),
+            cap,
+            "no reallocation inside the history"
+        );
+        h.install(1, 3, 2); // evicts 1000
+        assert_eq!((h.lookup(1000), h.lookup(3)), (None, Some(1)));
+        h.check(1 << 20).unwrap();
+        // Growth past the history: reserved, then installable without reallocating again.
+        h.reserve((1 << 20) + 64).unwrap();
+        h.grow((1 << 20) + 64);
+        let cap = h.pos_slot.capacity();
+        h.install(0, (1 << 20) + 63, 3);
+        assert_eq!(h.lookup((1 << 20) + 63), Some(0));
+        assert_eq!(h.pos_slot.capacity(), cap);
     }
 
     #[test]
