@@ -32,6 +32,7 @@
 
 pub mod admit;
 pub mod bank;
+pub mod mode;
 pub mod optimal;
 pub mod price;
 
@@ -42,6 +43,7 @@ use expert_residency::{
 
 pub use admit::DuelBank;
 pub use bank::{BankScope, LruBank};
+pub use mode::{EngineMode, StepCost};
 pub use optimal::{mode_optima, ModeOptima};
 pub use price::CpuChannel;
 
@@ -49,75 +51,6 @@ use crate::experts::check::validate_trace;
 use crate::experts::link::LinkModel;
 use crate::experts::scoreboard::{recency_config, Boot, RECENCY_CAP};
 use crate::experts::trace::Trace;
-
-/// How an engine serves a cold expert (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EngineMode {
-    /// Read in place over the link; copies at step boundaries (the scoreboard's model).
-    InPlace,
-    /// Copied into HBM on a miss and computed there in the same step.
-    CopyOnMiss,
-    /// Read in place or copied, whichever the link prices lower given the expected reuse.
-    ReadOrCopy,
-    /// Split between the link (in place) and the host CPU, in parallel.
-    Cpu,
-}
-
-impl EngineMode {
-    /// Every mode, in table order.
-    pub const ALL: [EngineMode; 4] = [
-        EngineMode::InPlace,
-        EngineMode::CopyOnMiss,
-        EngineMode::ReadOrCopy,
-        EngineMode::Cpu,
-    ];
-
-    /// `in-place`, `copy-on-miss`, `read-or-copy`, `cpu`.
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineMode::InPlace => "in-place",
-            EngineMode::CopyOnMiss => "copy-on-miss",
-            EngineMode::ReadOrCopy => "read-or-copy",
-            EngineMode::Cpu => "cpu",
-        }
-    }
-}
-
-/// One step's work and stall in a mode (counts of experts; µs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StepCost {
-    /// Picks of the step.
-    pub picks: u64,
-    /// Picks of experts not in HBM when their layer ran.
-    pub miss_picks: u64,
-    /// Cold experts read in place over the link.
-    pub reads: u64,
-    /// Misses copied into HBM to serve the step (critical path).
-    pub serving_copies: u64,
-    /// Copies at the step's end boundary (a policy's swaps, an in-place LRU's admissions).
-    pub boundary_copies: u64,
-    /// Cold experts computed by the CPU.
-    pub cpu: u64,
-    /// [`EngineMode::Cpu`]: the layers' link/CPU times summed, µs.
-    pub split_us: f64,
-    /// Modelled stall of the step, µs.
-    pub stall_us: f64,
-}
-
-impl StepCost {
-    /// Sets `stall_us`: the reads (`cpu` mode: the split times), the serving copies, the boundary
-    /// copies, all on one link priced by `link`, experts of `b` bytes.
-    pub(crate) fn finish(&mut self, mode: EngineMode, link: &LinkModel, b: u64) {
-        let reads = match mode {
-            EngineMode::Cpu => self.split_us,
-            _ => link.cost.read_us(self.reads.saturating_mul(b)),
-        };
-        self.stall_us = reads
-            + price::serving_copies_us(link, self.serving_copies, b)
-            + price::boundary_copies_us(link, self.boundary_copies, b);
-    }
-}
 
 /// What a mode row replays.
 #[derive(Clone, Debug, PartialEq)]

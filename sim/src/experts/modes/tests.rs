@@ -117,7 +117,8 @@ fn fixed_map_in_every_mode_by_hand() {
 }
 
 /// In place, the map-driven replay charges what the scoreboard's replay charges, step for step
-/// summed (the controller rows and the fixed maps).
+/// summed (the controller rows and the fixed maps), and the scoreboard's `lru (uncapped)` row is
+/// the per-layer LRU bank's in-place row, whatever the order of picks within a step.
 #[test]
 fn in_place_matches_the_scoreboard_replay() {
     let mut cfg = synth::SynthConfig::default_scenario();
@@ -136,6 +137,10 @@ fn in_place_matches_the_scoreboard_replay() {
         (
             PolicySpec::Controller(None, Box::new(recency_config())),
             ModePolicy::Controller(first_k.clone(), Box::new(recency_config())),
+        ),
+        (
+            PolicySpec::Lru(None),
+            ModePolicy::Lru(BankScope::PerLayer, Some(first_k.clone())),
         ),
     ] {
         let rep = replay_with(
@@ -162,6 +167,26 @@ fn in_place_matches_the_scoreboard_replay() {
         // CPU: never slower than the link alone (the split may put everything on the link).
         assert!(rows[3].stall_ms_per_step <= r.stall_ms_per_step + 1e-12);
     }
+    // Reversing every layer's picks moves no row of the scoreboard's LRU.
+    let mut rev = t.clone();
+    for st in &mut rev.steps {
+        for l in &mut st.layers {
+            l.reverse();
+        }
+    }
+    let lru = |t: &Trace| {
+        let o = ReplayOptions::default();
+        replay_with(
+            t,
+            &g,
+            &PolicySpec::Lru(None),
+            &ControllerConfig::default(),
+            &o,
+        )
+        .unwrap()
+        .bytes
+    };
+    assert_eq!(lru(&t), lru(&rev));
 }
 
 /// The default table: every mode × six policies, grouped by mode, deterministic.
