@@ -474,7 +474,9 @@ pub struct ReplayArgs {
     hide_us: Option<f64>,
     /// The `offline optimum` row: `auto` computes it where it takes seconds (the solver's work
     /// bound, Σ over layers of min(hot, touches) × (steps + 2 × touches), at most 5 × 10⁷: about
-    /// 10 s) and says so where it is skipped.
+    /// 10 s) and says so where it is skipped. With --mode other than in-place: the in-place
+    /// min-cost flows of the modes table likewise (the copy-on-miss optimum, Belady's MIN, is
+    /// always computed except with `never`).
     #[arg(long, value_enum, default_value_t = OptimumArg::Auto)]
     optimum: OptimumArg,
     /// With --json: every step's bytes and stall too (the per-window series are always there).

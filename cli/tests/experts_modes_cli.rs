@@ -50,8 +50,20 @@ fn mode_flag_selects_the_table() {
     );
     // Copy-on-miss reads nothing in place.
     assert!(rows.iter().all(|r| r["reads"] == 0));
+    // Every row has its ratio to the copy-on-miss optimum of its bank (Belady's MIN), at least 1.
+    let optima = one["optima"]["rows"].as_array().unwrap();
+    assert_eq!(optima.len(), 2);
+    for r in rows {
+        let o = optima.iter().find(|o| o["bank"] == r["bank"]).unwrap();
+        let want =
+            r["stall_ms_per_step"].as_f64().unwrap() / o["stall_ms_per_step"].as_f64().unwrap();
+        let got = r["vs_optimum"].as_f64().unwrap();
+        assert!((got - want).abs() < 1e-9 && got >= 1.0 - 1e-9, "{r}");
+    }
 
-    let all = json(&["--mode", "all"]);
+    // (The in-place min-cost flows are the scoreboard's, tested there; a debug build takes a
+    // minute on them here.)
+    let all = json(&["--mode", "all", "--optimum", "never"]);
     let rows = all["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 24);
     let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
@@ -114,6 +126,32 @@ fn mode_flag_selects_the_table() {
     );
     assert!(text.contains("engine modes: read-or-copy"), "{text}");
     assert!(text.contains("lowest id"), "{text}");
+    // On GB300 a read is cheaper than a copy: read-or-copy has no optimum, and says why.
+    assert!(
+        text.contains("offline optimum read-or-copy per-layer: not computed"),
+        "{text}"
+    );
+    let never = replay(&["--mode", "copy-on-miss", "--optimum", "never"]);
+    assert!(
+        never.contains("--optimum never") && !never.contains(" offline optimum |"),
+        "{never}"
+    );
+    let always = ok_stdout(&[
+        "experts",
+        "replay",
+        "--steps",
+        "40",
+        "--tokens",
+        "2",
+        "--mode",
+        "all",
+        "--optimum",
+        "always",
+    ]);
+    assert!(
+        always.contains(" vs optimum |") && always.contains(" offline optimum |"),
+        "{always}"
+    );
 }
 
 #[test]

@@ -6,12 +6,14 @@
 use clap::{Args, ValueEnum};
 use expert_residency::{Geometry, ResidencyMap};
 use serde::Serialize;
-use tierkit_sim::experts::modes::{self, CpuChannel, EngineMode, ModeOptions, ModeRow};
+use tierkit_sim::experts::modes::{self, CpuChannel, EngineMode, ModeOptima, ModeOptions, ModeRow};
 use tierkit_sim::experts::scoreboard::Boot;
 use tierkit_sim::experts::trace::Trace;
 use tierkit_sim::experts::LinkModel;
 
-use super::{print_trace_info, progress, CliResult, PolicyArg, ReplayArgs, Source, TraceInfo};
+use super::{
+    print_trace_info, progress, CliResult, OptimumArg, PolicyArg, ReplayArgs, Source, TraceInfo,
+};
 
 /// How the engine serves a cold expert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -121,6 +123,9 @@ struct ModesOutput {
     modes: Vec<EngineMode>,
     options: ModeOptions,
     rows: Vec<ModeRow>,
+    /// The offline optimum per mode and bank (`vs_optimum` of `rows` divides by these), and why
+    /// any is not computed.
+    optima: ModeOptima,
 }
 
 /// The modes table of `a.modes` on `trace` (everything else as the scoreboard's replay).
@@ -138,7 +143,22 @@ pub(super) fn replay(
     let modes = a.modes.modes().expect("checked: a modes table");
     let policies = modes::mode_policies(trace, g, seed, boot)?;
     let pb = progress::spinner("replaying engine modes", a.json);
-    let rows = modes::mode_rows(trace, g, &policies, &modes, opts)?;
+    let mut rows = modes::mode_rows(trace, g, &policies, &modes, opts)?;
+    let optima = match a.optimum {
+        OptimumArg::Never => ModeOptima {
+            rows: vec![],
+            notes: vec!["offline optima not computed: --optimum never".into()],
+        },
+        OptimumArg::Auto => modes::mode_optima(
+            trace,
+            g,
+            &modes,
+            opts,
+            Some(tierkit_sim::experts::OPTIMUM_AUTO_MAX_WORK),
+        )?,
+        OptimumArg::Always => modes::mode_optima(trace, g, &modes, opts, None)?,
+    };
+    optima.fill(&mut rows);
     pb.finish_and_clear();
     let out = ModesOutput {
         command: "tierkit experts replay --mode",
@@ -149,6 +169,7 @@ pub(super) fn replay(
         modes,
         options: opts.clone(),
         rows,
+        optima,
     };
     if a.json {
         outln!("{}", serde_json::to_string_pretty(&out)?)?;
@@ -177,7 +198,10 @@ pub(super) fn replay(
             .join(", ")
     )?;
     outln!()?;
-    outln!("{}", modes::render_modes(&out.rows))?;
+    outln!("{}", modes::render_modes(&out.rows, &out.optima.rows))?;
+    for n in &out.optima.notes {
+        outln!("offline optimum {n}")?;
+    }
     outln!("\n{}", modes::modes_legend(opts))?;
     Ok(())
 }

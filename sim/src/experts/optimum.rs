@@ -176,6 +176,72 @@ pub(crate) fn solve(
     Ok(out)
 }
 
+/// The optimum of the same model with one bank of `layers × hot_per_layer` slots shared by every
+/// layer (the modes table's shared LRU bank in place: a layer may hold more than `H` experts
+/// while another holds fewer). Items 2–5 of the module docs hold as they are; the flow is
+/// [`solve_layer`]'s over the trace's `(layer, expert)` cells (`layer × experts + expert`) with
+/// `layers × H` units: a joint flow over all layers, on one thread. Per step summed over layers.
+///
+/// Errors: those of [`unit_costs`].
+pub(crate) fn solve_shared(
+    trace: &Trace,
+    geometry: &Geometry,
+    link: &LinkModel,
+) -> Result<Vec<OptimumStep>> {
+    let (r, c) = unit_costs(link, geometry.expert_bytes)?;
+    let (r, c) = (
+        (r * UNITS_PER_US).round() as i64,
+        (c * UNITS_PER_US).round() as i64,
+    );
+    let experts = geometry.experts_per_layer as usize;
+    let layers = geometry.layers as usize;
+    let cells: Vec<Vec<u32>> = trace
+        .steps
+        .iter()
+        .map(|s| {
+            s.layers
+                .iter()
+                .enumerate()
+                .take(layers)
+                .flat_map(|(l, p)| p.iter().map(move |&e| (l * experts) as u32 + e))
+                .collect()
+        })
+        .collect();
+    let picks: Vec<&[u32]> = cells.iter().map(Vec::as_slice).collect();
+    Ok(solve_layer(
+        &picks,
+        layers * experts,
+        layers * geometry.hot_per_layer as usize,
+        r,
+        c,
+    ))
+}
+
+/// [`solve_shared`]'s work bound, as [`optimum_work`]'s for one layer of every `(layer,
+/// expert)` cell and `layers × H` slots: `min(L × H, touches) × (steps + 2 × touches)`;
+/// saturating.
+pub fn shared_optimum_work(trace: &Trace, geometry: &Geometry) -> u64 {
+    let experts = trace.shape.experts_per_layer as usize;
+    let mut seen = vec![u64::MAX; trace.shape.layers as usize * experts];
+    let mut touches = 0u64;
+    for (t, s) in trace.steps.iter().enumerate() {
+        for (l, picks) in s.layers.iter().enumerate() {
+            for &e in picks {
+                if let Some(c) = seen.get_mut(l * experts + e as usize) {
+                    if *c != t as u64 {
+                        *c = t as u64;
+                        touches += 1;
+                    }
+                }
+            }
+        }
+    }
+    let slots = u64::from(geometry.layers) * u64::from(geometry.hot_per_layer);
+    slots
+        .min(touches)
+        .saturating_mul((trace.steps.len() as u64).saturating_add(touches.saturating_mul(2)))
+}
+
 /// One touch: a distinct expert of one step, with its picks.
 struct Touch {
     step: usize,

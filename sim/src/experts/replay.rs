@@ -11,6 +11,9 @@ use crate::experts::bytes::{ByteReport, ByteTally, UniqueCold};
 use crate::experts::check::validate_trace;
 use crate::experts::hindsight::{best_static_map, OracleWindow, StaticRank};
 use crate::experts::link::LinkModel;
+use crate::experts::modes::bank::{BankScope, LruBank};
+use crate::experts::modes::mode::EngineMode;
+use crate::experts::modes::price::CpuChannel;
 use crate::experts::t90::{mean, t90, T90};
 use crate::experts::trace::Trace;
 
@@ -28,8 +31,11 @@ pub enum PolicySpec {
     /// defaults if the config has none.
     AdaptiveShiftResponse(Option<ResidencyMap>),
     /// Per-layer LRU of `hot_per_layer` experts, from the boot map (first-K if `None`): every miss
-    /// is admitted at the end of its step, evicting the least recently used hot expert. Uncapped
-    /// (an idealised reference: real copies could not keep up; its swaps per step are reported).
+    /// is admitted at the end of its step, evicting the least recently used hot expert, then the
+    /// one with the fewest picks at that use, then the lowest id (the modes table's per-layer
+    /// [`LruBank`] in place: no order of picks within a step moves it). Uncapped (an idealised
+    /// reference: real copies could not keep up; its swaps per step, the net copies, are
+    /// reported).
     Lru(Option<ResidencyMap>),
     /// A static map in hindsight: top-`hot_per_layer` per layer over a window of the trace, ranked
     /// by touched steps ([`StaticRank::Touched`]: the best static map for stall and bytes) or by
@@ -330,78 +336,6 @@ fn cold_under(map: &ResidencyMap, layers: &[Vec<u32>], uniq: &mut UniqueCold) ->
     uniq.count(layers, |l, e| rows[l].table()[e] < 0)
 }
 
-/// Per-layer LRU state.
-struct Lru {
-    hot: Vec<Vec<u32>>,
-    is_hot: Vec<Vec<bool>>,
-    last_use: Vec<Vec<u64>>,
-    tick: u64,
-}
-
-impl Lru {
-    fn new(map: &ResidencyMap) -> Self {
-        let e = map.geometry().experts_per_layer as usize;
-        let hot = map.hot_sets();
-        let is_hot = hot
-            .iter()
-            .map(|h| {
-                let mut v = vec![false; e];
-                h.iter().for_each(|&x| v[x as usize] = true);
-                v
-            })
-            .collect();
-        Lru {
-            last_use: vec![vec![0; e]; hot.len()],
-            hot,
-            is_hot,
-            tick: 0,
-        }
-    }
-
-    /// `(cold lookups, distinct cold pairs)` of a step.
-    fn cold(&self, layers: &[Vec<u32>], uniq: &mut UniqueCold) -> (u64, u64) {
-        uniq.count(layers, |l, e| !self.is_hot[l][e])
-    }
-
-    /// Touches every pick of the step in order; admits misses. Returns (admissions, net hot-set
-    /// changes: experts hot after the step that were not before it).
-    fn update(&mut self, layers: &[Vec<u32>]) -> (u32, u64) {
-        let mut swaps = 0;
-        let mut net = 0u64;
-        let mut before: Vec<u32> = Vec::new();
-        for (l, picks) in layers.iter().enumerate() {
-            before.clear();
-            for &e in picks {
-                self.tick += 1;
-                let e = e as usize;
-                if !self.is_hot[l][e] {
-                    if before.is_empty() {
-                        before.extend_from_slice(&self.hot[l]);
-                    }
-                    let lu = &self.last_use[l];
-                    let (slot, _) = self.hot[l]
-                        .iter()
-                        .enumerate()
-                        .min_by_key(|&(_, &x)| (lu[x as usize], x))
-                        .expect("hot set is not empty");
-                    let out = self.hot[l][slot] as usize;
-                    self.is_hot[l][out] = false;
-                    self.is_hot[l][e] = true;
-                    self.hot[l][slot] = e as u32;
-                    swaps += 1;
-                }
-                self.last_use[l][e] = self.tick;
-            }
-            // Sets of equal size: as many left as came in.
-            net += before
-                .iter()
-                .filter(|&&x| !self.is_hot[l][x as usize])
-                .count() as u64;
-        }
-        (swaps, net)
-    }
-}
-
 /// Replays `trace` through `policy` and scores it.
 ///
 /// Per step: the step's lookups are served with the map in force at the step's start (a lookup of
@@ -481,15 +415,23 @@ pub fn replay_with(
             }
         }
         PolicySpec::Lru(m) => {
-            let mut lru = Lru::new(&boot(m)?);
+            // The modes table's per-layer LRU bank in place: its deterministic eviction order.
+            let mut lru = LruBank::new(
+                geometry,
+                BankScope::PerLayer,
+                EngineMode::InPlace,
+                Some(&boot(m)?),
+                &opts.link,
+                &CpuChannel::default(),
+            )?;
             for s in &trace.steps {
-                let (cold, unique) = lru.cold(&s.layers, &mut uniq);
+                let (cold, unique) = uniq.count(&s.layers, |l, e| !lru.is_resident(l, e as u32));
                 cold_per_step.push(cold);
-                let (k, net) = lru.update(&s.layers);
-                tally.push(unique, net);
-                swaps_per_step.push(k);
-                stats.planned += k as u64;
-                stats.applied += k as u64;
+                let copies = lru.step(&s.layers).boundary_copies;
+                tally.push(unique, copies);
+                swaps_per_step.push(u32::try_from(copies).unwrap_or(u32::MAX));
+                stats.planned += copies;
+                stats.applied += copies;
             }
         }
         PolicySpec::RatioBestTuning(_) => unreachable!("handled above"),

@@ -32,7 +32,7 @@ use expert_residency::{
     StepPicks,
 };
 
-use super::{EngineMode, StepCost};
+use super::mode::{EngineMode, StepCost};
 use crate::experts::link::LinkModel;
 
 /// Steps over which a shadow's miss count halves.

@@ -29,8 +29,8 @@ use std::collections::BTreeSet;
 
 use expert_residency::{Geometry, ResidencyMap, Result};
 
+use super::mode::{EngineMode, StepCost};
 use super::price::{self, Channel, CpuChannel};
-use super::{EngineMode, StepCost};
 use crate::experts::link::LinkModel;
 
 /// Whether a bank belongs to one layer or is shared by all.

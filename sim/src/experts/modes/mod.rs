@@ -32,6 +32,8 @@
 
 pub mod admit;
 pub mod bank;
+pub mod mode;
+pub mod optimal;
 pub mod price;
 
 use expert_residency::{
@@ -41,81 +43,14 @@ use expert_residency::{
 
 pub use admit::DuelBank;
 pub use bank::{BankScope, LruBank};
+pub use mode::{EngineMode, StepCost};
+pub use optimal::{mode_optima, ModeOptima};
 pub use price::CpuChannel;
 
 use crate::experts::check::validate_trace;
 use crate::experts::link::LinkModel;
 use crate::experts::scoreboard::{recency_config, Boot, RECENCY_CAP};
 use crate::experts::trace::Trace;
-
-/// How an engine serves a cold expert (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum EngineMode {
-    /// Read in place over the link; copies at step boundaries (the scoreboard's model).
-    InPlace,
-    /// Copied into HBM on a miss and computed there in the same step.
-    CopyOnMiss,
-    /// Read in place or copied, whichever the link prices lower given the expected reuse.
-    ReadOrCopy,
-    /// Split between the link (in place) and the host CPU, in parallel.
-    Cpu,
-}
-
-impl EngineMode {
-    /// Every mode, in table order.
-    pub const ALL: [EngineMode; 4] = [
-        EngineMode::InPlace,
-        EngineMode::CopyOnMiss,
-        EngineMode::ReadOrCopy,
-        EngineMode::Cpu,
-    ];
-
-    /// `in-place`, `copy-on-miss`, `read-or-copy`, `cpu`.
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineMode::InPlace => "in-place",
-            EngineMode::CopyOnMiss => "copy-on-miss",
-            EngineMode::ReadOrCopy => "read-or-copy",
-            EngineMode::Cpu => "cpu",
-        }
-    }
-}
-
-/// One step's work and stall in a mode (counts of experts; µs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct StepCost {
-    /// Picks of the step.
-    pub picks: u64,
-    /// Picks of experts not in HBM when their layer ran.
-    pub miss_picks: u64,
-    /// Cold experts read in place over the link.
-    pub reads: u64,
-    /// Misses copied into HBM to serve the step (critical path).
-    pub serving_copies: u64,
-    /// Copies at the step's end boundary (a policy's swaps, an in-place LRU's admissions).
-    pub boundary_copies: u64,
-    /// Cold experts computed by the CPU.
-    pub cpu: u64,
-    /// [`EngineMode::Cpu`]: the layers' link/CPU times summed, µs.
-    pub split_us: f64,
-    /// Modelled stall of the step, µs.
-    pub stall_us: f64,
-}
-
-impl StepCost {
-    /// Sets `stall_us`: the reads (`cpu` mode: the split times), the serving copies, the boundary
-    /// copies, all on one link priced by `link`, experts of `b` bytes.
-    pub(crate) fn finish(&mut self, mode: EngineMode, link: &LinkModel, b: u64) {
-        let reads = match mode {
-            EngineMode::Cpu => self.split_us,
-            _ => link.cost.read_us(self.reads.saturating_mul(b)),
-        };
-        self.stall_us = reads
-            + price::serving_copies_us(link, self.serving_copies, b)
-            + price::boundary_copies_us(link, self.boundary_copies, b);
-    }
-}
 
 /// What a mode row replays.
 #[derive(Clone, Debug, PartialEq)]
@@ -195,6 +130,10 @@ pub struct ModeRow {
     pub stall_ms_per_step: f64,
     /// Mean stall over the same policy's in-place row's (`None` when that is 0).
     pub vs_in_place: Option<f64>,
+    /// Mean stall over the offline optimum of the row's mode and bank scope ([`optimal`]; `None`
+    /// where that optimum is not computed or is 0).
+    #[serde(default)]
+    pub vs_optimum: Option<f64>,
 }
 
 /// Sums of [`StepCost`] over a replay.
@@ -218,6 +157,39 @@ impl Totals {
         self.copies += c.serving_copies + c.boundary_copies;
         self.cpu += c.cpu;
         self.stall_us += c.stall_us;
+    }
+
+    /// The table row of these sums (`vs_in_place`, `vs_optimum` unset), experts of `b` bytes.
+    fn row(&self, mode: EngineMode, label: &str, bank: &str, boot: &str, b: u64) -> ModeRow {
+        let b = b as f64;
+        let per = |v: f64| {
+            if self.steps == 0 {
+                0.0
+            } else {
+                v / self.steps as f64
+            }
+        };
+        ModeRow {
+            mode,
+            label: label.into(),
+            bank: bank.into(),
+            boot: boot.into(),
+            steps: self.steps,
+            miss_share: if self.picks == 0 {
+                0.0
+            } else {
+                self.miss_picks as f64 / self.picks as f64
+            },
+            reads: self.reads,
+            copies: self.copies,
+            cpu: self.cpu,
+            host_read_gb: self.reads as f64 * b / 1e9,
+            copy_gb: self.copies as f64 * b / 1e9,
+            cpu_gb: self.cpu as f64 * b / 1e9,
+            stall_ms_per_step: per(self.stall_us) / 1e3,
+            vs_in_place: None,
+            vs_optimum: None,
+        }
     }
 }
 
@@ -470,7 +442,6 @@ pub fn mode_rows(
             }
         }
     }
-    let b = geometry.expert_bytes as f64;
     let mut rows = Vec::new();
     for &mode in &all {
         if !modes.contains(&mode) {
@@ -479,33 +450,9 @@ pub fn mode_rows(
         for ((label, boot, p), t) in policies.iter().zip(&totals) {
             let x = t[mode_index(mode)];
             let base = t[0].stall_us;
-            let per = |v: f64| {
-                if x.steps == 0 {
-                    0.0
-                } else {
-                    v / x.steps as f64
-                }
-            };
-            rows.push(ModeRow {
-                mode,
-                label: label.clone(),
-                bank: p.bank().into(),
-                boot: boot.clone(),
-                steps: x.steps,
-                miss_share: if x.picks == 0 {
-                    0.0
-                } else {
-                    x.miss_picks as f64 / x.picks as f64
-                },
-                reads: x.reads,
-                copies: x.copies,
-                cpu: x.cpu,
-                host_read_gb: x.reads as f64 * b / 1e9,
-                copy_gb: x.copies as f64 * b / 1e9,
-                cpu_gb: x.cpu as f64 * b / 1e9,
-                stall_ms_per_step: per(x.stall_us) / 1e3,
-                vs_in_place: (base > 0.0).then(|| x.stall_us / base),
-            });
+            let mut row = x.row(mode, label, p.bank(), boot, geometry.expert_bytes);
+            row.vs_in_place = (base > 0.0).then(|| x.stall_us / base);
+            rows.push(row);
         }
     }
     Ok(rows)
@@ -547,9 +494,16 @@ fn parallel<J: Sync, R: Send>(jobs: &[J], f: impl Fn(&J) -> Result<R> + Sync) ->
         .collect()
 }
 
-/// The modes table as Markdown-compatible text: one row per (mode, policy), the mode first.
-pub fn render_modes(rows: &[ModeRow]) -> String {
-    let body: Vec<Vec<String>> = rows
+/// The modes table as Markdown-compatible text: one row per (mode, policy), the mode first; each
+/// mode's `offline optimum` rows of `optima` ([`ModeOptima::rows`]) close its group.
+pub fn render_modes(rows: &[ModeRow], optima: &[ModeRow]) -> String {
+    let ratio = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.3}×"));
+    let mut ordered: Vec<&ModeRow> = Vec::with_capacity(rows.len() + optima.len());
+    for &mode in &EngineMode::ALL {
+        ordered.extend(rows.iter().filter(|r| r.mode == mode));
+        ordered.extend(optima.iter().filter(|r| r.mode == mode));
+    }
+    let body: Vec<Vec<String>> = ordered
         .iter()
         .map(|r| {
             vec![
@@ -562,7 +516,8 @@ pub fn render_modes(rows: &[ModeRow]) -> String {
                 format!("{:.1}", r.copy_gb),
                 format!("{:.1}", r.cpu_gb),
                 format!("{:.2}", r.stall_ms_per_step),
-                r.vs_in_place.map_or("-".into(), |v| format!("{v:.3}×")),
+                ratio(r.vs_in_place),
+                ratio(r.vs_optimum),
             ]
         })
         .collect();
@@ -578,6 +533,7 @@ pub fn render_modes(rows: &[ModeRow]) -> String {
             "CPU GB",
             "stall ms/step",
             "vs in-place",
+            "vs optimum",
         ],
         &body,
     )
@@ -588,7 +544,8 @@ pub fn modes_legend(opts: &ModeOptions) -> String {
     let l = &opts.link;
     format!(
         "mode = how the engine serves a cold expert: in-place = read over the link by the GEMM, copies at step boundaries (the scoreboard's model); copy-on-miss = copied into HBM and computed there in the same step (a copy on the critical path; an LRU bank admits it, a policy's map decides what stays and admits a just-copied expert for free; the default's bank evicts by recency, or by its map first where that shadow missed less, per layer); read-or-copy = read or copy per expert and step, whichever the link prices lower given the expected reuse (LRU bank: expected further touched steps of the expert's run; a policy's staged copy: none); cpu = a layer's cold experts split between the link and the host CPU, whole experts, in parallel.\n\
-         link {}: reads {} GB/s, copies {} GB/s +{} µs each; CPU {} GB/s of weights, each channel at {} of its solo rate when both run. lru evicts the least recently used, then the fewest picks, then the lowest id; bank = per-layer (hot slots per layer) or shared (layers × hot slots, layers in order). miss share = picks of experts not in HBM when their layer ran; vs in-place = stall / the same policy's in-place stall.",
+         link {}: reads {} GB/s, copies {} GB/s +{} µs each; CPU {} GB/s of weights, each channel at {} of its solo rate when both run. lru evicts the least recently used, then the fewest picks, then the lowest id; bank = per-layer (hot slots per layer) or shared (layers × hot slots, layers in order). miss share = picks of experts not in HBM when their layer ran; vs in-place = stall / the same policy's in-place stall (an optimum row: / the in-place optimum of its bank).\n\
+         vs optimum = stall / the offline optimum of the row's mode and bank (its step-0 map free): in-place = the scoreboard's min-cost flow (Belady with bypass and copy costs; per layer, or jointly over every (layer, expert) with layers × hot slots for the shared bank); copy-on-miss = Belady's MIN (a miss costs one copy whatever is kept: keep the experts touched again soonest; per layer by step, shared by (step, layer)); read-or-copy = the copy-on-miss optimum where a copy costs at most a read (then a miss costs one copy either way), none where a read is cheaper; cpu = none (the two channels' split is not linear in cold experts). - = not computed.",
         l.name,
         l.cost.read_gbps,
         l.cost.copy_gbps,
