@@ -24,7 +24,9 @@ pub struct ChartSpec {
     /// Y axis label.
     pub y_label: String,
     /// The series, drawn in order with distinct colour-blind-safe colours (Okabe-Ito) and marker
-    /// shapes; earlier series are drawn wider, so one that a later one covers stays visible.
+    /// shapes; earlier series are drawn wider, so one that a later one covers stays visible. A
+    /// series identical to a later one (same points) is drawn as a wide band with large marks
+    /// under it and its legend entry names the series on top (`fixed hot cache (= elastic)`).
     pub series: Vec<Series>,
     /// Vertical markers `(x, label)`.
     pub markers: Vec<(f64, String)>,
@@ -116,6 +118,23 @@ fn marked(len: usize, i: usize, n: usize) -> Vec<usize> {
     (start..len).step_by(gap).collect()
 }
 
+/// For each series, the later series with exactly the same points (drawn on top of it, they hide
+/// it): the first of them and how many there are; `None` for a series nothing covers.
+fn covered_by(series: &[Series]) -> Vec<Option<(usize, u32)>> {
+    (0..series.len())
+        .map(|i| {
+            let same: Vec<usize> = (i + 1..series.len())
+                .filter(|&j| series[j].1 == series[i].1)
+                .collect();
+            Some((*same.first()?, same.len() as u32))
+        })
+        .collect()
+}
+
+/// Extra line width and marker size, in pixels, of a series per later identical one covering it
+/// (nested bands: each copy stays visible around the one on top of it).
+const COVERED_EXTRA_PX: u32 = 5;
+
 /// The y range that fits `y0..=y1` (the data's lowest and highest values): from 0 when the
 /// lowest value is below the spread (or negative: from below it), else a band around the data;
 /// 8% of headroom either side.
@@ -144,22 +163,27 @@ fn draw_marks<DB: DrawingBackend>(
     pts: &[(f64, f64)],
     shape: Shape,
     color: RGBColor,
+    grow: u32,
 ) -> Result<(), Box<dyn std::error::Error>>
 where
     DB::ErrorType: 'static,
 {
     let style = color.filled();
-    let line = color.stroke_width(2);
+    let line = color.stroke_width(2 + grow / 2);
     let it = pts.iter().copied();
+    let g = grow as i32;
     match shape {
-        Shape::Circle => chart.draw_series(it.map(|p| Circle::new(p, 5, style)))?,
-        Shape::Triangle => chart.draw_series(it.map(|p| TriangleMarker::new(p, 6, style)))?,
-        Shape::Square => chart.draw_series(
-            it.map(|p| EmptyElement::at(p) + Rectangle::new([(-4, -4), (4, 4)], style)),
-        )?,
-        Shape::Cross => chart.draw_series(it.map(|p| Cross::new(p, 5, line)))?,
+        Shape::Circle => chart.draw_series(it.map(|p| Circle::new(p, 5 + grow, style)))?,
+        Shape::Triangle => {
+            chart.draw_series(it.map(|p| TriangleMarker::new(p, 6 + grow, style)))?
+        }
+        Shape::Square => chart.draw_series(it.map(|p| {
+            EmptyElement::at(p) + Rectangle::new([(-4 - g, -4 - g), (4 + g, 4 + g)], style)
+        }))?,
+        Shape::Cross => chart.draw_series(it.map(|p| Cross::new(p, 5 + grow, line)))?,
         Shape::Diamond => chart.draw_series(it.map(|p| {
-            EmptyElement::at(p) + Polygon::new(vec![(0, -6), (6, 0), (0, 6), (-6, 0)], style)
+            let r = 6 + g;
+            EmptyElement::at(p) + Polygon::new(vec![(0, -r), (r, 0), (0, r), (-r, 0)], style)
         }))?,
     };
     Ok(())
@@ -303,8 +327,18 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
         )))?;
     }
     let n = spec.series.len();
+    let covered = covered_by(&spec.series);
     for (i, (name, pts)) in spec.series.iter().enumerate() {
         let (color, shape, width) = style_of(i, n);
+        // A series hidden under a later identical one: a band wider than the line on top, large
+        // marks, and a legend entry naming the series on top.
+        let (grow, label) = match covered[i] {
+            Some((j, copies)) => (
+                COVERED_EXTRA_PX * copies,
+                format!("{name} (= {})", spec.series[j].0),
+            ),
+            None => (0, name.clone()),
+        };
         let pts: Vec<(f64, f64)> = pts
             .iter()
             .copied()
@@ -313,9 +347,9 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
         chart
             .draw_series(LineSeries::new(
                 pts.iter().copied(),
-                color.stroke_width(width),
+                color.stroke_width(width + grow),
             ))?
-            .label(name.clone())
+            .label(label)
             .legend(move |(x, y)| {
                 let mark = legend_outline(shape)
                     .into_iter()
@@ -330,7 +364,7 @@ fn draw_png(path: &Path, spec: &ChartSpec) -> Result<(), Box<dyn std::error::Err
             .into_iter()
             .map(|k| pts[k])
             .collect();
-        draw_marks(&mut chart, &marks, shape, color)?;
+        draw_marks(&mut chart, &marks, shape, color, grow)?;
     }
     chart
         .configure_series_labels()
@@ -405,6 +439,19 @@ mod tests {
         assert!(a.len() >= 10 && a.len() <= 13 && b.len() >= 10, "{a:?}");
         assert!(a.iter().all(|k| !b.contains(k)), "{a:?} {b:?}");
         assert!(b.iter().all(|&k| k < 585));
+    }
+
+    #[test]
+    fn identical_series_are_found_under_the_last_copy() {
+        let a: Vec<(f64, f64)> = vec![(0.0, 1.0), (1.0, 2.0)];
+        let b: Vec<(f64, f64)> = vec![(0.0, 1.0), (1.0, 3.0)];
+        let s: Vec<Series> = vec![
+            ("fixed".into(), a.clone()),
+            ("other".into(), b),
+            ("elastic".into(), a.clone()),
+            ("again".into(), a),
+        ];
+        assert_eq!(covered_by(&s), vec![Some((2, 2)), None, Some((3, 1)), None]);
     }
 
     #[test]
