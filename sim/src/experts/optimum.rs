@@ -217,7 +217,7 @@ pub(crate) fn solve_shared(
     ))
 }
 
-/// [`solve_shared`]'s work bound, as [`optimum_work`]'s for one layer of every `(layer,
+/// `solve_shared`'s work bound, as [`optimum_work`]'s for one layer of every `(layer,
 /// expert)` cell and `layers × H` slots: `min(L × H, touches) × (steps + 2 × touches)`;
 /// saturating.
 pub fn shared_optimum_work(trace: &Trace, geometry: &Geometry) -> u64 {

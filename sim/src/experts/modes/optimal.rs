@@ -1,11 +1,11 @@
 //! The offline optimum of each engine mode: the divisor of the modes table's `vs optimum` column
 //! and its `offline optimum` rows, one per mode and bank scope where an exact optimum exists.
 //!
-//! Every optimum's map at step 0 is free (as the scoreboard's, [`crate::experts::optimum`]
+//! Every optimum's map at step 0 is free (as the scoreboard's, `experts::optimum`
 //! item 5), so it is at most every row of the same mode and bank scope, whichever map the row
 //! boots from. Which optimum each mode's ratio uses:
 //!
-//! - **`in-place`**, per layer: the scoreboard's exact optimum ([`crate::experts::optimum`]: Belady
+//! - **`in-place`**, per layer: the scoreboard's exact optimum (`experts::optimum`: Belady
 //!   with bypass and copy costs, a min-cost flow per layer). Shared bank: the same flow jointly
 //!   over every `(layer, expert)` cell with `layers × H` slots (one flow, one thread; computed
 //!   below the same work bound as the per-layer one, [`crate::experts::shared_optimum_work`]).
@@ -15,7 +15,7 @@
 //!   policy's map may also copy in an expert the step did not touch, at the same price when no
 //!   copy time is hidden: never cheaper than copying it on its next miss). This is paging with
 //!   uniform costs, for which **Belady's MIN** is exact (Belady 1966): keep the experts whose next
-//!   touch is soonest, evict the one whose next touch is farthest ([`belady`], proptested against
+//!   touch is soonest, evict the one whose next touch is farthest (`belady`, proptested against
 //!   a brute force over every bank schedule, prefetches included). Per layer it runs per step;
 //!   the shared bank runs it over `(step, layer)` in layer order, as [`super::LruBank`]'s shared
 //!   bank serves them. Exact, and fast (`O(touches × log slots)`): always computed.
@@ -27,7 +27,7 @@
 //!   time, not linear in the cold experts: no optimum is computed (`-`).
 //!
 //! Copies hidden behind a step (`hide_us > 0` on a shared link) make the stall non-linear: no
-//! optimum is computed there ([`crate::experts::optimum::unit_costs`]).
+//! optimum is computed there (`experts::optimum::unit_costs`).
 
 use std::collections::BTreeSet;
 
