@@ -213,10 +213,11 @@ impl Controller {
             let burst = burst_update(&mut self.picks_per_step[l], total, n);
             touched.bursts += u32::from(burst);
             let (mut cold_t, mut all_t) = (0.0, 0.0);
-            if let Some(per_step) = touch_layer(
+            if let Some((per_step, cold)) = touch_layer(
                 &self.deltas[r.clone()],
+                row.table(),
                 &mut self.touch_scratch[r.clone()],
-                &mut self.last_touch[r.clone()],
+                &mut self.last_touch[r],
                 n,
                 step,
                 burst,
@@ -224,12 +225,7 @@ impl Controller {
                 touched.per_step_sum += per_step;
                 touched.layers_with_picks += 1;
                 all_t = n * per_step;
-                cold_t = self.touch_scratch[r]
-                    .iter()
-                    .zip(row.table())
-                    .filter(|(_, &slot)| slot < 0)
-                    .map(|(x, _)| x)
-                    .sum();
+                cold_t = cold;
             }
             self.window_touched[wbase + l] = (cold_t, all_t);
             touched.cold += cold_t;
@@ -410,20 +406,22 @@ fn burst_update(mean: &mut f64, picks: u64, n: f64) -> bool {
 
 /// One layer's touched steps of an interval of `n` steps (see `touch.rs`): `n · τ(d)` per cell
 /// into `x` (0 where `d` is 0), `step` stamped into `last` where `d > 0`. A `burst` interval is
-/// counted by its exact lower bound instead: 1 where `d > 0` (see [`BURST_FACTOR`]). Returns the sum of `τ`
-/// over the layer (in expert order), or `None` (and `x` all zeros) if it had no picks.
+/// counted by its exact lower bound instead: 1 where `d > 0` (see [`BURST_FACTOR`]). Returns the
+/// sum of `τ` over the layer and the sum of `x` over its cold cells (`table[e] < 0`), both in
+/// expert order, or `None` (and `x` all zeros) if it had no picks.
 ///
 /// Small pick counts repeat across a layer's experts: a first pass over the (cached) deltas finds
 /// the largest and which counts below `MEMO` (64) occur, `τ` is evaluated once for each of those
 /// (independent evaluations, no branch per cell), and the cells read it from the table.
 fn touch_layer(
     d: &[u64],
+    table: &[i32],
     x: &mut [f64],
     last: &mut [u64],
     n: f64,
     step: u64,
     burst: bool,
-) -> Option<f64> {
+) -> Option<(f64, f64)> {
     const MEMO: usize = 64;
     // Four accumulators: the maxima and the bitmask do not chain cell after cell.
     let (mut mx, mut seen) = ([0u64; 4], [0u64; 4]);
@@ -447,16 +445,19 @@ fn touch_layer(
     if burst {
         // A burst interval: its exact lower bound, one touched step per expert picked, however
         // many tokens picked it (a prefill's hundreds of tokens count once).
-        let mut touched = 0.0;
-        for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
+        let (mut touched, mut cold) = (0.0, 0.0);
+        for (((&d, &slot), x), last) in d.iter().zip(table).zip(x.iter_mut()).zip(last.iter_mut()) {
             let hit = d > 0;
             *x = f64::from(u8::from(hit));
             touched += *x;
             if hit {
                 *last = step;
+                if slot < 0 {
+                    cold += 1.0;
+                }
             }
         }
-        return Some(touched / n.max(1.0));
+        return Some((touched / n.max(1.0), cold));
     }
     let inv_n = 1.0 / n;
     let tokens = (max_d as f64 * inv_n).max(1.0);
@@ -470,8 +471,10 @@ fn touch_layer(
         memo[k] = tau_of(k as u64);
         m &= m - 1;
     }
-    let mut touched = 0.0;
-    for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
+    // Two sums in expert order (the cold one skips hot cells and zeros, which add nothing to a
+    // sum ≥ 0): the same bits as summing afterwards, one pass fewer.
+    let (mut touched, mut cold) = (0.0, 0.0);
+    for (((&d, &slot), x), last) in d.iter().zip(table).zip(x.iter_mut()).zip(last.iter_mut()) {
         if d == 0 {
             *x = 0.0;
             continue;
@@ -483,7 +486,10 @@ fn touch_layer(
         };
         touched += tau;
         *x = n * tau;
+        if slot < 0 {
+            cold += *x;
+        }
         *last = step;
     }
-    Some(touched)
+    Some((touched, cold))
 }
