@@ -493,3 +493,98 @@ fn touch_layer(
     }
     Some((touched, cold))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::touch::touch_prob_inv;
+    use rand::{Rng, SeedableRng};
+
+    /// [`touch_layer`] as its contract reads, cell by cell: `τ` evaluated for every cell (no
+    /// table of small counts), the cold sum taken afterwards over the written cells.
+    fn touch_layer_ref(
+        d: &[u64],
+        table: &[i32],
+        n: f64,
+        burst: bool,
+    ) -> Option<(Vec<f64>, f64, f64)> {
+        let max_d = d.iter().copied().max().unwrap_or(0);
+        if max_d == 0 {
+            return None;
+        }
+        let tokens = (max_d as f64 * (1.0 / n)).max(1.0);
+        let x: Vec<f64> = d
+            .iter()
+            .map(|&d| match (d, burst) {
+                (0, _) => 0.0,
+                (_, true) => 1.0,
+                _ => n * touch_prob_inv(d as f64 * (1.0 / n), tokens, 1.0 / tokens),
+            })
+            .collect();
+        let touched = if burst {
+            x.iter().sum::<f64>() / n.max(1.0)
+        } else {
+            let mut s = 0.0;
+            for &d in d.iter().filter(|&&d| d > 0) {
+                s += touch_prob_inv(d as f64 * (1.0 / n), tokens, 1.0 / tokens);
+            }
+            s
+        };
+        let cold = x
+            .iter()
+            .zip(table)
+            .filter(|(_, &slot)| slot < 0)
+            .map(|(x, _)| x)
+            .sum();
+        Some((x, touched, cold))
+    }
+
+    #[test]
+    fn touch_layer_matches_the_cell_by_cell_estimate() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for round in 0..3000 {
+            let e = rng.random_range(1..400usize);
+            let top = [1u64, 3, 63, 64, 65, 200, 5000][round % 7];
+            let d: Vec<u64> = (0..e)
+                .map(|_| {
+                    if rng.random_range(0..3) == 0 {
+                        0
+                    } else {
+                        rng.random_range(0..=top)
+                    }
+                })
+                .collect();
+            let table: Vec<i32> = (0..e)
+                .map(|i| {
+                    if rng.random_range(0..4) == 0 {
+                        i as i32
+                    } else {
+                        -1
+                    }
+                })
+                .collect();
+            let n = [1.0, 7.0, 64.0][round % 3];
+            let burst = round % 5 == 0;
+            let (mut x, mut last) = (vec![f64::NAN; e], vec![3u64; e]);
+            let got = touch_layer(&d, &table, &mut x, &mut last, n, 9, burst);
+            match touch_layer_ref(&d, &table, n, burst) {
+                None => {
+                    assert!(got.is_none(), "round {round}");
+                    assert!(x.iter().all(|&v| v == 0.0));
+                }
+                Some((want_x, touched, cold)) => {
+                    let (t, c) = got.expect("picks");
+                    assert_eq!(t.to_bits(), touched.to_bits(), "touched, round {round}");
+                    // Equal as numbers: a layer without cold experts sums to −0.0 under `sum`
+                    // (its start) and to +0.0 here; the drain adds it to +0.0 totals either way.
+                    assert!(c == cold, "cold {c} vs {cold}, round {round}");
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&x), bits(&want_x), "x, round {round}");
+                    for (&d, &l) in d.iter().zip(&last) {
+                        assert_eq!(l, if d > 0 { 9 } else { 3 });
+                    }
+                }
+            }
+        }
+    }
+}

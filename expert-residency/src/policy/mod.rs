@@ -18,6 +18,8 @@
 mod cost;
 mod ratio;
 mod recency;
+#[cfg(test)]
+mod reference;
 
 pub use cost::{CostConfig, CostPolicy};
 pub use ratio::{RatioConfig, RatioPolicy};
@@ -525,65 +527,8 @@ fn scan_least<L: ShortList>(
 
 #[cfg(test)]
 mod tests {
+    use super::reference::{rank_cold_ref, rank_hot_ref};
     use super::*;
-
-    /// The straightforward versions the ranking functions must match entry for entry.
-    fn rank_cold_ref(
-        out: &mut Vec<(f64, u32)>,
-        vals: &[f64],
-        table: &[i32],
-        needed: f64,
-        mut floor: f64,
-        cap: usize,
-    ) {
-        for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
-            if slot >= 0 || v <= floor || v < needed {
-                continue;
-            }
-            let mut i = if out.len() < cap {
-                out.push((v, e as u32));
-                out.len() - 1
-            } else {
-                out[cap - 1] = (v, e as u32);
-                cap - 1
-            };
-            while i > 0 && out[i - 1].0 < out[i].0 {
-                out.swap(i - 1, i);
-                i -= 1;
-            }
-            if out.len() == cap {
-                floor = out[cap - 1].0;
-            }
-        }
-    }
-
-    fn rank_hot_ref(
-        out: &mut Vec<(f64, u32)>,
-        vals: &[f64],
-        hot_experts: &[u32],
-        cap: usize,
-        beatable: impl Fn(f64) -> bool,
-    ) {
-        for &e in hot_experts {
-            let x = (vals[e as usize], e);
-            if !beatable(x.0) {
-                continue;
-            }
-            let mut i = if out.len() < cap {
-                out.push(x);
-                out.len() - 1
-            } else if x < out[cap - 1] {
-                out[cap - 1] = x;
-                cap - 1
-            } else {
-                continue;
-            };
-            while i > 0 && out[i] < out[i - 1] {
-                out.swap(i - 1, i);
-                i -= 1;
-            }
-        }
-    }
 
     fn bits(v: &[(f64, u32)]) -> Vec<(u64, u32)> {
         v.iter().map(|&(h, e)| (h.to_bits(), e)).collect()
