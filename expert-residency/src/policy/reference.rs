@@ -167,14 +167,16 @@ impl SwapPolicy for RefRatio {
 }
 
 /// One random step's picks: `tokens` tokens × top-`k` over a popularity that drifts with `t`
-/// (a Zipf-like rank rotated by `t / period`), now and then a prefill burst of 200 tokens.
+/// (a Zipf-like rank rotated by `t / 150`, turned over at step 1,500), now and then a prefill
+/// burst of 200 tokens.
 fn random_step(rng: &mut ChaCha8Rng, g: &Geometry, t: usize, tokens: usize, k: usize) -> StepPicks {
     let e = g.experts_per_layer as usize;
     let burst = rng.random_range(0..400) == 0;
     let tokens = if burst { 200 } else { tokens };
     let layers = (0..g.layers as usize)
         .map(|l| {
-            let shift = t / 150 + l * 7;
+            // A slow drift, and a domain shift (half the ranking turned over) at step 1,500.
+            let shift = t / 150 + l * 7 + if t >= 1500 { e / 2 } else { 0 };
             let mut ids = Vec::with_capacity(tokens * k);
             for _ in 0..tokens {
                 let mut picked = Vec::with_capacity(k);
@@ -197,8 +199,8 @@ fn random_step(rng: &mut ChaCha8Rng, g: &Geometry, t: usize, tokens: usize, k: u
 
 /// Runs `steps` random steps through a controller with `cfg`'s own policy and one with `reference`
 /// (same config otherwise), asserting the same report (bit for bit, through `Debug`) and map at
-/// every step; returns the swaps applied.
-fn same_decisions(cfg: ControllerConfig, reference: Box<dyn SwapPolicy>, seed: u64) -> u64 {
+/// every step; returns the swaps applied and the largest per-layer cap a drain ran under.
+fn same_decisions(cfg: ControllerConfig, reference: Box<dyn SwapPolicy>, seed: u64) -> (u64, u32) {
     // 45 experts: not a multiple of the ranking's chunk of 8, so its tail is exercised too.
     let g = Geometry::new(3, 45, 11, 1 << 20).unwrap();
     let map = ResidencyMap::first_k("t", g).unwrap();
@@ -210,7 +212,7 @@ fn same_decisions(cfg: ControllerConfig, reference: Box<dyn SwapPolicy>, seed: u
     );
     let (mut xf, mut xp) = (NullExecutor::new(), NullExecutor::new());
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut applied = 0;
+    let (mut applied, mut top_cap) = (0, 0);
     for t in 0..3000 {
         // Batch and top-k change every 500 steps: batch 1 to 48, top-1 to top-8.
         let tokens = [1, 4, 48, 1, 16, 2][t / 500 % 6];
@@ -226,15 +228,16 @@ fn same_decisions(cfg: ControllerConfig, reference: Box<dyn SwapPolicy>, seed: u
         assert_eq!(fast.queued(), plain.queued(), "step {t}, seed {seed}");
         assert_eq!(fast.map().hot_sets(), plain.map().hot_sets(), "step {t}");
         applied += a.applied as u64;
+        top_cap = top_cap.max(a.drain.map_or(0, |d| d.max_swaps_per_layer));
     }
-    applied
+    (applied, top_cap)
 }
 
 #[test]
 fn tuned_policies_decide_as_the_plain_ones_on_random_traffic() {
     for seed in 0..3 {
         // The default (cost-aware, adaptive cadence, shift response), with per-layer caps 1, 2
-        // (the lists in registers) and 3 (in the buffer; the boost's 8 too).
+        // (the lists in registers) and 3 (in the buffer).
         for cap in [1, 2, 3] {
             let cfg = ControllerConfig {
                 max_swaps_per_layer: cap,
@@ -243,7 +246,7 @@ fn tuned_policies_decide_as_the_plain_ones_on_random_traffic() {
             let PolicyConfig::Cost(c) = cfg.policy.clone() else {
                 panic!("the default policy is the cost-aware one");
             };
-            let applied = same_decisions(cfg, Box::new(RefCost(c)), seed);
+            let (applied, _) = same_decisions(cfg, Box::new(RefCost(c)), seed);
             assert!(
                 applied > 0,
                 "cost, cap {cap}, seed {seed}: the traffic must swap"
@@ -255,13 +258,19 @@ fn tuned_policies_decide_as_the_plain_ones_on_random_traffic() {
         let PolicyConfig::Ratio(RatioConfig { ratio }) = recipe.policy.clone() else {
             panic!("the published recipe is the ratio policy");
         };
-        assert!(same_decisions(recipe, Box::new(RefRatio(ratio)), seed) > 0);
+        assert!(same_decisions(recipe, Box::new(RefRatio(ratio)), seed).0 > 0);
         let fixed = ControllerConfig {
             adaptive: None,
             drain_every: 16,
             shift_response: Some(ShiftResponse::default()),
             ..ControllerConfig::default()
         };
-        assert!(same_decisions(fixed, Box::new(RefCost(CostConfig::default())), seed) > 0);
+        let (applied, top_cap) =
+            same_decisions(fixed, Box::new(RefCost(CostConfig::default())), seed);
+        assert!(applied > 0);
+        assert_eq!(
+            top_cap, 8,
+            "seed {seed}: the shift response's boost must run"
+        );
     }
 }
