@@ -423,19 +423,22 @@ fn touch_layer(
     burst: bool,
 ) -> Option<(f64, f64)> {
     const MEMO: usize = 64;
-    // Four accumulators: the maxima and the bitmask do not chain cell after cell.
-    let (mut mx, mut seen) = ([0u64; 4], [0u64; 4]);
+    // Four accumulators for the maxima (they do not chain cell after cell); the counts present
+    // are marked in a byte table (a store per cell, index clamped to `MEMO`: cheaper than a
+    // variable shift into a bitmask).
+    let mut mx = [0u64; 4];
+    let mut present = [0u8; MEMO + 1];
     let chunks = d.chunks_exact(4);
     let rest = chunks.remainder();
     for c in chunks {
         for k in 0..4 {
             mx[k] = mx[k].max(c[k]);
-            seen[k] |= ((c[k] < MEMO as u64) as u64) << (c[k] & (MEMO as u64 - 1));
+            present[c[k].min(MEMO as u64) as usize] = 1;
         }
     }
     for &v in rest {
         mx[0] = mx[0].max(v);
-        seen[0] |= ((v < MEMO as u64) as u64) << (v & (MEMO as u64 - 1));
+        present[v.min(MEMO as u64) as usize] = 1;
     }
     let max_d = mx[0].max(mx[1]).max(mx[2].max(mx[3]));
     if max_d == 0 {
@@ -465,11 +468,10 @@ fn touch_layer(
     let tau_of = |d: u64| touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens);
     let mut memo = [0.0f64; MEMO];
     // d = 0 is never read from the table.
-    let mut m = (seen[0] | seen[1] | seen[2] | seen[3]) & !1;
-    while m != 0 {
-        let k = m.trailing_zeros() as usize;
-        memo[k] = tau_of(k as u64);
-        m &= m - 1;
+    for k in 1..MEMO {
+        if present[k] != 0 {
+            memo[k] = tau_of(k as u64);
+        }
     }
     // Two sums in expert order (the cold one skips hot cells and zeros, which add nothing to a
     // sum ≥ 0): the same bits as summing afterwards, one pass fewer.
