@@ -98,7 +98,7 @@ fn side_input_files_are_bounded_and_name_their_flag() {
         fails_within(&refs(&args), &format!("{shown} {}: ", empty.display()), 20);
         let args = with(&base, flag, &array);
         fails_within(&refs(&args), &format!("{shown} {}: ", array.display()), 20);
-        // An endless stream: refused at its first byte (JSON) or at the cap (reports).
+        // An endless stream: refused at its first byte (every loader parses as it reads).
         #[cfg(unix)]
         {
             let args = with(&base, flag, Path::new("/dev/zero"));
