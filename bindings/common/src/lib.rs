@@ -150,6 +150,7 @@ pub fn classify_kv(e: &KvError) -> Code {
         | E::ScratchOverflow { .. }
         | E::TooManyCandidates { .. }
         | E::LayerOutOfRange { .. }
+        | E::BlockPositionsOutOfRange { .. }
         | E::LayerOutsideGroup { .. }
         | E::HistoryTooLong { .. }
         | E::SessionImporting(_)

@@ -243,8 +243,8 @@ impl PyElasticPool {
     /// `sessions` (`[reqs]`), `query_start_loc` (`[reqs + 1]`) and `seq_lens` (`[reqs]`) are
     /// int arrays or lists, as vLLM describes a batch; `topk` is the indexer's `[rows, k]`
     /// positions (int32/int64, any strides, `-1` padding), or block ids with `block_positions=B`
-    /// (`B > 1`: id `b` stands for positions `b × B .. b × B + B`, block-major, as MiniMax-M3's
-    /// block top-k; a block's positions at or beyond the row's bound come out `-1`). Outputs
+    /// (`B > 1`, at most `kv.MAX_BLOCK_POSITIONS`: id `b` stands for positions `b × B .. b × B + B`,
+    /// block-major, as MiniMax-M3's block top-k; a block's positions at or beyond the row's bound come out `-1`). Outputs
     /// (`[rows, k × B]`, `B = 1` for positions) go to `indices` / `valid_count` when given
     /// (int32, C-contiguous, writeable, at least `rows × k × B` / `rows` elements; the rest is
     /// written `-1` / 0), else to new arrays. `packed=True` packs each
@@ -287,6 +287,13 @@ impl PyElasticPool {
             )));
         }
         let topk: Vec<i32> = narrow(&flat, "topk")?;
+        // Refused before the outputs are sized from it (`rows × k × B` new int32s).
+        if block_positions > kv_elastic::MAX_BLOCK_POSITIONS {
+            return Err(kv_err(kv_elastic::KvError::BlockPositionsOutOfRange {
+                block_positions,
+                max: kv_elastic::MAX_BLOCK_POSITIONS,
+            }));
+        }
         // Output columns: k positions, or k block ids of `block_positions` positions each.
         let width = kk
             .checked_mul(block_positions.max(1) as usize)
