@@ -117,6 +117,7 @@ pub fn classify_expert(e: &ExpertError) -> Code {
         | E::TopKTooWide { .. }
         | E::GeometryMismatch { .. }
         | E::LengthMismatch { .. }
+        | E::BaselineWithoutCounters
         | E::InvalidRowMap(_)
         | E::EmptyTrace(_)
         | E::InvalidConfig(_)

@@ -174,3 +174,16 @@ def test_config_objects_json_refuses_name_the_argument():
     circular["x"] = circular
     with pytest.raises(ValueError, match="config must be"):
         experts.Controller(MAP, circular)
+
+
+def test_baseline_without_counters_says_what_to_pass():
+    # It used to say "length mismatch: expected N, found 0".
+    with pytest.raises(ValueError, match=r"pass them with the message \(Python `apply_control\(message, counters\)`"):
+        experts.Controller(MAP).apply_control({"baseline": True})
+
+
+@pytest.mark.lab
+def test_scoreboard_shift_at_zero_says_what_to_give():
+    # It used to say "phase start steps must increase", naming neither shift_at nor the fix.
+    with pytest.raises(ValueError, match=r"shift at step 0: .*from_domain.*shift_at"):
+        sim.scoreboard(steps=60, shift_at=0)
