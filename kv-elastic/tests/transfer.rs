@@ -221,7 +221,8 @@ fn bad_transfer_input_is_typed_and_changes_nothing() {
         // Two slots: session 1 and the import hold them.
         (
             KvError::StoreCapacity {
-                what: "live sessions (max_sessions)",
+                what: "session slots in use (max_sessions; a finished session's slot stays \
+                       taken until its exports end: export_done)",
                 value: 3,
                 limit: 3,
             },
@@ -426,7 +427,24 @@ fn export_rows_stay_pinned_until_the_transfer_completes() {
     assert_eq!(p.exports_of(1), 1);
     // The slot is pinned: a new session cannot take it, nor can an import.
     let b = pattern_tokens(RB, LAYERS, 2, 0, 12);
-    assert!(matches!(p.admit(2, &b), Err(KvError::StoreCapacity { .. })));
+    // The message counts the slot the export keeps and says how it frees (it used to read
+    // "live sessions (max_sessions) = 1, must stay below 2": no live session, 1 < 2).
+    let e = p.admit(2, &b).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            KvError::StoreCapacity {
+                value: 2,
+                limit: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("until its exports end: export_done"),
+        "{e}"
+    );
     assert!(matches!(
         p.reserve(3, 0..4),
         Err(KvError::StoreCapacity { .. })
