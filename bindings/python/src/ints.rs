@@ -150,3 +150,16 @@ pub(crate) fn opt_arg<'a, 'py, T: FromPyObject<'a, 'py>>(
         _ => Ok(default),
     }
 }
+
+/// An optional float argument (`None` when absent or `None`): a `bool` is a `TypeError` naming
+/// `name` (Python makes `True` a float 1.0: `reuse=True` is a slip), anything else as [`arg`].
+#[cfg(feature = "lab")]
+pub(crate) fn opt_float_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<f64>> {
+    match obj {
+        Some(o) if o.is_instance_of::<PyBool>() => Err(PyTypeError::new_err(format!(
+            "{name} must be a float, not bool"
+        ))),
+        Some(o) if !o.is_none() => arg(o, name).map(Some),
+        _ => Ok(None),
+    }
+}

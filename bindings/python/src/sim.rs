@@ -16,7 +16,7 @@ use tierkit_sim::experts::trace::{
 };
 use tierkit_sim::experts::{LinkModel, ReplayOptions};
 
-use crate::ints::int_args;
+use crate::ints::{int_args, opt_float_arg};
 use crate::{expert_err, guard, json_arg, raise, to_py};
 use tierkit_bindings::Code;
 
@@ -286,13 +286,14 @@ fn synth_ids<'py>(
     steps: &Bound<'py, PyAny>,
     tokens_per_step: &Bound<'py, PyAny>,
     shape: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-    zipf: Option<f64>,
-    reuse: Option<f64>,
+    zipf: Option<&Bound<'py, PyAny>>,
+    reuse: Option<&Bound<'py, PyAny>>,
     seed: Option<&Bound<'py, PyAny>>,
     from_domain: Option<&str>,
     to_domain: Option<&str>,
     shift_at: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let (zipf, reuse) = (opt_float_arg(zipf, "zipf")?, opt_float_arg(reuse, "reuse")?);
     // Each scenario's own arguments: one given to the other scenario used to be ignored.
     let olmoe_args = [
         ("from_domain", from_domain.is_some()),

@@ -221,3 +221,15 @@ def test_wrong_types_of_objects_bools_and_strs_name_the_argument_in_the_message(
     kv.ElasticPool(kv_geometry(), elastic=np.bool_(False))
     experts.Controller(MAP).apply_control({}, counters=None)
     experts.Controller(MAP).apply_control({"baseline": True}, counters)
+
+
+@pytest.mark.lab
+def test_float_arguments_refuse_bools_and_name_the_argument():
+    # reuse=True ran as reuse 1.0 (Python makes a bool a float); a str named nothing.
+    with pytest.raises(TypeError, match="reuse must be a float, not bool"):
+        sim.synth_ids(steps=4, tokens_per_step=2, reuse=True)
+    with pytest.raises(TypeError, match="zipf must be a float, not bool"):
+        sim.synth_ids(steps=4, tokens_per_step=2, shape=(1, 8, 2), zipf=False)
+    with pytest.raises(TypeError, match=r"^reuse: "):
+        sim.synth_ids(steps=4, tokens_per_step=2, reuse="0.5")
+    assert sim.synth_ids(steps=4, tokens_per_step=2, shape=(1, 8, 2), zipf=0.5, reuse=np.float32(0.25))
