@@ -233,3 +233,19 @@ def test_float_arguments_refuse_bools_and_name_the_argument():
     with pytest.raises(TypeError, match=r"^reuse: "):
         sim.synth_ids(steps=4, tokens_per_step=2, reuse="0.5")
     assert sim.synth_ids(steps=4, tokens_per_step=2, shape=(1, 8, 2), zipf=0.5, reuse=np.float32(0.25))
+
+
+@pytest.mark.lab
+def test_lab_str_arguments_name_the_argument_in_the_message():
+    # PyO3 named them only in a note: "'int' object is not an instance of 'str'".
+    for name, call in [
+        ("from_domain", lambda: sim.scoreboard(steps=40, shift_at=10, from_domain=5)),
+        ("to_domain", lambda: sim.synth_ids(steps=4, tokens_per_step=2, to_domain=b"book")),
+        ("format", lambda: sim.trace_ids("x.jsonl", format=1)),
+        ("link", lambda: sim.link_stall_us(1, 1, 1, link=None or 3)),
+    ]:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value).startswith(f"{name}: "), (name, str(e.value))
+    # The defaults still apply.
+    assert sim.link_stall_us(1, 1, 1)["link"]["name"] == "h200-pcie"
