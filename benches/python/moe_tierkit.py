@@ -36,6 +36,104 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from moe_alternatives import Alternative
+from moe_kernels import copy_planned, lru_plan
+
+
+class TierkitInPlace(Alternative):
+    """tierkit's default engine today: a rowmap of hot experts in HBM (``ExpertBank``, one spare
+    slot per layer counted in its HBM), cold experts read in place, picks counted in the graph,
+    swaps decided between steps by ``expert_residency``'s default controller. On the CPU
+    reference path: the same controller with a ``NullExecutor`` and tables rebuilt from its map."""
+
+    name = "tierkit"
+    mode = "in-place"
+
+    def hot_slots(self):
+        return max(self.slots_per_layer - 1, 1)
+
+    def __init__(self, ctx, budget):
+        super().__init__(ctx, budget)
+        from tierkit import experts
+
+        m, s = ctx.model, ctx.model.shape
+        self.hot = self.hot_slots()
+        self.geometry = experts.Geometry(s.layers, s.experts, self.hot, s.expert_bytes)
+        self.seed_map = experts.fit_seed_map(f"{s.name}-profile", self.geometry, ctx.profile)
+        self.gpu = m.device.type == "cuda"
+        self.bank = self.counters = self.ctl = self.pc = None
+        self.swaps = 0
+        if self.gpu:
+            import tierkit.torch as tt
+
+            tt.warmup(m.device)
+            if not m.host.is_pinned():
+                m.unpin()  # the bank registers the host copy itself, for its life
+            self.bank = tt.ExpertBank(self.seed_map, device=m.device, stream=ctx.stream,
+                                      host=m.host.view(-1))
+            if self.bank.layout["host_ptr"] != m.host_lo:
+                raise RuntimeError("tierkit's bank does not read the engine's host copy in place")
+            self.tables = self.bank.table
+            self.counters = tt.DeviceCounters(self.geometry, device=m.device)
+        self.reset()
+
+    def reset(self):
+        from tierkit import experts
+
+        if self.gpu:
+            # A fresh run: swaps the last run left in flight are dropped (a new controller below).
+            self.bank.reload(self.seed_map, cancel_in_flight=True)
+            self.counters.drain()  # forget counts of warm-up and capture runs
+        self.ctl = experts.Controller(self.seed_map)
+        self.pc = experts.PickCounters(self.geometry)
+        self.null = None if self.gpu else experts.NullExecutor()
+        if not self.gpu:
+            self._tables_from(self.seed_map)
+
+    def _tables_from(self, rmap):
+        hot = [set(h) for h in rmap.hot_sets()]
+        self.tables = self.ctx.model.table(lambda l, e: "hbm" if e in hot[l] else "host")
+
+    def hbm_expert_bytes(self):
+        return self.geometry.hbm_bytes  # hot slots and one spare per layer: the library's rule
+
+    def count(self, layer, ids_l):
+        if self.gpu:
+            self.counters.record(layer, ids_l)
+        else:
+            self.pc.record_layer(layer, ids_l.numpy())
+
+    def between_steps(self):
+        if self.gpu:
+            self.counters.drain_into(self.pc)
+            self.bank.step(self.ctl, self.pc)
+        else:
+            self.ctl.step(self.pc, self.null)
+            self._tables_from(self.ctl.map)
+
+    def stats(self):
+        st = self.ctl.stats
+        out = {"hot_per_layer": self.hot, "swaps_applied": st.get("applied", 0),
+               "swaps_planned": st.get("planned", 0), "mode": self.mode}
+        if getattr(self, "auto", None):
+            out["auto"] = self.auto
+        return out
+
+    def close(self):
+        if self.gpu:
+            self.tables = None
+            self.bank.close()
+            self.counters.close()
+            self.bank = self.counters = None
+            import gc
+
+            gc.collect()  # the bank's registration of the host copy ends with its last view
+            self.ctx.model.repin()
+
+
+# The tierkit engine modes (moe_tierkit.py): in-place, copy-on-miss with tierkit's admission, and
+# auto (the default: one of the two per cell, priced on the profile window by the link model).
+
 
 def stage_split(slots: int) -> tuple[int, int]:
     """``(hot, stage)`` of a layer's ``slots`` HBM slots: one is the bank's spare; of the rest,
@@ -54,116 +152,111 @@ def admit_mask(scores: np.ndarray, keep: int) -> np.ndarray:
     return mask & (scores > 0)
 
 
-def modes(md) -> dict:
-    """The mode classes over ``moe_decode``'s module ``md`` (passed in: the script runs as
-    ``__main__`` and as a module)."""
+class TierkitCopyOnMiss(TierkitInPlace):
+    mode = "copy-on-miss"
 
-    class TierkitCopyOnMiss(md.TierkitInPlace):
-        mode = "copy-on-miss"
+    def hot_slots(self):
+        return stage_split(self.slots_per_layer)[0]
 
-        def hot_slots(self):
-            return stage_split(self.slots_per_layer)[0]
+    def __init__(self, ctx, budget):
+        super().__init__(ctx, budget)
+        m, s = ctx.model, ctx.model.shape
+        L, E, dev = s.layers, s.experts, m.device
+        self.stage = stage_split(self.slots_per_layer)[1]
+        S = self.stage
+        self.buf = torch.empty((L, max(S, 1), s.expert_bytes), dtype=torch.uint8, device=dev)
+        m.register(self.buf)
+        self.remap = torch.empty((L, E + 1), dtype=torch.int64, device=dev)  # + sentinel
+        self.owner = torch.empty((L, S + 1), dtype=torch.int64, device=dev)
+        self.last = torch.empty((L, S + 1), dtype=torch.int64, device=dev)
+        self.admit = torch.zeros((L, E), dtype=torch.bool, device=dev)
+        self.stamp = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.copies = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.own = torch.zeros((L, E), dtype=torch.int64, device=dev)
+        self.ar = torch.arange(E, dtype=torch.int64, device=dev)
+        self.keep = self.hot + 2 * S
+        self._stage_reset()
 
-        def __init__(self, ctx, budget):
-            super().__init__(ctx, budget)
-            m, s = ctx.model, ctx.model.shape
-            L, E, dev = s.layers, s.experts, m.device
-            self.stage = stage_split(self.slots_per_layer)[1]
-            S = self.stage
-            self.buf = torch.empty((L, max(S, 1), s.expert_bytes), dtype=torch.uint8, device=dev)
-            m.register(self.buf)
-            self.remap = torch.empty((L, E + 1), dtype=torch.int64, device=dev)  # + sentinel
-            self.owner = torch.empty((L, S + 1), dtype=torch.int64, device=dev)
-            self.last = torch.empty((L, S + 1), dtype=torch.int64, device=dev)
-            self.admit = torch.zeros((L, E), dtype=torch.bool, device=dev)
-            self.stamp = torch.zeros(1, dtype=torch.int64, device=dev)
-            self.copies = torch.zeros(1, dtype=torch.int64, device=dev)
-            self.own = torch.zeros((L, E), dtype=torch.int64, device=dev)
-            self.ar = torch.arange(E, dtype=torch.int64, device=dev)
-            self.keep = self.hot + 2 * S
+    def _stage_reset(self):
+        self.remap.fill_(-1)
+        self.owner.fill_(-1)
+        self.last.fill_(0)
+        self.stamp.zero_()
+        self.copies.zero_()
+        self.admitted = admit_mask(self.ctx.profile.astype(np.float64), self.keep)
+        self.admit.copy_(torch.from_numpy(self.admitted))
+
+    def reset(self):
+        super().reset()
+        if hasattr(self, "remap"):
             self._stage_reset()
 
-        def _stage_reset(self):
-            self.remap.fill_(-1)
-            self.owner.fill_(-1)
-            self.last.fill_(0)
-            self.stamp.zero_()
-            self.copies.zero_()
-            self.admitted = admit_mask(self.ctx.profile.astype(np.float64), self.keep)
-            self.admit.copy_(torch.from_numpy(self.admitted))
+    def _tables_from(self, rmap):
+        super()._tables_from(rmap)
+        self.base = self.tables
 
-        def reset(self):
-            super().reset()
-            if hasattr(self, "remap"):
-                self._stage_reset()
+    def between_steps(self):
+        super().between_steps()
+        ema = np.asarray(self.ctl.ema())
+        if ema.any():
+            adm = admit_mask(ema + 1e-9 * self.ctx.profile, self.keep)
+            if not np.array_equal(adm, self.admitted):
+                self.admitted = adm
+                self.admit.copy_(torch.from_numpy(adm))
 
-        def _tables_from(self, rmap):
-            super()._tables_from(rmap)
-            self.base = self.tables
-
-        def between_steps(self):
-            super().between_steps()
-            ema = np.asarray(self.ctl.ema())
-            if ema.any():
-                adm = admit_mask(ema + 1e-9 * self.ctx.profile, self.keep)
-                if not np.array_equal(adm, self.admitted):
-                    self.admitted = adm
-                    self.admit.copy_(torch.from_numpy(adm))
-
-        def table(self, layer, ids_l, step):
-            m, s = self.ctx.model, self.ctx.model.shape
-            base = (self.bank.table if self.gpu else self.base)[layer]
-            if self.stage == 0:
-                self.own[layer].copy_(base)
-                return self.own[layer]
-            E, S, nb = s.experts, self.stage, s.expert_bytes
-            M = min(E, ids_l.numel(), S)
-            need = torch.zeros(E, dtype=torch.bool, device=m.device)
-            need.scatter_(0, ids_l.reshape(-1), True)
-            cold = need & (base >= m.host_lo) & (base < m.host_hi)
-            now = self.stamp + 1
-            rows_l = self.remap[layer]
-            miss = cold & (rows_l[:E] < 0) & self.admit[layer]
-            row0 = self.buf.data_ptr() + layer * S * nb  # the layer's first staging row
-            gid, victim, ok = md.lru_plan(rows_l, rows_l[:E], self.owner[layer], self.last[layer],
-                                          now, cold & (rows_l[:E] >= 0), miss, M, 0, E, self.ar)
-            self.copies += md.copy_planned(step, m, m.host_lo + (layer * E + gid) * nb,
-                                           row0 + victim * nb, ok, M)
-            r = rows_l[:E]
-            staged = (r >= 0) & (base >= m.host_lo) & (base < m.host_hi)
-            t = torch.where(staged, row0 + r * nb, base)
-            self.own[layer].copy_(t)
+    def table(self, layer, ids_l, step):
+        m, s = self.ctx.model, self.ctx.model.shape
+        base = (self.bank.table if self.gpu else self.base)[layer]
+        if self.stage == 0:
+            self.own[layer].copy_(base)
             return self.own[layer]
+        E, S, nb = s.experts, self.stage, s.expert_bytes
+        M = min(E, ids_l.numel(), S)
+        need = torch.zeros(E, dtype=torch.bool, device=m.device)
+        need.scatter_(0, ids_l.reshape(-1), True)
+        cold = need & (base >= m.host_lo) & (base < m.host_hi)
+        now = self.stamp + 1
+        rows_l = self.remap[layer]
+        miss = cold & (rows_l[:E] < 0) & self.admit[layer]
+        row0 = self.buf.data_ptr() + layer * S * nb  # the layer's first staging row
+        gid, victim, ok = lru_plan(rows_l, rows_l[:E], self.owner[layer], self.last[layer],
+                                      now, cold & (rows_l[:E] >= 0), miss, M, 0, E, self.ar)
+        self.copies += copy_planned(step, m, m.host_lo + (layer * E + gid) * nb,
+                                       row0 + victim * nb, ok, M)
+        r = rows_l[:E]
+        staged = (r >= 0) & (base >= m.host_lo) & (base < m.host_hi)
+        t = torch.where(staged, row0 + r * nb, base)
+        self.own[layer].copy_(t)
+        return self.own[layer]
 
-        def used_tables(self):
-            return self.own
+    def used_tables(self):
+        return self.own
 
-        def end_step(self, step):
-            self.stamp += 1
+    def end_step(self, step):
+        self.stamp += 1
 
-        def hbm_expert_bytes(self):
-            s = self.ctx.model.shape
-            return self.geometry.hbm_bytes + s.layers * self.stage * s.expert_bytes
+    def hbm_expert_bytes(self):
+        s = self.ctx.model.shape
+        return self.geometry.hbm_bytes + s.layers * self.stage * s.expert_bytes
 
-        def stats(self):
-            st = super().stats()
-            st.update({"stage_per_layer": self.stage, "copies": int(self.copies.item())})
-            return st
+    def stats(self):
+        st = super().stats()
+        st.update({"stage_per_layer": self.stage, "copies": int(self.copies.item())})
+        return st
 
-        def close(self):
-            self.ctx.model.unregister(self.buf)
-            super().close()
-            self.buf = None
+    def close(self):
+        self.ctx.model.unregister(self.buf)
+        super().close()
+        self.buf = None
 
-    def auto(ctx, budget):
-        """``auto``: in-place or copy-on-miss for this cell, priced on the profile window."""
-        choice = choose(ctx, budget)
-        cls = TierkitCopyOnMiss if choice["mode"] == "copy-on-miss" else md.TierkitInPlace
-        alt = cls(ctx, budget)
-        alt.auto = choice
-        return alt
 
-    return {"in-place": md.TierkitInPlace, "copy-on-miss": TierkitCopyOnMiss, "auto": auto}
+def auto(ctx, budget):
+    """``auto``: in-place or copy-on-miss for this cell, priced on the profile window."""
+    choice = choose(ctx, budget)
+    cls = TierkitCopyOnMiss if choice["mode"] == "copy-on-miss" else TierkitInPlace
+    alt = cls(ctx, budget)
+    alt.auto = choice
+    return alt
 
 
 def simulate(ids: np.ndarray, profile: np.ndarray, hot: int, stage: int, keep: int) -> dict:
@@ -228,3 +321,6 @@ def choose(ctx, budget: float) -> dict:
             "pred_copy_on_miss_us": round(p_cm, 1),
             "reuse": ip["reuse"], "in_place_reads": ip["reads"], "com_reads": cm["reads"],
             "com_copies": cm["copies"]}
+
+
+MODES = {"in-place": TierkitInPlace, "copy-on-miss": TierkitCopyOnMiss, "auto": auto}
