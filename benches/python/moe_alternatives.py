@@ -15,9 +15,12 @@ class Ctx:
     """What the alternatives of one (shape, batch) share: the model, the profile counts
     (``int64 [L, E]`` picks over the profile window), the step's stream."""
 
-    def __init__(self, model: Model, profile: np.ndarray, batch: int, stream, tierkit_mode: str):
+    def __init__(self, model: Model, profile: np.ndarray, batch: int, stream, tierkit_mode: str,
+                 args=None):
         self.model, self.profile, self.batch, self.stream = model, profile, batch, stream
-        self.tierkit_mode = tierkit_mode
+        self.tierkit_mode, self.args = tierkit_mode, args
+        self.profile_ids = None  # int64 [profile steps, L, B, k]: the profile window's routing
+        self.cache: dict = {}  # measured once per (shape, batch): the CPU's rate of split mode
 
 
 class Alternative:
@@ -27,7 +30,8 @@ class Alternative:
     is one graph."""
 
     name = "?"
-    cpu_split = False
+    cpu_split = False  # a step of per-layer graphs with the CPU between them
+    split_class = None  # that step's class (None: moe_engine.CpuSplit)
 
     def __init__(self, ctx: Ctx, budget: float):
         self.ctx, self.budget = ctx, budget
@@ -58,6 +62,11 @@ class Alternative:
 
     def stats(self) -> dict:
         return {}
+
+    def cpu_share(self) -> float:
+        """Share of the bytes of an expert its table reads in place that the CPU computes instead
+        (tierkit's split mode; 0: none)."""
+        return 0.0
 
     def close(self):
         pass

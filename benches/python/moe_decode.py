@@ -106,6 +106,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+import moe_split
 import moe_tierkit
 from moe_alternatives import AllHbm, Alternative, CpuCold, Ctx, LayerUva, SharedBank
 from moe_engine import Engine
@@ -114,18 +115,20 @@ from moe_shapes import SHAPES, Shape, compose_batch, correlation, load_trace
 from moe_weights import BF16, Model
 
 
-# The tierkit engine modes (moe_tierkit.py): in-place, copy-on-miss with tierkit's admission, and
-# auto (the default: one of the two per cell, priced on the profile window by the link model).
+# The tierkit engine modes (moe_tierkit.py, moe_split.py); auto (the default) is Bench.tierkit_auto:
+# per cell, each candidate timed on the GPU over the profile window's last steps, the fastest runs.
 TierkitInPlace = moe_tierkit.TierkitInPlace
-TIERKIT_MODES = moe_tierkit.MODES
+TIERKIT_MODES = {"in-place": TierkitInPlace, "copy-on-miss": moe_tierkit.TierkitCopyOnMiss,
+                 "split": moe_split.TierkitSplit, "auto": None}
 
 ALTERNATIVES = {"all-hbm": AllHbm, "layer-uva": LayerUva, "shared-bank": SharedBank,
                 "cpu-cold": CpuCold, "tierkit": None}
 
 
-def make_alt(name: str, ctx: Ctx, budget: float) -> Alternative:
+def make_alt(name: str, ctx: Ctx, budget: float, mode: str | None = None) -> Alternative:
+    """Alternative ``name`` at ``budget``; tierkit in ``mode`` (not ``auto``: ``Bench.engine``)."""
     if name == "tierkit":
-        return TIERKIT_MODES[ctx.tierkit_mode](ctx, budget)
+        return TIERKIT_MODES[mode or ctx.tierkit_mode](ctx, budget)
     return ALTERNATIVES[name](ctx, budget)
 
 
@@ -163,15 +166,17 @@ class Bench:
         self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self.use_triton = (dev.type == "cuda" or INTERPRETED) and triton is not None and not args.no_triton
         self.graphs = dev.type == "cuda" and not args.no_graphs
-        self.ctx = Ctx(model, self.profile, batch, self.stream, args.tierkit_mode)
-        self.ctx.profile_ids = ids[:P]  # the auto mode prices both modes on the profile window
+        self.ctx = Ctx(model, self.profile, batch, self.stream, args.tierkit_mode, args)
+        self.ctx.profile_ids = ids[:P]
         self.ceiling = None
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # inputs made on the default stream, read on self.stream
 
-    def engine(self, name, budget):
-        alt = make_alt(name, self.ctx, budget)
-        eng = Engine(self.ctx, alt, self.use_triton, self.graphs)
+    def build(self, name, budget, mode=None, use_triton=None, graphs=None):
+        """``(alternative, engine)``, kernels compiled and graphs captured, state fresh."""
+        alt = make_alt(name, self.ctx, budget, mode)
+        ut = self.use_triton if use_triton is None else use_triton
+        eng = Engine(self.ctx, alt, ut, self.graphs if graphs is None else graphs)
         try:
             eng.prepare(self.ids_dev, self.x_dev, self.ids_np)
         except BaseException:
@@ -180,14 +185,46 @@ class Bench:
             raise
         return alt, eng
 
-    def outputs(self, name, budget, steps, use_triton=None, graphs=None):
+    def engine(self, name, budget, mode=None, **kw):
+        """``build``, with tierkit's ``auto`` resolved by ``tierkit_auto``."""
+        if name == "tierkit" and (mode or self.ctx.tierkit_mode) == "auto":
+            return self.tierkit_auto(budget, **kw)
+        return self.build(name, budget, mode, **kw)
+
+    def tierkit_auto(self, budget, **kw):
+        """tierkit's default: **one measured decision per cell**. Each candidate mode
+        (``--auto-candidates``) is built as it would run (graphs captured), runs
+        ``--auto-warmup`` steps, then ``--auto-steps`` steps timed on the GPU, all from the end of
+        the profile window (steps that are never timed in the cell); the fastest median step wins
+        and is rebuilt from fresh state for the cell's warm-up and timed runs. The row's ``auto``
+        holds each candidate's measured median step (µs)."""
+        a = self.args
+        P, n, w = a.profile_steps, a.auto_steps, a.auto_warmup
+        window = list(range(max(P - n - w, 0), P))
+        w = min(w, max(len(window) - 1, 0))
+        slots = int(budget * self.shape.experts)
+        measured = {}
+        for mode in parse_list(a.auto_candidates, str):
+            if mode == "copy-on-miss" and moe_tierkit.stage_split(slots)[1] == 0:
+                continue  # no staging row at this budget: in-place's placement
+            alt, eng = self.build("tierkit", budget, mode, **kw)
+            try:
+                eng.run_steps(window[:w], self.ids_dev, self.x_dev, self.ids_np)
+                t = eng.run_steps(window[w:], self.ids_dev, self.x_dev, self.ids_np)
+                measured[mode] = round(statistics.median(t), 1)
+            finally:
+                eng.close()
+                alt.close()
+        best = min(measured, key=measured.get)
+        alt, eng = self.build("tierkit", budget, best, **kw)
+        alt.auto = {"chosen": best, "candidates_step_us": measured, "warmup_steps": w,
+                    "timed_steps": len(window) - w, "window": [window[0], P]}
+        return alt, eng
+
+    def outputs(self, name, budget, steps, mode=None, use_triton=None, graphs=None):
         """The step outputs of ``steps`` run steps (``float32 [B, H]`` each) from fresh state."""
-        alt = make_alt(name, self.ctx, budget)
-        ut = self.use_triton if use_triton is None else use_triton
-        gr = self.graphs if graphs is None else graphs
-        eng = Engine(self.ctx, alt, ut, gr)
+        alt, eng = self.engine(name, budget, mode, use_triton=use_triton, graphs=graphs)
         try:
-            eng.prepare(self.ids_dev, self.x_dev, self.ids_np)
             outs = []
             eng.run_steps(self.run_range[:steps], self.ids_dev, self.x_dev, self.ids_np, outs)
             st = alt.stats()
@@ -222,6 +259,7 @@ class Bench:
             graphed = eng.graph is not None or (eng.split is not None and eng.split.g is not None)
             eng.close()
             hbm = alt.hbm_expert_bytes()
+            share = alt.cpu_share()  # split mode: the CPU's share of each cold expert
             alt.close()
         med = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
         t = med["times"]
@@ -233,9 +271,10 @@ class Bench:
                "runs_tokens_per_s": [round(r["tok_s"], 1) for r in runs],
                "step_p50_us": round(statistics.median(t), 1), "step_p99_us": round(pct(t, 0.99), 1),
                "steps_timed": len(t),
-               "link_read_bytes_per_step": int(med["host_reads"] * nb),
+               "link_read_bytes_per_step": int(med["host_reads"] * nb * (1 - share)),
                "link_copy_bytes_per_step": int((med["copies"] + med["swaps"] / len(t)) * nb),
-               "cpu_expert_bytes_per_step": int(med["cpu_experts"] * nb),
+               "cpu_expert_bytes_per_step": int((med["cpu_experts"] + med["host_reads"] * share)
+                                                * nb),
                "swaps_applied": med["swaps"]}
         row.update({k: v for k, v in med["stats"].items() if k not in ("copies", "swaps_applied")})
         row["cuda_graph"] = graphed
@@ -252,8 +291,9 @@ class Bench:
 def predict(ceiling: dict, row: dict, a) -> float | None:
     """The lab's link model on top of the all-HBM step: all-HBM p50 + ``tierkit.sim.
     link_stall_us`` of the step's in-place bytes and copies (h200-pcie), + the CPU's bytes at
-    ``--cpu-gbps`` for cpu-cold (no overlap credited). A model of the link only: compute that
-    moves to the CPU and per-layer syncs are not in it."""
+    ``--cpu-gbps`` for cpu-cold (no overlap credited); for tierkit's split mode the longer of its
+    two channels, each at its together-rate (``moe_split``). A model of the link only: compute
+    that moves to the CPU and per-layer syncs are not in it."""
     from tierkit import sim
 
     expert = 6 * row["hidden"] * row["ffn"]
@@ -261,6 +301,10 @@ def predict(ceiling: dict, row: dict, a) -> float | None:
     stall = sim.link_stall_us(row["link_read_bytes_per_step"], 0, 0)["stall_us"]
     stall += copies * sim.link_stall_us(0, 1, expert)["stall_us"]
     cpu = row["cpu_expert_bytes_per_step"] / (a.cpu_gbps * 1e3)
+    if row.get("mode") == "split":
+        rate = max(row["split_cpu_gbps"], 1e-6) * moe_split.CPU_TOGETHER
+        cpu = row["cpu_expert_bytes_per_step"] / (rate * 1e3)
+        return round(ceiling["step_p50_us"] + max(stall / moe_split.LINK_TOGETHER, cpu), 1)
     return round(ceiling["step_p50_us"] + stall + cpu, 1)
 
 
@@ -273,8 +317,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def check(bench: Bench, alts, budgets, steps, tol) -> list[dict]:
     """Every alternative's step outputs against all-HBM's: bit-identical for the GPU ones (the
-    same kernel reading equal bytes), within ``tol`` relative L2 for cpu-cold; all-HBM's kernel
-    against the float32 torch reference within ``tol``."""
+    same kernel reading equal bytes), within ``tol`` relative L2 where the CPU computes part of
+    the step (cpu-cold, tierkit's split); all-HBM's kernel against the float32 torch reference
+    within ``tol``. tierkit runs in each mode of ``--tierkit-mode`` (a comma list here)."""
     rows = []
     ref, _ = bench.outputs("all-hbm", 1.0, steps)
     if bench.use_triton:
@@ -286,15 +331,17 @@ def check(bench: Bench, alts, budgets, steps, tol) -> list[dict]:
         for name in alts:
             if name == "all-hbm":
                 continue
-            outs, st = bench.outputs(name, budget, steps)
-            same = all(torch.equal(a, b) for a, b in zip(outs, ref))
-            err = max(rel_err(a, b) for a, b in zip(outs, ref))
-            exact = name != "cpu-cold"
-            ok = same if exact else err <= tol
-            rows.append({"check": name, "budget": budget, "shape": bench.shape.name,
-                         "batch": bench.batch, "steps": steps, "bit_identical": same,
-                         "max_rel_err": err, "required": "bit-identical" if exact else f"<= {tol}",
-                         "ok": ok, **st})
+            modes = parse_list(bench.args.tierkit_mode, str) if name == "tierkit" else [None]
+            for mode in modes:
+                outs, st = bench.outputs(name, budget, steps, mode)
+                same = all(torch.equal(a, b) for a, b in zip(outs, ref))
+                err = max(rel_err(a, b) for a, b in zip(outs, ref))
+                exact = name != "cpu-cold" and st.get("mode") != "split"
+                ok = same if exact else err <= tol
+                rows.append({"check": name, "budget": budget, "shape": bench.shape.name,
+                             "batch": bench.batch, "steps": steps, "bit_identical": same,
+                             "max_rel_err": err, "ok": ok, "requested_mode": mode,
+                             "required": "bit-identical" if exact else f"<= {tol}", **st})
     return rows
 
 
@@ -367,8 +414,20 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--budgets", default="0.25,0.5,0.75", help="HBM for experts, share of all")
     ap.add_argument("--alternatives", default="all-hbm,layer-uva,shared-bank,cpu-cold,tierkit")
-    ap.add_argument("--tierkit-mode", default="auto", choices=sorted(TIERKIT_MODES),
-                    help="auto: in-place or copy-on-miss per cell (moe_tierkit.py)")
+    ap.add_argument("--tierkit-mode", default="auto", help="auto (measured per cell among "
+                    "--auto-candidates), " + ", ".join(m for m in TIERKIT_MODES if m != "auto") +
+                    "; with --check a comma list (each mode checked)")
+    ap.add_argument("--auto-candidates", default="in-place,copy-on-miss,split",
+                    help="the modes auto times on the GPU")
+    ap.add_argument("--auto-steps", type=int, default=8, help="steps auto times per candidate "
+                    "(the end of the profile window)")
+    ap.add_argument("--auto-warmup", type=int, default=3, help="untimed steps per candidate first")
+    ap.add_argument("--link-gbps", type=float, default=47.0, help="in-place read rate of split's "
+                    "price (the lab's h200-pcie)")
+    ap.add_argument("--split-cpu-gbps", type=float, help="CPU rate of split's price (default: "
+                    "measured per cell on this host)")
+    ap.add_argument("--split-cpu-share", type=float, help="force split's CPU share of each cold "
+                    "expert (0..1) instead of pricing it")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per run")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps per run")
     ap.add_argument("--profile-steps", type=int, default=32, help="steps counted for the ranked "
@@ -399,6 +458,14 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown alternative {n!r} ({', '.join(ALTERNATIVES)})")
     if "all-hbm" not in alts:
         alts = ["all-hbm"] + alts
+    modes = parse_list(a.tierkit_mode, str)
+    for m in modes + parse_list(a.auto_candidates, str):
+        if m not in TIERKIT_MODES:
+            raise SystemExit(f"unknown tierkit mode {m!r} ({', '.join(TIERKIT_MODES)})")
+    if len(modes) != 1 and not a.check:
+        raise SystemExit("--tierkit-mode names one mode (a comma list only with --check)")
+    if "auto" in parse_list(a.auto_candidates, str):
+        raise SystemExit("--auto-candidates: auto is not a candidate of itself")
     plan = []
     if a.quick:
         for name, (layers, batches, budgets) in QUICK.items():

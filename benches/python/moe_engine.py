@@ -191,7 +191,8 @@ class Engine:
     def __init__(self, ctx: Ctx, alt: Alternative, use_triton: bool, graphs: bool):
         self.ctx, self.alt = ctx, alt
         self.step = Step(ctx.model, alt, ctx.batch, use_triton)
-        self.split = CpuSplit(self.step, graphs) if alt.cpu_split else None
+        split = alt.split_class or CpuSplit  # tierkit's split mode brings its own
+        self.split = split(self.step, graphs) if alt.cpu_split else None
         self.graphs = graphs
         self.graph = None
         self.capture_error = None

@@ -43,14 +43,19 @@ if triton is not None:
 
     @triton.jit
     def _moe_gate_up(x_ptr, table_ptr, act_ptr, slot_e_ptr, slot_start_ptr, slot_cnt_ptr,
-                     pair_tok_ptr, H, Fw, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     WIDEN: tl.constexpr):
+                     pair_tok_ptr, kfrom_ptr, H, Fw, BM: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr, WIDEN: tl.constexpr, SPLIT: tl.constexpr):
         """act[pair, n-tile] = silu(x W_gate^T) * (x W_up^T) for the pairs of one active expert,
-        its weights at ``table[e]`` (0: skipped)."""
+        its weights at ``table[e]`` (0: skipped); under ``SPLIT`` only the tiles at or past
+        ``kfrom[e]`` (a multiple of the tile width)."""
         pid_n = tl.program_id(0)
         addr, start, cnt = _active(slot_e_ptr, slot_start_ptr, slot_cnt_ptr, table_ptr)
         if addr == 0:
             return
+        if SPLIT:  # the CPU computes columns [0, kfrom[e]): whole tiles of them skipped
+            e = tl.maximum(tl.load(slot_e_ptr + tl.program_id(1)), 0)
+            if pid_n * BN < tl.load(kfrom_ptr + e):
+                return
         w = addr.to(tl.pointer_type(tl.bfloat16))
         rows = tl.arange(0, BM)
         rmask = rows < cnt
@@ -75,13 +80,17 @@ if triton is not None:
 
     @triton.jit
     def _moe_down(act_ptr, table_ptr, out_ptr, slot_e_ptr, slot_start_ptr, slot_cnt_ptr,
-                  pair_id_ptr, pair_w_ptr, H, Fw, down_off, BM: tl.constexpr, BN: tl.constexpr,
-                  BK: tl.constexpr, WIDEN: tl.constexpr):
-        """out[pair, n-tile] = (act W_down^T) × routing weight (float32), one active expert."""
+                  pair_id_ptr, pair_w_ptr, kfrom_ptr, H, Fw, down_off, BM: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, WIDEN: tl.constexpr, SPLIT: tl.constexpr):
+        """out[pair, n-tile] = (act W_down^T) × routing weight (float32), one active expert;
+        under ``SPLIT`` the reduction runs over FFN columns ``[kfrom[e], F)`` only."""
         pid_n = tl.program_id(0)
         addr, start, cnt = _active(slot_e_ptr, slot_start_ptr, slot_cnt_ptr, table_ptr)
         if addr == 0:
             return
+        k_lo = 0
+        if SPLIT:  # the CPU computes columns [0, kfrom[e])
+            k_lo = tl.load(kfrom_ptr + tl.maximum(tl.load(slot_e_ptr + tl.program_id(1)), 0))
         w = addr.to(tl.pointer_type(tl.bfloat16)) + down_off
         rows = tl.arange(0, BM)
         rmask = rows < cnt
@@ -89,7 +98,7 @@ if triton is not None:
         cmask = cols < H
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         arow = (start + rows).to(tl.int64)
-        for k0 in range(0, Fw, BK):
+        for k0 in range(k_lo, Fw, BK):
             ks = k0 + tl.arange(0, BK)
             kmask = ks < Fw
             at = tl.load(act_ptr + arow[:, None] * Fw + ks[None, :],
@@ -116,6 +125,11 @@ if triton is not None:
             idx = off + tl.arange(0, BLOCK)
             m = idx < n_words
             tl.store(dst + idx, tl.load(src + idx, mask=m), mask=m)
+
+
+# tierkit's split mode cuts an expert's FFN columns at multiples of this (every kernel tile
+# width divides it)
+SPLIT_ALIGN = 64
 
 
 def next_pow2(n: int) -> int:
@@ -155,9 +169,11 @@ class Buffers:
         self.out_pairs = torch.zeros((P, shape.hidden), dtype=torch.float32, device=device)
 
 
-def moe_triton(model: Model, xn, w, ids_l, table_l, bufs: Buffers) -> torch.Tensor:
+def moe_triton(model: Model, xn, w, ids_l, table_l, bufs: Buffers, kfrom=None) -> torch.Tensor:
     """The MoE layer's pairs ``float32 [B·k, H]`` (weighted expert outputs; pairs whose expert
-    has table address 0 stay zero) by the two Triton kernels."""
+    has table address 0 stay zero) by the two Triton kernels. ``kfrom`` (``int64 [E]``, multiples
+    of ``SPLIT_ALIGN``, or None): the GPU computes expert ``e``'s FFN columns ``[kfrom[e], F)``
+    only (the CPU adds the rest: tierkit's ``split`` mode)."""
     s = model.shape
     slot_e, slot_start, slot_cnt, pair_id, pair_tok = align(ids_l, s.experts)
     pw = w.reshape(-1).index_select(0, pair_id)
@@ -167,37 +183,43 @@ def moe_triton(model: Model, xn, w, ids_l, table_l, bufs: Buffers) -> torch.Tens
     BM = max(16, next_pow2(B))  # one row block per expert: an expert has at most B pairs
     BN1, BN2, BK = (64, 64, 64) if BM <= 32 else (32, 32, 64)
     warps = 4 if BM <= 64 else 8
+    split = kfrom is not None
+    kf = kfrom if split else slot_e  # never read without SPLIT
     _moe_gate_up[(triton.cdiv(s.ffn, BN1), A)](
-        xn, table_l, bufs.act, slot_e, slot_start, slot_cnt, pair_tok, s.hidden, s.ffn,
-        BM=BM, BN=BN1, BK=BK, WIDEN=INTERPRETED, num_warps=warps, num_stages=3)
+        xn, table_l, bufs.act, slot_e, slot_start, slot_cnt, pair_tok, kf, s.hidden, s.ffn,
+        BM=BM, BN=BN1, BK=BK, WIDEN=INTERPRETED, SPLIT=split, num_warps=warps, num_stages=3)
     _moe_down[(triton.cdiv(s.hidden, BN2), A)](
-        bufs.act, table_l, bufs.out_pairs, slot_e, slot_start, slot_cnt, pair_id, pw, s.hidden,
-        s.ffn, 2 * s.ffn * s.hidden, BM=BM, BN=BN2, BK=BK, WIDEN=INTERPRETED, num_warps=warps,
-        num_stages=3)
+        bufs.act, table_l, bufs.out_pairs, slot_e, slot_start, slot_cnt, pair_id, pw, kf,
+        s.hidden, s.ffn, 2 * s.ffn * s.hidden, BM=BM, BN=BN2, BK=BK, WIDEN=INTERPRETED,
+        SPLIT=split, num_warps=warps, num_stages=3)
     return bufs.out_pairs
 
 
-def moe_reference(model: Model, xn, w, ids_l, table_l, bufs: Buffers) -> torch.Tensor:
+def moe_reference(model: Model, xn, w, ids_l, table_l, bufs: Buffers, kfrom=None) -> torch.Tensor:
     """The same contract as ``moe_triton`` in float32 torch (any device): weights read through
     the table's addresses (``Model.resolve``), gate+up activations rounded to bf16 as the kernel
-    stores them."""
+    stores them; with ``kfrom``, expert ``e``'s FFN columns ``[kfrom[e], F)`` only."""
     s = model.shape
     k = ids_l.shape[1]
     ids = ids_l.cpu().numpy()
     tab = table_l.cpu().tolist()
+    lo = [0] * s.experts if kfrom is None else kfrom.cpu().tolist()
     out = bufs.out_pairs
     out.zero_()
     for e in np.unique(ids):
-        if tab[e] == 0:
+        if tab[e] == 0 or lo[e] >= s.ffn:
             continue
         rows, js = np.nonzero(ids == e)
         w13, w2 = expert_views(model.resolve(tab[e]).to(xn.device), s.hidden, s.ffn)
+        cols = torch.arange(lo[e], s.ffn, device=xn.device)
+        w13 = w13[torch.cat([cols, cols + s.ffn])]
         r = torch.as_tensor(rows, device=xn.device)
         h = xn[r].float() @ w13.float().t()
-        g, u = h[:, : s.ffn], h[:, s.ffn:]
+        g, u = h.chunk(2, dim=-1)
         act = (g * torch.sigmoid(g) * u).to(BF16).float()
         pairs = torch.as_tensor(rows * k + js, device=xn.device)
-        out[pairs] = (act @ w2.float().t()) * w[r, torch.as_tensor(js, device=xn.device)][:, None]
+        rw = w[r, torch.as_tensor(js, device=xn.device)][:, None]
+        out[pairs] = (act @ w2[:, lo[e]:].float().t()) * rw
     return out
 
 
