@@ -52,10 +52,12 @@ public description only, no engine code; ``docs/experts.md`` says what was kept 
   (``ExpertBank.step``), swaps copied on the bank's stream and flipped into its table, which the
   kernel reads directly; cold experts read in place. ``--tierkit-mode`` names the engine mode:
   ``in-place`` (the above), ``copy-on-miss`` (half of a layer's slots, less the bank's spare, as
-  staging rows that misses admitted by tierkit's controller are copied into inside the graph,
-  read from HBM in the same step) and ``auto``
-  (the default: one of the two per cell, priced on the profile window by the link model);
-  ``moe_tierkit.py`` describes them. The CPU channel would plug in as another mode.
+  staging rows pooled across every layer; misses tierkit admits by its read-or-copy price are
+  copied into them inside the graph and read from HBM in the same step; ``moe_tierkit.py``),
+  ``split`` (each cold expert's FFN columns cut between the link and the CPU, the cut priced
+  from measured rates; ``moe_split.py``) and ``auto`` (the default: per cell, each of those
+  three built and timed on the GPU over the end of the profile window, the fastest then runs
+  the cell; ``Bench.tierkit_auto``).
 
 **Host work and the graph**: the whole GPU step (every layer) is one CUDA graph for all GPU
 alternatives; tierkit's drain + decide runs on the host between graph launches (at the start of
@@ -422,6 +424,8 @@ def main(argv=None) -> int:
     ap.add_argument("--auto-steps", type=int, default=8, help="steps auto times per candidate "
                     "(the end of the profile window)")
     ap.add_argument("--auto-warmup", type=int, default=3, help="untimed steps per candidate first")
+    ap.add_argument("--com-admit", default="priced", choices=["priced", "all"],
+                    help="copy-on-miss admission: tierkit's read-or-copy price, or every miss")
     ap.add_argument("--link-gbps", type=float, default=47.0, help="in-place read rate of split's "
                     "price (the lab's h200-pcie)")
     ap.add_argument("--split-cpu-gbps", type=float, help="CPU rate of split's price (default: "

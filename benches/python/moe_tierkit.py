@@ -17,7 +17,8 @@
   expert ``e`` is copied iff ``copy_us ≤ read_us × (1 + p_e)``, ``p_e = 1 − exp(−ema_e)`` the
   chance the expert is picked again next step from the controller's pick EMA (``Controller.ema()``;
   the profile's picks per step before its first drain); a miss not admitted is read in place and
-  evicts nothing. **Wide batches**: a layer whose cold working set exceeds twice its share of the
+  evicts nothing (``--com-admit all``: every miss copied, to measure what admission buys).
+  **Wide batches**: a layer whose cold working set exceeds twice its share of the
   pool (``2 × stage``) reads its misses in place that step (the PR's bank + host-view path), and
   admitted misses beyond the rows free in this step are read in place too.
 - ``split`` (``moe_split.TierkitSplit``): the in-place placement, each cold expert's FFN columns
@@ -183,6 +184,7 @@ class TierkitCopyOnMiss(TierkitInPlace):
         self.own = torch.zeros((L, E), dtype=torch.int64, device=dev)
         self.ar = torch.arange(E, dtype=torch.int64, device=dev)
         self.read_us, self.copy_us = link_prices(s.expert_bytes)
+        self.admit_all = getattr(ctx.args, "com_admit", "priced") == "all"
         self.profile_rate = ctx.profile / max(len(ctx.profile_ids), 1)
         self._stage_reset()
 
@@ -193,6 +195,8 @@ class TierkitCopyOnMiss(TierkitInPlace):
         self.stamp.zero_()
         self.copies.zero_()
         self.admitted = admit_mask(self.profile_rate, self.read_us, self.copy_us)
+        if self.admit_all:  # --com-admit all: every miss copied, as the shared bank does
+            self.admitted[:] = True
         self.admit.copy_(torch.from_numpy(self.admitted))
 
     def reset(self):
@@ -207,7 +211,7 @@ class TierkitCopyOnMiss(TierkitInPlace):
     def between_steps(self):
         super().between_steps()
         ema = np.asarray(self.ctl.ema())
-        if ema.any():
+        if ema.any() and not self.admit_all:
             adm = admit_mask(ema, self.read_us, self.copy_us)
             if not np.array_equal(adm, self.admitted):
                 self.admitted = adm

@@ -176,7 +176,7 @@ def test_copy_on_miss_and_split_kernels_under_the_triton_interpreter():
     # kernels (SPLIT on: FFN columns [kfrom, F) on the GPU) against all-HBM's
     rows = interpreted("copy-on-miss and split", "--budgets", "0.5", "--check-steps", "3",
                        "--alternatives", "tierkit", "--tierkit-mode", "copy-on-miss,split",
-                       "--ffn", "128", "--split-cpu-share", "0.5")
+                       "--ffn", "128", "--split-cpu-share", "0.5", "--com-admit", "all")
     tk = {r["mode"]: r for r in rows if r.get("check") == "tierkit"}
     com, sp = tk["copy-on-miss"], tk["split"]
     assert com["ok"] and com["bit_identical"] and com["copies"] > 0, tk
