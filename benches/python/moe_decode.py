@@ -217,7 +217,9 @@ class Bench:
             finally:
                 eng.close()
                 alt.close()
-        best = min(measured, key=measured.get)
+        if not measured:  # no candidate applies at this budget: in-place's placement
+            measured["in-place"] = None
+        best = min(measured, key=lambda m: measured[m] or 0.0)
         alt, eng = self.build("tierkit", budget, best, **kw)
         alt.auto = {"chosen": best, "candidates_step_us": measured, "warmup_steps": w,
                     "timed_steps": len(window) - w, "window": [window[0], P]}

@@ -90,7 +90,8 @@ if triton is not None:
             return
         k_lo = 0
         if SPLIT:  # the CPU computes columns [0, kfrom[e])
-            k_lo = tl.load(kfrom_ptr + tl.maximum(tl.load(slot_e_ptr + tl.program_id(1)), 0))
+            e = tl.maximum(tl.load(slot_e_ptr + tl.program_id(1)), 0)
+            k_lo = tl.load(kfrom_ptr + e).to(tl.int32)  # the loop's bounds in one type
         w = addr.to(tl.pointer_type(tl.bfloat16)) + down_off
         rows = tl.arange(0, BM)
         rmask = rows < cnt
