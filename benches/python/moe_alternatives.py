@@ -63,6 +63,9 @@ class Alternative:
     def stats(self) -> dict:
         return {}
 
+    def zero_acct(self):
+        """Start of a run's timed steps (host-side counters restart)."""
+
     def cpu_share(self) -> float:
         """Share of the bytes of an expert its table reads in place that the CPU computes instead
         (tierkit's split mode; 0: none)."""

@@ -258,15 +258,16 @@ class Bench:
                 runs.append({"times": t, "tok_s": self.batch * len(t) / (sum(t) / 1e6),
                              "host_reads": acct[0] / len(t), "cpu_experts": acct[1] / len(t),
                              "swaps": st.get("swaps_applied", 0) - swaps0,
-                             "copies": (st.get("copies", 0) - copies0) / len(t), "stats": st})
+                             "copies": (st.get("copies", 0) - copies0) / len(t), "stats": st,
+                             "share": alt.cpu_share()})
         finally:
             graphed = eng.graph is not None or (eng.split is not None and eng.split.g is not None)
             eng.close()
             hbm = alt.hbm_expert_bytes()
-            share = alt.cpu_share()  # split mode: the CPU's share of each cold expert
             alt.close()
         med = sorted(runs, key=lambda r: r["tok_s"])[len(runs) // 2]
         t = med["times"]
+        share = med["share"]  # split mode: the CPU's share of the cold experts' columns
         row = {"shape": s.name, "layers": L, "experts": s.experts, "top_k": s.top_k,
                "hidden": s.hidden, "ffn": s.ffn, "batch": self.batch, "budget": budget,
                "alternative": name, "hbm_expert_bytes": hbm,

@@ -247,6 +247,7 @@ class Engine:
     def zero_acct(self):
         with torch.cuda.stream(self.stream) if self.stream is not None else _Null():
             self.step.acct.zero_()
+        self.alt.zero_acct()
 
     def run_steps(self, steps, ids_dev, x_dev, ids_np, outputs=None) -> list[float]:
         times = []

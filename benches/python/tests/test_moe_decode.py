@@ -300,8 +300,14 @@ def test_split_moves_the_cpu_share_of_cold_bytes_to_the_cpu(capsys, tmp_path):
     # priced from the rates: link 47 x 0.970 against a CPU of 20 GB/s x 0.838 -> 0.27 of F
     sp = com_cells(capsys, trace, "--alternatives", "tierkit", "--tierkit-mode", "split",
                    "--split-cpu-gbps", "20")
-    assert sp["tierkit"]["split_cpu_columns"] == 576 and sp["tierkit"]["split_cpu_rate"] == (
-        "--split-cpu-gbps")
+    t = sp["tierkit"]
+    assert t["split_priced_columns"] == 576 and t["split_cpu_rate"] == "--split-cpu-gbps"
+    # then the feedback: each step's two channels timed, the rates learned, the cut re-priced
+    import moe_split
+
+    r = t["split_learned_gbps"]
+    assert t["split_feedback_steps"] > 0 and r["link"] > 0 and r["cpu"] > 0
+    assert t["split_cpu_columns"] == moe_split.cut_columns(2048, r["cpu"] / (r["link"] + r["cpu"]))
 
 
 def test_auto_times_each_candidate_and_runs_the_fastest(capsys, tmp_path, monkeypatch):
