@@ -19,6 +19,10 @@ ending together at ``φ = c / (l + c)``, ``l``, ``c`` the two together-rates. ``
 ``--link-gbps`` (47: the lab's h200-pcie in-place rate); ``cpu`` is ``--split-cpu-gbps`` or, by
 default, **measured** when the mode is built: the CPU's slice FFN at half an expert's width and
 the cell's batch, timed on this host (median of 5). ``--split-cpu-share`` forces ``φ``.
+Then **fed back every step** (``TierkitSplit.feedback``): the last step's two channels timed (CUDA
+events around A2, the host's clock around the CPU's work), each channel's together-rate learned as
+an EMA of its column bytes over its time, the cut re-priced from them (a device scalar the graphs
+read: no recapture). The rates are kept per (shape, batch) across runs and auto's candidates.
 
 **The step** (as ``cpu-cold``'s, ``moe_engine.CpuSplit``): per layer graph A1 (dense part, router,
 tierkit's counting, the layer's table snapshot and its cut per expert ``kfrom = a`` where the table
@@ -229,9 +233,13 @@ class TierkitSplit(TierkitInPlace):
             return
         cpu_cols, link_cols, t_cpu, gpu = last
         if not isinstance(gpu, float):
-            for _, end in gpu:
-                end.synchronize()  # done unless the last step was not synced (prepare's warm-up)
-            gpu = sum(a.elapsed_time(b) for a, b in gpu) / 1e3
+            try:
+                for _, end in gpu:
+                    end.synchronize()  # done unless the last step was not synced (prepare's)
+                gpu = sum(a.elapsed_time(b) for a, b in gpu) / 1e3
+            except RuntimeError as e:  # no timing: keep the priced cut, say so in the row
+                self.fixed, self.feedback_error = True, f"{type(e).__name__}: {e}"[:200]
+                return
         col = 6 * self.ctx.model.shape.hidden  # bytes of one FFN column: gate, up and down
         r = self.rates
         for key, cols, t in (("cpu", cpu_cols, t_cpu), ("link", link_cols, gpu)):
@@ -264,4 +272,6 @@ class TierkitSplit(TierkitInPlace):
                    "split_learned_gbps": {k: round(self.rates[k] / 1e9, 3)
                                           for k in ("link", "cpu")},
                    "split_feedback_steps": self.rates["n"]})
+        if getattr(self, "feedback_error", None):
+            st["split_feedback_error"] = self.feedback_error
         return st
