@@ -429,6 +429,8 @@ def main(argv=None) -> int:
     ap.add_argument("--auto-warmup", type=int, default=3, help="untimed steps per candidate first")
     ap.add_argument("--com-admit", default="priced", choices=["priced", "all"],
                     help="copy-on-miss admission: tierkit's read-or-copy price, or every miss")
+    ap.add_argument("--com-swaps", default="off", choices=["off", "on"],
+                    help="copy-on-miss: the controller's swaps (off: its boot map stays hot)")
     ap.add_argument("--link-gbps", type=float, default=47.0, help="in-place read rate of split's "
                     "price (the lab's h200-pcie)")
     ap.add_argument("--split-cpu-gbps", type=float, help="CPU rate of split's price (default: "

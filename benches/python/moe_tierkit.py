@@ -18,6 +18,12 @@
   chance the expert is picked again next step from the controller's pick EMA (``Controller.ema()``;
   the profile's picks per step before its first drain); a miss not admitted is read in place and
   evicts nothing (``--com-admit all``: every miss copied, to measure what admission buys).
+  **The bank's hot set stays the boot map** (``Controller.freeze()``: counting and the EMA go on,
+  swaps stop): the controller prices a swap against reading the expert in place every time it is
+  needed, but here a needed cold expert costs one copy and then hits the pool, so its swaps would
+  mostly copy twice what the pool already holds (on the 2026-12-04 cells in-place's swaps were
+  3.6 experts a step at Qwen3 batch 1, 25%, against the pool's ~29 copies). ``--com-swaps on``
+  lets it swap.
   **Wide batches**: a layer whose cold working set exceeds twice its share of the
   pool (``2 × stage``) reads its misses in place that step (the PR's bank + host-view path), and
   admitted misses beyond the rows free in this step are read in place too.
@@ -201,6 +207,8 @@ class TierkitCopyOnMiss(TierkitInPlace):
 
     def reset(self):
         super().reset()
+        if getattr(self.ctx.args, "com_swaps", "off") == "off":
+            self.ctl.freeze()  # the pool serves recency: the boot map stays (see the docstring)
         if hasattr(self, "remap"):
             self._stage_reset()
 

@@ -114,6 +114,18 @@ def test_tierkit_swaps_on_a_shifting_trace_and_stays_exact(capsys, tmp_path):
     assert cells["all-hbm"]["link_read_bytes_per_step"] == 0
 
 
+@pytest.mark.parametrize("swaps", ["on", "off"])
+def test_copy_on_miss_swaps_only_when_asked(capsys, tmp_path, swaps):
+    trace = shifting_trace(tmp_path / "shift.jsonl")
+    rc, rows = run(capsys, "--check", "--check-steps", "40", "--trace", trace, "--hidden", "256",
+                   "--ffn", "1024", "--profile-steps", "16", "--budgets", "0.75", "--batches", "1",
+                   "--alternatives", "tierkit", "--tierkit-mode", "copy-on-miss", "--com-swaps",
+                   swaps)
+    tk = [r for r in rows if r.get("check") == "tierkit"][0]
+    assert rc == 0 and tk["ok"] and tk["bit_identical"] and tk["mode"] == "copy-on-miss"
+    assert (tk["swaps_applied"] > 0) == (swaps == "on"), tk
+
+
 def test_cells_account_the_bytes_each_alternative_moves(capsys):
     rc, rows = run(capsys, "--batches", "4", "--budgets", "0.5", "--steps", "4", "--warmup",
                    "1", "--runs", "1")
@@ -257,6 +269,7 @@ def test_copy_on_miss_pools_staging_rows_across_layers(capsys, tmp_path):
     assert t["hbm_expert_bytes"] == cells["shared-bank"]["hbm_expert_bytes"] == 2 * 4 * NB
     assert t["mode"] == "copy-on-miss" and t["stage_per_layer"] == 1 and t["stage_rows"] == 2
     assert 0 < t["admitted_share"] <= 1.0 and t["link_copy_bytes_per_step"] > 0
+    assert t["swaps_applied"] == 0 and t["swaps_planned"] == 0  # the boot map stays hot
     # layer 1 needs no row, layer 0 uses both pooled rows: its run's cold expert is copied once
     # (when admitted) and hit for the rest of the run; in-place mode reads it every step
     ip = com_cells(capsys, trace, "--alternatives", "tierkit", "--tierkit-mode", "in-place")
