@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 27's three missed cells on the H200, with tierkit's rebuilt modes: one device call, ~2 min
-# expected, at most 235 s (the sum of the limits below).
+# expected, at most 310 s (the sum of the limits below).
 #
 # Run on the H200 from the repository root, carrying `.gpu-py` (the wheel of
 # `scripts/py-gpu-check build .gpu-py`) and `.bench-data/mixtral-decode` (the Mixtral logs; README
@@ -10,9 +10,9 @@
 # candidates built, captured and timed over 8 profile-window steps, ~2 s each):
 #   a. --check of every tierkit mode (in-place, copy-on-miss, split, auto) at Qwen3-30B-A3B's
 #      widths, 2 layers, batch 8, 25%: bit-identical to all-HBM (split: within 2e-2)   ~30 s
-#      (limit 60 s: the Triton compiles of a bare machine are in it)
+#      (limit 75 s: the Triton compiles of a bare machine are in it)
 #   b. the three missed cells, every alternative and tierkit's default (auto), 20 timed steps
-#      after 5 of warm-up, median of 3 runs (the bench's defaults)      ~30 s each, limit 55 s
+#      after 5 of warm-up, median of 3 runs (the bench's defaults)      ~30 s each, limit 75 s
 #   c. moe_verdict.py over the cells                                                     ~1 s
 set -u
 cd "$(dirname "$0")/../.."
@@ -40,16 +40,16 @@ step() {  # step NAME LIMIT_S CMD...: runs CMD under timeout, its output in $OUT
 }
 
 # a. exactness of every tierkit mode
-step check 60 python3 $B --check --shapes qwen3 --layers 2 --batches 8 --budgets 0.25 \
+step check 75 python3 $B --check --shapes qwen3 --layers 2 --batches 8 --budgets 0.25 \
     --alternatives tierkit --tierkit-mode in-place,copy-on-miss,split,auto --check-steps 6 \
     --json-out "$OUT/i27-check.jsonl"
 
 # b. the three missed cells (tierkit = auto, the default)
-step qwen3-b1-25 55 python3 $B --shapes qwen3 --layers 8 --batches 1 --budgets 0.25 \
+step qwen3-b1-25 75 python3 $B --shapes qwen3 --layers 8 --batches 1 --budgets 0.25 \
     --json-out "$CELLS"
-step qwen3-b8-75 55 python3 $B --shapes qwen3 --layers 8 --batches 8 --budgets 0.75 \
+step qwen3-b8-75 75 python3 $B --shapes qwen3 --layers 8 --batches 8 --budgets 0.75 \
     --json-out "$CELLS"
-step mixtral-b1-50 55 python3 $B --shapes mixtral --layers 2 --trace "$MIXTRAL" --batches 1 \
+step mixtral-b1-50 75 python3 $B --shapes mixtral --layers 2 --trace "$MIXTRAL" --batches 1 \
     --budgets 0.5 --json-out "$CELLS"
 
 # c. the verdict (tierkit against the best alternative per cell; the mode auto chose per cell)
