@@ -213,10 +213,11 @@ impl Controller {
             let burst = burst_update(&mut self.picks_per_step[l], total, n);
             touched.bursts += u32::from(burst);
             let (mut cold_t, mut all_t) = (0.0, 0.0);
-            if let Some(per_step) = touch_layer(
+            if let Some((per_step, cold)) = touch_layer(
                 &self.deltas[r.clone()],
+                row.table(),
                 &mut self.touch_scratch[r.clone()],
-                &mut self.last_touch[r.clone()],
+                &mut self.last_touch[r],
                 n,
                 step,
                 burst,
@@ -224,12 +225,7 @@ impl Controller {
                 touched.per_step_sum += per_step;
                 touched.layers_with_picks += 1;
                 all_t = n * per_step;
-                cold_t = self.touch_scratch[r]
-                    .iter()
-                    .zip(row.table())
-                    .filter(|(_, &slot)| slot < 0)
-                    .map(|(x, _)| x)
-                    .sum();
+                cold_t = cold;
             }
             self.window_touched[wbase + l] = (cold_t, all_t);
             touched.cold += cold_t;
@@ -410,34 +406,39 @@ fn burst_update(mean: &mut f64, picks: u64, n: f64) -> bool {
 
 /// One layer's touched steps of an interval of `n` steps (see `touch.rs`): `n · τ(d)` per cell
 /// into `x` (0 where `d` is 0), `step` stamped into `last` where `d > 0`. A `burst` interval is
-/// counted by its exact lower bound instead: 1 where `d > 0` (see [`BURST_FACTOR`]). Returns the sum of `τ`
-/// over the layer (in expert order), or `None` (and `x` all zeros) if it had no picks.
+/// counted by its exact lower bound instead: 1 where `d > 0` (see [`BURST_FACTOR`]). Returns the
+/// sum of `τ` over the layer and the sum of `x` over its cold cells (`table[e] < 0`), both in
+/// expert order, or `None` (and `x` all zeros) if it had no picks.
 ///
 /// Small pick counts repeat across a layer's experts: a first pass over the (cached) deltas finds
 /// the largest and which counts below `MEMO` (64) occur, `τ` is evaluated once for each of those
 /// (independent evaluations, no branch per cell), and the cells read it from the table.
 fn touch_layer(
     d: &[u64],
+    table: &[i32],
     x: &mut [f64],
     last: &mut [u64],
     n: f64,
     step: u64,
     burst: bool,
-) -> Option<f64> {
+) -> Option<(f64, f64)> {
     const MEMO: usize = 64;
-    // Four accumulators: the maxima and the bitmask do not chain cell after cell.
-    let (mut mx, mut seen) = ([0u64; 4], [0u64; 4]);
+    // Four accumulators for the maxima (they do not chain cell after cell); the counts present
+    // are marked in a byte table (a store per cell, index clamped to `MEMO`: cheaper than a
+    // variable shift into a bitmask).
+    let mut mx = [0u64; 4];
+    let mut present = [0u8; MEMO + 1];
     let chunks = d.chunks_exact(4);
     let rest = chunks.remainder();
     for c in chunks {
         for k in 0..4 {
             mx[k] = mx[k].max(c[k]);
-            seen[k] |= ((c[k] < MEMO as u64) as u64) << (c[k] & (MEMO as u64 - 1));
+            present[c[k].min(MEMO as u64) as usize] = 1;
         }
     }
     for &v in rest {
         mx[0] = mx[0].max(v);
-        seen[0] |= ((v < MEMO as u64) as u64) << (v & (MEMO as u64 - 1));
+        present[v.min(MEMO as u64) as usize] = 1;
     }
     let max_d = mx[0].max(mx[1]).max(mx[2].max(mx[3]));
     if max_d == 0 {
@@ -447,16 +448,19 @@ fn touch_layer(
     if burst {
         // A burst interval: its exact lower bound, one touched step per expert picked, however
         // many tokens picked it (a prefill's hundreds of tokens count once).
-        let mut touched = 0.0;
-        for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
+        let (mut touched, mut cold) = (0.0, 0.0);
+        for (((&d, &slot), x), last) in d.iter().zip(table).zip(x.iter_mut()).zip(last.iter_mut()) {
             let hit = d > 0;
             *x = f64::from(u8::from(hit));
             touched += *x;
             if hit {
                 *last = step;
+                if slot < 0 {
+                    cold += 1.0;
+                }
             }
         }
-        return Some(touched / n.max(1.0));
+        return Some((touched / n.max(1.0), cold));
     }
     let inv_n = 1.0 / n;
     let tokens = (max_d as f64 * inv_n).max(1.0);
@@ -464,14 +468,15 @@ fn touch_layer(
     let tau_of = |d: u64| touch_prob_inv(d as f64 * inv_n, tokens, inv_tokens);
     let mut memo = [0.0f64; MEMO];
     // d = 0 is never read from the table.
-    let mut m = (seen[0] | seen[1] | seen[2] | seen[3]) & !1;
-    while m != 0 {
-        let k = m.trailing_zeros() as usize;
-        memo[k] = tau_of(k as u64);
-        m &= m - 1;
+    for k in 1..MEMO {
+        if present[k] != 0 {
+            memo[k] = tau_of(k as u64);
+        }
     }
-    let mut touched = 0.0;
-    for ((&d, x), last) in d.iter().zip(x.iter_mut()).zip(last.iter_mut()) {
+    // Two sums in expert order (the cold one skips hot cells and zeros, which add nothing to a
+    // sum ≥ 0): the same bits as summing afterwards, one pass fewer.
+    let (mut touched, mut cold) = (0.0, 0.0);
+    for (((&d, &slot), x), last) in d.iter().zip(table).zip(x.iter_mut()).zip(last.iter_mut()) {
         if d == 0 {
             *x = 0.0;
             continue;
@@ -483,7 +488,105 @@ fn touch_layer(
         };
         touched += tau;
         *x = n * tau;
+        if slot < 0 {
+            cold += *x;
+        }
         *last = step;
     }
-    Some(touched)
+    Some((touched, cold))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::touch::touch_prob_inv;
+    use rand::{Rng, SeedableRng};
+
+    /// [`touch_layer`] as its contract reads, cell by cell: `τ` evaluated for every cell (no
+    /// table of small counts), the cold sum taken afterwards over the written cells.
+    fn touch_layer_ref(
+        d: &[u64],
+        table: &[i32],
+        n: f64,
+        burst: bool,
+    ) -> Option<(Vec<f64>, f64, f64)> {
+        let max_d = d.iter().copied().max().unwrap_or(0);
+        if max_d == 0 {
+            return None;
+        }
+        let tokens = (max_d as f64 * (1.0 / n)).max(1.0);
+        let x: Vec<f64> = d
+            .iter()
+            .map(|&d| match (d, burst) {
+                (0, _) => 0.0,
+                (_, true) => 1.0,
+                _ => n * touch_prob_inv(d as f64 * (1.0 / n), tokens, 1.0 / tokens),
+            })
+            .collect();
+        let touched = if burst {
+            x.iter().sum::<f64>() / n.max(1.0)
+        } else {
+            let mut s = 0.0;
+            for &d in d.iter().filter(|&&d| d > 0) {
+                s += touch_prob_inv(d as f64 * (1.0 / n), tokens, 1.0 / tokens);
+            }
+            s
+        };
+        let cold = x
+            .iter()
+            .zip(table)
+            .filter(|(_, &slot)| slot < 0)
+            .map(|(x, _)| x)
+            .sum();
+        Some((x, touched, cold))
+    }
+
+    #[test]
+    fn touch_layer_matches_the_cell_by_cell_estimate() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+        for round in 0..3000 {
+            let e = rng.random_range(1..400usize);
+            let top = [1u64, 3, 63, 64, 65, 200, 5000][round % 7];
+            let d: Vec<u64> = (0..e)
+                .map(|_| {
+                    if rng.random_range(0..3) == 0 {
+                        0
+                    } else {
+                        rng.random_range(0..=top)
+                    }
+                })
+                .collect();
+            let table: Vec<i32> = (0..e)
+                .map(|i| {
+                    if rng.random_range(0..4) == 0 {
+                        i as i32
+                    } else {
+                        -1
+                    }
+                })
+                .collect();
+            let n = [1.0, 7.0, 64.0][round % 3];
+            let burst = round % 5 == 0;
+            let (mut x, mut last) = (vec![f64::NAN; e], vec![3u64; e]);
+            let got = touch_layer(&d, &table, &mut x, &mut last, n, 9, burst);
+            match touch_layer_ref(&d, &table, n, burst) {
+                None => {
+                    assert!(got.is_none(), "round {round}");
+                    assert!(x.iter().all(|&v| v == 0.0));
+                }
+                Some((want_x, touched, cold)) => {
+                    let (t, c) = got.expect("picks");
+                    assert_eq!(t.to_bits(), touched.to_bits(), "touched, round {round}");
+                    // Equal as numbers: a layer without cold experts sums to −0.0 under `sum`
+                    // (its start) and to +0.0 here; the drain adds it to +0.0 totals either way.
+                    assert!(c == cold, "cold {c} vs {cold}, round {round}");
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&x), bits(&want_x), "x, round {round}");
+                    for (&d, &l) in d.iter().zip(&last) {
+                        assert_eq!(l, if d > 0 { 9 } else { 3 });
+                    }
+                }
+            }
+        }
+    }
 }

@@ -18,6 +18,8 @@
 mod cost;
 mod ratio;
 mod recency;
+#[cfg(test)]
+mod reference;
 
 pub use cost::CostConfig;
 pub(crate) use cost::CostPolicy;
@@ -224,6 +226,30 @@ pub trait SwapPolicy: std::fmt::Debug + Send {
     }
 }
 
+/// Runs `$scan` with `$list` bound to a `&mut` [`ShortList`] of room `$cap` (≥ 1): a [`Pair`] for
+/// caps ≤ 2, else a [`SliceList`] over `$out`'s buffer; `$out` (empty) then holds the list.
+macro_rules! in_short_list {
+    ($out:expr, $cap:expr, $list:ident => $scan:expr) => {{
+        let (out, cap): (&mut Vec<(f64, u32)>, usize) = ($out, $cap);
+        if cap <= 2 {
+            let mut pair = Pair::new(cap);
+            let $list = &mut pair;
+            $scan;
+            pair.append_to(out);
+        } else {
+            out.resize(cap, (0.0, 0));
+            let mut slice = SliceList {
+                buf: &mut out[..],
+                len: 0,
+            };
+            let $list = &mut slice;
+            $scan;
+            let len = slice.len;
+            out.truncate(len);
+        }
+    }};
+}
+
 /// The busiest cold experts (`table[e] < 0`) with heat ≥ `needed` and > `floor`, descending by
 /// heat (ties: lower id first, as ids are scanned in order), at most `cap`, into `out` (cleared
 /// by the caller). Insertion sort into the short list; once full, `floor` rises to its smallest
@@ -231,57 +257,183 @@ pub trait SwapPolicy: std::fmt::Debug + Send {
 ///
 /// The scan tests a chunk of experts at a time without branching and looks at the chunk one
 /// expert at a time only if one of them passes (`floor` only rises, so a chunk that fails as a
-/// whole fails expert by expert too); the short list lives in `out`'s buffer, sized once.
+/// whole fails expert by expert too). The short list lives in registers for the default per-layer
+/// cap (≤ 2), otherwise in `out`'s buffer, sized once: the same insertions either way, only where
+/// the list is kept differs.
 pub(crate) fn rank_cold(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
     table: &[i32],
     needed: f64,
-    mut floor: f64,
+    floor: f64,
     cap: usize,
 ) {
-    const CHUNK: usize = 8;
     let n = vals.len().min(table.len());
     let (vals, table) = (&vals[..n], &table[..n]);
-    // The list never holds more than `cap` nor more than `n` entries.
     out.clear();
-    out.resize(cap.min(n), (0.0, 0));
-    let buf = &mut out[..];
-    let mut len = 0usize;
-    for (c, (vc, tc)) in vals.chunks(CHUNK).zip(table.chunks(CHUNK)).enumerate() {
-        let mut any = false;
-        for (&v, &slot) in vc.iter().zip(tc) {
-            // The per-expert test below, without short-circuits.
-            any |= !((slot >= 0) | (v <= floor) | (v < needed));
-        }
-        if !any {
-            continue;
-        }
-        for (j, (&v, &slot)) in vc.iter().zip(tc).enumerate() {
-            if slot >= 0 || v <= floor || v < needed {
-                continue;
-            }
-            let mut i = if len < cap {
-                len += 1;
-                len - 1
-            } else {
-                cap - 1
-            };
-            while i > 0 && buf[i - 1].0 < v {
-                buf[i] = buf[i - 1];
-                i -= 1;
-            }
-            buf[i] = (v, (c * CHUNK + j) as u32);
-            if len == cap {
-                floor = buf[cap - 1].0;
-            }
+    // The list never holds more than `cap` nor more than `n` entries.
+    let cap = cap.min(n);
+    if cap == 0 {
+        return;
+    }
+    in_short_list!(out, cap, list => scan_cold(list, vals, table, needed, floor));
+}
+
+/// A short list of (heat, id) with room for `cap` entries, filled by [`ShortList::place`]: the
+/// two homes of [`rank_cold`]'s and [`rank_least`]'s lists.
+trait ShortList {
+    /// Entries held.
+    fn len(&self) -> usize;
+    /// The room (the ranking's `cap`, ≥ 1).
+    fn cap(&self) -> usize;
+    /// Entry `i < len`.
+    fn get(&self, i: usize) -> (f64, u32);
+    /// Writes `x` at `i` (the end of the list if it has room, else its last entry), then moves it
+    /// up past every entry `x` goes `before` (the insertion sort's step): `while i > 0 &&
+    /// before(x, list[i − 1]) { list[i] = list[i − 1]; i −= 1 } list[i] = x`, with `len` grown
+    /// by one if it had room.
+    fn place(&mut self, x: (f64, u32), before: impl Fn((f64, u32), (f64, u32)) -> bool);
+}
+
+/// [`ShortList`] for `cap ≤ 2` (the default per-layer cap) in locals: the list stays in
+/// registers and an insertion is a compare and two moves, with no store and reload per candidate.
+struct Pair {
+    first: (f64, u32),
+    second: (f64, u32),
+    len: usize,
+    cap: usize,
+}
+
+impl Pair {
+    fn new(cap: usize) -> Self {
+        debug_assert!((1..=2).contains(&cap));
+        Pair {
+            first: (0.0, 0),
+            second: (0.0, 0),
+            len: 0,
+            cap,
         }
     }
-    out.truncate(len);
+
+    fn append_to(&self, out: &mut Vec<(f64, u32)>) {
+        if self.len >= 1 {
+            out.push(self.first);
+        }
+        if self.len == 2 {
+            out.push(self.second);
+        }
+    }
+}
+
+impl ShortList for Pair {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline(always)]
+    fn cap(&self) -> usize {
+        self.cap
+    }
+
+    #[inline(always)]
+    fn get(&self, i: usize) -> (f64, u32) {
+        if i == 0 {
+            self.first
+        } else {
+            self.second
+        }
+    }
+
+    #[inline(always)]
+    fn place(&mut self, x: (f64, u32), before: impl Fn((f64, u32), (f64, u32)) -> bool) {
+        let i = if self.len < self.cap {
+            self.len += 1;
+            self.len - 1
+        } else {
+            self.cap - 1
+        };
+        if i == 0 {
+            self.first = x;
+        } else if before(x, self.first) {
+            self.second = self.first;
+            self.first = x;
+        } else {
+            self.second = x;
+        }
+    }
+}
+
+/// [`ShortList`] in a caller's buffer (`buf.len()` = the cap), for caps past [`Pair`]'s.
+struct SliceList<'a> {
+    buf: &'a mut [(f64, u32)],
+    len: usize,
+}
+
+impl ShortList for SliceList<'_> {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn cap(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn get(&self, i: usize) -> (f64, u32) {
+        self.buf[i]
+    }
+
+    fn place(&mut self, x: (f64, u32), before: impl Fn((f64, u32), (f64, u32)) -> bool) {
+        let cap = self.buf.len();
+        let mut i = if self.len < cap {
+            self.len += 1;
+            self.len - 1
+        } else {
+            cap - 1
+        };
+        while i > 0 && before(x, self.buf[i - 1]) {
+            self.buf[i] = self.buf[i - 1];
+            i -= 1;
+        }
+        self.buf[i] = x;
+    }
+}
+
+/// [`rank_cold`]'s scan into `list` (empty, `cap ≥ 1`).
+#[inline(always)]
+fn scan_cold<L: ShortList>(list: &mut L, vals: &[f64], table: &[i32], needed: f64, mut floor: f64) {
+    const CHUNK: usize = 8;
+    let cap = list.cap();
+    // Descending by heat; an equal heat stays below (the lower id, scanned first, stays first).
+    let before = |x: (f64, u32), y: (f64, u32)| y.0 < x.0;
+    let visit = |list: &mut L, floor: &mut f64, base: usize, vc: &[f64], tc: &[i32]| {
+        for (j, (&v, &slot)) in vc.iter().zip(tc).enumerate() {
+            if slot >= 0 || v <= *floor || v < needed {
+                continue;
+            }
+            list.place((v, (base + j) as u32), before);
+            if list.len() == cap {
+                *floor = list.get(cap - 1).0;
+            }
+        }
+    };
+    let chunks = vals.chunks_exact(CHUNK).zip(table.chunks_exact(CHUNK));
+    let tail = vals.len() / CHUNK * CHUNK;
+    for (c, (vc, tc)) in chunks.enumerate() {
+        let mut any = false;
+        for k in 0..CHUNK {
+            // The per-expert test, without short-circuits.
+            any |= !((tc[k] >= 0) | (vc[k] <= floor) | (vc[k] < needed));
+        }
+        if any {
+            visit(list, &mut floor, c * CHUNK, vc, tc);
+        }
+    }
+    visit(list, &mut floor, tail, &vals[tail..], &table[tail..]);
 }
 
 /// The least busy hot experts whose heat `beatable` accepts, ascending by (heat, id), at most
-/// `cap`, into `out` (cleared by the caller). The short list lives in `out`'s buffer, sized once.
+/// `cap`, into `out` (cleared by the caller).
 pub(crate) fn rank_hot(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
@@ -294,24 +446,34 @@ pub(crate) fn rank_hot(
 
 /// The least busy hot experts of a layer in one pass, for a policy whose "beatable" test is
 /// monotone in the heat (`h + price ≤ c` with a finite price, `h × ratio ≤ c` with a finite ratio
-/// ≥ 0): the `cap` least busy by (heat, id) into `out`, and `fold(+∞, f64::min)` of the hot heats
-/// (the policies' `hot_min`). Returns `(hot_min, exact)`; when `exact` (no hot heat is NaN),
-/// [`keep_beatable`] then leaves exactly what [`rank_hot`] would (the beatable experts are a
-/// prefix of the list ordered by heat), sparing a second pass over the hot set.
+/// ≥ 0): the `cap` least busy by (heat, id) into `out`, and the least hot heat, NaN heats left
+/// out (+∞ if none: the policies' `hot_min`; its sign is unspecified when it is a zero, which no
+/// policy's test can tell: `hot_min + price` with `price > 0`, `ratio × hot_min` compared with
+/// `≤`). Returns `(hot_min, exact)`; when `exact` (no hot heat is NaN), [`keep_beatable`] then
+/// leaves exactly what [`rank_hot`] would (the beatable experts are a prefix of the list ordered
+/// by heat), sparing a second pass over the hot set.
 pub(crate) fn rank_least_hot(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
     hot_experts: &[u32],
     cap: usize,
 ) -> (f64, bool) {
-    let mut hot_min = f64::INFINITY;
     let mut nan = false;
     rank_least(out, vals, hot_experts, cap, |h| {
-        hot_min = hot_min.min(h);
         nan |= h.is_nan();
         true
     });
-    (hot_min, !nan)
+    if nan || (out.is_empty() && !hot_experts.is_empty()) {
+        // Rare (heats are finite by the controller's contract; no policy asks with cap 0): the
+        // minimum over the others.
+        let m = hot_experts
+            .iter()
+            .map(|&e| vals[e as usize])
+            .fold(f64::INFINITY, f64::min);
+        return (m, false);
+    }
+    // Without NaN the list's first entry is a least hot heat (every hot heat was accepted).
+    (out.first().map_or(f64::INFINITY, |x| x.0), true)
 }
 
 /// Keeps the beatable prefix of the list [`rank_least_hot`] made.
@@ -320,101 +482,56 @@ pub(crate) fn keep_beatable(out: &mut Vec<(f64, u32)>, beatable: impl Fn(f64) ->
     out.truncate(k);
 }
 
-/// [`rank_hot`]'s scan (`beatable` may keep state: it sees every hot heat once, in order).
+/// [`rank_hot`]'s scan (`beatable` may keep state: it sees every hot heat once, in order). The
+/// list lives where [`rank_cold`]'s does.
 fn rank_least(
     out: &mut Vec<(f64, u32)>,
     vals: &[f64],
     hot_experts: &[u32],
     cap: usize,
-    mut beatable: impl FnMut(f64) -> bool,
+    beatable: impl FnMut(f64) -> bool,
 ) {
     out.clear();
-    out.resize(cap.min(hot_experts.len()), (0.0, 0));
-    let buf = &mut out[..];
-    let mut len = 0usize;
+    let cap = cap.min(hot_experts.len());
+    if cap == 0 {
+        // Every hot heat is still shown to `beatable` (its side effects), none is kept.
+        let mut beatable = beatable;
+        for &e in hot_experts {
+            beatable(vals[e as usize]);
+        }
+        return;
+    }
+    in_short_list!(out, cap, list => scan_least(list, vals, hot_experts, beatable));
+}
+
+/// [`rank_least`]'s scan into `list` (empty, `cap ≥ 1`).
+#[inline(always)]
+fn scan_least<L: ShortList>(
+    list: &mut L,
+    vals: &[f64],
+    hot_experts: &[u32],
+    mut beatable: impl FnMut(f64) -> bool,
+) {
+    let cap = list.cap();
+    // Ascending by (heat, id), the tuple order: `(a, i) < (b, j)` iff `a < b`, or `a == b` and
+    // `i < j` (false whenever a heat is NaN).
+    let lt = |x: (f64, u32), y: (f64, u32)| x.0 < y.0 || (x.0 == y.0 && x.1 < y.1);
     for &e in hot_experts {
         let x = (vals[e as usize], e);
         if !beatable(x.0) {
             continue;
         }
-        let mut i = if len < cap {
-            len += 1;
-            len - 1
-        } else if x < buf[cap - 1] {
-            cap - 1
-        } else {
+        if list.len() == cap && !lt(x, list.get(cap - 1)) {
             continue;
-        };
-        while i > 0 && x < buf[i - 1] {
-            buf[i] = buf[i - 1];
-            i -= 1;
         }
-        buf[i] = x;
+        list.place(x, lt);
     }
-    out.truncate(len);
 }
 
 #[cfg(test)]
 mod tests {
+    use super::reference::{rank_cold_ref, rank_hot_ref};
     use super::*;
-
-    /// The straightforward versions the ranking functions must match entry for entry.
-    fn rank_cold_ref(
-        out: &mut Vec<(f64, u32)>,
-        vals: &[f64],
-        table: &[i32],
-        needed: f64,
-        mut floor: f64,
-        cap: usize,
-    ) {
-        for (e, (&v, &slot)) in vals.iter().zip(table).enumerate() {
-            if slot >= 0 || v <= floor || v < needed {
-                continue;
-            }
-            let mut i = if out.len() < cap {
-                out.push((v, e as u32));
-                out.len() - 1
-            } else {
-                out[cap - 1] = (v, e as u32);
-                cap - 1
-            };
-            while i > 0 && out[i - 1].0 < out[i].0 {
-                out.swap(i - 1, i);
-                i -= 1;
-            }
-            if out.len() == cap {
-                floor = out[cap - 1].0;
-            }
-        }
-    }
-
-    fn rank_hot_ref(
-        out: &mut Vec<(f64, u32)>,
-        vals: &[f64],
-        hot_experts: &[u32],
-        cap: usize,
-        beatable: impl Fn(f64) -> bool,
-    ) {
-        for &e in hot_experts {
-            let x = (vals[e as usize], e);
-            if !beatable(x.0) {
-                continue;
-            }
-            let mut i = if out.len() < cap {
-                out.push(x);
-                out.len() - 1
-            } else if x < out[cap - 1] {
-                out[cap - 1] = x;
-                cap - 1
-            } else {
-                continue;
-            };
-            while i > 0 && out[i] < out[i - 1] {
-                out.swap(i - 1, i);
-                i -= 1;
-            }
-        }
-    }
 
     fn bits(v: &[(f64, u32)]) -> Vec<(u64, u32)> {
         v.iter().map(|&(h, e)| (h.to_bits(), e)).collect()
@@ -437,7 +554,9 @@ mod tests {
             } else {
                 (rnd() % 70) as usize + (round % 3) * 100
             };
-            let palette = [0.0, -0.0, 1.0, 2.5, 3.0, f64::NAN, 7.0, f64::INFINITY];
+            // Every other round without NaN (NaN heats take other paths through the ranking).
+            let odd = if round % 2 == 0 { f64::NAN } else { 4.0 };
+            let palette = [0.0, -0.0, 1.0, 2.5, 3.0, odd, 7.0, f64::INFINITY];
             let vals: Vec<f64> = (0..n)
                 .map(|i| match rnd() % 4 {
                     0 => palette[(rnd() % palette.len() as u64) as usize],
@@ -459,7 +578,8 @@ mod tests {
             let cap = if round % 7 == 3 {
                 15 + (rnd() % 5) as usize
             } else {
-                (rnd() % 6) as usize + 1
+                // 1..=9: the list in registers (≤ 2) and in the buffer.
+                (rnd() % 9) as usize + 1
             };
             let needed = [f64::NEG_INFINITY, 0.0, 2.0, 30.0][(rnd() % 4) as usize];
             let floor = [f64::NEG_INFINITY, 0.0, 1.0][(rnd() % 3) as usize];
@@ -478,7 +598,8 @@ mod tests {
                 .iter()
                 .map(|&e| vals[e as usize])
                 .fold(f64::INFINITY, f64::min);
-            assert_eq!(hot_min.to_bits(), m.to_bits(), "hot_min, round {round}");
+            // Equal as numbers (the sign of a zero minimum is unspecified: see rank_least_hot).
+            assert!(hot_min == m, "hot_min {hot_min} vs {m}, round {round}");
             assert_eq!(exact, !hot.iter().any(|&e| vals[e as usize].is_nan()));
             if exact {
                 keep_beatable(&mut b, |h| h + 0.5 <= bound);
