@@ -176,4 +176,47 @@ fn bad_mode_flags_fail_cleanly() {
         &with(&["--mode", "all", "--policy", "lru"]),
         "--policy applies",
     );
+    // The CPU prices beside a mode without a CPU channel were ignored, exit 0.
+    for mode in ["copy-on-miss", "read-or-copy"] {
+        fails_with(
+            &with(&["--mode", mode, "--cpu-gbps", "3"]),
+            &format!("not with --mode {mode} (it has no CPU channel)"),
+        );
+    }
+}
+
+#[test]
+fn optimum_always_where_the_link_forbids_it_fails_before_the_run() {
+    // --optimum always promises the optimum or a failure; on a link hiding copy time it is not
+    // computable. A modes table printed "not computed" and exited 0; the scoreboard failed only
+    // after replaying every other policy.
+    let base = [
+        "experts",
+        "replay",
+        "--steps",
+        "50",
+        "--hide-us",
+        "5",
+        "--optimum",
+        "always",
+    ];
+    for extra in [
+        &["--mode", "all"][..],
+        &["--mode", "copy-on-miss"],
+        &["--policy", "static,offline-optimum"],
+    ] {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        fails_with(
+            &a,
+            "--optimum always: invalid config: the offline optimum needs a stall linear in copies",
+        );
+    }
+    // Where no optimum is asked for, or the link's copies stop the step, it runs.
+    let mut a = base.to_vec();
+    a.extend_from_slice(&["--tokens", "4", "--policy", "static"]);
+    ok_stdout(&a);
+    let mut a = base.to_vec();
+    a.extend_from_slice(&["--tokens", "4", "--mode", "cpu"]);
+    ok_stdout(&a);
 }

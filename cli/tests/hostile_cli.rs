@@ -98,7 +98,7 @@ fn side_input_files_are_bounded_and_name_their_flag() {
         fails_within(&refs(&args), &format!("{shown} {}: ", empty.display()), 20);
         let args = with(&base, flag, &array);
         fails_within(&refs(&args), &format!("{shown} {}: ", array.display()), 20);
-        // An endless stream: refused at its first byte (JSON) or at the cap (reports).
+        // An endless stream: refused at its first byte (every loader parses as it reads).
         #[cfg(unix)]
         {
             let args = with(&base, flag, Path::new("/dev/zero"));
@@ -502,4 +502,65 @@ fn degenerate_flags_are_refused_before_the_work() {
             10,
         );
     }
+}
+
+#[test]
+fn fit_seed_flags_that_counts_cannot_honour_are_refused() {
+    // `--range` beside counts (no steps to select) was ignored, exit 0; `--routing-counts` with
+    // `--layers 0` asked to "give --layers and --experts", which were given.
+    let eplb = temp("range-eplb.json");
+    std::fs::write(&eplb, "[[1, 2, 3], [4, 5, 6]]").unwrap();
+    fails_with(
+        &[
+            "experts",
+            "fit-seed",
+            "--eplb-counts",
+            eplb.to_str().unwrap(),
+            "--range",
+            "0..2",
+        ],
+        "--range selects steps of a trace (--trace); counts",
+    );
+    // Without --range the same counts fit.
+    ok_stdout(&[
+        "experts",
+        "fit-seed",
+        "--eplb-counts",
+        eplb.to_str().unwrap(),
+    ]);
+    let rc = temp("zero-layers-routing.json");
+    std::fs::write(
+        &rc,
+        r#"{"x": {"github": {"layers": [0], "topk_counts": [[1, 2, 3]]}}}"#,
+    )
+    .unwrap();
+    for (l, e) in [("0", "3"), ("2", "0")] {
+        fails_with(
+            &[
+                "experts",
+                "fit-seed",
+                "--routing-counts",
+                rc.to_str().unwrap(),
+                "--model",
+                "x",
+                "--layers",
+                l,
+                "--experts",
+                e,
+            ],
+            "--layers and --experts must be at least 1",
+        );
+    }
+    // And --experts 0 with engine counts: a shape error, not a panic (it indexed an empty table).
+    fails_with(
+        &[
+            "experts",
+            "fit-seed",
+            "--eplb-counts",
+            eplb.to_str().unwrap(),
+            "--experts",
+            "0",
+        ],
+        "0 logical experts per layer asked for (--experts); give at least 1",
+    );
 }

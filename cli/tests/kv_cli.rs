@@ -447,7 +447,7 @@ fn fit_time_recovers_the_step_model_of_a_benchmark_report_and_refuses_bad_files(
     );
     fails_with(
         &["kv", "fit-time", "/dev/zero"],
-        "report /dev/zero: more than 64 MiB",
+        "report /dev/zero: not a kv_serving_bench JSON report: expected value at line 1 column 1",
     );
 }
 

@@ -10,7 +10,7 @@ use crate::policy::{CostConfig, PolicyConfig, PolicyKind, RatioConfig};
 /// How the controller counts, decays and swaps: the knobs every policy shares, and `policy`,
 /// the [`crate::SwapPolicy`] to build with its own config.
 ///
-/// [`Default`] is the **cost-aware** default ([`PolicyConfig::Cost`], [`crate::CostPolicy`]):
+/// [`Default`] is the **cost-aware** default ([`PolicyConfig::Cost`], `CostPolicy`):
 /// heat in touched steps, a half-life and drain cadence that adapt to the observed traffic
 /// ([`AdaptiveCadence`]: the same defaults serve batch 1 and batch 256), the H200 PCIe link's
 /// costs ([`LinkCost::h200_pcie`]), a swap budget of 1 GiB per step, 2 swaps per layer per drain,
@@ -263,7 +263,7 @@ impl<'de> serde::Deserialize<'de> for ControllerConfig {
 /// a lane of 267,226 steps).
 ///
 /// At each drain the controller measures the experts touched per step per layer `S` (from the
-/// picks, see [`crate::CostPolicy`]; smoothed over drains) and sets the half-life to
+/// picks, see `CostPolicy`; smoothed over drains) and sets the half-life to
 /// `touches_per_half_life × experts_per_layer / S` steps (clamped to `[min_half_life_steps,
 /// max_half_life_steps]`): an average expert gathers `touches_per_half_life` touched steps per
 /// half-life, whatever the batch. The next drain comes `half-life / drains_per_half_life` steps

@@ -111,7 +111,7 @@ impl PickCounters {
     }
 
     /// Errors with [`ExpertError::GeometryMismatch`] unless the table has `geometry`'s shape.
-    pub fn check_geometry(&self, geometry: &Geometry) -> Result<()> {
+    pub(crate) fn check_geometry(&self, geometry: &Geometry) -> Result<()> {
         if self.layers == geometry.layers && self.experts == geometry.experts_per_layer {
             Ok(())
         } else {

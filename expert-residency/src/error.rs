@@ -63,6 +63,10 @@ pub enum ExpertError {
         /// The geometry found, in words.
         found: String,
     },
+    /// A control message asked for a baseline reset without the counter table it reads
+    /// ([`crate::Controller::apply_control`] with `snapshot` `None`).
+    #[error("a baseline reset (\"baseline\": true) reads the current pick counters, and none were given: pass them with the message (Python `apply_control(message, counters)`, C's `counters` argument, Rust `Some(snapshot)`), or leave `baseline` out")]
+    BaselineWithoutCounters,
     /// A slice or table had the wrong length.
     #[error("length mismatch: expected {expected}, found {found}")]
     LengthMismatch {

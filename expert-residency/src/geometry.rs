@@ -170,7 +170,7 @@ impl Geometry {
     }
 
     /// Errors with [`ExpertError::LayerOutOfRange`] unless `layer < layers`.
-    pub fn check_layer(&self, layer: u32) -> Result<()> {
+    pub(crate) fn check_layer(&self, layer: u32) -> Result<()> {
         if layer < self.layers {
             Ok(())
         } else {

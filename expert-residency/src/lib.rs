@@ -10,9 +10,9 @@
 //! layer; [`ResidencyMap`], saved as versioned JSON); [`PickCounters`] (one relaxed atomic add per
 //! pick, the GPU counting kernel's layout); the [`Controller`] (EMA drain, generation-checked
 //! swaps under per-layer / per-step caps and a byte budget, a cadence adapted to the traffic,
-//! freeze, optional shift response) asking a [`SwapPolicy`] what to swap ([`CostPolicy`] by
-//! default: a swap must save more host bytes than its copy costs on the link; [`RatioPolicy`],
-//! the published "EMA drain + ratio hysteresis" recipe; [`RecencyPolicy`], capped LRU; each with
+//! freeze, optional shift response) asking a [`SwapPolicy`] what to swap (`CostPolicy` by
+//! default: a swap must save more host bytes than its copy costs on the link; `RatioPolicy`,
+//! the published "EMA drain + ratio hysteresis" recipe; `RecencyPolicy`, capped LRU; each with
 //! its own config, [`PolicyConfig`]); the [`SwapExecutor`] trait with [`MemoryExecutor`] and
 //! [`NullExecutor`]
 //! (the GPU executor is `gpu::GpuExecutor`, `cuda` feature); seed maps fitted offline
@@ -71,14 +71,12 @@ pub use link::LinkCost;
 pub use memory::{checksum, MemoryExecutor};
 pub use picks::StepPicks;
 pub use policy::{
-    CostConfig, CostPolicy, LayerHeat, PolicyConfig, PolicyKind, RatioConfig, RatioPolicy,
-    RecencyConfig, RecencyPolicy, SwapChoice, SwapPolicy,
+    CostConfig, LayerHeat, PolicyConfig, RatioConfig, RecencyConfig, SwapChoice, SwapPolicy,
 };
 pub use router_ids::{strided_len, RouterIds};
 pub use rowmap::{MapFile, ResidencyMap, RowMap, MAP_FORMAT, MAP_VERSION, MAX_MAP_FILE_BYTES};
 pub use seed::{
-    fit_seed_map, merge_dumps, seed_coverage, top_k_experts, CounterDump, Coverage,
-    MAX_DUMP_FILE_BYTES,
+    fit_seed_map, merge_dumps, seed_coverage, CounterDump, Coverage, MAX_DUMP_FILE_BYTES,
 };
 pub use telemetry::{DrainTelemetry, SwapStats};
 pub use tier_core::NOT_RESIDENT;

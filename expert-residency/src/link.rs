@@ -74,7 +74,7 @@ impl LinkCost {
     /// A swap copy's cost in in-place reads of the same expert (`copy_us / read_us`): how many
     /// more touched steps an incoming expert must serve from HBM than the outgoing one for the
     /// copy to pay (0.86 for any expert size above a few MB on the H200 PCIe link).
-    pub fn copy_in_reads(&self, expert_bytes: u64) -> f64 {
+    pub(crate) fn copy_in_reads(&self, expert_bytes: u64) -> f64 {
         let r = self.read_us(expert_bytes.max(1));
         self.copy_us(expert_bytes.max(1)) / r
     }

@@ -191,7 +191,7 @@ impl CounterDump {
 }
 
 /// The top `k` expert ids of `counts`, busiest first; ties go to the lower id (deterministic).
-pub fn top_k_experts(counts: &[f64], k: usize) -> Vec<u32> {
+pub(crate) fn top_k_experts(counts: &[f64], k: usize) -> Vec<u32> {
     let mut ids: Vec<u32> = (0..counts.len() as u32).collect();
     ids.sort_by(|&a, &b| {
         counts[b as usize]

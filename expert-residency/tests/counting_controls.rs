@@ -204,11 +204,14 @@ fn boot_frozen_then_the_recipe_message_starts_swapping_from_a_clean_baseline() {
             baseline: Some(true)
         }
     );
-    // a baseline without a snapshot is refused before anything changes
-    assert!(matches!(
-        ctl.apply_control(&msg, None),
-        Err(ExpertError::LengthMismatch { found: 0, .. })
-    ));
+    // a baseline without a snapshot is refused before anything changes, saying what to pass
+    // (it used to read "length mismatch: expected N, found 0")
+    let e = ctl.apply_control(&msg, None).unwrap_err();
+    assert!(matches!(e, ExpertError::BaselineWithoutCounters), "{e}");
+    assert!(
+        e.to_string().contains("apply_control(message, counters)"),
+        "{e}"
+    );
     assert!(ctl.is_frozen());
     ctl.apply_control(&msg, Some(&table)).unwrap();
     assert!(!ctl.is_frozen());

@@ -1,7 +1,8 @@
-//! GPU tests of the expert bank and the GPU executor (`cuda` feature): the swap protocol on a
-//! real device, readers concurrent with swaps, typed faults, and the controller driving the
-//! executor. Every test prints `SKIP: no CUDA device` and returns where no device exists.
-#![cfg(feature = "cuda")]
+//! GPU tests of the expert bank and the GPU executor (feature `test-hooks`, with `cuda`): the swap
+//! protocol on a real device, readers concurrent with swaps, typed faults, and the controller
+//! driving the executor. Every test prints `SKIP: no CUDA device` and returns where no device
+//! exists.
+#![cfg(feature = "test-hooks")]
 
 use std::sync::Arc;
 

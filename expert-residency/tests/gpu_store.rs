@@ -1,9 +1,9 @@
-//! GPU tests of the expert tier's memory ([`ExpertStore`], `cuda` feature): copies into HBM
-//! slots and table flips against the CPU reference, and caller-owned memory backing a store in
-//! place. Moved here with the store from `cuda-kernels` (which keeps its kernels' and memory
-//! types' own tests). Every test prints `SKIP: no CUDA device` and returns where no device
-//! exists.
-#![cfg(feature = "cuda")]
+//! GPU tests of the expert tier's memory ([`ExpertStore`], feature `test-hooks`, which enables
+//! `cuda`: the tests copy into and read slots directly): copies into HBM slots and table flips
+//! against the CPU reference, and caller-owned memory backing a store in place. Moved here with the
+//! store from `cuda-kernels` (which keeps its kernels' and memory types' own tests). Every test
+//! prints `SKIP: no CUDA device` and returns where no device exists.
+#![cfg(feature = "test-hooks")]
 
 use std::sync::Arc;
 

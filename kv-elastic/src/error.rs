@@ -130,6 +130,14 @@ pub enum KvError {
         /// Maximum ([`crate::MAX_CANDIDATES`]).
         max: usize,
     },
+    /// [`crate::ResolveOptions::block_positions`] above [`crate::MAX_BLOCK_POSITIONS`].
+    #[error("block_positions = {block_positions} is out of range: expected 0..={max} positions per block id (0 or 1: topk holds positions; block-sparse indexers use 64)")]
+    BlockPositionsOutOfRange {
+        /// Given.
+        block_positions: u32,
+        /// Maximum ([`crate::MAX_BLOCK_POSITIONS`]).
+        max: u32,
+    },
     /// A layer index `>= layers`.
     #[error("layer {layer} out of range ({layers} layers)")]
     LayerOutOfRange {

@@ -65,6 +65,6 @@ pub use pool::{
 };
 pub use resolve::{
     OutputLayout, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, ResolveStats, Resolved,
-    Resolver, RowCopy, MAX_CANDIDATES,
+    Resolver, RowCopy, MAX_BLOCK_POSITIONS, MAX_CANDIDATES,
 };
 pub use ticket::ReadTicket;

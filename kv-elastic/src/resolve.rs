@@ -8,6 +8,14 @@ use crate::ticket::ReadTicket;
 /// Most prefetch candidates one session may announce for a layer group.
 pub const MAX_CANDIDATES: usize = 16_384;
 
+/// Most positions per block id ([`ResolveOptions::block_positions`]), 2^16. Block-sparse
+/// indexers score blocks of 64 positions (SGLang's `SPARSE_BLOCK_SIZE`, MiniMax-M3, NSA's
+/// selection blocks) up to 4,096 (MoBA's largest); the outputs are `rows × k × B` entries, so `B`
+/// is what a resolve's output size multiplies its top-k by, and a block id standing for more
+/// positions than 16× the largest block in use is a slip (a byte count, a history length), refused
+/// as [`crate::KvError::BlockPositionsOutOfRange`] before anything is sized from it.
+pub const MAX_BLOCK_POSITIONS: u32 = 1 << 16;
+
 /// One step's selections, in the shapes FlashMLA sparse decode and vLLM's sparse-MLA path use.
 #[derive(Clone, Copy, Debug)]
 pub struct ResolveInput<'a> {
@@ -71,7 +79,8 @@ pub struct ResolveOptions<'a> {
     /// a block id `< -1` is invalid (`PositionOutOfRange`). A position of a block at or beyond its
     /// row's bound is written `-1` and is *not* invalid: the block straddles the end of the
     /// visible history (or lies past it: an indexer's top-k over masked blocks), as SGLang reads
-    /// it. `k × B` must fit an `int32`.
+    /// it. At most [`MAX_BLOCK_POSITIONS`] (`BlockPositionsOutOfRange`), and `k × B` must fit an
+    /// `int32`.
     pub block_positions: u32,
 }
 
@@ -226,7 +235,8 @@ pub trait Resolver {
     /// Errors (nothing changes, `out` filled as above): [`Resolver::resolve`]'s, plus
     /// `LengthMismatch` (`query_seq_lens` not `[rows]`), `QuerySeqLenOutOfRange` (a row bound
     /// outside `1..=seq_len` of its entry), `PositionOutOfRange` (a pick at or beyond its row's
-    /// bound; with block ids, a block id `< -1`), `LengthMismatch` (`k × block_positions` over
+    /// bound; with block ids, a block id `< -1`), `BlockPositionsOutOfRange` (`block_positions`
+    /// over [`MAX_BLOCK_POSITIONS`]), `LengthMismatch` (`k × block_positions` over
     /// `i32::MAX`, or outputs below `rows × k × block_positions` / `rows`).
     fn resolve_with(
         &mut self,

@@ -155,16 +155,6 @@ impl PagePool {
             && self.generation[i] == h.generation
     }
 
-    /// The handle of page `page` if it is allocated now, else `None` (also
-    /// for an id out of range).
-    pub fn live_handle(&self, page: PageId) -> Option<PageHandle> {
-        let i = page.index();
-        (i < self.state.len() && self.state[i] == PageState::Live).then(|| PageHandle {
-            page,
-            generation: self.generation[i],
-        })
-    }
-
     /// Checks that `h` may be freed, without changing anything.
     ///
     /// # Errors

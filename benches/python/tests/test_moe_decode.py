@@ -42,14 +42,18 @@ def run(capsys, *args) -> tuple[int, list[dict]]:
 
 def test_check_every_alternative_matches_all_hbm(capsys):
     rc, rows = run(capsys, "--check", "--batches", "1,4", "--budgets", "0.25,0.5",
-                   "--check-steps", "6")
+                   "--check-steps", "6", "--tierkit-mode", "in-place,copy-on-miss,auto")
     checks = [r for r in rows if "check" in r]
     assert rc == 0 and checks and all(r["ok"] for r in checks), checks
     names = {r["check"] for r in checks}
     assert names == {"layer-uva", "shared-bank", "cpu-cold", "tierkit"}
+    assert {r["requested_mode"] for r in checks if r["check"] == "tierkit"} == {
+        "in-place", "copy-on-miss", "auto"}
     for r in checks:
         if r["check"] == "cpu-cold":  # another summation order: within tolerance, not equal
             assert not r["bit_identical"] and 0 < r["max_rel_err"] <= 2e-2
+        elif r.get("mode") == "split":  # auto may pick it: the CPU's columns within tolerance
+            assert r["max_rel_err"] <= 2e-2
         else:
             assert r["bit_identical"] and r["max_rel_err"] == 0.0
     bank = [r for r in checks if r["check"] == "shared-bank"]
@@ -89,7 +93,8 @@ def test_tierkit_swaps_on_a_shifting_trace_and_stays_exact(capsys, tmp_path):
     trace = shifting_trace(tmp_path / "shift.jsonl")
     # 16 KiB experts would never pay a swap's fixed cost: 1.5 MiB ones do
     args = ["--trace", trace, "--hidden", "256", "--ffn", "1024", "--profile-steps", "16",
-            "--budgets", "0.5", "--batches", "1", "--alternatives", "tierkit"]
+            "--budgets", "0.5", "--batches", "1", "--alternatives", "tierkit",
+            "--tierkit-mode", "in-place"]
     rc, rows = run(capsys, "--check", "--check-steps", "40", *args)
     tk = [r for r in rows if r.get("check") == "tierkit"]
     assert rc == 0 and tk[0]["ok"] and tk[0]["bit_identical"]
@@ -107,6 +112,18 @@ def test_tierkit_swaps_on_a_shifting_trace_and_stays_exact(capsys, tmp_path):
     nb = 6 * 256 * 1024
     assert t["hbm_expert_bytes"] == 2 * (3 + 1) * nb  # hot 3 + the spare slot = half of 8
     assert cells["all-hbm"]["link_read_bytes_per_step"] == 0
+
+
+@pytest.mark.parametrize("swaps", ["on", "off"])
+def test_copy_on_miss_swaps_only_when_asked(capsys, tmp_path, swaps):
+    trace = shifting_trace(tmp_path / "shift.jsonl")
+    rc, rows = run(capsys, "--check", "--check-steps", "40", "--trace", trace, "--hidden", "256",
+                   "--ffn", "1024", "--profile-steps", "16", "--budgets", "0.75", "--batches", "1",
+                   "--alternatives", "tierkit", "--tierkit-mode", "copy-on-miss", "--com-swaps",
+                   swaps)
+    tk = [r for r in rows if r.get("check") == "tierkit"][0]
+    assert rc == 0 and tk["ok"] and tk["bit_identical"] and tk["mode"] == "copy-on-miss"
+    assert (tk["swaps_applied"] > 0) == (swaps == "on"), tk
 
 
 def test_cells_account_the_bytes_each_alternative_moves(capsys):
@@ -166,12 +183,16 @@ def test_kernels_under_the_triton_interpreter():
     assert all(r["ok"] and r.get("bit_identical", True) for r in checks)
 
 
-def test_copy_on_miss_kernels_under_the_triton_interpreter():
-    # the staging copies through the fixed-grid Triton copy kernel, then the MoE kernels
-    rows = interpreted("copy-on-miss", "--budgets", "0.5", "--check-steps", "3",
-                       "--alternatives", "tierkit", "--tierkit-mode", "copy-on-miss")
-    tk = [r for r in rows if r.get("check") == "tierkit"]
-    assert tk and tk[0]["ok"] and tk[0]["bit_identical"] and tk[0]["copies"] > 0, tk
+def test_copy_on_miss_and_split_kernels_under_the_triton_interpreter():
+    # the staging copies through the fixed-grid Triton copy kernel, then the MoE kernels; split's
+    # kernels (SPLIT on: FFN columns [kfrom, F) on the GPU) against all-HBM's
+    rows = interpreted("copy-on-miss and split", "--budgets", "0.5", "--check-steps", "3",
+                       "--alternatives", "tierkit", "--tierkit-mode", "copy-on-miss,split",
+                       "--ffn", "128", "--split-cpu-share", "0.5", "--com-admit", "all")
+    tk = {r["mode"]: r for r in rows if r.get("check") == "tierkit"}
+    com, sp = tk["copy-on-miss"], tk["split"]
+    assert com["ok"] and com["bit_identical"] and com["copies"] > 0, tk
+    assert sp["ok"] and sp["split_cpu_columns"] == 64 and 0 < sp["max_rel_err"] <= 2e-2, tk
 
 
 def test_gpu_check():
@@ -184,97 +205,146 @@ def test_gpu_check():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 
 
-def reuse_trace(path, layers=2, experts=8):
-    """One token per step picking expert 0 and a second expert that changes every 4 steps
-    (1, 2, 3, 4, then 5, 6, 7, 1, ...): a cold expert reused over 4 steps, what copy-on-miss
-    pays on."""
+def reuse_trace(path, layers=2, experts=8, steps=80, period=4):
+    """One token per step picking expert 0 and a second expert that changes every ``period``
+    steps (1, 2, 3, 4, then 5, 6, 7, 1, ...): a cold expert reused over ``period`` steps, what
+    copy-on-miss pays on. Layer 1 picks only experts 0 and 1 (hot: it needs no staging row)."""
     lines = [{"tierkit_trace": 1, "layers": layers, "experts_per_layer": experts, "top_k": 2,
               "name": "reuse"}]
-    for s in range(80):
-        x = 1 + (s // 4) % (experts - 1)
+    for s in range(steps):
+        x = 1 + (s // period) % (experts - 1)
         for layer in range(layers):
-            lines.append({"step": s, "layer": layer, "topk_ids": [0, x]})
+            lines.append({"step": s, "layer": layer, "topk_ids": [0, x] if layer == 0 else [0, 1]})
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     return str(path)
 
 
-BIG = ["--hidden", "256", "--ffn", "1024"]  # 1.5 MiB experts: a copy's fixed cost is small
+# 6.3 MB experts: on the lab's h200-pcie prices a copy (55 GB/s + 26.2 µs) is at most a read's
+# time (47 GB/s) x (1 + p) for an expert picked next step with chance p >= 0.05: tierkit admits
+BIG = ["--hidden", "512", "--ffn", "2048"]
+NB = 6 * 512 * 2048
 
 
-@pytest.mark.parametrize("mode", ["copy-on-miss", "auto", "in-place"])
-def test_tierkit_modes_are_bit_identical(capsys, tmp_path, mode):
+@pytest.mark.parametrize("mode", ["copy-on-miss", "split", "auto", "in-place"])
+def test_tierkit_modes_match_all_hbm(capsys, tmp_path, mode):
     trace = reuse_trace(tmp_path / "reuse.jsonl")
-    rc, rows = run(capsys, "--check", "--check-steps", "30", "--trace", trace, *BIG,
+    rc, rows = run(capsys, "--check", "--check-steps", "24", "--trace", trace, *BIG,
                    "--profile-steps", "16", "--budgets", "0.5,0.75", "--batches", "1",
-                   "--alternatives", "tierkit", "--tierkit-mode", mode)
+                   "--alternatives", "tierkit", "--tierkit-mode", mode, "--split-cpu-share",
+                   "0.5", "--auto-steps", "3", "--auto-warmup", "1")
     tk = [r for r in rows if r.get("check") == "tierkit"]
     assert rc == 0 and len(tk) == 2, rows
     for r in tk:
-        assert r["ok"] and r["bit_identical"] and r["max_rel_err"] == 0.0
+        assert r["ok"]
+        if r["mode"] == "split":  # the CPU's columns: another summation order, within bf16
+            assert r["required"] == "<= 0.02" and 0 < r["max_rel_err"] <= 2e-2
+            assert r["split_cpu_columns"] == 1024 and r["split_cpu_share"] == 0.5
+        else:
+            assert r["bit_identical"] and r["max_rel_err"] == 0.0
         if mode == "copy-on-miss":
             assert r["mode"] == "copy-on-miss" and r["stage_per_layer"] >= 1
             assert r["copies"] > 0  # misses were staged and read from HBM in the same step
         if mode == "auto":
-            assert r["auto"]["mode"] == r["mode"]
+            a = r["auto"]
+            assert r["mode"] == a["chosen"] == min(a["candidates_step_us"],
+                                                   key=a["candidates_step_us"].get)
+            assert set(a["candidates_step_us"]) == {"in-place", "copy-on-miss", "split"}
+            assert a["timed_steps"] == 3 and a["window"] == [12, 16]
 
 
-def test_copy_on_miss_cells_keep_equal_hbm_and_count_copies(capsys, tmp_path):
+def com_cells(capsys, trace, *extra):
+    rc, rows = run(capsys, "--trace", trace, *BIG, "--profile-steps", "16", "--budgets", "0.5",
+                   "--batches", "1", "--steps", "20", "--warmup", "2", "--runs", "1", *extra)
+    assert rc == 0
+    return {r["alternative"]: r for r in rows if "alternative" in r}
+
+
+def test_copy_on_miss_pools_staging_rows_across_layers(capsys, tmp_path):
     trace = reuse_trace(tmp_path / "reuse.jsonl")
-    rc, rows = run(capsys, "--trace", trace, *BIG, "--profile-steps", "16", "--budgets", "0.5",
-                   "--batches", "1", "--steps", "20", "--warmup", "2", "--runs", "1",
-                   "--alternatives", "shared-bank,tierkit", "--tierkit-mode", "copy-on-miss")
-    cells = {r["alternative"]: r for r in rows if "alternative" in r}
-    assert rc == 0 and set(cells) == {"all-hbm", "shared-bank", "tierkit"}
-    t, nb = cells["tierkit"], 6 * 256 * 1024
-    # 4 slots of 8 per layer: hot 2 + the bank's spare + 1 staging row, as the shared bank's 8 rows
-    assert t["hbm_expert_bytes"] == cells["shared-bank"]["hbm_expert_bytes"] == 2 * 4 * nb
-    assert t["mode"] == "copy-on-miss" and t["stage_per_layer"] == 1
-    assert t["link_copy_bytes_per_step"] > 0
-    # a staged expert is reused for up to 4 steps: fewer bytes read in place than in-place mode
-    rc, rows = run(capsys, "--trace", trace, *BIG, "--profile-steps", "16", "--budgets", "0.5",
-                   "--batches", "1", "--steps", "20", "--warmup", "2", "--runs", "1",
-                   "--alternatives", "tierkit", "--tierkit-mode", "in-place")
-    ip = [r for r in rows if r.get("alternative") == "tierkit"][0]
-    assert t["link_read_bytes_per_step"] < ip["link_read_bytes_per_step"]
+    cells = com_cells(capsys, trace, "--alternatives", "shared-bank,tierkit", "--tierkit-mode",
+                      "copy-on-miss")
+    assert set(cells) == {"all-hbm", "shared-bank", "tierkit"}
+    t = cells["tierkit"]
+    # 4 slots of 8 per layer: hot 2 + the bank's spare + 1 staging row, pooled over the 2 layers
+    assert t["hbm_expert_bytes"] == cells["shared-bank"]["hbm_expert_bytes"] == 2 * 4 * NB
+    assert t["mode"] == "copy-on-miss" and t["stage_per_layer"] == 1 and t["stage_rows"] == 2
+    assert 0 < t["admitted_share"] <= 1.0 and t["link_copy_bytes_per_step"] > 0
+    assert t["swaps_applied"] == 0 and t["swaps_planned"] == 0  # the boot map stays hot
+    # layer 1 needs no row, layer 0 uses both pooled rows: its run's cold expert is copied once
+    # (when admitted) and hit for the rest of the run; in-place mode reads it every step
+    ip = com_cells(capsys, trace, "--alternatives", "tierkit", "--tierkit-mode", "in-place")
+    assert 0 <= t["link_read_bytes_per_step"] < ip["tierkit"]["link_read_bytes_per_step"]
+    assert t["link_copy_bytes_per_step"] < ip["tierkit"]["link_read_bytes_per_step"]
 
 
-def test_simulate_counts_reads_copies_and_reuse():
+def test_copy_on_miss_reads_in_place_what_tierkit_does_not_admit(capsys, tmp_path):
+    # 1.5 MB experts: a copy (27 + 26.2 µs) costs more than a read (32 µs) unless the expert is
+    # picked again next step with chance >= 0.66: a one-off miss is read in place
     import moe_tierkit as mt
 
-    # one layer, 8 experts, 1 token, top-1: expert 5 for 3 steps then 6 for 3 steps
-    ids = np.array([5, 5, 5, 6, 6, 6], dtype=np.int64).reshape(6, 1, 1, 1)
-    profile = np.array([[9, 8, 0, 0, 0, 3, 3, 0]])
-    ip = mt.simulate(ids, profile, hot=2, stage=0, keep=0)
-    assert ip == {"reads": 1.0, "copies": 0.0, "reuse": round(4 / 6, 3)}
-    cm = mt.simulate(ids, profile, hot=2, stage=1, keep=4)  # 5 and 6 admitted: one copy each
-    assert cm["reads"] == 0.0 and cm["copies"] == 2 / 6
-    cm = mt.simulate(ids, profile, hot=2, stage=1, keep=3)  # 6 not admitted: read in place
-    assert cm["reads"] == 0.5 and cm["copies"] == 1 / 6
+    read_us, copy_us = mt.link_prices(6 * 256 * 1024)
+    rate = np.array([[0.0, 0.5, 1.5, 5.0]])
+    assert mt.admit_mask(rate, read_us, copy_us).tolist() == [[False, False, True, True]]
+    assert mt.admit_mask(rate, *mt.link_prices(NB)).tolist() == [[False, True, True, True]]
     assert mt.stage_split(4) == (2, 1) and mt.stage_split(2) == (1, 0)
     assert mt.stage_split(32) == (16, 15)
-    m = mt.admit_mask(np.array([[0.0, 2.0, 1.0, 2.0]]), 2)
-    assert m.tolist() == [[False, True, False, True]]
+    trace = reuse_trace(tmp_path / "reuse.jsonl", period=1)  # a new cold expert every step
+    rc, rows = run(capsys, "--trace", trace, "--hidden", "256", "--ffn", "1024",
+                   "--profile-steps", "16", "--budgets", "0.5", "--batches", "1", "--steps", "10",
+                   "--warmup", "2", "--runs", "1", "--alternatives", "tierkit", "--tierkit-mode",
+                   "copy-on-miss")
+    t = [r for r in rows if r.get("alternative") == "tierkit"][0]
+    assert rc == 0 and t["link_read_bytes_per_step"] > 0
+    assert t["admitted_share"] < 1.0
 
 
-def test_auto_prices_both_modes_and_picks_the_cheaper(capsys, tmp_path):
+def test_split_moves_the_cpu_share_of_cold_bytes_to_the_cpu(capsys, tmp_path):
+    trace = reuse_trace(tmp_path / "reuse.jsonl")
+    ip = com_cells(capsys, trace, "--alternatives", "tierkit", "--tierkit-mode", "in-place")
+    sp = com_cells(capsys, trace, "--alternatives", "tierkit", "--tierkit-mode", "split",
+                   "--split-cpu-share", "0.25")
+    i, s = ip["tierkit"], sp["tierkit"]
+    assert s["mode"] == "split" and s["split_cpu_columns"] == 512
+    cold = i["link_read_bytes_per_step"]
+    assert cold > 0 and i["hbm_expert_bytes"] == s["hbm_expert_bytes"]
+    assert s["link_read_bytes_per_step"] == int(cold * 0.75)
+    assert s["cpu_expert_bytes_per_step"] == int(cold * 0.25)
+    assert s["predicted_step_us"] > 0
+    # priced from the rates: link 47 x 0.970 against a CPU of 20 GB/s x 0.838 -> 0.27 of F
+    sp = com_cells(capsys, trace, "--alternatives", "tierkit", "--tierkit-mode", "split",
+                   "--split-cpu-gbps", "20")
+    t = sp["tierkit"]
+    assert t["split_priced_columns"] == 576 and t["split_cpu_rate"] == "--split-cpu-gbps"
+    # then the feedback: each step's two channels timed, the rates learned, the cut re-priced
+    import moe_split
+
+    r = t["split_learned_gbps"]
+    assert t["split_feedback_steps"] > 0 and r["link"] > 0 and r["cpu"] > 0
+    assert t["split_cpu_columns"] == moe_split.cut_columns(2048, r["cpu"] / (r["link"] + r["cpu"]))
+
+
+def test_auto_times_each_candidate_and_runs_the_fastest(capsys, tmp_path, monkeypatch):
+    # the decision is measured: make copy-on-miss's steps slow and auto must not pick it
+    import moe_engine
     import moe_tierkit as mt
 
+    real = moe_engine.Engine.run_steps
+
+    def slow(self, steps, *a, **k):
+        t = real(self, steps, *a, **k)
+        return [x + 1e6 for x in t] if isinstance(self.alt, mt.TierkitCopyOnMiss) else t
+
+    monkeypatch.setattr(moe_engine.Engine, "run_steps", slow)
     trace = reuse_trace(tmp_path / "reuse.jsonl")
-    rc, rows = run(capsys, "--trace", trace, *BIG, "--profile-steps", "16", "--budgets",
-                   "0.5", "--batches", "1", "--steps", "4", "--warmup", "1", "--runs", "1",
-                   "--alternatives", "tierkit")
-    t = [r for r in rows if r.get("alternative") == "tierkit"][0]
-    a = t["auto"]
-    assert rc == 0 and t["mode"] == a["mode"]
-    cheaper = "copy-on-miss" if a["pred_copy_on_miss_us"] < a["pred_in_place_us"] else "in-place"
-    assert a["mode"] == cheaper and 0 <= a["reuse"] <= 1
-    # the rule on its own: a window of no reuse at all (a new cold expert every step) keeps
-    # in-place, since a copy costs at least the read it replaces
-    ids = (1 + np.arange(16) % 7).reshape(16, 1, 1, 1).astype(np.int64)
-    profile = np.bincount(ids.ravel(), minlength=8)[None, :].astype(np.int64)
-    profile[0, 0] = 100
-    ctx = type("C", (), {})()
-    ctx.model = type("M", (), {"shape": md.Shape("t", 1, 8, 1, 256, 1024, 256, 256)})()
-    ctx.profile, ctx.profile_ids = profile, ids
-    c = mt.choose(ctx, 0.5)
-    assert c["reuse"] == 0.0 and c["mode"] == "in-place", c
+    cells = com_cells(capsys, trace, "--alternatives", "tierkit", "--auto-candidates",
+                      "in-place,copy-on-miss", "--auto-steps", "4")
+    a = cells["tierkit"]["auto"]
+    assert a["candidates_step_us"]["copy-on-miss"] > 1e6
+    assert cells["tierkit"]["mode"] == a["chosen"] == "in-place"
+
+
+def test_cli_refuses_bad_modes(capsys):
+    for args in (["--tierkit-mode", "nope"], ["--tierkit-mode", "in-place,split"],
+                 ["--auto-candidates", "auto"]):
+        with pytest.raises(SystemExit):
+            md.main(list(TINY) + args)

@@ -23,6 +23,10 @@ use crate::ffi::{
 /// `topk_length` layout); without it each entry stays in its pick's column.
 pub const TIERKIT_KV_PACKED: u32 = 1;
 
+/// Most positions per block id (`tierkit_kv_batch::block_positions`), 2^16 (kv-elastic's
+/// `MAX_BLOCK_POSITIONS`: block-sparse indexers use blocks of 64 to 4,096 positions).
+pub const TIERKIT_KV_MAX_BLOCK_POSITIONS: u32 = 1 << 16;
+
 /// Most reads a pool keeps open at once (resolves not yet ended by `tierkit_kv_pool_end_read`).
 pub const TIERKIT_KV_MAX_OPEN_READS: usize = 4096;
 
@@ -151,7 +155,9 @@ pub struct TierkitKvBatch {
     /// when `topk` holds *block ids* (MiniMax-M3's block top-k): id `b` stands for positions `b
     /// * B .. b * B + B`, read block-major, so the outputs have `k * B` columns (`indices` at
     /// least `rows * k * B` entries); a block's positions at or beyond the row's bound come out
-    /// `-1` (not an error), an id below `-1` is `TIERKIT_ERR_INVALID_ARGUMENT`.
+    /// `-1` (not an error), an id below `-1` is `TIERKIT_ERR_INVALID_ARGUMENT`. At most
+    /// `TIERKIT_KV_MAX_BLOCK_POSITIONS`: a larger `B` is `TIERKIT_ERR_INVALID_ARGUMENT`, its
+    /// message naming `block_positions` and the range.
     pub block_positions: u32,
 }
 

@@ -368,6 +368,47 @@ fn kv_resolve_reads_replay_and_end() {
         // Outputs shorter than rows × k × block_positions: an argument error.
         let ((c, m), _) = resolve_into(&mut wide[..7], &mut stats, &mut read);
         assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT, "{m}");
+        // A block of more than TIERKIT_KV_MAX_BLOCK_POSITIONS positions: refused by name, even
+        // with outputs long enough for it (the bound is kv-elastic's, one value).
+        assert_eq!(
+            TIERKIT_KV_MAX_BLOCK_POSITIONS,
+            kv_elastic::MAX_BLOCK_POSITIONS
+        );
+        let one = [0i32];
+        for (b, ok) in [
+            (TIERKIT_KV_MAX_BLOCK_POSITIONS, true),
+            (TIERKIT_KV_MAX_BLOCK_POSITIONS + 1, false),
+        ] {
+            let bb = TierkitKvBatch {
+                topk: one.as_ptr(),
+                k: 1,
+                topk_row_stride: 1,
+                block_positions: b,
+                ..b3
+            };
+            let mut out = vec![7i32; b as usize + 1];
+            let (c, m) = check(|e| {
+                tierkit_kv_pool_resolve(
+                    pool,
+                    &bb,
+                    out.as_mut_ptr(),
+                    out.len(),
+                    valid.as_mut_ptr(),
+                    1,
+                    null_mut(),
+                    &mut read,
+                    e,
+                )
+            });
+            if ok {
+                assert_eq!(c, 0, "{m}");
+                assert_eq!(check(|e| tierkit_kv_pool_end_read(pool, read, e)).0, 0);
+            } else {
+                assert_eq!(c, TIERKIT_ERR_INVALID_ARGUMENT, "{m}");
+                assert!(m.contains("block_positions = 65537 is out of range"), "{m}");
+                assert!(out.iter().all(|&x| x == -1), "outputs filled on error");
+            }
+        }
         assert_eq!(check(|e| tierkit_kv_pool_check_invariants(pool, e)).0, 0);
         tierkit_kv_pool_free(pool);
         assert_eq!(

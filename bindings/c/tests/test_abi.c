@@ -331,6 +331,10 @@ int main(void) {
     EXPECT("resolve: block outputs too short",
            tierkit_kv_pool_resolve(pool, &b_blocks, idx, 3, valid, 1, NULL, &read, &err_),
            TIERKIT_ERR_INVALID_ARGUMENT, "indices");
+    b_blocks.block_positions = TIERKIT_KV_MAX_BLOCK_POSITIONS + 1; /* a slip, not a block size */
+    EXPECT("resolve: block_positions past its bound",
+           tierkit_kv_pool_resolve(pool, &b_blocks, idx, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "block_positions = 65537 is out of range");
     /* Outputs sharing memory with each other or with an input: refused before any write (two
      * views of one byte, one mutable, inside Rust). */
     EXPECT("resolve: indices overlap valid_count",

@@ -117,6 +117,7 @@ pub fn classify_expert(e: &ExpertError) -> Code {
         | E::TopKTooWide { .. }
         | E::GeometryMismatch { .. }
         | E::LengthMismatch { .. }
+        | E::BaselineWithoutCounters
         | E::InvalidRowMap(_)
         | E::EmptyTrace(_)
         | E::InvalidConfig(_)
@@ -150,6 +151,7 @@ pub fn classify_kv(e: &KvError) -> Code {
         | E::ScratchOverflow { .. }
         | E::TooManyCandidates { .. }
         | E::LayerOutOfRange { .. }
+        | E::BlockPositionsOutOfRange { .. }
         | E::LayerOutsideGroup { .. }
         | E::HistoryTooLong { .. }
         | E::SessionImporting(_)

@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{counts, int_lists, ints};
-use crate::ints::int_args;
+use crate::ints::{arg, int_args, opt_arg};
 use crate::{core_err, expert_err, guard, json_arg, to_py, Slot};
 use tierkit_bindings::Executor as Exec;
 
@@ -89,7 +89,10 @@ pub(crate) struct PyResidencyMap(pub(crate) ResidencyMap);
 impl PyResidencyMap {
     /// Experts `0..hot_per_layer` hot in every layer (the uniform boot map).
     #[staticmethod]
-    fn first_k(model: &str, geometry: &PyGeometry) -> PyResult<Self> {
+    fn first_k(model: &Bound<'_, PyAny>, geometry: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (model, geometry): (String, PyRef<'_, PyGeometry>) =
+            (arg(model, "model")?, arg(geometry, "geometry")?);
+        let model = model.as_str();
         guard(|| {
             ResidencyMap::first_k(model, geometry.0)
                 .map(PyResidencyMap)
@@ -99,10 +102,13 @@ impl PyResidencyMap {
     /// A map from explicit hot sets, one list of expert ids per layer (slot order).
     #[staticmethod]
     fn from_hot_sets(
-        model: &str,
-        geometry: &PyGeometry,
+        model: &Bound<'_, PyAny>,
+        geometry: &Bound<'_, PyAny>,
         hot_sets: &Bound<'_, PyAny>,
     ) -> PyResult<Self> {
+        let (model, geometry): (String, PyRef<'_, PyGeometry>) =
+            (arg(model, "model")?, arg(geometry, "geometry")?);
+        let model = model.as_str();
         let hot_sets = int_lists::<u32>(hot_sets, "hot_sets")?;
         guard(|| {
             ResidencyMap::from_hot_sets(model, geometry.0, hot_sets)
@@ -112,7 +118,10 @@ impl PyResidencyMap {
     }
     /// A map from its versioned JSON, checked against `geometry`.
     #[staticmethod]
-    fn from_json(json: &str, geometry: &PyGeometry) -> PyResult<Self> {
+    fn from_json(json: &Bound<'_, PyAny>, geometry: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let (json, geometry): (String, PyRef<'_, PyGeometry>) =
+            (arg(json, "json")?, arg(geometry, "geometry")?);
+        let json = json.as_str();
         guard(|| {
             ResidencyMap::from_json(json, &geometry.0)
                 .map(PyResidencyMap)
@@ -173,7 +182,8 @@ pub(crate) struct PyPickCounters(Slot<PickCounters>);
 #[pymethods]
 impl PyPickCounters {
     #[new]
-    fn new(geometry: &PyGeometry) -> PyResult<Self> {
+    fn new(geometry: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let geometry: PyRef<'_, PyGeometry> = arg(geometry, "geometry")?;
         guard(|| {
             let c = PickCounters::new(&geometry.0).map_err(expert_err)?;
             Ok(PyPickCounters(Slot::new("PickCounters", c)))
@@ -267,10 +277,11 @@ impl PyMemoryExecutor {
         text_signature = "(map, bytes_per_expert, seed=0)"
     )]
     fn new(
-        map: &PyResidencyMap,
+        map: &Bound<'_, PyAny>,
         bytes_per_expert: &Bound<'_, PyAny>,
         seed: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let map: PyRef<'_, PyResidencyMap> = arg(map, "map")?;
         int_args!(bytes_per_expert: usize, seed: u64 = 0);
         guard(|| {
             let m = MemoryExecutor::new(&map.0, bytes_per_expert, seed).map_err(expert_err)?;
@@ -396,7 +407,8 @@ impl PyController {
 impl PyController {
     #[new]
     #[pyo3(signature = (map, config = None))]
-    fn new(map: &PyResidencyMap, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+    fn new(map: &Bound<'_, PyAny>, config: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let map: PyRef<'_, PyResidencyMap> = arg(map, "map")?;
         let json = json_arg(config, "config")?;
         guard(|| {
             // Read here, checked once by Controller::new.
@@ -411,10 +423,13 @@ impl PyController {
     /// None).
     fn step<'py>(
         slf: &Bound<'py, Self>,
-        counters: &Bound<'py, PyPickCounters>,
+        counters: &Bound<'py, PyAny>,
         executor: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
+        let counters = counters
+            .cast::<PyPickCounters>()
+            .map_err(|e| PyTypeError::new_err(format!("counters: {}", PyErr::from(e).value(py))))?;
         // An executor of another module (the GPU bank of `gpu.rs`, directly or as the
         // `tierkit.torch.ExpertBank` wrapping it) steps the controller itself through
         // `_controller_step(controller, counters)`, which calls `PyController::step_on`: this
@@ -500,8 +515,9 @@ impl PyController {
     fn apply_control(
         &self,
         message: &Bound<'_, PyAny>,
-        counters: Option<&PyPickCounters>,
+        counters: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
+        let counters: Option<PyRef<'_, PyPickCounters>> = opt_arg(counters, "counters", None)?;
         let json = json_arg(Some(message), "message")?.unwrap_or_default();
         let snapshot = match counters {
             Some(c) => Some(c.0.with(|c| c.try_snapshot().map_err(expert_err))?),
@@ -537,10 +553,13 @@ impl PyController {
 /// (`[layers, experts]`, any int or float dtype, e.g. `PickCounters.snapshot()`).
 #[pyfunction(name = "fit_seed_map")]
 fn py_fit_seed_map(
-    model: &str,
-    geometry: &PyGeometry,
+    model: &Bound<'_, PyAny>,
+    geometry: &Bound<'_, PyAny>,
     counts_arg: &Bound<'_, PyAny>,
 ) -> PyResult<PyResidencyMap> {
+    let (model, geometry): (String, PyRef<'_, PyGeometry>) =
+        (arg(model, "model")?, arg(geometry, "geometry")?);
+    let model = model.as_str();
     let (v, shape) = counts(counts_arg, "counts")?;
     guard(|| {
         let dump =
@@ -556,9 +575,10 @@ fn py_fit_seed_map(
 #[pyfunction(name = "seed_coverage")]
 fn py_seed_coverage<'py>(
     py: Python<'py>,
-    map: &PyResidencyMap,
+    map: &Bound<'py, PyAny>,
     counts_arg: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let map: PyRef<'_, PyResidencyMap> = arg(map, "map")?;
     let (v, shape) = counts(counts_arg, "counts")?;
     let cov = guard(|| {
         let dump =

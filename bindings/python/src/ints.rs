@@ -123,3 +123,43 @@ macro_rules! int_args {
     };
 }
 pub(crate) use int_args;
+
+/// `obj` extracted as a `T` (a bool, a str, a tierkit object) for the argument `name`: PyO3's
+/// own error, of its own type, with `name: ` in front of its message (`geometry: 'NoneType'
+/// object is not an instance of 'KvGeometry'`). PyO3 names the argument of a failed extraction
+/// only in a note (`add_note`), which Python 3.9 and 3.10 drop and `str(e)` never shows.
+pub(crate) fn arg<'a, 'py, T: FromPyObject<'a, 'py>>(
+    obj: &'a Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<T> {
+    obj.extract::<T>().map_err(|e| {
+        let e: PyErr = e.into();
+        let py = obj.py();
+        PyErr::from_type(e.get_type(py), format!("{name}: {}", e.value(py)))
+    })
+}
+
+/// [`arg`] of an optional argument: `default` when absent or `None`.
+pub(crate) fn opt_arg<'a, 'py, T: FromPyObject<'a, 'py>>(
+    obj: Option<&'a Bound<'py, PyAny>>,
+    name: &str,
+    default: T,
+) -> PyResult<T> {
+    match obj {
+        Some(o) if !o.is_none() => arg(o, name),
+        _ => Ok(default),
+    }
+}
+
+/// An optional float argument (`None` when absent or `None`): a `bool` is a `TypeError` naming
+/// `name` (Python makes `True` a float 1.0: `reuse=True` is a slip), anything else as [`arg`].
+#[cfg(feature = "lab")]
+pub(crate) fn opt_float_arg(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<f64>> {
+    match obj {
+        Some(o) if o.is_instance_of::<PyBool>() => Err(PyTypeError::new_err(format!(
+            "{name} must be a float, not bool"
+        ))),
+        Some(o) if !o.is_none() => arg(o, name).map(Some),
+        _ => Ok(None),
+    }
+}

@@ -16,7 +16,7 @@ use tierkit_sim::experts::trace::{
 };
 use tierkit_sim::experts::{LinkModel, ReplayOptions};
 
-use crate::ints::int_args;
+use crate::ints::{int_args, opt_arg, opt_float_arg};
 use crate::{expert_err, guard, json_arg, raise, to_py};
 use tierkit_bindings::Code;
 
@@ -31,7 +31,7 @@ use tierkit_bindings::Code;
 /// returns).
 #[pyfunction]
 #[pyo3(
-    signature = (*, steps = None, shift_at = None, tokens_per_step = None, seed = None, hot = None, from_domain = "github", to_domain = "book", policies = None, config = None, expert_bytes = None),
+    signature = (*, steps = None, shift_at = None, tokens_per_step = None, seed = None, hot = None, from_domain = None, to_domain = None, policies = None, config = None, expert_bytes = None),
     text_signature = "(*, steps=3000, shift_at=1000, tokens_per_step=32, seed=42, hot=16, from_domain='github', to_domain='book', policies=None, config=None, expert_bytes=6291456)"
 )]
 #[allow(clippy::too_many_arguments)]
@@ -42,12 +42,14 @@ fn scoreboard<'py>(
     tokens_per_step: Option<&Bound<'py, PyAny>>,
     seed: Option<&Bound<'py, PyAny>>,
     hot: Option<&Bound<'py, PyAny>>,
-    from_domain: &str,
-    to_domain: &str,
+    from_domain: Option<&Bound<'py, PyAny>>,
+    to_domain: Option<&Bound<'py, PyAny>>,
     policies: Option<&Bound<'py, PyAny>>,
     config: Option<&Bound<'py, PyAny>>,
     expert_bytes: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let from_domain: String = opt_arg(from_domain, "from_domain", "github".into())?;
+    let to_domain: String = opt_arg(to_domain, "to_domain", "book".into())?;
     int_args!(
         steps: u64 = 3000,
         shift_at: u64 = 1000,
@@ -65,7 +67,7 @@ fn scoreboard<'py>(
         None => Policy::ALL.to_vec(),
         Some(names) => policy_list(names)?,
     };
-    let (from, to) = (from_domain.to_string(), to_domain.to_string());
+    let (from, to) = (from_domain, to_domain);
     let (name, rows, table) = py.detach(move || {
         guard(|| {
             let bad = |m: String| raise(Code::InvalidArgument, m);
@@ -229,19 +231,21 @@ fn trace_dict<'py>(py: Python<'py>, t: &Trace) -> PyResult<Bound<'py, PyAny>> {
 /// `MemoryError` for a trace too large to hold.
 #[pyfunction]
 #[pyo3(
-    signature = (paths, *, format = "auto", layers = None, experts = None, top_k = None, skip_steps = None),
+    signature = (paths, *, format = None, layers = None, experts = None, top_k = None, skip_steps = None),
     text_signature = "(paths, *, format='auto', layers=None, experts=None, top_k=None, skip_steps=0)"
 )]
 fn trace_ids<'py>(
     py: Python<'py>,
     paths: &Bound<'py, PyAny>,
-    format: &str,
+    format: Option<&Bound<'py, PyAny>>,
     layers: Option<&Bound<'py, PyAny>>,
     experts: Option<&Bound<'py, PyAny>>,
     top_k: Option<&Bound<'py, PyAny>>,
     skip_steps: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     int_args!(layers: Option<u32>, experts: Option<u32>, top_k: Option<u32>, skip_steps: u64 = 0);
+    let format: String = opt_arg(format, "format", "auto".into())?;
+    let format = format.as_str();
     let paths: Vec<PathBuf> = match paths.extract::<PathBuf>() {
         Ok(p) => vec![p],
         Err(_) => paths.extract()?,
@@ -286,13 +290,16 @@ fn synth_ids<'py>(
     steps: &Bound<'py, PyAny>,
     tokens_per_step: &Bound<'py, PyAny>,
     shape: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>, Bound<'py, PyAny>)>,
-    zipf: Option<f64>,
-    reuse: Option<f64>,
+    zipf: Option<&Bound<'py, PyAny>>,
+    reuse: Option<&Bound<'py, PyAny>>,
     seed: Option<&Bound<'py, PyAny>>,
-    from_domain: Option<&str>,
-    to_domain: Option<&str>,
+    from_domain: Option<&Bound<'py, PyAny>>,
+    to_domain: Option<&Bound<'py, PyAny>>,
     shift_at: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let (zipf, reuse) = (opt_float_arg(zipf, "zipf")?, opt_float_arg(reuse, "reuse")?);
+    let from_domain: Option<String> = opt_arg(from_domain, "from_domain", None)?;
+    let to_domain: Option<String> = opt_arg(to_domain, "to_domain", None)?;
     // Each scenario's own arguments: one given to the other scenario used to be ignored.
     let olmoe_args = [
         ("from_domain", from_domain.is_some()),
@@ -316,7 +323,10 @@ fn synth_ids<'py>(
         }
         _ => {}
     }
-    let (from_domain, to_domain) = (from_domain.unwrap_or("github"), to_domain.unwrap_or("book"));
+    let (from_domain, to_domain) = (
+        from_domain.as_deref().unwrap_or("github"),
+        to_domain.as_deref().unwrap_or("book"),
+    );
     int_args!(steps: u64, tokens_per_step: u32, seed: u64 = 42, shift_at: u64 = u64::MAX);
     let shape = match shape {
         None => None,
@@ -366,7 +376,7 @@ fn synth_ids<'py>(
 /// model's fields}`. An unknown preset is a `ValueError`.
 #[pyfunction]
 #[pyo3(
-    signature = (read_bytes, copies, copy_bytes, link = "h200-pcie"),
+    signature = (read_bytes, copies, copy_bytes, link = None),
     text_signature = "(read_bytes, copies, copy_bytes, link='h200-pcie')"
 )]
 fn link_stall_us<'py>(
@@ -374,9 +384,11 @@ fn link_stall_us<'py>(
     read_bytes: &Bound<'py, PyAny>,
     copies: &Bound<'py, PyAny>,
     copy_bytes: &Bound<'py, PyAny>,
-    link: &str,
+    link: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     int_args!(read_bytes: u64, copies: u64, copy_bytes: u64);
+    let link: String = opt_arg(link, "link", "h200-pcie".into())?;
+    let link = link.as_str();
     let model = guard(|| LinkModel::preset(link).map_err(expert_err))?;
     let d = PyDict::new(py);
     d.set_item("stall_us", model.stall_us(read_bytes, copies, copy_bytes))?;

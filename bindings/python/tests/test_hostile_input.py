@@ -174,3 +174,78 @@ def test_config_objects_json_refuses_name_the_argument():
     circular["x"] = circular
     with pytest.raises(ValueError, match="config must be"):
         experts.Controller(MAP, circular)
+
+
+def test_baseline_without_counters_says_what_to_pass():
+    # It used to say "length mismatch: expected N, found 0".
+    with pytest.raises(ValueError, match=r"pass them with the message \(Python `apply_control\(message, counters\)`"):
+        experts.Controller(MAP).apply_control({"baseline": True})
+
+
+@pytest.mark.lab
+def test_scoreboard_shift_at_zero_says_what_to_give():
+    # It used to say "phase start steps must increase", naming neither shift_at nor the fix.
+    with pytest.raises(ValueError, match=r"shift at step 0: .*from_domain.*shift_at"):
+        sim.scoreboard(steps=60, shift_at=0)
+
+
+def test_wrong_types_of_objects_bools_and_strs_name_the_argument_in_the_message():
+    # PyO3 named the argument only in a note ("while processing 'elastic'"), which str(e) never
+    # shows and Python < 3.11 drops: "'int' object is not an instance of 'bool'".
+    pool = kv.ElasticPool(kv_geometry())
+    topk = np.zeros((1, 1), np.int32)
+    counters = experts.PickCounters(G)
+    cases = [
+        ("geometry", lambda: kv.ElasticPool(None)),
+        ("elastic", lambda: kv.ElasticPool(kv_geometry(), elastic=2)),
+        ("lock", lambda: kv.ElasticPool(kv_geometry(), max_sessions=1, max_history=4, lock="y")),
+        ("packed", lambda: pool.resolve([1], [0, 1], [1], topk, packed=2)),
+        ("geometry", lambda: experts.PickCounters(kv_geometry())),
+        ("model", lambda: experts.ResidencyMap.first_k(5, G)),
+        ("geometry", lambda: experts.ResidencyMap.first_k("m", None)),
+        ("geometry", lambda: experts.ResidencyMap.from_hot_sets("m", 3, [[0, 1], [0, 1]])),
+        ("json", lambda: experts.ResidencyMap.from_json(b"{}", G)),
+        ("map", lambda: experts.Controller(G)),
+        ("map", lambda: experts.MemoryExecutor(None, 16)),
+        ("counters", lambda: experts.Controller(MAP).step(G, experts.NullExecutor())),
+        ("counters", lambda: experts.Controller(MAP).apply_control({}, counters=MAP)),
+        ("geometry", lambda: experts.fit_seed_map("m", MAP, np.ones((2, 8)))),
+        ("map", lambda: experts.seed_coverage(G, np.ones((2, 8)))),
+    ]
+    for name, call in cases:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value).startswith(f"{name}: "), (name, str(e.value))
+    # None still means the default; a numpy bool is a bool.
+    kv.ElasticPool(kv_geometry(), elastic=None, lock=None)
+    kv.ElasticPool(kv_geometry(), elastic=np.bool_(False))
+    experts.Controller(MAP).apply_control({}, counters=None)
+    experts.Controller(MAP).apply_control({"baseline": True}, counters)
+
+
+@pytest.mark.lab
+def test_float_arguments_refuse_bools_and_name_the_argument():
+    # reuse=True ran as reuse 1.0 (Python makes a bool a float); a str named nothing.
+    with pytest.raises(TypeError, match="reuse must be a float, not bool"):
+        sim.synth_ids(steps=4, tokens_per_step=2, reuse=True)
+    with pytest.raises(TypeError, match="zipf must be a float, not bool"):
+        sim.synth_ids(steps=4, tokens_per_step=2, shape=(1, 8, 2), zipf=False)
+    with pytest.raises(TypeError, match=r"^reuse: "):
+        sim.synth_ids(steps=4, tokens_per_step=2, reuse="0.5")
+    assert sim.synth_ids(steps=4, tokens_per_step=2, shape=(1, 8, 2), zipf=0.5, reuse=np.float32(0.25))
+
+
+@pytest.mark.lab
+def test_lab_str_arguments_name_the_argument_in_the_message():
+    # PyO3 named them only in a note: "'int' object is not an instance of 'str'".
+    for name, call in [
+        ("from_domain", lambda: sim.scoreboard(steps=40, shift_at=10, from_domain=5)),
+        ("to_domain", lambda: sim.synth_ids(steps=4, tokens_per_step=2, to_domain=b"book")),
+        ("format", lambda: sim.trace_ids("x.jsonl", format=1)),
+        ("link", lambda: sim.link_stall_us(1, 1, 1, link=None or 3)),
+    ]:
+        with pytest.raises(TypeError) as e:
+            call()
+        assert str(e.value).startswith(f"{name}: "), (name, str(e.value))
+    # The defaults still apply.
+    assert sim.link_stall_us(1, 1, 1)["link"]["name"] == "h200-pcie"

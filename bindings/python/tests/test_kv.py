@@ -103,6 +103,23 @@ def test_block_ids_stand_for_their_positions():
         pool.resolve([7], [0, 1], [18], np.array([[-2]], np.int32), block_positions=4)
 
 
+def test_block_positions_past_its_bound_is_refused_before_outputs_are_sized():
+    # B = 2**20 with one block id used to allocate a [1, 2**20] output (k × B was the only
+    # check: 2**31 columns); a [64, 32767] top-k with B = 65537 asked for 512 GiB.
+    pool = small_pool()
+    assert kv.MAX_BLOCK_POSITIONS == 2**16
+    for b in (kv.MAX_BLOCK_POSITIONS + 1, 2**20, 2**32 - 1):
+        with pytest.raises(ValueError, match=r"block_positions = \d+ is out of range: expected 0\.\.=65536"):
+            pool.resolve([7], [0, 1], [18], np.array([[0]], np.int32), block_positions=b)
+    with pytest.raises(ValueError, match="block_positions = -1 is out of range"):
+        pool.resolve([7], [0, 1], [18], np.array([[0]], np.int32), block_positions=-1)
+    with pool.resolve([7], [0, 1], [18], np.array([[0]], np.int32),
+                      block_positions=kv.MAX_BLOCK_POSITIONS) as r:
+        assert r.indices.shape == (1, kv.MAX_BLOCK_POSITIONS)
+        assert r.valid_count.tolist() == [18]
+    pool.check_invariants()
+
+
 class FakeTensor:
     """Stands in for a torch tensor: exposes only the DLPack protocol."""
 

@@ -28,7 +28,7 @@ pub struct FitSeedArgs {
     dump: Option<PathBuf>,
     #[command(flatten)]
     files: TraceFiles,
-    /// Steps of the trace to count, `START..END` (default: all).
+    /// Steps of the trace to count, `START..END` (default: all; --trace only: counts have no steps).
     #[arg(long, value_name = "START..END")]
     range: Option<String>,
     /// What ranks the experts of a layer: `touched` (steps in which the expert was picked at
@@ -96,6 +96,14 @@ pub(super) fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
                 .into(),
         );
     }
+    // Counts have no steps to select: a --range beside them was ignored, exit 0.
+    if a.range.is_some() && a.files.trace.is_empty() {
+        return Err(
+            "--range selects steps of a trace (--trace); counts (--dump, --eplb-counts, \
+                    --routing-counts) have none: fit on the whole counts, or dump the range's"
+                .into(),
+        );
+    }
     // Checked before the trace is read (a bad range used to fail after the whole read).
     let range = a.range.as_deref().map(parse_range).transpose()?;
     let dump = if let Some(p) = &a.dump {
@@ -125,7 +133,12 @@ pub(super) fn fit_seed_cmd(a: FitSeedArgs) -> CliResult {
         let layers = a.files.layers.unwrap_or(dl);
         let experts = a.files.experts.unwrap_or(de);
         if layers == 0 || experts == 0 {
-            return Err(format!("model {:?}: give --layers and --experts", a.model).into());
+            return Err(match (a.files.layers, a.files.experts) {
+                // Given as 0: say so (it read as if the flags were missing).
+                (Some(0), _) | (_, Some(0)) => "--layers and --experts must be at least 1".into(),
+                _ => format!("model {:?}: give --layers and --experts", a.model),
+            }
+            .into());
         }
         input::routing_counts("--routing-counts", p, &a.model, &a.domain, layers, experts)?
     } else {

@@ -258,11 +258,18 @@ pub fn shown(paths: &[PathBuf]) -> String {
 /// size in memory; the H200 runs of 1,500 steps × 3 placements are under 1 MiB.
 pub const MAX_REPORT_BYTES: u64 = 64 << 20;
 
-/// One report as JSON, read through tier-core's bounded reader with `left` of the
-/// [`MAX_REPORT_BYTES`] still to read; errors name `flag` and the file. Also returns the file's
-/// length and a hash of its bytes, to tell a copy of a report given under another name.
+/// One report as JSON, parsed as it streams through tier-core's bounded reader with `left` of the
+/// [`MAX_REPORT_BYTES`] still to read (so garbage, `/dev/zero` included, fails at its first bad
+/// byte, not at the cap); errors name `flag` and the file. Also returns the file's length and a
+/// hash of its bytes, to tell a copy of a report given under another name.
 fn read(flag: &str, path: &Path, left: u64) -> Result<(Value, (u64, u64)), Error> {
-    let bytes = tier_core::read_capped(path, left).map_err(|e| match e {
+    let mut r = tier_core::open_capped(path, left).map_err(|e| too_large(flag, path, left, e))?;
+    parse(flag, path, left, &mut r)
+}
+
+/// A read error of a report, with a cap below [`MAX_REPORT_BYTES`] said to be the reports' total.
+fn too_large(flag: &str, path: &Path, left: u64, e: tier_core::ReadError) -> String {
+    match e {
         tier_core::ReadError::TooLarge { .. } if left < MAX_REPORT_BYTES => input::named(
             flag,
             path,
@@ -272,21 +279,58 @@ fn read(flag: &str, path: &Path, left: u64) -> Result<(Value, (u64, u64)), Error
             ),
         ),
         e => input::named(flag, path, e),
-    })?;
-    let digest = {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        bytes.hash(&mut h);
-        (bytes.len() as u64, h.finish())
+    }
+}
+
+/// Bytes read through it, and their hash.
+struct Hashing<R> {
+    inner: R,
+    len: u64,
+    hash: std::collections::hash_map::DefaultHasher,
+}
+
+impl<R: std::io::Read> std::io::Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::hash::Hasher;
+        let n = self.inner.read(buf)?;
+        self.hash.write(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+}
+
+/// [`read`]'s parse of `r` (capped at `left` bytes): JSON streamed, hashed as it goes.
+fn parse<R: std::io::Read>(
+    flag: &str,
+    path: &Path,
+    left: u64,
+    r: &mut tier_core::CappedReader<R>,
+) -> Result<(Value, (u64, u64)), Error> {
+    use std::hash::Hasher;
+    let mut h = Hashing {
+        inner: &mut *r,
+        len: 0,
+        hash: Default::default(),
     };
-    let v = serde_json::from_slice(&bytes).map_err(|e| {
-        input::named(
+    let parsed: Result<Value, _> = serde_json::from_reader(std::io::BufReader::new(&mut h));
+    let digest = (h.len, h.hash.finish());
+    match parsed {
+        Ok(v) => Ok((v, digest)),
+        Err(_) if r.exceeded() => {
+            let e = tier_core::ReadError::TooLarge {
+                path: path.display().to_string(),
+                cap: r.cap(),
+            };
+            Err(too_large(flag, path, left, e).into())
+        }
+        Err(e) if e.is_io() => Err(input::named(flag, path, e).into()),
+        Err(e) => Err(input::named(
             flag,
             path,
             format!("not a kv_serving_bench JSON report: {e}"),
         )
-    })?;
-    Ok((v, digest))
+        .into()),
+    }
 }
 
 #[cfg(test)]
@@ -467,6 +511,42 @@ mod tests {
         );
         let e = Reports::load(&[a, g], "report").err().unwrap();
         assert!(e.to_string().contains("different devices"), "{e}");
+    }
+
+    #[test]
+    fn garbage_is_refused_at_its_first_bytes_not_read_to_the_cap() {
+        use std::io::Read;
+        // A stream of zeros (`/dev/zero`) or of any non-JSON byte: one buffer read, then the
+        // refusal; before, the whole 64 MiB cap was read (and hashed) first.
+        for byte in [0u8, b'x', 0xff] {
+            let mut src = std::io::repeat(byte).take(1 << 30);
+            let mut r = tier_core::CappedReader::new(&mut src, MAX_REPORT_BYTES);
+            let e = parse("report", Path::new("/dev/zero"), MAX_REPORT_BYTES, &mut r)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.starts_with("report /dev/zero: not a kv_serving_bench JSON report"),
+                "{e}"
+            );
+            let read = (1u64 << 30) - src.limit();
+            assert!(read <= 64 << 10, "{read} bytes read before refusing");
+        }
+        // A valid report followed by endless whitespace still hits the cap, named as before.
+        let mut src = std::io::Read::chain(VALID.as_bytes(), std::io::repeat(b' ').take(1 << 20));
+        let mut r = tier_core::CappedReader::new(&mut src, 4096);
+        let e = parse("report", Path::new("r.json"), 4096, &mut r)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("the reports given hold more than 64 MiB together"),
+            "{e}"
+        );
+        let mut r = tier_core::CappedReader::new(VALID.as_bytes(), MAX_REPORT_BYTES);
+        let (v, (len, _)) = parse("report", Path::new("r.json"), MAX_REPORT_BYTES, &mut r).unwrap();
+        assert_eq!(len, VALID.len() as u64);
+        assert_eq!(v["device"], "H200");
     }
 
     const VALID: &str = r#"{"device": "H200", "commit": "abc", "scenario": {"max_batch": 8},

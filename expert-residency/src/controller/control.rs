@@ -51,11 +51,12 @@ impl Controller {
     /// just now); it is read only when the message asks for a baseline reset and may be `None`
     /// otherwise.
     ///
-    /// Errors (nothing changed): [`ExpertError::LengthMismatch`] if `baseline` is `true` and
-    /// `snapshot` is `None` (reported as found 0) or of the wrong length.
+    /// Errors (nothing changed): [`ExpertError::BaselineWithoutCounters`] if `baseline` is
+    /// `true` and `snapshot` is `None`, [`ExpertError::LengthMismatch`] if it is of the wrong
+    /// length.
     pub fn apply_control(&mut self, msg: &ControlMessage, snapshot: Option<&[u32]>) -> Result<()> {
         if msg.baseline == Some(true) {
-            let snap = snapshot.unwrap_or(&[]);
+            let snap = snapshot.ok_or(ExpertError::BaselineWithoutCounters)?;
             // reset_baseline checks the length before changing anything
             self.reset_baseline(snap)?;
         }

@@ -54,9 +54,9 @@ pub struct StepReport {
 /// at most `max_swaps_per_step` queued swaps per step on the executor (one in flight per layer),
 /// and applies to the rowmap the swaps the executor confirms, after a generation check.
 ///
-/// The policy is the config's [`ControllerConfig::policy`]: by default [`CostPolicy`] (swap when
+/// The policy is the config's [`ControllerConfig::policy`]: by default `CostPolicy` (swap when
 /// the host bytes saved over the expected residency exceed the copy's cost on the link, heat in
-/// touched steps, a cadence adapted to the traffic); [`RatioPolicy`] is "EMA drain + ratio
+/// touched steps, a cadence adapted to the traffic); `RatioPolicy` is "EMA drain + ratio
 /// hysteresis", the published GB300 expert-residency recipe (busiest cold vs least busy hot, swap
 /// iff `cold ≥ ratio × hot`, [`ControllerConfig::published_recipe`]); both move only the few
 /// experts that matter rather than re-planning every expert as EPLB-style rebalancers do. The optional shift response
@@ -114,8 +114,8 @@ pub struct Controller {
 
 impl Controller {
     /// A controller starting from `map` (the boot map: first-K, or a seed map) with the policy
-    /// `cfg.policy` configures: [`CostPolicy`] (default), the published [`RatioPolicy`], or
-    /// [`RecencyPolicy`](crate::RecencyPolicy); frozen if `cfg.boot_frozen`. Each part of `cfg`
+    /// `cfg.policy` configures: `CostPolicy` (default), the published `RatioPolicy`, or
+    /// `RecencyPolicy`; frozen if `cfg.boot_frozen`. Each part of `cfg`
     /// is checked once: the shared knobs here, the policy's config by the policy's constructor
     /// ([`PolicyConfig::build`](crate::PolicyConfig::build)).
     ///
@@ -230,7 +230,8 @@ impl Controller {
     /// The EMA of touched steps, `[layers × experts]` row-major f64 (steps in which an expert was
     /// picked at all, estimated from the picks; decayed with the half-life in force): the heat
     /// the cost-aware policy plans with.
-    pub fn touch_values(&self) -> &[f64] {
+    #[cfg(test)]
+    pub(crate) fn touch_values(&self) -> &[f64] {
         &self.touch
     }
 
@@ -238,11 +239,6 @@ impl Controller {
     /// [`ControllerConfig::adaptive`], shortened while the shift response is boosted).
     pub fn half_life_steps(&self) -> f64 {
         self.ema.half_life_steps()
-    }
-
-    /// Steps from one drain to the next now (`drain_every`, or the adapted cadence).
-    pub fn drain_gap(&self) -> u64 {
-        self.drain_gap
     }
 
     /// Swaps queued (planned, not yet begun).
@@ -256,7 +252,7 @@ impl Controller {
     }
 
     /// Whether the next [`Controller::step`] drains (`drain_every` steps since the last drain,
-    /// or the adapted cadence, [`Controller::drain_gap`]): an engine copying a device counter
+    /// or the adapted cadence): an engine copying a device counter
     /// table copies it only then.
     pub fn drain_due(&self) -> bool {
         self.step + 1 - self.last_drain_step >= self.drain_gap

@@ -23,7 +23,7 @@ pub enum CommitMode {
     Wait,
 }
 
-/// A swap flipped by [`ExpertBankGpu::commit_ready`] / [`ExpertBankGpu::commit_layers`].
+/// A swap flipped by [`ExpertBankGpu::commit_ready`] / `ExpertBankGpu::commit_layers`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommittedSwap {
     /// Layer.
@@ -66,7 +66,7 @@ impl ExpertBankGpu {
     /// expert's host copy.
     ///
     /// # Errors
-    /// The errors of [`ExpertStore::check_geometry`] (the tier's geometry rules, an
+    /// The errors of `ExpertStore::check_geometry` (the tier's geometry rules, an
     /// `expert_bytes` multiple of 16, the store's byte limits; all before any allocation);
     /// [`ExpertError::Cuda`] for device failures (e.g. `CUDA_ERROR_OUT_OF_MEMORY` when HBM or
     /// pinnable host memory is short).
@@ -198,11 +198,11 @@ impl ExpertBankGpu {
         self.store.gpu().synchronize()?;
         for l in 0..self.geometry.layers {
             for e in 0..self.geometry.experts_per_layer {
-                let cell = self.store.cell(l, e) as usize;
+                let cell = self.store.cell_of(l, e) as usize;
                 table[cell] = match placement.slot_of(l, e) {
                     Some(s) => {
                         // the device is idle (synchronised above): no kernel reads the slot
-                        self.store.copy_to_slot_sync(l, e, s)?;
+                        self.store.copy_slot_sync(l, e, s)?;
                         self.store.slot_ptr(l, s)
                     }
                     None => self.store.host_device_ptr(l, e),
@@ -240,7 +240,9 @@ impl ExpertBankGpu {
         self.placement.as_ref()?.expert_in_slot(layer, slot)
     }
 
-    /// The layer's spare HBM slot (physical; `None` out of range or before a map is loaded).
+    /// The layer's spare HBM slot (physical; `None` out of range or before a map is loaded). A
+    /// test hook (feature `test-hooks`: the bank's GPU tests check the physical placement).
+    #[cfg(feature = "test-hooks")]
     pub fn spare_slot(&self, layer: u32) -> Option<u32> {
         self.placement.as_ref()?.spare(layer)
     }
@@ -335,7 +337,7 @@ impl ExpertBankGpu {
         // whose last readers are ordered before this copy by the spare fence waited on above.
         unsafe {
             self.store
-                .copy_to_slot_async(swap.layer, swap.incoming, dest, &self.copy_stream)?
+                .copy_slot_async(swap.layer, swap.incoming, dest, &self.copy_stream)?
         };
         self.copy_done[l].rerecord(&self.copy_stream)?;
         self.placement
@@ -349,7 +351,16 @@ impl ExpertBankGpu {
     ///
     /// # Errors
     /// [`ExpertError::Cuda`] if the event query fails.
+    ///
+    /// A test hook (feature `test-hooks`: the bank's GPU tests poll a copy); the executor's
+    /// deferred commit uses the crate's half.
+    #[cfg(feature = "test-hooks")]
     pub fn copy_complete(&self, layer: u32) -> Result<bool> {
+        self.copy_done(layer)
+    }
+
+    /// `ExpertBankGpu::copy_complete`'s body.
+    pub(crate) fn copy_done(&self, layer: u32) -> Result<bool> {
         if !self.in_flight(layer) {
             return Ok(false);
         }
@@ -357,7 +368,7 @@ impl ExpertBankGpu {
     }
 
     /// Drops the layer's in-flight swap without flipping (the spare keeps bytes nobody reads).
-    pub fn cancel_swap(&mut self, layer: u32) -> bool {
+    pub(crate) fn cancel_swap(&mut self, layer: u32) -> bool {
         self.placement
             .as_mut()
             .and_then(|p| p.cancel(layer))
@@ -365,12 +376,12 @@ impl ExpertBankGpu {
     }
 
     /// Step boundary: commits in-flight swaps (all of them in [`CommitMode::Wait`], only those
-    /// whose copy completed in [`CommitMode::Deferred`]) as [`ExpertBankGpu::commit_layers`]
+    /// whose copy completed in [`CommitMode::Deferred`]) as `ExpertBankGpu::commit_layers`
     /// does, on `stream` (the step stream). Returns the committed swaps; the others stay in
     /// flight.
     ///
     /// # Errors
-    /// As [`ExpertBankGpu::commit_layers`]; [`ExpertError::Cuda`] if a copy-done query fails.
+    /// As `ExpertBankGpu::commit_layers`; [`ExpertError::Cuda`] if a copy-done query fails.
     pub fn commit_ready(
         &mut self,
         stream: &CudaStream,
@@ -405,7 +416,7 @@ impl ExpertBankGpu {
     /// checked first: nothing changes); [`ExpertError::Cuda`] if a wait or the launch fails (the
     /// mirror does not change; a fence record failing after the launch is reported after the
     /// mirror changed).
-    pub fn commit_layers(
+    pub(crate) fn commit_layers(
         &mut self,
         stream: &CudaStream,
         layers: &[u32],
@@ -427,11 +438,11 @@ impl ExpertBankGpu {
         let mut pairs: Vec<(u32, u64)> = Vec::with_capacity(flips.len() * 2);
         for &(s, new_slot) in &flips {
             pairs.push((
-                self.store.cell(s.layer, s.incoming),
+                self.store.cell_of(s.layer, s.incoming),
                 self.store.slot_ptr(s.layer, new_slot),
             ));
             pairs.push((
-                self.store.cell(s.layer, s.outgoing),
+                self.store.cell_of(s.layer, s.outgoing),
                 self.store.host_device_ptr(s.layer, s.outgoing),
             ));
         }

@@ -156,7 +156,7 @@ impl SwapExecutor for GpuExecutor {
         for swap in std::mem::take(&mut self.pending) {
             let ready = match self.mode {
                 CommitMode::Wait => Ok(true),
-                CommitMode::Deferred => self.bank.copy_complete(swap.layer),
+                CommitMode::Deferred => self.bank.copy_done(swap.layer),
             };
             match ready {
                 Ok(false) => keep.push(swap),

@@ -92,6 +92,7 @@ impl Placement {
     }
 
     /// The layer's spare slot (`None` if out of range).
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))] // the bank's `spare_slot` hook
     pub(crate) fn spare(&self, layer: u32) -> Option<u32> {
         self.spare.get(layer as usize).copied()
     }

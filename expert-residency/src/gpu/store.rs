@@ -46,7 +46,7 @@ impl ExpertStore {
     /// `CudaError::OutOfRange` if the host bytes ([`Geometry::bank_bytes`]) or the HBM bytes
     /// ([`Geometry::hbm_bytes`]) exceed `isize::MAX` (`limit` is then the largest
     /// `expert_bytes + 1` that fits).
-    pub fn check_geometry(geo: &Geometry) -> Result<()> {
+    pub(crate) fn check_geometry(geo: &Geometry) -> Result<()> {
         geo.validate()?;
         if !geo.expert_bytes.is_multiple_of(16) {
             return Err(ExpertError::InvalidGeometry(format!(
@@ -74,7 +74,7 @@ impl ExpertStore {
     /// pointing every `(layer, expert)` at its pinned host copy (every expert read in place).
     ///
     /// # Errors
-    /// The errors of [`ExpertStore::check_geometry`] (the tier's geometry rules, then the GPU's:
+    /// The errors of `ExpertStore::check_geometry` (the tier's geometry rules, then the GPU's:
     /// an `expert_bytes` multiple of 16, byte totals within `isize::MAX`), before anything is
     /// allocated; [`ExpertError::Cuda`] with `CudaError::Driver` (`CUDA_ERROR_OUT_OF_MEMORY`)
     /// when HBM or pinnable host memory is short.
@@ -166,7 +166,7 @@ impl ExpertStore {
 
     /// The indirection table: u64 `[layers][experts]` device addresses, at a fixed device
     /// address for the store's life. Change entries with [`cuda_kernels::TableUpdater::launch`] on
-    /// the stream that reads them, or [`ExpertStore::upload_table`] while no kernel reads them.
+    /// the stream that reads them, or `ExpertStore::upload_table` while no kernel reads them.
     pub fn table(&self) -> &DeviceBuffer<u64> {
         &self.table
     }
@@ -178,7 +178,7 @@ impl ExpertStore {
     /// # Errors
     /// [`ExpertError::Cuda`]: `CudaError::Shape` for a wrong length (nothing written),
     /// `CudaError::Driver`.
-    pub fn upload_table(&mut self, table: &[u64]) -> Result<()> {
+    pub(crate) fn upload_table(&mut self, table: &[u64]) -> Result<()> {
         Ok(self.table.upload(table)?)
     }
 
@@ -191,7 +191,7 @@ impl ExpertStore {
     ///
     /// # Errors
     /// [`ExpertError::Cuda`] with `CudaError::OutOfRange` naming the field.
-    pub fn check(&self, layer: u32, expert: u32) -> Result<()> {
+    pub(crate) fn check(&self, layer: u32, expert: u32) -> Result<()> {
         if layer >= self.geo.layers {
             return Err(CudaError::OutOfRange {
                 what: "layer",
@@ -213,15 +213,22 @@ impl ExpertStore {
 
     /// Flat table index `layer * experts + expert` of a checked `(layer, expert)`: below
     /// `layers × experts_per_layer`, which [`Geometry`]'s bounds keep below 2^24, so the `u32`
-    /// arithmetic cannot overflow.
+    /// arithmetic cannot overflow. A test hook (feature `test-hooks`: the store's GPU tests
+    /// check table entries by cell); the bank computes cells itself.
+    #[cfg(feature = "test-hooks")]
     pub fn cell(&self, layer: u32, expert: u32) -> u32 {
+        self.cell_of(layer, expert)
+    }
+
+    /// `ExpertStore::cell`'s arithmetic, for the bank and the store.
+    pub(crate) fn cell_of(&self, layer: u32, expert: u32) -> u32 {
         layer * self.geo.experts_per_layer + expert
     }
 
     /// Byte offset of a checked `(layer, expert)` in the host buffer (below `host_bytes`, which
-    /// [`ExpertStore::check_geometry`] bounds to `isize::MAX`).
+    /// `ExpertStore::check_geometry` bounds to `isize::MAX`).
     fn host_offset(&self, layer: u32, expert: u32) -> usize {
-        self.cell(layer, expert) as usize * self.geo.expert_bytes as usize
+        self.cell_of(layer, expert) as usize * self.geo.expert_bytes as usize
     }
 
     /// Device address of HBM slot `slot` of `layer` (`slot < slots_per_layer`, the spare
@@ -256,7 +263,7 @@ impl ExpertStore {
     }
 
     /// Mutable host copy of an expert (`expert_bytes` bytes). Do not write an expert while a
-    /// copy from it is in flight (`&mut self` rules out [`ExpertStore::copy_to_slot_async`]
+    /// copy from it is in flight (`&mut self` rules out `ExpertStore::copy_to_slot_async`
     /// callers holding `&self`, not copies they enqueued earlier).
     ///
     /// # Errors
@@ -325,7 +332,16 @@ impl ExpertStore {
     ///
     /// # Errors
     /// [`ExpertError::Cuda`]: `OutOfRange` for a bad layer, expert or slot, `Driver`.
+    ///
+    /// A test hook (feature `test-hooks`): writing a slot under a bank bypasses its placement;
+    /// only the store's own GPU tests drive a store directly (the bank uses the crate's half).
+    #[cfg(feature = "test-hooks")]
     pub fn copy_to_slot_sync(&self, layer: u32, expert: u32, slot: u32) -> Result<()> {
+        self.copy_slot_sync(layer, expert, slot)
+    }
+
+    /// `ExpertStore::copy_to_slot_sync`'s body (the bank's boot fill).
+    pub(crate) fn copy_slot_sync(&self, layer: u32, expert: u32, slot: u32) -> Result<()> {
         self.check_slot(layer, slot)?;
         let src = self.host_expert(layer, expert)?;
         // SAFETY: the slot lies inside our HBM allocation of the GPU's context (checked above)
@@ -347,7 +363,25 @@ impl ExpertStore {
     /// Until the copy completes: the host expert must not be written (no
     /// [`ExpertStore::host_expert_mut`] / [`ExpertStore::fill_host`] on it), and the store must
     /// not be dropped before `stream` is synchronised.
+    ///
+    /// A test hook (feature `test-hooks`), as `ExpertStore::copy_to_slot_sync`.
+    #[cfg(feature = "test-hooks")]
     pub unsafe fn copy_to_slot_async(
+        &self,
+        layer: u32,
+        expert: u32,
+        slot: u32,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract is this function's, passed on unchanged.
+        unsafe { self.copy_slot_async(layer, expert, slot, stream) }
+    }
+
+    /// `ExpertStore::copy_to_slot_async`'s body (the bank's swap copy).
+    ///
+    /// # Safety
+    /// As `ExpertStore::copy_to_slot_async`.
+    pub(crate) unsafe fn copy_slot_async(
         &self,
         layer: u32,
         expert: u32,
@@ -375,7 +409,16 @@ impl ExpertStore {
     ///
     /// # Errors
     /// [`ExpertError::Cuda`]: `OutOfRange` for a bad layer or slot, `Driver`.
+    ///
+    /// A test hook (feature `test-hooks`: the store's GPU tests read slots back);
+    /// [`ExpertStore::mismatches`] is the diagnostic for engines.
+    #[cfg(feature = "test-hooks")]
     pub fn download_slot(&self, layer: u32, slot: u32) -> Result<Vec<u8>> {
+        self.slot_bytes(layer, slot)
+    }
+
+    /// `ExpertStore::download_slot`'s body (the mismatch check).
+    pub(crate) fn slot_bytes(&self, layer: u32, slot: u32) -> Result<Vec<u8>> {
         self.check_slot(layer, slot)?;
         self.gpu.synchronize()?;
         let mut buf = vec![0u8; self.geo.expert_bytes as usize];
@@ -404,7 +447,7 @@ impl ExpertStore {
         let mut bad = 0u64;
         for l in 0..geo.layers {
             for e in 0..geo.experts_per_layer {
-                if table[self.cell(l, e) as usize] != entry(l, e) {
+                if table[self.cell_of(l, e) as usize] != entry(l, e) {
                     bad += 1;
                 }
             }
@@ -414,7 +457,7 @@ impl ExpertStore {
                 let Some(e) = expert_in_slot(l, s) else {
                     continue;
                 };
-                if self.download_slot(l, s)? != self.host_expert(l, e)? {
+                if self.slot_bytes(l, s)? != self.host_expert(l, e)? {
                     bad += 1;
                 }
             }

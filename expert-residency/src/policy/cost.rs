@@ -7,7 +7,7 @@ use crate::error::bad;
 use crate::error::Result;
 use crate::link::LinkCost;
 
-/// The cost-aware policy's config ([`CostPolicy`], `{"kind": "cost", ...}` in a controller
+/// The cost-aware policy's config (`CostPolicy`, `{"kind": "cost", ...}` in a controller
 /// config's `policy`): its margins and the link prices it prices swaps with. Missing fields take
 /// their defaults; an unknown field is an error.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -39,7 +39,7 @@ impl Default for CostConfig {
 }
 
 impl CostConfig {
-    /// Checks every field (the one check of the cost-aware policy's config: [`CostPolicy::new`]
+    /// Checks every field (the one check of the cost-aware policy's config: `CostPolicy::new`
     /// runs it).
     ///
     /// Errors: [`crate::ExpertError::InvalidConfig`] naming the field (`cost.payback`,
@@ -80,7 +80,7 @@ impl CostConfig {
 /// `1 / (1 − f) ≈ H / ln 2` steps, is taken as the expected residency `R` of a swapped-in expert.
 /// The host reads saved by swapping `incoming` for `outgoing` over `R` are then `(ρ_in − ρ_out) ×
 /// R = t_in − t_out` reads of `expert_bytes`, and the copy costs `copy_us / read_us` reads
-/// ([`LinkCost::copy_in_reads`]: 0.86 on the H200 PCIe link). A pair is a swap iff
+/// (`LinkCost::copy_in_reads`: 0.86 on the H200 PCIe link). A pair is a swap iff
 ///
 /// `t_in − t_out ≥ payback × copy_us / read_us + z × √(v_in + v_out)`,
 ///
@@ -89,12 +89,12 @@ impl CostConfig {
 /// experts are touched every step the heat differences stay small and the policy rarely swaps;
 /// at batch 1 a clearly busier expert pays for itself within a few half-lives.
 ///
-/// Pairs are formed as in [`crate::RatioPolicy`]: the busiest cold experts with the least busy
+/// Pairs are formed as in `RatioPolicy`: the busiest cold experts with the least busy
 /// hot ones, busiest with least busy, stopping at the first pair that does not pay, at most
 /// [`LayerHeat::max_swaps`]. A first short pass finds the least busy hot heat, so only cold
 /// experts that can pay are ranked at all.
 #[derive(Clone, Debug)]
-pub struct CostPolicy {
+pub(crate) struct CostPolicy {
     cfg: CostConfig,
     cold: Vec<(f64, u32)>,
     hot: Vec<(f64, u32)>,
@@ -112,11 +112,6 @@ impl CostPolicy {
             cold: Vec::new(),
             hot: Vec::new(),
         })
-    }
-
-    /// The config (margins and link prices).
-    pub fn config(&self) -> &CostConfig {
-        &self.cfg
     }
 }
 

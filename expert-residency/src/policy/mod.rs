@@ -4,11 +4,11 @@
 //! drain, the shift response, generation stamps, caps, one swap in flight per layer); a
 //! [`SwapPolicy`] only answers "which cold experts should replace which hot ones in this layer
 //! now". Three policies come with the crate:
-//! - [`CostPolicy`] (`cost.rs`, the default): swap when the host bytes an expert is expected to
+//! - `CostPolicy` (`cost.rs`, the default): swap when the host bytes an expert is expected to
 //!   save over its expected residency exceed what the copy costs on the link; heat in touched
 //!   steps, the unit the link pays for;
-//! - [`RatioPolicy`] (`ratio.rs`): the published GB300 recipe's "EMA drain + ratio hysteresis";
-//! - [`RecencyPolicy`] (`recency.rs`): capped LRU on the drained touches, for comparison and for
+//! - `RatioPolicy` (`ratio.rs`): the published GB300 recipe's "EMA drain + ratio hysteresis";
+//! - `RecencyPolicy` (`recency.rs`): capped LRU on the drained touches, for comparison and for
 //!   traffic where recency wins.
 //!
 //! Each policy has its own config beside it ([`CostConfig`], [`RatioConfig`], [`RecencyConfig`]),
@@ -21,9 +21,12 @@ mod recency;
 #[cfg(test)]
 mod reference;
 
-pub use cost::{CostConfig, CostPolicy};
-pub use ratio::{RatioConfig, RatioPolicy};
-pub use recency::{RecencyConfig, RecencyPolicy};
+pub use cost::CostConfig;
+pub(crate) use cost::CostPolicy;
+pub use ratio::RatioConfig;
+pub(crate) use ratio::RatioPolicy;
+pub use recency::RecencyConfig;
+pub(crate) use recency::RecencyPolicy;
 
 use crate::error::Result;
 use crate::rowmap::RowMap;
@@ -35,21 +38,21 @@ use crate::rowmap::RowMap;
 )]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
-pub enum PolicyKind {
-    /// [`crate::CostPolicy`]: swap when the host bytes saved over the expected residency exceed
+pub(crate) enum PolicyKind {
+    /// `CostPolicy`: swap when the host bytes saved over the expected residency exceed
     /// the copy's cost on the link (tierkit's default).
     #[default]
     Cost,
-    /// [`crate::RatioPolicy`]: the published GB300 recipe's "EMA drain + ratio hysteresis".
+    /// `RatioPolicy`: the published GB300 recipe's "EMA drain + ratio hysteresis".
     Ratio,
-    /// [`crate::RecencyPolicy`]: capped LRU on the drained touches (at most
+    /// `RecencyPolicy`: capped LRU on the drained touches (at most
     /// `max_swaps_per_step` swaps per step).
     Recency,
 }
 
 impl PolicyKind {
     /// The name used in configs and reports (`cost`, `ratio`, `recency`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             PolicyKind::Cost => "cost",
             PolicyKind::Ratio => "ratio",
@@ -71,11 +74,11 @@ impl PolicyKind {
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum PolicyConfig {
-    /// [`CostPolicy`] (the default): a swap must save more host bytes than its copy costs.
+    /// `CostPolicy` (the default): a swap must save more host bytes than its copy costs.
     Cost(CostConfig),
-    /// [`RatioPolicy`]: the published GB300 recipe's "EMA drain + ratio hysteresis".
+    /// `RatioPolicy`: the published GB300 recipe's "EMA drain + ratio hysteresis".
     Ratio(RatioConfig),
-    /// [`RecencyPolicy`]: capped LRU on the drained touches.
+    /// `RecencyPolicy`: capped LRU on the drained touches.
     Recency(RecencyConfig),
 }
 
@@ -90,7 +93,7 @@ impl Default for PolicyConfig {
 
 impl PolicyConfig {
     /// The policy `kind` at its defaults.
-    pub fn default_for(kind: PolicyKind) -> Self {
+    pub(crate) fn default_for(kind: PolicyKind) -> Self {
         match kind {
             PolicyKind::Cost => PolicyConfig::Cost(CostConfig::default()),
             PolicyKind::Ratio => PolicyConfig::Ratio(RatioConfig::default()),
@@ -99,7 +102,7 @@ impl PolicyConfig {
     }
 
     /// Which policy.
-    pub fn kind(&self) -> PolicyKind {
+    pub(crate) fn kind(&self) -> PolicyKind {
         match self {
             PolicyConfig::Cost(_) => PolicyKind::Cost,
             PolicyConfig::Ratio(_) => PolicyKind::Ratio,
@@ -159,10 +162,10 @@ pub struct LayerHeat<'a> {
     /// The drained EMA of the layer's **touched steps**, `[experts]` f64: steps in which the
     /// expert was picked at least once (the unit the link pays for: a cold expert is read once
     /// per step however many tokens picked it), decayed with the same half-life as `heat`
-    /// (finite, ≥ 0). Estimated from the picks of each drain interval (see [`CostPolicy`]).
+    /// (finite, ≥ 0). Estimated from the picks of each drain interval (see `CostPolicy`).
     pub touch: &'a [f64],
     /// Per expert, the step count of the last drain whose interval touched it (0: never),
-    /// `[experts]`: the recency a [`RecencyPolicy`] ranks by.
+    /// `[experts]`: the recency a `RecencyPolicy` ranks by.
     pub last_touch: &'a [u64],
     /// Step count at this drain.
     pub step: u64,

@@ -6,7 +6,7 @@ use super::{
 use crate::error::bad;
 use crate::error::Result;
 
-/// The ratio policy's config ([`RatioPolicy`], `{"kind": "ratio", "ratio": 1.5}` in a controller
+/// The ratio policy's config (`RatioPolicy`, `{"kind": "ratio", "ratio": 1.5}` in a controller
 /// config's `policy`). A missing field takes its default; an unknown field is an error.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(remote = "Self")]
@@ -26,7 +26,7 @@ impl Default for RatioConfig {
 }
 
 impl RatioConfig {
-    /// Checks the ratio (the one check of the ratio policy's config: [`RatioPolicy::new`] runs
+    /// Checks the ratio (the one check of the ratio policy's config: `RatioPolicy::new` runs
     /// it).
     ///
     /// Errors: [`crate::ExpertError::InvalidConfig`] for a ratio below 1 or not finite.
@@ -49,7 +49,7 @@ impl RatioConfig {
 /// the lower id. A first short pass finds the least busy hot EMA, so only cold experts that can
 /// pass the ratio are ranked at all: a steady-state drain does almost no work here.
 #[derive(Clone, Debug)]
-pub struct RatioPolicy {
+pub(crate) struct RatioPolicy {
     ratio: f64,
     cold: Vec<(f64, u32)>,
     hot: Vec<(f64, u32)>,
@@ -67,11 +67,6 @@ impl RatioPolicy {
             cold: Vec::new(),
             hot: Vec::new(),
         })
-    }
-
-    /// The hysteresis ratio.
-    pub fn ratio(&self) -> f64 {
-        self.ratio
     }
 }
 
@@ -166,6 +161,6 @@ mod tests {
         assert_eq!(plan(&mut p, &[0.0; 5], &[0, 1], 4), vec![]);
         let ratio = |ratio| RatioPolicy::new(RatioConfig { ratio });
         assert!(ratio(0.9).is_err() && ratio(f64::NAN).is_err());
-        assert_eq!((p.name(), p.ratio()), ("ratio", 1.5));
+        assert_eq!((p.name(), p.ratio), ("ratio", 1.5));
     }
 }

@@ -2,7 +2,7 @@
 
 use super::{LayerHeat, SwapChoice, SwapPolicy};
 
-/// The recency policy's config ([`RecencyPolicy`], `{"kind": "recency"}` in a controller config's
+/// The recency policy's config (`RecencyPolicy`, `{"kind": "recency"}` in a controller config's
 /// `policy`). It has no knobs of its own: its cap N is the controller's
 /// (`max_swaps_per_layer`, `max_swaps_per_step`); an unknown field is an error.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -24,7 +24,7 @@ named_fields!(RecencyConfig, "a recency policy config");
 /// expert, so its resolution is the drain cadence. For comparison, and for traffic where recency
 /// wins (strong token-to-token reuse, weak skew); it ignores what a copy costs.
 #[derive(Clone, Debug, Default)]
-pub struct RecencyPolicy {
+pub(crate) struct RecencyPolicy {
     cold: Vec<(u64, f64, u32)>,
     hot: Vec<(u64, f64, u32)>,
 }

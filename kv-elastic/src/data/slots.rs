@@ -54,6 +54,7 @@ impl SlotBooks {
     }
 
     /// Sessions holding a slot (live or importing).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn held(&self) -> usize {
         self.slot_of.len()
     }
@@ -208,9 +209,13 @@ impl SlotStore {
             return Err(self.too_long(history_bytes));
         }
         if !self.books.has_free() {
+            // Slots in use: live and importing sessions, and finished ones still read by an
+            // export (or by queued device work). It used to count live sessions only: "live
+            // sessions = 1, must stay below 2" for a slot an export kept.
             return Err((self.full)(
-                "live sessions (max_sessions)",
-                self.books.held() as u64 + 1,
+                "session slots in use (max_sessions; a finished session's slot stays taken \
+                 until its exports end: export_done)",
+                (self.books.slots() - self.books.free_count()) as u64 + 1,
                 self.layout.max_slots as u64 + 1,
             ));
         }

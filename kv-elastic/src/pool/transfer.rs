@@ -62,7 +62,8 @@ pub enum Reserve {
 pub struct ImportInfo {
     /// Session.
     pub session: SessionId,
-    /// The reserved row ranges, in reservation order.
+    /// The reserved rows as sorted, disjoint ranges (adjacent reservations merged: a writer
+    /// reserving row by row holds one range).
     pub ranges: Vec<Range<u32>>,
     /// `between_steps` calls since the last `reserve`.
     pub idle_steps: u32,
@@ -92,6 +93,7 @@ pub struct TransferCounters {
 pub(crate) struct ImportState {
     /// Fixed pages reserved for the session (empty once expired).
     fixed: Vec<PageHandle>,
+    /// Sorted, disjoint, adjacent ones merged ([`add_range`]).
     ranges: Vec<Range<u32>>,
     idle: u32,
     expired: bool,
@@ -163,19 +165,13 @@ impl<D: DataPlane> ElasticPool<D> {
             if imp.expired {
                 return Err(KvError::ImportExpired(session));
             }
-            if imp
-                .ranges
-                .iter()
-                .any(|r| r.start < rows.end && rows.start < r.end)
-            {
+            if !add_range(&mut imp.ranges, rows.clone())? {
                 return Err(KvError::OverlappingReserve {
                     session,
                     start: rows.start,
                     end: rows.end,
                 });
             }
-            tier_core::alloc::try_reserve(&mut imp.ranges, 1, "import row ranges")?;
-            imp.ranges.push(rows.clone());
             imp.idle = 0;
             let slot = self.data.host().slot(session).expect("importing");
             return Ok(Reserve::Reserved(self.span(session, slot, rows)?));
@@ -226,18 +222,18 @@ impl<D: DataPlane> ElasticPool<D> {
         if imp.expired {
             return Err(KvError::ImportExpired(session));
         }
-        let mut ranges = tier_core::alloc::try_copied(&imp.ranges, "import row ranges")?;
-        ranges.sort_by_key(|r| r.start);
-        let mut n = 0;
-        for r in &ranges {
-            if r.start != n {
+        // Sorted and merged: complete when one range starts at 0.
+        let n = match imp.ranges.as_slice() {
+            [r] if r.start == 0 => r.end,
+            rs => {
                 return Err(KvError::ImportIncomplete {
                     session,
-                    missing: n,
-                });
+                    missing: rs
+                        .first()
+                        .map_or(0, |r| if r.start == 0 { r.end } else { 0 }),
+                })
             }
-            n = r.end;
-        }
+        };
         let pages = PageMap::new(n / self.ctl.geometry.page_rows)?;
         let (hot, call) = SessionState::try_new_hot(&self.ctl.geometry, n)?;
         self.data.host_mut().commit_import(session, n)?;
@@ -364,5 +360,76 @@ impl<D: DataPlane> ElasticPool<D> {
     /// Open exports of a session (live or finished).
     pub fn exports_of(&self, session: SessionId) -> u32 {
         self.data.host().exports_of(session)
+    }
+}
+
+/// Adds `rows` to `ranges` (sorted, disjoint, adjacent ranges merged), in `O(log n)` but for the
+/// rare insert of a range adjacent to none: `Ok(false)` when `rows` overlaps a range (nothing
+/// changes). A writer reserving row by row used to cost a scan of every earlier range per call
+/// (100,000 one-row reserves: minutes).
+///
+/// Errors: `OutOfMemory` (nothing changes).
+fn add_range(ranges: &mut Vec<Range<u32>>, rows: Range<u32>) -> Result<bool> {
+    // The first range ending after `rows.start` is the only one that can overlap (ends grow).
+    let j = ranges.partition_point(|r| r.end <= rows.start);
+    if ranges.get(j).is_some_and(|r| r.start < rows.end) {
+        return Ok(false);
+    }
+    let left = j > 0 && ranges[j - 1].end == rows.start;
+    let right = ranges.get(j).is_some_and(|r| r.start == rows.end);
+    match (left, right) {
+        (true, true) => {
+            ranges[j - 1].end = ranges[j].end;
+            ranges.remove(j);
+        }
+        (true, false) => ranges[j - 1].end = rows.end,
+        (false, true) => ranges[j].start = rows.start,
+        (false, false) => {
+            tier_core::alloc::try_reserve(ranges, 1, "import row ranges")?;
+            ranges.insert(j, rows);
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_stay_sorted_disjoint_and_merged() {
+        let mut r = Vec::new();
+        for (rows, added) in [
+            (10..12, true),
+            (0..4, true),
+            (4..6, true),    // merges left
+            (8..10, true),   // merges right
+            (6..8, true),    // joins both
+            (11..13, false), // overlaps
+            (0..1, false),
+            (12..12 + 1, true),
+            (20..30, true),
+            (15..21, false),
+            (13..20, true),
+        ] {
+            assert_eq!(add_range(&mut r, rows.clone()).unwrap(), added, "{rows:?}");
+        }
+        assert_eq!(r, vec![0..30]);
+        // Row by row: one range, whatever the count.
+        let mut r = Vec::new();
+        for i in 0..100_000u32 {
+            assert!(add_range(&mut r, i..i + 1).unwrap());
+        }
+        assert_eq!(r, vec![0..100_000]);
+        // Every other row, then the gaps in reverse: sorted and merged at the end.
+        let mut r = Vec::new();
+        for i in (0..2_000u32).step_by(2) {
+            assert!(add_range(&mut r, i..i + 1).unwrap());
+        }
+        assert_eq!(r.len(), 1_000);
+        for i in (1..2_000u32).step_by(2).rev() {
+            assert!(add_range(&mut r, i..i + 1).unwrap());
+        }
+        assert_eq!(r, vec![0..2_000]);
     }
 }

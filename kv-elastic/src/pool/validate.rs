@@ -8,7 +8,8 @@ use crate::data::DataPlane;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
 use crate::resolve::{
-    row_positions, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, MAX_CANDIDATES,
+    row_positions, ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, MAX_BLOCK_POSITIONS,
+    MAX_CANDIDATES,
 };
 
 /// What a batch's checks found.
@@ -64,6 +65,12 @@ impl<D: DataPlane> ElasticPool<D> {
                 what: "topk (rows × k)",
                 expected: input.topk.len().div_ceil(input.k) * input.k,
                 actual: input.topk.len(),
+            });
+        }
+        if opts.block_positions > MAX_BLOCK_POSITIONS {
+            return Err(KvError::BlockPositionsOutOfRange {
+                block_positions: opts.block_positions,
+                max: MAX_BLOCK_POSITIONS,
             });
         }
         let block = opts.block();

@@ -66,13 +66,18 @@ pub(super) fn bad_input(
             }
             r.err()
         }
-        // Block ids: an id < -1, indices shorter than rows × k × block, a row width k × block
-        // over i32::MAX.
+        // Block ids: an id < -1, indices shorter than rows × k × block, a block past
+        // MAX_BLOCK_POSITIONS.
         12..=14 => {
             let (id, block, idx_len) = match kind {
                 12 => (-2 - (mix(&mut x) % 5) as i32, 4, 4),
                 13 => (0, 4, 3),
-                _ => (0, u32::MAX, 4),
+                // B past MAX_BLOCK_POSITIONS: refused by name before any size is taken from it.
+                _ => (
+                    0,
+                    [kv_elastic::MAX_BLOCK_POSITIONS + 1, u32::MAX][(mix(&mut x) % 2) as usize],
+                    4,
+                ),
             };
             let (mut i, mut v) = (vec![7; idx_len], vec![7; 1]);
             let r = pool.resolve_with(
@@ -99,7 +104,21 @@ pub(super) fn bad_input(
                     prop_assert_eq!(*position, id);
                     prop_assert_eq!((i, v), (vec![-1; 4], vec![0]));
                 }
-                (13 | 14, Some(KvError::LengthMismatch { .. })) => {}
+                (13, Some(KvError::LengthMismatch { .. })) => {}
+                (
+                    14,
+                    Some(KvError::BlockPositionsOutOfRange {
+                        block_positions,
+                        max,
+                    }),
+                ) if s.is_some() => {
+                    prop_assert_eq!(
+                        (*block_positions, *max),
+                        (block, kv_elastic::MAX_BLOCK_POSITIONS)
+                    );
+                    // Outputs shorter than rows × k × B: left as they were.
+                    prop_assert_eq!((i, v), (vec![7; 4], vec![7]));
+                }
                 (_, e) if s.is_none() => prop_assert!(e.is_some()),
                 (_, e) => prop_assert!(false, "block kind {}: {:?}", kind, e),
             }

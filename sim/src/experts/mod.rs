@@ -21,7 +21,7 @@ pub use bytes::{ByteReport, StepBytes};
 pub use check::validate_trace;
 pub use hindsight::{best_static_map, touched_dump, OracleWindow, StaticRank};
 pub use link::{CopyMode, LinkModel, LINK_PRESETS};
-pub use optimum::{optimum_work, shared_optimum_work, OPTIMUM_AUTO_MAX_WORK};
+pub use optimum::{check_optimum_link, optimum_work, shared_optimum_work, OPTIMUM_AUTO_MAX_WORK};
 pub use replay::{
     ratio_tuning_grid, replay, replay_with, PolicySpec, ReplayOptions, ReplayReport, SteadyState,
 };

@@ -106,11 +106,13 @@ pub fn optimum_work(trace: &Trace, geometry: &Geometry) -> u64 {
     })
 }
 
-/// `(r, c)`: the stall of one in-place read and of one copy, µs, when the step's stall is linear
-/// in them (module docs, item 4).
+/// Whether the offline optimum can be computed on `link`: its step's stall must be linear in
+/// reads and copies (a link whose copies share it, [`CopyMode::SharesLink`], with `hide_us > 0`
+/// couples the layers). Callers that promise the optimum (`--optimum always`) check it before
+/// any work.
 ///
-/// Errors: [`ExpertError::InvalidConfig`] for a `SharesLink` link with `hide_us > 0`.
-pub(crate) fn unit_costs(link: &LinkModel, expert_bytes: u64) -> Result<(f64, f64)> {
+/// Errors: [`ExpertError::InvalidConfig`] naming the link and the fix.
+pub fn check_optimum_link(link: &LinkModel) -> Result<()> {
     if link.copy_mode == CopyMode::SharesLink && link.hide_us > 0.0 {
         return Err(ExpertError::InvalidConfig(format!(
             "the offline optimum needs a stall linear in copies: link {} hides {} µs of copy time \
@@ -118,6 +120,15 @@ pub(crate) fn unit_costs(link: &LinkModel, expert_bytes: u64) -> Result<(f64, f6
             link.name, link.hide_us
         )));
     }
+    Ok(())
+}
+
+/// `(r, c)`: the stall of one in-place read and of one copy, µs, when the step's stall is linear
+/// in them (module docs, item 4).
+///
+/// Errors: those of [`check_optimum_link`].
+pub(crate) fn unit_costs(link: &LinkModel, expert_bytes: u64) -> Result<(f64, f64)> {
+    check_optimum_link(link)?;
     let r = link.stall_us(expert_bytes, 0, 0);
     let c = link.stall_us(0, 1, expert_bytes);
     Ok((r, c))

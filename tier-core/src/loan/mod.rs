@@ -74,7 +74,7 @@ impl ProportionalOldestFirst {
     /// How many pages each borrower gives up when `n` pages are taken from
     /// `held` = `(borrower, pages held)`: `min(n, total)` split by largest
     /// remainder, ties to the lower id. Same order as `held`.
-    pub fn quotas(held: &[(BorrowerId, u64)], n: u32) -> Vec<u64> {
+    pub(crate) fn quotas(held: &[(BorrowerId, u64)], n: u32) -> Vec<u64> {
         let total: u128 = held.iter().map(|h| u128::from(h.1)).sum();
         let k = u128::from(n).min(total);
         if k == 0 {

@@ -18,5 +18,10 @@ fetches its misses into every layer of the group.
 """
 
 from tierkit._native import ElasticPool, KvGeometry as Geometry, Resolved, ResolvePlan
+from tierkit._native import KV_MAX_BLOCK_POSITIONS as MAX_BLOCK_POSITIONS
 
-__all__ = ["ElasticPool", "Geometry", "Resolved", "ResolvePlan"]
+#: The most positions per block id ``resolve(..., block_positions=B)`` takes (2**16; block-sparse
+#: indexers use 64 to 4096): a larger ``B`` is a ``ValueError`` before any output is sized from it.
+MAX_BLOCK_POSITIONS: int
+
+__all__ = ["ElasticPool", "Geometry", "MAX_BLOCK_POSITIONS", "Resolved", "ResolvePlan"]

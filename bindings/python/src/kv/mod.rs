@@ -31,5 +31,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyResolved>()?;
     m.add_class::<PyResolvePlan>()?;
     m.add_class::<kv_transfer::PyRegionHold>()?;
+    // `kv.MAX_BLOCK_POSITIONS`: the most positions per block id of `resolve(block_positions=)`.
+    m.add("KV_MAX_BLOCK_POSITIONS", kv_elastic::MAX_BLOCK_POSITIONS)?;
     Ok(())
 }

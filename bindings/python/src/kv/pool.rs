@@ -12,7 +12,7 @@ use pyo3::types::{PyBytes, PyDict};
 
 use super::{admission, maintenance, type_name, PyKvGeometry, PyResolvePlan, PyResolved};
 use crate::arrays::{ints, narrow, out_i32, with_bytes, zeros_i32};
-use crate::ints::int_args;
+use crate::ints::{arg, int_args, opt_arg};
 use crate::{guard, kv_err, kv_transfer, to_py, Slot};
 
 /// The elastic sparse-attention KV pool with its exact CPU resolver. `elastic=False` keeps the
@@ -28,16 +28,21 @@ impl PyElasticPool {
     /// `reserve` / `commit` / `abort` and `export` / `export_done`.
     #[new]
     #[pyo3(
-        signature = (geometry, elastic = true, *, max_sessions = None, max_history = None, lock = false),
+        signature = (geometry, elastic = None, *, max_sessions = None, max_history = None, lock = None),
         text_signature = "(geometry, elastic=True, *, max_sessions=None, max_history=None, lock=False)"
     )]
     fn new(
-        geometry: &PyKvGeometry,
-        elastic: bool,
+        geometry: &Bound<'_, PyAny>,
+        elastic: Option<&Bound<'_, PyAny>>,
         max_sessions: Option<&Bound<'_, PyAny>>,
         max_history: Option<&Bound<'_, PyAny>>,
-        lock: bool,
+        lock: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let geometry: PyRef<'_, PyKvGeometry> = arg(geometry, "geometry")?;
+        let (elastic, lock) = (
+            opt_arg(elastic, "elastic", true)?,
+            opt_arg(lock, "lock", false)?,
+        );
         int_args!(max_sessions: Option<u32>, max_history: Option<u32>);
         let config = PoolConfig { elastic };
         guard(|| {
@@ -243,8 +248,8 @@ impl PyElasticPool {
     /// `sessions` (`[reqs]`), `query_start_loc` (`[reqs + 1]`) and `seq_lens` (`[reqs]`) are
     /// int arrays or lists, as vLLM describes a batch; `topk` is the indexer's `[rows, k]`
     /// positions (int32/int64, any strides, `-1` padding), or block ids with `block_positions=B`
-    /// (`B > 1`: id `b` stands for positions `b × B .. b × B + B`, block-major, as MiniMax-M3's
-    /// block top-k; a block's positions at or beyond the row's bound come out `-1`). Outputs
+    /// (`B > 1`, at most `kv.MAX_BLOCK_POSITIONS`: id `b` stands for positions `b × B .. b × B + B`,
+    /// block-major, as MiniMax-M3's block top-k; a block's positions at or beyond the row's bound come out `-1`). Outputs
     /// (`[rows, k × B]`, `B = 1` for positions) go to `indices` / `valid_count` when given
     /// (int32, C-contiguous, writeable, at least `rows × k × B` / `rows` elements; the rest is
     /// written `-1` / 0), else to new arrays. `packed=True` packs each
@@ -253,7 +258,7 @@ impl PyElasticPool {
     /// `layer`'s layer group (`Geometry.layer_groups`) and the misses are fetched into every
     /// layer of that group.
     #[pyo3(
-        signature = (sessions, query_start_loc, seq_lens, topk, layer = None, *, k = None, indices = None, valid_count = None, packed = false, query_seq_lens = None, block_positions = None),
+        signature = (sessions, query_start_loc, seq_lens, topk, layer = None, *, k = None, indices = None, valid_count = None, packed = None, query_seq_lens = None, block_positions = None),
         text_signature = "($self, sessions, query_start_loc, seq_lens, topk, layer=0, *, k=None, indices=None, valid_count=None, packed=False, query_seq_lens=None, block_positions=0)"
     )]
     #[allow(clippy::too_many_arguments)]
@@ -268,10 +273,11 @@ impl PyElasticPool {
         k: Option<&Bound<'py, PyAny>>,
         indices: Option<&Bound<'py, PyAny>>,
         valid_count: Option<&Bound<'py, PyAny>>,
-        packed: bool,
+        packed: Option<&Bound<'py, PyAny>>,
         query_seq_lens: Option<&Bound<'py, PyAny>>,
         block_positions: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<PyResolved> {
+        let packed: bool = opt_arg(packed, "packed", false)?;
         int_args!(layer: u32 = 0, k: Option<usize>, block_positions: u32 = 0);
         let sessions: Vec<u64> = narrow(&ints(sessions, "sessions", 1, "[reqs]")?.0, "sessions")?;
         let qsl: Vec<i32> = narrow(
@@ -287,6 +293,13 @@ impl PyElasticPool {
             )));
         }
         let topk: Vec<i32> = narrow(&flat, "topk")?;
+        // Refused before the outputs are sized from it (`rows × k × B` new int32s).
+        if block_positions > kv_elastic::MAX_BLOCK_POSITIONS {
+            return Err(kv_err(kv_elastic::KvError::BlockPositionsOutOfRange {
+                block_positions,
+                max: kv_elastic::MAX_BLOCK_POSITIONS,
+            }));
+        }
         // Output columns: k positions, or k block ids of `block_positions` positions each.
         let width = kk
             .checked_mul(block_positions.max(1) as usize)

@@ -331,6 +331,16 @@ pub(super) fn replay_cmd(a: ReplayArgs) -> CliResult {
     }
     opts.validate()?;
     let mode_opts = modes::check(&a, &opts.link)?;
+    // `--optimum always` computes the optimum or fails: where the link makes it impossible, fail
+    // before the trace and the other rows (the scoreboard failed after replaying every other
+    // policy; a modes table's check is `modes::check`'s).
+    if a.optimum == OptimumArg::Always
+        && mode_opts.is_none()
+        && policies(&a.policy).contains(&Policy::Optimum)
+    {
+        tierkit_sim::experts::check_optimum_link(&opts.link)
+            .map_err(|e| format!("--optimum always: {e} (--hide-us 0), or --optimum auto"))?;
+    }
     if let Some(p) = &a.plot {
         output::check_png("--plot", p)?;
     }

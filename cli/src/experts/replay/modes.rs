@@ -99,6 +99,24 @@ pub(super) fn check(a: &ReplayArgs, link: &LinkModel) -> CliResult<Option<ModeOp
         )
         .into());
     }
+    let modes = m.modes().expect("checked above: a modes table");
+    if (m.cpu_gbps.is_some() || m.cpu_together.is_some()) && !modes.contains(&EngineMode::Cpu) {
+        return Err(format!(
+            "--cpu-gbps and --cpu-together price the CPU channel of --mode cpu or all; not with \
+             --mode {} (it has no CPU channel)",
+            m.mode
+                .to_possible_value()
+                .expect("no skipped value")
+                .get_name()
+        )
+        .into());
+    }
+    // `--optimum always` on a mode with an optimum (every mode but cpu): refused up front where
+    // the link makes it impossible (it used to print "not computed" and exit 0).
+    if a.optimum == OptimumArg::Always && modes.iter().any(|&m| m != EngineMode::Cpu) {
+        tierkit_sim::experts::check_optimum_link(link)
+            .map_err(|e| format!("--optimum always: {e} (--hide-us 0), or --optimum auto"))?;
+    }
     let d = CpuChannel::h200();
     let opts = ModeOptions {
         link: link.clone(),

@@ -498,6 +498,12 @@ fn fold(
     path: &str,
 ) -> Result<(usize, Vec<f64>), TraceError> {
     let bad = |m: String| TraceError::malformed(path, 1, m);
+    if opts.experts_per_layer == Some(0) {
+        // It used to index an empty table (a panic).
+        return Err(TraceError::ShapeMismatch(format!(
+            "{path}: 0 logical experts per layer asked for (--experts); give at least 1"
+        )));
+    }
     let logical_of: Box<dyn Fn(usize, usize) -> usize> = match &map {
         Some(m) => {
             if m.shape != [layers, physical] {
@@ -579,6 +585,30 @@ mod tests {
         assert_eq!(d.counts, vec![2.0, 4.0]);
         let bare = read("[[0, 5], [1, 1]]", &CountsOptions::default()).unwrap();
         assert_eq!(bare.counts, vec![0.0, 5.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn zero_logical_experts_is_an_error_not_a_panic() {
+        // `fit-seed --eplb-counts F --experts 0` indexed an empty table (a panic).
+        for s in [
+            "[[1, 2, 3], [4, 5, 6]]",
+            r#"{"expert_load_pass": [[1, 2, 3]]}"#,
+            r#"{"1": [747, 3], "3": [1, 2]}"#,
+        ] {
+            let e = read(
+                s,
+                &CountsOptions {
+                    experts_per_layer: Some(0),
+                    layers: None,
+                },
+            )
+            .unwrap_err();
+            assert!(matches!(e, TraceError::ShapeMismatch(_)), "{s}: {e}");
+            assert!(
+                e.to_string().contains("(--experts); give at least 1"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -52,7 +52,8 @@ impl SynthConfig {
     /// (no shift when `shift_at >= steps`), with the Mixtral decode reuse.
     ///
     /// # Errors
-    /// [`TraceError::InvalidScenario`] for an unknown domain.
+    /// [`TraceError::InvalidScenario`] for an unknown domain, or `shift_at` 0 (a run that starts
+    /// on `to` is the scenario with `to` as its first domain; the message says so).
     pub fn olmoe_shift(
         from: &str,
         to: &str,
@@ -61,6 +62,13 @@ impl SynthConfig {
         tokens_per_step: u32,
         seed: u64,
     ) -> Result<Self, TraceError> {
+        if shift_at == 0 {
+            return Err(TraceError::InvalidScenario(format!(
+                "shift at step 0: the run would have no `{from}` phase; to run `{to}` from the \
+                 start give it as the first domain (from_domain / --from), or shift at step 1 or \
+                 later (shift_at / --shift-at)"
+            )));
+        }
         let domains = vec![
             DomainProfile::olmoe(from, OLMOE_LAYERS)?,
             DomainProfile::olmoe(to, OLMOE_LAYERS)?,

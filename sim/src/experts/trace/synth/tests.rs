@@ -142,6 +142,17 @@ fn bad_scenarios_are_typed_errors() {
     c.shape.top_k = 65;
     assert!(matches!(Synth::new(c), Err(TraceError::TopKTooWide { .. })));
     assert!(SynthConfig::olmoe_shift("github", "poetry", 10, 5, 4, 1).is_err());
+    // A shift at step 0 says what to give instead (it used to say "phase start steps must
+    // increase", naming neither the argument nor the fix).
+    let e = SynthConfig::olmoe_shift("github", "book", 10, 0, 4, 1).unwrap_err();
+    assert!(matches!(e, TraceError::InvalidScenario(_)), "{e}");
+    let m = e.to_string();
+    assert!(
+        m.contains("shift at step 0")
+            && m.contains("from_domain / --from")
+            && m.contains("--shift-at"),
+        "{m}"
+    );
 }
 
 #[test]
