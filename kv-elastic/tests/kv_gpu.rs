@@ -67,8 +67,9 @@ fn dims() -> KvDims {
         max_history: 1024,
         max_pages: 64,
         arena_rows: 16 * 64,
-        pad0: 0,
+        ..KvDims::default()
     }
+    .contiguous()
 }
 
 fn byte(slot: u32, pos: u32, layer: u32, i: usize) -> u8 {
@@ -586,7 +587,8 @@ fn cuda_failures_are_typed_with_the_cuda_name() {
         max_slots: 1,
         max_history: 16,
         max_pages: 1,
-        arena_rows: i32::MAX as u32,
+        arena_rows: i32::MAX as u32 / 16 * 16,
+        fmt_page_bytes: 16 * ROW as u64,
         ..dims()
     };
     match GpuArena::new(&gpu, d, LayerGroups::per_layer()) {

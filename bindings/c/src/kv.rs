@@ -120,6 +120,7 @@ impl TierkitKvGeometry {
             tail_rows: self.tail_rows,
             scratch_rows: self.scratch_rows,
             layer_groups,
+            row_format: None,
         })
     }
 }
@@ -664,6 +665,11 @@ pub unsafe extern "C" fn tierkit_kv_pool_arena_row(
                         format!("no arena row {row} in layer {layer}"),
                     )
                 })?;
+                // Contiguous rows only here (the C geometry has no format yet): borrowed.
+                let bytes: &[u8] = match bytes {
+                    std::borrow::Cow::Borrowed(b) => b,
+                    std::borrow::Cow::Owned(_) => unreachable!("no paged split format from C"),
+                };
                 Ok((bytes.as_ptr(), bytes.len()))
             })?;
             out(len, n, "len")?;

@@ -107,6 +107,7 @@ impl PyKvGeometry {
             tail_rows,
             scratch_rows,
             layer_groups: layer_groups_arg(layer_groups)?,
+            row_format: None,
         };
         guard(|| g.validate().map(|()| PyKvGeometry(g)).map_err(kv_err))
     }
