@@ -14,7 +14,8 @@ pub const MAX_HISTORY: u32 = i32::MAX as u32;
 /// 40,016 B).
 pub const MAX_TOKEN_BYTES: u64 = 1 << 24;
 
-/// Most bytes of the whole arena over all layers (`layers × arena_rows × row_bytes`), 1 TiB. The
+/// Most bytes of the whole arena over all layers (`layers × arena_pages × page_bytes`:
+/// `layers × arena_rows × row_bytes` for contiguous rows, [`Geometry::page_bytes`]), 1 TiB. The
 /// CPU pool keeps the arena in host memory (the GPU back-end mirrors it), so this also bounds that
 /// allocation; a smaller arena that the host still cannot allocate gives `KvError::OutOfMemory`.
 pub const MAX_ARENA_BYTES: u64 = 1 << 40;
@@ -93,7 +94,8 @@ pub const MAX_HOT_ROWS: u32 = 1 << 24;
 /// share top-k picks.
 ///
 /// The device arena is `arena_pages × page_rows` rows of `row_bytes` bytes, one plane per layer
-/// (every layer uses the same row indices). It is one contiguous range because sparse-attention
+/// (every layer uses the same row indices), laid out as [`Geometry::row_format`] says
+/// (contiguous rows, or DeepSeek-V4's paged split row: [`RowFormat`]). It is one contiguous range because sparse-attention
 /// kernels (FlashMLA) index a single array. Pages are the unit of allocation: each admitted
 /// session takes [`Geometry::fixed_pages`] pages for its fixed rows (hot cache, tail, scratch),
 /// and the rest is lent as elastic history pages. The hot rows serve every layer group: each
@@ -157,8 +159,9 @@ impl Geometry {
     /// (`layers × row_bytes`) at most [`MAX_TOKEN_BYTES`]; arena rows (`arena_pages × page_rows`)
     /// fit in `int32` row indices; the whole arena (`layers × arena_rows × row_bytes` bytes) at most
     /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32`, `hot_rows <=`
-    /// [`MAX_HOT_ROWS`], one session's fixed pages fit in the arena, and `layer_groups` partitions
-    /// the layers ([`LayerGroups::validate`]).
+    /// [`MAX_HOT_ROWS`], one session's fixed pages fit in the arena, `layer_groups` partitions
+    /// the layers ([`LayerGroups::validate`]), and `row_format` fits the rows and pages (see
+    /// [`RowFormat`]'s errors).
     pub fn validate(&self) -> Result<()> {
         if self.row_bytes == 0 {
             return Err(KvError::InvalidGeometry("row_bytes must be > 0"));
@@ -321,6 +324,10 @@ impl Geometry {
     /// session takes [`Geometry::fixed_pages`] of these pages; the rest is lent as history pages
     /// (the elastic tier of Adaptive HiSparse). The result has per-layer [`LayerGroups`]; set
     /// `layer_groups` on it for layers that share picks (the arena's size does not depend on it).
+    /// Its rows are contiguous (`row_format: None`); a paged split format's pages are padded
+    /// ([`Geometry::page_bytes`] ≥ `page_rows × row_bytes`), so a budget holds
+    /// `budget_bytes / (layers × page_bytes)` of them (what the Python binding's `row_format`
+    /// keyword sizes).
     ///
     /// # Errors
     /// [`KvError::InvalidGeometry`] for a field [`Geometry::validate`] rejects;
