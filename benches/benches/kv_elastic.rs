@@ -29,6 +29,7 @@ fn setup(elastic: bool) -> (ElasticPool, Vec<Vec<i32>>) {
         tail_rows: 64,
         scratch_rows: 0,
         layer_groups: Default::default(),
+        row_format: None,
     };
     let mut pool = ElasticPool::new(g, PoolConfig { elastic }).unwrap();
     let history = vec![7u8; HISTORY as usize * 64];
@@ -99,6 +100,7 @@ fn reclaim_bench(c: &mut Criterion) {
         tail_rows: 64,
         scratch_rows: 0,
         layer_groups: Default::default(),
+        row_format: None,
     };
     let history = vec![1u8; (100 * 64 + 64) * 16];
     c.bench_function("kv_reclaim_10000_pages", |b| {

@@ -46,11 +46,19 @@
 #define KV_LEAN_MAX_HOT_ROWS 65536u // lean kernels: hot rows at most (candidate bitmaps in shared memory)
 #define KV_LEAN_MAX_FIXED_PAGES 4096u  // lean kernels: fixed pages per slot at most (shared memory)
 
-// Extents of the device tables (all counts; row_bytes in bytes).
+// Row formats (KvDims::fmt): where a row's bytes lie in its arena page (kv_row_segs).
+#define KV_FMT_CONTIGUOUS 0   // one segment: row r of a plane at r x row_bytes (value_bytes = row_bytes, scale_bytes = 0)
+#define KV_FMT_PAGED_SPLIT 1  // DeepSeek-V4: a page's values, then its scales, padded to fmt_page_bytes
+
+// Extents of the device tables (all counts; row_bytes, value_bytes, scale_bytes and fmt_page_bytes
+// in bytes). A host row is value ‖ scale (row_bytes = value_bytes + scale_bytes); an arena plane is
+// (arena_rows / page_rows) pages of fmt_page_bytes (page_rows x row_bytes for KV_FMT_CONTIGUOUS).
 struct KvDims {
     unsigned int row_bytes, layers, page_rows, hot_rows;
     unsigned int tail_rows, scratch_rows, fixed_pages, max_slots;
-    unsigned int max_history, max_pages, arena_rows, pad0;
+    unsigned int max_history, max_pages, arena_rows, fmt;
+    unsigned int value_bytes, scale_bytes;
+    unsigned long long fmt_page_bytes;
 };
 
 // A divisor with its multiplier and shift (cuda-kernels/src/kv/fastdiv.rs computes them per

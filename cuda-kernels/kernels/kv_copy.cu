@@ -27,8 +27,7 @@ extern "C" __global__ void tierkit_kv_replay(KvDims d, KvTables t, const KvCopy*
                 if (lane == 0 && w < n) atomicAdd(&t.err[KV_ERR_STALE_PLAN], 1u);
                 continue;
             }
-            kv_warp_copy(t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes,
-                         t.host + kv_host_off(d, c.slot, c.position, l), d.row_bytes, lane);
+            kv_copy_row(d, t, l, c.dst_row, kv_host_off(d, c.slot, c.position, l), false, lane);
         }
         return;
     }
@@ -54,8 +53,7 @@ extern "C" __global__ void tierkit_kv_write_back(KvDims d, KvTables t, const KvC
         if (lane == 0) atomicAdd(&t.err[KV_ERR_BAD_SESSION], 1u);
         return;
     }
-    kv_warp_copy(t.host + kv_host_off(d, c.slot, c.position, l),
-                 t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes, d.row_bytes, lane);
+    kv_copy_row(d, t, l, c.dst_row, kv_host_off(d, c.slot, c.position, l), true, lane);
 }
 
 // Table patches (kv-elastic's GPU pool, between steps, on the step stream): block b sets

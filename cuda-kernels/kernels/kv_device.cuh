@@ -15,8 +15,30 @@ __device__ __forceinline__ void kv_pin(const int*& p) {
     __builtin_assume(__isGlobal(p));
 }
 
+// Byte offset of plane `layer` in the arena: (arena_rows / page_rows) pages of fmt_page_bytes each.
 __device__ __forceinline__ unsigned long long kv_plane(const KvDims& d, unsigned int layer) {
-    return (unsigned long long)layer * d.arena_rows * d.row_bytes;
+    return (unsigned long long)layer * (d.arena_rows / d.page_rows) * d.fmt_page_bytes;
+}
+
+// A row's two segments in the arena (byte offsets): its value, then its scale (empty for
+// KV_FMT_CONTIGUOUS).
+struct KvSegs {
+    unsigned long long value, scale;
+};
+
+// The segment rule (cuda-kernels/DESIGN.md, "Row formats"; the host's copy: KvDims::row_segs and
+// kv_elastic::Geometry::row_offsets): arena row `row` of plane `layer` is at page row / page_rows,
+// slot row % page_rows; its value at page x fmt_page_bytes + slot x value_bytes, its scale at
+// page x fmt_page_bytes + page_rows x value_bytes + slot x scale_bytes. The contiguous format is the
+// one-segment case (value_bytes = row_bytes, fmt_page_bytes = page_rows x row_bytes: the value at
+// row x row_bytes), so every copy path takes this one rule.
+__device__ __forceinline__ KvSegs kv_row_segs(const KvDims& d, unsigned int layer, unsigned int row) {
+    const unsigned int page = row / d.page_rows, slot = row - page * d.page_rows;
+    const unsigned long long base = kv_plane(d, layer) + page * d.fmt_page_bytes;
+    KvSegs s;
+    s.value = base + (unsigned long long)slot * d.value_bytes;
+    s.scale = base + (unsigned long long)d.page_rows * d.value_bytes + (unsigned long long)slot * d.scale_bytes;
+    return s;
 }
 
 __device__ __forceinline__ unsigned long long kv_host_off(const KvDims& d, unsigned int slot, unsigned int pos,
@@ -60,12 +82,33 @@ __device__ __forceinline__ void kv_warp_copy(unsigned char* dst, const unsigned 
             o[i] = a;
             if (hb) o[i + 32u] = b;
         }
+    } else if (((bytes | (unsigned int)(size_t)dst | (unsigned int)(size_t)src) & 7u) == 0u) {
+        // 8-byte words: DeepSeek-V4's 584-byte host rows are 8-aligned, every other one not 16-aligned.
+        const uint2* s = (const uint2*)src;
+        uint2* o = (uint2*)dst;
+        for (unsigned int i = lane; i < (bytes >> 3); i += 32u) o[i] = s[i];
     } else if (((bytes | (unsigned int)(size_t)dst | (unsigned int)(size_t)src) & 3u) == 0u) {
         const unsigned int* s = (const unsigned int*)src;
         unsigned int* o = (unsigned int*)dst;
         for (unsigned int i = lane; i < (bytes >> 2); i += 32u) o[i] = s[i];
     } else {
         for (unsigned int i = lane; i < bytes; i += 32u) dst[i] = src[i];
+    }
+}
+
+// One warp copies arena row `row` of plane `layer` and the host row at byte `h` of the host store
+// (value ‖ scale, row_bytes bytes) into each other: host -> arena, or arena -> host when `to_host`.
+// Every row copy of the module goes through here (gather, replay, write-back).
+__device__ __forceinline__ void kv_copy_row(const KvDims& d, const KvTables& t, unsigned int layer, unsigned int row,
+                                            unsigned long long h, bool to_host, unsigned int lane) {
+    const KvSegs s = kv_row_segs(d, layer, row);
+    unsigned char* const host = t.host + h;
+    if (to_host) {
+        kv_warp_copy(host, t.arena + s.value, d.value_bytes, lane);
+        if (d.scale_bytes) kv_warp_copy(host + d.value_bytes, t.arena + s.scale, d.scale_bytes, lane);
+    } else {
+        kv_warp_copy(t.arena + s.value, host, d.value_bytes, lane);
+        if (d.scale_bytes) kv_warp_copy(t.arena + s.scale, host + d.value_bytes, d.scale_bytes, lane);
     }
 }
 
@@ -84,8 +127,7 @@ __device__ void kv_fetch(const KvDims& d, const KvTables& t, const KvCopy* plan,
             if (lane == 0 && w < n) atomicAdd(&t.err[KV_ERR_STALE_PLAN], 1u);
             continue;
         }
-        kv_warp_copy(t.arena + kv_plane(d, l) + (unsigned long long)c.dst_row * d.row_bytes,
-                     t.host + kv_host_off(d, c.slot, c.position, l), d.row_bytes, lane);
+        kv_copy_row(d, t, l, c.dst_row, kv_host_off(d, c.slot, c.position, l), false, lane);
     }
 }
 

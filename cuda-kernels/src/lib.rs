@@ -66,8 +66,8 @@ pub use error::{CudaError, Result};
 pub use kv::ResolveEngine;
 pub use kv::{
     CopyBackend, KvCopy, KvDims, KvErrors, KvFill, KvKernels, KvResolveArgs, KvResolveOptions,
-    KvSlotDesc, KvStats, KvTables, KV_ERR_WORDS, KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE,
-    KV_STATS, KV_UNCLAIMED,
+    KvSlotDesc, KvStats, KvTables, KV_ERR_WORDS, KV_FMT_CONTIGUOUS, KV_FMT_PAGED_SPLIT,
+    KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_MODULE, KV_STATS, KV_UNCLAIMED,
 };
 pub use mem::{
     copy_dtoh_async, copy_dtoh_sync, copy_htod_async, copy_htod_sync, DeviceBuffer, HostBacking,

@@ -84,7 +84,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             {
                 let want = token(sessions[i / K], pos as u64);
                 assert_eq!(
-                    pool.arena_row(layer as u32, row),
+                    pool.arena_row(layer as u32, row).as_deref(),
                     Some(&want[layer * ROW..][..ROW])
                 );
             }

@@ -14,10 +14,77 @@ pub const MAX_HISTORY: u32 = i32::MAX as u32;
 /// 40,016 B).
 pub const MAX_TOKEN_BYTES: u64 = 1 << 24;
 
-/// Most bytes of the whole arena over all layers (`layers × arena_rows × row_bytes`), 1 TiB. The
+/// Most bytes of the whole arena over all layers (`layers × arena_pages × page_bytes`:
+/// `layers × arena_rows × row_bytes` for contiguous rows, [`Geometry::page_bytes`]), 1 TiB. The
 /// CPU pool keeps the arena in host memory (the GPU back-end mirrors it), so this also bounds that
 /// allocation; a smaller arena that the host still cannot allocate gives `KvError::OutOfMemory`.
 pub const MAX_ARENA_BYTES: u64 = 1 << 40;
+
+/// How one layer's rows lie in an arena page ([`Geometry::row_format`]).
+///
+/// Units: bytes, except `page_rows` (rows). The host store holds every token as `value ‖ scale`
+/// (`row_bytes = value + scale` bytes per layer) in both formats; only the arena's layout differs.
+///
+/// - `Contiguous { bytes }`: a row is `bytes` contiguous bytes, row `r` of a plane at `r × bytes`
+///   (DeepSeek-V3.2's fp8 MLA row, 656 B; FlashMLA's V3.2 sparse path). The format when
+///   [`Geometry::row_format`] is `None`.
+/// - `PagedSplit { value, scale, page_rows, page_bytes }`: DeepSeek-V4's paged split row (SGLang
+///   0.5.23, `sgl_kernel/deepseek_v4/kvcacheio.cuh`, the layout FlashMLA's DeepSeek-V4 path reads):
+///   a page of `page_rows` rows holds the rows' values back to back (`value` bytes each), then
+///   their scales (`scale` bytes each), padded to `page_bytes`. Row `r` (page `r / page_rows`,
+///   slot `r % page_rows`) has its value at `page × page_bytes + slot × value` and its scale at
+///   `page × page_bytes + page_rows × value + slot × scale` of its plane. DeepSeek-V4:
+///   `{ value: 576, scale: 8, page_rows: 64, page_bytes: 37_440 }` (⌈64 × 584 / 576⌉ × 576 B).
+///
+/// Errors ([`Geometry::validate`], `KvError::InvalidGeometry`): `Contiguous.bytes != row_bytes`;
+/// `value == 0`, `value + scale != row_bytes`, `page_rows != Geometry::page_rows` (an arena page
+/// is a format page, so the resolve's `page × page_rows + slot` indices are the format's), or
+/// `page_rows × (value + scale) > page_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum RowFormat {
+    /// Rows of `bytes` contiguous bytes (`bytes == Geometry::row_bytes`).
+    Contiguous {
+        /// Bytes per row per layer.
+        bytes: u32,
+    },
+    /// DeepSeek-V4's paged split row: values then scales per page, the page padded.
+    PagedSplit {
+        /// Value bytes per row (576 for DeepSeek-V4: 448 fp8 + 64 bf16 RoPE dims).
+        value: u32,
+        /// Scale bytes per row (8 for DeepSeek-V4).
+        scale: u32,
+        /// Rows per format page (must equal [`Geometry::page_rows`]; 64 for DeepSeek-V4).
+        page_rows: u32,
+        /// Bytes per format page per layer, padding included (37,440 for DeepSeek-V4).
+        page_bytes: u32,
+    },
+}
+
+impl RowFormat {
+    /// DeepSeek-V4's row: 576 B value + 8 B scale, 64 rows per 37,440-byte page.
+    pub const DEEPSEEK_V4: RowFormat = RowFormat::PagedSplit {
+        value: 576,
+        scale: 8,
+        page_rows: 64,
+        page_bytes: 37_440,
+    };
+
+    /// Bytes a token carries per layer (`bytes`, or `value + scale`, saturating).
+    pub fn row_bytes(&self) -> u32 {
+        match *self {
+            RowFormat::Contiguous { bytes } => bytes,
+            RowFormat::PagedSplit { value, scale, .. } => value.saturating_add(scale),
+        }
+    }
+
+    /// `(value bytes, scale bytes)` of a row: `(bytes, 0)` for `Contiguous`.
+    pub fn segment_bytes(&self) -> (u32, u32) {
+        match *self {
+            RowFormat::Contiguous { bytes } => (bytes, 0),
+            RowFormat::PagedSplit { value, scale, .. } => (value, scale),
+        }
+    }
+}
 
 /// Most hot-cache rows per session, 16 Mi (HiSparse uses 2 × top-k = 4,096). Each admitted session
 /// keeps 13 bytes of host-side CLOCK state per hot row ([`crate::HotCache`]).
@@ -27,14 +94,17 @@ pub const MAX_HOT_ROWS: u32 = 1 << 24;
 /// share top-k picks.
 ///
 /// The device arena is `arena_pages × page_rows` rows of `row_bytes` bytes, one plane per layer
-/// (every layer uses the same row indices). It is one contiguous range because sparse-attention
+/// (every layer uses the same row indices), laid out as [`Geometry::row_format`] says
+/// (contiguous rows, or DeepSeek-V4's paged split row: [`RowFormat`]). It is one contiguous range because sparse-attention
 /// kernels (FlashMLA) index a single array. Pages are the unit of allocation: each admitted
 /// session takes [`Geometry::fixed_pages`] pages for its fixed rows (hot cache, tail, scratch),
 /// and the rest is lent as elastic history pages. The hot rows serve every layer group: each
 /// [`LayerGroups`] group maps its own positions to them, in its own layer planes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Geometry {
-    /// Bytes per token row per layer (656 for DeepSeek fp8 MLA, 1152 for bf16 576-dim).
+    /// Bytes per token row per layer (656 for DeepSeek fp8 MLA, 1152 for bf16 576-dim, 584 for
+    /// DeepSeek-V4's `value ‖ scale`): what a token carries per layer in the host store, and the
+    /// arena row's size unless [`Geometry::row_format`] splits it.
     pub row_bytes: u32,
     /// Layers (arena planes); a token's KV is `layers × row_bytes` bytes.
     pub layers: u32,
@@ -53,6 +123,10 @@ pub struct Geometry {
     /// DeepSeek-V3.2's per-layer indexers need). See [`LayerGroups`].
     #[serde(default)]
     pub layer_groups: LayerGroups,
+    /// How a row lies in an arena page ([`RowFormat`]); `None` (the default, and what a geometry
+    /// serialized before the field reads as) is `Contiguous { bytes: row_bytes }`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_format: Option<RowFormat>,
 }
 
 /// What [`Geometry::for_hbm_budget`] sizes a pool from, by name (seven integers a caller could
@@ -85,8 +159,9 @@ impl Geometry {
     /// (`layers × row_bytes`) at most [`MAX_TOKEN_BYTES`]; arena rows (`arena_pages × page_rows`)
     /// fit in `int32` row indices; the whole arena (`layers × arena_rows × row_bytes` bytes) at most
     /// [`MAX_ARENA_BYTES`]; `hot_rows + tail_rows + scratch_rows` fits in `u32`, `hot_rows <=`
-    /// [`MAX_HOT_ROWS`], one session's fixed pages fit in the arena, and `layer_groups` partitions
-    /// the layers ([`LayerGroups::validate`]).
+    /// [`MAX_HOT_ROWS`], one session's fixed pages fit in the arena, `layer_groups` partitions
+    /// the layers ([`LayerGroups::validate`]), and `row_format` fits the rows and pages (see
+    /// [`RowFormat`]'s errors).
     pub fn validate(&self) -> Result<()> {
         if self.row_bytes == 0 {
             return Err(KvError::InvalidGeometry("row_bytes must be > 0"));
@@ -120,10 +195,14 @@ impl Geometry {
                 "arena rows must fit in int32 row indices",
             ));
         }
-        // arena_rows < 2^31 and layers × row_bytes <= 2^24: the product fits in u64.
-        if self.arena_rows() * self.layers as u64 * self.row_bytes as u64 > MAX_ARENA_BYTES {
+        self.validate_format()?;
+        // arena_pages < 2^32, page_bytes < 2^56 (page_rows < 2^32, row_bytes <= 2^24) and
+        // layers <= 4096: the product fits in u128.
+        if self.layers as u128 * self.arena_pages as u128 * self.page_bytes() as u128
+            > MAX_ARENA_BYTES as u128
+        {
             return Err(KvError::InvalidGeometry(
-                "layers × arena rows × row_bytes must be <= MAX_ARENA_BYTES (1 TiB)",
+                "layers × arena pages × page bytes must be <= MAX_ARENA_BYTES (1 TiB)",
             ));
         }
         if self
@@ -151,6 +230,89 @@ impl Geometry {
         Ok(())
     }
 
+    /// The [`RowFormat`] checks of [`Geometry::validate`] (`page_rows > 0` checked before).
+    fn validate_format(&self) -> Result<()> {
+        match self.row_format {
+            None => Ok(()),
+            Some(RowFormat::Contiguous { bytes }) if bytes != self.row_bytes => Err(
+                KvError::InvalidGeometry("row_format Contiguous.bytes must equal row_bytes"),
+            ),
+            Some(RowFormat::Contiguous { .. }) => Ok(()),
+            Some(RowFormat::PagedSplit {
+                value,
+                scale,
+                page_rows,
+                page_bytes,
+            }) => {
+                if value == 0 {
+                    return Err(KvError::InvalidGeometry(
+                        "row_format PagedSplit.value must be > 0",
+                    ));
+                }
+                if value.checked_add(scale) != Some(self.row_bytes) {
+                    return Err(KvError::InvalidGeometry(
+                        "row_format PagedSplit: value + scale must equal row_bytes",
+                    ));
+                }
+                if page_rows != self.page_rows {
+                    return Err(KvError::InvalidGeometry(
+                        "row_format PagedSplit.page_rows must equal the geometry's page_rows",
+                    ));
+                }
+                if page_rows as u64 * self.row_bytes as u64 > page_bytes as u64 {
+                    return Err(KvError::InvalidGeometry(
+                        "row_format PagedSplit: page_rows × (value + scale) must be <= page_bytes",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The row format in effect: [`Geometry::row_format`], or `Contiguous { bytes: row_bytes }`.
+    pub fn format(&self) -> RowFormat {
+        self.row_format.unwrap_or(RowFormat::Contiguous {
+            bytes: self.row_bytes,
+        })
+    }
+
+    /// Bytes of one arena page of one layer: `page_rows × row_bytes` for `Contiguous`, the
+    /// format's `page_bytes` (padding included) for `PagedSplit`.
+    pub fn page_bytes(&self) -> u64 {
+        match self.format() {
+            RowFormat::Contiguous { bytes } => self.page_rows as u64 * bytes as u64,
+            RowFormat::PagedSplit { page_bytes, .. } => page_bytes as u64,
+        }
+    }
+
+    /// Byte offsets of arena row `row`'s value and scale segments in its layer's plane: the one
+    /// statement of the segment rule (the kernels' `kv_row_segs` is checked against it). Page
+    /// `row / page_rows`, slot `row % page_rows`: value at `page × page_bytes + slot × value`,
+    /// scale at `page × page_bytes + page_rows × value + slot × scale`; for `Contiguous` the value
+    /// is the whole row at `row × row_bytes` and the scale is empty. `page_rows` must be > 0
+    /// (a validated geometry).
+    pub fn row_offsets(&self, row: u32) -> (u64, u64) {
+        let (value, scale) = self.format().segment_bytes();
+        let pr = self.page_rows as u64;
+        let (page, slot) = (row as u64 / pr, row as u64 % pr);
+        let base = page * self.page_bytes();
+        (
+            base + slot * value as u64,
+            base + pr * value as u64 + slot * scale as u64,
+        )
+    }
+
+    /// Arena row `row` of `plane` (one layer's plane, [`Geometry::plane_bytes`] bytes) as the
+    /// token's `value ‖ scale` bytes (`row_bytes` of them), or `None` when out of range.
+    pub fn plane_row(&self, plane: &[u8], row: u32) -> Option<Vec<u8>> {
+        let (value, scale) = self.format().segment_bytes();
+        let (v, s) = self.row_offsets(row);
+        let mut out = Vec::with_capacity(self.row_bytes as usize);
+        out.extend_from_slice(plane.get(v as usize..(v + value as u64) as usize)?);
+        out.extend_from_slice(plane.get(s as usize..(s + scale as u64) as usize)?);
+        Some(out)
+    }
+
     /// Sizes a pool from an HBM budget: the geometry with the most arena pages whose arena
     /// (`arena_pages × page_rows × layers × row_bytes` bytes) fits in `budget_bytes`, for rows of
     /// `row_bytes` bytes per layer, `layers` planes, `page_rows` rows per page, and per session
@@ -162,6 +324,10 @@ impl Geometry {
     /// session takes [`Geometry::fixed_pages`] of these pages; the rest is lent as history pages
     /// (the elastic tier of Adaptive HiSparse). The result has per-layer [`LayerGroups`]; set
     /// `layer_groups` on it for layers that share picks (the arena's size does not depend on it).
+    /// Its rows are contiguous (`row_format: None`); a paged split format's pages are padded
+    /// ([`Geometry::page_bytes`] ≥ `page_rows × row_bytes`), so a budget holds
+    /// `budget_bytes / (layers × page_bytes)` of them (what the Python binding's `row_format`
+    /// keyword sizes).
     ///
     /// # Errors
     /// [`KvError::InvalidGeometry`] for a field [`Geometry::validate`] rejects;
@@ -198,6 +364,7 @@ impl Geometry {
             tail_rows,
             scratch_rows,
             layer_groups: LayerGroups::per_layer(),
+            row_format: None,
         };
         // Field checks first (with one page: only `ArenaTooSmall` may remain).
         match g.validate() {
@@ -282,10 +449,11 @@ impl Geometry {
         self.layers as usize * self.row_bytes as usize
     }
 
-    /// Bytes of one arena plane (one layer): `arena_rows × row_bytes` (at most
-    /// [`MAX_ARENA_BYTES`] for a validated geometry).
+    /// Bytes of one arena plane (one layer): `arena_pages × page_bytes` ([`Geometry::page_bytes`];
+    /// `arena_rows × row_bytes` for `Contiguous`; at most [`MAX_ARENA_BYTES`] for a validated
+    /// geometry).
     pub fn plane_bytes(&self) -> usize {
-        self.arena_rows() as usize * self.row_bytes as usize
+        self.arena_pages as usize * self.page_bytes() as usize
     }
 }
 
@@ -303,6 +471,7 @@ mod tests {
             tail_rows: 4,
             scratch_rows: 2,
             layer_groups: Default::default(),
+            row_format: None,
         }
     }
 
@@ -402,6 +571,7 @@ mod tests {
             tail_rows: 1,
             scratch_rows: 0,
             layer_groups: Default::default(),
+            row_format: None,
         }));
         // At the bounds: still valid.
         Geometry {
@@ -413,6 +583,7 @@ mod tests {
             tail_rows: 64,
             scratch_rows: 0,
             layer_groups: Default::default(),
+            row_format: None,
         }
         .validate()
         .unwrap();
@@ -468,5 +639,110 @@ mod tests {
         let big = Geometry::for_hbm_budget(&sizing(u64::MAX, 1, 1, 1, 1, 1, 0)).unwrap();
         assert_eq!(big.arena_rows(), i32::MAX as u64);
         big.validate().unwrap();
+    }
+
+    fn v4() -> Geometry {
+        Geometry {
+            row_bytes: 584,
+            layers: 2,
+            page_rows: 64,
+            arena_pages: 4,
+            hot_rows: 64,
+            tail_rows: 64,
+            scratch_rows: 0,
+            layer_groups: Default::default(),
+            row_format: Some(RowFormat::DEEPSEEK_V4),
+        }
+    }
+
+    #[test]
+    fn deepseek_v4_rows_lie_where_sglang_puts_them() {
+        let g = v4();
+        g.validate().unwrap();
+        assert_eq!(RowFormat::DEEPSEEK_V4.row_bytes(), 584);
+        // kPageBytes = ceil(64 × 584 / 576) × 576 = 37,440 (64 B of padding).
+        assert_eq!(g.page_bytes(), (64u64 * 584).div_ceil(576) * 576);
+        assert_eq!(g.plane_bytes(), 4 * 37_440);
+        assert_eq!(g.token_bytes(), 2 * 584);
+        for row in [0u32, 1, 63, 64, 65, 200, 255] {
+            let (page, slot) = (row as u64 / 64, row as u64 % 64);
+            assert_eq!(
+                g.row_offsets(row),
+                (
+                    page * 37_440 + slot * 576,
+                    page * 37_440 + 64 * 576 + slot * 8
+                ),
+                "row {row}"
+            );
+        }
+        // A row read back from a plane is value ‖ scale.
+        let mut plane = vec![0u8; g.plane_bytes()];
+        let (v, s) = g.row_offsets(70);
+        plane[v as usize..v as usize + 576].fill(1);
+        plane[s as usize..s as usize + 8].fill(2);
+        let row = g.plane_row(&plane, 70).unwrap();
+        assert_eq!((&row[..576], &row[576..]), (&[1u8; 576][..], &[2u8; 8][..]));
+        assert_eq!(g.plane_row(&plane, 256), None);
+        // Contiguous: one segment at row × row_bytes, as before the format existed.
+        for fmt in [None, Some(RowFormat::Contiguous { bytes: 16 })] {
+            let c = Geometry {
+                row_format: fmt,
+                ..self::g()
+            };
+            c.validate().unwrap();
+            assert_eq!(c.plane_bytes(), 32 * 16);
+            assert_eq!(c.row_offsets(13).0, 13 * 16);
+            assert_eq!(c.format(), RowFormat::Contiguous { bytes: 16 });
+        }
+    }
+
+    #[test]
+    fn bad_row_formats_are_typed_errors() {
+        let bad = |f: RowFormat| {
+            matches!(
+                Geometry {
+                    row_format: Some(f),
+                    ..v4()
+                }
+                .validate(),
+                Err(KvError::InvalidGeometry(_))
+            )
+        };
+        assert!(bad(RowFormat::Contiguous { bytes: 583 }));
+        let ok = |value, scale, page_rows, page_bytes| RowFormat::PagedSplit {
+            value,
+            scale,
+            page_rows,
+            page_bytes,
+        };
+        assert!(bad(ok(0, 584, 64, 37_440)));
+        assert!(bad(ok(576, 16, 64, 37_440))); // value + scale != row_bytes
+        assert!(bad(ok(u32::MAX, 8, 64, 37_440))); // value + scale overflows
+        assert!(bad(ok(576, 8, 32, 37_440))); // not the geometry's page_rows
+        assert!(bad(ok(576, 8, 64, 64 * 584 - 1))); // the rows do not fit the page
+        assert!(!bad(ok(576, 8, 64, 64 * 584)));
+        // A padded page counts against MAX_ARENA_BYTES.
+        assert!(!bad(ok(576, 8, 64, u32::MAX)));
+        assert!(matches!(
+            Geometry {
+                arena_pages: 1 << 20,
+                layers: 64,
+                row_format: Some(ok(576, 8, 64, u32::MAX)),
+                ..v4()
+            }
+            .validate(),
+            Err(KvError::InvalidGeometry(_))
+        ));
+    }
+
+    #[test]
+    fn a_geometry_without_the_format_reads_as_contiguous() {
+        let mut json = serde_json::to_value(g()).unwrap();
+        assert!(json.get("row_format").is_none(), "{json}");
+        json.as_object_mut().unwrap().remove("row_format");
+        let back: Geometry = serde_json::from_value(json).unwrap();
+        assert_eq!(back, g());
+        let v = serde_json::to_string(&v4()).unwrap();
+        assert_eq!(serde_json::from_str::<Geometry>(&v).unwrap(), v4());
     }
 }

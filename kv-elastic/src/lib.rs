@@ -26,7 +26,7 @@
 //! let done = pool.resolve(&input, &mut ResolveOutput { indices: &mut indices, valid_count: &mut valid })?;
 //! assert_eq!(valid, [3]);
 //! assert_eq!(done.stats.misses, 0); // the whole history fits in borrowed pages: direct path
-//! assert_eq!(pool.arena_row(0, indices[1]).unwrap(), &[5u8; 16]);
+//! assert_eq!(pool.arena_row(0, indices[1]).as_deref().unwrap(), &[5u8; 16]);
 //! done.ticket.complete(); // the indices' pages may be reused from now on
 //! # Ok::<(), kv_elastic::KvError>(())
 //! ```
@@ -57,7 +57,8 @@ pub use data::{
 pub use error::{KvError, Result};
 pub use groups::LayerGroups;
 pub use layout::{
-    Geometry, PoolSizing, MAX_ARENA_BYTES, MAX_HISTORY, MAX_HOT_ROWS, MAX_LAYERS, MAX_TOKEN_BYTES,
+    Geometry, PoolSizing, RowFormat, MAX_ARENA_BYTES, MAX_HISTORY, MAX_HOT_ROWS, MAX_LAYERS,
+    MAX_TOKEN_BYTES,
 };
 pub use pool::{
     Admission, AdmitOptions, ElasticPool, ImportInfo, PoolConfig, PoolCounters, Reserve, RowSpan,

@@ -96,6 +96,7 @@ mod tests {
             tail_rows: 4,
             scratch_rows: 0,
             layer_groups: LayerGroups::per_layer(),
+            row_format: None,
         };
         let store = StoreConfig {
             max_sessions: 2,

@@ -21,6 +21,7 @@ fn pool() -> ElasticPool {
         tail_rows: 16,
         scratch_rows: 0,
         layer_groups: Default::default(),
+        row_format: None,
     };
     ElasticPool::new(g, PoolConfig { elastic: true }).unwrap()
 }
@@ -84,6 +85,7 @@ fn a_history_too_long_for_the_hot_cache_table_is_out_of_memory() {
                 tail_rows: 16,
                 scratch_rows: 0,
                 layer_groups: Default::default(),
+                row_format: None,
             };
             let p = ElasticPool::new(g, PoolConfig { elastic: false }).unwrap();
             (p, vec![0u8; 96 << 20])

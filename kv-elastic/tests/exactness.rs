@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use kv_elastic::{
     Admission, ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig, ResolveInput,
-    ResolveOptions, ResolveOutput, Resolver,
+    ResolveOptions, ResolveOutput, Resolver, RowFormat,
 };
 use proptest::prelude::*;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -38,6 +38,8 @@ static PACKED: AtomicU64 = AtomicU64::new(0);
 static ROW_BOUNDS: AtomicU64 = AtomicU64::new(0);
 /// Resolves of block ids (`ResolveOptions::block_positions > 1`).
 static BLOCK_IDS: AtomicU64 = AtomicU64::new(0);
+/// Resolves on an arena in DeepSeek-V4's paged split row format.
+static PAGED_SPLIT: AtomicU64 = AtomicU64::new(0);
 static PADDED: AtomicU64 = AtomicU64::new(0);
 /// Resolves at a layer other than its group's first (the per-layer-picks case), in a geometry of
 /// several groups, of which one holds several layers (a mixture); replays inside a group.
@@ -164,6 +166,26 @@ fn layer_groups(layers: u32, kind: u8, cuts: u8) -> LayerGroups {
     }
 }
 
+/// The arena's row format: `None` (contiguous), contiguous named, or (half the cases) paged
+/// split as DeepSeek-V4 lays it out, scaled down: an 8-byte scale after a `row_bytes - 8`-byte
+/// value (8 + 8 B up to 56 + 8 B), the page padded to a multiple of the value size (plus `pad`
+/// more values).
+fn row_format(row_bytes: u32, page_rows: u32, kind: u8, pad: u32) -> Option<RowFormat> {
+    match kind {
+        0 => None,
+        1 => Some(RowFormat::Contiguous { bytes: row_bytes }),
+        _ => {
+            let (value, scale) = (row_bytes - 8, 8);
+            Some(RowFormat::PagedSplit {
+                value,
+                scale,
+                page_rows,
+                page_bytes: (page_rows * row_bytes).div_ceil(value) * value + pad * value,
+            })
+        }
+    }
+}
+
 fn geometry() -> impl Strategy<Value = Geometry> {
     (
         prop::sample::select(vec![16u32, 24, 32, 64]),
@@ -174,6 +196,7 @@ fn geometry() -> impl Strategy<Value = Geometry> {
         0u32..3,
         0u32..12,
         (any::<u8>(), any::<u8>()),
+        (0u8..4, 0u32..2),
     )
         .prop_map(
             |(
@@ -185,6 +208,7 @@ fn geometry() -> impl Strategy<Value = Geometry> {
                 scratch_rows,
                 extra,
                 (kind, cuts),
+                (format, pad),
             )| {
                 let mut g = Geometry {
                     row_bytes,
@@ -195,6 +219,7 @@ fn geometry() -> impl Strategy<Value = Geometry> {
                     tail_rows,
                     scratch_rows,
                     layer_groups: layer_groups(layers, kind, cuts),
+                    row_format: row_format(row_bytes, page_rows, format, pad),
                 };
                 g.arena_pages = g.fixed_pages() * 2 + extra;
                 g
@@ -516,6 +541,10 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 PACKED.fetch_add(u64::from(layout == OutputLayout::Packed), Relaxed);
                 ROW_BOUNDS.fetch_add(u64::from(bounded), Relaxed);
                 BLOCK_IDS.fetch_add(u64::from(block > 1), Relaxed);
+                PAGED_SPLIT.fetch_add(
+                    u64::from(matches!(g.row_format, Some(RowFormat::PagedSplit { .. }))),
+                    Relaxed,
+                );
                 PADDED.fetch_add(u64::from(pad_idx + pad_rows > 0), Relaxed);
                 UNSERVED.fetch_add(done.stats.unserved, Relaxed);
                 // Unserved picks only when some entry needs more distinct positions than hot rows.
@@ -574,6 +603,7 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                                 let mut next = picks.iter();
                                 for (e, &at) in out[..served].iter().enumerate() {
                                     let got = pool.arena_row(layer, at).expect("in range");
+                                    let got = &*got;
                                     let hit = next.by_ref().find(|&&(_, p)| {
                                         &m.expected(s, p as u32)[l0 * rb..(l0 + 1) * rb] == got
                                     });
@@ -620,7 +650,13 @@ fn run(g: Geometry, elastic: bool, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for (j, want) in &expect {
                     for l in g.group_layers(layer).map(|l| l as usize) {
                         let got = pool.arena_row(l as u32, idx[*j]).expect("index in range");
-                        prop_assert_eq!(got, &want[l * rb..(l + 1) * rb], "pick {} layer {}", j, l);
+                        prop_assert_eq!(
+                            &*got,
+                            &want[l * rb..(l + 1) * rb],
+                            "pick {} layer {}",
+                            j,
+                            l
+                        );
                     }
                 }
                 drop(done.ticket);
@@ -745,6 +781,7 @@ fn the_property_reaches_every_path() {
         ("packed-layout resolves", PACKED.load(Relaxed)),
         ("resolves with per-query bounds", ROW_BOUNDS.load(Relaxed)),
         ("resolves of block ids", BLOCK_IDS.load(Relaxed)),
+        ("resolves on paged split rows", PAGED_SPLIT.load(Relaxed)),
         ("resolves into padded buffers", PADDED.load(Relaxed)),
         (
             "resolves at a layer other than its group's first",

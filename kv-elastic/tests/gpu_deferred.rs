@@ -40,6 +40,7 @@ fn geometry() -> Geometry {
         tail_rows: 4,
         scratch_rows: 4,
         layer_groups: Default::default(),
+        row_format: None,
     };
     // Six sessions' fixed pages and three sessions' histories: room for admissions while pages
     // reclaimed under held fills stay pending.

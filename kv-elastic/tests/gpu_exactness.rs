@@ -16,7 +16,7 @@ use cuda_kernels::{CopyBackend, ResolveEngine};
 use kv_elastic::gpu::{GpuElasticPool, GpuPoolConfig};
 use kv_elastic::{
     AdmitOptions, ElasticPool, Geometry, KvError, LayerGroups, OutputLayout, PoolConfig,
-    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver, StepOptions,
+    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver, RowFormat, StepOptions,
 };
 use tierkit_testkit::pattern_tokens;
 
@@ -99,7 +99,6 @@ impl Case {
         layout: OutputLayout,
     ) -> Vec<(i32, u64, i32)> {
         let plane = self.gpu.device().download_plane(layer).unwrap();
-        let rb = self.g.row_bytes as usize;
         let mut out = Vec::new();
         for (ri, &s) in sessions.iter().enumerate() {
             for row in qsl[ri] as usize..qsl[ri + 1] as usize {
@@ -120,10 +119,10 @@ impl Case {
                         assert!(o[..n].iter().all(|&i| i >= 0) && o[n..].iter().all(|&i| i == -1));
                         let mut picks = topk[cols].iter().copied().filter(|&p| p >= 0);
                         for &i in &o[..n] {
-                            let at = i as usize * rb;
+                            let row = self.g.plane_row(&plane, i as u32).unwrap();
                             let p = picks
                                 .by_ref()
-                                .find(|&p| self.token(s, p, layer) == &plane[at..at + rb])
+                                .find(|&p| self.token(s, p, layer) == &row[..])
                                 .expect("a packed entry serves a pick, in column order");
                             out.push((i, s, p));
                         }
@@ -137,16 +136,18 @@ impl Case {
     fn check_bytes(&self, layer: u32, served: &[(i32, u64, i32)]) {
         let plane = self.gpu.device().download_plane(layer).unwrap();
         let cpu_plane = self.cpu.plane(layer).unwrap();
-        let rb = self.g.row_bytes as usize;
+        // The planes whole, padding and all (the same segment rule on both sides) ...
+        assert_eq!(plane.len(), cpu_plane.len());
         for &(i, s, p) in served {
-            let at = i as usize * rb;
+            // ... and each served row as the token's `value ‖ scale`.
+            let row = self.g.plane_row(&plane, i as u32).unwrap();
             assert_eq!(
-                &plane[at..at + rb],
-                &cpu_plane[at..at + rb],
+                row,
+                self.g.plane_row(cpu_plane, i as u32).unwrap(),
                 "GPU vs CPU arena: session {s} position {p} layer {layer} row {i}"
             );
             assert_eq!(
-                &plane[at..at + rb],
+                &row[..],
                 self.token(s, p, layer),
                 "session {s} position {p} layer {layer} row {i}"
             );
@@ -331,10 +332,12 @@ impl Case {
                     if a.is_ok() {
                         let pc = self.cpu.plane(other).unwrap().to_vec();
                         let pg = self.gpu.device().download_plane(other).unwrap();
-                        let rb = g.row_bytes as usize;
                         for c in &plan.copies {
-                            let at = c.dst_row as usize * rb;
-                            assert_eq!(pc[at..at + rb], pg[at..at + rb], "replayed row");
+                            assert_eq!(
+                                g.plane_row(&pc, c.dst_row),
+                                g.plane_row(&pg, c.dst_row),
+                                "replayed row"
+                            );
                         }
                     }
                 }
@@ -550,6 +553,7 @@ fn gpu_resolver_equals_cpu_reference() {
     let (mut resolves, mut misses, mut unserved, mut packed, mut bounded) = (0, 0, 0, 0, 0);
     let mut blocks = 0;
     let mut written_back = 0;
+    let mut paged_split = 0u64;
     let mut engines = [0u64; ResolveEngine::ALL.len()];
     let (mut fills_dma, mut fills_gather) = (0u64, 0u64);
     for case in 0..cases {
@@ -564,6 +568,7 @@ fn gpu_resolver_equals_cpu_reference() {
             tail_rows: 1 + below(&mut rng, 4) as u32,
             scratch_rows: below(&mut rng, 3) as u32,
             layer_groups: LayerGroups::per_layer(),
+            row_format: None,
         };
         // Per layer, one shared group, or a mixture (3 layers as [1, 2] or [2, 1]).
         g.layer_groups = match (below(&mut rng, 3), g.layers) {
@@ -574,6 +579,20 @@ fn gpu_resolver_equals_cpu_reference() {
             _ => LayerGroups::every(1).unwrap(),
         };
         g.arena_pages = g.fixed_pages() * 3 + below(&mut rng, 24) as u32;
+        // Every other run of 2 × ALL.len() cases (each engine with each back-end) in DeepSeek-V4's
+        // paged split row format, scaled down: an 8-byte scale after a `row_bytes - 8`-byte
+        // value (24 + 8 B for 32-byte rows), the page padded to a multiple of the value size.
+        if (case / (2 * ResolveEngine::ALL.len() as u64)) % 2 == 1 {
+            let value = g.row_bytes - 8;
+            g.row_format = Some(RowFormat::PagedSplit {
+                value,
+                scale: 8,
+                page_rows: g.page_rows,
+                page_bytes: (g.page_rows * g.row_bytes).div_ceil(value) * value
+                    + below(&mut rng, 2) as u32 * value,
+            });
+            paged_split += 1;
+        }
         let config = PoolConfig {
             elastic: below(&mut rng, 4) != 0,
         };
@@ -627,7 +646,7 @@ fn gpu_resolver_equals_cpu_reference() {
     println!(
         "{cases} cases: {resolves} successful resolves, {misses} misses fetched, {unserved} picks \
          unserved by overflowing steps, {packed} packed, {bounded} with per-query bounds, \
-         {blocks} of block ids"
+         {blocks} of block ids; {paged_split} cases in the paged split row format"
     );
     assert!(resolves > cases * 5, "too few resolves exercised");
     assert!(misses > 0, "no miss path exercised");
@@ -637,6 +656,12 @@ fn gpu_resolver_equals_cpu_reference() {
         "new modes not exercised"
     );
     assert!(written_back > 0, "no device write-back exercised");
+    if cases >= 4 * ResolveEngine::ALL.len() as u64 {
+        assert!(
+            paged_split >= 2 * ResolveEngine::ALL.len() as u64,
+            "every engine and back-end on paged split rows"
+        );
+    }
     if cases >= 2 * ResolveEngine::ALL.len() as u64 {
         assert!(
             engines.iter().all(|&n| n > 0),

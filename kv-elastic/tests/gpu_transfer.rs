@@ -32,6 +32,7 @@ fn geometry() -> Geometry {
         tail_rows: 16,
         scratch_rows: 0,
         layer_groups: LayerGroups::per_layer(),
+        row_format: None,
     };
     g.arena_pages = 4 * g.fixed_pages() + 2 * MAX_HISTORY / PAGE;
     g

@@ -3,7 +3,8 @@
 //! as `-1` with typed counters, misses are deduplicated across a session's rows and fetched bit-exact
 //! from the mapped host store, both copy back-ends write the same bytes, prefetched candidates are
 //! hits for the next resolve, write-back lands in the host store, a direct batch (the pool's word:
-//! every live slot full) gives the hot-cache path's outputs and a broken promise never a wrong row.
+//! every live slot full) gives the hot-cache path's outputs and a broken promise never a wrong row;
+//! DeepSeek-V4's paged split rows land where the segment rule puts them (gather, DMA, write-back).
 //! The resolve tests run once per
 //! resolve engine (`ResolveEngine::ALL`), and every engine equals the classic kernel on a large,
 //! a direct-path and an overflowing entry. Every test prints `SKIP: no CUDA device` and returns
@@ -67,8 +68,9 @@ fn dims() -> KvDims {
         max_history: 1024,
         max_pages: 64,
         arena_rows: 16 * 64,
-        pad0: 0,
+        ..KvDims::default()
     }
+    .contiguous()
 }
 
 fn byte(slot: u32, pos: u32, layer: u32, i: usize) -> u8 {
@@ -586,7 +588,8 @@ fn cuda_failures_are_typed_with_the_cuda_name() {
         max_slots: 1,
         max_history: 16,
         max_pages: 1,
-        arena_rows: i32::MAX as u32,
+        arena_rows: i32::MAX as u32 / 16 * 16,
+        fmt_page_bytes: 16 * ROW as u64,
         ..dims()
     };
     match GpuArena::new(&gpu, d, LayerGroups::per_layer()) {
@@ -646,4 +649,131 @@ fn a_slot_named_twice_is_refused_and_its_hot_cache_stays_exact_on(gpu: Arc<Gpu>)
         "two duplicates + slot 1 not live"
     );
     kv.clear_errors().unwrap();
+}
+
+/// DeepSeek-V4's paged split row (SGLang 0.5.23 `kvcacheio.cuh`): 576 B values then 8 B scales
+/// per 64-row page, the page padded to 37,440 B. Two layers sharing one hot cache; slot 0 live
+/// with 1,000 committed positions and no borrowed page (every non-tail pick is a miss).
+fn v4_setup(gpu: &Arc<Gpu>) -> GpuArena {
+    let d = KvDims {
+        row_bytes: 584,
+        layers: 2,
+        page_rows: 64,
+        hot_rows: 64,
+        tail_rows: 64,
+        scratch_rows: 0,
+        fixed_pages: 2,
+        max_slots: 2,
+        max_history: 1024,
+        max_pages: 16,
+        arena_rows: 64 * 8,
+        fmt: KV_FMT_PAGED_SPLIT,
+        value_bytes: 576,
+        scale_bytes: 8,
+        fmt_page_bytes: 37_440,
+    };
+    let mut kv = GpuArena::new(gpu, d, LayerGroups::one()).unwrap();
+    let store = kv.host_store_mut();
+    for pos in 0..d.max_history {
+        for l in 0..d.layers {
+            let off = d.host_offset(0, pos, l);
+            for i in 0..584 {
+                store[off + i] = byte(0, pos, l, i);
+            }
+        }
+    }
+    let desc = KvSlotDesc {
+        live: 1,
+        committed: 1000,
+        scratch_len: 0,
+        full: 0,
+        tail_start: 1000 - 64,
+        pad: [0; 3],
+    };
+    kv.set_slot(0, desc, &[0, 1], &[-1; 16]).unwrap();
+    kv
+}
+
+#[test]
+fn paged_split_rows_land_where_the_segment_rule_puts_them() {
+    each_engine(paged_split_rows_land_where_the_segment_rule_puts_them_on);
+}
+
+fn paged_split_rows_land_where_the_segment_rule_puts_them_on(gpu: Arc<Gpu>) {
+    let kv = v4_setup(&gpu);
+    let d = *kv.dims();
+    assert_eq!(d.plane_bytes(), 8 * 37_440);
+    let want = |p: i32, l: u32| -> Vec<u8> { (0..584).map(|i| byte(0, p as u32, l, i)).collect() };
+    // Each served row's value and scale where KvDims::row_segs puts them, in both layers; the
+    // pages' 64 B of padding untouched.
+    let check = |picks: &[i32], idx: &[i32], what: &str| {
+        for l in 0..2 {
+            let plane = kv.download_plane(l).unwrap();
+            for (j, &p) in picks.iter().enumerate() {
+                let (v, s) = d.row_segs(idx[j] as u32);
+                let (v, s) = (v as usize, s as usize);
+                let w = want(p, l);
+                assert_eq!(
+                    &plane[v..v + 576],
+                    &w[..576],
+                    "{what}: layer {l} position {p} value"
+                );
+                assert_eq!(
+                    &plane[s..s + 8],
+                    &w[576..],
+                    "{what}: layer {l} position {p} scale"
+                );
+            }
+            for page in 0..8 {
+                let pad = page * 37_440 + 64 * 584..(page + 1) * 37_440;
+                assert!(
+                    plane[pad].iter().all(|&b| b == 0),
+                    "{what}: page {page} padding"
+                );
+            }
+        }
+    };
+    // The gather fetches the misses into both layers of the group.
+    let k = 48u32;
+    let topk: Vec<i32> = (0..k as i32).map(|j| 100 + j * 7).collect();
+    let c = call(&gpu, &topk, &[0, 1], &[1000], &[0], k);
+    run(&kv, &c, 1, 0, CopyBackend::Gather);
+    assert_eq!(c.count.download().unwrap()[0], 48);
+    let idx = c.idx.download().unwrap();
+    check(&topk, &idx, "gather");
+    // DMA: the kernel places, the batch copy (two descriptors per row) fills both layers.
+    let topk2: Vec<i32> = (0..k as i32).map(|j| 500 + j * 5).collect();
+    let c2 = call(&gpu, &topk2, &[0, 1], &[1000], &[0], k);
+    run(&kv, &c2, 1, 0, CopyBackend::Dma);
+    let n = c2.count.download().unwrap()[0] as usize;
+    let plan = c2.plan.download().unwrap()[..n].to_vec();
+    kv.dma_copy_async(gpu.stream(), &plan, 0, 2).unwrap();
+    gpu.stream().synchronize().unwrap();
+    let idx2 = c2.idx.download().unwrap();
+    check(&topk2, &idx2, "dma");
+    // Write-back: the rows just filled go to slot 1's positions 0..48 as value ‖ scale.
+    let items: Vec<KvCopy> = (0..k)
+        .map(|j| KvCopy {
+            slot: 1,
+            position: j,
+            dst_row: idx2[j as usize] as u32,
+            pad: 0,
+        })
+        .collect();
+    let it = DeviceBuffer::from_host(gpu.ctx(), &items).unwrap();
+    gpu.synchronize().unwrap();
+    // SAFETY: 48 items on the device; the host reads after the synchronize.
+    unsafe { kv.write_back_async(gpu.stream(), it.device_ptr(), k, 0, 2) }.unwrap();
+    gpu.stream().synchronize().unwrap();
+    for (j, &p) in topk2.iter().enumerate() {
+        for l in 0..2 {
+            let off = d.host_offset(1, j as u32, l);
+            assert_eq!(
+                &kv.host_store()[off..off + 584],
+                &want(p, l)[..],
+                "write-back {p}"
+            );
+        }
+    }
+    assert!(kv.errors().unwrap().is_clean());
 }

@@ -30,6 +30,7 @@ fn geometry(layers: u32, groups: LayerGroups) -> Geometry {
         tail_rows: 4,
         scratch_rows: 0,
         layer_groups: groups,
+        row_format: None,
     }
 }
 
@@ -73,7 +74,7 @@ fn per_layer_picks_read_their_own_layer_on_the_default_geometry() {
         let (idx, st, plan) = resolve_at(&mut pool, 1, 40, &[5], layer);
         let want = if layer == 0 { 5 } else { 105 };
         assert_eq!(
-            pool.arena_row(layer, idx[0]).unwrap(),
+            pool.arena_row(layer, idx[0]).as_deref().unwrap(),
             &[want; 16],
             "layer {layer}"
         );
@@ -87,10 +88,10 @@ fn per_layer_picks_read_their_own_layer_on_the_default_geometry() {
     resolve_at(&mut pool, 1, 40, &[11, 13], 1);
     let (idx, st, _) = resolve_at(&mut pool, 1, 40, &[7, 9], 0);
     assert_eq!((st.misses, st.hot_hits), (0, 2));
-    assert_eq!(pool.arena_row(0, idx[1]).unwrap(), &[9; 16]);
+    assert_eq!(pool.arena_row(0, idx[1]).as_deref().unwrap(), &[9; 16]);
     let (idx, st, _) = resolve_at(&mut pool, 1, 40, &[11, 13], 1);
     assert_eq!((st.misses, st.hot_hits), (0, 2));
-    assert_eq!(pool.arena_row(1, idx[0]).unwrap(), &[111; 16]);
+    assert_eq!(pool.arena_row(1, idx[0]).as_deref().unwrap(), &[111; 16]);
     assert!(pool.hot_cache(1, 0).unwrap().lookup(11).is_none());
     assert!(pool.hot_cache(1, 1).unwrap().lookup(7).is_none());
     pool.check_invariants().unwrap();
@@ -104,14 +105,14 @@ fn a_shared_group_is_filled_by_one_resolve_at_any_of_its_layers() {
     // Resolved at the group's second layer: both planes hold position 5.
     let (idx, st, plan) = resolve_at(&mut pool, 1, 40, &[5], 1);
     assert_eq!((st.misses, plan.group), (1, 0));
-    assert_eq!(pool.arena_row(0, idx[0]).unwrap(), &[5; 16]);
-    assert_eq!(pool.arena_row(1, idx[0]).unwrap(), &[105; 16]);
+    assert_eq!(pool.arena_row(0, idx[0]).as_deref().unwrap(), &[5; 16]);
+    assert_eq!(pool.arena_row(1, idx[0]).as_deref().unwrap(), &[105; 16]);
     // The other layer of the group hits, with its own bytes already there (no replay).
     let (idx2, st, _) = resolve_at(&mut pool, 1, 40, &[5], 0);
     assert_eq!((st.misses, st.hot_hits, idx2[0]), (0, 1, idx[0]));
     // A replay inside the group re-copies the same bytes.
     pool.replay(&plan, 0).unwrap();
-    assert_eq!(pool.arena_row(0, idx[0]).unwrap(), &[5; 16]);
+    assert_eq!(pool.arena_row(0, idx[0]).as_deref().unwrap(), &[5; 16]);
     pool.check_invariants().unwrap();
 }
 
@@ -131,10 +132,10 @@ fn mixed_groups_keep_their_own_hot_caches_and_planes() {
     let (b, _, plan) = resolve_at(&mut pool, 1, 40, &[20, 3], 2);
     assert_eq!(plan.group, 1);
     // The two groups chose the same hot rows for different positions, each in its own planes.
-    assert_eq!(pool.arena_row(0, a[0]).unwrap(), &row(0, 3)[..]);
+    assert_eq!(pool.arena_row(0, a[0]).as_deref().unwrap(), &row(0, 3)[..]);
     for l in 1..3 {
-        assert_eq!(pool.arena_row(l, b[0]).unwrap(), &row(l, 20)[..]);
-        assert_eq!(pool.arena_row(l, b[1]).unwrap(), &row(l, 3)[..]);
+        assert_eq!(pool.arena_row(l, b[0]).as_deref().unwrap(), &row(l, 20)[..]);
+        assert_eq!(pool.arena_row(l, b[1]).as_deref().unwrap(), &row(l, 3)[..]);
     }
     pool.check_invariants().unwrap();
 }
@@ -379,6 +380,7 @@ fn loop_geometry() -> Geometry {
         tail_rows: 4,
         scratch_rows: 0,
         layer_groups: LayerGroups::every(2).unwrap(),
+        row_format: None,
     }
 }
 
@@ -483,8 +485,9 @@ mod gpu {
             max_history: 16384,
             max_pages: 256,
             arena_rows: 64 * 512,
-            pad0: 0,
-        };
+            ..KvDims::default()
+        }
+        .contiguous();
         let used = |groups: LayerGroups| {
             gpu.synchronize().unwrap();
             let (free0, _) = gpu.ctx().mem_get_info().unwrap();

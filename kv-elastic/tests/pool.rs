@@ -19,6 +19,7 @@ fn geometry(arena_pages: u32) -> Geometry {
         scratch_rows: 4,
         // Both layers share the indexer's picks (the scenarios resolve at layer 0).
         layer_groups: LayerGroups::one(),
+        row_format: None,
     }
 }
 
@@ -59,7 +60,7 @@ fn assert_rows(pool: &ElasticPool, s: u64, picks: &[i32], idx: &[i32]) {
         for l in 0..2 {
             pattern_row(s, p as u32, l, &mut want);
             assert_eq!(
-                pool.arena_row(l, i).unwrap(),
+                pool.arena_row(l, i).as_deref().unwrap(),
                 &want[..],
                 "session {s} position {p} layer {l}"
             );
@@ -404,6 +405,7 @@ fn huge_geometries_are_typed_errors_not_aborts() {
         tail_rows: 4,
         scratch_rows: 0,
         layer_groups: Default::default(),
+        row_format: None,
     };
     g.validate().unwrap();
     match ElasticPool::new(g, PoolConfig::default()) {

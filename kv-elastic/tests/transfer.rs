@@ -29,6 +29,7 @@ fn geometry(arena_pages: u32) -> Geometry {
         tail_rows: 4,
         scratch_rows: 0,
         layer_groups: LayerGroups::per_layer(),
+        row_format: None,
     }
 }
 
@@ -96,7 +97,7 @@ fn assert_reads(pool: &mut ElasticPool, s: u64, history: &[u8]) {
             for (&p, &row) in chunk.iter().zip(&idx) {
                 let off = p as usize * TB + layer as usize * RB as usize;
                 assert_eq!(
-                    pool.arena_row(layer, row).unwrap(),
+                    pool.arena_row(layer, row).as_deref().unwrap(),
                     &history[off..off + RB as usize],
                     "session {s}, position {p}, layer {layer}"
                 );

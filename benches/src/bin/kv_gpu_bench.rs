@@ -233,6 +233,7 @@ mod bench {
             // The bench's layers share one hot cache (a shared-index group; section 4's layers
             // pick their own positions in it): every resolve fills all of them.
             layer_groups: LayerGroups::one(),
+            row_format: None,
         };
         let hist_pages = if elastic { history / 64 } else { 0 };
         g.arena_pages = REQS as u32 * (g.fixed_pages() + hist_pages) + 4;

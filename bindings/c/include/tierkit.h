@@ -24,6 +24,12 @@
 // Most reads a pool keeps open at once (resolves not yet ended by `tierkit_kv_pool_end_read`).
 #define TIERKIT_KV_MAX_OPEN_READS 4096
 
+// `tierkit_kv_geometry::row_format`: rows of `row_bytes` contiguous bytes (the default).
+#define TIERKIT_KV_FMT_CONTIGUOUS 0
+
+// `tierkit_kv_geometry::row_format`: DeepSeek-V4's paged split row (see the field).
+#define TIERKIT_KV_FMT_PAGED_SPLIT 1
+
 // `tierkit_kv_region::kind`: host memory (NIXL's `DRAM_SEG`).
 #define TIERKIT_MEM_DRAM 0
 
@@ -125,6 +131,21 @@ typedef struct tierkit_kv_geometry {
   uint32_t group_count;
   // Explicit layer groups: `group_count` sizes in layer order (NULL when `group_count` is 0).
   const uint32_t *group_sizes;
+  // How a row lies in an arena page: `TIERKIT_KV_FMT_CONTIGUOUS` (0, the default of a
+  // zero-initialized struct: `row_bytes` contiguous bytes, the `fmt_*` fields ignored) or
+  // `TIERKIT_KV_FMT_PAGED_SPLIT` (DeepSeek-V4's paged split row, SGLang 0.5.23
+  // `kvcacheio.cuh` / FlashMLA: a page's `page_rows` values of `fmt_value_bytes`, then their
+  // scales of `fmt_scale_bytes`, padded to `fmt_page_bytes`; `fmt_value_bytes +
+  // fmt_scale_bytes == row_bytes`, `page_rows × row_bytes <= fmt_page_bytes`, else
+  // `TIERKIT_ERR_INVALID_ARGUMENT`). DeepSeek-V4: 576, 8, 37440 with `row_bytes = 584` and
+  // `page_rows = 64`. Host-side tokens stay `value ‖ scale` (`row_bytes` per layer).
+  uint32_t row_format;
+  // Value bytes per row (`TIERKIT_KV_FMT_PAGED_SPLIT`).
+  uint32_t fmt_value_bytes;
+  // Scale bytes per row (`TIERKIT_KV_FMT_PAGED_SPLIT`).
+  uint32_t fmt_scale_bytes;
+  // Bytes of one arena page per layer, padding included (`TIERKIT_KV_FMT_PAGED_SPLIT`).
+  uint32_t fmt_page_bytes;
 } tierkit_kv_geometry;
 
 // The outcome of an admission.
@@ -783,8 +804,10 @@ tierkit_code tierkit_kv_pool_end_read(const struct tierkit_kv_pool *pool,
                                       uint64_t read,
                                       struct tierkit_error **err);
 
-// The bytes of arena row `row` in `layer` (what attention reads at a resolved index). `*data`
-// stays valid until the next call that changes the pool, or its free.
+// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), as the
+// token's `value ‖ scale` (`row_bytes` bytes). `*data` stays valid until the next call that
+// changes the pool, or its free; for a paged split row format (DeepSeek-V4) the row's two
+// segments are gathered into a buffer of the pool, valid until the next call on the pool.
 //
 // # Safety
 // `pool` is NULL or a pool handle; `data` and `len` valid for writes; `err` NULL or valid for a

@@ -5,12 +5,13 @@
 //! until `tierkit_kv_pool_end_read`, so no per-step handle is allocated and a read id used after
 //! its end is an error, never a dangling pointer.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kv_elastic::{
     Admission, ElasticPool, Geometry, LayerGroups, OutputLayout, PoolConfig, ReadTicket,
-    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver,
+    ResolveInput, ResolveOptions, ResolveOutput, ResolvePlan, Resolver, RowFormat,
 };
 use tierkit_bindings::{strided_len, Code};
 
@@ -60,7 +61,27 @@ pub struct TierkitKvGeometry {
     pub group_count: u32,
     /// Explicit layer groups: `group_count` sizes in layer order (NULL when `group_count` is 0).
     pub group_sizes: *const u32,
+    /// How a row lies in an arena page: `TIERKIT_KV_FMT_CONTIGUOUS` (0, the default of a
+    /// zero-initialized struct: `row_bytes` contiguous bytes, the `fmt_*` fields ignored) or
+    /// `TIERKIT_KV_FMT_PAGED_SPLIT` (DeepSeek-V4's paged split row, SGLang 0.5.23
+    /// `kvcacheio.cuh` / FlashMLA: a page's `page_rows` values of `fmt_value_bytes`, then their
+    /// scales of `fmt_scale_bytes`, padded to `fmt_page_bytes`; `fmt_value_bytes +
+    /// fmt_scale_bytes == row_bytes`, `page_rows × row_bytes <= fmt_page_bytes`, else
+    /// `TIERKIT_ERR_INVALID_ARGUMENT`). DeepSeek-V4: 576, 8, 37440 with `row_bytes = 584` and
+    /// `page_rows = 64`. Host-side tokens stay `value ‖ scale` (`row_bytes` per layer).
+    pub row_format: u32,
+    /// Value bytes per row (`TIERKIT_KV_FMT_PAGED_SPLIT`).
+    pub fmt_value_bytes: u32,
+    /// Scale bytes per row (`TIERKIT_KV_FMT_PAGED_SPLIT`).
+    pub fmt_scale_bytes: u32,
+    /// Bytes of one arena page per layer, padding included (`TIERKIT_KV_FMT_PAGED_SPLIT`).
+    pub fmt_page_bytes: u32,
 }
+
+/// `tierkit_kv_geometry::row_format`: rows of `row_bytes` contiguous bytes (the default).
+pub const TIERKIT_KV_FMT_CONTIGUOUS: u32 = 0;
+/// `tierkit_kv_geometry::row_format`: DeepSeek-V4's paged split row (see the field).
+pub const TIERKIT_KV_FMT_PAGED_SPLIT: u32 = 1;
 
 impl Default for TierkitKvGeometry {
     fn default() -> Self {
@@ -75,6 +96,10 @@ impl Default for TierkitKvGeometry {
             group_layers: 0,
             group_count: 0,
             group_sizes: std::ptr::null(),
+            row_format: TIERKIT_KV_FMT_CONTIGUOUS,
+            fmt_value_bytes: 0,
+            fmt_scale_bytes: 0,
+            fmt_page_bytes: 0,
         }
     }
 }
@@ -92,6 +117,26 @@ impl TierkitKvGeometry {
             tail_rows: g.tail_rows,
             scratch_rows: g.scratch_rows,
             ..TierkitKvGeometry::default()
+        }
+        .with_format(g.row_format)
+    }
+
+    /// These fields with `format` (`None`: contiguous) in the `row_format` / `fmt_*` fields.
+    fn with_format(self, format: Option<RowFormat>) -> Self {
+        match format {
+            Some(RowFormat::PagedSplit {
+                value,
+                scale,
+                page_bytes,
+                ..
+            }) => TierkitKvGeometry {
+                row_format: TIERKIT_KV_FMT_PAGED_SPLIT,
+                fmt_value_bytes: value,
+                fmt_scale_bytes: scale,
+                fmt_page_bytes: page_bytes,
+                ..self
+            },
+            _ => self,
         }
     }
 
@@ -120,6 +165,24 @@ impl TierkitKvGeometry {
             tail_rows: self.tail_rows,
             scratch_rows: self.scratch_rows,
             layer_groups,
+            row_format: match self.row_format {
+                TIERKIT_KV_FMT_CONTIGUOUS => None,
+                TIERKIT_KV_FMT_PAGED_SPLIT => Some(RowFormat::PagedSplit {
+                    value: self.fmt_value_bytes,
+                    scale: self.fmt_scale_bytes,
+                    page_rows: self.page_rows,
+                    page_bytes: self.fmt_page_bytes,
+                }),
+                f => {
+                    return Err(fail(
+                        Code::InvalidArgument,
+                        format!(
+                            "row_format {f}: TIERKIT_KV_FMT_CONTIGUOUS (0) or \
+                             TIERKIT_KV_FMT_PAGED_SPLIT (1)"
+                        ),
+                    ))
+                }
+            },
         })
     }
 }
@@ -239,6 +302,8 @@ pub(crate) struct PoolState {
     pub(crate) pool: ElasticPool,
     reads: HashMap<u64, OpenRead>,
     next_read: u64,
+    /// The last `tierkit_kv_pool_arena_row` of a paged split row, gathered (`value ‖ scale`).
+    row_buf: Vec<u8>,
 }
 
 /// The elastic KV pool (CPU arena). Free with `tierkit_kv_pool_free` (which ends its open reads).
@@ -252,6 +317,7 @@ impl TierkitKvPool {
             pool,
             reads: HashMap::new(),
             next_read: 1,
+            row_buf: Vec::new(),
         }))
     }
 }
@@ -639,8 +705,10 @@ pub unsafe extern "C" fn tierkit_kv_pool_end_read(
     }
 }
 
-/// The bytes of arena row `row` in `layer` (what attention reads at a resolved index). `*data`
-/// stays valid until the next call that changes the pool, or its free.
+/// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), as the
+/// token's `value ‖ scale` (`row_bytes` bytes). `*data` stays valid until the next call that
+/// changes the pool, or its free; for a paged split row format (DeepSeek-V4) the row's two
+/// segments are gathered into a buffer of the pool, valid until the next call on the pool.
 ///
 /// # Safety
 /// `pool` is NULL or a pool handle; `data` and `len` valid for writes; `err` NULL or valid for a
@@ -664,7 +732,14 @@ pub unsafe extern "C" fn tierkit_kv_pool_arena_row(
                         format!("no arena row {row} in layer {layer}"),
                     )
                 })?;
-                Ok((bytes.as_ptr(), bytes.len()))
+                match bytes {
+                    Cow::Borrowed(b) => Ok((b.as_ptr(), b.len())),
+                    // A paged split row's two segments, gathered into the pool's buffer.
+                    Cow::Owned(v) => {
+                        st.row_buf = v;
+                        Ok((st.row_buf.as_ptr(), st.row_buf.len()))
+                    }
+                }
             })?;
             out(len, n, "len")?;
             out(data, p, "data")

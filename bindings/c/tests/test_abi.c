@@ -190,6 +190,42 @@ static void transfer_cases(void) {
     torn == 1 ? passed++ : failed++;
 }
 
+/* DeepSeek-V4's paged split row format, scaled down (24-byte value + 8-byte scale, pages of 4 rows
+ * padded to 144 bytes): attention reads each row back as the token's value ‖ scale; a format
+ * that does not add up is an error, not a pool. */
+static void paged_split_cases(void) {
+    tierkit_kv_geometry kg = {.row_bytes = 32, .layers = 2, .page_rows = 4, .arena_pages = 16,
+                              .hot_rows = 8, .tail_rows = 4, .row_format = TIERKIT_KV_FMT_PAGED_SPLIT,
+                              .fmt_value_bytes = 24, .fmt_scale_bytes = 8, .fmt_page_bytes = 144};
+    tierkit_kv_pool *pool = NULL, *bad = NULL;
+    EXPECT("paged split: pool", tierkit_kv_pool_new(&kg, true, &pool, &err_), TIERKIT_OK, NULL);
+    uint8_t hist[24 * 64];
+    for (size_t i = 0; i < sizeof hist; i++) hist[i] = (uint8_t)(i * 13 + i / 64);
+    EXPECT("paged split: admit", tierkit_kv_pool_admit(pool, 5, hist, sizeof hist, NULL, &err_), TIERKIT_OK, NULL);
+    uint64_t sessions[1] = {5}, read = 0;
+    int32_t qsl[2] = {0, 1}, seq[1] = {24}, topk[4] = {0, 7, 13, 23}, idx[4], valid[1];
+    tierkit_kv_batch b = {sessions, 1, qsl, seq, topk, 1, 4, 4, NULL, 1, 0, 0};
+    EXPECT("paged split: resolve layer 1", tierkit_kv_pool_resolve(pool, &b, idx, 4, valid, 1, NULL, &read, &err_),
+           TIERKIT_OK, NULL);
+    int exact = valid[0] == 4;
+    for (int j = 0; j < 4 && exact; j++) {
+        const uint8_t *row = NULL;
+        uintptr_t len = 0;
+        exact = tierkit_kv_pool_arena_row(pool, 1, idx[j], &row, &len, NULL) == TIERKIT_OK && len == 32 &&
+                memcmp(row, hist + (size_t)topk[j] * 64 + 32, 32) == 0;
+    }
+    printf("%s paged split: rows read back as value + scale\n", exact ? "ok  " : "FAIL");
+    exact ? passed++ : failed++;
+    tierkit_kv_pool_end_read(pool, read, NULL);
+    tierkit_kv_pool_free(pool);
+    kg.fmt_scale_bytes = 4;
+    EXPECT("paged split: value + scale != row_bytes", tierkit_kv_pool_new(&kg, true, &bad, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "value + scale");
+    kg.row_format = 7;
+    EXPECT("paged split: an unknown format", tierkit_kv_pool_new(&kg, true, &bad, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "row_format");
+}
+
 int main(void) {
     tierkit_expert_geometry g = {2, 8, 2, 64};
     tierkit_expert_geometry bad_g = {2, 8, 9, 64};
@@ -389,6 +425,7 @@ int main(void) {
                "without CUDA");
     }
 
+    paged_split_cases();
     tierkit_executor_free(exec);
     tierkit_controller_free(ctl);
     tierkit_residency_map_free(map);

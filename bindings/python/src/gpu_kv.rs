@@ -122,12 +122,13 @@ impl PyGpuKvPool {
             ))
         })
     }
-    /// `{layers, layer_groups, arena_rows, row_bytes, hot_rows, max_sessions, max_history,
-    /// kv_stats, plane_ptrs, host_ptr, host_bytes, hot_table_bytes}`: `layer_groups` the group
-    /// sizes in layer order (a resolve at a layer fills its whole group; the hot-cache tables,
-    /// `hot_table_bytes` of HBM, are one set per group); the arena is
-    /// `uint8 [layers][arena_rows][row_bytes]`,
-    /// planes at fixed addresses; the host store is mapped pinned memory at `host_ptr` (one
+    /// `{layers, layer_groups, arena_rows, row_bytes, plane_shape, hot_rows, max_sessions,
+    /// max_history, kv_stats, plane_ptrs, host_ptr, host_bytes, hot_table_bytes}`: `layer_groups`
+    /// the group sizes in layer order (a resolve at a layer fills its whole group; the hot-cache
+    /// tables, `hot_table_bytes` of HBM, are one set per group); the arena is `layers` planes of
+    /// `uint8 plane_shape` at fixed addresses: `[arena_rows, row_bytes]` for contiguous rows,
+    /// `[arena_pages, page_bytes]` for DeepSeek-V4's paged split row (a page's values, then its
+    /// scales, padded); the host store is mapped pinned memory at `host_ptr` (one
     /// address for host and device: unified addressing) of `host_bytes` bytes.
     fn layout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let (dims, planes, host, groups, hot_bytes) = self.with(|p| {
@@ -152,6 +153,15 @@ impl PyGpuKvPool {
         d.set_item("hot_table_bytes", hot_bytes)?;
         d.set_item("arena_rows", dims.arena_rows)?;
         d.set_item("row_bytes", dims.row_bytes)?;
+        let plane_shape = if dims.fmt == cuda_kernels::KV_FMT_CONTIGUOUS {
+            (dims.arena_rows as u64, dims.row_bytes as u64)
+        } else {
+            (
+                (dims.arena_rows / dims.page_rows) as u64,
+                dims.fmt_page_bytes,
+            )
+        };
+        d.set_item("plane_shape", plane_shape)?;
         d.set_item("hot_rows", dims.hot_rows)?;
         d.set_item("max_sessions", dims.max_slots)?;
         d.set_item("max_history", dims.max_history)?;

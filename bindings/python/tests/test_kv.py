@@ -200,3 +200,43 @@ def test_layer_groups_forms(groups, sizes):
 def test_bad_layer_groups_are_refused(groups, exc):
     with pytest.raises(exc):
         kv.Geometry(16, 4, 4, 32, 8, 4, layer_groups=groups)
+
+
+def test_paged_split_row_format_reads_back_value_then_scale():
+    # DeepSeek-V4's paged split row, scaled down: 24 B value + 8 B scale, pages of 16 rows padded
+    # to a multiple of 24 B (16 x 32 = 512 -> 528); a resolve at layer 1 returns rows whose bytes
+    # are the token's value ‖ scale, as with contiguous rows.
+    fmt = {"value": 24, "scale": 8, "page_bytes": 528}
+    g = kv.Geometry(32, LAYERS, 16, 24, 32, 16, row_format=fmt)
+    assert g.row_format == {**fmt, "page_rows": 16}
+    assert g.page_bytes == 528 and g.token_bytes == LAYERS * 32
+    assert kv.Geometry(32, LAYERS, 16, 24, 32, 16).row_format is None
+    assert kv.Geometry(32, LAYERS, 16, 24, 32, 16, row_format="contiguous").page_bytes == 16 * 32
+    pool = kv.ElasticPool(g)
+    rng = np.random.default_rng(5)
+    hist = rng.integers(0, 256, size=300 * LAYERS * 32, dtype=np.uint8)
+    assert pool.admit(1, hist)["admitted"]
+    topk = np.array([[0, 17, 150, 299, -1]], dtype=np.int32)
+    with pool.resolve(np.array([1], dtype=np.uint64), np.array([0, 1], dtype=np.int32),
+                      np.array([300], dtype=np.int32), topk, layer=1) as r:
+        for c, p in enumerate(topk[0]):
+            if p < 0:
+                continue
+            at = (int(p) * LAYERS + 1) * 32
+            assert pool.arena_row(1, int(r.indices[0, c])) == hist[at:at + 32].tobytes()
+    pool.close()
+    # DeepSeek-V4 itself: 584-byte rows, 64 per 37,440-byte page; a budget holds padded pages.
+    v4 = kv.Geometry.for_hbm_budget(1 << 26, 584, 2, 64, 128, 64, row_format="deepseek_v4")
+    assert v4.row_format == {"value": 576, "scale": 8, "page_rows": 64, "page_bytes": 37440}
+    assert v4.arena_pages == (1 << 26) // (2 * 37440)
+    # Formats that do not fit the geometry are refused.
+    for bad in ({"value": 24, "scale": 4, "page_bytes": 528},  # value + scale != row_bytes
+                {"value": 24, "scale": 8, "page_bytes": 500},  # the page cannot hold its rows
+                {"value": 24, "scale": 8, "page_bytes": 528, "page_rows": 8},
+                {"value": 24, "scale": 8},
+                {"value": 24, "scale": 8, "page_bytes": 528, "pages": 1},
+                "deepseek_v3"):
+        with pytest.raises(ValueError):
+            kv.Geometry(32, LAYERS, 16, 24, 32, 16, row_format=bad)
+    with pytest.raises(TypeError):
+        kv.Geometry(32, LAYERS, 16, 24, 32, 16, row_format=[24, 8, 528])

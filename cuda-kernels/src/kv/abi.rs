@@ -234,7 +234,12 @@ mod tests {
     #[test]
     fn the_header_matches_the_rust_side() {
         let d = defines();
-        let want: [(&str, i64); 25] = [
+        let want: [(&str, i64); 27] = [
+            ("KV_FMT_CONTIGUOUS", super::super::KV_FMT_CONTIGUOUS as i64),
+            (
+                "KV_FMT_PAGED_SPLIT",
+                super::super::KV_FMT_PAGED_SPLIT as i64,
+            ),
             ("KV_NONE", tier_core::NOT_RESIDENT as i64),
             ("KV_UNCLAIMED", KV_UNCLAIMED as i64),
             ("KV_ERR_WORDS", KV_ERR_WORDS as i64),
@@ -309,7 +314,10 @@ mod tests {
                 max_history,
                 max_pages,
                 arena_rows,
-                pad0
+                fmt,
+                value_bytes,
+                scale_bytes,
+                fmt_page_bytes
             ]
         );
         same_layout!("KvDiv", KvDiv, [d, mul, shr, pad]);

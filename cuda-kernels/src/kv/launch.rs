@@ -526,7 +526,8 @@ impl KvKernels {
 
     /// The DMA back-end: copies `copies` (host list of `(slot, position, dst_row)`) from the pinned
     /// host store into layers `l0 .. l0 + nl` of the arena with one `cuMemcpyBatchAsync` (one
-    /// descriptor per row and layer, layer-major, source order = stream order).
+    /// descriptor per row and layer, layer-major, source order = stream order; two for a
+    /// [`KV_FMT_PAGED_SPLIT`](super::KV_FMT_PAGED_SPLIT) row: its value, then its scale).
     /// `prefer_overlap = true` sets `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`, `false` leaves
     /// the driver's default.
     ///
@@ -554,9 +555,10 @@ impl KvKernels {
         if copies.is_empty() {
             return Ok(());
         }
-        let n = copies.len() * nl as usize;
+        let n = copies.len() * nl as usize * if d.scale_bytes != 0 { 2 } else { 1 };
         let mut dsts = Vec::with_capacity(n);
         let mut srcs = Vec::with_capacity(n);
+        let mut sizes = Vec::with_capacity(n);
         let host = host_store as u64;
         for l in l0..l0 + nl {
             for c in copies {
@@ -568,21 +570,28 @@ impl KvKernels {
                         limit: d.arena_rows as u64,
                     });
                 }
-                dsts.push(
-                    t.arena
-                        + (l as usize * d.plane_bytes() + c.dst_row as usize * d.row_bytes as usize)
-                            as u64,
-                );
-                srcs.push(host + d.host_offset(c.slot, c.position, l) as u64);
+                // The row's segments (KvDims::row_segs): one descriptor for the value, one more
+                // for a paged split row's scale (host `value ‖ scale` to two arena places).
+                let plane = t.arena + (l as usize * d.plane_bytes()) as u64;
+                let (v, s) = d.row_segs(c.dst_row);
+                let src = host + d.host_offset(c.slot, c.position, l) as u64;
+                dsts.push(plane + v);
+                srcs.push(src);
+                sizes.push(d.value_bytes as usize);
+                if d.scale_bytes != 0 {
+                    dsts.push(plane + s);
+                    srcs.push(src + d.value_bytes as u64);
+                    sizes.push(d.scale_bytes as usize);
+                }
             }
         }
-        let mut sizes = vec![d.row_bytes as usize; n];
         self.gpu
             .ctx()
             .bind_to_thread()
             .map_err(drv("cuCtxSetCurrent"))?;
         // SAFETY: three arrays of `n` entries; every source lies inside the pinned host store and
-        // every destination inside the arena (checked above), alive per the caller's contract; the
+        // every destination inside the arena (rows and layers checked above; a row's segments lie
+        // inside its plane by `KvDims::validate`'s format checks), alive per the caller's contract; the
         // context is bound above.
         unsafe { raw::memcpy_batch_async(&mut dsts, &mut srcs, &mut sizes, stream, prefer_overlap) }
     }
@@ -592,8 +601,9 @@ impl KvKernels {
     /// consecutive arena rows (`coalesce_runs`), each run one descriptor of `rows × row_bytes`
     /// bytes in one `cuMemcpyBatchAsync` on `stream` (with the overlap-with-compute hint). With one
     /// layer the host store holds a run's rows back to back, exactly as the arena plane does; with
-    /// more layers a token's layers are interleaved in the host store, so this returns
-    /// `Ok(None)` without copying and the caller uses the gather kernel
+    /// more layers a token's layers are interleaved in the host store, and a paged split row
+    /// ([`KV_FMT_PAGED_SPLIT`](super::KV_FMT_PAGED_SPLIT)) is two extents per page, so for
+    /// either this returns `Ok(None)` without copying and the caller uses the gather kernel
     /// ([`KvKernels::replay_async`]). Returns the number of descriptors.
     ///
     /// # Errors
@@ -609,7 +619,9 @@ impl KvKernels {
         host_store: *const u8,
         copies: &[KvCopy],
     ) -> Result<Option<usize>> {
-        if d.layers != 1 {
+        // A paged split run is two strided extents per page (values, scales) on the arena side:
+        // left to the gather kernel (cuda-kernels/DESIGN.md, "Row formats").
+        if d.layers != 1 || d.fmt != super::KV_FMT_CONTIGUOUS {
             return Ok(None);
         }
         if copies.is_empty() {

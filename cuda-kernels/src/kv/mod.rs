@@ -81,9 +81,25 @@ pub struct KvDims {
     pub max_pages: u32,
     /// Rows per arena plane.
     pub arena_rows: u32,
-    /// Padding (0).
-    pub pad0: u32,
+    /// Row format: [`KV_FMT_CONTIGUOUS`] or [`KV_FMT_PAGED_SPLIT`] (which one the segment fields
+    /// below describe; the kernels apply the same rule to both, [`KvDims::row_segs`]).
+    pub fmt: u32,
+    /// Value bytes of a row (`row_bytes` for [`KV_FMT_CONTIGUOUS`]; 576 for DeepSeek-V4).
+    pub value_bytes: u32,
+    /// Scale bytes of a row (0 for [`KV_FMT_CONTIGUOUS`]; 8 for DeepSeek-V4); `value_bytes +
+    /// scale_bytes == row_bytes`.
+    pub scale_bytes: u32,
+    /// Bytes of one arena page of one plane, padding included (`page_rows × row_bytes` for
+    /// [`KV_FMT_CONTIGUOUS`]; 37,440 for DeepSeek-V4's 64 rows of 576 + 8 B).
+    pub fmt_page_bytes: u64,
 }
+
+/// [`KvDims::fmt`]: rows of `row_bytes` contiguous bytes (row `r` of a plane at `r × row_bytes`).
+pub const KV_FMT_CONTIGUOUS: u32 = 0;
+/// [`KvDims::fmt`]: DeepSeek-V4's paged split row (SGLang 0.5.23 `kvcacheio.cuh`, FlashMLA's
+/// DeepSeek-V4 layout): a page's `page_rows` values back to back, then their scales, the page
+/// padded to `fmt_page_bytes`.
+pub const KV_FMT_PAGED_SPLIT: u32 = 1;
 
 // SAFETY: `KvDims` is `repr(C)`, Pod, and matches `struct KvDims` in kv_abi.cuh field for field.
 unsafe impl DeviceRepr for KvDims {}
@@ -115,6 +131,7 @@ impl KvDims {
                 });
             }
         }
+        self.validate_format()?;
         let fixed_rows = self.hot_rows as u64 + self.tail_rows as u64 + self.scratch_rows as u64;
         if fixed_rows > self.fixed_pages as u64 * self.page_rows as u64 {
             return Err(CudaError::OutOfRange {
@@ -147,9 +164,97 @@ impl KvDims {
         Ok(())
     }
 
-    /// Bytes of one arena plane.
+    /// The row format's checks (after the non-zero ones): `fmt` known, `value_bytes > 0`,
+    /// `value_bytes + scale_bytes == row_bytes`, `page_rows × row_bytes <= fmt_page_bytes`
+    /// (equal, with no scale, for [`KV_FMT_CONTIGUOUS`]), `arena_rows` whole pages, and the
+    /// arena (`layers × plane_bytes`) addressable in 64 bits.
+    fn validate_format(&self) -> Result<()> {
+        let bad = |what, value: u64, limit: u64| Err(CudaError::OutOfRange { what, value, limit });
+        let page_min = self.page_rows as u64 * self.row_bytes as u64;
+        match self.fmt {
+            KV_FMT_CONTIGUOUS => {
+                if self.value_bytes != self.row_bytes || self.scale_bytes != 0 {
+                    return bad(
+                        "contiguous format: value_bytes must be row_bytes, scale_bytes 0",
+                        self.value_bytes as u64,
+                        self.row_bytes as u64 + 1,
+                    );
+                }
+                if self.fmt_page_bytes != page_min {
+                    return bad(
+                        "contiguous format: fmt_page_bytes must be page_rows × row_bytes",
+                        self.fmt_page_bytes,
+                        page_min + 1,
+                    );
+                }
+            }
+            KV_FMT_PAGED_SPLIT => {
+                if self.value_bytes == 0
+                    || self.value_bytes as u64 + self.scale_bytes as u64 != self.row_bytes as u64
+                {
+                    return bad(
+                        "paged split format: value_bytes (> 0) + scale_bytes must be row_bytes",
+                        self.value_bytes as u64 + self.scale_bytes as u64,
+                        self.row_bytes as u64 + 1,
+                    );
+                }
+                if self.fmt_page_bytes < page_min {
+                    return bad(
+                        "paged split format: fmt_page_bytes below page_rows × row_bytes",
+                        self.fmt_page_bytes,
+                        u64::MAX,
+                    );
+                }
+            }
+            f => return bad("fmt (row format)", f as u64, KV_FMT_PAGED_SPLIT as u64 + 1),
+        }
+        if self.page_rows != 0 && !self.arena_rows.is_multiple_of(self.page_rows) {
+            return bad(
+                "arena_rows (not whole pages)",
+                self.arena_rows as u64,
+                u32::MAX as u64,
+            );
+        }
+        let arena = (self.arena_rows / self.page_rows.max(1)) as u128
+            * self.fmt_page_bytes as u128
+            * self.layers as u128;
+        if arena > (isize::MAX as u128) {
+            return bad("arena bytes", u64::MAX, isize::MAX as u64);
+        }
+        Ok(())
+    }
+
+    /// Dims of the contiguous format for these rows: `fmt = KV_FMT_CONTIGUOUS`, `value_bytes =
+    /// row_bytes`, `scale_bytes = 0`, `fmt_page_bytes = page_rows × row_bytes` (the layout of
+    /// every arena before DeepSeek-V4's).
+    pub fn contiguous(self) -> KvDims {
+        KvDims {
+            fmt: KV_FMT_CONTIGUOUS,
+            value_bytes: self.row_bytes,
+            scale_bytes: 0,
+            fmt_page_bytes: self.page_rows as u64 * self.row_bytes as u64,
+            ..self
+        }
+    }
+
+    /// Byte offsets of arena row `row`'s value and scale in its plane (the segment rule the
+    /// kernels' `kv_row_segs` applies, `kernels/kv_device.cuh`): page `row / page_rows`, slot
+    /// `row % page_rows`; value at `page × fmt_page_bytes + slot × value_bytes`, scale at
+    /// `page × fmt_page_bytes + page_rows × value_bytes + slot × scale_bytes`. `page_rows > 0`.
+    pub fn row_segs(&self, row: u32) -> (u64, u64) {
+        let pr = self.page_rows as u64;
+        let (page, slot) = (row as u64 / pr, row as u64 % pr);
+        let base = page * self.fmt_page_bytes;
+        (
+            base + slot * self.value_bytes as u64,
+            base + pr * self.value_bytes as u64 + slot * self.scale_bytes as u64,
+        )
+    }
+
+    /// Bytes of one arena plane: `arena_rows / page_rows` pages of `fmt_page_bytes`
+    /// (`arena_rows × row_bytes` for [`KV_FMT_CONTIGUOUS`]).
     pub fn plane_bytes(&self) -> usize {
-        self.arena_rows as usize * self.row_bytes as usize
+        (self.arena_rows / self.page_rows.max(1)) as usize * self.fmt_page_bytes as usize
     }
 
     /// Bytes of one token across layers in the host store.
@@ -439,9 +544,56 @@ mod tests {
             max_history: 1000,
             max_pages: 16,
             arena_rows: 64 * 1000,
-            pad0: 0,
-        };
+            ..Default::default()
+        }
+        .contiguous();
         d.validate().unwrap();
+        assert_eq!(d.plane_bytes(), 64_000 * 656);
+        assert_eq!(d.row_segs(70), (70 * 656, 128 * 656));
+        // Not contiguous after all: a typed error, not a wrong copy.
+        assert!(KvDims {
+            scale_bytes: 8,
+            ..d
+        }
+        .validate()
+        .is_err());
+        assert!(KvDims { fmt: 2, ..d }.validate().is_err());
+        // DeepSeek-V4's paged split row.
+        let v4 = KvDims {
+            row_bytes: 584,
+            fmt: KV_FMT_PAGED_SPLIT,
+            value_bytes: 576,
+            scale_bytes: 8,
+            fmt_page_bytes: 37_440,
+            ..d
+        };
+        v4.validate().unwrap();
+        assert_eq!(v4.plane_bytes(), 1000 * 37_440);
+        assert_eq!(v4.row_segs(65), (37_440 + 576, 37_440 + 64 * 576 + 8));
+        for bad in [
+            KvDims {
+                value_bytes: 0,
+                scale_bytes: 584,
+                ..v4
+            },
+            KvDims {
+                scale_bytes: 16,
+                ..v4
+            },
+            KvDims {
+                fmt_page_bytes: 64 * 584 - 1,
+                ..v4
+            },
+            KvDims {
+                arena_rows: 64 * 1000 + 1,
+                ..v4
+            },
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(CudaError::OutOfRange { .. })),
+                "{bad:?}"
+            );
+        }
         assert!(matches!(
             KvDims {
                 fixed_pages: 10,

@@ -1,5 +1,8 @@
-//! [`CpuArena`]: the CPU back-end's arena bytes, `u8 [layers][arena_rows][row_bytes]` (one plane
-//! per layer, every layer at the same row indices). It only moves bytes; which row holds what is
+//! [`CpuArena`]: the CPU back-end's arena bytes, `u8 [layers][arena_pages][page_bytes]` (one
+//! plane per layer, every layer at the same row indices; `[arena_rows][row_bytes]` for the
+//! contiguous format). A row's bytes lie where the geometry's segment rule puts them
+//! ([`Geometry::row_offsets`]: the value, then the scale of DeepSeek-V4's paged split row), and
+//! every copy here goes through [`CpuArena::segs`]. It only moves bytes; which row holds what is
 //! the control plane's decision.
 
 use crate::data::{HostBytes, HostStore, SessionId};
@@ -26,7 +29,7 @@ fn try_zeroed(n: usize) -> Option<Vec<u8>> {
 /// The arena planes of the CPU pool (see the module docs).
 #[derive(Debug)]
 pub(crate) struct CpuArena {
-    row_bytes: usize,
+    geometry: Geometry,
     page_rows: u32,
     planes: Vec<Vec<u8>>,
 }
@@ -50,7 +53,7 @@ impl CpuArena {
             );
         }
         Ok(Self {
-            row_bytes: geometry.row_bytes as usize,
+            geometry: *geometry,
             page_rows: geometry.page_rows,
             planes,
         })
@@ -60,27 +63,61 @@ impl CpuArena {
         self.planes.get(layer as usize).map(|p| p.as_slice())
     }
 
-    pub(crate) fn row(&self, layer: u32, row: i32) -> Option<&[u8]> {
-        let rb = self.row_bytes;
+    /// The two segments of arena row `row` in a plane: `[(plane offset, token offset, bytes); 2]`
+    /// (value, then scale; the scale empty for `Contiguous`). The token offset is where the
+    /// segment lies in the row's `value ‖ scale` bytes. The one place the CPU data plane applies
+    /// the segment rule ([`Geometry::row_offsets`]).
+    fn segs(&self, row: u32) -> [(usize, usize, usize); 2] {
+        let (value, scale) = self.geometry.format().segment_bytes();
+        let (v, s) = self.geometry.row_offsets(row);
+        [
+            (v as usize, 0, value as usize),
+            (s as usize, value as usize, scale as usize),
+        ]
+    }
+
+    /// Row `row` of plane `layer` as its `value ‖ scale` bytes (borrowed for `Contiguous`,
+    /// gathered for `PagedSplit`), or `None` when out of range.
+    pub(crate) fn row(&self, layer: u32, row: i32) -> Option<std::borrow::Cow<'_, [u8]>> {
         let p = self.planes.get(layer as usize)?;
-        let off = usize::try_from(row).ok()? * rb;
-        p.get(off..off + rb)
+        let row = u32::try_from(row).ok()?;
+        if row as u64 >= self.geometry.arena_rows() {
+            return None;
+        }
+        let [a, b] = self.segs(row);
+        let first = p.get(a.0..a.0 + a.2)?;
+        if b.2 == 0 {
+            return Some(std::borrow::Cow::Borrowed(first));
+        }
+        let mut out = Vec::with_capacity(a.2 + b.2);
+        out.extend_from_slice(first);
+        out.extend_from_slice(p.get(b.0..b.0 + b.2)?);
+        Some(std::borrow::Cow::Owned(out))
+    }
+
+    /// Writes `src` (one row's `value ‖ scale`, `row_bytes` bytes) into `row` of `plane`.
+    fn put_row(segs: [(usize, usize, usize); 2], plane: &mut [u8], src: &[u8]) {
+        for (at, from, n) in segs {
+            plane[at..at + n].copy_from_slice(&src[from..from + n]);
+        }
     }
 
     /// Writes one token (`[layers][row_bytes]`) into `row` of every plane.
     pub(crate) fn write_token(&mut self, row: u32, token: &[u8]) {
-        let rb = self.row_bytes;
+        let rb = self.geometry.row_bytes as usize;
+        let segs = self.segs(row);
         for (l, plane) in self.planes.iter_mut().enumerate() {
-            let off = row as usize * rb;
-            plane[off..off + rb].copy_from_slice(&token[l * rb..(l + 1) * rb]);
+            Self::put_row(segs, plane, &token[l * rb..(l + 1) * rb]);
         }
     }
 
     /// Reads one token (`[layers][row_bytes]`) from `row` of every plane, appending to `out`.
     pub(crate) fn read_token(&self, row: u32, out: &mut Vec<u8>) {
-        let (rb, row) = (self.row_bytes, row as usize);
+        let segs = self.segs(row);
         for plane in &self.planes {
-            out.extend_from_slice(&plane[row * rb..(row + 1) * rb]);
+            for (at, _, n) in segs {
+                out.extend_from_slice(&plane[at..at + n]);
+            }
         }
     }
 
@@ -94,12 +131,11 @@ impl CpuArena {
         layer: u32,
         row: u32,
     ) {
-        let rb = self.row_bytes;
         let src = host
             .row(session, position, layer)
             .expect("position checked by caller");
-        let off = row as usize * rb;
-        self.planes[layer as usize][off..off + rb].copy_from_slice(src);
+        let segs = self.segs(row);
+        Self::put_row(segs, &mut self.planes[layer as usize], src);
     }
 
     /// Copies history page `logical` of `session` (all layers) into physical page `page`.

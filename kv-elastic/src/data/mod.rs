@@ -162,6 +162,6 @@ impl DataPlane for CpuData {
 
     fn row_holds(&self, session: SessionId, position: u32, layer: u32, row: u32) -> Option<bool> {
         let want = self.host.row(session, position, layer).ok()?;
-        Some(self.arena.row(layer, row as i32) == Some(want))
+        Some(self.arena.row(layer, row as i32).as_deref() == Some(want))
     }
 }

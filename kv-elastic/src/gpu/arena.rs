@@ -541,7 +541,8 @@ impl GpuArena {
         Ok(())
     }
 
-    /// Writes `bytes` (whole rows) into plane `layer` from row `row0` (synchronous).
+    /// Writes `bytes` (whole rows, each `value ‖ scale`) into plane `layer` from row `row0`
+    /// (synchronous; each row's segments where the row format puts them).
     pub fn upload_rows(&mut self, layer: u32, row0: u32, bytes: &[u8]) -> Result<()> {
         self.check_layers(layer, 1)?;
         let rb = self.dims.row_bytes as usize;
@@ -553,11 +554,23 @@ impl GpuArena {
                 got: bytes.len() as u64,
             });
         }
-        let off = layer as usize * self.dims.plane_bytes() + row0 as usize * rb;
-        self.put(self.arena.device_ptr() + off as u64, bytes)
+        let plane = self.arena.device_ptr() + (layer as usize * self.dims.plane_bytes()) as u64;
+        if self.dims.scale_bytes == 0 {
+            return self.put(plane + self.dims.row_segs(row0).0, bytes);
+        }
+        // A paged split row: its value and its scale to their places (KvDims::row_segs).
+        let vb = self.dims.value_bytes as usize;
+        for (i, row) in bytes.chunks(rb).enumerate() {
+            let (v, s) = self.dims.row_segs(row0 + i as u32);
+            self.put(plane + v, &row[..vb])?;
+            self.put(plane + s, &row[vb..])?;
+        }
+        Ok(())
     }
 
-    /// Downloads plane `layer` (synchronous; waits for the device first).
+    /// Downloads plane `layer` (synchronous; waits for the device first): `u8 [arena_pages]
+    /// [fmt_page_bytes]` ([`KvDims::plane_bytes`]); `kv_elastic::Geometry::plane_row` reads a
+    /// row of it as `value ‖ scale`.
     pub fn download_plane(&self, layer: u32) -> Result<Vec<u8>> {
         self.check_layers(layer, 1)?;
         self.gpu.synchronize()?;

@@ -3,11 +3,11 @@
 //! [`KvDims`]. Nothing is validated again in kernel terms on the pool's path: every extent
 //! `KvDims::validate` checks follows from `Geometry::validate` and the capacity checks here.
 
-use cuda_kernels::KvDims;
+use cuda_kernels::{KvDims, KV_FMT_CONTIGUOUS, KV_FMT_PAGED_SPLIT};
 
 use super::GpuPoolConfig;
 use crate::error::{KvError, Result};
-use crate::layout::{Geometry, MAX_HISTORY};
+use crate::layout::{Geometry, RowFormat, MAX_HISTORY};
 
 impl GpuPoolConfig {
     /// The device tables' dims for a **validated** `geometry` at this capacity: `max_slots =
@@ -43,7 +43,13 @@ impl GpuPoolConfig {
             max_history: self.max_history,
             max_pages: self.max_history.div_ceil(geometry.page_rows),
             arena_rows: geometry.arena_rows() as u32,
-            pad0: 0,
+            fmt: match geometry.format() {
+                RowFormat::Contiguous { .. } => KV_FMT_CONTIGUOUS,
+                RowFormat::PagedSplit { .. } => KV_FMT_PAGED_SPLIT,
+            },
+            value_bytes: geometry.format().segment_bytes().0,
+            scale_bytes: geometry.format().segment_bytes().1,
+            fmt_page_bytes: geometry.page_bytes(),
         })
     }
 }
@@ -89,6 +95,23 @@ mod tests {
                 tail_rows: 1 + next(256) as u32,
                 scratch_rows: next(16) as u32,
                 layer_groups: Default::default(),
+                row_format: None,
+            };
+            // Half the geometries in a paged split format (an 8-byte scale, the page padded).
+            let g = match (g.row_bytes > 8, next(2)) {
+                (true, 0) => {
+                    let value = g.row_bytes - 8;
+                    Geometry {
+                        row_format: Some(RowFormat::PagedSplit {
+                            value,
+                            scale: 8,
+                            page_rows: g.page_rows,
+                            page_bytes: g.page_rows * g.row_bytes + next(3) as u32 * value,
+                        }),
+                        ..g
+                    }
+                }
+                _ => g,
             };
             if g.validate().is_err() {
                 continue;
@@ -97,6 +120,13 @@ mod tests {
             let d = gcfg(1 + next(64) as u32, history).kv_dims(&g).unwrap();
             d.validate()
                 .unwrap_or_else(|e| panic!("{g:?} -> {d:?}: {e}"));
+            // The kernels' segment rule (KvDims::row_segs, kv_row_segs) is the geometry's.
+            assert_eq!(d.plane_bytes(), g.plane_bytes());
+            let rows = g.arena_rows() as u32;
+            for row in [0, 1, g.page_rows - 1, g.page_rows, rows / 2, rows - 1] {
+                let row = row.min(rows - 1);
+                assert_eq!(d.row_segs(row), g.row_offsets(row), "{g:?} row {row}");
+            }
             converted += 1;
         }
         assert!(converted > 1000, "{converted}");

@@ -40,6 +40,14 @@ pub(crate) unsafe fn copy_run_async(
     if row_end > d.arena_rows as u64 {
         return Err(out("fill run arena rows", row_end, d.arena_rows as u64 + 1));
     }
+    if d.fmt != cuda_kernels::KV_FMT_CONTIGUOUS {
+        // Rows of a paged split page are not `row_bytes` apart (the caller uses the gather).
+        return Err(out(
+            "strided fill of a paged split arena (format)",
+            d.fmt as u64,
+            1,
+        ));
+    }
     if run.rows == 0 {
         return Ok(0);
     }

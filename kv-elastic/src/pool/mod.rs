@@ -289,7 +289,9 @@ impl ElasticPool {
         Ok(r.host_region_mut().release_step(max_bytes))
     }
 
-    /// One layer's arena plane (`u8 [arena_rows][row_bytes]`). Errors: `LayerOutOfRange`.
+    /// One layer's arena plane (`u8 [arena_pages][page_bytes]`, [`Geometry::plane_bytes`] bytes:
+    /// `u8 [arena_rows][row_bytes]` for the contiguous format; [`Geometry::plane_row`] reads a row
+    /// of it in any format). Errors: `LayerOutOfRange`.
     pub fn plane(&self, layer: u32) -> Result<&[u8]> {
         self.data
             .arena()
@@ -300,8 +302,10 @@ impl ElasticPool {
             })
     }
 
-    /// One arena row of one layer (`row_bytes` bytes), or `None` when out of range.
-    pub fn arena_row(&self, layer: u32, row: i32) -> Option<&[u8]> {
+    /// One arena row of one layer as the token's `value ‖ scale` bytes (`row_bytes` bytes: the
+    /// row itself for [`RowFormat::Contiguous`](crate::RowFormat), borrowed; its two segments
+    /// gathered for `PagedSplit`, owned), or `None` when out of range.
+    pub fn arena_row(&self, layer: u32, row: i32) -> Option<std::borrow::Cow<'_, [u8]>> {
         self.data.arena().row(layer, row)
     }
 }

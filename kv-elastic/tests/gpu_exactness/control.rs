@@ -22,6 +22,7 @@ fn publish_work_is_o_changed_and_exact() {
         tail_rows: 64,
         scratch_rows: 0,
         layer_groups: Default::default(),
+        row_format: None,
     };
     let history = 2048u32;
     g.arena_pages = 4 * (g.fixed_pages() + history / 64) + 16;
@@ -211,6 +212,7 @@ fn admit_batch_reclaimed_page_holds_only_the_new_owners_fills() {
         tail_rows: 16,
         scratch_rows: 0,
         layer_groups: Default::default(),
+        row_format: None,
     };
     let f = g.fixed_pages();
     // A's fixed pages + every other page borrowed by A: B's fixed pages all come from A's loans.
@@ -310,6 +312,7 @@ fn drafts_after_partial_accept_keep_their_bytes() {
         tail_rows: 16,
         scratch_rows: 8,
         layer_groups: Default::default(),
+        row_format: None,
     };
     let (mut cpu, mut gp) = four_session_pools(&gpu, g);
     let s = 31u64;
@@ -440,5 +443,6 @@ fn small_geometry() -> Geometry {
         tail_rows: 16,
         scratch_rows: 4,
         layer_groups: Default::default(),
+        row_format: None,
     }
 }

@@ -25,6 +25,7 @@ fn large_geometry_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveE
         tail_rows: 64,
         scratch_rows: 4,
         layer_groups: Default::default(),
+        row_format: None,
     };
     let sessions = [11u64, 12, 13, 14];
     let (mut cpu, mut gp) = four_sessions_admitted(gpu, g, engine, &sessions);
@@ -103,6 +104,7 @@ fn block_id_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveEngine,
         tail_rows: 64,
         scratch_rows: 4,
         layer_groups: Default::default(),
+        row_format: None,
     };
     let sessions = [21u64, 22, 23, 24];
     let (mut cpu, mut gp) = four_sessions_admitted(gpu, g, engine, &sessions);
@@ -206,5 +208,130 @@ fn block_id_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveEngine,
     assert!(
         served > 0 && misses > 0,
         "block {block}: nothing served or fetched"
+    );
+}
+
+#[test]
+fn gpu_deepseek_v4_rows_match_cpu_at_decode_width() {
+    // DeepSeek-V4's paged split row (576 B value + 8 B scale, 64 rows in a 37,440-byte page;
+    // SGLang 0.5.23 `kvcacheio.cuh`, FlashMLA's DeepSeek-V4 layout) at a decode width: k = 512,
+    // a 1,024-row hot cache, 4 requests of 3,000 tokens, decode steps of 1 row and speculative
+    // steps of 2; every resolve kernel with both copy back-ends (DMA: two descriptors per row).
+    let Some(gpu) = tierkit_testkit::gpu_or_skip() else {
+        return;
+    };
+    for engine in ResolveEngine::ALL {
+        for backend in [CopyBackend::Gather, CopyBackend::Dma] {
+            deepseek_v4_case(&gpu, engine, backend);
+        }
+    }
+}
+
+fn deepseek_v4_case(
+    gpu: &std::sync::Arc<cuda_kernels::Gpu>,
+    engine: ResolveEngine,
+    backend: CopyBackend,
+) {
+    let g = Geometry {
+        row_bytes: 584,
+        layers: 2,
+        page_rows: 64,
+        arena_pages: 4 * 18 + 24,
+        hot_rows: 1024,
+        tail_rows: 64,
+        scratch_rows: 4,
+        layer_groups: Default::default(),
+        row_format: Some(RowFormat::DEEPSEEK_V4),
+    };
+    assert_eq!(g.fixed_pages(), 18);
+    assert_eq!(g.page_bytes(), 37_440);
+    let gcfg = GpuPoolConfig {
+        max_sessions: 4,
+        max_history: 4096,
+        backend,
+    };
+    let mut cpu = ElasticPool::new(g, PoolConfig::default()).unwrap();
+    let mut gp = GpuElasticPool::new(gpu, g, PoolConfig::default(), gcfg).unwrap();
+    gp.set_settle_readers(true);
+    gp.set_resolve_engine(engine);
+    let sessions = [31u64, 32, 33, 34];
+    let mut history = BTreeMap::new();
+    for &s in &sessions {
+        let h = pattern_tokens(g.row_bytes, g.layers, s, 0, 3000);
+        assert_eq!(cpu.admit(s, &h), gp.admit(s, &h));
+        history.insert(s, h);
+    }
+    let (tb, rb) = (g.token_bytes(), g.row_bytes as usize);
+    let mut rng = 17u64;
+    let (mut served, mut misses) = (0u64, 0u64);
+    for step in 0..12u32 {
+        let k = 512;
+        let rows_per = 1 + step as usize % 2;
+        let qsl: Vec<i32> = (0..=sessions.len())
+            .map(|i| (i * rows_per) as i32)
+            .collect();
+        let topk: Vec<i32> = (0..sessions.len() * rows_per * k)
+            .map(|_| match below(&mut rng, 64) {
+                0 => -1,
+                _ => below(&mut rng, 3000) as i32,
+            })
+            .collect();
+        let layer = step % 2;
+        let input = ResolveInput {
+            sessions: &sessions,
+            query_start_loc: &qsl,
+            seq_lens: &[3000; 4],
+            topk: &topk,
+            k,
+            layer,
+        };
+        let n_rows = sessions.len() * rows_per;
+        let (mut i1, mut v1) = (vec![0; topk.len()], vec![0; n_rows]);
+        let (mut i2, mut v2) = (vec![0; topk.len()], vec![0; n_rows]);
+        let a = cpu.resolve(
+            &input,
+            &mut ResolveOutput {
+                indices: &mut i1,
+                valid_count: &mut v1,
+            },
+        );
+        let b = gp.resolve(
+            &input,
+            &mut ResolveOutput {
+                indices: &mut i2,
+                valid_count: &mut v2,
+            },
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!((&i1, &v1), (&i2, &v2), "{engine:?} {backend:?} step {step}");
+        assert_eq!(a.plan, b.plan);
+        assert_eq!(a.stats, b.stats);
+        misses += a.stats.misses;
+        // Every served row holds the token's value ‖ scale at the resolved layer, on both sides.
+        let plane = gp.device().download_plane(layer).unwrap();
+        let cplane = cpu.plane(layer).unwrap();
+        assert_eq!(plane.len(), 96 * 37_440);
+        for (j, &r) in i2.iter().enumerate() {
+            if r < 0 {
+                continue;
+            }
+            let s = sessions[j / (rows_per * k)];
+            let at = topk[j] as usize * tb + layer as usize * rb;
+            let want = &history[&s][at..at + rb];
+            let got = g.plane_row(&plane, r as u32).unwrap();
+            assert_eq!(
+                &got[..],
+                want,
+                "{engine:?} {backend:?} session {s} pick {j} row {r}"
+            );
+            assert_eq!(Some(got), g.plane_row(cplane, r as u32));
+            served += 1;
+        }
+        drop(a);
+        drop(b);
+    }
+    assert!(
+        served > 10_000 && misses > 0,
+        "{served} served, {misses} misses"
     );
 }

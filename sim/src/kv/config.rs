@@ -267,6 +267,7 @@ impl SimConfig {
             tail_rows: self.tail_rows,
             scratch_rows: 0,
             layer_groups: kv_elastic::LayerGroups::per_layer(),
+            row_format: None,
         }
     }
 }

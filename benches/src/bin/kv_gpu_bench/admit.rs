@@ -85,6 +85,7 @@ impl Bench {
             tail_rows: 64,
             scratch_rows: 0,
             layer_groups: Default::default(),
+            row_format: None,
         };
         // Decode sessions fully resident, two admissions' pages (the second one may start before
         // the first one's pages are back), fixed pages of every slot.

@@ -179,6 +179,7 @@ impl Store {
             // The physical layers share the indexer's picks: one layer group, filled by each
             // resolve.
             layer_groups: LayerGroups::one(),
+            row_format: None,
         };
         g.validate()?;
         let max_sessions = pool_slots(&g, sc);

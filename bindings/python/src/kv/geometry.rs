@@ -1,6 +1,6 @@
 //! `tierkit.kv.KvGeometry`: the pool's geometry, sized directly or from an HBM budget.
 
-use kv_elastic::{Geometry, LayerGroups};
+use kv_elastic::{Geometry, KvError, LayerGroups, RowFormat};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -62,11 +62,67 @@ fn layer_groups_arg(arg: Option<&Bound<'_, PyAny>>) -> PyResult<LayerGroups> {
     groups.map_err(kv_err)
 }
 
+/// `row_format` as Python gives it (the geometry's `page_rows` completes it): `None` or
+/// `"contiguous"` (rows of `row_bytes` contiguous bytes, the default), `"deepseek_v4"`
+/// (`RowFormat::DEEPSEEK_V4`: 576 + 8 B, 64 rows per 37,440-byte page), or a dict
+/// `{"value": int, "scale": int, "page_bytes": int}` (a paged split row; `"page_rows"` may be
+/// given and must then equal the geometry's).
+fn row_format_arg(arg: Option<&Bound<'_, PyAny>>, page_rows: u32) -> PyResult<Option<RowFormat>> {
+    let Some(a) = arg.filter(|a| !a.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(name) = a.extract::<String>() {
+        return match name.as_str() {
+            "contiguous" => Ok(None),
+            "deepseek_v4" => Ok(Some(RowFormat::DEEPSEEK_V4)),
+            _ => Err(PyValueError::new_err(format!(
+                "row_format: unknown name {name:?} (\"contiguous\" or \"deepseek_v4\")"
+            ))),
+        };
+    }
+    let Ok(d) = a.cast::<PyDict>() else {
+        return Err(PyTypeError::new_err(format!(
+            "row_format must be None, \"contiguous\", \"deepseek_v4\" or a dict with value, \
+             scale and page_bytes, not {}",
+            type_name(a)
+        )));
+    };
+    for key in d.keys() {
+        let k: String = key.extract().unwrap_or_default();
+        if !["value", "scale", "page_bytes", "page_rows"].contains(&k.as_str()) {
+            return Err(PyValueError::new_err(format!(
+                "row_format: unknown key {key} (value, scale, page_bytes, page_rows)"
+            )));
+        }
+    }
+    let field = |name: &str| -> PyResult<Option<u32>> {
+        match d.get_item(name)? {
+            Some(v) => Ok(Some(int_arg::<u32>(&v, &format!("row_format[{name:?}]"))?)),
+            None => Ok(None),
+        }
+    };
+    let need = |name: &str| -> PyResult<u32> {
+        field(name)?.ok_or_else(|| PyValueError::new_err(format!("row_format: {name} missing")))
+    };
+    Ok(Some(RowFormat::PagedSplit {
+        value: need("value")?,
+        scale: need("scale")?,
+        page_rows: field("page_rows")?.unwrap_or(page_rows),
+        page_bytes: need("page_bytes")?,
+    }))
+}
+
 /// The pool's arena shape. Build it with `Geometry.for_hbm_budget(...)` (or the constructor,
 /// which validates the fields). `layer_groups` says which layers share one indexer's picks (one
 /// hot cache per group; a resolve at a layer fills every layer of its group): `None` /
 /// `"per_layer"` (default: every layer its own, as DeepSeek-V3.2's per-layer indexers),
-/// `"one"`, an `int` n (groups of n layers) or a list of group sizes.
+/// `"one"`, an `int` n (groups of n layers) or a list of group sizes. `row_format` says how a
+/// row lies in an arena page: `None` / `"contiguous"` (default: `row_bytes` contiguous bytes),
+/// `"deepseek_v4"` (DeepSeek-V4's paged split row, SGLang 0.5.23 `kvcacheio.cuh` / FlashMLA:
+/// 576 B values then 8 B scales per 64-row page of 37,440 B; `row_bytes = 584`,
+/// `page_rows = 64`) or `{"value": v, "scale": s, "page_bytes": p}`; host-side tokens stay
+/// `value ‖ scale` (`row_bytes = v + s` bytes per layer) and `arena_row` returns them that way.
+/// A format that does not fit the geometry raises `ValueError`.
 #[pyclass(name = "KvGeometry", module = "tierkit.kv", frozen, eq)]
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) struct PyKvGeometry(pub(crate) Geometry);
@@ -75,8 +131,8 @@ pub(crate) struct PyKvGeometry(pub(crate) Geometry);
 impl PyKvGeometry {
     #[new]
     #[pyo3(
-        signature = (row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows = None, layer_groups = None),
-        text_signature = "(row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows=0, layer_groups=None)"
+        signature = (row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows = None, layer_groups = None, *, row_format = None),
+        text_signature = "(row_bytes, layers, page_rows, arena_pages, hot_rows, tail_rows, scratch_rows=0, layer_groups=None, *, row_format=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -88,6 +144,7 @@ impl PyKvGeometry {
         tail_rows: &Bound<'_, PyAny>,
         scratch_rows: Option<&Bound<'_, PyAny>>,
         layer_groups: Option<&Bound<'_, PyAny>>,
+        row_format: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         int_args!(
             row_bytes: u32,
@@ -107,6 +164,7 @@ impl PyKvGeometry {
             tail_rows,
             scratch_rows,
             layer_groups: layer_groups_arg(layer_groups)?,
+            row_format: row_format_arg(row_format, page_rows)?,
         };
         guard(|| g.validate().map(|()| PyKvGeometry(g)).map_err(kv_err))
     }
@@ -115,10 +173,12 @@ impl PyKvGeometry {
     /// The arena is capped at the largest one `int32` row indices address (and 1 TiB,
     /// `kv_elastic::MAX_ARENA_BYTES`): a larger budget gives that arena and a `UserWarning`
     /// naming the bytes left unused (`arena_rows × layers × row_bytes` is what the pool takes).
+    /// `row_format` as in the constructor: a padded format's pages (`page_bytes` each per layer)
+    /// are what the budget holds.
     #[staticmethod]
     #[pyo3(
-        signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = None, layer_groups = None),
-        text_signature = "(budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows=0, layer_groups=None)"
+        signature = (budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows = None, layer_groups = None, *, row_format = None),
+        text_signature = "(budget_bytes, row_bytes, layers, page_rows, hot_rows, tail_rows, scratch_rows=0, layer_groups=None, *, row_format=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn for_hbm_budget(
@@ -131,6 +191,7 @@ impl PyKvGeometry {
         tail_rows: &Bound<'_, PyAny>,
         scratch_rows: Option<&Bound<'_, PyAny>>,
         layer_groups: Option<&Bound<'_, PyAny>>,
+        row_format: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         int_args!(
             budget_bytes: u64,
@@ -142,6 +203,7 @@ impl PyKvGeometry {
             scratch_rows: u32 = 0
         );
         let layer_groups = layer_groups_arg(layer_groups)?;
+        let row_format = row_format_arg(row_format, page_rows)?;
         guard(|| {
             let mut g = Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
                 budget_bytes,
@@ -154,12 +216,24 @@ impl PyKvGeometry {
             })
             .map_err(kv_err)?;
             g.layer_groups = layer_groups;
+            g.row_format = row_format;
             g.validate().map_err(kv_err)?;
+            // A padded page is larger than page_rows × row_bytes: as many of those as fit.
+            let page_bytes = g.page_bytes() * g.layers as u64;
+            if budget_bytes / page_bytes < g.arena_pages as u64 {
+                g.arena_pages = (budget_bytes / page_bytes) as u32;
+                if g.arena_pages < g.fixed_pages() {
+                    return Err(kv_err(KvError::BudgetTooSmall {
+                        budget_bytes,
+                        needed_bytes: g.fixed_pages() as u64 * page_bytes,
+                    }));
+                }
+            }
             Ok(PyKvGeometry(g))
         })
         .and_then(|g| {
-            // validate() bounded layers × row_bytes × page_rows: no overflow.
-            let page_bytes = g.0.page_rows as u64 * g.0.layers as u64 * g.0.row_bytes as u64;
+            // validate() bounded layers × page bytes × arena pages: no overflow.
+            let page_bytes = g.0.page_bytes() * g.0.layers as u64;
             if budget_bytes / page_bytes > g.0.arena_pages as u64 {
                 let arena = g.0.arena_pages as u64 * page_bytes;
                 let msg = format!(
@@ -203,6 +277,33 @@ impl PyKvGeometry {
     fn scratch_rows(&self) -> u32 {
         self.0.scratch_rows
     }
+    /// The arena's row format: `None` for contiguous rows, else a dict `{"value", "scale",
+    /// "page_rows", "page_bytes"}` (bytes, except `page_rows`) of the paged split row.
+    #[getter]
+    fn row_format<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        match self.0.format() {
+            RowFormat::Contiguous { .. } => Ok(None),
+            RowFormat::PagedSplit {
+                value,
+                scale,
+                page_rows,
+                page_bytes,
+            } => {
+                let d = PyDict::new(py);
+                d.set_item("value", value)?;
+                d.set_item("scale", scale)?;
+                d.set_item("page_rows", page_rows)?;
+                d.set_item("page_bytes", page_bytes)?;
+                Ok(Some(d))
+            }
+        }
+    }
+    /// Bytes of one arena page of one layer (`page_rows × row_bytes`, or the paged split
+    /// format's padded `page_bytes`).
+    #[getter]
+    fn page_bytes(&self) -> u64 {
+        self.0.page_bytes()
+    }
     /// The layer groups' sizes, in layer order (one hot cache per group and session).
     #[getter]
     fn layer_groups(&self) -> Vec<u32> {
@@ -238,9 +339,15 @@ impl PyKvGeometry {
     fn __repr__(&self) -> String {
         let g = self.0;
         format!(
-            "Geometry(row_bytes={}, layers={}, page_rows={}, arena_pages={}, hot_rows={}, tail_rows={}, scratch_rows={}, layer_groups={:?})",
+            "Geometry(row_bytes={}, layers={}, page_rows={}, arena_pages={}, hot_rows={}, tail_rows={}, scratch_rows={}, layer_groups={:?}{})",
             g.row_bytes, g.layers, g.page_rows, g.arena_pages, g.hot_rows, g.tail_rows, g.scratch_rows,
-            g.layer_groups.sizes(g.layers)
+            g.layer_groups.sizes(g.layers),
+            match g.format() {
+                RowFormat::Contiguous { .. } => String::new(),
+                RowFormat::PagedSplit { value, scale, page_bytes, .. } => format!(
+                    ", row_format={{'value': {value}, 'scale': {scale}, 'page_bytes': {page_bytes}}}"
+                ),
+            }
         )
     }
 }

@@ -432,7 +432,7 @@ impl PyElasticPool {
                 ))
             })?;
             PyBytes::new_with(py, src.len(), |b| {
-                b.copy_from_slice(src);
+                b.copy_from_slice(&src);
                 Ok(())
             })
         })

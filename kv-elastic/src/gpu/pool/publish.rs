@@ -37,7 +37,10 @@ impl GpuElasticPool {
         // Borrowed pages' fills: whole runs by strided copy-engine copies (`Dma`, one per run and
         // layer, no list staged), or rows for the gather kernel.
         let runs = std::mem::take(&mut log.page_runs);
-        let runs = if self.fill_backend == CopyBackend::Dma {
+        // (Strided runs are contiguous rows: a paged split arena takes the gather for them.)
+        let runs = if self.fill_backend == CopyBackend::Dma
+            && self.cpu.data.dev.dims().fmt == cuda_kernels::KV_FMT_CONTIGUOUS
+        {
             runs
         } else {
             log.page_fills.extend(runs.iter().flat_map(|r| r.copies()));

@@ -14,6 +14,7 @@ fn pool(arena_pages: u32, elastic: bool) -> ElasticPool {
         tail_rows: 4,
         scratch_rows: 0,
         layer_groups: LayerGroups::per_layer(),
+        row_format: None,
     };
     ElasticPool::new(g, PoolConfig { elastic }).unwrap()
 }

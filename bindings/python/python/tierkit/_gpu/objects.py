@@ -218,8 +218,8 @@ class ExpertBank(_Closable):
 
 
 class KvPool(_Closable):
-    """The GPU elastic KV pool: the arena (``arena``, ``uint8 [layers, arena_rows, row_bytes]``
-    CUDA tensor at a fixed address, or ``planes``, one ``[arena_rows, row_bytes]`` tensor per
+    """The GPU elastic KV pool: the arena (``arena``, ``uint8 [layers, *plane_shape]`` CUDA tensor
+    at a fixed address, or ``planes``, one ``plane_shape`` tensor per
     layer), the host store in mapped pinned memory, and the device tables.
 
     Host calls (``admit``, ``append``, ``finish``, ``reclaim``, ``between_steps``, ``slot_of``,
@@ -228,7 +228,8 @@ class KvPool(_Closable):
     resolve on the current stream into caller-owned outputs (capturable).
 
     Engine-owned arena: ``arena`` is a contiguous CUDA tensor on the pool's device (any dtype,
-    16-byte aligned) of at least ``layers × arena_rows × row_bytes`` bytes; the pool's rows live
+    16-byte aligned) of at least ``layers × arena_pages × page_bytes`` bytes (``layers ×
+    arena_rows × row_bytes`` for contiguous rows); the pool's rows live
     there (zeroed at creation), so ``self.arena`` / ``self.planes`` are views of it. tierkit keeps
     its storage alive while it uses it; only the pool writes it. Bad input: TypeError for a
     non-tensor, ValueError for the wrong device, layout, alignment or size, or an arena
@@ -250,7 +251,7 @@ class KvPool(_Closable):
         dev = _device(device)
         self.device = dev
         arena_arg = None
-        need = geometry.layers * geometry.arena_rows * geometry.row_bytes
+        need = geometry.layers * geometry.arena_pages * geometry.page_bytes
         if arena is not None:
             arena = _range(arena, "arena", need, "cuda", dev)
         self._stream = _step_stream(stream, dev)
@@ -269,14 +270,14 @@ class KvPool(_Closable):
                 arena_arg,
             )
             lay = self._native.layout()
-            rows, rb = lay["arena_rows"], lay["row_bytes"]
+            rows, rb = lay["plane_shape"]
             self._device_tracks = [
                 _track_device(self._native, dev.index, p, rows * rb) for p in lay["plane_ptrs"]
             ]
         self.layout = lay
         self.layers = lay["layers"]
         self.max_sessions = lay["max_sessions"]
-        rows, rb = lay["arena_rows"], lay["row_bytes"]
+        rows, rb = lay["plane_shape"]
         self.planes = [_view(self._native, p, (rows, rb), "|u1", dev) for p in lay["plane_ptrs"]]
         ptrs = lay["plane_ptrs"]
         contiguous = all(ptrs[i] == ptrs[0] + i * rows * rb for i in range(len(ptrs)))

@@ -104,13 +104,13 @@ def _plan_outputs(p, plan: Tensor, plan_count: Tensor, sessions: int) -> None:
 
 
 def _arena_planes(p, planes: List[Tensor]) -> None:
-    """Checks the ``planes`` argument of the KV ops: one ``uint8 [arena_rows, row_bytes]`` CUDA
+    """Checks the ``planes`` argument of the KV ops: one ``uint8 plane_shape`` CUDA
     tensor per layer on the pool's device (``KvPool.planes``). The kernels write the arena at the
     pool's own addresses; the argument tells torch.compile that the op mutates the arena, so no
     read of ``pool.planes[l]`` is moved ahead of it."""
     if len(planes) != p.layers:
         raise ValueError(f"planes has {len(planes)} tensors, the pool {p.layers} layers")
-    shape = (p.layout["arena_rows"], p.layout["row_bytes"])
+    shape = tuple(p.layout["plane_shape"])
     for i, t in enumerate(planes):
         _cuda(t, f"planes[{i}]", (torch.uint8,), 2, p.device)
         if tuple(t.shape) != shape:
