@@ -32,7 +32,18 @@ struct KvSegs {
 // page x fmt_page_bytes + page_rows x value_bytes + slot x scale_bytes. The contiguous format is the
 // one-segment case (value_bytes = row_bytes, fmt_page_bytes = page_rows x row_bytes: the value at
 // row x row_bytes), so every copy path takes this one rule.
+//
+// Contiguous rows take the closed form (layer x arena_rows + row) x row_bytes, which is the same
+// offset without the division by page_rows: `d` is a kernel parameter, so the branch is uniform
+// across the grid and costs no divergence (review of the paged split change: one division per row
+// copy on the common format otherwise).
 __device__ __forceinline__ KvSegs kv_row_segs(const KvDims& d, unsigned int layer, unsigned int row) {
+    if (d.fmt == KV_FMT_CONTIGUOUS) {
+        KvSegs s;
+        s.value = ((unsigned long long)layer * d.arena_rows + row) * d.row_bytes;
+        s.scale = s.value + d.row_bytes;
+        return s;
+    }
     const unsigned int page = row / d.page_rows, slot = row - page * d.page_rows;
     const unsigned long long base = kv_plane(d, layer) + page * d.fmt_page_bytes;
     KvSegs s;
