@@ -804,10 +804,11 @@ tierkit_code tierkit_kv_pool_end_read(const struct tierkit_kv_pool *pool,
                                       uint64_t read,
                                       struct tierkit_error **err);
 
-// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), as the
-// token's `value ‖ scale` (`row_bytes` bytes). `*data` stays valid until the next call that
-// changes the pool, or its free; for a paged split row format (DeepSeek-V4) the row's two
-// segments are gathered into a buffer of the pool, valid until the next call on the pool.
+// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), in place:
+// `row_bytes` bytes, valid until the next call that changes the pool, or its free. Contiguous
+// row formats only: a paged split row (DeepSeek-V4) is two segments in the arena, so this
+// refuses it with `TIERKIT_ERR_INVALID_ARGUMENT`; read it with `tierkit_kv_pool_read_row`,
+// which copies either format into the caller's buffer.
 //
 // # Safety
 // `pool` is NULL or a pool handle; `data` and `len` valid for writes; `err` NULL or valid for a
@@ -818,6 +819,23 @@ tierkit_code tierkit_kv_pool_arena_row(const struct tierkit_kv_pool *pool,
                                        const uint8_t **data,
                                        size_t *len,
                                        struct tierkit_error **err);
+
+// Copies arena row `row` of `layer` (what attention reads at a resolved index) into `buf` as the
+// token's `value ‖ scale`: `row_bytes` bytes, for either row format (a paged split row's two
+// segments gathered). `*len` gets the bytes written; `cap` smaller than the row's bytes is
+// `TIERKIT_ERR_INVALID_ARGUMENT` (nothing written). Unlike `tierkit_kv_pool_arena_row`, nothing
+// of the pool is lent out, so the copy stays valid after any later call.
+//
+// # Safety
+// `pool` is NULL or a pool handle; `buf` NULL or valid for `cap` byte writes; `len` valid for a
+// write; `err` NULL or valid for a pointer write.
+tierkit_code tierkit_kv_pool_read_row(const struct tierkit_kv_pool *pool,
+                                      uint32_t layer,
+                                      int32_t row,
+                                      uint8_t *buf,
+                                      size_t cap,
+                                      size_t *len,
+                                      struct tierkit_error **err);
 
 // Checks the pool's invariants (pages, loans and tables agree); `TIERKIT_ERR_INTERNAL` with
 // the first violation otherwise.

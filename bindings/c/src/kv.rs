@@ -302,8 +302,6 @@ pub(crate) struct PoolState {
     pub(crate) pool: ElasticPool,
     reads: HashMap<u64, OpenRead>,
     next_read: u64,
-    /// The last `tierkit_kv_pool_arena_row` of a paged split row, gathered (`value ‖ scale`).
-    row_buf: Vec<u8>,
 }
 
 /// The elastic KV pool (CPU arena). Free with `tierkit_kv_pool_free` (which ends its open reads).
@@ -317,7 +315,6 @@ impl TierkitKvPool {
             pool,
             reads: HashMap::new(),
             next_read: 1,
-            row_buf: Vec::new(),
         }))
     }
 }
@@ -705,10 +702,11 @@ pub unsafe extern "C" fn tierkit_kv_pool_end_read(
     }
 }
 
-/// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), as the
-/// token's `value ‖ scale` (`row_bytes` bytes). `*data` stays valid until the next call that
-/// changes the pool, or its free; for a paged split row format (DeepSeek-V4) the row's two
-/// segments are gathered into a buffer of the pool, valid until the next call on the pool.
+/// The bytes of arena row `row` in `layer` (what attention reads at a resolved index), in place:
+/// `row_bytes` bytes, valid until the next call that changes the pool, or its free. Contiguous
+/// row formats only: a paged split row (DeepSeek-V4) is two segments in the arena, so this
+/// refuses it with `TIERKIT_ERR_INVALID_ARGUMENT`; read it with `tierkit_kv_pool_read_row`,
+/// which copies either format into the caller's buffer.
 ///
 /// # Safety
 /// `pool` is NULL or a pool handle; `data` and `len` valid for writes; `err` NULL or valid for a
@@ -725,26 +723,69 @@ pub unsafe extern "C" fn tierkit_kv_pool_arena_row(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
-            let (p, n) = with_pool(pool, |st| {
-                let bytes = st.pool.arena_row(layer, row).ok_or_else(|| {
-                    fail(
-                        Code::InvalidArgument,
-                        format!("no arena row {row} in layer {layer}"),
-                    )
-                })?;
-                match bytes {
-                    Cow::Borrowed(b) => Ok((b.as_ptr(), b.len())),
-                    // A paged split row's two segments, gathered into the pool's buffer.
-                    Cow::Owned(v) => {
-                        st.row_buf = v;
-                        Ok((st.row_buf.as_ptr(), st.row_buf.len()))
-                    }
-                }
+            let (p, n) = with_pool(pool, |st| match arena_row(st, layer, row)? {
+                Cow::Borrowed(b) => Ok((b.as_ptr(), b.len())),
+                Cow::Owned(_) => Err(fail(
+                    Code::InvalidArgument,
+                    "a paged split row is two segments in the arena, not one span: \
+                     read it with tierkit_kv_pool_read_row",
+                )),
             })?;
             out(len, n, "len")?;
             out(data, p, "data")
         })
     }
+}
+
+/// Copies arena row `row` of `layer` (what attention reads at a resolved index) into `buf` as the
+/// token's `value ‖ scale`: `row_bytes` bytes, for either row format (a paged split row's two
+/// segments gathered). `*len` gets the bytes written; `cap` smaller than the row's bytes is
+/// `TIERKIT_ERR_INVALID_ARGUMENT` (nothing written). Unlike `tierkit_kv_pool_arena_row`, nothing
+/// of the pool is lent out, so the copy stays valid after any later call.
+///
+/// # Safety
+/// `pool` is NULL or a pool handle; `buf` NULL or valid for `cap` byte writes; `len` valid for a
+/// write; `err` NULL or valid for a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_pool_read_row(
+    pool: *const TierkitKvPool,
+    layer: u32,
+    row: i32,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            let n = with_pool(pool, |st| {
+                let bytes = arena_row(st, layer, row)?;
+                if cap < bytes.len() {
+                    return Err(fail(
+                        Code::InvalidArgument,
+                        format!("cap {cap} is below the row's {} bytes", bytes.len()),
+                    ));
+                }
+                // SAFETY: the caller's contract on `buf` and `cap`; `bytes` lives in the pool
+                // (or is an owned gather), not in the caller's buffer.
+                let dst = view_mut(buf, bytes.len(), "buf")?;
+                dst.copy_from_slice(&bytes);
+                Ok(bytes.len())
+            })?;
+            out(len, n, "len")
+        })
+    }
+}
+
+/// Arena row `row` of `layer`, or the caller's error naming both.
+fn arena_row(st: &PoolState, layer: u32, row: i32) -> R<Cow<'_, [u8]>> {
+    st.pool.arena_row(layer, row).ok_or_else(|| {
+        fail(
+            Code::InvalidArgument,
+            format!("no arena row {row} in layer {layer}"),
+        )
+    })
 }
 
 /// Checks the pool's invariants (pages, loans and tables agree); `TIERKIT_ERR_INTERNAL` with

@@ -170,6 +170,10 @@ static void transfer_cases(void) {
         uintptr_t len = 0;
         exact = tierkit_kv_pool_arena_row(decode, 0, idx[j], &row, &len, NULL) == TIERKIT_OK && len == 16 &&
                 memcmp(row, hist + (size_t)topk[j] * 32, 16) == 0;
+        uint8_t copy[16];
+        uintptr_t copied = 0;
+        exact = exact && tierkit_kv_pool_read_row(decode, 0, idx[j], copy, sizeof copy, &copied, NULL) == TIERKIT_OK &&
+                copied == 16 && memcmp(copy, row, 16) == 0;
     }
     printf("%s transfer: attention reads the source's bytes\n", exact ? "ok  " : "FAIL");
     exact ? passed++ : failed++;
@@ -209,13 +213,27 @@ static void paged_split_cases(void) {
            TIERKIT_OK, NULL);
     int exact = valid[0] == 4;
     for (int j = 0; j < 4 && exact; j++) {
-        const uint8_t *row = NULL;
+        uint8_t row[40];
         uintptr_t len = 0;
-        exact = tierkit_kv_pool_arena_row(pool, 1, idx[j], &row, &len, NULL) == TIERKIT_OK && len == 32 &&
+        exact = tierkit_kv_pool_read_row(pool, 1, idx[j], row, sizeof row, &len, NULL) == TIERKIT_OK && len == 32 &&
                 memcmp(row, hist + (size_t)topk[j] * 64 + 32, 32) == 0;
     }
     printf("%s paged split: rows read back as value + scale\n", exact ? "ok  " : "FAIL");
     exact ? passed++ : failed++;
+    {
+        const uint8_t *span = NULL;
+        uintptr_t len = 0;
+        uint8_t small[31];
+        EXPECT("paged split: arena_row refuses a two-segment row",
+               tierkit_kv_pool_arena_row(pool, 1, idx[0], &span, &len, &err_), TIERKIT_ERR_INVALID_ARGUMENT,
+               "tierkit_kv_pool_read_row");
+        EXPECT("paged split: read_row into a buffer below the row",
+               tierkit_kv_pool_read_row(pool, 1, idx[0], small, sizeof small, &len, &err_),
+               TIERKIT_ERR_INVALID_ARGUMENT, "cap 31");
+        EXPECT("paged split: read_row of a row out of range",
+               tierkit_kv_pool_read_row(pool, 1, 1 << 30, small, sizeof small, &len, &err_),
+               TIERKIT_ERR_INVALID_ARGUMENT, "no arena row");
+    }
     tierkit_kv_pool_end_read(pool, read, NULL);
     tierkit_kv_pool_free(pool);
     kg.fmt_scale_bytes = 4;
