@@ -289,11 +289,12 @@ impl Geometry {
     /// statement of the segment rule (the kernels' `kv_row_segs` is checked against it). Page
     /// `row / page_rows`, slot `row % page_rows`: value at `page × page_bytes + slot × value`,
     /// scale at `page × page_bytes + page_rows × value + slot × scale`; for `Contiguous` the value
-    /// is the whole row at `row × row_bytes` and the scale is empty. `page_rows` must be > 0
-    /// (a validated geometry).
+    /// is the whole row at `row × row_bytes` and the scale is empty. A geometry with
+    /// `page_rows = 0` (refused by `validate`) has no pages: its rows are taken as one page, so
+    /// this never divides by zero.
     pub fn row_offsets(&self, row: u32) -> (u64, u64) {
         let (value, scale) = self.format().segment_bytes();
-        let pr = self.page_rows as u64;
+        let pr = (self.page_rows as u64).max(1);
         let (page, slot) = (row as u64 / pr, row as u64 % pr);
         let base = page * self.page_bytes();
         (
@@ -307,9 +308,15 @@ impl Geometry {
     pub fn plane_row(&self, plane: &[u8], row: u32) -> Option<Vec<u8>> {
         let (value, scale) = self.format().segment_bytes();
         let (v, s) = self.row_offsets(row);
+        if self.page_rows == 0 {
+            return None;
+        }
         let mut out = Vec::with_capacity(self.row_bytes as usize);
-        out.extend_from_slice(plane.get(v as usize..(v + value as u64) as usize)?);
-        out.extend_from_slice(plane.get(s as usize..(s + scale as u64) as usize)?);
+        let seg = |at: u64, n: u32| {
+            plane.get(usize::try_from(at).ok()?..usize::try_from(at.checked_add(n as u64)?).ok()?)
+        };
+        out.extend_from_slice(seg(v, value)?);
+        out.extend_from_slice(seg(s, scale)?);
         Some(out)
     }
 
@@ -683,6 +690,10 @@ mod tests {
         let row = g.plane_row(&plane, 70).unwrap();
         assert_eq!((&row[..576], &row[576..]), (&[1u8; 576][..], &[2u8; 8][..]));
         assert_eq!(g.plane_row(&plane, 256), None);
+        // An unvalidated geometry without pages reads nothing and divides by nothing.
+        let no_pages = Geometry { page_rows: 0, ..g };
+        assert_eq!(no_pages.plane_row(&plane, 70), None);
+        assert_eq!(no_pages.row_offsets(3).0, 3 * no_pages.page_bytes());
         // Contiguous: one segment at row × row_bytes, as before the format existed.
         for fmt in [None, Some(RowFormat::Contiguous { bytes: 16 })] {
             let c = Geometry {

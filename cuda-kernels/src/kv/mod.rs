@@ -242,7 +242,7 @@ impl KvDims {
     /// `row % page_rows`; value at `page × fmt_page_bytes + slot × value_bytes`, scale at
     /// `page × fmt_page_bytes + page_rows × value_bytes + slot × scale_bytes`. `page_rows > 0`.
     pub fn row_segs(&self, row: u32) -> (u64, u64) {
-        let pr = self.page_rows as u64;
+        let pr = (self.page_rows as u64).max(1); // 0 is refused by `validate`; never a division by zero
         let (page, slot) = (row as u64 / pr, row as u64 % pr);
         let base = page * self.fmt_page_bytes;
         (
