@@ -79,7 +79,7 @@ mod tests {
             rng ^= rng << 17;
             rng % n
         };
-        let mut converted = 0;
+        let (mut converted, mut split) = (0, 0);
         for _ in 0..20_000 {
             let hot_bound = if next(8) == 0 {
                 MAX_HOT_ROWS as u64
@@ -128,8 +128,13 @@ mod tests {
                 assert_eq!(d.row_segs(row), g.row_offsets(row), "{g:?} row {row}");
             }
             converted += 1;
+            split += usize::from(matches!(g.row_format, Some(RowFormat::PagedSplit { .. })));
         }
         assert!(converted > 1000, "{converted}");
+        assert!(
+            split > 100,
+            "only {split} paged split geometries of {converted}"
+        );
     }
 
     #[test]
