@@ -136,7 +136,8 @@ impl Case {
     fn check_bytes(&self, layer: u32, served: &[(i32, u64, i32)]) {
         let plane = self.gpu.device().download_plane(layer).unwrap();
         let cpu_plane = self.cpu.plane(layer).unwrap();
-        // The planes whole, padding and all (the same segment rule on both sides) ...
+        // The planes of the same size (the same segment rule on both sides; padding is not compared:
+        // no path writes it, and a device allocation is not zeroed) ...
         assert_eq!(plane.len(), cpu_plane.len());
         for &(i, s, p) in served {
             // ... and each served row as the token's `value ‖ scale`.
