@@ -15,11 +15,14 @@ the next step, sharing the link with that step's in-place reads.
 **The measurement**: the same cell (shape, layers, batch, budget) runs tierkit in place with a
 controller the bench can force: the published recipe's ratio policy at ratio 1000, a drain every
 step, a fixed half-life, no adaptive cadence, at most ``--swap-rate`` swaps begun a step and one
-per layer. Every expert gets the same floor of counts each step (``FLOOR``), so the routing's own
-picks never reach the ratio (no swap on its own); with ``force`` on, each step ``--swap-rate``
-layers (round robin) get an overwhelming count for one cold expert (the least picked in the
-profile window, so the step's in-place reads barely change), which the ratio policy swaps in
-over the least busy hot one: swaps go through the library's own decision, executor and bank at a
+per layer. The bench adds a floor of counts to every expert each step: ``LOW`` to the experts the
+cell's timed window never routes (per layer), ``HIGH = 100 × LOW`` to the others, so the
+routing's own picks never reach the ratio (no swap on its own) and the least busy hot expert is
+a never-routed one; with ``force`` on, each step ``--swap-rate`` layers (round robin) get an
+overwhelming count for one cold never-routed expert, which the ratio policy swaps in over a
+never-routed hot one. So the swaps go through the library's own decision, executor and bank at a
+known rate **without changing what the step reads** (both experts of each swap are unread in the
+window; where a layer has none, the least picked ones, and the change is corrected below). The
 known rate. Runs alternate without / with forcing (``--runs`` of each, fresh state, ``--warmup``
 untimed steps then ``--steps`` timed), and per run pair::
 
@@ -42,8 +45,9 @@ import numpy as np
 import moe_stepmodel
 from moe_tierkit import TierkitInPlace
 
-FLOOR = 1000  # counts every expert gets each step: the routing's picks never beat it 1000-fold
-FORCE = 100_000_000  # one forced expert's count: its EMA passes 1000 × the floor's at once
+LOW = 1000  # counts a never-routed expert gets each step
+HIGH = 100 * LOW  # counts every other expert gets: no cold one ever reaches 1000 × LOW by picks
+FORCE = 2_000_000_000  # one forced count: the EMA (a decayed sum) passes 1000 × any floor
 RATIO = 1000.0
 
 
@@ -63,6 +67,7 @@ class TierkitForcedSwaps(TierkitInPlace):
     def __init__(self, ctx, budget, rate: int = 1):
         self.rate, self.force = max(int(rate), 1), False
         self.turn = 0
+        self.never = None  # bool [L, E]: never routed in the timed window (set by ``measure``)
         super().__init__(ctx, budget)
 
     def reset(self):
@@ -73,17 +78,19 @@ class TierkitForcedSwaps(TierkitInPlace):
         self.turn = 0
 
     def inject(self):
-        """The floor for every expert, and this step's forced experts (``rate`` layers)."""
+        """The floors for every expert, and this step's forced experts (``rate`` layers)."""
         s = self.ctx.model.shape
-        add = np.full((s.layers, s.experts), FLOOR, dtype=np.int64)
+        never = self.never if self.never is not None else np.zeros((s.layers, s.experts), bool)
+        add = np.where(never, LOW, HIGH).astype(np.int64)
         if self.force:
             hot = self.ctl.map.hot_sets()
             for i in range(min(self.rate, s.layers)):
                 layer = (self.turn + i) % s.layers
                 cold = sorted(set(range(s.experts)) - set(hot[layer]))
-                if cold:  # the least picked cold expert of the profile window
+                if cold:  # a never-routed cold expert, else the least picked in the profile
                     prof = self.ctx.profile[layer]
-                    add[layer, min(cold, key=lambda e: (prof[e], e))] += FORCE
+                    pick = min(cold, key=lambda e: (not never[layer, e], prof[e], e))
+                    add[layer, pick] += FORCE
             self.turn = (self.turn + self.rate) % s.layers
         self.pc.add_counts(add)
 
@@ -105,6 +112,11 @@ def measure(bench, budget: float, rate: int) -> dict:
     a, s = bench.args, bench.shape
     nb = s.expert_bytes
     alt = TierkitForcedSwaps(bench.ctx, budget, rate)
+    window = bench.ids_np[bench.run_range[0]:]  # [steps, L, B, k]: every step a run executes
+    routed = np.zeros((s.layers, s.experts), dtype=bool)
+    for layer in range(s.layers):
+        routed[layer, np.unique(window[:, layer])] = True
+    alt.never = ~routed
     eng = Engine(bench.ctx, alt, bench.use_triton, bench.graphs)
     pairs = []
     graphed = False
@@ -145,6 +157,7 @@ def measure(bench, budget: float, rate: int) -> dict:
     return {"swap_cost": {
         "shape": s.name, "layers": s.layers, "batch": bench.batch, "budget": budget,
         "expert_bytes": nb, "swap_rate_requested": rate,
+        "never_routed_per_layer": round(float(alt.never.sum(1).mean()), 2),
         "copy_link_us": round(moe_stepmodel.us(nb, moe_stepmodel.H2D_GBPS), 2),
         "added_us_per_swap": None if med is None else round(med, 2),
         "target_us": 10.0, "met": None if med is None else med <= 10.0,
