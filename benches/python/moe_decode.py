@@ -94,6 +94,10 @@ the kernels replaced by a torch reference that reads weights through the same ad
     python benches/python/moe_decode.py --check --shapes olmoe --layers 2
     python benches/python/moe_decode.py --shapes mixtral --trace ../shared/data/moe/mixtral-decode \\
         --layers 4 --batches 1,8 --budgets 0.5
+    python benches/python/moe_decode.py --swap-cost --shapes olmoe --layers 2 --batches 1 \\
+        --budgets 0.5        # added step time per applied swap (moe_swapcost.py)
+
+Each row's ``predicted_step_us`` is the step-time model of ``moe_stepmodel.py`` (issue 27, item 6).
 """
 
 from __future__ import annotations
