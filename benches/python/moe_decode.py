@@ -94,6 +94,10 @@ the kernels replaced by a torch reference that reads weights through the same ad
     python benches/python/moe_decode.py --check --shapes olmoe --layers 2
     python benches/python/moe_decode.py --shapes mixtral --trace ../shared/data/moe/mixtral-decode \\
         --layers 4 --batches 1,8 --budgets 0.5
+    python benches/python/moe_decode.py --swap-cost --shapes olmoe --layers 2 --batches 1 \\
+        --budgets 0.5        # added step time per applied swap (moe_swapcost.py)
+
+Each row's ``predicted_step_us`` is the step-time model of ``moe_stepmodel.py`` (issue 27, item 6).
 """
 
 from __future__ import annotations
@@ -109,6 +113,8 @@ import numpy as np
 import torch
 
 import moe_split
+import moe_stepmodel
+import moe_swapcost
 import moe_tierkit
 from moe_alternatives import AllHbm, Alternative, CpuCold, Ctx, LayerUva, SharedBank
 from moe_engine import Engine
@@ -283,34 +289,31 @@ class Bench:
                "swaps_applied": med["swaps"]}
         row.update({k: v for k, v in med["stats"].items() if k not in ("copies", "swaps_applied")})
         row["cuda_graph"] = graphed
+        if name == "cpu-cold":  # the CPU's rate on whole experts, outside the timed steps
+            row["cpu_expert_gbps"], row["cpu_rate_tokens"] = self.cpu_rate()
         if eng.capture_error:
             row["capture_error"] = eng.capture_error
         if name == "all-hbm":
             self.ceiling = row
         if self.ceiling is not None:
             row["ratio_to_all_hbm"] = round(row["tokens_per_s"] / self.ceiling["tokens_per_s"], 3)
-            row["predicted_step_us"] = predict(self.ceiling, row, a)
+            p = moe_stepmodel.predict(row, self.ceiling, self.routing.get("touched_per_layer"),
+                                      a.swap_fixed_us)
+            row["predicted_step_us"] = p["predicted_us"]
+            row["predicted_terms"] = p["terms"]
         return row
 
-
-def predict(ceiling: dict, row: dict, a) -> float | None:
-    """The lab's link model on top of the all-HBM step: all-HBM p50 + ``tierkit.sim.
-    link_stall_us`` of the step's in-place bytes and copies (h200-pcie), + the CPU's bytes at
-    ``--cpu-gbps`` for cpu-cold (no overlap credited); for tierkit's split mode the longer of its
-    two channels, each at its together-rate (``moe_split``). A model of the link only: compute
-    that moves to the CPU and per-layer syncs are not in it."""
-    from tierkit import sim
-
-    expert = 6 * row["hidden"] * row["ffn"]
-    copies = row["link_copy_bytes_per_step"] / expert  # per step, on average
-    stall = sim.link_stall_us(row["link_read_bytes_per_step"], 0, 0)["stall_us"]
-    stall += copies * sim.link_stall_us(0, 1, expert)["stall_us"]
-    cpu = row["cpu_expert_bytes_per_step"] / (a.cpu_gbps * 1e3)
-    if row.get("mode") == "split":
-        rate = max(row["split_cpu_gbps"], 1e-6) * moe_split.CPU_TOGETHER
-        cpu = row["cpu_expert_bytes_per_step"] / (rate * 1e3)
-        return round(ceiling["step_p50_us"] + max(stall / moe_split.LINK_TOGETHER, cpu), 1)
-    return round(ceiling["step_p50_us"] + stall + cpu, 1)
+    def cpu_rate(self) -> tuple[float, int]:
+        """``(GB/s, tokens)``: the CPU computing whole experts as cpu-cold does, at the batch's
+        mean tokens per touched expert (``moe_split.measure_expert_gbps``; once per bench), for
+        the step-time model (``moe_stepmodel``)."""
+        if "cpu_expert" not in self.ctx.cache:
+            s = self.shape
+            touched = self.routing.get("touched_per_layer") or s.top_k
+            tokens = max(1, int(round(self.batch * s.top_k / max(touched, 1))))
+            gbps = moe_split.measure_expert_gbps(self.model, tokens)
+            self.ctx.cache["cpu_expert"] = (round(gbps, 3), tokens)
+        return self.ctx.cache["cpu_expert"]
 
 
 # ----------------------------------------------------------------------------------- check
@@ -446,8 +449,13 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="exactness on --check-steps steps")
     ap.add_argument("--check-steps", type=int, default=6)
     ap.add_argument("--tol", type=float, default=2e-2)
-    ap.add_argument("--cpu-gbps", type=float, default=44.0, help="CPU expert rate of the "
-                    "prediction (issue 27: 44 GB/s for Mixtral on the H200's host)")
+    ap.add_argument("--swap-fixed-us", type=float, help="the step-time model's added time per "
+                    "applied swap beyond its link time (default: moe_stepmodel's 26.2, the "
+                    "micro-bench's; a --swap-cost measurement replaces it)")
+    ap.add_argument("--swap-cost", action="store_true", help="measure the added step time per "
+                    "applied swap (moe_swapcost.py) in each (shape, batch, budget) instead of "
+                    "the cells; one JSON line each")
+    ap.add_argument("--swap-rate", type=int, default=1, help="--swap-cost: swaps forced a step")
     ap.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     ap.add_argument("--no-triton", action="store_true", help="torch reference kernels")
     ap.add_argument("--no-graphs", action="store_true")
@@ -507,6 +515,13 @@ def main(argv=None) -> int:
                 trace = load_trace(shape, a, batch, need)
                 bench = Bench(shape, batch, a, model, trace)
                 emit({"shape": shape.name, "batch": batch, "routing": bench.routing})
+                if a.swap_cost:
+                    for budget in budgets:
+                        t1 = time.perf_counter()
+                        obj = moe_swapcost.measure(bench, budget, a.swap_rate)
+                        obj["swap_cost"]["wall_s"] = round(time.perf_counter() - t1, 1)
+                        emit(obj)
+                    continue
                 if a.check:
                     for r in check(bench, alts, budgets, a.check_steps, a.tol):
                         emit(r)

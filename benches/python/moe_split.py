@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from moe_engine import CpuSplit
 from moe_kernels import SPLIT_ALIGN
 from moe_tierkit import TierkitInPlace
-from moe_weights import BF16, expert_views
+from moe_weights import BF16, expert_views, swiglu
 
 LINK_TOGETHER = 0.970  # in-place reads keep this share of their solo rate beside the CPU
 CPU_TOGETHER = 0.838  # the CPU keeps this share of its solo rate beside the link
@@ -76,6 +76,31 @@ def measure_cpu_gbps(model, batch: int, reps: int = 5) -> float:
         if r:  # the first is a warm-up
             times.append(time.perf_counter() - t0)
     return 3 * s.hidden * a * 2 / statistics.median(times) / 1e9
+
+
+def measure_expert_gbps(model, tokens: int, reps: int = 5) -> float:
+    """GB/s of weights the CPU moves computing **whole** experts as cpu-cold's step does
+    (``swiglu`` on ``tokens`` rows of the host copy's expert, the weighted ``index_add_`` of the
+    per-token sums): each repetition a different expert, spread over the layers (a step's cold
+    experts are not in the CPU's caches either), median of ``reps`` after one warm-up. For the
+    step-time model (``moe_stepmodel``); measured outside any timed step."""
+    s = model.shape
+    xs = torch.randn((tokens, s.hidden), dtype=torch.float32).to(BF16)
+    rows = torch.arange(tokens)
+    w = torch.ones(tokens, dtype=torch.float32)
+    y = torch.zeros((tokens, s.hidden), dtype=torch.float32)
+    n = s.layers * s.experts
+    stride = max(1, n // (reps + 1))
+    times = []
+    for r in range(reps + 1):
+        layer, e = divmod((r * stride + r) % n, s.experts)
+        t0 = time.perf_counter()
+        w13, w2 = expert_views(model.host[layer, e], s.hidden, s.ffn)
+        o = swiglu(xs, w13, w2).float()
+        y.index_add_(0, rows, o * w[:, None])
+        if r:  # the first is a warm-up
+            times.append(time.perf_counter() - t0)
+    return s.expert_bytes / statistics.median(times) / 1e9
 
 
 def cut_columns(ffn: int, share: float) -> int:

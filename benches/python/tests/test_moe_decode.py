@@ -348,3 +348,31 @@ def test_cli_refuses_bad_modes(capsys):
                  ["--auto-candidates", "auto"]):
         with pytest.raises(SystemExit):
             md.main(list(TINY) + args)
+
+
+def test_swap_cost_forces_swaps_through_the_library_and_reports_per_swap(capsys):
+    # tiny shape on the CPU reference path (NullExecutor): the baseline run of each pair swaps
+    # nothing (the floor keeps the ratio policy still), the forced run swaps at the asked rate
+    rc, rows = run(capsys, "--swap-cost", "--swap-rate", "1", "--batches", "2", "--budgets",
+                   "0.5", "--runs", "3", "--steps", "6", "--warmup", "2")
+    (sc,) = [r["swap_cost"] for r in rows if "swap_cost" in r]
+    assert rc == 0 and sc["budget"] == 0.5 and sc["swap_rate_requested"] == 1
+    assert len(sc["runs"]) == 3 and sc["expert_bytes"] == 6 * 64 * 32
+    for pair in sc["runs"]:
+        assert pair["without"]["swaps_per_step"] == 0
+        assert 0 < pair["with"]["swaps_per_step"] <= 1
+        assert isinstance(pair["added_us_per_swap"], float)
+    ok = sorted(p["added_us_per_swap"] for p in sc["runs"])
+    assert sc["added_us_per_swap"] == ok[1] and sc["met"] == (ok[1] <= 10.0)
+    assert not any("alternative" in r for r in rows)  # no cells in this mode
+
+
+def test_cpu_cold_rows_carry_the_measured_cpu_rate_for_the_model(capsys):
+    rc, rows = run(capsys, "--batches", "2", "--budgets", "0.5", "--runs", "1", "--steps", "3",
+                   "--warmup", "1", "--alternatives", "cpu-cold")
+    c = [r for r in rows if r.get("alternative") == "cpu-cold"][0]
+    assert rc == 0 and c["cpu_expert_gbps"] > 0 and c["cpu_rate_tokens"] >= 1
+    terms = c["predicted_terms"]
+    if c["cpu_expert_bytes_per_step"]:
+        assert terms["cpu"] == pytest.approx(
+            c["cpu_expert_bytes_per_step"] / (c["cpu_expert_gbps"] * 1e3), abs=0.1)
