@@ -16,28 +16,8 @@
 #   c. moe_verdict.py over the cells                                                     ~1 s
 set -u
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT/logs"
-if ! python3 -c 'import tierkit.sim' 2>/dev/null; then
-    python3 -m pip install -q --no-deps --no-index --target /tmp/site .gpu-py/tierkit-*.whl
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1
-MIXTRAL=${MIXTRAL_TRACE:-.bench-data/mixtral-decode}
-[ -d "$MIXTRAL" ] || echo "WARNING: no Mixtral logs at $MIXTRAL: its cell runs on generated routing" >&2
-B=benches/python/moe_decode.py
+. benches/python/device_steps.sh
 CELLS="$OUT/i27-cells.jsonl"
-rc=0
-step() {  # step NAME LIMIT_S CMD...: runs CMD under timeout, its output in $OUT/logs/NAME.log
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
-    local r=$?
-    echo "== $name: exit $r in $((SECONDS - t0)) s (limit $limit s)"
-    tail -n 3 "$OUT/logs/$name.log"
-    [ "$r" -eq 0 ] || rc=1
-}
 
 # a. exactness of every tierkit mode
 step check 75 python3 $B --check --shapes qwen3 --layers 2 --batches 8 --budgets 0.25 \
