@@ -48,23 +48,7 @@ fn large_geometry_case(gpu: &std::sync::Arc<cuda_kernels::Gpu>, engine: ResolveE
             k,
             layer: step % 2,
         };
-        let (mut i1, mut v1) = (vec![0; topk.len()], vec![0; 8]);
-        let (mut i2, mut v2) = (vec![0; topk.len()], vec![0; 8]);
-        let a = cpu.resolve(
-            &input,
-            &mut ResolveOutput {
-                indices: &mut i1,
-                valid_count: &mut v1,
-            },
-        );
-        let b = gp.resolve(
-            &input,
-            &mut ResolveOutput {
-                indices: &mut i2,
-                valid_count: &mut v2,
-            },
-        );
-        let (a, b) = (a.unwrap(), b.unwrap());
+        let ((i1, v1, a), (i2, v2, b)) = resolve_on_both(&mut cpu, &mut gp, &input, 8);
         assert_eq!((i1, v1), (i2.clone(), v2));
         assert_eq!(a.plan, b.plan);
         assert_eq!(a.stats, b.stats);
@@ -286,23 +270,7 @@ fn deepseek_v4_case(
             layer,
         };
         let n_rows = sessions.len() * rows_per;
-        let (mut i1, mut v1) = (vec![0; topk.len()], vec![0; n_rows]);
-        let (mut i2, mut v2) = (vec![0; topk.len()], vec![0; n_rows]);
-        let a = cpu.resolve(
-            &input,
-            &mut ResolveOutput {
-                indices: &mut i1,
-                valid_count: &mut v1,
-            },
-        );
-        let b = gp.resolve(
-            &input,
-            &mut ResolveOutput {
-                indices: &mut i2,
-                valid_count: &mut v2,
-            },
-        );
-        let (a, b) = (a.unwrap(), b.unwrap());
+        let ((i1, v1, a), (i2, v2, b)) = resolve_on_both(&mut cpu, &mut gp, &input, n_rows);
         assert_eq!((&i1, &v1), (&i2, &v2), "{engine:?} {backend:?} step {step}");
         assert_eq!(a.plan, b.plan);
         assert_eq!(a.stats, b.stats);
@@ -334,4 +302,32 @@ fn deepseek_v4_case(
         served > 10_000 && misses > 0,
         "{served} served, {misses} misses"
     );
+}
+
+/// One step resolved on the CPU reference and on the GPU pool: each side's indices, valid
+/// counts (`rows` of them) and result, both resolves required to succeed.
+#[allow(clippy::type_complexity)]
+fn resolve_on_both(
+    cpu: &mut ElasticPool,
+    gp: &mut GpuElasticPool,
+    input: &ResolveInput<'_>,
+    rows: usize,
+) -> (
+    (Vec<i32>, Vec<i32>, kv_elastic::Resolved),
+    (Vec<i32>, Vec<i32>, kv_elastic::Resolved),
+) {
+    let side = |r: &mut dyn Resolver| {
+        let (mut i, mut v) = (vec![0; input.topk.len()], vec![0; rows]);
+        let res = r
+            .resolve(
+                input,
+                &mut ResolveOutput {
+                    indices: &mut i,
+                    valid_count: &mut v,
+                },
+            )
+            .unwrap();
+        (i, v, res)
+    };
+    (side(cpu), side(gp))
 }
