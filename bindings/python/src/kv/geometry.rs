@@ -1,6 +1,6 @@
 //! `tierkit.kv.KvGeometry`: the pool's geometry, sized directly or from an HBM budget.
 
-use kv_elastic::{Geometry, KvError, LayerGroups, RowFormat};
+use kv_elastic::{Geometry, LayerGroups, RowFormat};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -205,30 +205,23 @@ impl PyKvGeometry {
         let layer_groups = layer_groups_arg(layer_groups)?;
         let row_format = row_format_arg(row_format, page_rows)?;
         guard(|| {
-            let mut g = Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
-                budget_bytes,
-                row_bytes,
-                layers,
-                page_rows,
-                hot_rows,
-                tail_rows,
-                scratch_rows,
-            })
+            // The Rust sizer counts the format's padded pages against the budget and the arena
+            // cap (a padded arena past 1 TiB is capped, as a contiguous one is).
+            let mut g = Geometry::for_hbm_budget_with_format(
+                &kv_elastic::PoolSizing {
+                    budget_bytes,
+                    row_bytes,
+                    layers,
+                    page_rows,
+                    hot_rows,
+                    tail_rows,
+                    scratch_rows,
+                },
+                row_format,
+            )
             .map_err(kv_err)?;
             g.layer_groups = layer_groups;
-            g.row_format = row_format;
             g.validate().map_err(kv_err)?;
-            // A padded page is larger than page_rows × row_bytes: as many of those as fit.
-            let page_bytes = g.page_bytes() * g.layers as u64;
-            if budget_bytes / page_bytes < g.arena_pages as u64 {
-                g.arena_pages = (budget_bytes / page_bytes) as u32;
-                if g.arena_pages < g.fixed_pages() {
-                    return Err(kv_err(KvError::BudgetTooSmall {
-                        budget_bytes,
-                        needed_bytes: g.fixed_pages() as u64 * page_bytes,
-                    }));
-                }
-            }
             Ok(PyKvGeometry(g))
         })
         .and_then(|g| {
