@@ -286,3 +286,39 @@ class _no_warning:
 
     def __exit__(self, *exc):
         return self._w.__exit__(*exc)
+
+
+def test_geometry_equality_compares_layer_groups_by_size_and_repr_round_trips():
+    # Third pass: Geometry(..., layer_groups=[1, 1]) and the default per-layer groups of the same
+    # 2 layers compared unequal, so eval(repr(g)) != g for every geometry (repr gives sizes).
+    fmt = {"value": 24, "scale": 8, "page_bytes": 528}
+    for kw in ({}, {"row_format": fmt}, {"layer_groups": "one"}, {"layer_groups": 1}):
+        g = kv.Geometry(32, 2, 16, 24, 32, 16, **kw)
+        assert eval(repr(g), {"Geometry": kv.Geometry}) == g, repr(g)
+    assert kv.Geometry(32, 2, 16, 24, 32, 16, layer_groups=[2]) == kv.Geometry(
+        32, 2, 16, 24, 32, 16, layer_groups="one")
+    assert kv.Geometry(32, 2, 16, 24, 32, 16, layer_groups=[2]) != kv.Geometry(32, 2, 16, 24, 32, 16)
+    assert kv.Geometry(32, 2, 16, 24, 32, 16, row_format=fmt) != kv.Geometry(32, 2, 16, 24, 32, 16)
+
+
+def test_row_format_key_that_cannot_print_is_named_without_an_unraisable_error():
+    class Odd:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    seen = []
+    import sys
+    old, sys.unraisablehook = sys.unraisablehook, seen.append
+    try:
+        with pytest.raises(ValueError, match="unknown key <a Odd key>"):
+            kv.Geometry(32, 2, 16, 24, 32, 16,
+                        row_format={Odd(): 1, "value": 24, "scale": 8, "page_bytes": 528})
+        with pytest.raises(ValueError, match="unknown key 'extra'"):
+            kv.Geometry(32, 2, 16, 24, 32, 16,
+                        row_format={"extra": 1, "value": 24, "scale": 8, "page_bytes": 528})
+    finally:
+        sys.unraisablehook = old
+    assert seen == []

@@ -90,8 +90,13 @@ fn row_format_arg(arg: Option<&Bound<'_, PyAny>>, page_rows: u32) -> PyResult<Op
     for key in d.keys() {
         let k: String = key.extract().unwrap_or_default();
         if !["value", "scale", "page_bytes", "page_rows"].contains(&k.as_str()) {
+            // repr, not str: a key whose __str__ raises is named without an unraisable error.
+            let name = key
+                .repr()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|_| format!("<a {} key>", type_name(&key)));
             return Err(PyValueError::new_err(format!(
-                "row_format: unknown key {key} (value, scale, page_bytes, page_rows)"
+                "row_format: unknown key {name} (value, scale, page_bytes, page_rows)"
             )));
         }
     }
@@ -124,8 +129,28 @@ fn row_format_arg(arg: Option<&Bound<'_, PyAny>>, page_rows: u32) -> PyResult<Op
 /// `value ‖ scale` (`row_bytes = v + s` bytes per layer) and `arena_row` returns them that way.
 /// A format that does not fit the geometry raises `ValueError`.
 #[pyclass(name = "KvGeometry", module = "tierkit.kv", frozen, eq)]
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 pub(crate) struct PyKvGeometry(pub(crate) Geometry);
+
+/// `==` compares what the pool does with the geometry: the fields, the layer groups' sizes (so
+/// `layer_groups=[1, 1]` equals the default per-layer groups of 2 layers, and `eval(repr(g)) ==
+/// g`, repr giving the sizes) and the row format in effect (an explicit contiguous format equals
+/// `None`).
+impl PartialEq for PyKvGeometry {
+    fn eq(&self, other: &Self) -> bool {
+        let key = |g: &Geometry| {
+            (
+                Geometry {
+                    layer_groups: LayerGroups::per_layer(),
+                    row_format: Some(g.format()),
+                    ..*g
+                },
+                g.layer_groups.sizes(g.layers),
+            )
+        };
+        key(&self.0) == key(&other.0)
+    }
+}
 
 #[pymethods]
 impl PyKvGeometry {
