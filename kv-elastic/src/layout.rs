@@ -331,10 +331,10 @@ impl Geometry {
     /// session takes [`Geometry::fixed_pages`] of these pages; the rest is lent as history pages
     /// (the elastic tier of Adaptive HiSparse). The result has per-layer [`LayerGroups`]; set
     /// `layer_groups` on it for layers that share picks (the arena's size does not depend on it).
-    /// Its rows are contiguous (`row_format: None`); a paged split format's pages are padded
-    /// ([`Geometry::page_bytes`] ≥ `page_rows × row_bytes`), so a budget holds
-    /// `budget_bytes / (layers × page_bytes)` of them (what the Python binding's `row_format`
-    /// keyword sizes).
+    /// Its rows are contiguous (`row_format: None`); for a paged split format, whose pages are
+    /// padded ([`Geometry::page_bytes`] ≥ `page_rows × row_bytes`), size with
+    /// [`Geometry::for_hbm_budget_with_format`] (setting `row_format` on this result afterwards
+    /// gives an arena over the budget).
     ///
     /// # Errors
     /// [`KvError::InvalidGeometry`] for a field [`Geometry::validate`] rejects;
@@ -353,6 +353,34 @@ impl Geometry {
     /// # Ok::<(), kv_elastic::KvError>(())
     /// ```
     pub fn for_hbm_budget(sizing: &PoolSizing) -> Result<Geometry> {
+        Geometry::for_hbm_budget_with_format(sizing, None)
+    }
+
+    /// [`Geometry::for_hbm_budget`] for rows laid out as `row_format` (`None`: contiguous): the
+    /// budget holds `budget_bytes / (layers × page_bytes)` pages of the format's
+    /// [`Geometry::page_bytes`] (padding included), and the arena cap ([`MAX_ARENA_BYTES`],
+    /// `int32` row indices) counts those padded pages too, so a padded format's arena is capped as
+    /// a contiguous one is, never refused for a budget past the cap.
+    ///
+    /// # Errors
+    /// As [`Geometry::for_hbm_budget`]; a `row_format` that does not fit the rows and pages
+    /// ([`RowFormat`]'s errors) is [`KvError::InvalidGeometry`], and `BudgetTooSmall` counts the
+    /// padded pages.
+    ///
+    /// ```
+    /// use kv_elastic::{Geometry, PoolSizing, RowFormat};
+    /// let sizing = PoolSizing {
+    ///     budget_bytes: 1 << 30, row_bytes: 584, layers: 61, page_rows: 64,
+    ///     hot_rows: 4096, tail_rows: 64, scratch_rows: 0,
+    /// };
+    /// let g = Geometry::for_hbm_budget_with_format(&sizing, Some(RowFormat::DEEPSEEK_V4))?;
+    /// assert_eq!(g.arena_pages, (1u64 << 30) as u32 / (61 * 37_440));
+    /// # Ok::<(), kv_elastic::KvError>(())
+    /// ```
+    pub fn for_hbm_budget_with_format(
+        sizing: &PoolSizing,
+        row_format: Option<RowFormat>,
+    ) -> Result<Geometry> {
         let PoolSizing {
             budget_bytes,
             row_bytes,
@@ -371,15 +399,16 @@ impl Geometry {
             tail_rows,
             scratch_rows,
             layer_groups: LayerGroups::per_layer(),
-            row_format: None,
+            row_format,
         };
         // Field checks first (with one page: only `ArenaTooSmall` may remain).
         match g.validate() {
             Ok(()) | Err(KvError::ArenaTooSmall { .. }) => {}
             Err(e) => return Err(e),
         }
-        // validate() bounds layers × row_bytes <= 2^24 and page_rows < 2^31: no overflow.
-        let page_bytes = page_rows as u64 * layers as u64 * row_bytes as u64;
+        // validate() with one page bounds layers × page bytes (padding included) <= 2^40: no
+        // overflow, and at least one page fits under MAX_ARENA_BYTES.
+        let page_bytes = layers as u64 * g.page_bytes();
         let max_pages = (i32::MAX as u64 / page_rows as u64)
             .min(MAX_ARENA_BYTES / page_bytes)
             .min(u32::MAX as u64);
@@ -755,5 +784,123 @@ mod tests {
         assert_eq!(back, g());
         let v = serde_json::to_string(&v4()).unwrap();
         assert_eq!(serde_json::from_str::<Geometry>(&v).unwrap(), v4());
+    }
+
+    #[test]
+    fn for_hbm_budget_counts_padded_pages_and_caps_them() {
+        let sizing = |budget_bytes| PoolSizing {
+            budget_bytes,
+            row_bytes: 584,
+            layers: 2,
+            page_rows: 64,
+            hot_rows: 128,
+            tail_rows: 64,
+            scratch_rows: 0,
+        };
+        let v4 = Some(RowFormat::DEEPSEEK_V4);
+        // A budget fills with padded pages: never an arena over the budget.
+        let g = Geometry::for_hbm_budget_with_format(&sizing(1 << 26), v4).unwrap();
+        assert_eq!(g.row_format, v4);
+        assert_eq!(g.arena_pages as u64, (1 << 26) / (2 * 37_440));
+        assert!(g.arena_pages as u64 * g.page_bytes() * 2 <= 1 << 26);
+        assert_eq!(
+            Geometry::for_hbm_budget_with_format(&sizing(3 * 2 * 37_440 - 1), v4),
+            Err(KvError::BudgetTooSmall {
+                budget_bytes: 3 * 2 * 37_440 - 1,
+                needed_bytes: 3 * 2 * 37_440
+            })
+        );
+        // A budget past MAX_ARENA_BYTES caps the padded arena as it caps a contiguous one.
+        for budget in [1 << 40, (1 << 40) + 1, 1 << 41, u64::MAX] {
+            let g = Geometry::for_hbm_budget_with_format(&sizing(budget), v4).unwrap();
+            assert_eq!(
+                g.arena_pages as u64,
+                MAX_ARENA_BYTES / (2 * 37_440),
+                "{budget}"
+            );
+            g.validate().unwrap();
+        }
+        // A huge padded page: a small budget is too small (not an invalid geometry), a huge one
+        // caps at the pages 1 TiB holds.
+        let huge = Some(RowFormat::PagedSplit {
+            value: 576,
+            scale: 8,
+            page_rows: 64,
+            page_bytes: u32::MAX,
+        });
+        assert!(matches!(
+            Geometry::for_hbm_budget_with_format(&sizing(1 << 20), huge),
+            Err(KvError::BudgetTooSmall { .. })
+        ));
+        let g = Geometry::for_hbm_budget_with_format(&sizing(1 << 45), huge).unwrap();
+        assert_eq!(
+            g.arena_pages as u64,
+            MAX_ARENA_BYTES / (2 * u32::MAX as u64)
+        );
+        // A format that does not fit the rows is refused; None is for_hbm_budget.
+        let bad = Some(RowFormat::PagedSplit {
+            value: 576,
+            scale: 8,
+            page_rows: 32,
+            page_bytes: 37_440,
+        });
+        assert!(matches!(
+            Geometry::for_hbm_budget_with_format(&sizing(1 << 26), bad),
+            Err(KvError::InvalidGeometry(_))
+        ));
+        assert_eq!(
+            Geometry::for_hbm_budget_with_format(&sizing(1 << 26), None),
+            Geometry::for_hbm_budget(&sizing(1 << 26))
+        );
+    }
+
+    #[test]
+    fn serde_reads_weird_formats_as_errors_or_validate_refuses_them() {
+        let with = |fmt: &str| {
+            let mut json = serde_json::to_value(v4()).unwrap();
+            json["row_format"] = serde_json::from_str(fmt).unwrap();
+            serde_json::from_value::<Geometry>(json)
+        };
+        // Not a format: serde errors, never a panic.
+        for fmt in [
+            r#"{"PagedSplit": {"value": -1, "scale": 8, "page_rows": 64, "page_bytes": 37440}}"#,
+            r#"{"PagedSplit": {"value": 4294967296, "scale": 8, "page_rows": 64, "page_bytes": 1}}"#,
+            r#"{"PagedSplit": {"value": 576.5, "scale": 8, "page_rows": 64, "page_bytes": 37440}}"#,
+            r#"{"PagedSplit": {"value": 576, "scale": 8, "page_rows": 64}}"#,
+            r#"{"PagedSplit": {"value": "576", "scale": 8, "page_rows": 64, "page_bytes": 37440}}"#,
+            r#"{"Contiguous": {}}"#,
+            r#"{"Paged": {"bytes": 584}}"#,
+            r#""DeepSeekV4""#,
+            r#"[576, 8, 64, 37440]"#,
+            r#"7"#,
+        ] {
+            assert!(with(fmt).is_err(), "{fmt}");
+        }
+        // Formats that parse but do not fit the geometry: validate refuses them.
+        for fmt in [
+            r#"{"Contiguous": {"bytes": 0}}"#,
+            r#"{"PagedSplit": {"value": 0, "scale": 584, "page_rows": 64, "page_bytes": 37440}}"#,
+            r#"{"PagedSplit": {"value": 4294967295, "scale": 585, "page_rows": 64, "page_bytes": 37440}}"#,
+            r#"{"PagedSplit": {"value": 576, "scale": 8, "page_rows": 0, "page_bytes": 37440}}"#,
+            r#"{"PagedSplit": {"value": 576, "scale": 8, "page_rows": 64, "page_bytes": 0}}"#,
+        ] {
+            let g = with(fmt).unwrap();
+            assert!(
+                matches!(g.validate(), Err(KvError::InvalidGeometry(_))),
+                "{fmt}"
+            );
+            // Never a division by zero or an out-of-range slice on the unvalidated geometry.
+            let _ = (
+                g.page_bytes(),
+                g.row_offsets(u32::MAX),
+                g.plane_row(&[0; 64], 3),
+            );
+        }
+        // null is the default (contiguous); an explicit Contiguous of row_bytes is valid.
+        assert_eq!(with("null").unwrap().row_format, None);
+        with(r#"{"Contiguous": {"bytes": 584}}"#)
+            .unwrap()
+            .validate()
+            .unwrap();
     }
 }

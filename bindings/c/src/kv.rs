@@ -324,7 +324,10 @@ impl Object for TierkitKvPool {
     const NAME: &'static str = "tierkit_kv_pool";
 }
 
-/// Sizes a pool from an HBM budget (bytes of arena), as `Geometry::for_hbm_budget`.
+/// Sizes a pool from an HBM budget (bytes of arena), as `Geometry::for_hbm_budget`: contiguous
+/// rows and one layer group per layer. For a paged split row format (DeepSeek-V4) size with
+/// `tierkit_kv_geometry_fit_budget`, which counts the format's padded pages: setting the
+/// `row_format` / `fmt_*` fields on this function's result gives an arena over the budget.
 ///
 /// # Safety
 /// `out_geometry` valid for a write; `err` NULL or valid for a pointer write.
@@ -356,6 +359,58 @@ pub unsafe extern "C" fn tierkit_kv_geometry_for_hbm_budget(
             out(
                 out_geometry,
                 TierkitKvGeometry::per_layer(&g),
+                "out_geometry",
+            )
+        })
+    }
+}
+
+/// Sizes `shape`'s arena from an HBM budget (bytes of arena): `*out_geometry` is `*shape` with
+/// `arena_pages` set to the most pages of its row format (`layers × fmt_page_bytes` bytes each
+/// for `TIERKIT_KV_FMT_PAGED_SPLIT`, padding included; `layers × page_rows × row_bytes` for
+/// contiguous rows) that fit in `budget_bytes`, capped as `tierkit_kv_geometry_for_hbm_budget`
+/// caps (1 TiB, `int32` row indices). `shape.arena_pages` is ignored; every other field
+/// (layer groups and row format included) is checked as `tierkit_kv_pool_new` checks it
+/// (`TIERKIT_ERR_INVALID_ARGUMENT`), and `TIERKIT_ERR_INVALID_ARGUMENT` names a budget below one
+/// session's fixed pages. `group_sizes` is copied as a pointer (the caller's array).
+///
+/// # Safety
+/// `shape` points to a readable geometry (and, when its `group_count > 0`, its `group_sizes` to
+/// `group_count` readable `uint32_t`); `out_geometry` valid for a write; `err` NULL or valid for
+/// a pointer write.
+#[no_mangle]
+pub unsafe extern "C" fn tierkit_kv_geometry_fit_budget(
+    budget_bytes: u64,
+    shape: *const TierkitKvGeometry,
+    out_geometry: *mut TierkitKvGeometry,
+    err: *mut *mut TierkitError,
+) -> TierkitCode {
+    // SAFETY: forwarded contracts.
+    unsafe {
+        call(err, || {
+            writable(out_geometry, "out_geometry")?;
+            let shape = view(shape, 1, "shape")?[0];
+            let want = shape.read_geometry()?;
+            let mut g = Geometry::for_hbm_budget_with_format(
+                &kv_elastic::PoolSizing {
+                    budget_bytes,
+                    row_bytes: want.row_bytes,
+                    layers: want.layers,
+                    page_rows: want.page_rows,
+                    hot_rows: want.hot_rows,
+                    tail_rows: want.tail_rows,
+                    scratch_rows: want.scratch_rows,
+                },
+                want.row_format,
+            )?;
+            g.layer_groups = want.layer_groups;
+            g.validate()?;
+            out(
+                out_geometry,
+                TierkitKvGeometry {
+                    arena_pages: g.arena_pages,
+                    ..shape
+                },
                 "out_geometry",
             )
         })
@@ -759,6 +814,8 @@ pub unsafe extern "C" fn tierkit_kv_pool_read_row(
     // SAFETY: forwarded contracts.
     unsafe {
         call(err, || {
+            // Before the copy: an error leaves `buf` untouched.
+            writable(len, "len")?;
             let n = with_pool(pool, |st| {
                 let bytes = arena_row(st, layer, row)?;
                 if cap < bytes.len() {

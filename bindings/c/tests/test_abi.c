@@ -194,6 +194,53 @@ static void transfer_cases(void) {
     torn == 1 ? passed++ : failed++;
 }
 
+/* Sizing a paged split arena from a budget: the padded pages are what the budget holds (setting
+ * the format on tierkit_kv_geometry_for_hbm_budget's contiguous result gave an arena over the
+ * budget), and past 1 TiB the padded arena is capped, not refused. */
+static void fit_budget_cases(void) {
+    uint32_t groups[2] = {1, 1};
+    tierkit_kv_geometry v4 = {.row_bytes = 584, .layers = 2, .page_rows = 64, .arena_pages = 0,
+                              .hot_rows = 128, .tail_rows = 64, .group_count = 2, .group_sizes = groups,
+                              .row_format = TIERKIT_KV_FMT_PAGED_SPLIT, .fmt_value_bytes = 576,
+                              .fmt_scale_bytes = 8, .fmt_page_bytes = 37440};
+    tierkit_kv_geometry out = {0};
+    EXPECT("fit budget: 64 MiB of DeepSeek-V4 rows",
+           tierkit_kv_geometry_fit_budget(64u << 20, &v4, &out, &err_), TIERKIT_OK, NULL);
+    int good = out.arena_pages == (64u << 20) / (2 * 37440) && out.row_format == TIERKIT_KV_FMT_PAGED_SPLIT &&
+               out.fmt_page_bytes == 37440 && out.group_sizes == groups &&
+               (uint64_t)out.arena_pages * 2 * 37440 <= (64u << 20);
+    tierkit_kv_pool *pool = NULL;
+    EXPECT("fit budget: its geometry makes a pool", tierkit_kv_pool_new(&out, true, &pool, &err_), TIERKIT_OK, NULL);
+    tierkit_kv_pool_free(pool);
+    EXPECT("fit budget: 2 TiB is capped at 1 TiB of padded pages",
+           tierkit_kv_geometry_fit_budget(2ull << 40, &v4, &out, &err_), TIERKIT_OK, NULL);
+    good = good && out.arena_pages == (1ull << 40) / (2 * 37440);
+    EXPECT("fit budget: UINT64_MAX is capped too",
+           tierkit_kv_geometry_fit_budget(UINT64_MAX, &v4, &out, &err_), TIERKIT_OK, NULL);
+    good = good && out.arena_pages == (1ull << 40) / (2 * 37440);
+    printf("%s fit budget: padded pages counted and capped\n", good ? "ok  " : "FAIL");
+    good ? passed++ : failed++;
+    EXPECT("fit budget: below one session's padded pages",
+           tierkit_kv_geometry_fit_budget(3 * 2 * 37440 - 1, &v4, &out, &err_), TIERKIT_ERR_INVALID_ARGUMENT,
+           "224640");
+    EXPECT("fit budget: NULL shape", tierkit_kv_geometry_fit_budget(1 << 26, NULL, &out, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "shape");
+    EXPECT("fit budget: NULL out", tierkit_kv_geometry_fit_budget(1 << 26, &v4, NULL, &err_),
+           TIERKIT_ERR_NULL_ARGUMENT, "out_geometry");
+    tierkit_kv_geometry bad = v4;
+    bad.fmt_page_bytes = 64 * 584 - 1;
+    EXPECT("fit budget: a page that cannot hold its rows",
+           tierkit_kv_geometry_fit_budget(1 << 26, &bad, &out, &err_), TIERKIT_ERR_INVALID_ARGUMENT, "page_bytes");
+    bad = v4;
+    bad.row_format = 2;
+    EXPECT("fit budget: an unknown format", tierkit_kv_geometry_fit_budget(1 << 26, &bad, &out, &err_),
+           TIERKIT_ERR_INVALID_ARGUMENT, "row_format");
+    bad = v4;
+    groups[1] = 2;
+    EXPECT("fit budget: layer groups that do not sum to the layers",
+           tierkit_kv_geometry_fit_budget(1 << 26, &bad, &out, &err_), TIERKIT_ERR_INVALID_ARGUMENT, NULL);
+}
+
 /* DeepSeek-V4's paged split row format, scaled down (24-byte value + 8-byte scale, pages of 4 rows
  * padded to 144 bytes): attention reads each row back as the token's value ‖ scale; a format
  * that does not add up is an error, not a pool. */
@@ -233,9 +280,20 @@ static void paged_split_cases(void) {
         EXPECT("paged split: read_row of a row out of range",
                tierkit_kv_pool_read_row(pool, 1, 1 << 30, small, sizeof small, &len, &err_),
                TIERKIT_ERR_INVALID_ARGUMENT, "no arena row");
+        /* A NULL len is refused before the copy: the caller's buffer stays as it was. */
+        uint8_t untouched[32];
+        memset(untouched, 0xAB, sizeof untouched);
+        EXPECT("paged split: read_row with a NULL len",
+               tierkit_kv_pool_read_row(pool, 1, idx[0], untouched, sizeof untouched, NULL, &err_),
+               TIERKIT_ERR_NULL_ARGUMENT, "len");
+        int kept = 1;
+        for (size_t i = 0; i < sizeof untouched; i++) kept = kept && untouched[i] == 0xAB;
+        printf("%s paged split: a refused read_row writes nothing\n", kept ? "ok  " : "FAIL");
+        kept ? passed++ : failed++;
     }
     tierkit_kv_pool_end_read(pool, read, NULL);
     tierkit_kv_pool_free(pool);
+    fit_budget_cases();
     kg.fmt_scale_bytes = 4;
     EXPECT("paged split: value + scale != row_bytes", tierkit_kv_pool_new(&kg, true, &bad, &err_),
            TIERKIT_ERR_INVALID_ARGUMENT, "value + scale");

@@ -249,3 +249,76 @@ def test_lab_str_arguments_name_the_argument_in_the_message():
         assert str(e.value).startswith(f"{name}: "), (name, str(e.value))
     # The defaults still apply.
     assert sim.link_stall_us(1, 1, 1)["link"]["name"] == "h200-pcie"
+
+
+def test_padded_row_format_budget_past_the_arena_cap_caps_with_a_warning():
+    # Third pass (paged split rows): the binding sized contiguous pages, set the format, then
+    # validated, so a padded arena past 1 TiB raised ValueError where a contiguous one capped with
+    # a UserWarning, and a huge padded page at a small budget said "invalid geometry" for a
+    # budget that was too small.
+    for budget in (1 << 40, (1 << 40) + 1, 1 << 41, 2**64 - 1):
+        capped = budget // (2 * 37440) > (1 << 40) // (2 * 37440)
+        with pytest.warns(UserWarning, match="capped") if capped else _no_warning():
+            g = kv.Geometry.for_hbm_budget(budget, 584, 2, 64, 128, 64, row_format="deepseek_v4")
+        assert g.arena_pages == (1 << 40) // (2 * 37440)
+        assert g.arena_pages * g.page_bytes * g.layers <= 1 << 40
+    with pytest.warns(UserWarning, match="capped"):
+        g = kv.Geometry.for_hbm_budget(1 << 41, 584, 61, 64, 128, 64, row_format="deepseek_v4")
+    assert g.arena_pages == (1 << 40) // (61 * 37440)
+    huge = {"value": 24, "scale": 8, "page_bytes": 2**32 - 1}
+    with pytest.raises(ValueError, match="below one session"):
+        kv.Geometry.for_hbm_budget(1 << 20, 32, 2, 16, 32, 16, row_format=huge)
+    with pytest.warns(UserWarning, match="capped"):
+        g = kv.Geometry.for_hbm_budget(1 << 45, 32, 2, 16, 32, 16, row_format=huge)
+    assert g.arena_pages == (1 << 40) // (2 * (2**32 - 1))
+    # Below the cap: the budget holds padded pages, never an arena over it.
+    g = kv.Geometry.for_hbm_budget(3 * 2 * 37440 - 1 + 37440, 584, 2, 64, 128, 64,
+                                   row_format="deepseek_v4", layer_groups="one")
+    assert (g.arena_pages, g.layer_groups) == (3, [2])
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+
+def test_geometry_equality_compares_layer_groups_by_size_and_repr_round_trips():
+    # Third pass: Geometry(..., layer_groups=[1, 1]) and the default per-layer groups of the same
+    # 2 layers compared unequal, so eval(repr(g)) != g for every geometry (repr gives sizes).
+    fmt = {"value": 24, "scale": 8, "page_bytes": 528}
+    for kw in ({}, {"row_format": fmt}, {"layer_groups": "one"}, {"layer_groups": 1}):
+        g = kv.Geometry(32, 2, 16, 24, 32, 16, **kw)
+        assert eval(repr(g), {"Geometry": kv.Geometry}) == g, repr(g)
+    assert kv.Geometry(32, 2, 16, 24, 32, 16, layer_groups=[2]) == kv.Geometry(
+        32, 2, 16, 24, 32, 16, layer_groups="one")
+    assert kv.Geometry(32, 2, 16, 24, 32, 16, layer_groups=[2]) != kv.Geometry(32, 2, 16, 24, 32, 16)
+    assert kv.Geometry(32, 2, 16, 24, 32, 16, row_format=fmt) != kv.Geometry(32, 2, 16, 24, 32, 16)
+
+
+def test_row_format_key_that_cannot_print_is_named_without_an_unraisable_error():
+    class Odd:
+        def __str__(self):
+            raise RuntimeError("no str")
+
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    seen = []
+    import sys
+    old, sys.unraisablehook = sys.unraisablehook, seen.append
+    try:
+        with pytest.raises(ValueError, match="unknown key <a Odd key>"):
+            kv.Geometry(32, 2, 16, 24, 32, 16,
+                        row_format={Odd(): 1, "value": 24, "scale": 8, "page_bytes": 528})
+        with pytest.raises(ValueError, match="unknown key 'extra'"):
+            kv.Geometry(32, 2, 16, 24, 32, 16,
+                        row_format={"extra": 1, "value": 24, "scale": 8, "page_bytes": 528})
+    finally:
+        sys.unraisablehook = old
+    assert seen == []

@@ -1,6 +1,6 @@
 //! `tierkit.kv.KvGeometry`: the pool's geometry, sized directly or from an HBM budget.
 
-use kv_elastic::{Geometry, KvError, LayerGroups, RowFormat};
+use kv_elastic::{Geometry, LayerGroups, RowFormat};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -90,8 +90,13 @@ fn row_format_arg(arg: Option<&Bound<'_, PyAny>>, page_rows: u32) -> PyResult<Op
     for key in d.keys() {
         let k: String = key.extract().unwrap_or_default();
         if !["value", "scale", "page_bytes", "page_rows"].contains(&k.as_str()) {
+            // repr, not str: a key whose __str__ raises is named without an unraisable error.
+            let name = key
+                .repr()
+                .map(|r| r.to_string())
+                .unwrap_or_else(|_| format!("<a {} key>", type_name(&key)));
             return Err(PyValueError::new_err(format!(
-                "row_format: unknown key {key} (value, scale, page_bytes, page_rows)"
+                "row_format: unknown key {name} (value, scale, page_bytes, page_rows)"
             )));
         }
     }
@@ -124,8 +129,28 @@ fn row_format_arg(arg: Option<&Bound<'_, PyAny>>, page_rows: u32) -> PyResult<Op
 /// `value ‖ scale` (`row_bytes = v + s` bytes per layer) and `arena_row` returns them that way.
 /// A format that does not fit the geometry raises `ValueError`.
 #[pyclass(name = "KvGeometry", module = "tierkit.kv", frozen, eq)]
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 pub(crate) struct PyKvGeometry(pub(crate) Geometry);
+
+/// `==` compares what the pool does with the geometry: the fields, the layer groups' sizes (so
+/// `layer_groups=[1, 1]` equals the default per-layer groups of 2 layers, and `eval(repr(g)) ==
+/// g`, repr giving the sizes) and the row format in effect (an explicit contiguous format equals
+/// `None`).
+impl PartialEq for PyKvGeometry {
+    fn eq(&self, other: &Self) -> bool {
+        let key = |g: &Geometry| {
+            (
+                Geometry {
+                    layer_groups: LayerGroups::per_layer(),
+                    row_format: Some(g.format()),
+                    ..*g
+                },
+                g.layer_groups.sizes(g.layers),
+            )
+        };
+        key(&self.0) == key(&other.0)
+    }
+}
 
 #[pymethods]
 impl PyKvGeometry {
@@ -205,30 +230,23 @@ impl PyKvGeometry {
         let layer_groups = layer_groups_arg(layer_groups)?;
         let row_format = row_format_arg(row_format, page_rows)?;
         guard(|| {
-            let mut g = Geometry::for_hbm_budget(&kv_elastic::PoolSizing {
-                budget_bytes,
-                row_bytes,
-                layers,
-                page_rows,
-                hot_rows,
-                tail_rows,
-                scratch_rows,
-            })
+            // The Rust sizer counts the format's padded pages against the budget and the arena
+            // cap (a padded arena past 1 TiB is capped, as a contiguous one is).
+            let mut g = Geometry::for_hbm_budget_with_format(
+                &kv_elastic::PoolSizing {
+                    budget_bytes,
+                    row_bytes,
+                    layers,
+                    page_rows,
+                    hot_rows,
+                    tail_rows,
+                    scratch_rows,
+                },
+                row_format,
+            )
             .map_err(kv_err)?;
             g.layer_groups = layer_groups;
-            g.row_format = row_format;
             g.validate().map_err(kv_err)?;
-            // A padded page is larger than page_rows × row_bytes: as many of those as fit.
-            let page_bytes = g.page_bytes() * g.layers as u64;
-            if budget_bytes / page_bytes < g.arena_pages as u64 {
-                g.arena_pages = (budget_bytes / page_bytes) as u32;
-                if g.arena_pages < g.fixed_pages() {
-                    return Err(kv_err(KvError::BudgetTooSmall {
-                        budget_bytes,
-                        needed_bytes: g.fixed_pages() as u64 * page_bytes,
-                    }));
-                }
-            }
             Ok(PyKvGeometry(g))
         })
         .and_then(|g| {
