@@ -687,41 +687,6 @@ tierkit_code tierkit_expert_slot_ids_cuda(uint32_t device,
 // `TIERKIT_ERR_UNSUPPORTED` (`false`).
 bool tierkit_has_cuda(void);
 
-// Sizes a pool from an HBM budget (bytes of arena), as `Geometry::for_hbm_budget`: contiguous
-// rows and one layer group per layer. For a paged split row format (DeepSeek-V4) size with
-// `tierkit_kv_geometry_fit_budget`, which counts the format's padded pages: setting the
-// `row_format` / `fmt_*` fields on this function's result gives an arena over the budget.
-//
-// # Safety
-// `out_geometry` valid for a write; `err` NULL or valid for a pointer write.
-tierkit_code tierkit_kv_geometry_for_hbm_budget(uint64_t budget_bytes,
-                                                uint32_t row_bytes,
-                                                uint32_t layers,
-                                                uint32_t page_rows,
-                                                uint32_t hot_rows,
-                                                uint32_t tail_rows,
-                                                uint32_t scratch_rows,
-                                                struct tierkit_kv_geometry *out_geometry,
-                                                struct tierkit_error **err);
-
-// Sizes `shape`'s arena from an HBM budget (bytes of arena): `*out_geometry` is `*shape` with
-// `arena_pages` set to the most pages of its row format (`layers × fmt_page_bytes` bytes each
-// for `TIERKIT_KV_FMT_PAGED_SPLIT`, padding included; `layers × page_rows × row_bytes` for
-// contiguous rows) that fit in `budget_bytes`, capped as `tierkit_kv_geometry_for_hbm_budget`
-// caps (1 TiB, `int32` row indices). `shape.arena_pages` is ignored; every other field
-// (layer groups and row format included) is checked as `tierkit_kv_pool_new` checks it
-// (`TIERKIT_ERR_INVALID_ARGUMENT`), and `TIERKIT_ERR_INVALID_ARGUMENT` names a budget below one
-// session's fixed pages. `group_sizes` is copied as a pointer (the caller's array).
-//
-// # Safety
-// `shape` points to a readable geometry (and, when its `group_count > 0`, its `group_sizes` to
-// `group_count` readable `uint32_t`); `out_geometry` valid for a write; `err` NULL or valid for
-// a pointer write.
-tierkit_code tierkit_kv_geometry_fit_budget(uint64_t budget_bytes,
-                                            const struct tierkit_kv_geometry *shape,
-                                            struct tierkit_kv_geometry *out_geometry,
-                                            struct tierkit_error **err);
-
 // A new pool of `geometry` (its layer groups included, see `tierkit_kv_geometry`); `elastic`
 // lends free HBM as history pages (Adaptive HiSparse), false keeps the fixed hot cache only
 // (HiSparse).
@@ -872,6 +837,41 @@ tierkit_code tierkit_kv_pool_check_invariants(const struct tierkit_kv_pool *pool
 // `pool` is NULL or a pointer tierkit returned; pointers from `tierkit_kv_pool_arena_row` are
 // invalid afterwards.
 void tierkit_kv_pool_free(struct tierkit_kv_pool *pool);
+
+// Sizes a pool from an HBM budget (bytes of arena), as `Geometry::for_hbm_budget`: contiguous
+// rows and one layer group per layer. For a paged split row format (DeepSeek-V4) size with
+// `tierkit_kv_geometry_fit_budget`, which counts the format's padded pages: setting the
+// `row_format` / `fmt_*` fields on this function's result gives an arena over the budget.
+//
+// # Safety
+// `out_geometry` valid for a write; `err` NULL or valid for a pointer write.
+tierkit_code tierkit_kv_geometry_for_hbm_budget(uint64_t budget_bytes,
+                                                uint32_t row_bytes,
+                                                uint32_t layers,
+                                                uint32_t page_rows,
+                                                uint32_t hot_rows,
+                                                uint32_t tail_rows,
+                                                uint32_t scratch_rows,
+                                                struct tierkit_kv_geometry *out_geometry,
+                                                struct tierkit_error **err);
+
+// Sizes `shape`'s arena from an HBM budget (bytes of arena): `*out_geometry` is `*shape` with
+// `arena_pages` set to the most pages of its row format (`layers × fmt_page_bytes` bytes each
+// for `TIERKIT_KV_FMT_PAGED_SPLIT`, padding included; `layers × page_rows × row_bytes` for
+// contiguous rows) that fit in `budget_bytes`, capped as `tierkit_kv_geometry_for_hbm_budget`
+// caps (1 TiB, `int32` row indices). `shape.arena_pages` is ignored; every other field
+// (layer groups and row format included) is checked as `tierkit_kv_pool_new` checks it
+// (`TIERKIT_ERR_INVALID_ARGUMENT`), and `TIERKIT_ERR_INVALID_ARGUMENT` names a budget below one
+// session's fixed pages. `group_sizes` is copied as a pointer (the caller's array).
+//
+// # Safety
+// `shape` points to a readable geometry (and, when its `group_count > 0`, its `group_sizes` to
+// `group_count` readable `uint32_t`); `out_geometry` valid for a write; `err` NULL or valid for
+// a pointer write.
+tierkit_code tierkit_kv_geometry_fit_budget(uint64_t budget_bytes,
+                                            const struct tierkit_kv_geometry *shape,
+                                            struct tierkit_kv_geometry *out_geometry,
+                                            struct tierkit_error **err);
 
 // A new pool of `geometry` whose host store is one region of `max_sessions * max_history *
 // layers * row_bytes` bytes (page-aligned; locked in RAM with `lock`): the layout transfer

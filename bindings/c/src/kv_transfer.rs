@@ -9,7 +9,8 @@ use kv_elastic::{ElasticPool, PoolConfig, Reserve, RowSpan, StoreConfig};
 use crate::ffi::{
     call, new_handle, out, out_opt, view, writable, writable_opt, TierkitCode, TierkitError,
 };
-use crate::kv::{with_pool, TierkitKvAdmission, TierkitKvGeometry, TierkitKvPool};
+use crate::kv::{with_pool, TierkitKvAdmission, TierkitKvPool};
+use crate::kv_geometry::TierkitKvGeometry;
 
 /// `tierkit_kv_region::kind`: host memory (NIXL's `DRAM_SEG`).
 pub const TIERKIT_MEM_DRAM: u32 = 0;

@@ -35,12 +35,14 @@ mod experts;
 mod ffi;
 mod gpu;
 mod kv;
+mod kv_geometry;
 mod kv_transfer;
 
 pub use experts::*;
 pub use ffi::*;
 pub use gpu::*;
 pub use kv::*;
+pub use kv_geometry::*;
 pub use kv_transfer::*;
 
 use std::ffi::c_char;
