@@ -54,10 +54,12 @@ public description only, no engine code; ``docs/experts.md`` says what was kept 
   ``in-place`` (the above), ``copy-on-miss`` (half of a layer's slots, less the bank's spare, as
   staging rows pooled across every layer; misses tierkit admits by its read-or-copy price are
   copied into them inside the graph and read from HBM in the same step; ``moe_tierkit.py``),
+  ``pooled`` (copy-on-miss with one hot expert per layer and every other slot but the spare in
+  the pool),
   ``split`` (each cold expert's FFN columns cut between the link and the CPU, the cut priced
   from measured rates; ``moe_split.py``) and ``auto`` (the default: per cell, each of those
-  three built and timed on the GPU over the end of the profile window, the fastest then runs
-  the cell; ``Bench.tierkit_auto``).
+  four built and timed on the GPU over the end of the profile window, booted from the steps
+  before that window only, the fastest then runs the cell; ``Bench.tierkit_auto``).
 
 **Host work and the graph**: the whole GPU step (every layer) is one CUDA graph for all GPU
 alternatives; tierkit's drain + decide runs on the host between graph launches (at the start of
@@ -127,7 +129,8 @@ from moe_weights import BF16, Model
 # per cell, each candidate timed on the GPU over the profile window's last steps, the fastest runs.
 TierkitInPlace = moe_tierkit.TierkitInPlace
 TIERKIT_MODES = {"in-place": TierkitInPlace, "copy-on-miss": moe_tierkit.TierkitCopyOnMiss,
-                 "split": moe_split.TierkitSplit, "auto": None}
+                 "pooled": moe_tierkit.TierkitPooled, "split": moe_split.TierkitSplit,
+                 "auto": None}
 
 ALTERNATIVES = {"all-hbm": AllHbm, "layer-uva": LayerUva, "shared-bank": SharedBank,
                 "cpu-cold": CpuCold, "tierkit": None}
@@ -161,10 +164,8 @@ class Bench:
         self.routing.update(correlation(raw, ids[P:], shape.experts, args.seed))
         self.routing["trace"] = trace["name"]
         self.routing["source"] = trace["source"]
-        prof = ids[:P].reshape(P, shape.layers, -1)
-        self.profile = np.stack([np.bincount(prof[:, l].ravel(), minlength=shape.experts)
-                                 for l in range(shape.layers)]).astype(np.int64)
         self.ids_np = ids
+        self.profile = self.profile_of(P)
         self.ids_dev = torch.from_numpy(ids).to(dev)
         g = torch.Generator(device=dev)
         g.manual_seed(args.seed + batch)
@@ -179,6 +180,13 @@ class Bench:
         self.ceiling = None
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)  # inputs made on the default stream, read on self.stream
+
+    def profile_of(self, steps: int) -> np.ndarray:
+        """``int64 [L, E]``: picks per expert over steps ``[0, steps)`` of the composed routing."""
+        L = self.shape.layers
+        prof = self.ids_np[:steps].reshape(steps, L, -1)
+        return np.stack([np.bincount(prof[:, l].ravel(), minlength=self.shape.experts)
+                         for l in range(L)]).astype(np.int64)
 
     def build(self, name, budget, mode=None, use_triton=None, graphs=None):
         """``(alternative, engine)``, kernels compiled and graphs captured, state fresh."""
@@ -204,31 +212,48 @@ class Bench:
         (``--auto-candidates``) is built as it would run (graphs captured), runs
         ``--auto-warmup`` steps, then ``--auto-steps`` steps timed on the GPU, all from the end of
         the profile window (steps that are never timed in the cell); the fastest median step wins
-        and is rebuilt from fresh state for the cell's warm-up and timed runs. The row's ``auto``
-        holds each candidate's measured median step (µs)."""
+        and is rebuilt from fresh state for the cell's warm-up and timed runs. **The candidates
+        are booted from the steps before that window only** (their seed map, admission rates and
+        ranking fitted on ``[0, window start)``): booted from the whole profile, a static map
+        would be timed on steps it was fitted on, which flatters the modes that lean on the boot
+        map where routing reuses the last steps' experts (on the H100 at Qwen3 batch 1, 25%:
+        in-place's window step was 0.67 of its timed step). The row's ``auto`` holds each
+        candidate's measured median step (µs)."""
         a = self.args
         P, n, w = a.profile_steps, a.auto_steps, a.auto_warmup
         window = list(range(max(P - n - w, 0), P))
         w = min(w, max(len(window) - 1, 0))
         slots = int(budget * self.shape.experts)
         measured = {}
-        for mode in parse_list(a.auto_candidates, str):
-            if mode == "copy-on-miss" and moe_tierkit.stage_split(slots)[1] == 0:
-                continue  # no staging row at this budget: in-place's placement
-            alt, eng = self.build("tierkit", budget, mode, **kw)
-            try:
-                eng.run_steps(window[:w], self.ids_dev, self.x_dev, self.ids_np)
-                t = eng.run_steps(window[w:], self.ids_dev, self.x_dev, self.ids_np)
-                measured[mode] = round(statistics.median(t), 1)
-            finally:
-                eng.close()
-                alt.close()
+        full = (self.ctx.profile, self.ctx.profile_ids)
+        if window[0] > 0:  # else (a profile no longer than the window): the whole profile
+            self.ctx.profile = self.profile_of(window[0])
+            self.ctx.profile_ids = self.ids_np[: window[0]]
+        try:
+            for mode in parse_list(a.auto_candidates, str):
+                pooled = mode == "pooled"
+                if mode in ("copy-on-miss", "pooled") and (
+                        moe_tierkit.stage_split(slots, pooled)[1] == 0
+                        or (pooled and moe_tierkit.stage_split(slots, True)
+                            == moe_tierkit.stage_split(slots))):
+                    continue  # no staging row at this budget, or pooled is copy-on-miss here
+                alt, eng = self.build("tierkit", budget, mode, **kw)
+                try:
+                    eng.run_steps(window[:w], self.ids_dev, self.x_dev, self.ids_np)
+                    t = eng.run_steps(window[w:], self.ids_dev, self.x_dev, self.ids_np)
+                    measured[mode] = round(statistics.median(t), 1)
+                finally:
+                    eng.close()
+                    alt.close()
+        finally:
+            self.ctx.profile, self.ctx.profile_ids = full
         if not measured:  # no candidate applies at this budget: in-place's placement
             measured["in-place"] = None
         best = min(measured, key=lambda m: measured[m] or 0.0)
         alt, eng = self.build("tierkit", budget, best, **kw)
         alt.auto = {"chosen": best, "candidates_step_us": measured, "warmup_steps": w,
-                    "timed_steps": len(window) - w, "window": [window[0], P]}
+                    "timed_steps": len(window) - w, "window": [window[0], P],
+                    "boot_steps": window[0] or P}
         return alt, eng
 
     def outputs(self, name, budget, steps, mode=None, use_triton=None, graphs=None):
@@ -425,7 +450,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tierkit-mode", default="auto", help="auto (measured per cell among "
                     "--auto-candidates), " + ", ".join(m for m in TIERKIT_MODES if m != "auto") +
                     "; with --check a comma list (each mode checked)")
-    ap.add_argument("--auto-candidates", default="in-place,copy-on-miss,split",
+    ap.add_argument("--auto-candidates", default="in-place,copy-on-miss,pooled,split",
                     help="the modes auto times on the GPU")
     ap.add_argument("--auto-steps", type=int, default=8, help="steps auto times per candidate "
                     "(the end of the profile window)")

@@ -65,10 +65,11 @@ ALLHBM_NODES = 47
 # Extra nodes per layer, counted the same way: the shared bank's planner (need mask, hit / miss
 # masks, lru_plan's two stable argsorts, gathers, four remap / owner / stamp scatters, the copy
 # kernel with its address arithmetic, the table composed and copied: ~50); tierkit's copy-on-miss
-# the same planner plus the host / staged masks and its table composed from the bank's (~58);
+# (and pooled) the same planner plus the host / staged masks and its table composed from the
+# bank's (~58);
 # tierkit's in-place counting (DeviceCounters.record: 1); cpu-cold's and split's per-layer
 # copies between graphs A1, A2, B (x, xn, w kept, two D2H, one H2D, the add: ~8).
-EXTRA_NODES = {"shared-bank": 50, "copy-on-miss": 58, "in-place": 1, "split": 9, "cpu-cold": 8}
+EXTRA_NODES = {"shared-bank": 50, "copy-on-miss": 58, "pooled": 58, "in-place": 1, "split": 9, "cpu-cold": 8}
 # The CPU computing experts (torch bf16 on every core): moe_channels.py's `cpu` alone, Mixtral
 # experts at batch 1 (the only measurement of the H200 host through this code path before the
 # bench measured its own per cell: the row's cpu_expert_gbps).
@@ -121,7 +122,7 @@ def predict(row: dict, ceiling: dict, touched: float | None = None, swap_fixed_u
     elif eng in ("in-place", "cpu-cold", "split"):
         credit = touched_bytes if touched_bytes is not None else R + P
         credit = max(credit, R + P)
-    else:  # shared-bank, copy-on-miss: the GEMM reads the copied rows from HBM
+    else:  # shared-bank, copy-on-miss, pooled: the GEMM reads the copied rows from HBM
         credit = R
     t["hbm_credit"] = -us(credit, HBM_GBPS)
     cpu_rate = row.get("cpu_expert_gbps") or (row.get("split_cpu_gbps") if eng == "split"

@@ -27,6 +27,9 @@
   **Wide batches**: a layer whose cold working set exceeds twice its share of the
   pool (``2 × stage``) reads its misses in place that step (the PR's bank + host-view path), and
   admitted misses beyond the rows free in this step are read in place too.
+- ``pooled`` (``TierkitPooled``): ``copy-on-miss`` with one hot expert per layer and every other
+  slot but the spare in the pool (``stage = slots − 2``): the shared bank's all-pool layout, with
+  tierkit's admission.
 - ``split`` (``moe_split.TierkitSplit``): the in-place placement, each cold expert's FFN columns
   split between the link and the CPU.
 - ``auto`` (the default): measured per cell (``moe_decode.Bench.tierkit_auto``).
@@ -140,10 +143,11 @@ class TierkitInPlace(Alternative):
             self.ctx.model.repin()
 
 
-def stage_split(slots: int) -> tuple[int, int]:
+def stage_split(slots: int, pooled: bool = False) -> tuple[int, int]:
     """``(hot, stage)`` of a layer's ``slots`` HBM slots: one is the bank's spare; of the rest,
-    half (rounded down) are staging rows, the others hot (at least one hot)."""
-    stage = max((slots - 1) // 2, 0)
+    half (rounded down) are staging rows, the others hot (at least one hot). ``pooled``: every
+    row but one hot expert is a staging row (``stage = slots − 2``)."""
+    stage = max(slots - 2 if pooled else (slots - 1) // 2, 0)
     hot = max(slots - 1 - stage, 1)
     return hot, stage
 
@@ -169,15 +173,16 @@ class TierkitCopyOnMiss(TierkitInPlace):
     copy-on-miss with tierkit's admission (the module docstring)."""
 
     mode = "copy-on-miss"
+    pooled = False
 
     def hot_slots(self):
-        return stage_split(self.slots_per_layer)[0]
+        return stage_split(self.slots_per_layer, self.pooled)[0]
 
     def __init__(self, ctx, budget):
         super().__init__(ctx, budget)
         m, s = ctx.model, ctx.model.shape
         L, E, dev = s.layers, s.experts, m.device
-        self.stage = stage_split(self.slots_per_layer)[1]
+        self.stage = stage_split(self.slots_per_layer, self.pooled)[1]
         self.rows = R = L * self.stage
         self.buf = torch.empty((max(R, 1), s.expert_bytes), dtype=torch.uint8, device=dev)
         m.register(self.buf)
@@ -270,3 +275,13 @@ class TierkitCopyOnMiss(TierkitInPlace):
         self.ctx.model.unregister(self.buf)
         super().close()
         self.buf = None
+
+
+class TierkitPooled(TierkitCopyOnMiss):
+    """``copy-on-miss`` with the pool as large as the bank allows: one hot expert and the spare
+    per layer, every other slot a staging row of the one pool (``stage_split(slots, pooled=True)``).
+    For routing with strong reuse and weak skew, where recency across layers is worth more than a
+    static hot set; tierkit's admission and accounting as in ``copy-on-miss``."""
+
+    mode = "pooled"
+    pooled = True

@@ -225,7 +225,7 @@ BIG = ["--hidden", "512", "--ffn", "2048"]
 NB = 6 * 512 * 2048
 
 
-@pytest.mark.parametrize("mode", ["copy-on-miss", "split", "auto", "in-place"])
+@pytest.mark.parametrize("mode", ["copy-on-miss", "pooled", "split", "auto", "in-place"])
 def test_tierkit_modes_match_all_hbm(capsys, tmp_path, mode):
     trace = reuse_trace(tmp_path / "reuse.jsonl")
     rc, rows = run(capsys, "--check", "--check-steps", "24", "--trace", trace, *BIG,
@@ -244,12 +244,15 @@ def test_tierkit_modes_match_all_hbm(capsys, tmp_path, mode):
         if mode == "copy-on-miss":
             assert r["mode"] == "copy-on-miss" and r["stage_per_layer"] >= 1
             assert r["copies"] > 0  # misses were staged and read from HBM in the same step
+        if mode == "pooled":  # one hot expert + the spare per layer, the rest pooled
+            slots = int(r["budget"] * 8)
+            assert r["mode"] == "pooled" and r["stage_per_layer"] == slots - 2
         if mode == "auto":
             a = r["auto"]
             assert r["mode"] == a["chosen"] == min(a["candidates_step_us"],
                                                    key=a["candidates_step_us"].get)
-            assert set(a["candidates_step_us"]) == {"in-place", "copy-on-miss", "split"}
-            assert a["timed_steps"] == 3 and a["window"] == [12, 16]
+            assert set(a["candidates_step_us"]) == {"in-place", "copy-on-miss", "pooled", "split"}
+            assert a["timed_steps"] == 3 and a["window"] == [12, 16] and a["boot_steps"] == 12
 
 
 def com_cells(capsys, trace, *extra):
@@ -341,6 +344,30 @@ def test_auto_times_each_candidate_and_runs_the_fastest(capsys, tmp_path, monkey
     a = cells["tierkit"]["auto"]
     assert a["candidates_step_us"]["copy-on-miss"] > 1e6
     assert cells["tierkit"]["mode"] == a["chosen"] == "in-place"
+
+
+def test_auto_boots_its_candidates_from_the_steps_before_their_window(capsys, tmp_path,
+                                                                     monkeypatch):
+    # a candidate timed on steps its seed map was fitted on would be flattered: the trials see
+    # the profile's first steps only, the chosen mode the whole profile
+    import moe_tierkit as mt
+
+    seen = []
+    real = mt.TierkitInPlace.__init__
+
+    def spy(self, ctx, budget):
+        seen.append((type(self).__name__, len(ctx.profile_ids), int(ctx.profile.sum())))
+        real(self, ctx, budget)
+
+    monkeypatch.setattr(mt.TierkitInPlace, "__init__", spy)
+    trace = reuse_trace(tmp_path / "reuse.jsonl")
+    cells = com_cells(capsys, trace, "--alternatives", "tierkit", "--auto-candidates",
+                      "in-place,pooled", "--auto-steps", "3", "--auto-warmup", "1")
+    a = cells["tierkit"]["auto"]
+    assert a["window"] == [12, 16] and a["boot_steps"] == 12
+    picks = 2 * 2  # the profile counts every (layer, pick) of a batch-1 step: 2 layers, top-2
+    assert seen[:2] == [("TierkitInPlace", 12, 12 * picks), ("TierkitPooled", 12, 12 * picks)]
+    assert seen[2][1:] == (16, 16 * picks)  # the chosen mode, rebuilt on the whole profile
 
 
 def test_cli_refuses_bad_modes(capsys):
