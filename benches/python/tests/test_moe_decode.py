@@ -301,6 +301,25 @@ def test_copy_on_miss_reads_in_place_what_tierkit_does_not_admit(capsys, tmp_pat
     assert t["admitted_share"] < 1.0
 
 
+def test_admission_prices_a_miss_by_the_layers_reuse():
+    import moe_tierkit as mt
+
+    # layer 0: expert 0 every step, a second expert held for 4 steps; layer 1: {0, 1} always
+    steps = 16
+    ids = np.zeros((steps, 2, 1, 2), dtype=np.int64)
+    ids[:, 0, 0, 1] = 1 + np.arange(steps) // 4
+    ids[:, 1, 0, 1] = 1
+    r = mt.layer_reuse(ids, 8)
+    assert r[1] == 1.0 and abs(r[0] - (15 + 12) / 30) < 1e-12
+    assert mt.layer_reuse(ids[:1], 8).tolist() == [0.0, 0.0]
+    # a rare expert (0.02 picks a step): read in place on its share alone, copied at reuse 0.6
+    rate = np.full((2, 8), 0.02)
+    read, copy = 134.0, 140.4  # a 6.3 MB expert on h200-pcie: copy iff p >= 0.048
+    assert not mt.admit_mask(rate, read, copy).any()
+    adm = mt.admit_mask(rate, read, copy, np.array([0.6, 0.01]))
+    assert adm[0].all() and not adm[1].any()
+
+
 def test_split_moves_the_cpu_share_of_cold_bytes_to_the_cpu(capsys, tmp_path):
     trace = reuse_trace(tmp_path / "reuse.jsonl")
     ip = com_cells(capsys, trace, "--alternatives", "tierkit", "--tierkit-mode", "in-place")
