@@ -1,0 +1,182 @@
+//! Timing probe of the GPU pool's host work for an import's `commit` (issue 29), without a GPU:
+//! the control plane of `ElasticPool::commit` on a data plane that logs exactly as
+//! [`GpuData`](super::GpuData) does (the same [`ChangeLog`] methods), at the geometry and state
+//! of `kv_gpu_bench --mode admit-import` (`benches/src/bin/kv_gpu_bench/admit.rs`): 500,000
+//! tokens × 896-byte rows, one layer, 64-row pages, 8 decode sessions of 4096 positions.
+//!
+//! `cargo test --release -p kv-elastic --features cuda commit_probe -- --ignored --nocapture`
+
+use super::data::ChangeLog;
+use crate::data::{
+    sealed, DataPlane, HostBytes, HostRegion, HostStore, RegionBytes, SessionId, StoreLayout,
+};
+use crate::error::Result;
+use crate::{Admission, ElasticPool, Geometry, PoolConfig, Reserve};
+
+/// A data plane that records what changed as `GpuData` does and moves no byte.
+#[derive(Debug)]
+pub(crate) struct LogData {
+    host: HostStore<RegionBytes>,
+    pub(crate) log: ChangeLog,
+    page_rows: u32,
+}
+
+impl LogData {
+    fn slot(&self, session: SessionId) -> u32 {
+        self.host.backing().slot(session).expect("live")
+    }
+}
+
+impl sealed::Sealed for LogData {}
+
+impl DataPlane for LogData {
+    type Bytes = RegionBytes;
+
+    fn host(&self) -> &HostStore<RegionBytes> {
+        &self.host
+    }
+
+    fn host_mut(&mut self) -> &mut HostStore<RegionBytes> {
+        &mut self.host
+    }
+
+    fn fill_page(&mut self, session: SessionId, logical: u32, page: u32) {
+        let slot = self.slot(session);
+        self.log
+            .fill_page(session, slot, logical, page, self.page_rows);
+    }
+
+    fn unmap_page(&mut self, session: SessionId, logical: u32, page: u32) {
+        let slot = self.slot(session);
+        self.log
+            .unmap_page(session, slot, logical, page, self.page_rows);
+    }
+
+    fn write_tail(&mut self, session: SessionId, position: u32, row: u32) {
+        let slot = self.slot(session);
+        self.log
+            .fills
+            .push(cuda_kernels::KvCopy::new(slot, position, row));
+    }
+
+    fn write_draft(&mut self, _: SessionId, _: u32, _: u32, _: &[u8]) {
+        unimplemented!("not in the probe")
+    }
+
+    fn commit_rows(&mut self, _: SessionId, _: &[u32]) -> Result<u32> {
+        unimplemented!("not in the probe")
+    }
+
+    fn commit_written_rows(&mut self, _: SessionId, _: &[u32]) -> Result<u32> {
+        unimplemented!("not in the probe")
+    }
+
+    fn placement_changed(&mut self, session: SessionId) {
+        self.log.touch(session);
+    }
+
+    fn row_holds(&self, _: SessionId, _: u32, _: u32, _: u32) -> Option<bool> {
+        None
+    }
+}
+
+pub(crate) const ROW: u32 = 896;
+pub(crate) const TOKENS: u32 = 500_000;
+const DECODE: u64 = 8;
+const DECODE_HISTORY: u32 = 4096;
+const PAGE: u32 = 64;
+
+/// The bench's pool: its geometry, 11 slots of 500,000 positions, 8 decode sessions admitted.
+pub(crate) fn bench_pool() -> ElasticPool<LogData> {
+    let mut g = Geometry {
+        row_bytes: ROW,
+        layers: 1,
+        page_rows: PAGE,
+        arena_pages: 0,
+        hot_rows: 2048,
+        tail_rows: 64,
+        scratch_rows: 0,
+        layer_groups: Default::default(),
+        row_format: None,
+    };
+    g.arena_pages = 12 * g.fixed_pages()
+        + DECODE as u32 * DECODE_HISTORY / PAGE
+        + 2 * TOKENS.div_ceil(PAGE)
+        + 8;
+    g.validate().unwrap();
+    let layout = StoreLayout {
+        max_slots: DECODE as u32 + 3,
+        max_history: TOKENS,
+        layers: 1,
+        row_bytes: ROW,
+    };
+    let region = HostRegion::allocate(layout.store_bytes() as usize, ROW as usize, false).unwrap();
+    let data = LogData {
+        host: HostStore::with_backing(ROW, 1, RegionBytes::new(region, layout).unwrap()),
+        log: ChangeLog::default(),
+        page_rows: PAGE,
+    };
+    let mut pool = ElasticPool::with_data(g, PoolConfig { elastic: true }, data).unwrap();
+    for s in 1..=DECODE {
+        let h = vec![s as u8; (DECODE_HISTORY * ROW) as usize];
+        pool.admit(s, &h).unwrap();
+    }
+    pool.data.log = ChangeLog::default();
+    pool
+}
+
+/// Reserves and writes an import of the whole history (untimed), as the bench's agent does.
+pub(crate) fn reserve_written(pool: &mut ElasticPool<LogData>, session: SessionId) {
+    let Reserve::Reserved(span) = pool.reserve(session, 0..TOKENS).unwrap() else {
+        panic!("waiting")
+    };
+    if std::env::var_os("COMMIT_PROBE_NO_WRITE").is_some() {
+        return; // profiling the bookkeeping alone (the bytes are never read by the probe)
+    }
+    // SAFETY: the rows are reserved for this writer inside the pool's region.
+    unsafe { std::ptr::write_bytes(span.addr as *mut u8, session as u8, span.len as usize) };
+}
+
+/// Hands a finished import's pages back, as the bench does between its runs.
+pub(crate) fn finish(pool: &mut ElasticPool<LogData>, session: SessionId) {
+    pool.finish(session).unwrap();
+    pool.between_steps(TOKENS.div_ceil(PAGE) + 64).unwrap();
+    pool.data.log = ChangeLog::default();
+}
+
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[test]
+#[ignore = "timing probe: run in release with --ignored --nocapture"]
+fn commit_probe() {
+    let mut pool = bench_pool();
+    let reps = std::env::var("COMMIT_PROBE_REPS").map_or(15, |v| v.parse().unwrap());
+    let mut us = Vec::new();
+    for rep in 0..reps {
+        let session = 1000 + rep;
+        reserve_written(&mut pool, session);
+        pool.data.log = ChangeLog::default();
+        let t0 = std::time::Instant::now();
+        let a = pool.commit(session).unwrap();
+        us.push(t0.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(
+            a,
+            Admission::Admitted {
+                borrowed_pages: 7812
+            }
+        );
+        let runs = pool.data.log.page_runs.len();
+        assert!(runs <= 4, "{runs} runs");
+        pool.check_invariants().unwrap();
+        finish(&mut pool, session);
+    }
+    eprintln!(
+        "commit_probe: ElasticPool::commit (CPU half) median {:.1} us over {reps} (min {:.1}, max {:.1})",
+        median(&mut us.clone()),
+        us.iter().copied().fold(f64::MAX, f64::min),
+        us.iter().copied().fold(0.0, f64::max),
+    );
+}
