@@ -46,6 +46,11 @@ impl DataPlane for LogData {
             .fill_page(session, slot, logical, page, self.page_rows);
     }
 
+    fn fill_pages(&mut self, session: SessionId, pages: &[(u32, u32)]) {
+        let slot = self.slot(session);
+        self.log.fill_pages(session, slot, pages, self.page_rows);
+    }
+
     fn unmap_page(&mut self, session: SessionId, logical: u32, page: u32) {
         let slot = self.slot(session);
         self.log

@@ -381,6 +381,30 @@ impl ChangeLog {
         self.touch(session);
     }
 
+    /// [`ChangeLog::fill_page`] for each `(logical, page)` of `pages`, in order (one
+    /// reservation, one touch).
+    pub(crate) fn fill_pages(
+        &mut self,
+        session: SessionId,
+        slot: u32,
+        pages: &[(u32, u32)],
+        page_rows: u32,
+    ) {
+        self.pages.reserve(pages.len());
+        for &(logical, page) in pages {
+            self.push_page_fill(FillRun {
+                slot,
+                position: logical * page_rows,
+                dst_row: page * page_rows,
+                rows: page_rows,
+            });
+            self.pages.push((slot, logical, page as i32));
+        }
+        if !pages.is_empty() {
+            self.touch(session);
+        }
+    }
+
     /// Logs the unmap of borrowed page `page` (logical page `logical` of `session` in `slot`).
     pub(crate) fn unmap_page(
         &mut self,
@@ -471,6 +495,11 @@ impl DataPlane for GpuData {
         let slot = self.slot(session);
         self.log
             .fill_page(session, slot, logical, page, self.page_rows);
+    }
+
+    fn fill_pages(&mut self, session: SessionId, pages: &[(u32, u32)]) {
+        let slot = self.slot(session);
+        self.log.fill_pages(session, slot, pages, self.page_rows);
     }
 
     fn unmap_page(&mut self, session: SessionId, logical: u32, page: u32) {
@@ -612,6 +641,24 @@ mod tests {
         assert_eq!(rows.len(), 8);
         assert_eq!((rows[4].position, rows[4].dst_row), (8, 28));
         assert!(!log.is_empty());
+    }
+
+    /// The bulk log of a loan equals the page-by-page one (runs, entries, touched once).
+    #[test]
+    fn fill_pages_logs_as_fill_page_does() {
+        let pr = 4;
+        let pages = [(0, 5), (1, 6), (2, 7), (3, 9), (7, 2), (8, 3)];
+        let (mut one, mut bulk) = (ChangeLog::default(), ChangeLog::default());
+        for &(logical, page) in &pages {
+            one.fill_page(42, 1, logical, page, pr);
+        }
+        bulk.fill_pages(42, 1, &pages, pr);
+        bulk.fill_pages(43, 2, &[], pr);
+        assert_eq!(bulk.page_runs, one.page_runs);
+        assert_eq!(bulk.page_runs.len(), 3);
+        assert_eq!(bulk.pages, one.pages);
+        assert_eq!(bulk.touched, [42]);
+        assert_eq!(one.touched, [42]);
     }
 
     /// Bug: session A's fills into page 2 were still pending when B reclaimed page 2 and logged
