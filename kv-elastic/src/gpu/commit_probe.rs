@@ -185,3 +185,52 @@ fn commit_probe() {
         us.iter().copied().fold(0.0, f64::max),
     );
 }
+
+/// The host planning of the page-table words the publish after a commit does (both mapping
+/// modes; deferred: the window's maps pushed, then taken when the fill passed and patched by a
+/// later publish), against a replica of the hash-map version it replaced.
+#[test]
+#[ignore = "timing probe: run in release with --ignored --nocapture"]
+fn publish_plan_probe() {
+    use super::pool::patches_probe::{hashed_plan, plan};
+    let mut pool = bench_pool();
+    let reps = std::env::var("COMMIT_PROBE_REPS").map_or(15, |v| v.parse().unwrap());
+    let mp = TOKENS.div_ceil(PAGE) as u64;
+    let (mut new_o, mut new_d, mut old_o, mut old_d) = (vec![], vec![], vec![], vec![]);
+    for rep in 0..reps {
+        let session = 1000 + rep;
+        reserve_written(&mut pool, session);
+        pool.data.log = ChangeLog::default();
+        pool.commit(session).unwrap();
+        let pages = std::mem::take(&mut pool.data.log.pages);
+        assert_eq!(pages.len(), 7812);
+        for (defer, new, old) in [
+            (false, &mut new_o, &mut old_o),
+            (true, &mut new_d, &mut old_d),
+        ] {
+            let t0 = std::time::Instant::now();
+            let a = plan(&pages, mp, defer);
+            new.push(t0.elapsed().as_secs_f64() * 1e6);
+            let t0 = std::time::Instant::now();
+            let b = hashed_plan(&pages, mp, defer);
+            old.push(t0.elapsed().as_secs_f64() * 1e6);
+            let (mut a, mut b) = (a, b);
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "same words patched");
+        }
+        finish(&mut pool, session);
+    }
+    for (what, v) in [
+        ("Ordered, Vec (now)", new_o),
+        ("Ordered, hash maps (before)", old_o),
+        ("Deferred, Vec (now)", new_d),
+        ("Deferred, hash maps (before)", old_d),
+    ] {
+        eprintln!(
+            "publish_plan_probe: {what}: median {:.1} us for 7812 pages ({:.1} ns/page)",
+            median(&mut v.clone()),
+            median(&mut v.clone()) * 1e3 / 7812.0
+        );
+    }
+}

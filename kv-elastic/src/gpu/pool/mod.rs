@@ -53,6 +53,9 @@
 
 mod deferred;
 mod host_calls;
+mod patches;
+#[cfg(test)]
+pub(super) mod patches_probe;
 mod publish;
 mod resolve;
 mod transfer;
@@ -74,7 +77,7 @@ use cuda_kernels::{
     KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashSet;
 use tier_core::CompletionSignal;
 
 use super::data::{DraftReads, GpuData, PinnedBytes};

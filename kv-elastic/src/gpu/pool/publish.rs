@@ -1,6 +1,7 @@
 //! [`GpuElasticPool::publish`]: the change log turned into O(changed) asynchronous work (see
 //! the parent module's table of streams and orderings).
 
+use super::patches::{page_entries, WordPatches};
 use super::*;
 
 impl GpuElasticPool {
@@ -123,47 +124,38 @@ impl GpuElasticPool {
             }
         }
         ranges.dedup();
-        // Sized for this window's page-table entries up front (a whole history's import maps
-        // thousands of pages: no rehash on the host call's path).
+        // Single words, last one wins (`WordPatches`: no hashing per page of a long history).
         let word_hint = log.pages.len() + created.len() * d.fixed_pages as usize + 64;
-        let mut words: HashMap<u64, u32> = HashMap::with_capacity(word_hint);
-        let mut order: Vec<u64> = Vec::with_capacity(word_hint);
-        let mut put = |addr: u64, value: u32| {
-            if words.insert(addr, value).is_none() {
-                order.push(addr);
-            }
-        };
+        let mut words = WordPatches::with_capacity(word_hint + ready.len());
         for &b in &created {
             let s = self.pinned().session_at(b).expect("created this window");
             let pl = self.cpu.placement(s)?;
             for (i, &p) in pl.fixed_pages.iter().enumerate() {
-                put(t.fixed_pages + 4 * (b as u64 * fp + i as u64), p);
+                words.put(t.fixed_pages + 4 * (b as u64 * fp + i as u64), p);
             }
         }
         // This window's borrowed-page mappings held back until their fill (deferred mode), in
         // call order: an unmap later in the window cancels an earlier mapping of the same entry.
-        let mut window_maps: HashMap<(u32, u32), u32> =
-            HashMap::with_capacity(if defer { log.pages.len() } else { 0 });
-        for &(b, logical, page) in &log.pages {
-            if self.pinned().session_at(b).is_some() && (logical as u64) < mp {
-                if defer {
-                    window_maps.remove(&(b, logical));
-                    if page >= 0 {
-                        window_maps.insert((b, logical), page as u32);
-                        continue;
-                    }
-                }
-                put(
-                    t.page_tab + 4 * (b as u64 * mp + logical as u64),
-                    page as u32,
-                );
-            }
-        }
+        let pinned = self.pinned();
+        let window_maps = page_entries(
+            &log.pages,
+            |b| pinned.session_at(b).is_some(),
+            mp,
+            t.page_tab,
+            defer,
+            &mut words,
+        );
         // Mappings whose fill passed (their slot is live: freed slots' entries were dropped).
         let mut touched = log.touched.clone();
-        let window_slots: HashSet<u32> = window_maps.keys().map(|&(b, _)| b).collect();
+        // The window's slots with mappings deferred (the entries are sorted by slot).
+        let mut window_slots: Vec<u32> = Vec::new();
+        for &((b, _), _) in &window_maps {
+            if window_slots.last() != Some(&b) {
+                window_slots.push(b);
+            }
+        }
         for &(slot, logical, page) in &ready {
-            put(t.page_tab + 4 * (slot as u64 * mp + logical as u64), page);
+            words.put(t.page_tab + 4 * (slot as u64 * mp + logical as u64), page);
             if let Some(s) = self.pinned().session_at(slot) {
                 if !touched.contains(&s) {
                     touched.push(s);
@@ -194,23 +186,16 @@ impl GpuElasticPool {
             };
             let w: &[u32] = bytemuck::cast_slice(std::slice::from_ref(&desc));
             for (i, &v) in w.iter().enumerate() {
-                put(t.desc + 4 * (b as u64 * desc_words + i as u64), v);
+                words.put(t.desc + 4 * (b as u64 * desc_words + i as u64), v);
             }
             if let Some(v) = self.cpu.data.dev.note_desc(b, &desc) {
                 direct_word = Some(v);
             }
         }
         if let Some(v) = direct_word {
-            put(t.direct, v);
+            words.put(t.direct, v);
         }
-        let points: Vec<KvFill> = order
-            .iter()
-            .map(|&a| KvFill {
-                dst: a,
-                count: 1,
-                value: words[&a],
-            })
-            .collect();
+        let points = words.into_points();
         // One staging image for every list of this publish.
         let mut img = Image::default();
         let (fill_plan, fill_counts) = segments(&log.fills);
