@@ -202,29 +202,49 @@ struct Staging {
     busy: bool,
 }
 
-/// Builds one publish's staging image: 16-byte aligned sections.
+/// The lists of one publish as laid out in one staging buffer: each at a 16-byte aligned offset,
+/// copied once, from its own slice straight into the pinned buffer ([`Image::write_into`]; no
+/// image is assembled on the host first: a gather admission's row list is megabytes).
 #[derive(Default)]
-struct Image(Vec<u8>);
+struct Image<'a> {
+    pieces: Vec<(usize, &'a [u8])>,
+    len: usize,
+}
 
-impl Image {
-    fn push<T: Pod>(&mut self, items: &[T]) -> usize {
-        let at = self.0.len().next_multiple_of(16);
-        self.0.resize(at, 0);
-        self.0.extend_from_slice(bytemuck::cast_slice(items));
+impl<'a> Image<'a> {
+    /// Places `items` after the lists placed so far; returns their offset.
+    fn push<T: Pod>(&mut self, items: &'a [T]) -> usize {
+        let at = self.len.next_multiple_of(16);
+        let bytes: &[u8] = bytemuck::cast_slice(items);
+        self.pieces.push((at, bytes));
+        self.len = at + bytes.len();
         at
+    }
+
+    /// Bytes from the first list's start to the last one's end.
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies every list to its offset in `dst` (at least [`Image::len`] bytes; the padding
+    /// between lists is left as it was: no kernel reads it).
+    fn write_into(&self, dst: &mut [u8]) {
+        for &(at, bytes) in &self.pieces {
+            dst[at..at + bytes.len()].copy_from_slice(bytes);
+        }
     }
 }
 
 /// Rows per segment of the copy lists handed to the replay kernel (one block per segment).
 const SEGMENT: u32 = 64;
 
-/// A copy list as replay segments: the plan (`segments × SEGMENT`, last one short) and counts.
-fn segments(copies: &[KvCopy]) -> (Vec<KvCopy>, Vec<u32>) {
-    let n = copies.len() as u32;
-    let counts = (0..n.div_ceil(SEGMENT))
+/// The replay segments of a copy list of `n` rows (the list itself is the plan, as it is:
+/// `segments × SEGMENT` rows, the last segment short): each segment's row count.
+fn segment_counts(n: usize) -> Vec<u32> {
+    let n = n as u32;
+    (0..n.div_ceil(SEGMENT))
         .map(|b| (n - b * SEGMENT).min(SEGMENT))
-        .collect();
-    (copies.to_vec(), counts)
+        .collect()
 }
 
 /// Copies the staged replay segments at `base + at.0` (plan) / `base + at.1` (counts) from the

@@ -176,4 +176,27 @@ mod tests {
             assert!(points.iter().all(|p| want.get(&p.dst) == Some(&p.value)));
         }
     }
+
+    /// The staging image: lists at 16-byte aligned offsets, written straight into the buffer
+    /// as the assembled image was; replay segments of 64 rows, the last one short.
+    #[test]
+    fn image_places_lists_as_the_assembled_image_did() {
+        use super::super::{segment_counts, Image};
+        let (a, b, c) = ([1u32, 2, 3], [7u64], [9u8; 5]);
+        let mut img = Image::default();
+        assert_eq!(img.push(&a), 0);
+        assert_eq!(img.push(&b), 16);
+        assert_eq!(img.push::<u32>(&[]), 32);
+        assert_eq!(img.push(&c), 32);
+        assert_eq!(img.len(), 37);
+        let mut buf = vec![0xeeu8; 64];
+        img.write_into(&mut buf);
+        assert_eq!(&buf[..12], bytemuck::cast_slice::<u32, u8>(&a));
+        assert_eq!(&buf[16..24], bytemuck::cast_slice::<u64, u8>(&b));
+        assert_eq!(&buf[32..37], &c);
+        assert_eq!(buf[12], 0xee, "padding untouched");
+        assert_eq!(segment_counts(0), Vec::<u32>::new());
+        assert_eq!(segment_counts(64), [64]);
+        assert_eq!(segment_counts(130), [64, 64, 2]);
+    }
 }

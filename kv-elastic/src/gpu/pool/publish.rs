@@ -198,19 +198,21 @@ impl GpuElasticPool {
         let points = words.into_points();
         // One staging image for every list of this publish.
         let mut img = Image::default();
-        let (fill_plan, fill_counts) = segments(&log.fills);
-        let (page_plan, page_counts) = segments(&log.page_fills);
-        let (step_plan, step_counts) = segments(&log.step_copies);
-        let at_fill = img.push(&fill_plan);
+        let fill_counts = segment_counts(log.fills.len());
+        let page_counts = segment_counts(log.page_fills.len());
+        let step_counts = segment_counts(log.step_copies.len());
+        let at_fill = img.push(&log.fills);
         let at_fill_n = img.push(&fill_counts);
-        let at_page = img.push(&page_plan);
+        let at_page = img.push(&log.page_fills);
         let at_page_n = img.push(&page_counts);
         let at_wb = img.push(&log.write_backs);
         let at_ranges = img.push(&ranges);
         let at_points = img.push(&points);
-        let at_step = img.push(&step_plan);
+        let at_step = img.push(&log.step_copies);
         let at_step_n = img.push(&step_counts);
-        let base = self.stage(&img.0)?;
+        let base = self.stage(&img)?;
+        let staged_bytes = img.len() as u64;
+        drop(img);
         if std::mem::take(&mut self.fail_next_publish) {
             return Err(KvError::Unsupported("injected publish failure"));
         }
@@ -345,7 +347,7 @@ impl GpuElasticPool {
         c.rows_written_back += log.write_backs.len() as u64;
         c.words_patched += points.len() as u64;
         c.ranges_reset += ranges.len() as u64;
-        c.staged_bytes += img.0.len() as u64;
+        c.staged_bytes += staged_bytes;
         Ok(())
     }
 
@@ -408,7 +410,7 @@ impl GpuElasticPool {
     /// Copies `image` into a free staging buffer (mapped pinned memory); returns its device
     /// address. A buffer is free once the event after its last reader passed (no host wait; a
     /// new buffer is allocated when none is free or large enough).
-    pub(super) fn stage(&mut self, image: &[u8]) -> Result<u64> {
+    fn stage(&mut self, image: &Image<'_>) -> Result<u64> {
         let need = image.len().max(16);
         let i = match self.staging.iter().position(|s| {
             !s.busy
@@ -434,7 +436,7 @@ impl GpuElasticPool {
         let s = &mut self.staging[i];
         // Busy before anything is launched from it; `publish` frees it with its `done` event.
         s.busy = true;
-        s.buf.as_mut_slice()[..image.len()].copy_from_slice(image);
+        image.write_into(s.buf.as_mut_slice());
         Ok(s.buf.device_ptr())
     }
 }
