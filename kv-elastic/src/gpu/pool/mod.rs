@@ -376,7 +376,7 @@ impl GpuElasticPool {
         let dev =
             GpuArena::from_checked(gpu, dims, geometry.layer_groups, arena, host).map_err(cuda)?;
         let cpu = ElasticPool::with_data(geometry, config, GpuData::new(dev))?;
-        Ok(Self {
+        let mut pool = Self {
             cpu,
             gcfg,
             copy: gpu.new_stream().map_err(cuda)?,
@@ -396,7 +396,12 @@ impl GpuElasticPool {
             miss_tokens: 0,
             counters: GpuFlushCounters::default(),
             _host_owner: host_owner,
-        })
+        };
+        // One staging buffer sized for an admission of a whole history (a commit of an import):
+        // that publish allocates no pinned memory on its host call.
+        let first = pool.new_staging(pool.admission_staging_bytes())?;
+        pool.staging.push(first);
+        Ok(pool)
     }
 
     /// The control plane (read-only: change it through this pool's methods so the device follows).

@@ -407,29 +407,57 @@ impl GpuElasticPool {
         Ok(())
     }
 
+    /// A staging buffer of at least `need` bytes (a power of two, 64 KiB at least), free.
+    pub(super) fn new_staging(&self, need: usize) -> Result<Staging> {
+        let ctx = self.device().gpu().ctx().clone();
+        let buf =
+            PinnedBuffer::zeroed(&ctx, need.next_power_of_two().max(64 << 10)).map_err(cuda)?;
+        let done = EventSignal::unrecorded(self.device().gpu()).map_err(cuda)?;
+        Ok(Staging {
+            buf,
+            done,
+            copy_done: None,
+            busy: false,
+        })
+    }
+
+    /// Bytes the publish of one session's admission with its whole history borrowed stages
+    /// (the Dma fill back-end): a word per page-table entry and fixed page, its descriptor, its
+    /// tail rows, the slot's range resets; with room for alignment and a few more words. At most
+    /// 1 MiB (a larger admission allocates its buffer when it publishes, as before).
+    pub(super) fn admission_staging_bytes(&self) -> usize {
+        let d = *self.device().dims();
+        let words = d.max_pages as usize + d.fixed_pages as usize + 64;
+        let ranges = 2 + 5 * self.device().group_count() as usize;
+        ((words + ranges) * std::mem::size_of::<KvFill>()
+            + 2 * d.tail_rows as usize * std::mem::size_of::<KvCopy>()
+            + 1024)
+            .min(1 << 20)
+    }
+
     /// Copies `image` into a free staging buffer (mapped pinned memory); returns its device
     /// address. A buffer is free once the event after its last reader passed (no host wait; a
     /// new buffer is allocated when none is free or large enough).
     fn stage(&mut self, image: &Image<'_>) -> Result<u64> {
         let need = image.len().max(16);
-        let i = match self.staging.iter().position(|s| {
-            !s.busy
-                && s.buf.len() >= need
-                && s.done.is_complete()
-                && s.copy_done.as_ref().is_none_or(|c| c.is_complete())
-        }) {
-            Some(i) => i,
+        // The smallest free buffer that fits (the one sized for a whole admission stays free
+        // for it while smaller publishes find smaller ones).
+        let i = match self
+            .staging
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                !s.busy
+                    && s.buf.len() >= need
+                    && s.done.is_complete()
+                    && s.copy_done.as_ref().is_none_or(|c| c.is_complete())
+            })
+            .min_by_key(|(_, s)| s.buf.len())
+        {
+            Some((i, _)) => i,
             None => {
-                let ctx = self.device().gpu().ctx().clone();
-                let buf = PinnedBuffer::zeroed(&ctx, need.next_power_of_two().max(64 << 10))
-                    .map_err(cuda)?;
-                let done = EventSignal::unrecorded(self.device().gpu()).map_err(cuda)?;
-                self.staging.push(Staging {
-                    buf,
-                    done,
-                    copy_done: None,
-                    busy: false,
-                });
+                let s = self.new_staging(need)?;
+                self.staging.push(s);
                 self.staging.len() - 1
             }
         };
