@@ -80,7 +80,7 @@ use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
 use hashbrown::HashSet;
 use tier_core::CompletionSignal;
 
-use super::data::{DraftReads, GpuData, PinnedBytes};
+use super::data::{DraftReads, FillRun, GpuData, PinnedBytes};
 use super::GpuArena;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
@@ -204,20 +204,39 @@ struct Staging {
 
 /// The lists of one publish as laid out in one staging buffer: each at a 16-byte aligned offset,
 /// copied once, from its own slice straight into the pinned buffer ([`Image::write_into`]; no
-/// image is assembled on the host first: a gather admission's row list is megabytes).
+/// image is assembled on the host first), a gather fill's rows written there from their runs
+/// ([`Image::push_runs`]: no host list of a whole history's rows).
 #[derive(Default)]
 struct Image<'a> {
-    pieces: Vec<(usize, &'a [u8])>,
+    pieces: Vec<(usize, Piece<'a>)>,
     len: usize,
+}
+
+/// One list of an [`Image`].
+enum Piece<'a> {
+    Bytes(&'a [u8]),
+    /// The rows of these runs, one [`KvCopy`] each ([`FillRun::copies`]).
+    Runs(&'a [FillRun]),
 }
 
 impl<'a> Image<'a> {
     /// Places `items` after the lists placed so far; returns their offset.
     fn push<T: Pod>(&mut self, items: &'a [T]) -> usize {
-        let at = self.len.next_multiple_of(16);
         let bytes: &[u8] = bytemuck::cast_slice(items);
-        self.pieces.push((at, bytes));
-        self.len = at + bytes.len();
+        self.place(Piece::Bytes(bytes), bytes.len())
+    }
+
+    /// Places the rows of `runs` (one [`KvCopy`] per row, in run order) as [`Image::push`] would
+    /// place them expanded; returns their offset.
+    fn push_runs(&mut self, runs: &'a [FillRun]) -> usize {
+        let rows: usize = runs.iter().map(|r| r.rows as usize).sum();
+        self.place(Piece::Runs(runs), rows * std::mem::size_of::<KvCopy>())
+    }
+
+    fn place(&mut self, piece: Piece<'a>, bytes: usize) -> usize {
+        let at = self.len.next_multiple_of(16);
+        self.pieces.push((at, piece));
+        self.len = at + bytes;
         at
     }
 
@@ -229,8 +248,18 @@ impl<'a> Image<'a> {
     /// Copies every list to its offset in `dst` (at least [`Image::len`] bytes; the padding
     /// between lists is left as it was: no kernel reads it).
     fn write_into(&self, dst: &mut [u8]) {
-        for &(at, bytes) in &self.pieces {
-            dst[at..at + bytes.len()].copy_from_slice(bytes);
+        const ROW: usize = std::mem::size_of::<KvCopy>();
+        for (at, piece) in &self.pieces {
+            match piece {
+                Piece::Bytes(bytes) => dst[*at..*at + bytes.len()].copy_from_slice(bytes),
+                Piece::Runs(runs) => {
+                    let mut o = *at;
+                    for c in runs.iter().flat_map(|r| r.copies()) {
+                        dst[o..o + ROW].copy_from_slice(bytemuck::bytes_of(&c));
+                        o += ROW;
+                    }
+                }
+            }
         }
     }
 }

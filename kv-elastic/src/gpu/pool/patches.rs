@@ -195,6 +195,31 @@ mod tests {
         assert_eq!(&buf[16..24], bytemuck::cast_slice::<u64, u8>(&b));
         assert_eq!(&buf[32..37], &c);
         assert_eq!(buf[12], 0xee, "padding untouched");
+        // Runs staged as their rows, as the expanded list would be.
+        use crate::gpu::data::FillRun;
+        let runs = [
+            FillRun {
+                slot: 2,
+                position: 64,
+                dst_row: 640,
+                rows: 3,
+            },
+            FillRun {
+                slot: 2,
+                position: 128,
+                dst_row: 128,
+                rows: 2,
+            },
+        ];
+        let rows: Vec<cuda_kernels::KvCopy> = runs.iter().flat_map(|r| r.copies()).collect();
+        let mut img = Image::default();
+        assert_eq!(img.push(&a), 0);
+        assert_eq!(img.push_runs(&runs), 16);
+        assert_eq!(img.push(&b), 96);
+        let mut buf = vec![0u8; 128];
+        img.write_into(&mut buf);
+        assert_eq!(&buf[16..96], bytemuck::cast_slice::<_, u8>(&rows));
+        assert_eq!(&buf[96..104], bytemuck::cast_slice::<u64, u8>(&b));
         assert_eq!(segment_counts(0), Vec::<u32>::new());
         assert_eq!(segment_counts(64), [64]);
         assert_eq!(segment_counts(130), [64, 64, 2]);

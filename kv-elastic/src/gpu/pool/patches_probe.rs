@@ -102,3 +102,36 @@ pub(crate) fn hashed_plan(pages: &[(u32, u32, i32)], mp: u64, defer: bool) -> Ve
     }
     out
 }
+
+/// A gather publish's row list staged as `publish` does now: written into `pinned` from the
+/// runs ([`super::Image::push_runs`]), its segment counts after it; returns the staged length.
+pub(crate) fn stage_direct(runs: &[crate::gpu::data::FillRun], pinned: &mut [u8]) -> usize {
+    let rows: usize = runs.iter().map(|r| r.rows as usize).sum();
+    let counts = super::segment_counts(rows);
+    let mut img = super::Image::default();
+    img.push_runs(runs);
+    img.push(&counts);
+    img.write_into(pinned);
+    img.len()
+}
+
+/// The same as before issue 29's change: the list copied into replay segments, both pushed into
+/// an assembled image, the image copied into `pinned`.
+pub(crate) fn stage_assembled(runs: &[crate::gpu::data::FillRun], pinned: &mut [u8]) -> usize {
+    let mut rows: Vec<cuda_kernels::KvCopy> = Vec::new();
+    rows.extend(runs.iter().flat_map(|r| r.copies()));
+    let n = rows.len() as u32;
+    let counts: Vec<u32> = (0..n.div_ceil(64)).map(|b| (n - b * 64).min(64)).collect();
+    let plan = rows.to_vec();
+    let mut img: Vec<u8> = Vec::new();
+    for bytes in [
+        bytemuck::cast_slice::<_, u8>(&plan),
+        bytemuck::cast_slice(&counts),
+    ] {
+        let at = img.len().next_multiple_of(16);
+        img.resize(at, 0);
+        img.extend_from_slice(bytes);
+    }
+    pinned[..img.len()].copy_from_slice(&img);
+    img.len()
+}

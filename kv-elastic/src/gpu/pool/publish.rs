@@ -39,15 +39,20 @@ impl GpuElasticPool {
         // layer, no list staged), or rows for the gather kernel.
         let runs = std::mem::take(&mut log.page_runs);
         // (Strided runs are contiguous rows: a paged split arena takes the gather for them.)
-        let runs = if self.fill_backend == CopyBackend::Dma
+        // The gather kernel's rows are staged from their runs (`Image::push_runs`); the DMA
+        // back-end's fallback for a paged split arena takes them as a host list.
+        let (runs, gather_runs) = if self.fill_backend == CopyBackend::Dma
             && self.cpu.data.dev.dims().fmt == cuda_kernels::KV_FMT_CONTIGUOUS
         {
-            runs
+            (runs, Vec::new())
+        } else if self.fill_backend == CopyBackend::Gather {
+            (Vec::new(), runs)
         } else {
             log.page_fills.extend(runs.iter().flat_map(|r| r.copies()));
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         let run_rows: u64 = runs.iter().map(|r| r.rows as u64).sum();
+        let gather_rows: usize = gather_runs.iter().map(|r| r.rows as usize).sum();
         let (created, freed) = {
             let p = self.cpu.data.pinned_mut();
             (std::mem::take(&mut p.created), std::mem::take(&mut p.freed))
@@ -72,6 +77,7 @@ impl GpuElasticPool {
             .map_err(cuda)?;
         if log.is_empty()
             && runs.is_empty()
+            && gather_runs.is_empty()
             && created.is_empty()
             && freed.is_empty()
             && ready.is_empty()
@@ -199,11 +205,16 @@ impl GpuElasticPool {
         // One staging image for every list of this publish.
         let mut img = Image::default();
         let fill_counts = segment_counts(log.fills.len());
-        let page_counts = segment_counts(log.page_fills.len());
+        let page_counts = segment_counts(log.page_fills.len() + gather_rows);
         let step_counts = segment_counts(log.step_copies.len());
         let at_fill = img.push(&log.fills);
         let at_fill_n = img.push(&fill_counts);
-        let at_page = img.push(&log.page_fills);
+        // (At most one of the two is non-empty: see `gather_runs`.)
+        let at_page = if gather_runs.is_empty() {
+            img.push(&log.page_fills)
+        } else {
+            img.push_runs(&gather_runs)
+        };
         let at_page_n = img.push(&page_counts);
         let at_wb = img.push(&log.write_backs);
         let at_ranges = img.push(&ranges);
@@ -250,7 +261,7 @@ impl GpuElasticPool {
                 (at_fill, at_fill_n),
                 fill_counts.len(),
             )?;
-            if !log.page_fills.is_empty() || !runs.is_empty() {
+            if !page_counts.is_empty() || !runs.is_empty() {
                 if let Some(wb) = &self.last_write_back {
                     wb.wait_on(&copy).map_err(cuda)?;
                 }
@@ -263,7 +274,7 @@ impl GpuElasticPool {
                 self.cpu.fence().enter_signal(Box::new(fill.clone()));
                 copy_done = Some(fill);
             }
-        } else if !log.fills.is_empty() || !log.page_fills.is_empty() || !runs.is_empty() {
+        } else if !log.fills.is_empty() || !page_counts.is_empty() || !runs.is_empty() {
             if let Some(wb) = &self.last_write_back {
                 wb.wait_on(&copy).map_err(cuda)?;
             }
@@ -341,7 +352,7 @@ impl GpuElasticPool {
         }
         let c = &mut self.counters;
         c.flushes += 1;
-        c.rows_filled += (log.fills.len() + log.page_fills.len()) as u64 + run_rows;
+        c.rows_filled += (log.fills.len() + log.page_fills.len() + gather_rows) as u64 + run_rows;
         c.maps_applied += ready.len() as u64;
         c.rows_copied += log.step_copies.len() as u64;
         c.rows_written_back += log.write_backs.len() as u64;
@@ -371,8 +382,9 @@ impl GpuElasticPool {
         Ok(())
     }
 
-    /// Queues the fills `fills` (staged as replay segments at `base + at`) on `stream` with the
-    /// fill back-end.
+    /// Queues the fills staged as `segments` replay segments at `base + at` on `stream` with the
+    /// fill back-end; `fills` are their rows on the host where the DMA back-end needs them (the
+    /// gather back-end's page fills are staged from their runs: `fills` is empty then).
     fn fill_async(
         &mut self,
         stream: &CudaStream,
@@ -381,7 +393,7 @@ impl GpuElasticPool {
         at: (usize, usize),
         segments: usize,
     ) -> Result<()> {
-        if fills.is_empty() {
+        if segments == 0 {
             return Ok(());
         }
         let dev = &self.cpu.data.dev;
