@@ -47,6 +47,14 @@ pub trait DataPlane: sealed::Sealed + Send {
     /// layers, committed) into physical page `page`; the control plane maps it right after.
     fn fill_page(&mut self, session: SessionId, logical: u32, page: u32);
 
+    /// [`DataPlane::fill_page`] for each `(logical, page)` of `pages`, in order (a loan of many
+    /// pages: the GPU back-end logs them with one slot lookup and one reservation).
+    fn fill_pages(&mut self, session: SessionId, pages: &[(u32, u32)]) {
+        for &(logical, page) in pages {
+            self.fill_page(session, logical, page);
+        }
+    }
+
     /// The control plane unmapped history page `logical` of `session`, held in physical page
     /// `page` (reclaim); no bytes move. The page may be lent or reserved again before the next
     /// publish, so a data plane that defers fills drops those still pending into `page`.

@@ -361,6 +361,74 @@ impl ChangeLog {
         self.page_runs.push(run);
     }
 
+    /// Logs the fill of borrowed page `page` (arena page) with logical page `logical` of
+    /// `session` (in store slot `slot`): its rows' run and its page-table entry.
+    pub(crate) fn fill_page(
+        &mut self,
+        session: SessionId,
+        slot: u32,
+        logical: u32,
+        page: u32,
+        page_rows: u32,
+    ) {
+        self.push_page_fill(FillRun {
+            slot,
+            position: logical * page_rows,
+            dst_row: page * page_rows,
+            rows: page_rows,
+        });
+        self.pages.push((slot, logical, page as i32));
+        self.touch(session);
+    }
+
+    /// [`ChangeLog::fill_page`] for each `(logical, page)` of `pages`, in order (one
+    /// reservation, one touch).
+    pub(crate) fn fill_pages(
+        &mut self,
+        session: SessionId,
+        slot: u32,
+        pages: &[(u32, u32)],
+        page_rows: u32,
+    ) {
+        self.pages.reserve(pages.len());
+        for &(logical, page) in pages {
+            self.push_page_fill(FillRun {
+                slot,
+                position: logical * page_rows,
+                dst_row: page * page_rows,
+                rows: page_rows,
+            });
+            self.pages.push((slot, logical, page as i32));
+        }
+        if !pages.is_empty() {
+            self.touch(session);
+        }
+    }
+
+    /// Logs the unmap of borrowed page `page` (logical page `logical` of `session` in `slot`).
+    pub(crate) fn unmap_page(
+        &mut self,
+        session: SessionId,
+        slot: u32,
+        logical: u32,
+        page: u32,
+        page_rows: u32,
+    ) {
+        // The page may be taken again in this publish window (another admission of the same
+        // `admit_batch` reserves or borrows it once `collect` frees it): its pending fills must
+        // not run beside the new owner's in the same launch.
+        self.drop_fills_into(page, page_rows);
+        self.pages.push((slot, logical, tier_core::NOT_RESIDENT));
+        self.touch(session);
+    }
+
+    /// `session`'s descriptor changed.
+    pub(crate) fn touch(&mut self, session: SessionId) {
+        if !self.touched.contains(&session) {
+            self.touched.push(session);
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.fills.is_empty()
             && self.page_runs.is_empty()
@@ -408,12 +476,6 @@ impl GpuData {
             .slot_of(session)
             .expect("the control plane names live sessions")
     }
-
-    fn touch(&mut self, session: SessionId) {
-        if !self.log.touched.contains(&session) {
-            self.log.touched.push(session);
-        }
-    }
 }
 
 impl sealed::Sealed for GpuData {}
@@ -431,27 +493,19 @@ impl DataPlane for GpuData {
 
     fn fill_page(&mut self, session: SessionId, logical: u32, page: u32) {
         let slot = self.slot(session);
-        let pr = self.page_rows;
-        self.log.push_page_fill(FillRun {
-            slot,
-            position: logical * pr,
-            dst_row: page * pr,
-            rows: pr,
-        });
-        self.log.pages.push((slot, logical, page as i32));
-        self.touch(session);
+        self.log
+            .fill_page(session, slot, logical, page, self.page_rows);
+    }
+
+    fn fill_pages(&mut self, session: SessionId, pages: &[(u32, u32)]) {
+        let slot = self.slot(session);
+        self.log.fill_pages(session, slot, pages, self.page_rows);
     }
 
     fn unmap_page(&mut self, session: SessionId, logical: u32, page: u32) {
-        // The page may be taken again in this publish window (another admission of the same
-        // `admit_batch` reserves or borrows it once `collect` frees it): its pending fills must
-        // not run beside the new owner's in the same launch.
-        self.log.drop_fills_into(page, self.page_rows);
         let slot = self.slot(session);
         self.log
-            .pages
-            .push((slot, logical, tier_core::NOT_RESIDENT));
-        self.touch(session);
+            .unmap_page(session, slot, logical, page, self.page_rows);
     }
 
     fn write_tail(&mut self, session: SessionId, position: u32, row: u32) {
@@ -505,7 +559,7 @@ impl DataPlane for GpuData {
     }
 
     fn placement_changed(&mut self, session: SessionId) {
-        self.touch(session);
+        self.log.touch(session);
     }
 
     fn row_holds(
@@ -587,6 +641,24 @@ mod tests {
         assert_eq!(rows.len(), 8);
         assert_eq!((rows[4].position, rows[4].dst_row), (8, 28));
         assert!(!log.is_empty());
+    }
+
+    /// The bulk log of a loan equals the page-by-page one (runs, entries, touched once).
+    #[test]
+    fn fill_pages_logs_as_fill_page_does() {
+        let pr = 4;
+        let pages = [(0, 5), (1, 6), (2, 7), (3, 9), (7, 2), (8, 3)];
+        let (mut one, mut bulk) = (ChangeLog::default(), ChangeLog::default());
+        for &(logical, page) in &pages {
+            one.fill_page(42, 1, logical, page, pr);
+        }
+        bulk.fill_pages(42, 1, &pages, pr);
+        bulk.fill_pages(43, 2, &[], pr);
+        assert_eq!(bulk.page_runs, one.page_runs);
+        assert_eq!(bulk.page_runs.len(), 3);
+        assert_eq!(bulk.pages, one.pages);
+        assert_eq!(bulk.touched, [42]);
+        assert_eq!(one.touched, [42]);
     }
 
     /// Bug: session A's fills into page 2 were still pending when B reclaimed page 2 and logged

@@ -6,6 +6,8 @@
 //! CPU reference.
 
 mod arena;
+#[cfg(test)]
+mod commit_probe;
 mod data;
 mod dims;
 mod direct;

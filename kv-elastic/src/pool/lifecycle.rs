@@ -31,17 +31,22 @@ impl<D: DataPlane> ElasticPool<D> {
         // run (the GPU pool copies a run with one strided copy per layer).
         logical.reverse();
         let loans = self.ctl.pages.lend_history(session, &logical)?;
-        for loan in &loans {
-            let page = loan.handle.page();
-            self.ctl
-                .sessions
-                .get_mut(&session)
-                .expect("live")
-                .pages
-                .set(loan.logical, page)?;
-            self.data.fill_page(session, loan.logical, page.0);
-            self.ctl.counters.page_fill_tokens += self.ctl.geometry.page_rows as u64;
-        }
+        let filled: Vec<(u32, u32)> = loans
+            .iter()
+            .map(|l| (l.logical, l.handle.page().0))
+            .collect();
+        let r = self.ctl.sessions.get_mut(&session).expect("live");
+        // Each page mapped is filled (also those mapped before a failing `set`), as when the
+        // pages were mapped and filled one by one.
+        let mut mapped = 0;
+        let set = filled.iter().try_for_each(|&(logical, page)| {
+            r.pages.set(logical, tier_core::PageId(page))?;
+            mapped += 1;
+            Ok::<_, tier_core::CoreError>(())
+        });
+        self.data.fill_pages(session, &filled[..mapped]);
+        self.ctl.counters.page_fill_tokens += mapped as u64 * self.ctl.geometry.page_rows as u64;
+        set?;
         self.ctl.counters.pages_lent += loans.len() as u64;
         Ok(loans.len() as u32)
     }

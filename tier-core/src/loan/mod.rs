@@ -322,11 +322,14 @@ impl<P: ReclaimPolicy> Lender<P> {
         // free pages allow it (the free stack hands pages back in the reverse of the order they
         // were freed; a history's fill is then one copy per run of pages, not one per page).
         // The free stack pops pages in one order or its reverse when they were
-        // freed in order: O(m) then, a sort otherwise.
+        // freed in order: O(m) then. Otherwise it is a few such runs (pages
+        // freed in order by several hand-backs, reclaims and releases): the
+        // stable sort finds the natural runs and merges them, O(m log runs)
+        // (the pages are distinct, so it orders them as any sort would).
         if handles.windows(2).all(|w| w[0].page.0 > w[1].page.0) {
             handles.reverse();
         } else if !handles.windows(2).all(|w| w[0].page.0 < w[1].page.0) {
-            handles.sort_unstable_by_key(|h| h.page.0);
+            handles.sort_by_key(|h| h.page.0);
         }
         let out: Vec<Loan> = logical
             .iter()

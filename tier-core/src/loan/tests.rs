@@ -246,3 +246,26 @@ fn consecutive_logical_indices_get_ascending_pages_whatever_order_pages_came_bac
     assert!(p[1] < p[0] && p[0] < p[2], "{p:?}");
     check(&l);
 }
+
+/// Pages freed by several hand-backs sit on the free stack as a few ordered runs; a lend of
+/// consecutive indices still takes them in ascending page order (one run of pages).
+#[test]
+fn lend_orders_pages_from_several_freed_runs() {
+    let mut l = Lender::new(Tier::DeviceHbm, 64).unwrap();
+    let a: Vec<u32> = (0..20).collect();
+    l.lend(BorrowerId(1), &a).unwrap();
+    l.lend(BorrowerId(2), &a).unwrap();
+    l.lend(BorrowerId(3), &a).unwrap();
+    // Borrowers 3 and 1 finish and hand back in logical order: two ascending runs freed.
+    l.finish(BorrowerId(3)).unwrap();
+    l.finish(BorrowerId(1)).unwrap();
+    assert_eq!(l.hand_back_step(64).len(), 40);
+    assert_eq!(l.collect(), 40);
+    // 44 free pages: 4 never lent, then runs 40..60 and 0..20 (popped in reverse).
+    let want: Vec<u32> = (0..30).collect();
+    let loans = l.lend(BorrowerId(4), &want).unwrap();
+    let pages: Vec<u32> = loans.iter().map(|x| x.handle.page().0).collect();
+    assert!(pages.windows(2).all(|w| w[0] < w[1]), "{pages:?}");
+    assert_eq!(loans.iter().map(|x| x.logical).collect::<Vec<_>>(), want);
+    check(&l);
+}

@@ -8,13 +8,28 @@ use tier_core::CompletionSignal;
 /// A page-table entry key: `(session slot, logical page)`.
 pub(crate) type MapKey = (u32, u32);
 
+/// The page of an entry dropped before its fill passed (no physical page is `u32::MAX`: page
+/// tables hold `i32`).
+const DROPPED: u32 = u32::MAX;
+
+/// One publish's deferred entries: its fill's signal and the entries `(key, page)` sorted by key,
+/// unique; a dropped entry stays in place with page [`DROPPED`] (a binary search finds a key
+/// without a hash map per publish).
+#[derive(Debug)]
+struct Batch<S> {
+    fill: S,
+    maps: Vec<(MapKey, u32)>,
+    /// Entries not dropped.
+    live: usize,
+}
+
 /// Deferred mappings: per publish that queued page fills, the signal after those fills and the
 /// entries `(slot, logical) → physical page` it maps once complete. An entry leaves by
 /// [`DeferredMaps::take_ready`] (its fill passed: map it) or is dropped (the page was reclaimed,
 /// or its session finished, before that: never map it).
 #[derive(Debug)]
 pub(crate) struct DeferredMaps<S> {
-    batches: Vec<(S, HashMap<MapKey, u32>)>,
+    batches: Vec<Batch<S>>,
     /// Entries per slot (a slot with any is served without the direct path).
     per_slot: HashMap<u32, u32>,
     len: usize,
@@ -34,6 +49,29 @@ impl<S> Default for DeferredMaps<S> {
     }
 }
 
+/// Calls `f(slot, n)` for each run of `n` consecutive entries of one slot in `entries` (sorted by
+/// key, so a slot's entries are one run), skipping dropped ones.
+fn slot_runs(entries: &[(MapKey, u32)], mut f: impl FnMut(u32, u32)) {
+    let mut run: Option<(u32, u32)> = None;
+    for &((slot, _), page) in entries {
+        if page == DROPPED {
+            continue;
+        }
+        match &mut run {
+            Some((s, n)) if *s == slot => *n += 1,
+            _ => {
+                if let Some((s, n)) = run {
+                    f(s, n);
+                }
+                run = Some((slot, 1));
+            }
+        }
+    }
+    if let Some((s, n)) = run {
+        f(s, n);
+    }
+}
+
 impl<S> DeferredMaps<S> {
     /// Entries waiting.
     pub(crate) fn len(&self) -> usize {
@@ -45,35 +83,44 @@ impl<S> DeferredMaps<S> {
         self.per_slot.contains_key(&slot)
     }
 
-    fn forget(per_slot: &mut HashMap<u32, u32>, slot: u32) {
-        if let Some(n) = per_slot.get_mut(&slot) {
-            *n -= 1;
-            if *n == 0 {
+    fn forget(per_slot: &mut HashMap<u32, u32>, slot: u32, n: u32) {
+        if let Some(c) = per_slot.get_mut(&slot) {
+            *c -= n;
+            if *c == 0 {
                 per_slot.remove(&slot);
             }
         }
     }
 
-    /// Adds the entries `maps` of one publish, mapped once `fill` is complete. A key must not be
-    /// waiting already (the control plane unmaps an entry before lending it again, which drops it).
-    pub(crate) fn push(&mut self, fill: S, maps: HashMap<MapKey, u32>) {
+    /// Adds the entries `maps` of one publish (sorted by key, unique: [`super::patches::page_entries`]),
+    /// mapped once `fill` is complete. A key must not be waiting already (the control plane
+    /// unmaps an entry before lending it again, which drops it).
+    pub(crate) fn push(&mut self, fill: S, maps: Vec<(MapKey, u32)>) {
+        debug_assert!(maps.windows(2).all(|w| w[0].0 < w[1].0), "sorted, unique");
         if maps.is_empty() {
             return;
         }
-        for &(slot, _) in maps.keys() {
-            *self.per_slot.entry(slot).or_insert(0) += 1;
-        }
+        let per_slot = &mut self.per_slot;
+        slot_runs(&maps, |slot, n| *per_slot.entry(slot).or_insert(0) += n);
         self.len += maps.len();
-        self.batches.push((fill, maps));
+        self.batches.push(Batch {
+            fill,
+            live: maps.len(),
+            maps,
+        });
     }
 
     /// Drops the entry of `key` (its page was unmapped); returns whether one waited.
     pub(crate) fn drop_key(&mut self, key: MapKey) -> bool {
-        for (_, maps) in &mut self.batches {
-            if maps.remove(&key).is_some() {
-                Self::forget(&mut self.per_slot, key.0);
-                self.len -= 1;
-                return true;
+        for b in &mut self.batches {
+            if let Ok(i) = b.maps.binary_search_by_key(&key, |e| e.0) {
+                if b.maps[i].1 != DROPPED {
+                    b.maps[i].1 = DROPPED;
+                    b.live -= 1;
+                    Self::forget(&mut self.per_slot, key.0, 1);
+                    self.len -= 1;
+                    return true;
+                }
             }
         }
         false
@@ -85,14 +132,16 @@ impl<S> DeferredMaps<S> {
             return 0;
         }
         let before = self.len;
-        for (_, maps) in &mut self.batches {
-            maps.retain(|&(slot, _), _| !slots.contains(&slot));
+        for b in &mut self.batches {
+            b.maps
+                .retain(|&((slot, _), page)| page != DROPPED && !slots.contains(&slot));
+            b.live = b.maps.len();
         }
         for s in slots {
             self.per_slot.remove(s);
         }
-        self.len = self.batches.iter().map(|(_, m)| m.len()).sum();
-        self.batches.retain(|(_, m)| !m.is_empty());
+        self.len = self.batches.iter().map(|b| b.live).sum();
+        self.batches.retain(|b| b.live > 0);
         before - self.len
     }
 
@@ -111,7 +160,8 @@ impl<S> DeferredMaps<S> {
 
     /// [`DeferredMaps::take_ready`] with the fill's completion asked of `query`, whose error
     /// (e.g. a failed `cuEventQuery`: a broken context) is returned instead of leaving the
-    /// entries waiting forever. On an error nothing is taken.
+    /// entries waiting forever. On an error nothing is taken. Entries come out by batch, each
+    /// batch's in key order.
     pub(crate) fn try_take_ready<E>(
         &mut self,
         query: impl Fn(&S) -> Result<bool, E>,
@@ -120,25 +170,29 @@ impl<S> DeferredMaps<S> {
         // to a kept buffer (lost only on that error path).
         let mut done = std::mem::take(&mut self.done);
         done.clear();
-        for (fill, maps) in &self.batches {
-            done.push(!maps.is_empty() && query(fill)?);
+        for b in &self.batches {
+            done.push(b.live > 0 && query(&b.fill)?);
         }
         let mut out = Vec::new();
         let per_slot = &mut self.per_slot;
         let mut i = 0;
-        self.batches.retain(|(_, maps)| {
+        self.batches.retain(|b| {
             let complete = done[i];
             i += 1;
-            if maps.is_empty() {
+            if b.live == 0 {
                 return false;
             }
             if !complete {
                 return true;
             }
-            for (&(slot, logical), &page) in maps.iter() {
-                Self::forget(per_slot, slot);
-                out.push((slot, logical, page));
-            }
+            out.reserve(b.live);
+            out.extend(
+                b.maps
+                    .iter()
+                    .filter(|e| e.1 != DROPPED)
+                    .map(|&((slot, logical), page)| (slot, logical, page)),
+            );
+            slot_runs(&b.maps, |slot, n| Self::forget(per_slot, slot, n));
             false
         });
         self.len -= out.len();
@@ -152,8 +206,10 @@ mod tests {
     use super::*;
     use tier_core::FlagSignal;
 
-    fn maps(entries: &[(u32, u32, u32)]) -> HashMap<MapKey, u32> {
-        entries.iter().map(|&(s, l, p)| ((s, l), p)).collect()
+    fn maps(entries: &[(u32, u32, u32)]) -> Vec<(MapKey, u32)> {
+        let mut v: Vec<(MapKey, u32)> = entries.iter().map(|&(s, l, p)| ((s, l), p)).collect();
+        v.sort();
+        v
     }
 
     /// A fill not yet complete maps nothing; once it completes its entries come out once.

@@ -53,6 +53,9 @@
 
 mod deferred;
 mod host_calls;
+mod patches;
+#[cfg(test)]
+pub(super) mod patches_probe;
 mod publish;
 mod resolve;
 mod transfer;
@@ -74,10 +77,10 @@ use cuda_kernels::{
     KV_LAYOUT_IN_PLACE, KV_LAYOUT_PACKED, KV_STATS,
 };
 use cuda_kernels::{CudaError, DeviceBuffer, EventSignal, Gpu, PinnedBuffer};
-use hashbrown::{HashMap, HashSet};
+use hashbrown::HashSet;
 use tier_core::CompletionSignal;
 
-use super::data::{DraftReads, GpuData, PinnedBytes};
+use super::data::{DraftReads, FillRun, GpuData, PinnedBytes};
 use super::GpuArena;
 use crate::data::SessionId;
 use crate::error::{KvError, Result};
@@ -199,29 +202,78 @@ struct Staging {
     busy: bool,
 }
 
-/// Builds one publish's staging image: 16-byte aligned sections.
+/// The lists of one publish as laid out in one staging buffer: each at a 16-byte aligned offset,
+/// copied once, from its own slice straight into the pinned buffer ([`Image::write_into`]; no
+/// image is assembled on the host first), a gather fill's rows written there from their runs
+/// ([`Image::push_runs`]: no host list of a whole history's rows).
 #[derive(Default)]
-struct Image(Vec<u8>);
+struct Image<'a> {
+    pieces: Vec<(usize, Piece<'a>)>,
+    len: usize,
+}
 
-impl Image {
-    fn push<T: Pod>(&mut self, items: &[T]) -> usize {
-        let at = self.0.len().next_multiple_of(16);
-        self.0.resize(at, 0);
-        self.0.extend_from_slice(bytemuck::cast_slice(items));
+/// One list of an [`Image`].
+enum Piece<'a> {
+    Bytes(&'a [u8]),
+    /// The rows of these runs, one [`KvCopy`] each ([`FillRun::copies`]).
+    Runs(&'a [FillRun]),
+}
+
+impl<'a> Image<'a> {
+    /// Places `items` after the lists placed so far; returns their offset.
+    fn push<T: Pod>(&mut self, items: &'a [T]) -> usize {
+        let bytes: &[u8] = bytemuck::cast_slice(items);
+        self.place(Piece::Bytes(bytes), bytes.len())
+    }
+
+    /// Places the rows of `runs` (one [`KvCopy`] per row, in run order) as [`Image::push`] would
+    /// place them expanded; returns their offset.
+    fn push_runs(&mut self, runs: &'a [FillRun]) -> usize {
+        let rows: usize = runs.iter().map(|r| r.rows as usize).sum();
+        self.place(Piece::Runs(runs), rows * std::mem::size_of::<KvCopy>())
+    }
+
+    fn place(&mut self, piece: Piece<'a>, bytes: usize) -> usize {
+        let at = self.len.next_multiple_of(16);
+        self.pieces.push((at, piece));
+        self.len = at + bytes;
         at
+    }
+
+    /// Bytes from the first list's start to the last one's end.
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies every list to its offset in `dst` (at least [`Image::len`] bytes; the padding
+    /// between lists is left as it was: no kernel reads it).
+    fn write_into(&self, dst: &mut [u8]) {
+        const ROW: usize = std::mem::size_of::<KvCopy>();
+        for (at, piece) in &self.pieces {
+            match piece {
+                Piece::Bytes(bytes) => dst[*at..*at + bytes.len()].copy_from_slice(bytes),
+                Piece::Runs(runs) => {
+                    let mut o = *at;
+                    for c in runs.iter().flat_map(|r| r.copies()) {
+                        dst[o..o + ROW].copy_from_slice(bytemuck::bytes_of(&c));
+                        o += ROW;
+                    }
+                }
+            }
+        }
     }
 }
 
 /// Rows per segment of the copy lists handed to the replay kernel (one block per segment).
 const SEGMENT: u32 = 64;
 
-/// A copy list as replay segments: the plan (`segments × SEGMENT`, last one short) and counts.
-fn segments(copies: &[KvCopy]) -> (Vec<KvCopy>, Vec<u32>) {
-    let n = copies.len() as u32;
-    let counts = (0..n.div_ceil(SEGMENT))
+/// The replay segments of a copy list of `n` rows (the list itself is the plan, as it is:
+/// `segments × SEGMENT` rows, the last segment short): each segment's row count.
+fn segment_counts(n: usize) -> Vec<u32> {
+    let n = n as u32;
+    (0..n.div_ceil(SEGMENT))
         .map(|b| (n - b * SEGMENT).min(SEGMENT))
-        .collect();
-    (copies.to_vec(), counts)
+        .collect()
 }
 
 /// Copies the staged replay segments at `base + at.0` (plan) / `base + at.1` (counts) from the
@@ -353,7 +405,7 @@ impl GpuElasticPool {
         let dev =
             GpuArena::from_checked(gpu, dims, geometry.layer_groups, arena, host).map_err(cuda)?;
         let cpu = ElasticPool::with_data(geometry, config, GpuData::new(dev))?;
-        Ok(Self {
+        let mut pool = Self {
             cpu,
             gcfg,
             copy: gpu.new_stream().map_err(cuda)?,
@@ -373,7 +425,12 @@ impl GpuElasticPool {
             miss_tokens: 0,
             counters: GpuFlushCounters::default(),
             _host_owner: host_owner,
-        })
+        };
+        // One staging buffer sized for an admission of a whole history (a commit of an import):
+        // that publish allocates no pinned memory on its host call.
+        let first = pool.new_staging(pool.admission_staging_bytes())?;
+        pool.staging.push(first);
+        Ok(pool)
     }
 
     /// The control plane (read-only: change it through this pool's methods so the device follows).

@@ -1,6 +1,7 @@
 //! [`GpuElasticPool::publish`]: the change log turned into O(changed) asynchronous work (see
 //! the parent module's table of streams and orderings).
 
+use super::patches::{page_entries, WordPatches};
 use super::*;
 
 impl GpuElasticPool {
@@ -38,15 +39,20 @@ impl GpuElasticPool {
         // layer, no list staged), or rows for the gather kernel.
         let runs = std::mem::take(&mut log.page_runs);
         // (Strided runs are contiguous rows: a paged split arena takes the gather for them.)
-        let runs = if self.fill_backend == CopyBackend::Dma
+        // The gather kernel's rows are staged from their runs (`Image::push_runs`); the DMA
+        // back-end's fallback for a paged split arena takes them as a host list.
+        let (runs, gather_runs) = if self.fill_backend == CopyBackend::Dma
             && self.cpu.data.dev.dims().fmt == cuda_kernels::KV_FMT_CONTIGUOUS
         {
-            runs
+            (runs, Vec::new())
+        } else if self.fill_backend == CopyBackend::Gather {
+            (Vec::new(), runs)
         } else {
             log.page_fills.extend(runs.iter().flat_map(|r| r.copies()));
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
         let run_rows: u64 = runs.iter().map(|r| r.rows as u64).sum();
+        let gather_rows: usize = gather_runs.iter().map(|r| r.rows as usize).sum();
         let (created, freed) = {
             let p = self.cpu.data.pinned_mut();
             (std::mem::take(&mut p.created), std::mem::take(&mut p.freed))
@@ -71,6 +77,7 @@ impl GpuElasticPool {
             .map_err(cuda)?;
         if log.is_empty()
             && runs.is_empty()
+            && gather_runs.is_empty()
             && created.is_empty()
             && freed.is_empty()
             && ready.is_empty()
@@ -123,47 +130,38 @@ impl GpuElasticPool {
             }
         }
         ranges.dedup();
-        // Sized for this window's page-table entries up front (a whole history's import maps
-        // thousands of pages: no rehash on the host call's path).
+        // Single words, last one wins (`WordPatches`: no hashing per page of a long history).
         let word_hint = log.pages.len() + created.len() * d.fixed_pages as usize + 64;
-        let mut words: HashMap<u64, u32> = HashMap::with_capacity(word_hint);
-        let mut order: Vec<u64> = Vec::with_capacity(word_hint);
-        let mut put = |addr: u64, value: u32| {
-            if words.insert(addr, value).is_none() {
-                order.push(addr);
-            }
-        };
+        let mut words = WordPatches::with_capacity(word_hint + ready.len());
         for &b in &created {
             let s = self.pinned().session_at(b).expect("created this window");
             let pl = self.cpu.placement(s)?;
             for (i, &p) in pl.fixed_pages.iter().enumerate() {
-                put(t.fixed_pages + 4 * (b as u64 * fp + i as u64), p);
+                words.put(t.fixed_pages + 4 * (b as u64 * fp + i as u64), p);
             }
         }
         // This window's borrowed-page mappings held back until their fill (deferred mode), in
         // call order: an unmap later in the window cancels an earlier mapping of the same entry.
-        let mut window_maps: HashMap<(u32, u32), u32> =
-            HashMap::with_capacity(if defer { log.pages.len() } else { 0 });
-        for &(b, logical, page) in &log.pages {
-            if self.pinned().session_at(b).is_some() && (logical as u64) < mp {
-                if defer {
-                    window_maps.remove(&(b, logical));
-                    if page >= 0 {
-                        window_maps.insert((b, logical), page as u32);
-                        continue;
-                    }
-                }
-                put(
-                    t.page_tab + 4 * (b as u64 * mp + logical as u64),
-                    page as u32,
-                );
-            }
-        }
+        let pinned = self.pinned();
+        let window_maps = page_entries(
+            &log.pages,
+            |b| pinned.session_at(b).is_some(),
+            mp,
+            t.page_tab,
+            defer,
+            &mut words,
+        );
         // Mappings whose fill passed (their slot is live: freed slots' entries were dropped).
         let mut touched = log.touched.clone();
-        let window_slots: HashSet<u32> = window_maps.keys().map(|&(b, _)| b).collect();
+        // The window's slots with mappings deferred (the entries are sorted by slot).
+        let mut window_slots: Vec<u32> = Vec::new();
+        for &((b, _), _) in &window_maps {
+            if window_slots.last() != Some(&b) {
+                window_slots.push(b);
+            }
+        }
         for &(slot, logical, page) in &ready {
-            put(t.page_tab + 4 * (slot as u64 * mp + logical as u64), page);
+            words.put(t.page_tab + 4 * (slot as u64 * mp + logical as u64), page);
             if let Some(s) = self.pinned().session_at(slot) {
                 if !touched.contains(&s) {
                     touched.push(s);
@@ -194,38 +192,38 @@ impl GpuElasticPool {
             };
             let w: &[u32] = bytemuck::cast_slice(std::slice::from_ref(&desc));
             for (i, &v) in w.iter().enumerate() {
-                put(t.desc + 4 * (b as u64 * desc_words + i as u64), v);
+                words.put(t.desc + 4 * (b as u64 * desc_words + i as u64), v);
             }
             if let Some(v) = self.cpu.data.dev.note_desc(b, &desc) {
                 direct_word = Some(v);
             }
         }
         if let Some(v) = direct_word {
-            put(t.direct, v);
+            words.put(t.direct, v);
         }
-        let points: Vec<KvFill> = order
-            .iter()
-            .map(|&a| KvFill {
-                dst: a,
-                count: 1,
-                value: words[&a],
-            })
-            .collect();
+        let points = words.into_points();
         // One staging image for every list of this publish.
         let mut img = Image::default();
-        let (fill_plan, fill_counts) = segments(&log.fills);
-        let (page_plan, page_counts) = segments(&log.page_fills);
-        let (step_plan, step_counts) = segments(&log.step_copies);
-        let at_fill = img.push(&fill_plan);
+        let fill_counts = segment_counts(log.fills.len());
+        let page_counts = segment_counts(log.page_fills.len() + gather_rows);
+        let step_counts = segment_counts(log.step_copies.len());
+        let at_fill = img.push(&log.fills);
         let at_fill_n = img.push(&fill_counts);
-        let at_page = img.push(&page_plan);
+        // (At most one of the two is non-empty: see `gather_runs`.)
+        let at_page = if gather_runs.is_empty() {
+            img.push(&log.page_fills)
+        } else {
+            img.push_runs(&gather_runs)
+        };
         let at_page_n = img.push(&page_counts);
         let at_wb = img.push(&log.write_backs);
         let at_ranges = img.push(&ranges);
         let at_points = img.push(&points);
-        let at_step = img.push(&step_plan);
+        let at_step = img.push(&log.step_copies);
         let at_step_n = img.push(&step_counts);
-        let base = self.stage(&img.0)?;
+        let base = self.stage(&img)?;
+        let staged_bytes = img.len() as u64;
+        drop(img);
         if std::mem::take(&mut self.fail_next_publish) {
             return Err(KvError::Unsupported("injected publish failure"));
         }
@@ -263,7 +261,7 @@ impl GpuElasticPool {
                 (at_fill, at_fill_n),
                 fill_counts.len(),
             )?;
-            if !log.page_fills.is_empty() || !runs.is_empty() {
+            if !page_counts.is_empty() || !runs.is_empty() {
                 if let Some(wb) = &self.last_write_back {
                     wb.wait_on(&copy).map_err(cuda)?;
                 }
@@ -276,7 +274,7 @@ impl GpuElasticPool {
                 self.cpu.fence().enter_signal(Box::new(fill.clone()));
                 copy_done = Some(fill);
             }
-        } else if !log.fills.is_empty() || !log.page_fills.is_empty() || !runs.is_empty() {
+        } else if !log.fills.is_empty() || !page_counts.is_empty() || !runs.is_empty() {
             if let Some(wb) = &self.last_write_back {
                 wb.wait_on(&copy).map_err(cuda)?;
             }
@@ -354,13 +352,13 @@ impl GpuElasticPool {
         }
         let c = &mut self.counters;
         c.flushes += 1;
-        c.rows_filled += (log.fills.len() + log.page_fills.len()) as u64 + run_rows;
+        c.rows_filled += (log.fills.len() + log.page_fills.len() + gather_rows) as u64 + run_rows;
         c.maps_applied += ready.len() as u64;
         c.rows_copied += log.step_copies.len() as u64;
         c.rows_written_back += log.write_backs.len() as u64;
         c.words_patched += points.len() as u64;
         c.ranges_reset += ranges.len() as u64;
-        c.staged_bytes += img.0.len() as u64;
+        c.staged_bytes += staged_bytes;
         Ok(())
     }
 
@@ -384,8 +382,9 @@ impl GpuElasticPool {
         Ok(())
     }
 
-    /// Queues the fills `fills` (staged as replay segments at `base + at`) on `stream` with the
-    /// fill back-end.
+    /// Queues the fills staged as `segments` replay segments at `base + at` on `stream` with the
+    /// fill back-end; `fills` are their rows on the host where the DMA back-end needs them (the
+    /// gather back-end's page fills are staged from their runs: `fills` is empty then).
     fn fill_async(
         &mut self,
         stream: &CudaStream,
@@ -394,7 +393,7 @@ impl GpuElasticPool {
         at: (usize, usize),
         segments: usize,
     ) -> Result<()> {
-        if fills.is_empty() {
+        if segments == 0 {
             return Ok(());
         }
         let dev = &self.cpu.data.dev;
@@ -420,36 +419,64 @@ impl GpuElasticPool {
         Ok(())
     }
 
+    /// A staging buffer of at least `need` bytes (a power of two, 64 KiB at least), free.
+    pub(super) fn new_staging(&self, need: usize) -> Result<Staging> {
+        let ctx = self.device().gpu().ctx().clone();
+        let buf =
+            PinnedBuffer::zeroed(&ctx, need.next_power_of_two().max(64 << 10)).map_err(cuda)?;
+        let done = EventSignal::unrecorded(self.device().gpu()).map_err(cuda)?;
+        Ok(Staging {
+            buf,
+            done,
+            copy_done: None,
+            busy: false,
+        })
+    }
+
+    /// Bytes the publish of one session's admission with its whole history borrowed stages
+    /// (the Dma fill back-end): a word per page-table entry and fixed page, its descriptor, its
+    /// tail rows, the slot's range resets; with room for alignment and a few more words. At most
+    /// 1 MiB (a larger admission allocates its buffer when it publishes, as before).
+    pub(super) fn admission_staging_bytes(&self) -> usize {
+        let d = *self.device().dims();
+        let words = d.max_pages as usize + d.fixed_pages as usize + 64;
+        let ranges = 2 + 5 * self.device().group_count() as usize;
+        ((words + ranges) * std::mem::size_of::<KvFill>()
+            + 2 * d.tail_rows as usize * std::mem::size_of::<KvCopy>()
+            + 1024)
+            .min(1 << 20)
+    }
+
     /// Copies `image` into a free staging buffer (mapped pinned memory); returns its device
     /// address. A buffer is free once the event after its last reader passed (no host wait; a
     /// new buffer is allocated when none is free or large enough).
-    pub(super) fn stage(&mut self, image: &[u8]) -> Result<u64> {
+    fn stage(&mut self, image: &Image<'_>) -> Result<u64> {
         let need = image.len().max(16);
-        let i = match self.staging.iter().position(|s| {
-            !s.busy
-                && s.buf.len() >= need
-                && s.done.is_complete()
-                && s.copy_done.as_ref().is_none_or(|c| c.is_complete())
-        }) {
-            Some(i) => i,
+        // The smallest free buffer that fits (the one sized for a whole admission stays free
+        // for it while smaller publishes find smaller ones).
+        let i = match self
+            .staging
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                !s.busy
+                    && s.buf.len() >= need
+                    && s.done.is_complete()
+                    && s.copy_done.as_ref().is_none_or(|c| c.is_complete())
+            })
+            .min_by_key(|(_, s)| s.buf.len())
+        {
+            Some((i, _)) => i,
             None => {
-                let ctx = self.device().gpu().ctx().clone();
-                let buf = PinnedBuffer::zeroed(&ctx, need.next_power_of_two().max(64 << 10))
-                    .map_err(cuda)?;
-                let done = EventSignal::unrecorded(self.device().gpu()).map_err(cuda)?;
-                self.staging.push(Staging {
-                    buf,
-                    done,
-                    copy_done: None,
-                    busy: false,
-                });
+                let s = self.new_staging(need)?;
+                self.staging.push(s);
                 self.staging.len() - 1
             }
         };
         let s = &mut self.staging[i];
         // Busy before anything is launched from it; `publish` frees it with its `done` event.
         s.busy = true;
-        s.buf.as_mut_slice()[..image.len()].copy_from_slice(image);
+        image.write_into(s.buf.as_mut_slice());
         Ok(s.buf.device_ptr())
     }
 }
